@@ -1,0 +1,15 @@
+// Logging for every pdserve process: spdlog to stderr, so that stdout stays free for
+// machine-readable output (`pdserve generate --json`). Level from PDSERVE_LOG_LEVEL.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+namespace pdserve {
+// Sets up the default logger once (stderr, level from PDSERVE_LOG_LEVEL, default "warn").
+void init_logging();
+}  // namespace pdserve
+
+#define PD_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
+#define PD_LOG_INFO(...) spdlog::info(__VA_ARGS__)
+#define PD_LOG_WARN(...) spdlog::warn(__VA_ARGS__)
+#define PD_LOG_ERROR(...) spdlog::error(__VA_ARGS__)

@@ -1,0 +1,47 @@
+// The shape and hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2), whatever
+// file format it came from, and the KV cache spec it implies.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/kv_spec.h"
+
+namespace pdserve::engine {
+
+// How RoPE pairs the dimensions of a head: llama2.c/Meta rotates adjacent pairs (2i, 2i+1);
+// Hugging Face checkpoints rotate halves (i, i + head_dim/2).
+enum class RopeStyle : uint8_t { kAdjacentPairs = 0, kRotateHalf = 1 };
+
+struct ModelConfig {
+  std::string architecture = "llama";  // "llama", "mistral", "qwen2".
+  int dim = 0;
+  int hidden_dim = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;  // dim / n_heads unless the config says otherwise.
+  int vocab_size = 0;
+  int max_seq_len = 0;
+  float rope_theta = 10000.0f;
+  float rms_eps = 1e-5f;
+  RopeStyle rope_style = RopeStyle::kRotateHalf;
+  bool qkv_bias = false;
+  bool tie_embeddings = false;
+  int sliding_window = 0;  // 0: full attention in every layer.
+  int bos_id = 1;
+  std::vector<int> eos_ids = {2};  // Tokens that end generation.
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+
+  // Checks that the numbers are positive and consistent (heads divide, dims agree).
+  Status validate() const;
+  // Checks that the model can be sharded over `tp` ranks.
+  Status validate_tp(int tp) const;
+  // The per-layer KV cache spec this model needs, with the given block size and cache dtype.
+  KvCacheSpec kv_cache_spec(int block_size, DType dtype = DType::kF32) const;
+};
+
+}  // namespace pdserve::engine

@@ -1,0 +1,48 @@
+// The tokenizer interface: text to token ids and back. Implementations: the llama2.c /
+// SentencePiece-style BPE (engine/tokenizer/sentencepiece_bpe.h) and the byte-level BPE of
+// tokenizer.json files (engine/tokenizer/byte_level_bpe.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::engine {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Encodes UTF-8 `text`; InvalidArgument on invalid UTF-8. With `add_bos` the result starts
+  // with the BOS id (if the tokenizer has one). Empty text gives just BOS (or nothing).
+  virtual StatusOr<std::vector<int>> encode(std::string_view text, bool add_bos) const = 0;
+  // The bytes `token` stands for when it follows `prev` (-1 at the start). Bytes, not text:
+  // a byte-fallback token can be half of a UTF-8 character. Special tokens decode to "".
+  virtual std::string decode_token(int prev, int token) const = 0;
+  // The whole sequence's bytes (decode_token over it, each after its predecessor).
+  std::string decode(const std::vector<int>& tokens) const;
+  virtual int vocab_size() const = 0;
+  virtual int bos_id() const = 0;  // -1 if none.
+  virtual int eos_id() const = 0;  // -1 if none.
+};
+
+// Loads a tokenizer file: a llama2.c tokenizer (`tok512.bin`, `tokenizer.bin`) or a Hugging
+// Face `tokenizer.json` (with `tokenizer_config.json` beside it when present), chosen by content.
+StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
+
+// Turns a stream of bytes into complete UTF-8 text pieces: holds back an incomplete trailing
+// character until its remaining bytes arrive, so streamed deltas are always valid UTF-8.
+class Utf8StreamDecoder {
+ public:
+  // Appends `bytes` and returns the longest complete-UTF-8 prefix not yet returned.
+  std::string push(std::string_view bytes);
+  // Returns what is left (invalid bytes replaced by U+FFFD).
+  std::string flush();
+
+ private:
+  std::string pending_;
+};
+
+}  // namespace pdserve::engine

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs every Debian package pdserve's build and tests need. Idempotent: packages already
+# present are skipped, so a second run costs one dpkg query.
+set -euo pipefail
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev
+  libpcre2-dev libopenblas-dev
+  libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
+  libucx-dev ucx-utils libzmq3-dev cppzmq-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
