@@ -64,6 +64,12 @@ uint64_t KvCacheLayout::part_bytes(int layer, KvPart part) const {
   return part == KvPart::kK ? layers_[layer].k_bytes : layers_[layer].v_bytes;
 }
 
+uint64_t KvCacheLayout::block_stride(int layer, KvPart part) const {
+  const LayerPlacement& p = layers_[layer];
+  return spec_.layers[layer].layout == KvLayout::kSeparate ? part_bytes(layer, part)
+                                                           : p.k_bytes + p.v_bytes;
+}
+
 int64_t KvCacheLayout::token_stride(int layer, KvPart part) const {
   const int hd = part_head_dim(layer, part);
   return spec_.layers[layer].order == KvOrder::kTokenMajor ? int64_t(num_local_heads(layer)) * hd : hd;

@@ -49,6 +49,8 @@ class KvCacheLayout {
   // Byte offset of element [slot][local_head][0] (or its head-major equivalent) of `part` of
   // `block` in `layer`.
   uint64_t offset(int layer, KvPart part, int block, int slot, int local_head) const;
+  // Distance in bytes between the same part of consecutive blocks.
+  uint64_t block_stride(int layer, KvPart part) const;
   // Distance in elements between consecutive tokens (slots) and between consecutive heads.
   int64_t token_stride(int layer, KvPart part) const;
   int64_t head_stride(int layer, KvPart part) const;

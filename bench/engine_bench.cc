@@ -1,0 +1,160 @@
+// Engine throughput on CPU: single-sequence decode, aggregate decode at several batch sizes,
+// and prefill, per model and TP size. Prints a table (and JSON with --json FILE). Figures are
+// also given as a ratio to TP 1 measured in the same run, since the machine is shared and noisy.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/logging.h"
+#include "engine/engine.h"
+#include "engine/model/make_model.h"
+
+namespace pdserve::bench {
+namespace {
+
+using engine::Engine;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::vector<int> random_prompt(int len, int vocab, std::mt19937& rng) {
+  std::vector<int> p = {1};
+  while (int(p.size()) < len) p.push_back(3 + int(rng() % uint32_t(vocab - 3)));
+  return p;
+}
+
+// Tokens per second of decoding `batch` sequences together (prefill excluded).
+double decode_rate(Engine& e, int batch, int prompt_len, int new_tokens, std::mt19937& rng) {
+  std::vector<int> counts(batch, 0);
+  for (int i = 0; i < batch; ++i) {
+    engine::SamplingParams p;
+    p.max_tokens = new_tokens;
+    p.ignore_eos = true;
+    Status s = e.add_request({std::to_string(i), random_prompt(prompt_len, e.config().vocab_size, rng), p},
+                             [&counts, i](const engine::TokenEvent& ev) { counts[i] += ev.token >= 0; });
+    if (!s.ok()) return 0;
+  }
+  auto all_started = [&] {
+    for (int c : counts)
+      if (c == 0) return false;
+    return true;
+  };
+  while (!all_started() && e.has_work()) (void)e.step();
+  int before = 0;
+  for (int c : counts) before += c;
+  const auto t0 = Clock::now();
+  (void)e.run_until_idle();
+  int after = 0;
+  for (int c : counts) after += c;
+  return (after - before) / seconds_since(t0);
+}
+
+double prefill_rate(Engine& e, int prompts, int prompt_len, std::mt19937& rng) {
+  engine::SamplingParams p;
+  p.max_tokens = 1;
+  for (int i = 0; i < prompts; ++i)
+    (void)e.add_request({std::to_string(i), random_prompt(prompt_len, e.config().vocab_size, rng), p}, nullptr);
+  const auto t0 = Clock::now();
+  (void)e.run_until_idle();
+  return prompts * prompt_len / seconds_since(t0);
+}
+
+long peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+}  // namespace
+}  // namespace pdserve::bench
+
+int main(int argc, char** argv) {
+  using namespace pdserve;
+  init_logging();
+  CLI::App app{"pdserve engine benchmark (CPU)"};
+  std::vector<std::string> models = {"stories260K", "synthetic-100m"};
+  std::vector<int> tps = {1, 2};
+  std::vector<int> batches = {1, 8, 32, 128};
+  int new_tokens = 32, prompt_len = 16, prefill_len = 256, prefill_prompts = 4;
+  std::string json_out;
+  app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
+  app.add_option("--tp", tps, "TP sizes");
+  app.add_option("--batches", batches, "Decode batch sizes");
+  app.add_option("--new-tokens", new_tokens, "Tokens decoded per sequence");
+  app.add_option("--prefill-len", prefill_len, "Prompt length for the prefill measurement");
+  app.add_option("--json", json_out, "Write results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%-16s %3s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "decode-1", "agg-b1",
+              "agg-b8", "agg-b32", "agg-b128", "prefill", "rss-MiB");
+  for (const std::string& name : models) {
+    std::string path = name;
+    if (name == "synthetic-100m") {
+      path = "/tmp/pdserve-bench-synthetic-100m";
+      if (!std::ifstream(path + "/config.json")) {
+        std::fprintf(stderr, "writing %s ...\n", path.c_str());
+        Status s = engine::make_model({"synthetic-100m", 1, path, "", engine::DType::kF32});
+        if (!s.ok()) {
+          std::fprintf(stderr, "make-model: %s\n", std::string(s.message()).c_str());
+          return 1;
+        }
+      }
+    }
+    std::map<std::string, double> tp1;
+    for (int tp : tps) {
+      auto model = engine::load_model({path});
+      if (!model.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
+        return 1;
+      }
+      engine::EngineOptions opts;
+      opts.tp = tp;
+      opts.max_running = 256;
+      opts.max_batch_tokens = 512;
+      auto eng = engine::Engine::create(std::move(*model), opts);
+      if (!eng.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
+        return 1;
+      }
+      std::mt19937 rng(7);
+      nlohmann::json row = {{"model", name}, {"tp", tp}};
+      const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
+      row["decode_single_tok_s"] = single;
+      std::printf("%-16s %3d %10.1f", name.c_str(), tp, single);
+      for (int b : {1, 8, 32, 128}) {
+        const bool wanted = std::find(batches.begin(), batches.end(), b) != batches.end();
+        const double r = wanted ? bench::decode_rate(**eng, b, prompt_len, new_tokens, rng) : 0;
+        row["decode_batch_" + std::to_string(b) + "_tok_s"] = r;
+        std::printf(" %12.1f", r);
+      }
+      const double pre = bench::prefill_rate(**eng, prefill_prompts, prefill_len, rng);
+      row["prefill_tok_s"] = pre;
+      row["peak_rss_mib"] = bench::peak_rss_mib();
+      std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
+      if (tp == tps.front()) {
+        for (auto& [k, v] : row.items())
+          if (v.is_number_float()) tp1[k] = v.get<double>();
+      } else {
+        for (auto& [k, v] : tp1) row[k + "_vs_tp" + std::to_string(tps.front())] = row[k].get<double>() / v;
+      }
+      results.push_back(row);
+    }
+  }
+  if (tps.size() > 1) {
+    std::printf("\nratio vs TP %d (same run):\n", tps.front());
+    for (const auto& r : results)
+      if (r["tp"] != tps.front())
+        std::printf("%-16s tp=%d decode-1 x%.2f  agg-b128 x%.2f  prefill x%.2f\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
+                    r.value("decode_single_tok_s_vs_tp1", 0.0), r.value("decode_batch_128_tok_s_vs_tp1", 0.0),
+                    r.value("prefill_tok_s_vs_tp1", 0.0));
+  }
+  if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,53 @@
+// The compute backend a TP rank runs on: its memory and its kernels. Shaped for GPUs (memory
+// that may live on a device, work queued on a stream and completed by synchronize()) and
+// implemented now for the CPU, where "device" memory is host memory and every call completes
+// before it returns. Kernels are the free functions of kernels/<backend>/ behind these entry
+// points; the forward pass (engine/rank_runner.h) calls only this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace pdserve::engine {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  // Memory the backend's kernels can use; zero-initialised.
+  virtual StatusOr<void*> allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  // Copies between host and backend memory (queued on the rank's stream).
+  virtual Status copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until all queued work has finished.
+  virtual Status synchronize() = 0;
+  // Total memory of the device (physical RAM for the CPU backend).
+  virtual uint64_t memory_bytes() const = 0;
+
+  virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
+  virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
+  virtual void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
+                          int64_t ldw) = 0;
+  virtual void add_bias(float* y, const float* bias, int rows, int out) = 0;
+  virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
+                    const int* positions, float theta, bool rotate_half) = 0;
+  virtual void paged_kv_write(const kernels::cpu::PagedLayerView& kv,
+                              const kernels::cpu::TokenPlacement& tokens, const float* k,
+                              int64_t k_row_stride, const float* v, int64_t v_row_stride,
+                              int n_kv_heads) = 0;
+  virtual void paged_attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
+                               const kernels::cpu::TokenPlacement& tokens, int n_q_heads,
+                               int q_per_kv, int window, float scale) = 0;
+  virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
+  virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
+};
+
+// The fp32 CPU backend (OpenBLAS GEMM, kernels/cpu).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace pdserve::engine

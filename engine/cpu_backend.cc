@@ -1,0 +1,71 @@
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/backend.h"
+#include "kernels/cpu/ops.h"
+
+namespace pdserve::engine {
+namespace {
+
+namespace k = kernels::cpu;
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  StatusOr<void*> allocate(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  void deallocate(void* ptr) override { std::free(ptr); }
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  Status synchronize() override { return absl::OkStatus(); }
+  uint64_t memory_bytes() const override {
+    return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
+  }
+
+  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
+    for (int t = 0; t < n; ++t)
+      std::memcpy(out + int64_t(t) * dim, table + int64_t(tokens[t]) * dim, sizeof(float) * dim);
+  }
+  void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
+    k::rms_norm(out, in, w, rows, dim, eps);
+  }
+  void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
+                  int64_t ldw) override {
+    k::matmul_xwt(y, x, w, rows, out, in, ldw);
+  }
+  void add_bias(float* y, const float* bias, int rows, int out) override { k::add_bias(y, bias, rows, out); }
+  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+            float theta, bool rotate_half) override {
+    k::rope(x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half);
+  }
+  void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
+                      int64_t k_row_stride, const float* vp, int64_t v_row_stride,
+                      int n_kv_heads) override {
+    k::paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads);
+  }
+  void paged_attention(float* out, const float* q, const k::PagedLayerView& kv,
+                       const k::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                       float scale) override {
+    k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+  }
+  void silu_mul(float* gate, const float* up, int64_t n) override { k::silu_mul(gate, up, n); }
+  void add_inplace(float* x, const float* y, int64_t n) override { k::add_inplace(x, y, n); }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace pdserve::engine

@@ -1,0 +1,251 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "engine/model_weights.h"
+#include "engine/rank_pool.h"
+
+namespace pdserve::engine {
+
+struct Engine::Sequence {
+  Sequence(GenerationRequest r, TokenCallback c, const ModelConfig& config)
+      : request(capped(std::move(r), config.max_seq_len)), callback(std::move(c)),
+        sampler(request.params), stop(request.params, config.eos_ids) {
+    tokens = request.prompt;
+  }
+  // Generation ends when the next token would need a position past the context, so at most
+  // max_seq_len + 1 - prompt tokens are generated (llama2.c's `steps` semantics).
+  static GenerationRequest capped(GenerationRequest r, int max_seq_len) {
+    r.params.max_tokens = std::min<int64_t>(r.params.max_tokens, int64_t(max_seq_len) + 1 - int64_t(r.prompt.size()));
+    return r;
+  }
+  GenerationRequest request;
+  TokenCallback callback;
+  Sampler sampler;
+  StopChecker stop;
+  std::vector<int> tokens;  // Prompt, then generated tokens.
+  int num_computed = 0;     // Leading tokens whose KV is in the cache.
+  std::vector<int> blocks;
+  bool finished = false;
+};
+
+namespace {
+
+int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+
+// Most tokens a request can occupy: its prompt plus what it may generate, within the context.
+int max_tokens_of(const GenerationRequest& r, int max_seq_len) {
+  return std::min<int64_t>(int64_t(r.prompt.size()) + r.params.max_tokens, max_seq_len);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const EngineOptions& options) {
+  const ModelConfig& c = model.config;
+  PD_RETURN_IF_ERROR(c.validate());
+  PD_RETURN_IF_ERROR(c.validate_tp(options.tp));
+  if (options.block_size <= 0 || options.max_batch_tokens <= 0 || options.max_running <= 0)
+    return absl::InvalidArgumentError("block size, batch token budget and max running must be positive");
+  if (model.tokenizer == nullptr) return absl::InvalidArgumentError("model has no tokenizer");
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
+  const ModelConfig& config = engine->model_.config;
+  const KvCacheSpec spec = config.kv_cache_spec(options.block_size);
+  PD_ASSIGN_OR_RETURN(uint64_t block_bytes, KvCacheLayout::bytes_per_block(spec, options.tp));
+  uint64_t budget = options.kv_cache_bytes;
+  if (budget == 0 && options.memory_utilization > 0) {
+    if (options.memory_utilization > 1.0)
+      return absl::InvalidArgumentError("--memory-utilization must be in (0, 1]");
+    budget = uint64_t(double(make_cpu_backend()->memory_bytes()) * options.memory_utilization);
+  }
+  if (budget == 0) {
+    const uint64_t full = uint64_t(options.max_running) * blocks_for(config.max_seq_len, options.block_size);
+    budget = std::min<uint64_t>(full * block_bytes, 512ull << 20);
+  }
+  const uint64_t num_blocks = budget / block_bytes;
+  if (num_blocks == 0)
+    return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", budget,
+                                                   " bytes holds no block (a block takes ", block_bytes, ")"));
+  if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("KV cache budget too large");
+  PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
+  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options.tp));
+  engine->weights_ = std::move(weights);
+  engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
+  engine->stats_.num_blocks = int(num_blocks);
+  engine->stats_.block_size = options.block_size;
+  engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
+  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {})", num_blocks,
+              options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp);
+  return engine;
+}
+
+Engine::Engine(LoadedModel model, const EngineOptions& options)
+    : model_(std::move(model)), options_(options) {}
+
+Engine::~Engine() = default;
+
+int64_t Engine::kv_capacity_tokens() const { return int64_t(stats_.num_blocks) * options_.block_size; }
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  EngineStats s = stats_;
+  s.free_blocks = blocks_->num_free();
+  s.waiting = int(waiting_.size());
+  s.running = int(running_.size());
+  return s;
+}
+
+Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
+  const ModelConfig& c = model_.config;
+  PD_RETURN_IF_ERROR(request.params.validate());
+  if (request.prompt.empty()) return absl::InvalidArgumentError("empty prompt: no tokens to start from");
+  for (int t : request.prompt)
+    if (t < 0 || t >= c.vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " outside the vocabulary [0, ", c.vocab_size, ")"));
+  if (int64_t(request.prompt.size()) > c.max_seq_len)
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", request.prompt.size(),
+                                                   " tokens is longer than the model's context of ",
+                                                   c.max_seq_len, " positions"));
+  const int need = blocks_for(max_tokens_of(request, c.max_seq_len), options_.block_size);
+  if (need > stats_.num_blocks)
+    return absl::ResourceExhaustedError(absl::StrCat("request needs ", need, " KV blocks; the cache has ",
+                                                     stats_.num_blocks, " in all"));
+  std::lock_guard lock(mu_);
+  waiting_.push_back(std::make_unique<Sequence>(std::move(request), std::move(callback), c));
+  return absl::OkStatus();
+}
+
+void Engine::abort(const std::string& id) {
+  std::lock_guard lock(mu_);
+  aborts_.push_back(id);
+}
+
+bool Engine::has_work() const {
+  std::lock_guard lock(mu_);
+  return !waiting_.empty() || !running_.empty() || !aborts_.empty();
+}
+
+void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
+  if (seq.finished) return;
+  seq.finished = true;
+  if (!seq.blocks.empty()) {
+    Status s = blocks_->release(seq.blocks);
+    if (!s.ok()) PD_LOG_ERROR("releasing blocks of {}: {}", seq.request.id, s.ToString());
+    seq.blocks.clear();
+  }
+  TokenEvent ev;
+  ev.id = seq.request.id;
+  ev.finished = true;
+  ev.reason = reason;
+  ev.error = std::move(error);
+  if (seq.callback) seq.callback(ev);
+}
+
+void Engine::admit() {
+  std::lock_guard lock(mu_);
+  // Aborts first, so that their blocks are free for admission.
+  for (const std::string& id : aborts_) {
+    for (auto& seq : running_)
+      if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
+    for (auto& seq : waiting_)
+      if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
+  }
+  aborts_.clear();
+  std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+  // FIFO: a request that does not fit blocks the ones behind it, so none starves. Blocks for
+  // the whole request are reserved up front, so a running sequence never runs out mid-way.
+  while (!waiting_.empty() && int(running_.size()) < options_.max_running) {
+    Sequence& seq = *waiting_.front();
+    const int need = blocks_for(max_tokens_of(seq.request, model_.config.max_seq_len), options_.block_size);
+    if (blocks_->num_free() < need) break;
+    seq.blocks = *blocks_->allocate(need);
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+Status Engine::step() {
+  admit();
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  if (running_.empty()) return absl::OkStatus();
+
+  // Decoding sequences (one token each) first, so that prefills never stall them; then
+  // prompt chunks in arrival order under the remaining budget.
+  std::vector<Sequence*> order;
+  for (auto& s : running_)
+    if (s->tokens.size() - s->num_computed == 1) order.push_back(s.get());
+  for (auto& s : running_)
+    if (s->tokens.size() - s->num_computed > 1) order.push_back(s.get());
+
+  ForwardBatch batch;
+  std::vector<std::pair<Sequence*, int>> fed;  // Sequence and tokens fed this step.
+  std::vector<Sequence*> sampled;
+  int budget = options_.max_batch_tokens;
+  for (Sequence* s : order) {
+    if (budget == 0) break;
+    const int pending = int(s->tokens.size()) - s->num_computed;
+    const int n = std::min(pending, budget);
+    budget -= n;
+    for (int i = 0; i < n; ++i) {
+      batch.tokens.push_back(s->tokens[s->num_computed + i]);
+      batch.positions.push_back(s->num_computed + i);
+      batch.block_tables.push_back(s->blocks.data());
+    }
+    if (n == pending) {
+      batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
+      sampled.push_back(s);
+    }
+    fed.push_back({s, n});
+    (pending > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += n;
+  }
+  const int vocab = model_.config.vocab_size;
+  logits_.resize(size_t(batch.logit_rows.size()) * vocab);
+  ranks_->forward(batch, logits_.data());
+  ++stats_.steps;
+
+  for (auto& [s, n] : fed) s->num_computed += n;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence& s = *sampled[i];
+    const int token = s.sampler.sample(logits_.data() + i * vocab, vocab);
+    const int prev = s.tokens.back();
+    s.tokens.push_back(token);
+    const StopStep st = s.stop.push(token, model_.tokenizer->decode_token(prev, token));
+    TokenEvent ev;
+    ev.id = s.request.id;
+    ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
+    ev.text = st.delta;
+    if (st.finish == FinishReason::kNone) {
+      if (s.callback) s.callback(ev);
+      continue;
+    }
+    if (s.callback && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
+    finish(s, st.finish);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->finished; });
+  return absl::OkStatus();
+}
+
+Status Engine::run_until_idle() {
+  while (has_work()) PD_RETURN_IF_ERROR(step());
+  return absl::OkStatus();
+}
+
+StatusOr<GenerationResult> Engine::generate(std::vector<int> prompt, const SamplingParams& params) {
+  GenerationResult result;
+  result.prompt_token_ids = prompt;
+  Status error;
+  GenerationRequest request{"generate", std::move(prompt), params};
+  PD_RETURN_IF_ERROR(add_request(std::move(request), [&](const TokenEvent& ev) {
+    if (ev.token >= 0) result.token_ids.push_back(ev.token);
+    result.text += ev.text;
+    if (ev.finished) {
+      result.finish_reason = ev.reason;
+      error = ev.error;
+    }
+  }));
+  PD_RETURN_IF_ERROR(run_until_idle());
+  PD_RETURN_IF_ERROR(error);
+  return result;
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,119 @@
+// The in-process inference engine: a model on N tensor-parallel ranks (one thread each), a
+// paged KV cache, and a continuous-batching scheduler. Requests join and leave between steps;
+// prompts prefill in chunks under a per-step token budget while other sequences decode; each
+// generated token is reported through the request's callback. This is the engine both the
+// prefill and decode workers wrap, and the reference every distributed topology must equal.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/block_allocator.h"
+#include "engine/model_loader.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/stop_checker.h"
+
+namespace pdserve::engine {
+
+class RankPool;
+class ModelWeightsF32;
+
+struct EngineOptions {
+  int tp = 1;
+  int block_size = 16;
+  // KV cache size per rank: bytes, or else a fraction of the device's memory, or else enough
+  // for max_running full-length sequences capped at 512 MiB.
+  uint64_t kv_cache_bytes = 0;
+  double memory_utilization = 0.0;
+  int max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
+  int max_running = 256;       // Sequences in flight.
+};
+
+struct GenerationRequest {
+  std::string id;
+  std::vector<int> prompt;  // Token ids, BOS included when wanted.
+  SamplingParams params;
+};
+
+// One step's news for one request.
+struct TokenEvent {
+  std::string id;
+  int token = -1;        // The new token (-1 when the event only finishes the request).
+  std::string text;      // Text safe to show now (complete UTF-8, stop strings held back).
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  Status error;          // Set when the request failed.
+};
+using TokenCallback = std::function<void(const TokenEvent&)>;
+
+struct GenerationResult {
+  std::vector<int> prompt_token_ids;
+  std::vector<int> token_ids;  // Generated, without the stop token.
+  std::string text;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+struct EngineStats {
+  int num_blocks = 0;
+  int free_blocks = 0;
+  int block_size = 0;
+  int waiting = 0;
+  int running = 0;
+  uint64_t kv_bytes_per_rank = 0;
+  uint64_t steps = 0;
+  uint64_t prefill_tokens = 0;
+  uint64_t decode_tokens = 0;
+};
+
+class Engine {
+ public:
+  // Builds the engine over a loaded model (which it keeps).
+  static StatusOr<std::unique_ptr<Engine>> create(LoadedModel model, const EngineOptions& options);
+  ~Engine();
+
+  // Queues a request; its callback runs on the thread that calls step(). Fails at once on
+  // bad parameters, an empty prompt, or a prompt that leaves no room in the context.
+  Status add_request(GenerationRequest request, TokenCallback callback);
+  // Cancels a request: its blocks are freed at once and its callback gets finish "abort".
+  void abort(const std::string& id);
+  // Runs one scheduler iteration (admission, one forward pass, sampling).
+  Status step();
+  bool has_work() const;
+  // Steps until every queued request has finished.
+  Status run_until_idle();
+  // Runs one request to completion on its own.
+  StatusOr<GenerationResult> generate(std::vector<int> prompt, const SamplingParams& params);
+
+  const ModelConfig& config() const { return model_.config; }
+  const Tokenizer& tokenizer() const { return *model_.tokenizer; }
+  const LoadedModel& model() const { return model_; }
+  // Tokens the KV cache holds (blocks × block size).
+  int64_t kv_capacity_tokens() const;
+  EngineStats stats() const;
+
+ private:
+  struct Sequence;
+  Engine(LoadedModel model, const EngineOptions& options);
+  void admit();
+  void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
+
+  LoadedModel model_;
+  EngineOptions options_;
+  std::unique_ptr<ModelWeightsF32> weights_;  // Outlives ranks_, whose shards point into it.
+  std::unique_ptr<RankPool> ranks_;
+  std::unique_ptr<BlockAllocator> blocks_;
+  mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::string> aborts_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<float> logits_;
+  EngineStats stats_;
+};
+
+}  // namespace pdserve::engine

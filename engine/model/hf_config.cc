@@ -1,0 +1,183 @@
+#include "engine/model/hf_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace pdserve::engine {
+namespace {
+
+using json = nlohmann::json;
+
+struct Arch {
+  const char* model_type;
+  const char* class_name;
+};
+constexpr Arch kArchs[] = {{"llama", "LlamaForCausalLM"},
+                           {"mistral", "MistralForCausalLM"},
+                           {"qwen2", "Qwen2ForCausalLM"}};
+
+StatusOr<std::string> architecture_of(const json& j) {
+  std::string seen;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    seen = j["architectures"][0].get<std::string>();
+    for (const Arch& a : kArchs)
+      if (seen == a.class_name) return std::string(a.model_type);
+  } else if (j.contains("model_type") && j["model_type"].is_string()) {
+    seen = j["model_type"].get<std::string>();
+    for (const Arch& a : kArchs)
+      if (seen == a.model_type) return std::string(a.model_type);
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "unsupported architecture '", seen.empty() ? "(none given)" : seen,
+      "'; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"));
+}
+
+// Reads an integer field; `fallback` < 0 makes it required.
+StatusOr<int> get_int(const json& j, const char* key, int fallback = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return absl::InvalidArgumentError(absl::StrCat("missing field ", key));
+  }
+  const json& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+    return absl::InvalidArgumentError(absl::StrCat("field ", key, " is not a non-negative integer"));
+  return v.get<int>();
+}
+
+StatusOr<float> get_float(const json& j, const char* key, float fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return absl::InvalidArgumentError(absl::StrCat("field ", key, " is not a number"));
+  return j[key].get<float>();
+}
+
+StatusOr<bool> get_bool(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) return absl::InvalidArgumentError(absl::StrCat("field ", key, " is not a boolean"));
+  return j[key].get<bool>();
+}
+
+StatusOr<ModelConfig> parse(const json& j) {
+  if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  ModelConfig c;
+  PD_ASSIGN_OR_RETURN(c.architecture, architecture_of(j));
+  PD_ASSIGN_OR_RETURN(c.dim, get_int(j, "hidden_size"));
+  PD_ASSIGN_OR_RETURN(c.hidden_dim, get_int(j, "intermediate_size"));
+  PD_ASSIGN_OR_RETURN(c.n_layers, get_int(j, "num_hidden_layers"));
+  PD_ASSIGN_OR_RETURN(c.n_heads, get_int(j, "num_attention_heads"));
+  PD_ASSIGN_OR_RETURN(c.n_kv_heads, get_int(j, "num_key_value_heads", c.n_heads));
+  if (c.n_heads == 0) return absl::InvalidArgumentError("num_attention_heads is 0");
+  PD_ASSIGN_OR_RETURN(c.head_dim, get_int(j, "head_dim", c.dim / c.n_heads));
+  PD_ASSIGN_OR_RETURN(c.vocab_size, get_int(j, "vocab_size"));
+  PD_ASSIGN_OR_RETURN(c.max_seq_len, get_int(j, "max_position_embeddings"));
+  PD_ASSIGN_OR_RETURN(c.rope_theta, get_float(j, "rope_theta", 10000.0f));
+  PD_ASSIGN_OR_RETURN(c.rms_eps, get_float(j, "rms_norm_eps", 1e-6f));
+  PD_ASSIGN_OR_RETURN(c.tie_embeddings, get_bool(j, "tie_word_embeddings", false));
+  PD_ASSIGN_OR_RETURN(bool bias, get_bool(j, "attention_bias", false));
+  c.qkv_bias = bias || c.architecture == "qwen2";
+  c.rope_style = RopeStyle::kRotateHalf;
+
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    return absl::UnimplementedError(absl::StrCat("hidden_act ", j["hidden_act"].dump(), " (only silu is supported)"));
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    return absl::UnimplementedError(absl::StrCat("rope_scaling ", j["rope_scaling"].dump(), " is not supported"));
+
+  // Mistral slides whenever sliding_window is set; Qwen2 only with use_sliding_window, and then
+  // only in layers from max_window_layers on.
+  PD_ASSIGN_OR_RETURN(int window, get_int(j, "sliding_window", 0));
+  PD_ASSIGN_OR_RETURN(bool use_window, get_bool(j, "use_sliding_window", c.architecture == "mistral"));
+  if (use_window && window > 0) {
+    if (c.architecture == "qwen2") {
+      PD_ASSIGN_OR_RETURN(int first, get_int(j, "max_window_layers", c.n_layers));
+      if (first >= c.n_layers) window = 0;
+      else if (first > 0)
+        return absl::UnimplementedError(absl::StrCat(
+            "sliding window in layers ", first, "+ only (max_window_layers) is not supported"));
+    }
+    c.sliding_window = window;
+  }
+
+  PD_ASSIGN_OR_RETURN(c.bos_id, get_int(j, "bos_token_id", 1));
+  c.eos_ids.clear();
+  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
+    const json& e = j["eos_token_id"];
+    for (const json& id : e.is_array() ? e : json::array({e})) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0)
+        return absl::InvalidArgumentError("eos_token_id is not a non-negative integer or a list of them");
+      c.eos_ids.push_back(id.get<int>());
+    }
+  }
+  if (c.eos_ids.empty()) c.eos_ids = {2};
+  for (int id : c.eos_ids)
+    if (id >= c.vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat("eos_token_id ", id, " is outside the vocabulary"));
+  PD_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string& source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(source, " is not valid JSON"));
+  try {
+    auto c = parse(j);
+    if (!c.ok()) return Status(c.status().code(), absl::StrCat(source, ": ", c.status().message()));
+    return c;
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+}
+
+StatusOr<ModelConfig> read_hf_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hf_config(ss.str(), path);
+}
+
+StatusOr<std::string> hf_config_json(const ModelConfig& c, DType dtype) {
+  if (c.rope_style != RopeStyle::kRotateHalf)
+    return absl::InvalidArgumentError("HF checkpoints use rotate-half RoPE; permute adjacent-pair weights first");
+  const Arch* arch = nullptr;
+  for (const Arch& a : kArchs)
+    if (c.architecture == a.model_type) arch = &a;
+  if (!arch) return absl::InvalidArgumentError(absl::StrCat("unknown architecture ", c.architecture));
+  nlohmann::ordered_json j;
+  j["architectures"] = {arch->class_name};
+  j["model_type"] = arch->model_type;
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.hidden_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rope_theta"] = c.rope_theta;
+  j["rms_norm_eps"] = c.rms_eps;
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["hidden_act"] = "silu";
+  // Qwen2 always has q/k/v biases, and its loaders do not read attention_bias.
+  if (c.architecture != "qwen2") j["attention_bias"] = c.qkv_bias;
+  else if (!c.qkv_bias) return absl::InvalidArgumentError("qwen2 models always have q/k/v biases");
+  if (c.architecture == "qwen2") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : c.max_seq_len;
+    j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.n_layers;
+  } else if (c.sliding_window > 0) {
+    if (c.architecture != "mistral")
+      return absl::InvalidArgumentError("a sliding window needs the mistral or qwen2 architecture");
+    j["sliding_window"] = c.sliding_window;
+  }
+  j["bos_token_id"] = c.bos_id;
+  if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids[0];
+  else j["eos_token_id"] = c.eos_ids;
+  j["torch_dtype"] = dtype == DType::kF32 ? "float32" : dtype == DType::kF16 ? "float16" : "bfloat16";
+  return j.dump(2) + "\n";
+}
+
+}  // namespace pdserve::engine

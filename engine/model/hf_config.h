@@ -1,0 +1,24 @@
+// Hugging Face config.json for the Llama family (LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM) to and from ModelConfig, so HF directories and make-model's output agree.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "engine/model_config.h"
+
+namespace pdserve::engine {
+
+// Parses config.json text. `source` names it in errors. Unimplemented for architectures or
+// features the engine lacks (rope_scaling, per-layer sliding windows); InvalidArgument for
+// missing or mistyped fields. The result uses rotate-half RoPE and is validate()d.
+StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string& source);
+
+// Reads and parses the config.json at `path`.
+StatusOr<ModelConfig> read_hf_config(const std::string& path);
+
+// The config.json text for `config` whose weights are stored as `dtype` (inverse of
+// parse_hf_config; rope_style must be kRotateHalf, the only layout HF checkpoints use).
+StatusOr<std::string> hf_config_json(const ModelConfig& config, DType dtype);
+
+}  // namespace pdserve::engine

@@ -1,0 +1,225 @@
+#include "engine/model/make_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_join.h"
+#include "engine/model/hf_config.h"
+#include "engine/model/llama2c_checkpoint.h"
+#include "engine/model/model_files.h"
+#include "engine/model/safetensors_writer.h"
+#include "engine/model/tensor_names.h"
+#include "engine/model/tokenizer_json_writer.h"
+
+namespace pdserve::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Preset {
+  const char* name;
+  const char* architecture;
+  int dim, hidden_dim, n_layers, n_heads, n_kv_heads, head_dim, vocab, max_seq_len;
+  float rope_theta, rms_eps;
+  bool qkv_bias, tie;
+  int sliding_window;
+};
+
+constexpr Preset kPresets[] = {
+    {"tiny", "llama", 64, 128, 2, 4, 2, 16, 300, 256, 10000.f, 1e-5f, false, false, 0},
+    {"tiny-mha", "llama", 64, 128, 2, 4, 4, 16, 300, 256, 10000.f, 1e-5f, false, true, 0},
+    {"tiny-qwen2", "qwen2", 64, 128, 2, 4, 2, 16, 300, 256, 1000000.f, 1e-6f, true, false, 0},
+    {"tiny-mistral", "mistral", 64, 128, 2, 4, 2, 16, 300, 256, 10000.f, 1e-5f, false, false, 32},
+    {"synthetic-100m", "llama", 768, 2048, 12, 12, 4, 64, 32000, 2048, 10000.f, 1e-5f, false, true, 0},
+    {"llama-3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 500000.f, 1e-5f, false, false, 0},
+    {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 32768, 1000000.f, 1e-6f, true, false, 0},
+};
+
+constexpr float kWeightStd = 0.02f;
+constexpr size_t kChunk = 1 << 16;  // Floats generated or copied per write.
+
+// SplitMix64: tiny, fast, and the same on every platform (std::normal_distribution is not).
+struct SplitMix {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in (0, 1]; never 0, so log() below is finite.
+  double uniform() { return (double(next() >> 11) + 1.0) * 0x1.0p-53; }
+};
+
+// Each tensor's stream depends only on the seed and its name, so tensors are independent of
+// the order they are written in.
+uint64_t tensor_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  return SplitMix{seed ^ h}.next();
+}
+
+// Streams N(0, std) values (Box-Muller), or ones for norm weights.
+Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  const bool ones = t.name.find("norm") != std::string::npos;
+  SplitMix rng{tensor_seed(seed, t.name)};
+  std::vector<float> buf(kChunk);
+  for (int64_t done = 0; done < n;) {
+    size_t k = size_t(std::min<int64_t>(n - done, int64_t(kChunk)));
+    if (ones) {
+      std::fill(buf.begin(), buf.begin() + k, 1.0f);
+    } else {
+      for (size_t i = 0; i < k; i += 2) {
+        double r = std::sqrt(-2.0 * std::log(rng.uniform())) * kWeightStd;
+        double a = 2.0 * M_PI * rng.uniform();
+        buf[i] = float(r * std::cos(a));
+        if (i + 1 < k) buf[i + 1] = float(r * std::sin(a));
+      }
+    }
+    PD_RETURN_IF_ERROR(w.write_floats(buf.data(), k));
+    done += int64_t(k);
+  }
+  return absl::OkStatus();
+}
+
+// The tensors of an HF Llama-family model with config `c`, in file order.
+std::vector<TensorSpec> model_tensors(const ModelConfig& c, DType dtype) {
+  const int64_t dim = c.dim, hidden = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
+  std::vector<TensorSpec> t;
+  t.push_back({"model.embed_tokens.weight", dtype, {vocab, dim}});
+  for (int l = 0; l < c.n_layers; ++l) {
+    auto add = [&](const char* suffix, std::vector<int64_t> shape) {
+      t.push_back({hf_layer_name(l, suffix), dtype, std::move(shape)});
+    };
+    add("input_layernorm.weight", {dim});
+    add("self_attn.q_proj.weight", {q, dim});
+    add("self_attn.k_proj.weight", {kv, dim});
+    add("self_attn.v_proj.weight", {kv, dim});
+    if (c.qkv_bias) {
+      add("self_attn.q_proj.bias", {q});
+      add("self_attn.k_proj.bias", {kv});
+      add("self_attn.v_proj.bias", {kv});
+    }
+    add("self_attn.o_proj.weight", {dim, q});
+    add("post_attention_layernorm.weight", {dim});
+    add("mlp.gate_proj.weight", {hidden, dim});
+    add("mlp.up_proj.weight", {hidden, dim});
+    add("mlp.down_proj.weight", {dim, hidden});
+  }
+  t.push_back({"model.norm.weight", dtype, {dim}});
+  if (!c.tie_embeddings) t.push_back({"lm_head.weight", dtype, {vocab, dim}});
+  return t;
+}
+
+Status write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path.string()));
+  return absl::OkStatus();
+}
+
+Status make_preset(const MakeModelOptions& o, const fs::path& out) {
+  PD_ASSIGN_OR_RETURN(ModelConfig c, make_model_preset_config(o.preset));
+  std::vector<TensorSpec> tensors = model_tensors(c, o.dtype);
+  PD_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(
+                                       (out / "model.safetensors").string(), tensors,
+                                       {{"format", "pt"}, {"pdserve_preset", o.preset},
+                                        {"pdserve_seed", std::to_string(o.seed)}}));
+  for (const TensorSpec& t : tensors) PD_RETURN_IF_ERROR(write_random(*writer, t, o.seed));
+  PD_RETURN_IF_ERROR(writer->finish());
+  PD_RETURN_IF_ERROR(write_byte_level_tokenizer(out.string()));
+  PD_ASSIGN_OR_RETURN(std::string config_json, hf_config_json(c, o.dtype));
+  // config.json last: a directory interrupted mid-write is not mistaken for a model.
+  return write_text(out / "config.json", config_json);
+}
+
+Status export_llama2c(const MakeModelOptions& o, const fs::path& out) {
+  PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, read_llama2c_checkpoint(o.from));
+  PD_ASSIGN_OR_RETURN(std::string tokenizer, find_llama2c_tokenizer(fs::path(o.from).parent_path().string()));
+  ModelConfig c = ckpt.config;
+  c.rope_style = RopeStyle::kRotateHalf;
+  std::vector<TensorSpec> tensors = model_tensors(c, o.dtype);
+  PD_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(
+                                       (out / "model.safetensors").string(), tensors,
+                                       {{"format", "pt"}, {"pdserve_exported_from", fs::path(o.from).filename().string()}}));
+  const int64_t hd = c.head_dim;
+  for (const TensorSpec& t : tensors) {
+    PD_ASSIGN_OR_RETURN(TensorView v, ckpt.weights->tensor(t.name));
+    const float* src = static_cast<const float*>(v.data);
+    const bool permute = t.name.ends_with("q_proj.weight") || t.name.ends_with("k_proj.weight");
+    if (!permute) {
+      for (int64_t done = 0; done < v.numel(); done += int64_t(kChunk))
+        PD_RETURN_IF_ERROR(writer->write_floats(src + done, size_t(std::min<int64_t>(kChunk, v.numel() - done))));
+      continue;
+    }
+    const int64_t rows = v.shape[0], cols = v.shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      // New row r of head h at position i takes old row 2i (first half) or 2i+1 (second half).
+      int64_t h = r / hd, i = r % hd;
+      int64_t old = h * hd + (i < hd / 2 ? 2 * i : 2 * (i - hd / 2) + 1);
+      PD_RETURN_IF_ERROR(writer->write_floats(src + old * cols, size_t(cols)));
+    }
+  }
+  PD_RETURN_IF_ERROR(writer->finish());
+  std::error_code ec;
+  fs::copy_file(tokenizer, out / "tokenizer.bin", fs::copy_options::overwrite_existing, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot copy ", tokenizer, ": ", ec.message()));
+  PD_ASSIGN_OR_RETURN(std::string config_json, hf_config_json(c, o.dtype));
+  return write_text(out / "config.json", config_json);
+}
+
+}  // namespace
+
+std::vector<std::string> make_model_presets() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.push_back(p.name);
+  return out;
+}
+
+StatusOr<ModelConfig> make_model_preset_config(const std::string& preset) {
+  for (const Preset& p : kPresets) {
+    if (preset != p.name) continue;
+    ModelConfig c;
+    c.architecture = p.architecture;
+    c.dim = p.dim;
+    c.hidden_dim = p.hidden_dim;
+    c.n_layers = p.n_layers;
+    c.n_heads = p.n_heads;
+    c.n_kv_heads = p.n_kv_heads;
+    c.head_dim = p.head_dim;
+    c.vocab_size = p.vocab;
+    c.max_seq_len = p.max_seq_len;
+    c.rope_theta = p.rope_theta;
+    c.rms_eps = p.rms_eps;
+    c.rope_style = RopeStyle::kRotateHalf;
+    c.qkv_bias = p.qkv_bias;
+    c.tie_embeddings = p.tie;
+    c.sliding_window = p.sliding_window;
+    c.bos_id = kByteTokenizerBos;
+    c.eos_ids = {kByteTokenizerEos};
+    return c;
+  }
+  return absl::NotFoundError(absl::StrCat("unknown preset '", preset, "'; presets: ",
+                                          absl::StrJoin(make_model_presets(), ", ")));
+}
+
+Status make_model(const MakeModelOptions& options) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("make-model needs an output directory");
+  if (options.preset.empty() == options.from.empty())
+    return absl::InvalidArgumentError("make-model needs exactly one of a preset or --from FILE.bin");
+  std::error_code ec;
+  const fs::path out(options.out_dir);
+  fs::create_directories(out, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", options.out_dir, ": ", ec.message()));
+  // Stale files from an earlier, different model in the same directory would be picked up
+  // by the loader (an index overriding nothing, a tokenizer.json shadowing tokenizer.bin).
+  for (const char* stale : {"model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.bin"})
+    fs::remove(out / stale, ec);
+  return options.from.empty() ? make_preset(options, out) : export_llama2c(options, out);
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,133 @@
+// load_model (engine/model_loader.h): decides the format from what the path holds, loads
+// config, weights and tokenizer, and checks that they fit together.
+#include "engine/model_loader.h"
+
+#include <filesystem>
+
+#include "engine/model/hf_config.h"
+#include "engine/model/llama2c_checkpoint.h"
+#include "engine/model/model_files.h"
+#include "engine/model/model_resolver.h"
+#include "engine/model/safetensors.h"
+#include "engine/model/tensor_names.h"
+
+namespace pdserve::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) absl::StrAppend(&s, i ? ", " : "", shape[i]);
+  return s + "]";
+}
+
+// Every tensor the forward pass reads must exist with the shape the config implies.
+Status check_tensors(const ModelConfig& c, const WeightSource& weights, const std::string& source) {
+  const int64_t dim = c.dim, hidden = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
+  auto expect = [&](const std::string& name, std::vector<int64_t> shape) -> Status {
+    auto t = weights.tensor(name);
+    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": missing tensor ", name));
+    if (t->shape != shape)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", name, " has shape ",
+                                                     shape_text(t->shape), ", the config implies ",
+                                                     shape_text(shape)));
+    return absl::OkStatus();
+  };
+  PD_RETURN_IF_ERROR(expect("model.embed_tokens.weight", {vocab, dim}));
+  for (int l = 0; l < c.n_layers; ++l) {
+    auto name = [l](const char* suffix) { return hf_layer_name(l, suffix); };
+    PD_RETURN_IF_ERROR(expect(name("input_layernorm.weight"), {dim}));
+    PD_RETURN_IF_ERROR(expect(name("self_attn.q_proj.weight"), {q, dim}));
+    PD_RETURN_IF_ERROR(expect(name("self_attn.k_proj.weight"), {kv, dim}));
+    PD_RETURN_IF_ERROR(expect(name("self_attn.v_proj.weight"), {kv, dim}));
+    PD_RETURN_IF_ERROR(expect(name("self_attn.o_proj.weight"), {dim, q}));
+    if (c.qkv_bias) {
+      PD_RETURN_IF_ERROR(expect(name("self_attn.q_proj.bias"), {q}));
+      PD_RETURN_IF_ERROR(expect(name("self_attn.k_proj.bias"), {kv}));
+      PD_RETURN_IF_ERROR(expect(name("self_attn.v_proj.bias"), {kv}));
+    }
+    PD_RETURN_IF_ERROR(expect(name("post_attention_layernorm.weight"), {dim}));
+    PD_RETURN_IF_ERROR(expect(name("mlp.gate_proj.weight"), {hidden, dim}));
+    PD_RETURN_IF_ERROR(expect(name("mlp.down_proj.weight"), {dim, hidden}));
+    PD_RETURN_IF_ERROR(expect(name("mlp.up_proj.weight"), {hidden, dim}));
+  }
+  PD_RETURN_IF_ERROR(expect("model.norm.weight", {dim}));
+  return expect("lm_head.weight", {vocab, dim});
+}
+
+Status attach_tokenizer(LoadedModel& m, const std::string& path) {
+  auto tok = load_tokenizer(path);
+  if (!tok.ok())
+    return Status(tok.status().code(), absl::StrCat("tokenizer ", path, ": ", tok.status().message()));
+  if ((*tok)->vocab_size() > m.config.vocab_size)
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer ", path, " has ", (*tok)->vocab_size(),
+                                                   " tokens but the model only ", m.config.vocab_size));
+  m.tokenizer = *std::move(tok);
+  return absl::OkStatus();
+}
+
+Status load_llama2c(const std::string& file, const ModelLoadOptions& options, LoadedModel& m) {
+  PD_ASSIGN_OR_RETURN(Llama2cCheckpoint ckpt, read_llama2c_checkpoint(file));
+  m.config = ckpt.config;
+  m.weights = std::move(ckpt.weights);
+  m.format = "llama2c";
+  m.path = file;
+  PD_RETURN_IF_ERROR(check_tensors(m.config, *m.weights, file));
+  std::string tokenizer = options.tokenizer;
+  if (tokenizer.empty()) {
+    PD_ASSIGN_OR_RETURN(tokenizer, find_llama2c_tokenizer(fs::path(file).parent_path().string()));
+  }
+  return attach_tokenizer(m, tokenizer);
+}
+
+Status load_hf(const std::string& dir, const ModelLoadOptions& options, LoadedModel& m) {
+  PD_ASSIGN_OR_RETURN(m.config, read_hf_config((fs::path(dir) / "config.json").string()));
+  PD_ASSIGN_OR_RETURN(std::unique_ptr<TensorTable> table, read_safetensors_dir(dir));
+  // Tied checkpoints store the embedding once; the engine always reads lm_head.weight.
+  if (m.config.tie_embeddings && !table->contains("lm_head.weight") &&
+      table->contains("model.embed_tokens.weight"))
+    PD_RETURN_IF_ERROR(table->add_alias("lm_head.weight", "model.embed_tokens.weight"));
+  m.weights = std::move(table);
+  m.format = "hf";
+  m.path = dir;
+  PD_RETURN_IF_ERROR(check_tensors(m.config, *m.weights, dir));
+  std::string tokenizer = options.tokenizer;
+  if (tokenizer.empty()) {
+    PD_ASSIGN_OR_RETURN(tokenizer, find_hf_tokenizer(dir));
+  }
+  return attach_tokenizer(m, tokenizer);
+}
+
+}  // namespace
+
+StatusOr<LoadedModel> load_model(const ModelLoadOptions& options) {
+  if (options.model.empty()) return absl::InvalidArgumentError("no model given");
+  LoadedModel m;
+  std::error_code ec;
+  fs::path path(options.model);
+  if (fs::exists(path, ec)) {
+    path = fs::absolute(path, ec).lexically_normal();
+    if (!path.has_filename()) path = path.parent_path();  // "dir/" names "dir".
+    m.name = fs::is_directory(path, ec) ? path.filename().string() : path.stem().string();
+  } else {
+    PD_ASSIGN_OR_RETURN(std::string dir, resolve_model(options.model, {.allow_download = options.allow_download}));
+    path = dir;
+    m.name = options.model;
+  }
+
+  if (fs::is_regular_file(path, ec)) {
+    if (path.extension() != ".bin")
+      return absl::InvalidArgumentError(absl::StrCat(
+          path.string(), " is not a llama2.c .bin checkpoint; for Hugging Face models pass the directory"));
+    PD_RETURN_IF_ERROR(load_llama2c(path.string(), options, m));
+  } else if (fs::is_regular_file(path / "config.json", ec)) {
+    PD_RETURN_IF_ERROR(load_hf(path.string(), options, m));
+  } else {
+    PD_ASSIGN_OR_RETURN(std::string file, find_llama2c_checkpoint(path.string()));
+    PD_RETURN_IF_ERROR(load_llama2c(file, options, m));
+  }
+  return m;
+}
+
+}  // namespace pdserve::engine

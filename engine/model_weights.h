@@ -1,0 +1,68 @@
+// The model's weights as fp32 for the CPU backend, and each TP rank's shard of them. f32
+// tensors are used in place (memory-mapped, never copied); bf16/f16 tensors are converted once
+// and shared by all ranks. A rank's shard is only pointers and strides into the full tensors:
+// row slices for Q/K/V and the MLP's gate/up, column slices (a leading dimension wider than
+// the slice) for the output projections, Megatron style.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model_config.h"
+#include "engine/tp_shard.h"
+#include "engine/weights.h"
+
+namespace pdserve::engine {
+
+// Every tensor the model needs, as fp32 pointers, shape-checked against the config.
+class ModelWeightsF32 {
+ public:
+  static StatusOr<std::unique_ptr<ModelWeightsF32>> create(const ModelConfig& config,
+                                                           const WeightSource& source);
+  // The fp32 data of tensor `name` (validated at creation); nullptr if the model has none.
+  const float* get(const std::string& name) const;
+  // Bytes converted to fp32 (0 when every tensor was f32 and is used in place).
+  size_t converted_bytes() const { return converted_bytes_; }
+
+ private:
+  std::map<std::string, const float*> tensors_;
+  std::vector<std::vector<float>> owned_;
+  size_t converted_bytes_ = 0;
+};
+
+struct LayerShard {
+  const float* attn_norm = nullptr;
+  const float* wq = nullptr;  // [q_local][dim] rows.
+  const float* wk = nullptr;  // [kv_local][dim] rows.
+  const float* wv = nullptr;
+  const float* bq = nullptr;  // Biases (Qwen2) or nullptr.
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* wo = nullptr;  // [dim][q_local] columns, rows q_dim apart.
+  const float* ffn_norm = nullptr;
+  const float* w_gate = nullptr;  // [hidden_local][dim] rows.
+  const float* w_up = nullptr;
+  const float* w_down = nullptr;  // [dim][hidden_local] columns, rows hidden_dim apart.
+};
+
+// What rank `rank` of `tp` computes.
+struct RankShard {
+  int rank = 0, tp = 1;
+  Range q_heads;    // Global attention heads.
+  Range kv_heads;   // Global KV heads held (replicated when tp > n_kv_heads).
+  Range hidden;     // MLP columns.
+  Range vocab;      // Rows of the output classifier.
+  const float* embed = nullptr;  // Full table, every rank.
+  const float* final_norm = nullptr;
+  const float* lm_head = nullptr;  // [vocab_local][dim] rows.
+  std::vector<LayerShard> layers;
+};
+
+// Slices `weights` for rank `rank` of `tp`; fails if the model does not divide over `tp`.
+StatusOr<RankShard> shard_weights(const ModelConfig& config, const ModelWeightsF32& weights,
+                                  int rank, int tp);
+
+}  // namespace pdserve::engine

@@ -1,0 +1,57 @@
+// Per-request sampling: the request's parameters (SamplingParams, with their validation) and
+// the Sampler that turns one row of logits into the next token. Each request owns its own
+// random generator, seeded from the request, so a seeded request draws the same tokens on
+// every run whatever else is in the batch.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace pdserve::engine {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (argmax).
+  int top_k = 0;             // 0: off.
+  float top_p = 1.0f;        // Nucleus mass in (0, 1]; 1: off.
+  int64_t seed = -1;         // -1: seeded at random.
+  int max_tokens = 16;       // Generated tokens at most (finish reason "length").
+  std::vector<int> stop_token_ids;        // Besides the model's EOS ids.
+  std::vector<std::string> stop_strings;  // Generation stops before the first occurrence.
+  bool ignore_eos = false;  // Keep going through the model's EOS ids (stop_token_ids still stop).
+
+  // InvalidArgument naming the offending field: temperature < 0 or NaN, top_p outside (0, 1],
+  // top_k < 0, max_tokens <= 0, a negative stop token id or an empty stop string.
+  Status validate() const;
+};
+
+class Sampler {
+ public:
+  // `params` should have passed validate().
+  explicit Sampler(const SamplingParams& params);
+
+  // The next token given `vocab` logits. Greedy: the argmax, lowest index on ties. Otherwise:
+  // softmax at the temperature, keep the top_k most likely, then the smallest most-likely
+  // prefix holding at least top_p of the mass, and draw from what is left. NaN logits are
+  // never chosen (unless nothing else is left).
+  int sample(const float* logits, int vocab);
+
+ private:
+  static int argmax(const float* logits, int vocab);
+  // Uniform in [0, 1) from 53 random bits: the same on every platform, unlike
+  // std::uniform_real_distribution whose algorithm the standard leaves open.
+  double uniform();
+
+  float temperature_;
+  int top_k_;
+  float top_p_;
+  std::mt19937_64 rng_;
+  // Reused across calls to avoid a vocabulary-sized allocation per token.
+  std::vector<float> probs_;
+  std::vector<int> candidates_;
+};
+
+}  // namespace pdserve::engine

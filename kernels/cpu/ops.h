@@ -1,0 +1,36 @@
+// The CPU reference kernels (fp32): the numerics every other backend is tested against, in
+// the manner of llama.cpp's test-backend-ops. Free functions over plain pointers so that GPU
+// kernels can mirror their signatures one to one.
+#pragma once
+
+#include <cstdint>
+
+namespace pdserve::kernels::cpu {
+
+// out[r] = in[r] / rms(in[r]) * weight, for `rows` rows of `dim`.
+void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps);
+
+// Rotates each head of `rows` rows in place by RoPE at the row's position. Row r starts at
+// x + r*row_stride and holds `n_heads` heads of `head_dim`. `rotate_half` pairs (i, i+hd/2)
+// (Hugging Face) instead of adjacent (2i, 2i+1) (llama2.c/Meta).
+void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+          float theta, bool rotate_half);
+
+// gate[i] = silu(gate[i]) * up[i].
+void silu_mul(float* gate, const float* up, int64_t n);
+
+// x[i] += y[i].
+void add_inplace(float* x, const float* y, int64_t n);
+
+// y[rows][out] = x[rows][in] · w^T, with w an [out][in] matrix whose rows are `ldw` apart
+// (a column slice of a wider matrix has ldw > in). Accumulates into y when `accumulate`.
+void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw,
+                bool accumulate = false);
+
+// y[r][o] += bias[o].
+void add_bias(float* y, const float* bias, int rows, int out);
+
+// Index of the largest value; the lowest index on ties.
+int argmax(const float* x, int n);
+
+}  // namespace pdserve::kernels::cpu

@@ -1,0 +1,67 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace pdserve::kernels::cpu {
+
+void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,
+                    int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) {
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    const int pos = tokens.positions[t];
+    const int block = tokens.block_tables[t][pos / kv.block_size];
+    const int slot = pos % kv.block_size;
+    for (int h = 0; h < n_kv_heads; ++h) {
+      float* kd = kv.k + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;
+      std::memcpy(kd, k + t * k_row_stride + int64_t(h) * kv.head_dim, sizeof(float) * kv.head_dim);
+      if (kv.v == nullptr) continue;
+      float* vd = kv.v + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
+      std::memcpy(vd, v + t * v_row_stride + int64_t(h) * kv.v_head_dim, sizeof(float) * kv.v_head_dim);
+    }
+  }
+}
+
+void paged_attention(float* out, const float* q, const PagedLayerView& kv,
+                     const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                     float scale) {
+  std::vector<float> scores;
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    const int pos = tokens.positions[t];
+    const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+    const int count = pos - first + 1;
+    const int* table = tokens.block_tables[t];
+    scores.resize(count);
+    for (int h = 0; h < n_q_heads; ++h) {
+      const int kvh = h / q_per_kv;
+      const float* qh = q + int64_t(t) * n_q_heads * kv.head_dim + int64_t(h) * kv.head_dim;
+      float max_score = -INFINITY;
+      for (int j = 0; j < count; ++j) {
+        const int p = first + j;
+        const float* kj = kv.k + table[p / kv.block_size] * kv.k_block_stride +
+                          (p % kv.block_size) * kv.k_token_stride + kvh * kv.k_head_stride;
+        float dot = 0.0f;
+        for (int d = 0; d < kv.head_dim; ++d) dot += qh[d] * kj[d];
+        scores[j] = dot * scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float sum = 0.0f;
+      for (int j = 0; j < count; ++j) {
+        scores[j] = std::exp(scores[j] - max_score);
+        sum += scores[j];
+      }
+      float* oh = out + int64_t(t) * n_q_heads * kv.v_head_dim + int64_t(h) * kv.v_head_dim;
+      std::fill(oh, oh + kv.v_head_dim, 0.0f);
+      for (int j = 0; j < count; ++j) {
+        const int p = first + j;
+        const float* vj = kv.v + table[p / kv.block_size] * kv.v_block_stride +
+                          (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
+        const float w = scores[j] / sum;
+        for (int d = 0; d < kv.v_head_dim; ++d) oh[d] += w * vj[d];
+      }
+    }
+  }
+}
+
+}  // namespace pdserve::kernels::cpu

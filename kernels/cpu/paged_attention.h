@@ -1,0 +1,42 @@
+// Paged KV cache kernels on CPU: writing new tokens' K/V into their blocks and causal
+// attention over blocks. The caller describes one layer's cache on one rank as plain strides
+// (derived from engine::KvCacheLayout), so any layout the per-layer spec allows — separate or
+// interleaved K/V, token- or head-major blocks — is read through the same code.
+#pragma once
+
+#include <cstdint>
+
+namespace pdserve::kernels::cpu {
+
+// One layer's cache on one rank, fp32. Element [block][slot][head][d] of K is at
+// k + block*k_block_stride + slot*k_token_stride + head*k_head_stride + d (likewise V).
+struct PagedLayerView {
+  float* k = nullptr;
+  float* v = nullptr;  // nullptr for key-only layers.
+  int64_t k_block_stride = 0, k_token_stride = 0, k_head_stride = 0;
+  int64_t v_block_stride = 0, v_token_stride = 0, v_head_stride = 0;
+  int block_size = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;
+};
+
+// The tokens of one forward pass: token t sits at positions[t] of the sequence whose block
+// table is block_tables[t] (so tokens of many sequences can be mixed in one call).
+struct TokenPlacement {
+  int num_tokens = 0;
+  const int* positions = nullptr;
+  const int* const* block_tables = nullptr;
+};
+
+// Stores K (and V) rows of `n_kv_heads` heads for each token into its block and slot.
+void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,
+                    int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads);
+
+// out[t][h] = softmax(q[t][h] · K[j] * scale) · V[j] over the positions j the token sees:
+// (positions[t] - window, positions[t]] (window 0 = from 0). Query head h reads KV head
+// h / q_per_kv. q rows hold n_q_heads*head_dim, out rows n_q_heads*v_head_dim.
+void paged_attention(float* out, const float* q, const PagedLayerView& kv,
+                     const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                     float scale);
+
+}  // namespace pdserve::kernels::cpu

@@ -1,0 +1,332 @@
+#include "kvtransfer/control/control_channel.h"
+
+#include <algorithm>
+#include <iterator>
+#include <vector>
+
+#include <zmq_addon.hpp>
+
+#include "absl/strings/escaping.h"
+
+#include "common/logging.h"
+#include "kvtransfer/control/codec.h"
+
+namespace pdserve::kvtransfer {
+namespace {
+
+// Longest single poll inside receive(), so heartbeats and peer deadlines are checked often.
+constexpr auto kPollSlice = std::chrono::milliseconds(10);
+
+Status zmq_status(const char* what, const zmq::error_t& e) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", e.what()));
+}
+
+int64_t to_ms(Duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+template <typename Message>
+void copy_identity(const Message& m, ControlPeer& peer) {
+  peer.role = m.role();
+  peer.tp_size = m.tp_size();
+  peer.rank = m.rank();
+  peer.worker_address = m.worker_address();
+  for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ControlChannel>> ControlChannel::create(ControlChannelOptions options) {
+  try {
+    std::unique_ptr<ControlChannel> channel(new ControlChannel(std::move(options)));
+    PD_RETURN_IF_ERROR(channel->bind());
+    return channel;
+  } catch (const zmq::error_t& e) {
+    return zmq_status("control channel setup", e);
+  }
+}
+
+ControlChannel::ControlChannel(ControlChannelOptions options)
+    : options_(std::move(options)),
+      context_(1),
+      router_(context_, zmq::socket_type::router),
+      last_heartbeat_(options_.clock->now()) {}
+
+ControlChannel::~ControlChannel() = default;
+
+Status ControlChannel::bind() {
+  router_.set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
+  // Sending to a peer that is gone must fail loudly, not vanish.
+  router_.set(zmq::sockopt::router_mandatory, 1);
+  // ZeroMQ drops (and disconnects) far oversized frames before they are buffered whole; the
+  // decoder refuses, with a log line, everything above the exact limit.
+  router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
+  try {
+    router_.bind(options_.bind_endpoint);
+  } catch (const zmq::error_t& e) {
+    return zmq_status(("bind " + options_.bind_endpoint).c_str(), e);
+  }
+  endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  return absl::OkStatus();
+}
+
+StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout) {
+  if (auto it = peer_by_endpoint_.find(endpoint); it != peer_by_endpoint_.end()) {
+    const PeerState& cached = peers_.at(it->second);
+    if (!cached.lost) return cached.info;
+  }
+  try {
+    auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    dealer->set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
+    dealer->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
+    dealer->connect(endpoint);
+    proto::Envelope hello;
+    *hello.mutable_handshake() = options_.local;
+    const std::string bytes = encode_envelope(hello);
+    if (!dealer->send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
+      return absl::UnavailableError(absl::StrCat("cannot queue a handshake to ", endpoint));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no handshake answer from ", endpoint, " within ", to_ms(timeout), " ms"));
+      }
+      zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      zmq::message_t frame;
+      while (dealer->recv(frame, zmq::recv_flags::dontwait)) {
+        auto decoded = decode_envelope(frame.to_string_view(), options_.max_message_bytes);
+        if (!decoded.ok()) {
+          refuse(endpoint, decoded.status());
+          continue;
+        }
+        if (!decoded->has_handshake_ack()) {
+          refuse(endpoint, absl::FailedPreconditionError(absl::StrCat(
+                               "expected handshake_ack, got ", message_type_name(*decoded))));
+          continue;
+        }
+        const proto::HandshakeAck& ack = decoded->handshake_ack();
+        if (!ack.accepted()) {
+          PD_LOG_WARN("control: {} refused our handshake: {}", endpoint, ack.error());
+          return absl::FailedPreconditionError(
+              absl::StrCat("peer ", endpoint, " refused the handshake: ", ack.error()));
+        }
+        const uint64_t id = next_peer_id_++;
+        PeerState& peer = peers_[id];
+        peer.info.id = id;
+        peer.info.dialed = true;
+        peer.info.endpoint = endpoint;
+        copy_identity(ack, peer.info);
+        peer.dealer = std::move(dealer);
+        peer.last_heard = options_.clock->now();
+        peer_by_endpoint_[endpoint] = id;
+        return peer.info;
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return zmq_status(("connect " + endpoint).c_str(), e);
+  }
+}
+
+Status ControlChannel::send(uint64_t id, const proto::Envelope& message) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no control peer ", id));
+  if (it->second.lost) return absl::UnavailableError(absl::StrCat("control peer ", id, " lost"));
+  return send_to(it->second, encode_envelope(message));
+}
+
+Status ControlChannel::send_to(PeerState& peer, const std::string& bytes) {
+  if (!peer.dealer) return send_routed(peer.routing_id, bytes);
+  try {
+    if (!peer.dealer->send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
+      return absl::UnavailableError(absl::StrCat("send queue to peer ", peer.info.id, " full"));
+    }
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    return zmq_status("send", e);
+  }
+}
+
+Status ControlChannel::send_routed(const std::string& routing_id, const std::string& bytes) {
+  try {
+    const bool sent =
+        router_.send(zmq::buffer(routing_id), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+            .has_value() &&
+        router_.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
+    if (!sent) return absl::UnavailableError("send queue full");
+    return absl::OkStatus();
+  } catch (const zmq::error_t& e) {
+    return zmq_status("send", e);
+  }
+}
+
+StatusOr<ControlPeer> ControlChannel::peer(uint64_t id) const {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no control peer ", id));
+  return it->second.info;
+}
+
+StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    while (true) {
+      tick();
+      if (!events_.empty()) {
+        ControlEvent event = std::move(events_.front());
+        events_.pop_front();
+        return event;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return absl::DeadlineExceededError("no control event");
+
+      std::vector<zmq::pollitem_t> items{{router_.handle(), 0, ZMQ_POLLIN, 0}};
+      std::vector<uint64_t> dealer_peers;
+      for (auto& [id, peer] : peers_) {
+        if (peer.dealer && !peer.lost) {
+          items.push_back({peer.dealer->handle(), 0, ZMQ_POLLIN, 0});
+          dealer_peers.push_back(id);
+        }
+      }
+      const auto slice = std::min<std::chrono::steady_clock::duration>(deadline - now, kPollSlice);
+      zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+
+      if (items[0].revents & ZMQ_POLLIN) {
+        std::vector<zmq::message_t> frames;
+        while (zmq::recv_multipart(router_, std::back_inserter(frames),
+                                   zmq::recv_flags::dontwait)) {
+          if (frames.size() != 2) {
+            refuse(frames.empty() ? "?" : frames[0].to_string(),
+                   absl::InvalidArgumentError(
+                       absl::StrCat("expected 2 frames, got ", frames.size())));
+          } else {
+            on_router_frame(frames[0].to_string(), frames[1].to_string());
+          }
+          frames.clear();
+        }
+      }
+      for (size_t i = 0; i < dealer_peers.size(); ++i) {
+        if (!(items[i + 1].revents & ZMQ_POLLIN)) continue;
+        PeerState& peer = peers_.at(dealer_peers[i]);
+        zmq::message_t frame;
+        while (!peer.lost && peer.dealer->recv(frame, zmq::recv_flags::dontwait)) {
+          on_dealer_frame(dealer_peers[i], frame.to_string());
+        }
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return zmq_status("receive", e);
+  }
+}
+
+void ControlChannel::on_router_frame(const std::string& routing_id, const std::string& bytes) {
+  auto decoded = decode_envelope(bytes, options_.max_message_bytes);
+  if (!decoded.ok()) return refuse(routing_id, decoded.status());
+  proto::Envelope envelope = std::move(*decoded);
+  auto known = peer_by_routing_id_.find(routing_id);
+
+  if (envelope.has_handshake()) {
+    const proto::Handshake& hello = envelope.handshake();
+    const proto::Handshake& local = options_.local;
+    proto::Envelope reply;
+    proto::HandshakeAck& ack = *reply.mutable_handshake_ack();
+    // The geometry check comes first: everything else is meaningless between mismatched caches.
+    if (hello.compat_hash() != local.compat_hash()) {
+      ack.set_error(absl::StrCat("incompatible KV geometry: peer compat hash ",
+                                 absl::Hex(hello.compat_hash()), " [", hello.geometry(),
+                                 "] != local ", absl::Hex(local.compat_hash()), " [",
+                                 local.geometry(), "]"));
+    } else if (hello.role() == local.role()) {
+      ack.set_error(absl::StrCat("both ranks have role ", proto::Role_Name(local.role())));
+    } else {
+      ack.set_accepted(true);
+      ack.set_role(local.role());
+      ack.set_tp_size(local.tp_size());
+      ack.set_rank(local.rank());
+      ack.set_worker_address(local.worker_address());
+      *ack.mutable_regions() = local.regions();
+    }
+    if (!ack.accepted()) {
+      PD_LOG_WARN("control: refusing handshake from rank {}/{}: {}", hello.rank(),
+                  hello.tp_size(), ack.error());
+      ++refused_;
+    } else {
+      // A repeated handshake from the same socket (a retry) updates the existing peer.
+      const uint64_t id = known != peer_by_routing_id_.end() ? known->second : next_peer_id_++;
+      PeerState& peer = peers_[id];
+      peer.info = ControlPeer{};
+      peer.info.id = id;
+      copy_identity(hello, peer.info);
+      peer.routing_id = routing_id;
+      peer.last_heard = options_.clock->now();
+      peer.lost = false;
+      peer_by_routing_id_[routing_id] = id;
+      events_.push_back(ControlEvent{ControlEvent::Kind::kPeerJoined, id, {}, absl::OkStatus()});
+    }
+    const Status sent = send_routed(routing_id, encode_envelope(reply));
+    if (!sent.ok()) PD_LOG_WARN("control: cannot answer a handshake: {}", sent.ToString());
+    return;
+  }
+
+  if (known == peer_by_routing_id_.end() || peers_.at(known->second).lost) {
+    return refuse(routing_id, absl::FailedPreconditionError(absl::StrCat(
+                                  message_type_name(envelope), " before a handshake")));
+  }
+  on_peer_message(known->second, std::move(envelope));
+}
+
+void ControlChannel::on_dealer_frame(uint64_t id, const std::string& bytes) {
+  auto decoded = decode_envelope(bytes, options_.max_message_bytes);
+  if (!decoded.ok()) return refuse(absl::StrCat("peer ", id), decoded.status());
+  on_peer_message(id, std::move(*decoded));
+}
+
+void ControlChannel::on_peer_message(uint64_t id, proto::Envelope envelope) {
+  if (envelope.has_handshake() || envelope.has_handshake_ack()) {
+    return refuse(absl::StrCat("peer ", id),
+                  absl::FailedPreconditionError(absl::StrCat(
+                      "unexpected ", message_type_name(envelope), " after the handshake")));
+  }
+  peers_.at(id).last_heard = options_.clock->now();
+  if (envelope.has_heartbeat()) return;
+  events_.push_back(
+      ControlEvent{ControlEvent::Kind::kMessage, id, std::move(envelope), absl::OkStatus()});
+}
+
+void ControlChannel::tick() {
+  const TimePoint now = options_.clock->now();
+  const bool beat = now - last_heartbeat_ >= options_.heartbeat_interval;
+  if (beat) last_heartbeat_ = now;
+  for (auto& [id, peer] : peers_) {
+    if (peer.lost) continue;
+    if (now - peer.last_heard > options_.peer_timeout) {
+      peer.lost = true;
+      if (peer.dealer) {
+        peer_by_endpoint_.erase(peer.info.endpoint);
+        peer.dealer.reset();
+      } else {
+        peer_by_routing_id_.erase(peer.routing_id);
+      }
+      const Status why = absl::UnavailableError(
+          absl::StrCat("no control message from peer ", id, " (rank ", peer.info.rank, ") for ",
+                       to_ms(now - peer.last_heard), " ms"));
+      PD_LOG_WARN("control: {}", std::string(why.message()));
+      events_.push_back(ControlEvent{ControlEvent::Kind::kPeerLost, id, {}, why});
+      continue;
+    }
+    if (beat) {
+      proto::Envelope heartbeat;
+      heartbeat.mutable_heartbeat();
+      const Status sent = send_to(peer, encode_envelope(heartbeat));
+      if (!sent.ok()) PD_LOG_DEBUG("control: heartbeat to peer {}: {}", id, sent.ToString());
+    }
+  }
+}
+
+void ControlChannel::refuse(const std::string& from, const Status& why) {
+  ++refused_;
+  PD_LOG_WARN("control: refused a frame from {}: {}", absl::CHexEscape(from), why.ToString());
+}
+
+}  // namespace pdserve::kvtransfer

@@ -1,0 +1,129 @@
+// The kvtransfer control channel: ZeroMQ messaging between one rank and its peer ranks, next
+// to the UCX data path. Each rank binds one ROUTER socket that peers dial, and opens one DEALER
+// socket per peer it dials itself. A dialing side first sends a Handshake; the listener checks
+// the compat hash before anything else and answers HandshakeAck (refusing mismatched KV
+// geometry with both geometries in the error). Afterwards either side sends notifications
+// (WriteDone, Release, Abort) and heartbeats. Every received frame goes through the strict
+// decoder; refused frames are logged and counted, never fatal.
+//
+// Threading: a ControlChannel is used from one thread (ZeroMQ sockets are not thread-safe).
+// Nothing happens in the background: incoming handshakes are answered, heartbeats sent and
+// lost peers detected only inside receive(), so the owner calls it in its loop.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <zmq.hpp>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "proto/kvtransfer.pb.h"
+
+namespace pdserve::kvtransfer {
+
+struct ControlChannelOptions {
+  // Where the ROUTER binds, e.g. "tcp://127.0.0.1:*" (the port is chosen by the system).
+  std::string bind_endpoint = "tcp://127.0.0.1:*";
+  // This rank's identity: compat hash, role, tp size, rank, worker address, regions, geometry.
+  // Sent as the Handshake when dialing, and returned in the HandshakeAck when accepting.
+  proto::Handshake local;
+  // Heartbeats and peer-loss deadlines are measured with this clock.
+  const Clock* clock = &RealClock::instance();
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  // A peer not heard from for this long is reported lost.
+  Duration peer_timeout = std::chrono::seconds(10);
+  size_t max_message_bytes = 1 << 20;
+  // How long closing the channel may wait to deliver queued messages. 0 (default) drops them,
+  // so that a dead peer can never stall shutdown; a process that sends a final notification
+  // and exits sets a short bound instead.
+  Duration linger = Duration(0);
+};
+
+// A peer whose handshake succeeded, from either side.
+struct ControlPeer {
+  uint64_t id = 0;
+  bool dialed = false;   // We connected to it (else it connected to us).
+  std::string endpoint;  // The endpoint we dialed; empty for peers that dialed us.
+  proto::Role role = proto::ROLE_UNSPECIFIED;
+  uint32_t tp_size = 0;
+  uint32_t rank = 0;
+  std::string worker_address;
+  std::map<std::string, std::string> regions;  // Region name → transport descriptor.
+};
+
+// What receive() hands to its caller.
+struct ControlEvent {
+  enum class Kind { kPeerJoined, kMessage, kPeerLost };
+  Kind kind = Kind::kMessage;
+  uint64_t peer = 0;
+  proto::Envelope message;  // kMessage: a WriteDone, Release or Abort.
+  Status error;             // kPeerLost: why.
+};
+
+class ControlChannel {
+ public:
+  // Binds the ROUTER socket.
+  static StatusOr<std::unique_ptr<ControlChannel>> create(ControlChannelOptions options);
+  ~ControlChannel();
+
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // The bound endpoint with its real port, for peers to dial.
+  const std::string& endpoint() const { return endpoint_; }
+
+  // Dials a peer and handshakes within `timeout`; a live earlier handshake with the same
+  // endpoint is reused without a round trip. A refusal is FailedPrecondition with the reason.
+  StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout);
+  // Sends a notification (or any message) to a handshaken peer, without blocking.
+  Status send(uint64_t peer, const proto::Envelope& message);
+  // Services the sockets for at most `timeout` of real time and returns the next event, or
+  // DeadlineExceeded when none came.
+  StatusOr<ControlEvent> receive(Duration timeout);
+  // A handshaken peer by id.
+  StatusOr<ControlPeer> peer(uint64_t id) const;
+
+  // Frames refused by the decoder or by protocol rules, since creation.
+  uint64_t refused_count() const { return refused_; }
+
+ private:
+  struct PeerState {
+    ControlPeer info;
+    std::unique_ptr<zmq::socket_t> dealer;  // Dialed peers.
+    std::string routing_id;                 // Peers that dialed us.
+    TimePoint last_heard;
+    bool lost = false;
+  };
+
+  explicit ControlChannel(ControlChannelOptions options);
+  Status bind();
+  Status send_to(PeerState& peer, const std::string& bytes);
+  // Sends through the ROUTER to the socket with that routing id.
+  Status send_routed(const std::string& routing_id, const std::string& bytes);
+  // Handles one frame from the ROUTER (routing id known) or from a dialed peer.
+  void on_router_frame(const std::string& routing_id, const std::string& bytes);
+  void on_dealer_frame(uint64_t peer, const std::string& bytes);
+  // Handles a decoded message from a handshaken peer.
+  void on_peer_message(uint64_t peer, proto::Envelope envelope);
+  // Sends heartbeats when due and reports peers that went quiet.
+  void tick();
+  void refuse(const std::string& from, const Status& why);
+
+  const ControlChannelOptions options_;
+  zmq::context_t context_;
+  zmq::socket_t router_;
+  std::string endpoint_;
+  std::map<uint64_t, PeerState> peers_;
+  std::map<std::string, uint64_t> peer_by_endpoint_;
+  std::map<std::string, uint64_t> peer_by_routing_id_;
+  std::deque<ControlEvent> events_;
+  TimePoint last_heartbeat_;
+  uint64_t next_peer_id_ = 1;
+  uint64_t refused_ = 0;
+};
+
+}  // namespace pdserve::kvtransfer

@@ -1,0 +1,173 @@
+// The engine end to end on the bundled model: the published greedy text at every TP size, an
+// independent reference implementation on unseen prompts, batch independence, bad input.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "tests/engine/reference_llama.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve::engine {
+namespace {
+
+using pdserve::testing::stories_bin;
+using pdserve::testing::stories_dir;
+
+std::unique_ptr<Engine> make_engine(int tp, EngineOptions options = {}) {
+  auto model = load_model({stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  options.tp = tp;
+  auto engine = Engine::create(std::move(*model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(*engine);
+}
+
+std::string published_text() {
+  std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+class PublishedOutput : public ::testing::TestWithParam<int> {};
+
+TEST_P(PublishedOutput, GreedyFromBosMatchesAtEveryTp) {
+  auto engine = make_engine(GetParam());
+  auto result = engine->generate({1}, greedy(256));
+  ASSERT_TRUE(result.ok()) << result.status();
+  std::string expected = published_text();
+  // The published file ends with a newline that the model did not generate.
+  while (!expected.empty() && expected.back() == '\n') expected.pop_back();
+  std::string text = result->text;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(text, expected);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tp, PublishedOutput, ::testing::Values(1, 2, 4, 8));
+
+TEST(Engine, MatchesReferenceImplementationOnUnseenPrompts) {
+  pdserve::testing::ReferenceLlama ref(stories_bin());
+  auto engine = make_engine(2);
+  std::mt19937 rng(1234);
+  const std::vector<std::string> texts = {
+      "The cat sat on the mat and",
+      "Tom and Sue went to the shop. They wanted to buy a big red apple, but",
+      "Zebra quantum xylophone? 42!",
+      "",
+  };
+  for (const std::string& text : texts) {
+    auto prompt = engine->tokenizer().encode(text, true);
+    ASSERT_TRUE(prompt.ok());
+    auto got = engine->generate(*prompt, greedy(80));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->token_ids, ref.greedy(*prompt, 80)) << "prompt: " << text;
+  }
+  // Random token prompts, long ones up to the 512-position limit included.
+  for (int len : {1, 17, 200, 450, 511, 512}) {
+    std::vector<int> prompt = {1};
+    std::uniform_int_distribution<int> tok(3, engine->config().vocab_size - 1);
+    while (int(prompt.size()) < len) prompt.push_back(tok(rng));
+    auto got = engine->generate(prompt, greedy(100));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->token_ids, ref.greedy(prompt, 100)) << "random prompt of " << len;
+    EXPECT_LE(int(prompt.size() + got->token_ids.size()), engine->config().max_seq_len + 1);
+  }
+}
+
+TEST(Engine, BatchOf32GivesEachSequenceItsSoloTokens) {
+  auto engine = make_engine(2);
+  std::mt19937 rng(99);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 32; ++i) {
+    std::vector<int> p = {1};
+    const int len = 1 + int(rng() % 60);
+    while (int(p.size()) < len) p.push_back(3 + int(rng() % 500));
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<int>> solo;
+  for (const auto& p : prompts) solo.push_back(engine->generate(p, greedy(40))->token_ids);
+  std::vector<std::vector<int>> batched(32);
+  for (int i = 0; i < 32; ++i) {
+    ASSERT_TRUE(engine->add_request({std::to_string(i), prompts[i], greedy(40)},
+                                    [&batched, i](const TokenEvent& ev) {
+                                      if (ev.token >= 0) batched[i].push_back(ev.token);
+                                    }).ok());
+  }
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(batched[i], solo[i]) << "sequence " << i;
+  EXPECT_EQ(engine->stats().free_blocks, engine->stats().num_blocks);
+}
+
+TEST(Engine, ChunkedPrefillUnderSmallBudgetGivesSameTokens) {
+  EngineOptions small;
+  small.max_batch_tokens = 7;
+  auto a = make_engine(1), b = make_engine(1, small);
+  std::vector<int> prompt = {1};
+  for (int i = 0; i < 90; ++i) prompt.push_back(3 + (i * 37) % 500);
+  EXPECT_EQ(a->generate(prompt, greedy(30))->token_ids, b->generate(prompt, greedy(30))->token_ids);
+}
+
+TEST(Engine, AbortFreesBlocksAtOnce) {
+  auto engine = make_engine(1);
+  std::vector<FinishReason> reasons;
+  ASSERT_TRUE(engine->add_request({"x", {1}, greedy(200)}, [&](const TokenEvent& ev) {
+    if (ev.finished) reasons.push_back(ev.reason);
+  }).ok());
+  ASSERT_TRUE(engine->step().ok());
+  EXPECT_LT(engine->stats().free_blocks, engine->stats().num_blocks);
+  engine->abort("x");
+  ASSERT_TRUE(engine->step().ok());
+  EXPECT_EQ(engine->stats().free_blocks, engine->stats().num_blocks);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], FinishReason::kAbort);
+}
+
+TEST(Engine, AdmissionWaitsForFreeBlocks) {
+  EngineOptions tiny;
+  tiny.kv_cache_bytes = 40 * 16 * 1280;  // 40 blocks of 16 tokens at TP 1.
+  auto engine = make_engine(1, tiny);
+  ASSERT_EQ(engine->stats().num_blocks, 40);
+  int done = 0;
+  for (int i = 0; i < 6; ++i)  // Each needs 16 blocks: at most two run at once.
+    ASSERT_TRUE(engine->add_request({std::to_string(i), {1}, greedy(255)}, [&](const TokenEvent& ev) {
+      done += ev.finished;
+    }).ok());
+  ASSERT_TRUE(engine->step().ok());
+  EXPECT_EQ(engine->stats().running, 2);
+  EXPECT_EQ(engine->stats().waiting, 4);
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  EXPECT_EQ(done, 6);
+  EXPECT_EQ(engine->stats().free_blocks, 40);
+}
+
+TEST(Engine, RefusesBadRequestsClearly) {
+  auto engine = make_engine(1);
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"a", {}, greedy(5)}, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"b", {1, 9999}, greedy(5)}, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"c", std::vector<int>(513, 5), greedy(5)}, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"d", {1}, greedy(0)}, nullptr)));
+  EXPECT_FALSE(engine->has_work());
+}
+
+TEST(Engine, RefusesTpThatDoesNotDivide) {
+  auto model = load_model({stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions o;
+  o.tp = 3;
+  auto engine = Engine::create(std::move(*model), o);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(std::string(engine.status().message()).find("TP 3"), std::string::npos) << engine.status();
+}
+
+}  // namespace
+}  // namespace pdserve::engine

@@ -1,0 +1,149 @@
+// CPU kernels against naive formulas, and paged attention through every block layout against
+// dense attention over the same K/V.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "engine/communicator.h"
+#include "engine/kv_cache_layout.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace pdserve::kernels::cpu {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(Kernels, RopeRotateHalfEqualsAdjacentOnPermutedDims) {
+  const int hd = 8, heads = 2;
+  std::vector<float> adj = random_vec(hd * heads, 1), half(hd * heads);
+  // Dimension 2i of adjacent layout sits at i in rotate-half, 2i+1 at i + hd/2.
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < hd / 2; ++i) {
+      half[h * hd + i] = adj[h * hd + 2 * i];
+      half[h * hd + i + hd / 2] = adj[h * hd + 2 * i + 1];
+    }
+  const int pos = 7;
+  rope(adj.data(), 1, hd * heads, heads, hd, &pos, 10000.0f, false);
+  rope(half.data(), 1, hd * heads, heads, hd, &pos, 10000.0f, true);
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < hd / 2; ++i) {
+      EXPECT_FLOAT_EQ(half[h * hd + i], adj[h * hd + 2 * i]);
+      EXPECT_FLOAT_EQ(half[h * hd + i + hd / 2], adj[h * hd + 2 * i + 1]);
+    }
+}
+
+TEST(Kernels, MatmulWithColumnSliceStride) {
+  // w is [3][5]; use columns 1..3 (ldw 5).
+  std::vector<float> w = random_vec(15, 2), x = random_vec(2 * 3, 3), y(2 * 3);
+  matmul_xwt(y.data(), x.data(), w.data() + 1, 2, 3, 3, 5);
+  for (int r = 0; r < 2; ++r)
+    for (int o = 0; o < 3; ++o) {
+      float e = 0;
+      for (int i = 0; i < 3; ++i) e += x[r * 3 + i] * w[o * 5 + 1 + i];
+      EXPECT_NEAR(y[r * 3 + o], e, 1e-5);
+    }
+}
+
+struct LayoutCase {
+  engine::KvLayout layout;
+  engine::KvOrder order;
+  int window;
+};
+
+class PagedAttentionTest : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(PagedAttentionTest, EqualsDenseAttention) {
+  using namespace engine;
+  const int heads = 2, q_per_kv = 2, hd = 4, block = 4, seq = 11, blocks = 6;
+  KvCacheSpec spec;
+  spec.block_size = block;
+  spec.layers = {{KvKind::kKv, KvSharding::kByHead, heads, hd, hd, DType::kF32, GetParam().layout,
+                  GetParam().order, GetParam().window}};
+  auto layout = KvCacheLayout::create(spec, 0, 1, blocks);
+  ASSERT_TRUE(layout.ok());
+  std::vector<float> arena(layout->total_bytes() / 4);
+  auto* base = reinterpret_cast<uint8_t*>(arena.data());
+  PagedLayerView view;
+  view.block_size = block;
+  view.head_dim = view.v_head_dim = hd;
+  view.k = reinterpret_cast<float*>(base + layout->offset(0, KvPart::kK, 0, 0, 0));
+  view.v = reinterpret_cast<float*>(base + layout->offset(0, KvPart::kV, 0, 0, 0));
+  view.k_block_stride = layout->block_stride(0, KvPart::kK) / 4;
+  view.v_block_stride = layout->block_stride(0, KvPart::kV) / 4;
+  view.k_token_stride = layout->token_stride(0, KvPart::kK);
+  view.v_token_stride = layout->token_stride(0, KvPart::kV);
+  view.k_head_stride = layout->head_stride(0, KvPart::kK);
+  view.v_head_stride = layout->head_stride(0, KvPart::kV);
+  // Scattered, out-of-order blocks.
+  const std::vector<int> table = {5, 2, 0};
+  std::vector<const int*> tables(seq, table.data());
+  std::vector<int> pos(seq);
+  for (int i = 0; i < seq; ++i) pos[i] = i;
+  const std::vector<float> k = random_vec(seq * heads * hd, 4), v = random_vec(seq * heads * hd, 5);
+  const std::vector<float> q = random_vec(seq * heads * q_per_kv * hd, 6);
+  TokenPlacement place{seq, pos.data(), tables.data()};
+  paged_kv_write(view, place, k.data(), heads * hd, v.data(), heads * hd, heads);
+  std::vector<float> out(seq * heads * q_per_kv * hd);
+  paged_attention(out.data(), q.data(), view, place, heads * q_per_kv, q_per_kv, GetParam().window, 0.5f);
+  for (int t = 0; t < seq; ++t)
+    for (int h = 0; h < heads * q_per_kv; ++h) {
+      const int first = GetParam().window ? std::max(0, t - GetParam().window + 1) : 0;
+      std::vector<float> s;
+      float mx = -1e30f;
+      for (int j = first; j <= t; ++j) {
+        float d = 0;
+        for (int i = 0; i < hd; ++i) d += q[(t * heads * q_per_kv + h) * hd + i] * k[(j * heads + h / q_per_kv) * hd + i];
+        s.push_back(d * 0.5f);
+        mx = std::max(mx, s.back());
+      }
+      float sum = 0;
+      for (float& x : s) sum += (x = std::exp(x - mx));
+      for (int i = 0; i < hd; ++i) {
+        float e = 0;
+        for (int j = first; j <= t; ++j) e += s[j - first] / sum * v[(j * heads + h / q_per_kv) * hd + i];
+        EXPECT_NEAR(out[(t * heads * q_per_kv + h) * hd + i], e, 1e-5) << "t=" << t << " h=" << h;
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PagedAttentionTest,
+    ::testing::Values(LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kTokenMajor, 0},
+                      LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kHeadMajor, 0},
+                      LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kTokenMajor, 0},
+                      LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 0},
+                      LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kTokenMajor, 3},
+                      LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 5}));
+
+TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {
+  const int n = 4, count = 1000;
+  auto group = engine::make_shared_memory_group(n);
+  std::vector<std::vector<float>> bufs(n), gathered(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      for (int iter = 0; iter < 50; ++iter) {
+        bufs[r].assign(count + iter, float(r + 1));
+        group[r]->all_reduce_sum(bufs[r].data(), count + iter);
+        for (float x : bufs[r]) ASSERT_EQ(x, 10.0f);
+      }
+      std::vector<float> mine(3, float(r));
+      gathered[r].resize(3 * n);
+      group[r]->all_gather(mine.data(), 3, gathered[r].data());
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < 3 * n; ++i) EXPECT_EQ(gathered[r][i], float(i / 3));
+}
+
+}  // namespace
+}  // namespace pdserve::kernels::cpu

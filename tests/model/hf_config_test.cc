@@ -1,0 +1,145 @@
+#include "engine/model/hf_config.h"
+
+#include <gtest/gtest.h>
+
+namespace pdserve::engine {
+namespace {
+
+// Abridged from meta-llama/Meta-Llama-3-8B.
+constexpr const char* kLlama3 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+// From Qwen/Qwen2.5-7B-Instruct.
+constexpr const char* kQwen25 = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+  "intermediate_size": 18944, "max_position_embeddings": 32768, "max_window_layers": 28,
+  "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+  "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 152064})";
+
+// From mistralai/Mistral-7B-v0.1.
+constexpr const char* kMistral = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32000})";
+
+TEST(HfConfig, Llama3) {
+  auto c = parse_hf_config(kLlama3, "llama3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "llama");
+  EXPECT_EQ(c->dim, 4096);
+  EXPECT_EQ(c->hidden_dim, 14336);
+  EXPECT_EQ(c->n_layers, 32);
+  EXPECT_EQ(c->n_heads, 32);
+  EXPECT_EQ(c->n_kv_heads, 8);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->vocab_size, 128256);
+  EXPECT_EQ(c->max_seq_len, 8192);
+  EXPECT_FLOAT_EQ(c->rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(c->rms_eps, 1e-5f);
+  EXPECT_EQ(c->rope_style, RopeStyle::kRotateHalf);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->tie_embeddings);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->bos_id, 128000);
+  EXPECT_EQ(c->eos_ids, std::vector<int>{128001});
+}
+
+TEST(HfConfig, Qwen2) {
+  auto c = parse_hf_config(kQwen25, "qwen");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen2");
+  EXPECT_EQ(c->dim, 3584);
+  EXPECT_EQ(c->n_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window false
+  EXPECT_FLOAT_EQ(c->rms_eps, 1e-6f);
+  EXPECT_EQ(c->eos_ids, std::vector<int>{151645});
+}
+
+TEST(HfConfig, MistralSlidingWindow) {
+  auto c = parse_hf_config(kMistral, "mistral");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "mistral");
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_FALSE(c->qkv_bias);
+}
+
+TEST(HfConfig, DefaultsAndLists) {
+  auto c = parse_hf_config(R"({"model_type":"llama","hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":4,"vocab_size":300,"max_position_embeddings":256,
+      "eos_token_id":[2,7],"attention_bias":true,"tie_word_embeddings":true})", "x");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->n_kv_heads, 4);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->eos_ids, (std::vector<int>{2, 7}));
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->tie_embeddings);
+  EXPECT_FLOAT_EQ(c->rope_theta, 10000.0f);
+}
+
+TEST(HfConfig, Errors) {
+  auto code = [](const std::string& text) { return parse_hf_config(text, "cfg").status().code(); };
+  EXPECT_EQ(code("{"), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(R"({"architectures":["GPT2LMHeadModel"]})"), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(code(R"({})"), absl::StatusCode::kUnimplemented);
+  std::string llama = kLlama3;
+  auto without = [&](const std::string& field) {
+    std::string t = llama;
+    size_t at = t.find("\"" + field + "\"");
+    t.replace(at, 1, "\"x_");
+    return t;
+  };
+  auto missing = parse_hf_config(without("hidden_size"), "cfg");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("hidden_size"), std::string::npos);
+  EXPECT_NE(missing.status().message().find("cfg"), std::string::npos);
+  EXPECT_FALSE(parse_hf_config(without("vocab_size"), "cfg").ok());
+  EXPECT_FALSE(parse_hf_config(without("num_hidden_layers"), "cfg").ok());
+  std::string bad_type = llama;
+  bad_type.replace(bad_type.find("4096"), 4, "\"4096\"");
+  EXPECT_FALSE(parse_hf_config(bad_type, "cfg").ok());
+  std::string scaled = llama;
+  scaled.replace(scaled.find("\"rope_scaling\": null"), 20, R"("rope_scaling": {"type":"llama3"})");
+  EXPECT_EQ(parse_hf_config(scaled, "cfg").status().code(), absl::StatusCode::kUnimplemented);
+  std::string heads = llama;
+  heads.replace(heads.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": 5");
+  EXPECT_FALSE(parse_hf_config(heads, "cfg").ok());
+}
+
+TEST(HfConfig, WriteThenParse) {
+  for (const char* text : {kLlama3, kQwen25, kMistral}) {
+    auto c = parse_hf_config(text, "in");
+    ASSERT_TRUE(c.ok());
+    auto json = hf_config_json(*c, DType::kBF16);
+    ASSERT_TRUE(json.ok()) << json.status();
+    auto back = parse_hf_config(*json, "out");
+    ASSERT_TRUE(back.ok()) << back.status() << *json;
+    EXPECT_EQ(back->architecture, c->architecture);
+    EXPECT_EQ(back->dim, c->dim);
+    EXPECT_EQ(back->n_kv_heads, c->n_kv_heads);
+    EXPECT_EQ(back->qkv_bias, c->qkv_bias);
+    EXPECT_EQ(back->sliding_window, c->sliding_window);
+    EXPECT_EQ(back->eos_ids, c->eos_ids);
+    EXPECT_FLOAT_EQ(back->rope_theta, c->rope_theta);
+  }
+  ModelConfig adjacent;
+  adjacent.rope_style = RopeStyle::kAdjacentPairs;
+  EXPECT_FALSE(hf_config_json(adjacent, DType::kF32).ok());
+}
+
+}  // namespace
+}  // namespace pdserve::engine

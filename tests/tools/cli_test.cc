@@ -1,0 +1,172 @@
+// The pdserve binary as a user runs it: the published output through --json, and every kind of
+// bad input ends with a clear message and a non-zero exit, never a crash.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/engine/test_model.h"
+
+namespace pdserve {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::stories_dir;
+
+struct Run {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs pdserve with `args` (and `env` assignments), capturing stdout and stderr.
+Run pdserve(const std::vector<std::string>& args, const std::string& env = "") {
+  static int counter = 0;
+  const fs::path err = fs::temp_directory_path() / ("pdserve_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
+  std::string cmd = env + " " + std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve";
+  for (const std::string& a : args) cmd += " " + quote(a);
+  cmd += " 2>" + err.string();
+  Run run;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
+  const int status = pclose(p);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream e(err);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  run.err = ss.str();
+  fs::remove(err);
+  return run;
+}
+
+class TempDir {
+ public:
+  TempDir() : path_(fs::temp_directory_path() / ("pdserve_cli_" + std::to_string(getpid()) + "_" + std::to_string(rand()))) {
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+const std::string kModel = stories_dir() + "/stories260K.bin";
+
+// A failed run: non-zero exit, no crash (signals show as 128+), message mentions `what`.
+void expect_clean_failure(const Run& r, const std::string& what) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "crashed: " << r.err;
+  EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
+}
+
+TEST(Cli, JsonGreedyFromBosIsThePublishedText) {
+  Run r = pdserve({"generate", "--model", kModel, "--prompt", "", "--max-tokens", "256", "--json", "--tp", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string expected = ss.str();
+  while (!expected.empty() && expected.back() == '\n') expected.pop_back();
+  std::string text = j["text"];
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(text, expected);
+  EXPECT_EQ(j["prompt_token_ids"], nlohmann::json::array({1}));
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_EQ(j["token_ids"].size(), 256u);
+}
+
+TEST(Cli, ModelByNameThroughSearchPath) {
+  Run r = pdserve({"generate", "--model", "stories260K", "--prompt", "Lily", "--max-tokens", "5", "--json"},
+                  "PDSERVE_MODEL_PATH=" + quote(stories_dir() + "/.."));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 5u);
+}
+
+TEST(Cli, MissingModelFile) {
+  expect_clean_failure(pdserve({"generate", "--model", "/nonexistent/model.bin"}), "/nonexistent/model.bin");
+}
+
+TEST(Cli, TruncatedAndCorruptModelFiles) {
+  TempDir dir;
+  fs::copy(stories_dir() + "/tok512.bin", dir.path() / "tok512.bin");
+  {
+    std::ifstream in(kModel, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir.path() / "truncated.bin", std::ios::binary).write(bytes.data(), bytes.size() / 2);
+    bytes[8] = 0x7f;  // hidden_dim becomes huge.
+    bytes[11] = 0x7f;
+    std::ofstream(dir.path() / "corrupt.bin", std::ios::binary).write(bytes.data(), bytes.size());
+    std::ofstream(dir.path() / "tiny.bin", std::ios::binary).write(bytes.data(), 10);
+  }
+  for (const char* f : {"truncated.bin", "corrupt.bin", "tiny.bin"})
+    expect_clean_failure(pdserve({"generate", "--model", (dir.path() / f).string()}), f);
+}
+
+TEST(Cli, CorruptTokenizer) {
+  TempDir dir;
+  fs::copy(kModel, dir.path() / "stories260K.bin");
+  std::ofstream(dir.path() / "tok512.bin", std::ios::binary) << "garbage";
+  expect_clean_failure(pdserve({"generate", "--model", (dir.path() / "stories260K.bin").string()}), "tok512.bin");
+}
+
+TEST(Cli, TpThatDoesNotDivide) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--tp", "3"}), "TP 3");
+}
+
+TEST(Cli, PromptLongerThanContext) {
+  std::string prompt;
+  for (int i = 0; i < 300; ++i) prompt += "Once upon a time ";
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--prompt", prompt}), "context");
+}
+
+TEST(Cli, NonPositiveMaxTokens) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--max-tokens", "0"}), "max_tokens");
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--max-tokens", "-3"}), "max_tokens");
+}
+
+TEST(Cli, BadSamplingValues) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--temperature", "-1"}), "temperature");
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--top-p", "1.5"}), "top_p");
+}
+
+TEST(Cli, InvalidUtf8Prompt) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--prompt", "bad \xff\xfe bytes"}), "UTF-8");
+}
+
+TEST(Cli, UnknownModelNameWithoutNetwork) {
+  TempDir cache;
+  Run r = pdserve({"generate", "--model", "no-such-model"},
+                  "PDSERVE_MODEL_PATH= XDG_CACHE_HOME=" + cache.path().string());
+  expect_clean_failure(r, "no-such-model");
+}
+
+TEST(Cli, KnownModelNameNotCachedAndNoNetwork) {
+  TempDir cache;
+  Run r = pdserve({"generate", "--model", "stories260K"},
+                  "PDSERVE_MODEL_PATH= XDG_CACHE_HOME=" + cache.path().string() +
+                      " PDSERVE_MODEL_BASE_URL=http://127.0.0.1:9");
+  expect_clean_failure(r, "stories260K");
+}
+
+TEST(Cli, BadFlag) {
+  Run r = pdserve({"generate", "--no-such-flag"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128);
+}
+
+}  // namespace
+}  // namespace pdserve

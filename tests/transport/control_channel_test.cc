@@ -1,0 +1,213 @@
+// Unit tests of the ZeroMQ control channel on loopback inside one process: handshake accept,
+// refusal on compat-hash mismatch, handshake caching, notifications both ways, refusal of junk
+// frames without harm, and peer loss by heartbeat timeout on an injected clock.
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <zmq.hpp>
+
+#include "kvtransfer/control/codec.h"
+#include "kvtransfer/control/control_channel.h"
+
+namespace pdserve::kvtransfer {
+namespace {
+
+using namespace std::chrono_literals;
+
+ControlChannelOptions options_for(proto::Role role, uint64_t hash, const Clock* clock) {
+  ControlChannelOptions o;
+  o.local.set_compat_hash(hash);
+  o.local.set_role(role);
+  o.local.set_tp_size(2);
+  o.local.set_rank(role == proto::ROLE_PREFILL ? 0 : 1);
+  o.local.set_worker_address(role == proto::ROLE_PREFILL ? "prefill-addr" : "decode-addr");
+  o.local.set_geometry(absl::StrCat("geometry-", hash));
+  auto* r = o.local.add_regions();
+  r->set_name("kv");
+  r->set_blob("descriptor");
+  o.clock = clock;
+  o.max_message_bytes = 4096;
+  return o;
+}
+
+std::unique_ptr<ControlChannel> make(proto::Role role, uint64_t hash,
+                                     const Clock* clock = &RealClock::instance()) {
+  auto channel = ControlChannel::create(options_for(role, hash, clock));
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return std::move(*channel);
+}
+
+// Runs the listener's receive() on another thread (the channel's only user meanwhile) and
+// collects its events.
+class Serving {
+ public:
+  explicit Serving(ControlChannel& channel) : thread_([this, &channel] {
+    while (!stop_) {
+      auto event = channel.receive(5ms);
+      if (event.ok()) events_.push_back(std::move(*event));
+    }
+  }) {}
+  std::vector<ControlEvent> stop() {
+    stop_ = true;
+    thread_.join();
+    return std::move(events_);
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<ControlEvent> events_;
+  std::thread thread_;
+};
+
+StatusOr<ControlEvent> next_message(ControlChannel& channel) {
+  for (int i = 0; i < 200; ++i) {
+    auto event = channel.receive(10ms);
+    if (event.ok() && event->kind != ControlEvent::Kind::kPeerJoined) return event;
+  }
+  return absl::DeadlineExceededError("nothing");
+}
+
+TEST(ControlChannelTest, HandshakeAcceptedCachedAndNotificationsFlowBothWays) {
+  auto decode = make(proto::ROLE_DECODE, 7);
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  Serving serving(*decode);
+  auto peer = prefill->connect(decode->endpoint(), 2s);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(peer->role, proto::ROLE_DECODE);
+  EXPECT_EQ(peer->rank, 1u);
+  EXPECT_EQ(peer->tp_size, 2u);
+  EXPECT_EQ(peer->worker_address, "decode-addr");
+  EXPECT_EQ(peer->regions.at("kv"), "descriptor");
+  auto again = prefill->connect(decode->endpoint(), 1ms);  // No round trip: cached.
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->id, peer->id);
+
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("r1");
+  done.mutable_write_done()->set_sealed_count(12);
+  done.mutable_write_done()->set_first_token(99);
+  ASSERT_TRUE(prefill->send(peer->id, done).ok());
+  std::this_thread::sleep_for(50ms);
+  std::vector<ControlEvent> events = serving.stop();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, ControlEvent::Kind::kPeerJoined);
+  auto joined = decode->peer(events[0].peer);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_EQ(joined->role, proto::ROLE_PREFILL);
+  EXPECT_EQ(joined->worker_address, "prefill-addr");
+  EXPECT_FALSE(joined->dialed);
+  ASSERT_EQ(events[1].kind, ControlEvent::Kind::kMessage);
+  EXPECT_EQ(events[1].message.write_done().sealed_count(), 12u);
+  EXPECT_EQ(events[1].message.write_done().first_token(), 99);
+
+  // The listener answers on the same connection.
+  proto::Envelope release;
+  release.mutable_release()->set_request_id("r1");
+  release.mutable_release()->set_consumer_tp(2);
+  release.mutable_release()->set_consumer_rank(1);
+  ASSERT_TRUE(decode->send(events[1].peer, release).ok());
+  auto got = next_message(*prefill);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->peer, peer->id);
+  EXPECT_EQ(got->message.release().consumer_rank(), 1u);
+  EXPECT_EQ(decode->refused_count(), 0u);
+  EXPECT_EQ(prefill->refused_count(), 0u);
+}
+
+TEST(ControlChannelTest, MismatchedCompatHashIsRefusedWithBothGeometries) {
+  auto decode = make(proto::ROLE_DECODE, 1);
+  auto prefill = make(proto::ROLE_PREFILL, 2);
+  Serving serving(*decode);
+  auto peer = prefill->connect(decode->endpoint(), 2s);
+  std::vector<ControlEvent> events = serving.stop();
+  ASSERT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition) << peer.status();
+  const std::string message(peer.status().message());
+  EXPECT_NE(message.find("incompatible KV geometry"), std::string::npos) << message;
+  EXPECT_NE(message.find("geometry-1"), std::string::npos) << message;
+  EXPECT_NE(message.find("geometry-2"), std::string::npos) << message;
+  EXPECT_TRUE(events.empty());
+  EXPECT_EQ(decode->refused_count(), 1u);
+}
+
+TEST(ControlChannelTest, SameRoleIsRefused) {
+  auto a = make(proto::ROLE_DECODE, 1);
+  auto b = make(proto::ROLE_DECODE, 1);
+  Serving serving(*a);
+  auto peer = b->connect(a->endpoint(), 2s);
+  serving.stop();
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ControlChannelTest, ConnectToNobodyTimesOut) {
+  auto prefill = make(proto::ROLE_PREFILL, 1);
+  auto peer = prefill->connect("tcp://127.0.0.1:1", 100ms);
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ControlChannelTest, JunkFramesAreRefusedAndHarmless) {
+  auto decode = make(proto::ROLE_DECODE, 5);
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.connect(decode->endpoint());
+  proto::Envelope newer;
+  newer.mutable_heartbeat();
+  newer.set_version(kControlProtocolVersion + 1);
+  proto::Envelope early;
+  early.mutable_write_done()->set_request_id("r");
+  const std::vector<std::string> junk = {
+      std::string("\xff\xff\xff", 3),                          // Malformed.
+      encode_envelope(early).substr(0, 4),                     // Truncated.
+      std::string(5000, 'x'),                                  // Over the 4096-byte limit.
+      newer.SerializeAsString(),                               // Unknown version.
+      std::string("\x08\x01\x98\x06\x01", 5),                  // Unknown message type.
+      encode_envelope(early),                                  // Valid, but before a handshake.
+  };
+  for (const auto& bytes : junk) raw.send(zmq::buffer(bytes), zmq::send_flags::none);
+  // Two frames in one message are refused too.
+  raw.send(zmq::str_buffer("a"), zmq::send_flags::sndmore);
+  raw.send(zmq::str_buffer("b"), zmq::send_flags::none);
+  for (int i = 0; i < 50 && decode->refused_count() < junk.size() + 1; ++i) {
+    EXPECT_FALSE(decode->receive(10ms).ok());
+  }
+  EXPECT_EQ(decode->refused_count(), junk.size() + 1);
+
+  // Still serves a real peer afterwards.
+  auto prefill = make(proto::ROLE_PREFILL, 5);
+  Serving serving(*decode);
+  EXPECT_TRUE(prefill->connect(decode->endpoint(), 2s).ok());
+  serving.stop();
+}
+
+TEST(ControlChannelTest, HeartbeatsKeepPeersAliveAndSilenceLosesThem) {
+  FakeClock clock;
+  auto decode = make(proto::ROLE_DECODE, 3, &clock);
+  auto prefill = make(proto::ROLE_PREFILL, 3, &clock);
+  Serving serving(*decode);
+  auto peer = prefill->connect(decode->endpoint(), 2s);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  serving.stop();
+
+  // Both sides service their sockets while time passes: heartbeats (every 1 s) keep both alive
+  // far beyond the 10 s peer timeout.
+  for (int i = 0; i < 30; ++i) {
+    clock.advance(1s);
+    for (ControlChannel* c : {decode.get(), prefill.get()}) {
+      auto event = c->receive(5ms);
+      if (event.ok()) {
+        EXPECT_NE(event->kind, ControlEvent::Kind::kPeerLost) << event->error;
+      }
+    }
+  }
+  // The decode side goes silent.
+  clock.advance(11s);
+  auto lost = prefill->receive(100ms);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->kind, ControlEvent::Kind::kPeerLost);
+  EXPECT_EQ(lost->peer, peer->id);
+  EXPECT_EQ(prefill->send(peer->id, proto::Envelope()).code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace pdserve::kvtransfer

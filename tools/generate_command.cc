@@ -1,0 +1,117 @@
+#include "tools/generate_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "common/logging.h"
+#include "engine/engine.h"
+
+namespace pdserve::tools {
+namespace {
+
+struct GenerateFlags {
+  std::string model = "stories260K";
+  std::string tokenizer;
+  std::string prompt;
+  engine::SamplingParams params;
+  engine::EngineOptions engine;
+  bool json = false;
+};
+
+int run_generate(const GenerateFlags& f) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto model = engine::load_model({f.model, f.tokenizer});
+  if (!model.ok()) {
+    std::cerr << "error: " << model.status().message() << "\n";
+    return 1;
+  }
+  const std::string name = model->name;
+  auto eng = engine::Engine::create(std::move(*model), f.engine);
+  if (!eng.ok()) {
+    std::cerr << "error: " << eng.status().message() << "\n";
+    return 1;
+  }
+  engine::Engine& e = **eng;
+  auto prompt = e.tokenizer().encode(f.prompt, /*add_bos=*/true);
+  if (!prompt.ok()) {
+    std::cerr << "error: prompt: " << prompt.status().message() << "\n";
+    return 1;
+  }
+  const auto stats = e.stats();
+  std::cerr << "model " << name << " (" << e.config().n_layers << " layers, dim " << e.config().dim
+            << "), TP " << f.engine.tp << ", KV cache " << e.kv_capacity_tokens() << " tokens ("
+            << (stats.kv_bytes_per_rank >> 20) << " MiB per rank), load "
+            << std::chrono::duration<double>(Clock::now() - t0).count() << " s\n";
+
+  engine::GenerationResult result;
+  result.prompt_token_ids = *prompt;
+  Status error;
+  const auto t1 = Clock::now();
+  Status added = e.add_request({"cli", *prompt, f.params}, [&](const engine::TokenEvent& ev) {
+    if (ev.token >= 0) result.token_ids.push_back(ev.token);
+    result.text += ev.text;
+    if (!f.json) {
+      std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (ev.finished) {
+      result.finish_reason = ev.reason;
+      error = ev.error;
+    }
+  });
+  if (added.ok()) added = e.run_until_idle();
+  if (added.ok()) added = error;
+  if (!added.ok()) {
+    std::cerr << "\nerror: " << added.message() << "\n";
+    return 1;
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t1).count();
+  if (f.json) {
+    nlohmann::json j;
+    j["model"] = name;
+    j["prompt_token_ids"] = result.prompt_token_ids;
+    j["token_ids"] = result.token_ids;
+    j["text"] = result.text;
+    j["finish_reason"] = engine::finish_reason_name(result.finish_reason);
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << "\n";
+  }
+  std::cerr << "prompt " << result.prompt_token_ids.size() << " tokens, generated "
+            << result.token_ids.size() << " tokens in " << secs << " s ("
+            << (secs > 0 ? result.token_ids.size() / secs : 0) << " tokens/s), finish "
+            << engine::finish_reason_name(result.finish_reason) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<GenerateFlags>();
+  flags->params.max_tokens = 256;
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text in process");
+  cmd->add_option("--model", flags->model, "Model path or name (stories260K)")->capture_default_str();
+  cmd->add_option("--tokenizer", flags->tokenizer, "Tokenizer file (default: found beside the model)");
+  cmd->add_option("--prompt", flags->prompt, "Prompt text; empty means BOS alone");
+  cmd->add_option("--max-tokens", flags->params.max_tokens, "Most tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", flags->params.temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", flags->params.top_k, "0 = off");
+  cmd->add_option("--top-p", flags->params.top_p, "Nucleus mass in (0, 1]");
+  cmd->add_option("--seed", flags->params.seed, "Sampling seed (-1 = random)");
+  cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
+  cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
+  cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
+  cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
+  cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
+  cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
+                  "KV cache as a fraction of device memory");
+  cmd->add_flag("--json", flags->json, "Print one JSON object instead of streaming text");
+  cmd->callback([flags, exit_code] { *exit_code = run_generate(*flags); });
+}
+
+}  // namespace pdserve::tools

@@ -1,0 +1,17 @@
+// The pdserve command line: one binary, a subcommand per job.
+#include <CLI/CLI.hpp>
+
+#include "common/logging.h"
+#include "tools/generate_command.h"
+#include "tools/make_model_command.h"
+
+int main(int argc, char** argv) {
+  pdserve::init_logging();
+  CLI::App app{"pdserve: prefill/decode disaggregated LLM serving"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  pdserve::tools::add_generate_command(app, &exit_code);
+  pdserve::tools::add_make_model_command(app, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}
