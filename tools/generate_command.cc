@@ -25,6 +25,10 @@ struct GenerateFlags {
 int run_generate(const GenerateFlags& f) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  if (Status s = f.params.validate(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 1;
+  }
   auto model = engine::load_model({f.model, f.tokenizer});
   if (!model.ok()) {
     std::cerr << "error: " << model.status().message() << "\n";

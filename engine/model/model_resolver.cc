@@ -149,7 +149,8 @@ StatusOr<std::string> resolve_model(const std::string& name, const ResolveOption
                                             dir.string(), ", and downloading is disabled"));
   fs::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-  const std::string base = env("PDSERVE_MODEL_BASE_URL");
+  std::string base = env("PDSERVE_MODEL_BASE_URL");
+  while (!base.empty() && base.back() == '/') base.pop_back();
   for (const RemoteFile* f : missing) {
     std::string url = base.empty() ? absl::StrCat(model->home_url, "/", f->name)
                                    : absl::StrCat(base, "/", name, "/", f->name);

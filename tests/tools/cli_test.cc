@@ -18,7 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::stories_dir;
 
-struct Run {
+struct CliRun {
   int exit_code = -1;
   std::string out, err;
 };
@@ -30,13 +30,13 @@ std::string quote(const std::string& s) {
 }
 
 // Runs pdserve with `args` (and `env` assignments), capturing stdout and stderr.
-Run pdserve(const std::vector<std::string>& args, const std::string& env = "") {
+CliRun pdserve(const std::vector<std::string>& args, const std::string& env = "") {
   static int counter = 0;
   const fs::path err = fs::temp_directory_path() / ("pdserve_cli_err_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   std::string cmd = env + " " + std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve";
   for (const std::string& a : args) cmd += " " + quote(a);
   cmd += " 2>" + err.string();
-  Run run;
+  CliRun run;
   FILE* p = popen(cmd.c_str(), "r");
   std::array<char, 4096> buf;
   size_t n;
@@ -66,14 +66,14 @@ class TempDir {
 const std::string kModel = stories_dir() + "/stories260K.bin";
 
 // A failed run: non-zero exit, no crash (signals show as 128+), message mentions `what`.
-void expect_clean_failure(const Run& r, const std::string& what) {
+void expect_clean_failure(const CliRun& r, const std::string& what) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.exit_code, 128) << "crashed: " << r.err;
   EXPECT_NE(r.err.find(what), std::string::npos) << "stderr: " << r.err;
 }
 
 TEST(Cli, JsonGreedyFromBosIsThePublishedText) {
-  Run r = pdserve({"generate", "--model", kModel, "--prompt", "", "--max-tokens", "256", "--json", "--tp", "2"});
+  CliRun r = pdserve({"generate", "--model", kModel, "--prompt", "", "--max-tokens", "256", "--json", "--tp", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
@@ -90,7 +90,7 @@ TEST(Cli, JsonGreedyFromBosIsThePublishedText) {
 }
 
 TEST(Cli, ModelByNameThroughSearchPath) {
-  Run r = pdserve({"generate", "--model", "stories260K", "--prompt", "Lily", "--max-tokens", "5", "--json"},
+  CliRun r = pdserve({"generate", "--model", "stories260K", "--prompt", "Lily", "--max-tokens", "5", "--json"},
                   "PDSERVE_MODEL_PATH=" + quote(stories_dir() + "/.."));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 5u);
@@ -149,21 +149,21 @@ TEST(Cli, InvalidUtf8Prompt) {
 
 TEST(Cli, UnknownModelNameWithoutNetwork) {
   TempDir cache;
-  Run r = pdserve({"generate", "--model", "no-such-model"},
+  CliRun r = pdserve({"generate", "--model", "no-such-model"},
                   "PDSERVE_MODEL_PATH= XDG_CACHE_HOME=" + cache.path().string());
   expect_clean_failure(r, "no-such-model");
 }
 
 TEST(Cli, KnownModelNameNotCachedAndNoNetwork) {
   TempDir cache;
-  Run r = pdserve({"generate", "--model", "stories260K"},
+  CliRun r = pdserve({"generate", "--model", "stories260K"},
                   "PDSERVE_MODEL_PATH= XDG_CACHE_HOME=" + cache.path().string() +
                       " PDSERVE_MODEL_BASE_URL=http://127.0.0.1:9");
   expect_clean_failure(r, "stories260K");
 }
 
 TEST(Cli, BadFlag) {
-  Run r = pdserve({"generate", "--no-such-flag"});
+  CliRun r = pdserve({"generate", "--no-such-flag"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LT(r.exit_code, 128);
 }
