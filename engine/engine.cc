@@ -17,6 +17,7 @@ struct Engine::Sequence {
   // Generation ends when the next token would need a position past the context, so at most
   // max_seq_len + 1 - prompt tokens are generated (llama2.c's `steps` semantics).
   static GenerationRequest capped(GenerationRequest r, int max_seq_len) {
+    if (r.handoff.prefill_only) r.params.max_tokens = 1;
     r.params.max_tokens = std::min<int64_t>(r.params.max_tokens, int64_t(max_seq_len) + 1 - int64_t(r.prompt.size()));
     return r;
   }
@@ -34,10 +35,6 @@ namespace {
 
 int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
-// Most tokens a request can occupy: its prompt plus what it may generate, within the context.
-int max_tokens_of(const GenerationRequest& r, int max_seq_len) {
-  return std::min<int64_t>(int64_t(r.prompt.size()) + r.params.max_tokens, max_seq_len);
-}
 
 }  // namespace
 
@@ -106,7 +103,20 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", request.prompt.size(),
                                                    " tokens is longer than the model's context of ",
                                                    c.max_seq_len, " positions"));
-  const int need = blocks_for(max_tokens_of(request, c.max_seq_len), options_.block_size);
+  const KvHandoff& h = request.handoff;
+  const int need = blocks_needed(int(request.prompt.size()), h.prefill_only ? 1 : request.params.max_tokens);
+  if (!h.preloaded_blocks.empty()) {
+    if (h.prefill_only) return absl::InvalidArgumentError("a request cannot be both prefill-only and preloaded");
+    if (int(h.preloaded_blocks.size()) < need)
+      return absl::InvalidArgumentError(absl::StrCat("preloaded request has ", h.preloaded_blocks.size(),
+                                                     " KV blocks, needs ", need));
+    if (h.first_token < 0 || h.first_token >= c.vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat("preloaded request's first token ", h.first_token,
+                                                     " is outside the vocabulary"));
+    for (int b : h.preloaded_blocks)
+      if (blocks_->ref_count(b) <= 0)
+        return absl::InvalidArgumentError(absl::StrCat("preloaded block ", b, " is not reserved"));
+  }
   if (need > stats_.num_blocks)
     return absl::ResourceExhaustedError(absl::StrCat("request needs ", need, " KV blocks; the cache has ",
                                                      stats_.num_blocks, " in all"));
@@ -128,13 +138,16 @@ bool Engine::has_work() const {
 void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   if (seq.finished) return;
   seq.finished = true;
-  if (!seq.blocks.empty()) {
-    Status s = blocks_->release(seq.blocks);
-    if (!s.ok()) PD_LOG_ERROR("releasing blocks of {}: {}", seq.request.id, s.ToString());
-    seq.blocks.clear();
-  }
   TokenEvent ev;
   ev.id = seq.request.id;
+  const bool hand_over = seq.request.handoff.prefill_only && error.ok() && reason != FinishReason::kAbort;
+  if (hand_over) {
+    ev.blocks = std::move(seq.blocks);
+  } else if (!seq.blocks.empty()) {
+    Status s = blocks_->release(seq.blocks);
+    if (!s.ok()) PD_LOG_ERROR("releasing blocks of {}: {}", seq.request.id, s.ToString());
+  }
+  seq.blocks.clear();
   ev.finished = true;
   ev.reason = reason;
   ev.error = std::move(error);
@@ -152,11 +165,25 @@ void Engine::admit() {
   }
   aborts_.clear();
   std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+  // Preloaded requests hold their blocks already: they start at once, with the handed-over
+  // token as their first output.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if ((*it)->request.handoff.preloaded_blocks.empty()) {
+      ++it;
+      continue;
+    }
+    Sequence& seq = **it;
+    seq.blocks = seq.request.handoff.preloaded_blocks;
+    seq.num_computed = int(seq.request.prompt.size());
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
+    accept_token(seq, seq.request.handoff.first_token);
+  }
   // FIFO: a request that does not fit blocks the ones behind it, so none starves. Blocks for
   // the whole request are reserved up front, so a running sequence never runs out mid-way.
   while (!waiting_.empty() && int(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
-    const int need = blocks_for(max_tokens_of(seq.request, model_.config.max_seq_len), options_.block_size);
+    const int need = blocks_needed(int(seq.request.prompt.size()), seq.request.params.max_tokens);
     if (blocks_->num_free() < need) break;
     seq.blocks = *blocks_->allocate(need);
     running_.push_back(std::move(waiting_.front()));
@@ -194,11 +221,13 @@ Status Engine::step() {
     if (n == pending) {
       batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
       sampled.push_back(s);
+      if (s->num_computed + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
     }
     fed.push_back({s, n});
     (pending > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += n;
   }
   const int vocab = model_.config.vocab_size;
+  if (layer_hook_) batch.layer_hook = &layer_hook_;
   logits_.resize(size_t(batch.logit_rows.size()) * vocab);
   ranks_->forward(batch, logits_.data());
   ++stats_.steps;
@@ -206,24 +235,46 @@ Status Engine::step() {
   for (auto& [s, n] : fed) s->num_computed += n;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence& s = *sampled[i];
-    const int token = s.sampler.sample(logits_.data() + i * vocab, vocab);
-    const int prev = s.tokens.back();
-    s.tokens.push_back(token);
-    const StopStep st = s.stop.push(token, model_.tokenizer->decode_token(prev, token));
-    TokenEvent ev;
-    ev.id = s.request.id;
-    ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
-    ev.text = st.delta;
-    if (st.finish == FinishReason::kNone) {
-      if (s.callback) s.callback(ev);
-      continue;
-    }
-    if (s.callback && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
-    finish(s, st.finish);
+    accept_token(*sampled[i], sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   return absl::OkStatus();
 }
+
+void Engine::accept_token(Sequence& s, int token) {
+  const int prev = s.tokens.back();
+  s.tokens.push_back(token);
+  const StopStep st = s.stop.push(token, model_.tokenizer->decode_token(prev, token));
+  TokenEvent ev;
+  ev.id = s.request.id;
+  ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
+  ev.text = st.delta;
+  if (st.finish == FinishReason::kNone) {
+    if (s.callback) s.callback(ev);
+    return;
+  }
+  if (s.callback && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
+  finish(s, st.finish);
+}
+
+int Engine::blocks_needed(int prompt_len, int max_tokens) const {
+  return blocks_for(std::min<int64_t>(int64_t(prompt_len) + max_tokens, model_.config.max_seq_len),
+                    options_.block_size);
+}
+
+StatusOr<std::vector<int>> Engine::reserve_blocks(int num_tokens) {
+  if (num_tokens <= 0 || num_tokens > model_.config.max_seq_len)
+    return absl::InvalidArgumentError(absl::StrCat("cannot reserve KV for ", num_tokens, " tokens"));
+  return blocks_->allocate(blocks_for(num_tokens, options_.block_size));
+}
+
+Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
+
+void Engine::set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
+
+uint8_t* Engine::kv_arena(int rank) const { return ranks_->rank(rank).kv_arena(); }
+
+const KvCacheLayout& Engine::kv_layout(int rank) const { return ranks_->rank(rank).kv_layout(); }
 
 Status Engine::run_until_idle() {
   while (has_work()) PD_RETURN_IF_ERROR(step());

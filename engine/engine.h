@@ -15,6 +15,7 @@
 
 #include "common/status.h"
 #include "engine/block_allocator.h"
+#include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/stop_checker.h"
@@ -35,10 +36,24 @@ struct EngineOptions {
   int max_running = 256;       // Sequences in flight.
 };
 
+// How a request's KV cache crosses between a prefill and a decode engine.
+struct KvHandoff {
+  // Prefill side: stop after the first token and hand the prompt's blocks to the caller (in
+  // the finishing TokenEvent) instead of freeing them; the caller frees them with
+  // Engine::release_blocks once the transfer no longer needs them.
+  bool prefill_only = false;
+  // Decode side: the prompt's KV is already in these blocks (from Engine::reserve_blocks,
+  // filled by kvtransfer), and `first_token` is what the prefill side sampled. The request
+  // starts decoding at once; the engine owns the blocks from then on.
+  std::vector<int> preloaded_blocks;
+  int first_token = -1;
+};
+
 struct GenerationRequest {
   std::string id;
   std::vector<int> prompt;  // Token ids, BOS included when wanted.
   SamplingParams params;
+  KvHandoff handoff;
 };
 
 // One step's news for one request.
@@ -49,6 +64,7 @@ struct TokenEvent {
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   Status error;          // Set when the request failed.
+  std::vector<int> blocks;  // prefill_only: the prompt's blocks, now the caller's.
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -90,6 +106,25 @@ class Engine {
   // Runs one request to completion on its own.
   StatusOr<GenerationResult> generate(std::vector<int> prompt, const SamplingParams& params);
 
+  // Blocks for a request of `num_tokens` tokens whose KV will arrive from elsewhere (the decode
+  // side of push mode); ResourceExhausted when too few are free.
+  StatusOr<std::vector<int>> reserve_blocks(int num_tokens);
+  // Returns blocks from reserve_blocks or a prefill_only hand-off.
+  Status release_blocks(const std::vector<int>& blocks);
+  // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.
+  int blocks_needed(int prompt_len, int max_tokens) const;
+
+  // Called on every rank's thread right after the rank wrote layer `layer` of this step's KV;
+  // `completed` lists the requests whose whole prompt KV is in the cache for that layer now.
+  // Lets push mode send each layer while later layers compute. Set before the first step.
+  using LayerHook = std::function<void(int rank, int layer, const std::vector<std::string>& completed)>;
+  void set_layer_hook(LayerHook hook);
+
+  // The KV arena and its layout on `rank` (for registering with kvtransfer).
+  uint8_t* kv_arena(int rank) const;
+  const KvCacheLayout& kv_layout(int rank) const;
+  int tp() const { return options_.tp; }
+
   const ModelConfig& config() const { return model_.config; }
   const Tokenizer& tokenizer() const { return *model_.tokenizer; }
   const LoadedModel& model() const { return model_; }
@@ -102,6 +137,8 @@ class Engine {
   Engine(LoadedModel model, const EngineOptions& options);
   void admit();
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
+  // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
+  void accept_token(Sequence& seq, int token);
 
   LoadedModel model_;
   EngineOptions options_;
@@ -114,6 +151,7 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
   EngineStats stats_;
+  LayerHook layer_hook_;
 };
 
 }  // namespace pdserve::engine

@@ -86,6 +86,7 @@ void RankRunner::forward(const ForwardBatch& batch, float* logits) {
     backend_->rope(q_.data(), n, q_local, nq, hd, batch.positions.data(), c.rope_theta, rotate_half);
     backend_->rope(k_.data(), n, kv_local, nkv, hd, batch.positions.data(), c.rope_theta, rotate_half);
     backend_->paged_kv_write(views_[l], place, k_.data(), kv_local, v_.data(), kv_local, nkv);
+    if (batch.layer_hook) (*batch.layer_hook)(shard_.rank, l, batch.completed_prefills);
     backend_->paged_attention(attn_.data(), q_.data(), views_[l], place, nq, nq / nkv,
                               layout_.spec().layers[l].window, scale);
     backend_->matmul_xwt(out_.data(), attn_.data(), w.wo, n, c.dim, q_local, c.q_dim());

@@ -3,7 +3,9 @@
 // Ranks of one engine run the same batch on their own threads and meet in the Communicator.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -20,6 +22,10 @@ struct ForwardBatch {
   std::vector<int> positions;
   std::vector<const int*> block_tables;  // Per token: its sequence's block table.
   std::vector<int> logit_rows;           // Tokens whose next-token logits are wanted.
+  // Called after each layer's KV is written (see Engine::set_layer_hook), with
+  // `completed_prefills` — the requests whose whole prompt is in the cache after this step.
+  const std::function<void(int, int, const std::vector<std::string>&)>* layer_hook = nullptr;
+  std::vector<std::string> completed_prefills;
 };
 
 class RankRunner {

@@ -1,5 +1,6 @@
 #include "engine/model/make_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,5 @@
 #include "engine/model/safetensors.h"
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>

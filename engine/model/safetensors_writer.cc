@@ -1,5 +1,6 @@
 #include "engine/model/safetensors_writer.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>

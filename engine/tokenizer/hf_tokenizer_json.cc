@@ -144,7 +144,8 @@ StatusOr<HfTokenizerJson> parse(const json& root, const json& config, const std:
     if (value < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative token id for ", piece));
     out.vocab.emplace(piece, value);
   }
-  for (const json& merge : model.at("merges")) {
+  const json no_merges = json::array();
+  for (const json& merge : model.contains("merges") ? model.at("merges") : no_merges) {
     if (merge.is_array() && merge.size() == 2) {
       out.merges.emplace_back(merge.at(0).get<std::string>(), merge.at(1).get<std::string>());
       continue;

@@ -31,6 +31,22 @@ TEST(ModelLoader, LoadsStories260KByFileDirectoryAndName) {
   }
 }
 
+TEST(ModelLoader, LoadsANameFromTheCache) {
+  TempDir cache;
+  ScopedEnv xdg("XDG_CACHE_HOME", cache.str());
+  ScopedEnv path("PDSERVE_MODEL_PATH", "");
+  ScopedEnv base("PDSERVE_MODEL_BASE_URL", "http://127.0.0.1:1");
+  EXPECT_EQ(load_model({.model = "stories260K", .allow_download = false}).status().code(),
+            absl::StatusCode::kNotFound);
+  const fs::path dir = cache.path() / "pdserve" / "models" / "stories260K";
+  fs::create_directories(dir);
+  for (const char* f : {"stories260K.bin", "tok512.bin"}) fs::copy_file(bundled_model_dir() / f, dir / f);
+  auto m = load_model({.model = "stories260K", .allow_download = false});
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->name, "stories260K");
+  EXPECT_EQ(m->path, (dir / "stories260K.bin").string());
+}
+
 TEST(ModelLoader, LoadsMadeModels) {
   for (const char* preset : {"tiny", "tiny-mha", "tiny-qwen2"}) {
     TempDir dir;

@@ -2,6 +2,8 @@
 // worked out by hand below, the minimal 256-byte kind synthetic models use, and bad files.
 #include "engine/tokenizer/byte_level_bpe.h"
 
+#include <chrono>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -136,6 +138,19 @@ TEST(ByteLevelBpe, RoundTripsArbitraryText) {
   // "é" is two bytes, two byte tokens: C3 and A9.
   EXPECT_THAT(tok->encode("\xC3\xA9", false).value(), ElementsAre(0xC3, 0xA9));
   EXPECT_EQ(tok->decode_token(-1, 0xC3), "\xC3");  // Half a character: bytes, not text.
+}
+
+TEST(ByteLevelBpe, EncodesLongTextQuickly) {
+  auto tok = load_json(llama3_style_json());
+  ASSERT_NE(tok, nullptr);
+  std::string text;
+  while (text.size() < 100000) text += "hello the 12345, caf\xC3\xA9!\n  ello <|eot_id|>";
+  const auto start = std::chrono::steady_clock::now();
+  auto ids = tok->encode(text, false);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(ids.ok());
+  EXPECT_LT(ms, 2000.0);  // Generous for a loaded machine; typically a few tens of ms.
 }
 
 TEST(ByteLevelBpe, RejectsInvalidUtf8) {

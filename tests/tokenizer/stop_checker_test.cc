@@ -29,6 +29,7 @@ TEST(StopChecker, StopStringSplitAcrossTokens) {
   EXPECT_EQ(step.delta, "");
   step = checker.push(12, "Dgame");
   EXPECT_EQ(step.finish, FinishReason::kStop);
+  EXPECT_FALSE(step.stop_token);  // The token that completed a stop string is output (cut).
   EXPECT_EQ(step.delta, "");
   EXPECT_EQ(checker.text(), "The ");
   EXPECT_EQ(checker.num_tokens(), 3);
@@ -61,6 +62,7 @@ TEST(StopChecker, EosAndStopTokens) {
   EXPECT_EQ(eos.push(5, "hi").delta, "hi");
   const StopStep step = eos.push(2, "");
   EXPECT_EQ(step.finish, FinishReason::kStop);
+  EXPECT_TRUE(step.stop_token);
   EXPECT_EQ(eos.text(), "hi");
 
   params.ignore_eos = true;

@@ -1,0 +1,277 @@
+// One TP rank's kvtransfer endpoint: its registered KV arena, its UCX transport, its ZeroMQ
+// control channel and the sessions of the requests it moves. A prefill worker runs one
+// producer endpoint per rank, a decode worker one consumer endpoint per rank; ranks never
+// share an endpoint, so each GPU's arena is registered and addressed on its own and the rank
+// map pairs endpoints directly (design lesson 3).
+//
+// Push: the consumer rank reserves (expect_push); the producer rank opens the request
+// (begin_push), posts each layer's puts as soon as the forward pass wrote it (layer_ready), and
+// seals its counts when the pass ends (seal); progress() then flushes every consumer rank and
+// sends WRITE_DONE{count} (design lesson 2). The consumer re-plans the pair from the same
+// spec, map and block ids, and is ready only when every producer rank of its fan-in sealed a
+// count equal to its own. Pull: the producer holds the blocks (hold); each consumer rank gets
+// exactly what the map assigns it (pull) and sends RELEASE to each producer rank it read from;
+// the producer frees once its whole fan-out released. See docs/kvtransfer.md.
+//
+// Threading: an endpoint is driven by one thread (its rank's): every method, progress()
+// included, is called from it. The transport's own progress thread moves the data.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/kv_cache_layout.h"
+#include "kvtransfer/control/control_channel.h"
+#include "kvtransfer/rank_map.h"
+#include "kvtransfer/session.h"
+#include "kvtransfer/transfer_plan.h"
+#include "kvtransfer/transport.h"
+
+namespace pdserve::kvtransfer {
+
+// Deliberately wrong planning, for the mutation tests that prove the end-to-end check catches
+// a broken geometry or rank map. Never set in production.
+struct PlanningFaults {
+  std::optional<engine::KvCacheSpec> spec;  // Plan with this spec's layouts and map.
+  std::function<void(RankMap&)> mutate_map;
+};
+
+struct KvEndpointOptions {
+  engine::KvCacheSpec spec;
+  std::string model_id;  // With the spec, the handshake's compat hash.
+  SessionSide side = SessionSide::kProducer;
+  int tp = 1;
+  int rank = 0;
+  // This rank's KV arena: KvCacheLayout(spec, rank, tp, num_blocks).total_bytes() bytes.
+  void* arena = nullptr;
+  int num_blocks = 0;
+  std::string bind_endpoint = "tcp://127.0.0.1:*";
+  const Clock* clock = &RealClock::instance();
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  Duration peer_timeout = std::chrono::seconds(10);  // Silent peers are lost after this.
+  Duration connect_timeout = std::chrono::seconds(5);
+  Duration default_lease = std::chrono::seconds(30);  // For requests that give none.
+  // How long after its lease a session whose blocks a remote peer accesses waits for that
+  // peer's confirmation before it frees them anyway (the peer stops at its own lease).
+  Duration quarantine = std::chrono::seconds(1);
+  // Debug: push-mode producers send a checksum per request block; consumers verify them.
+  bool checksums = false;
+  // Called exactly once per request whose blocks this rank gives back (see session.h).
+  BlockReleaseFn on_release;
+  std::string name = "kv";
+  PlanningFaults planning_faults;
+};
+
+// Push, producer rank: request `request_id`'s KV in `producer_blocks` goes to consumer block
+// ids `consumer_blocks` (the same on every consumer rank) of the consumer TP group whose rank r
+// listens on `consumer_endpoints[r]`.
+struct PushRequest {
+  std::string request_id;
+  int consumer_tp = 1;
+  std::vector<std::string> consumer_endpoints;
+  std::vector<int> producer_blocks;
+  std::vector<int> consumer_blocks;
+  Duration lease{0};  // 0: the endpoint's default.
+};
+
+// Push, consumer rank: blocks reserved for a request that a producer TP group will write.
+// `producer_endpoints` (optional, recommended) binds the fan-in to that producer group, so that
+// its death fails the request at once and aborts reach it.
+struct ExpectPushRequest {
+  std::string request_id;
+  int producer_tp = 1;
+  std::vector<int> consumer_blocks;
+  std::vector<std::string> producer_endpoints;
+  Duration lease{0};
+};
+
+// Pull, producer rank: blocks held for consumers to read. `consumer_tp` (0: unknown) gives
+// the fan-out up front; otherwise it is learnt from the first RELEASE.
+struct HoldRequest {
+  std::string request_id;
+  std::vector<int> producer_blocks;
+  int consumer_tp = 0;
+  Duration lease{0};
+};
+
+// Pull, consumer rank: read the request from the producer group into `consumer_blocks`.
+struct PullRequest {
+  std::string request_id;
+  int producer_tp = 1;
+  std::vector<std::string> producer_endpoints;
+  std::vector<int> producer_blocks;
+  std::vector<int> consumer_blocks;
+  Duration lease{0};
+};
+
+// The outcome of a request on this rank, returned by progress().
+struct KvTransferEvent {
+  enum class Kind : uint8_t {
+    kReady,     // Consumer: the request's KV is in its blocks.
+    kComplete,  // Producer: every consumer rank has its share; blocks freed.
+    kFailed,    // Either side: `error` says why; blocks come back once safe.
+  };
+  std::string request_id;
+  Kind kind = Kind::kFailed;
+  Status error;
+  std::optional<int32_t> first_token;  // Ready (push), from the producer rank that sampled it.
+  Duration latency{0};                 // From the request's start on this rank.
+  uint64_t bytes = 0;                  // Moved by this rank for the request.
+  uint64_t ops = 0;
+};
+
+struct KvEndpointCounters {
+  uint64_t bytes = 0;  // Put (producer, push) or got (consumer, pull) by this rank.
+  uint64_t ops = 0;
+  uint64_t requests_done = 0;  // Ready or complete.
+  uint64_t failures = 0;
+  uint64_t leases_expired = 0;
+  uint64_t duplicates_ignored = 0;
+  uint64_t stale_ignored = 0;
+  uint64_t refused = 0;  // Malformed or inconsistent notifications and requests.
+  uint64_t blocks_released = 0;
+  Duration latency_total{0};
+  Duration latency_max{0};
+};
+
+class KvRankEndpoint {
+ public:
+  // Registers the arena, creates the transport and binds the control channel.
+  static StatusOr<std::unique_ptr<KvRankEndpoint>> create(KvEndpointOptions options);
+  ~KvRankEndpoint();
+
+  KvRankEndpoint(const KvRankEndpoint&) = delete;
+  KvRankEndpoint& operator=(const KvRankEndpoint&) = delete;
+
+  // The control endpoint peers dial (and the router hands out).
+  const std::string& control_endpoint() const;
+  const engine::KvCacheLayout& layout() const { return layout_; }
+  // Which transport and settings this endpoint runs with, for logs (design lesson 4).
+  std::string describe() const;
+
+  // Producer, push: connects the fan-out and opens the request. Errors before the request is
+  // registered (bad ids, unknown TP, duplicate id) leave the blocks with the caller; later ones
+  // fail it (kFailed event, blocks released once safe).
+  Status begin_push(const PushRequest& request);
+  // Producer, push: layer `layer` is computed; posts its puts to every consumer rank.
+  Status layer_ready(const std::string& request_id, int layer);
+  // Producer, push: the forward pass ended; seals the counts (progress() flushes and notifies).
+  // `first_token` rides on every WRITE_DONE this rank sends (rank 0 samples it).
+  Status seal(const std::string& request_id, std::optional<int32_t> first_token);
+  // Consumer, push: reserves the request's blocks and waits for the producers' WRITE_DONEs.
+  Status expect_push(const ExpectPushRequest& request);
+  // Producer, pull: holds the request's blocks until the fan-out released them or the lease.
+  Status hold(const HoldRequest& request);
+  // Consumer, pull: reads this rank's share from the producer group, then releases it.
+  Status pull(const PullRequest& request);
+  // Gives up on a request (either side); its peers are told.
+  Status abort(const std::string& request_id, const std::string& reason);
+
+  // Handles control messages, completions, peer failures and leases for up to `timeout` (less
+  // once something happened); returns the requests that finished on this rank meanwhile.
+  std::vector<KvTransferEvent> progress(Duration timeout);
+  // Requests not yet finished (including those waiting to release their blocks).
+  size_t open_requests() const { return requests_.size(); }
+  KvEndpointCounters counters() const { return counters_; }
+  Transport& transport() { return *transport_; }
+
+ private:
+  // A peer rank, keyed by its transport address (one per remote endpoint; it may reach us over
+  // two control connections, one dialed each way).
+  struct Remote {
+    std::string address;
+    proto::Role role = proto::ROLE_UNSPECIFIED;
+    int tp = 0, rank = 0;
+    std::optional<engine::KvCacheLayout> layout;
+    std::string arena_descriptor;
+    uint64_t control_id = 0;  // Where notifications go.
+    bool dialed = false;
+    PeerId transport_peer = 0;
+    RemoteRegionId remote_region = 0;
+    bool transport_ready = false;
+    Status error;  // Not OK once lost.
+  };
+  struct Leg {
+    std::string remote;  // Remote::address; empty until bound.
+    TransferPlan plan;
+    std::vector<BatchId> batches;
+    std::optional<BatchId> flush;
+    uint64_t posted = 0;
+    bool abort_sent = false;
+    bool disconnected = false;
+  };
+  struct Request {
+    std::unique_ptr<Session> session;
+    int producer_tp = 0, consumer_tp = 0;
+    std::vector<int> producer_blocks, consumer_blocks;
+    std::map<int, Leg> legs;  // By peer rank.
+    std::vector<bool> layers_posted;
+    std::optional<int32_t> first_token;
+    TimePoint start;
+    uint64_t bytes = 0, ops = 0;
+    bool event_sent = false;
+  };
+
+  explicit KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout layout);
+  Status init();
+
+  StatusOr<const RankMap*> map_for(int producer_tp, int consumer_tp);
+  // Dials a peer endpoint (cached) and records it; checks its role, TP and rank.
+  StatusOr<Remote*> dial(const std::string& endpoint, int tp, int rank);
+  Status record_remote(const ControlPeer& peer, Remote** out);
+  Status ensure_transport(Remote& remote);
+  StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
+                              const Request& request);
+  Status check_blocks(const std::vector<int>& blocks, int num_blocks, const char* what) const;
+  Status check_new_request(const std::string& request_id) const;
+  Request& add_request(const std::string& id, TransferMode mode, std::vector<int> blocks,
+                       std::vector<int> peers, Duration lease);
+
+  void on_control_event(const ControlEvent& event);
+  void on_write_done(Remote& from, const proto::Envelope& envelope);
+  void on_release(Remote& from, const proto::Release& release);
+  void on_abort(Remote& from, const proto::Abort& abort);
+  void on_remote_lost(const std::string& address, const Status& why);
+  // Advances one request; true when it finished and can be forgotten.
+  bool step(const std::string& id, Request& request, std::vector<KvTransferEvent>& events);
+  void step_push_producer(const std::string& id, Request& request);
+  void step_pull_consumer(const std::string& id, Request& request);
+  void step_abort(const std::string& id, Request& request);
+  void fail(Request& request, const Status& why);
+  void send_abort(Request& request, int rank, Leg& leg, const std::string& reason);
+  Status send(Remote& remote, const proto::Envelope& message);
+  // State of a batch: in progress, done, or failed (with the error).
+  BatchState batch_state(BatchId batch, std::string* error);
+  bool leg_ops_ended(Leg& leg, std::string* error);
+  std::vector<uint64_t> checksums(const Request& request, const Leg& leg, bool source) const;
+  void remember_finished(const std::string& id);
+  bool any_transfer_in_flight() const;
+
+  KvEndpointOptions options_;
+  engine::KvCacheLayout layout_;
+  std::unique_ptr<Transport> transport_;
+  std::unique_ptr<ControlChannel> control_;
+  RegionId region_ = 0;
+  std::map<std::pair<int, int>, RankMap> maps_;
+  std::map<std::string, Remote> remotes_;             // By address.
+  std::map<uint64_t, std::string> remote_by_control_;  // Control peer id → address.
+  std::map<std::string, Request> requests_;
+  std::set<std::string> finished_;  // Recently finished or aborted ids, for stale messages.
+  std::deque<std::string> finished_order_;
+  std::mutex transport_errors_mu_;  // Transport callbacks run on its progress thread.
+  std::vector<std::pair<PeerId, Status>> transport_errors_;
+  KvEndpointCounters counters_;
+};
+
+}  // namespace pdserve::kvtransfer

@@ -1,0 +1,124 @@
+// The engine's prefill/decode hand-off in one process: a prefill-only request on one engine,
+// its blocks' KV copied byte for byte into blocks reserved on another engine, and a preloaded
+// request decoding from them gives exactly the tokens of an undivided run.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "engine/engine.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve::engine {
+namespace {
+
+std::unique_ptr<Engine> make_engine(int tp) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  EXPECT_TRUE(model.ok());
+  EngineOptions o;
+  o.tp = tp;
+  o.kv_cache_bytes = 8 << 20;
+  auto e = Engine::create(std::move(*model), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+// Copies every layer's KV of `src_blocks` on `src` into `dst_blocks` on `dst` (same TP).
+void copy_kv(const Engine& src, const std::vector<int>& src_blocks, const Engine& dst,
+             const std::vector<int>& dst_blocks, int num_blocks) {
+  for (int r = 0; r < src.tp(); ++r) {
+    const KvCacheLayout& ls = src.kv_layout(r);
+    const KvCacheLayout& ld = dst.kv_layout(r);
+    for (int l = 0; l < ls.num_layers(); ++l)
+      for (KvPart part : {KvPart::kK, KvPart::kV})
+        for (int b = 0; b < num_blocks; ++b)
+          std::memcpy(dst.kv_arena(r) + ld.offset(l, part, dst_blocks[b], 0, 0),
+                      src.kv_arena(r) + ls.offset(l, part, src_blocks[b], 0, 0), ls.part_bytes(l, part));
+  }
+}
+
+TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
+  for (int tp : {1, 2}) {
+    auto prefill = make_engine(tp), decode = make_engine(tp);
+    std::vector<int> prompt = {1};
+    for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 53) % 500);
+    SamplingParams params;
+    params.max_tokens = 60;
+    const std::vector<int> whole = decode->generate(prompt, params)->token_ids;
+
+    std::set<std::pair<int, int>> hooked;  // (rank, layer) seen with our request completed.
+    prefill->set_layer_hook([&](int rank, int layer, const std::vector<std::string>& done) {
+      for (const std::string& id : done)
+        if (id == "r") hooked.insert({rank, layer});
+    });
+    int first = -1;
+    std::vector<int> handed;
+    GenerationRequest req{"r", prompt, params};
+    req.handoff.prefill_only = true;
+    ASSERT_TRUE(prefill->add_request(req, [&](const TokenEvent& ev) {
+      if (ev.token >= 0) first = ev.token;
+      if (ev.finished) handed = ev.blocks;
+    }).ok());
+    ASSERT_TRUE(prefill->run_until_idle().ok());
+    ASSERT_GE(first, 0);
+    EXPECT_EQ(hooked.size(), size_t(tp * prefill->config().n_layers));
+    const int prompt_blocks = int((prompt.size() + 15) / 16);
+    ASSERT_GE(int(handed.size()), prompt_blocks);
+    EXPECT_LT(prefill->stats().free_blocks, prefill->stats().num_blocks);  // Held for the transfer.
+
+    auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+    ASSERT_TRUE(reserved.ok());
+    copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
+    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
+
+    GenerationRequest dec{"r", prompt, params};
+    dec.handoff.preloaded_blocks = *reserved;
+    dec.handoff.first_token = first;
+    std::vector<int> tokens;
+    ASSERT_TRUE(decode->add_request(dec, [&](const TokenEvent& ev) {
+      if (ev.token >= 0) tokens.push_back(ev.token);
+    }).ok());
+    ASSERT_TRUE(decode->run_until_idle().ok());
+    EXPECT_EQ(tokens, whole) << "TP " << tp;
+    EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+  }
+}
+
+TEST(Handoff, PreloadedRequestValidation) {
+  auto e = make_engine(1);
+  SamplingParams p;
+  p.max_tokens = 10;
+  GenerationRequest r{"x", {1, 50}, p};
+  r.handoff.preloaded_blocks = {0};
+  r.handoff.first_token = 5;
+  EXPECT_FALSE(e->add_request(r, nullptr).ok());  // Block 0 was never reserved.
+  auto blocks = e->reserve_blocks(12);
+  ASSERT_TRUE(blocks.ok());
+  r.handoff.preloaded_blocks = *blocks;
+  r.handoff.first_token = 100000;
+  EXPECT_FALSE(e->add_request(r, nullptr).ok());
+  r.handoff.first_token = 5;
+  r.handoff.prefill_only = true;
+  EXPECT_FALSE(e->add_request(r, nullptr).ok());
+  ASSERT_TRUE(e->release_blocks(*blocks).ok());
+  EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
+}
+
+TEST(Handoff, AbortedPrefillOnlyFreesItsBlocks) {
+  auto e = make_engine(1);
+  GenerationRequest r{"x", std::vector<int>(300, 7), SamplingParams{}};
+  r.prompt[0] = 1;
+  r.handoff.prefill_only = true;
+  std::vector<int> handed = {-1};
+  ASSERT_TRUE(e->add_request(r, [&](const TokenEvent& ev) {
+    if (ev.finished) handed = ev.blocks;
+  }).ok());
+  e->abort("x");
+  ASSERT_TRUE(e->run_until_idle().ok());
+  EXPECT_TRUE(handed.empty());
+  EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
