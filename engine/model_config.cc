@@ -1,8 +1,13 @@
 #include "engine/model_config.h"
 
 #include "engine/tp_shard.h"
+#include "engine/weights.h"
 
 namespace pdserve::engine {
+
+std::string layer_tensor_name(int layer, std::string_view suffix) {
+  return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
+}
 
 Status ModelConfig::validate() const {
   if (dim <= 0 || hidden_dim <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 ||

@@ -47,10 +47,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-std::string layer_tensor_name(int layer, std::string_view suffix) {
-  return absl::StrCat("model.layers.", layer, ".", std::string(suffix));
-}
-
 StatusOr<std::unique_ptr<ModelWeightsF32>> ModelWeightsF32::create(const ModelConfig& c,
                                                                    const WeightSource& source) {
   PD_RETURN_IF_ERROR(c.validate());

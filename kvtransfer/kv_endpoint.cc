@@ -107,9 +107,9 @@ StatusOr<const RankMap*> KvRankEndpoint::map_for(int producer_tp, int consumer_t
   const auto key = std::make_pair(producer_tp, consumer_tp);
   if (auto it = maps_.find(key); it != maps_.end()) return &it->second;
   const engine::KvCacheSpec& spec =
-      options_.planning_faults.spec ? *options_.planning_faults.spec : options_.spec;
+      options_.test_faults.planning_spec ? *options_.test_faults.planning_spec : options_.spec;
   PD_ASSIGN_OR_RETURN(RankMap map, build_rank_map(producer_tp, consumer_tp, spec));
-  if (options_.planning_faults.mutate_map) options_.planning_faults.mutate_map(map);
+  if (options_.test_faults.mutate_map) options_.test_faults.mutate_map(map);
   return &maps_.emplace(key, std::move(map)).first->second;
 }
 
@@ -184,8 +184,8 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
                                             const Remote& remote, const Request& request) {
   PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(request.producer_tp, request.consumer_tp));
   const bool producer = options_.side == SessionSide::kProducer;
-  if (options_.planning_faults.spec) {
-    const engine::KvCacheSpec& spec = *options_.planning_faults.spec;
+  if (options_.test_faults.planning_spec) {
+    const engine::KvCacheSpec& spec = *options_.test_faults.planning_spec;
     PD_ASSIGN_OR_RETURN(auto local, engine::KvCacheLayout::create(spec, options_.rank, options_.tp,
                                                                   layout_.num_blocks()));
     PD_ASSIGN_OR_RETURN(auto other, engine::KvCacheLayout::create(spec, remote.rank, remote.tp,
@@ -769,7 +769,9 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
       for (uint64_t sum : checksums(request, leg, /*source=*/true)) extra.add_block_checksums(sum);
     }
     done.MergeFromString(extra.SerializeAsString());
-    const Status sent = send(remotes_.at(leg.remote), message);
+    const Status sent = options_.test_faults.drop_notifications
+                            ? absl::OkStatus()
+                            : send(remotes_.at(leg.remote), message);
     if (!sent.ok()) {
       fail(request, absl::UnavailableError(absl::StrCat("request ", id, ": write_done to consumer rank ",
                                                         c, ": ", std::string(sent.message()))));
@@ -803,7 +805,9 @@ void KvRankEndpoint::step_pull_consumer(const std::string& id, Request& request)
     release.set_consumer_rank(options_.rank);
     release.set_consumer_tp(options_.tp);
     release.set_producer_rank(p);
-    const Status sent = send(remotes_.at(leg.remote), message);
+    const Status sent = options_.test_faults.drop_notifications
+                            ? absl::OkStatus()
+                            : send(remotes_.at(leg.remote), message);
     if (!sent.ok()) {
       PD_LOG_WARN("kvtransfer {}.{}: release of {} to producer rank {}: {}", options_.name,
                   options_.rank, id, p, sent.ToString());

@@ -40,11 +40,13 @@
 
 namespace pdserve::kvtransfer {
 
-// Deliberately wrong planning, for the mutation tests that prove the end-to-end check catches
-// a broken geometry or rank map. Never set in production.
-struct PlanningFaults {
-  std::optional<engine::KvCacheSpec> spec;  // Plan with this spec's layouts and map.
+// Deliberate faults for the mutation and fault tests, which prove that the end-to-end checks
+// catch a broken geometry or rank map and that a lost notification is survived. Never set in
+// production.
+struct TestFaults {
+  std::optional<engine::KvCacheSpec> planning_spec;  // Plan with this spec's layouts and map.
   std::function<void(RankMap&)> mutate_map;
+  bool drop_notifications = false;  // WRITE_DONE / RELEASE are "sent" but never leave.
 };
 
 struct KvEndpointOptions {
@@ -70,7 +72,7 @@ struct KvEndpointOptions {
   // Called exactly once per request whose blocks this rank gives back (see session.h).
   BlockReleaseFn on_release;
   std::string name = "kv";
-  PlanningFaults planning_faults;
+  TestFaults test_faults;
 };
 
 // Push, producer rank: request `request_id`'s KV in `producer_blocks` goes to consumer block

@@ -1,5 +1,6 @@
 #include "engine/model/hf_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -59,6 +60,19 @@ StatusOr<bool> get_bool(const json& j, const char* key, bool fallback) {
   return j[key].get<bool>();
 }
 
+// eos_token_id as an int or a list of ints, each inside the vocabulary.
+StatusOr<std::vector<int>> eos_ids_of(const json& j, int vocab_size) {
+  std::vector<int> ids;
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
+  const json& e = j["eos_token_id"];
+  for (const json& id : e.is_array() ? e : json::array({e})) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat("eos_token_id ", id.dump(), " is not a token id below ", vocab_size));
+    ids.push_back(id.get<int>());
+  }
+  return ids;
+}
+
 StatusOr<ModelConfig> parse(const json& j) {
   if (!j.is_object()) return absl::InvalidArgumentError("not a JSON object");
   ModelConfig c;
@@ -100,19 +114,8 @@ StatusOr<ModelConfig> parse(const json& j) {
   }
 
   PD_ASSIGN_OR_RETURN(c.bos_id, get_int(j, "bos_token_id", 1));
-  c.eos_ids.clear();
-  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-    const json& e = j["eos_token_id"];
-    for (const json& id : e.is_array() ? e : json::array({e})) {
-      if (!id.is_number_integer() || id.get<int64_t>() < 0)
-        return absl::InvalidArgumentError("eos_token_id is not a non-negative integer or a list of them");
-      c.eos_ids.push_back(id.get<int>());
-    }
-  }
+  PD_ASSIGN_OR_RETURN(c.eos_ids, eos_ids_of(j, c.vocab_size));
   if (c.eos_ids.empty()) c.eos_ids = {2};
-  for (int id : c.eos_ids)
-    if (id >= c.vocab_size)
-      return absl::InvalidArgumentError(absl::StrCat("eos_token_id ", id, " is outside the vocabulary"));
   PD_RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -126,6 +129,22 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string
     auto c = parse(j);
     if (!c.ok()) return Status(c.status().code(), absl::StrCat(source, ": ", c.status().message()));
     return c;
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+}
+
+Status merge_generation_config(const std::string& text, const std::string& source, ModelConfig& config) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(source, " is not a JSON object"));
+  try {
+    auto ids = eos_ids_of(j, config.vocab_size);
+    if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": ", ids.status().message()));
+    for (int id : *ids)
+      if (std::find(config.eos_ids.begin(), config.eos_ids.end(), id) == config.eos_ids.end())
+        config.eos_ids.push_back(id);
+    return absl::OkStatus();
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
   }

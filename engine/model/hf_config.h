@@ -17,6 +17,10 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string
 // Reads and parses the config.json at `path`.
 StatusOr<ModelConfig> read_hf_config(const std::string& path);
 
+// Adds the eos_token_id(s) of a generation_config.json (text) to `config.eos_ids`: chat models
+// list their end-of-turn token there rather than in config.json.
+Status merge_generation_config(const std::string& text, const std::string& source, ModelConfig& config);
+
 // The config.json text for `config` whose weights are stored as `dtype` (inverse of
 // parse_hf_config; rope_style must be kRotateHalf, the only layout HF checkpoints use).
 StatusOr<std::string> hf_config_json(const ModelConfig& config, DType dtype);

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "engine/model/tensor_names.h"
+#include "engine/weights.h"
 
 namespace pdserve::engine {
 namespace {
@@ -103,7 +103,7 @@ StatusOr<Llama2cCheckpoint> read_llama2c_checkpoint(const std::string& path) {
     return table->add(name, std::move(v));
   };
   auto stacked = [&](const std::string& suffix, std::vector<int64_t> shape) -> Status {
-    for (int l = 0; l < c.n_layers; ++l) PD_RETURN_IF_ERROR(take(hf_layer_name(l, suffix), shape));
+    for (int l = 0; l < c.n_layers; ++l) PD_RETURN_IF_ERROR(take(layer_tensor_name(l, suffix), shape));
     return absl::OkStatus();
   };
   PD_RETURN_IF_ERROR(take("model.embed_tokens.weight", {vocab, dim}));

@@ -10,7 +10,7 @@
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/model_files.h"
 #include "engine/model/safetensors_writer.h"
-#include "engine/model/tensor_names.h"
+#include "engine/weights.h"
 #include "engine/model/tokenizer_json_writer.h"
 
 namespace pdserve::engine {
@@ -93,7 +93,7 @@ std::vector<TensorSpec> model_tensors(const ModelConfig& c, DType dtype) {
   t.push_back({"model.embed_tokens.weight", dtype, {vocab, dim}});
   for (int l = 0; l < c.n_layers; ++l) {
     auto add = [&](const char* suffix, std::vector<int64_t> shape) {
-      t.push_back({hf_layer_name(l, suffix), dtype, std::move(shape)});
+      t.push_back({layer_tensor_name(l, suffix), dtype, std::move(shape)});
     };
     add("input_layernorm.weight", {dim});
     add("self_attn.q_proj.weight", {q, dim});

@@ -3,13 +3,15 @@
 #include "engine/model_loader.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "engine/model/hf_config.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/model_files.h"
 #include "engine/model/model_resolver.h"
 #include "engine/model/safetensors.h"
-#include "engine/model/tensor_names.h"
+#include "engine/weights.h"
 
 namespace pdserve::engine {
 namespace {
@@ -36,7 +38,7 @@ Status check_tensors(const ModelConfig& c, const WeightSource& weights, const st
   };
   PD_RETURN_IF_ERROR(expect("model.embed_tokens.weight", {vocab, dim}));
   for (int l = 0; l < c.n_layers; ++l) {
-    auto name = [l](const char* suffix) { return hf_layer_name(l, suffix); };
+    auto name = [l](const char* suffix) { return layer_tensor_name(l, suffix); };
     PD_RETURN_IF_ERROR(expect(name("input_layernorm.weight"), {dim}));
     PD_RETURN_IF_ERROR(expect(name("self_attn.q_proj.weight"), {q, dim}));
     PD_RETURN_IF_ERROR(expect(name("self_attn.k_proj.weight"), {kv, dim}));
@@ -83,6 +85,14 @@ Status load_llama2c(const std::string& file, const ModelLoadOptions& options, Lo
 
 Status load_hf(const std::string& dir, const ModelLoadOptions& options, LoadedModel& m) {
   PD_ASSIGN_OR_RETURN(m.config, read_hf_config((fs::path(dir) / "config.json").string()));
+  const fs::path generation = fs::path(dir) / "generation_config.json";
+  std::error_code ec;
+  if (fs::is_regular_file(generation, ec)) {
+    std::ifstream in(generation);
+    std::stringstream text;
+    text << in.rdbuf();
+    PD_RETURN_IF_ERROR(merge_generation_config(text.str(), generation.string(), m.config));
+  }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<TensorTable> table, read_safetensors_dir(dir));
   // Tied checkpoints store the embedding once; the engine always reads lm_head.weight.
   if (m.config.tie_embeddings && !table->contains("lm_head.weight") &&

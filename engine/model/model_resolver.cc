@@ -78,7 +78,7 @@ Status download(const std::string& url, const std::string& sha256, const fs::pat
     return s;
   };
   if (status != 0 && status != 200) return fail(cannot(absl::StrCat("HTTP status ", status)));
-  if (!res) return fail(cannot(httplib::to_string(res.error())));
+  if (!res) return fail(cannot(absl::StrCat("network error: ", httplib::to_string(res.error()))));
   if (!out) return fail(absl::DataLossError(absl::StrCat("writing ", tmp.string(), " failed")));
   std::string digest = hash.hex_digest();
   if (digest != sha256)

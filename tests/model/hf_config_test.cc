@@ -120,6 +120,17 @@ TEST(HfConfig, Errors) {
   EXPECT_FALSE(parse_hf_config(heads, "cfg").ok());
 }
 
+TEST(HfConfig, GenerationConfigAddsEos) {
+  auto c = parse_hf_config(kLlama3, "llama3");
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(merge_generation_config(R"({"bos_token_id":128000,"eos_token_id":[128001,128009]})", "gen", *c).ok());
+  EXPECT_EQ(c->eos_ids, (std::vector<int>{128001, 128009}));
+  ASSERT_TRUE(merge_generation_config(R"({"do_sample":true})", "gen", *c).ok());
+  EXPECT_EQ(c->eos_ids.size(), 2u);
+  EXPECT_FALSE(merge_generation_config(R"({"eos_token_id":999999999})", "gen", *c).ok());
+  EXPECT_FALSE(merge_generation_config("{", "gen", *c).ok());
+}
+
 TEST(HfConfig, WriteThenParse) {
   for (const char* text : {kLlama3, kQwen25, kMistral}) {
     auto c = parse_hf_config(text, "in");

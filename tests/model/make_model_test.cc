@@ -6,7 +6,7 @@
 #include "engine/model/hf_config.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/safetensors.h"
-#include "engine/model/tensor_names.h"
+#include "engine/weights.h"
 #include "tests/model/test_util.h"
 
 namespace pdserve::engine {
@@ -154,7 +154,7 @@ TEST(MakeModel, ExportsLlama2cWithRotateHalfRows) {
   auto row = [&](const TensorView& v, int r) { return static_cast<const float*>(v.data) + r * dim; };
   for (int l = 0; l < 5; ++l) {
     for (const char* proj : {"q_proj", "k_proj"}) {
-      std::string name = hf_layer_name(l, absl::StrCat("self_attn.", proj, ".weight"));
+      std::string name = layer_tensor_name(l, absl::StrCat("self_attn.", proj, ".weight"));
       auto a = *orig->weights->tensor(name);
       auto b = *(*table)->tensor(name);
       ASSERT_EQ(a.shape, b.shape);
@@ -166,8 +166,8 @@ TEST(MakeModel, ExportsLlama2cWithRotateHalfRows) {
     }
     for (const char* same : {"self_attn.v_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
                              "input_layernorm.weight"}) {
-      auto a = *orig->weights->tensor(hf_layer_name(l, same));
-      auto b = *(*table)->tensor(hf_layer_name(l, same));
+      auto a = *orig->weights->tensor(layer_tensor_name(l, same));
+      auto b = *(*table)->tensor(layer_tensor_name(l, same));
       ASSERT_EQ(a.shape, b.shape);
       EXPECT_EQ(std::memcmp(a.data, b.data, a.bytes()), 0) << same;
     }

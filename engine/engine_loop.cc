@@ -1,0 +1,132 @@
+#include "engine/engine_loop.h"
+
+#include <vector>
+
+#include "common/logging.h"
+
+namespace pdserve::engine {
+
+EngineLoop::EngineLoop(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {
+  snapshot_ = engine_->stats();
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() { shutdown(); }
+
+Status EngineLoop::submit(GenerationRequest request, TokenCallback sink) {
+  const std::string id = request.id;
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return absl::UnavailableError("the engine is shutting down");
+    if (id.empty()) return absl::InvalidArgumentError("empty request id");
+    if (active_.count(id)) return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already active"));
+    Active& a = active_[id];
+    if (request.handoff.preloaded_blocks.empty()) {
+      a.queued_prompt_tokens = int64_t(request.prompt.size());
+      queued_prefill_tokens_ += a.queued_prompt_tokens;
+    }
+  }
+  Status added = engine_->add_request(
+      std::move(request), [this, sink = std::move(sink)](const TokenEvent& ev) { on_event(sink, ev); });
+  std::lock_guard lock(mu_);
+  if (!added.ok()) {
+    auto it = active_.find(id);
+    if (it != active_.end()) {
+      queued_prefill_tokens_ -= it->second.queued_prompt_tokens;
+      active_.erase(it);
+    }
+    return added;
+  }
+  work_ = true;
+  wake_.notify_one();
+  return absl::OkStatus();
+}
+
+void EngineLoop::on_event(const TokenCallback& sink, const TokenEvent& ev) {
+  {
+    std::lock_guard lock(mu_);
+    auto it = active_.find(ev.id);
+    if (it != active_.end()) {
+      if (ev.token >= 0 || ev.finished) {
+        queued_prefill_tokens_ -= it->second.queued_prompt_tokens;
+        it->second.queued_prompt_tokens = 0;
+      }
+      if (ev.finished) active_.erase(it);
+    }
+  }
+  if (sink) sink(ev);
+}
+
+void EngineLoop::abort(const std::string& id) {
+  std::lock_guard lock(mu_);
+  if (!active_.count(id)) return;
+  engine_->abort(id);
+  work_ = true;
+  wake_.notify_one();
+}
+
+bool EngineLoop::active(const std::string& id) const {
+  std::lock_guard lock(mu_);
+  return active_.count(id) > 0;
+}
+
+EngineStats EngineLoop::engine_stats_locked() const {
+  // While the loop thread is parked it cannot enter the engine (it needs mu_ to leave the
+  // wait), so reading the engine directly is safe and picks up reserve/release at once.
+  return stepping_ ? snapshot_ : engine_->stats();
+}
+
+EngineLoopStats EngineLoop::stats() const {
+  std::lock_guard lock(mu_);
+  EngineLoopStats s;
+  s.engine = engine_stats_locked();
+  s.queued_prefill_tokens = queued_prefill_tokens_;
+  s.active_requests = int(active_.size());
+  return s;
+}
+
+void EngineLoop::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;
+    stopping_ = true;
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  stopped_ = true;
+}
+
+void EngineLoop::run() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    if (stopping_) {
+      if (active_.empty() && !engine_->has_work()) break;
+      // Re-issued every round: a submit racing with shutdown may have queued its request
+      // after an earlier abort of the same id was applied.
+      for (const auto& [id, a] : active_) engine_->abort(id);
+    } else {
+      wake_.wait(lock, [&] { return work_ || stopping_; });
+    }
+    work_ = false;
+    stepping_ = true;
+    lock.unlock();
+    while (engine_->has_work()) {
+      Status s = engine_->step();
+      if (!s.ok()) {
+        PD_LOG_ERROR("engine step failed: {}; aborting its requests", s.ToString());
+        std::lock_guard relock(mu_);
+        for (const auto& [id, a] : active_) engine_->abort(id);
+      }
+      EngineStats st = engine_->stats();
+      std::lock_guard relock(mu_);
+      snapshot_ = st;
+    }
+    lock.lock();
+    snapshot_ = engine_->stats();
+    stepping_ = false;
+  }
+  snapshot_ = engine_->stats();
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,165 @@
+#include "router/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace pdserve::router {
+namespace {
+
+// vLLM's buckets, so histograms from both systems compare bucket by bucket.
+const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                          0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0};
+const std::vector<double> kTpotBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                          0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+const std::vector<double> kE2eBuckets = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+                                         20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0};
+const std::vector<double> kTransferBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                              0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+
+std::string escape_label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  size_t i = 0;
+  while (i < bounds.size() && value > bounds[i]) ++i;
+  ++counts[i];
+  sum += value;
+  ++count;
+}
+
+std::string format_labels(const Labels& labels) {
+  if (labels.empty()) return "";
+  std::string out = "{";
+  for (size_t i = 0; i < labels.size(); ++i) {
+    if (i) out += ",";
+    out += labels[i].first + "=\"" + escape_label(labels[i].second) + "\"";
+  }
+  return out + "}";
+}
+
+std::string format_value(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  if (value == std::floor(value) && std::fabs(value) < 1e15) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", value);
+    return buf;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", value);
+  return buf;
+}
+
+void append_header(std::string& out, const std::string& name, const std::string& help, const std::string& type) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void append_sample(std::string& out, const std::string& name, const Labels& labels, double value) {
+  out += name + format_labels(labels) + " " + format_value(value) + "\n";
+}
+
+void append_histogram(std::string& out, const std::string& name, const Labels& labels, const Histogram& h) {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    Labels l = labels;
+    l.emplace_back("le", i < h.bounds.size() ? format_value(h.bounds[i]) : "+Inf");
+    append_sample(out, name + "_bucket", l, double(cumulative));
+  }
+  append_sample(out, name + "_sum", labels, h.sum);
+  append_sample(out, name + "_count", labels, double(h.count));
+}
+
+RouterMetrics::RouterMetrics() : ttft_(kTtftBuckets), tpot_(kTpotBuckets), e2e_(kE2eBuckets) {}
+
+void RouterMetrics::observe_request(const std::string& finish_reason, double ttft_s, double tpot_s, double e2e_s,
+                                    int prompt_tokens, int generation_tokens) {
+  std::lock_guard lock(mu_);
+  if (ttft_s >= 0) ttft_.observe(ttft_s);
+  if (tpot_s >= 0) tpot_.observe(tpot_s);
+  e2e_.observe(e2e_s);
+  ++success_[finish_reason];
+  prompt_tokens_ += prompt_tokens;
+  generation_tokens_ += generation_tokens;
+}
+
+void RouterMetrics::observe_kv_transfer(const std::string& prefill, const std::string& decode, uint64_t bytes,
+                                        double seconds) {
+  std::lock_guard lock(mu_);
+  auto it = transfers_.try_emplace({prefill, decode}, Transfer{0, Histogram(kTransferBuckets)}).first;
+  it->second.bytes += bytes;
+  it->second.seconds.observe(seconds);
+}
+
+void RouterMetrics::count_failure(const std::string& code) {
+  std::lock_guard lock(mu_);
+  ++failures_[code];
+}
+
+std::string RouterMetrics::render(int running, int waiting, const std::vector<WorkerGauges>& workers) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  append_header(out, "pdserve:num_requests_running", "Requests out at the workers.", "gauge");
+  append_sample(out, "pdserve:num_requests_running", {}, running);
+  append_header(out, "pdserve:num_requests_waiting", "Requests waiting in the router's admission queue.", "gauge");
+  append_sample(out, "pdserve:num_requests_waiting", {}, waiting);
+
+  append_header(out, "pdserve:time_to_first_token_seconds", "Time to first token (router arrival to first token).", "histogram");
+  append_histogram(out, "pdserve:time_to_first_token_seconds", {}, ttft_);
+  append_header(out, "pdserve:time_per_output_token_seconds", "Mean time per output token after the first, per request.", "histogram");
+  append_histogram(out, "pdserve:time_per_output_token_seconds", {}, tpot_);
+  append_header(out, "pdserve:e2e_request_latency_seconds", "Request latency, arrival to finish.", "histogram");
+  append_histogram(out, "pdserve:e2e_request_latency_seconds", {}, e2e_);
+
+  append_header(out, "pdserve:request_success_total", "Finished requests by finish reason.", "counter");
+  for (const auto& [reason, n] : success_) append_sample(out, "pdserve:request_success_total", {{"finished_reason", reason}}, double(n));
+  append_header(out, "pdserve:request_failure_total", "Requests that ended with an error, by gRPC status code.", "counter");
+  for (const auto& [code, n] : failures_) append_sample(out, "pdserve:request_failure_total", {{"code", code}}, double(n));
+  append_header(out, "pdserve:prompt_tokens_total", "Prompt tokens of finished requests.", "counter");
+  append_sample(out, "pdserve:prompt_tokens_total", {}, double(prompt_tokens_));
+  append_header(out, "pdserve:generation_tokens_total", "Generated tokens of finished requests.", "counter");
+  append_sample(out, "pdserve:generation_tokens_total", {}, double(generation_tokens_));
+
+  append_header(out, "pdserve:kv_transfer_bytes_total", "KV cache bytes moved from prefill to decode workers.", "counter");
+  for (const auto& [pair, t] : transfers_)
+    append_sample(out, "pdserve:kv_transfer_bytes_total", {{"prefill", pair.first}, {"decode", pair.second}}, double(t.bytes));
+  append_header(out, "pdserve:kv_transfer_seconds", "KV cache transfer time per request.", "histogram");
+  for (const auto& [pair, t] : transfers_)
+    append_histogram(out, "pdserve:kv_transfer_seconds", {{"prefill", pair.first}, {"decode", pair.second}}, t.seconds);
+
+  struct Gauge {
+    const char* name;
+    const char* help;
+    double (*value)(const WorkerGauges&);
+  };
+  const Gauge gauges[] = {
+      {"pdserve:worker_up", "1 when the worker answered its last health poll.", [](const WorkerGauges& w) { return w.up ? 1.0 : 0.0; }},
+      {"pdserve:kv_cache_usage_perc", "Fraction of the worker's KV cache blocks in use (0 to 1).",
+       [](const WorkerGauges& w) { return w.num_blocks > 0 ? 1.0 - double(w.free_blocks) / w.num_blocks : 0.0; }},
+      {"pdserve:kv_cache_free_blocks", "Free KV cache blocks on the worker.", [](const WorkerGauges& w) { return double(w.free_blocks); }},
+      {"pdserve:kv_cache_total_blocks", "KV cache blocks on the worker.", [](const WorkerGauges& w) { return double(w.num_blocks); }},
+      {"pdserve:worker_num_requests_running", "Sequences running on the worker.", [](const WorkerGauges& w) { return double(w.running); }},
+      {"pdserve:worker_num_requests_waiting", "Sequences queued on the worker.", [](const WorkerGauges& w) { return double(w.waiting); }},
+      {"pdserve:worker_queued_prefill_tokens", "Prompt tokens queued for prefill on the worker.",
+       [](const WorkerGauges& w) { return double(w.queued_prefill_tokens); }},
+  };
+  for (const Gauge& g : gauges) {
+    append_header(out, g.name, g.help, "gauge");
+    for (const WorkerGauges& w : workers) append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}}, g.value(w));
+  }
+  return out;
+}
+
+}  // namespace pdserve::router

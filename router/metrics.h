@@ -1,0 +1,81 @@
+// The router's Prometheus metrics, named after vLLM's so existing dashboards read them:
+// latency histograms (TTFT, TPOT, end to end), request gauges, per-worker KV cache usage and
+// load, and KV transfer volume and time per prefill→decode pair. The text exposition is built
+// by small pure formatting functions (table-tested); RouterMetrics holds the live values.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pdserve::router {
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+struct Histogram {
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+
+  std::vector<double> bounds;    // Upper bounds, ascending; +Inf is implicit.
+  std::vector<uint64_t> counts;  // Per bucket (not cumulative), bounds.size() + 1 of them.
+  double sum = 0;
+  uint64_t count = 0;
+};
+
+// `{a="x",b="y"}` with Prometheus escaping of \, " and newlines; "" for no labels.
+std::string format_labels(const Labels& labels);
+// A number as Prometheus writes it: "+Inf", "NaN", integers without a fraction.
+std::string format_value(double value);
+// `# HELP` and `# TYPE` lines.
+void append_header(std::string& out, const std::string& name, const std::string& help, const std::string& type);
+// One sample line.
+void append_sample(std::string& out, const std::string& name, const Labels& labels, double value);
+// A histogram's cumulative `_bucket{le=...}` lines, `_sum` and `_count`.
+void append_histogram(std::string& out, const std::string& name, const Labels& labels, const Histogram& h);
+
+// A worker's state as the registry last saw it, for the per-worker gauges.
+struct WorkerGauges {
+  std::string worker;  // Address.
+  std::string role;    // "prefill", "decode" or "aggregated".
+  bool up = false;
+  int num_blocks = 0;
+  int free_blocks = 0;
+  int running = 0;
+  int waiting = 0;
+  int64_t queued_prefill_tokens = 0;
+};
+
+// Thread-safe live metrics of one router.
+class RouterMetrics {
+ public:
+  RouterMetrics();
+
+  // Records a finished request. `tpot_s` < 0 when it produced fewer than two tokens.
+  void observe_request(const std::string& finish_reason, double ttft_s, double tpot_s, double e2e_s,
+                       int prompt_tokens, int generation_tokens);
+  // Records one KV cache transfer between two workers.
+  void observe_kv_transfer(const std::string& prefill, const std::string& decode, uint64_t bytes, double seconds);
+  // Counts a request that ended with an error status (by gRPC code name).
+  void count_failure(const std::string& code);
+
+  // The whole exposition: these metrics plus the given gauges.
+  std::string render(int running, int waiting, const std::vector<WorkerGauges>& workers) const;
+
+ private:
+  struct Transfer {
+    uint64_t bytes = 0;
+    Histogram seconds;
+  };
+  mutable std::mutex mu_;
+  Histogram ttft_, tpot_, e2e_;
+  std::map<std::string, uint64_t> success_;  // By finish reason.
+  std::map<std::string, uint64_t> failures_;  // By status code.
+  uint64_t prompt_tokens_ = 0;
+  uint64_t generation_tokens_ = 0;
+  std::map<std::pair<std::string, std::string>, Transfer> transfers_;
+};
+
+}  // namespace pdserve::router

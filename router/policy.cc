@@ -1,0 +1,54 @@
+#include "router/policy.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace pdserve::router {
+namespace {
+bool excluded(const std::vector<int>& exclude, int index) {
+  return std::find(exclude.begin(), exclude.end(), index) != exclude.end();
+}
+}  // namespace
+
+int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude) {
+  const WorkerLoad* best = nullptr;
+  for (const WorkerLoad& w : workers) {
+    if (!w.up || excluded(exclude, w.index)) continue;
+    if (!best || std::tie(w.queued_prefill_tokens, w.running, w.index) <
+                     std::tie(best->queued_prefill_tokens, best->running, best->index))
+      best = &w;
+  }
+  return best ? best->index : -1;
+}
+
+int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude) {
+  const WorkerLoad* with_room = nullptr;
+  const WorkerLoad* fallback = nullptr;
+  for (const WorkerLoad& w : workers) {
+    if (!w.up || excluded(exclude, w.index) || w.num_blocks < blocks_needed) continue;
+    if (w.free_blocks >= blocks_needed) {
+      if (!with_room || std::tie(w.running, w.waiting, w.index) < std::tie(with_room->running, with_room->waiting, with_room->index))
+        with_room = &w;
+    } else if (!fallback || std::make_tuple(-w.free_blocks, w.running, w.index) <
+                                std::make_tuple(-fallback->free_blocks, fallback->running, fallback->index)) {
+      fallback = &w;
+    }
+  }
+  if (with_room) return with_room->index;
+  return fallback ? fallback->index : -1;
+}
+
+int blocks_needed(int prompt_len, int max_tokens, int max_context, int block_size) {
+  if (block_size <= 0) return 0;
+  const int64_t tokens = std::min<int64_t>(int64_t(prompt_len) + max_tokens, max_context);
+  return int((tokens + block_size - 1) / block_size);
+}
+
+Admission admit(int running, int waiting, int max_running, int max_waiting) {
+  // Waiting requests go first, so a newcomer runs only when nobody is queued ahead of it.
+  if (running < max_running && waiting == 0) return Admission::kRun;
+  if (waiting < max_waiting) return Admission::kWait;
+  return Admission::kReject;
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,111 @@
+// Request orchestration: validates a client request, admits it through the bounded queue,
+// places it on workers and drives them — aggregated (one worker's Generate), push (decode
+// Reserve, then prefill Prefill towards the reserved blocks while the decode stream is already
+// open) or pull (Prefill holding the KV, then decode Generate reading it) — and streams the
+// tokens back with per-request timings. Both the gRPC and the HTTP front ends call it.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/model_config.h"
+#include "engine/tokenizer.h"
+#include "proto/pdserve.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "router/admission_queue.h"
+#include "router/metrics.h"
+#include "router/worker_registry.h"
+
+namespace pdserve::router {
+
+struct RouterOptions {
+  std::string kv_mode = "push";  // "push", "pull" or "aggregated".
+  int max_running = 64;          // Requests out at the workers at once.
+  int max_waiting = 256;         // Requests waiting for a slot; more are refused ("overloaded").
+  Duration request_timeout = std::chrono::seconds(600);
+  Duration worker_rpc_timeout = std::chrono::seconds(10);  // Reserve and Abort calls.
+  int max_attempts = 3;  // Placements tried for a request whose workers fail before its first token.
+};
+
+// The model the router serves: enough to tokenize prompts and check them against the limits.
+struct ServedModel {
+  std::string name;
+  std::vector<std::string> aliases;  // Other accepted `model` values (e.g. the path given).
+  std::shared_ptr<const engine::Tokenizer> tokenizer;
+  engine::ModelConfig config;
+};
+
+class Router {
+ public:
+  // Receives each response of a request in order; returns false once the client is gone.
+  using Emit = std::function<bool(const v1::GenerateResponse&)>;
+
+  Router(const RouterOptions& options, ServedModel model, WorkerRegistry& registry, RouterMetrics& metrics,
+         const Clock& clock);
+  ~Router();
+
+  // Runs one request to its end, streaming through `emit`; the returned status is the one the
+  // client sees. `client_gone` is polled to notice a cancelled client and stop the workers.
+  Status generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit);
+  // Aborts a running request by id: its workers free it and its stream ends with "abort".
+  bool abort(const std::string& request_id);
+  // Checks a request and returns its prompt tokens: InvalidArgument for a missing or too long
+  // prompt, token ids outside the vocabulary or bad sampling values; NotFound for another model.
+  StatusOr<std::vector<int>> validate(const v1::GenerateRequest& request) const;
+
+  v1::ModelInfo model_info() const;
+  const ServedModel& model() const { return model_; }
+  // The Prometheus exposition of the router and its workers.
+  std::string metrics_text() const;
+  int running() const { return admission_.running(); }
+  int waiting() const { return admission_.waiting(); }
+
+ private:
+  struct Active;
+  struct Flow;
+  struct Attempt;
+  Attempt run_aggregated(Flow& f, std::vector<int>& exclude_decode);
+  Attempt run_push(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
+  Attempt run_pull(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
+  // Reads a worker's Generate stream, forwarding events; ends at the stream's end.
+  Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
+  // Forwards one non-final worker event to the client.
+  void forward(Flow& f, const worker::WorkerEvent& ev);
+  // Best-effort Worker.Abort of `worker_request_id` on each worker.
+  void abort_on_workers(const std::string& worker_request_id, const std::vector<int>& workers);
+  void watchdog_loop();
+  std::string new_request_id();
+
+  const RouterOptions options_;
+  const ServedModel model_;
+  WorkerRegistry& registry_;
+  RouterMetrics& metrics_;
+  const Clock& clock_;
+  mutable AdmissionQueue admission_;
+  uint64_t kv_bytes_per_token_ = 0;
+
+  std::mutex active_mu_;
+  std::map<std::string, std::shared_ptr<Active>> active_;
+  std::atomic<uint64_t> next_id_{0};
+  const std::string id_prefix_;
+
+  std::mutex watchdog_mu_;
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+// The gRPC status for an absl status (same codes, same message).
+grpc::Status to_grpc(const Status& s);
+// The absl status for a gRPC status, prefixed by `what` ("Prefill on host:port").
+Status from_grpc(const grpc::Status& s, const std::string& what);
+
+}  // namespace pdserve::router

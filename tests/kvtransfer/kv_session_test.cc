@@ -1,0 +1,259 @@
+// Multi-process integration tests of kvtransfer sessions: a producer and a consumer kv_peer
+// process, each holding TP groups of 1, 2, 4 and 8 ranks, move a synthetic KV cache that
+// mixes per-layer geometries (tests/kvtransfer/kv_sim.h's mixed spec) over real UCX and
+// ZeroMQ on loopback, in push and pull mode, for every (producer TP, consumer TP) pair; the
+// consumer verifies every element of its blocks. Deliberately wrong planning (geometry, rank
+// map) must make the same check fail, and bad input must be refused.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "tests/kvtransfer/kv_process.h"
+
+namespace pdserve::kvtransfer::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr const char* kProducerBlocks = "2,3,7,5";
+constexpr const char* kConsumerBlocks = "6,7,0,2";
+
+struct Outcome {
+  int ready_ok = 0;     // Consumer ranks ready with every element right.
+  int ready_wrong = 0;  // Consumer ranks ready with wrong elements.
+  int consumer_failed = 0;
+  int producer_complete = 0;
+  int producer_failed = 0;
+  bool first_token = false;  // Some consumer rank got the first token 42.
+  std::string text;
+};
+
+class SessionProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/pdserve-kvsession-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::unique_ptr<PeerProcess> spawn(const std::string& role, std::vector<std::string> extra = {},
+                                     const std::string& tls = "sm,self") {
+    std::vector<std::string> args{"--role", role, "--tps", "1,2,4,8", "--blocks", "8"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto p = std::make_unique<PeerProcess>(args, tls, dir_ / (role + std::to_string(++spawned_) + ".log"));
+    EXPECT_TRUE(p->start(30s)) << p->log();
+    return p;
+  }
+
+  // Waits until every rank of both groups reported the request, then summarizes.
+  Outcome finish(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P,
+                 int C, std::chrono::milliseconds timeout) {
+    const std::string ev = "EVENT " + id + " ";
+    const bool done = consumer.wait_until(
+        [&] {
+          return producer.count(ev) >= static_cast<size_t>(P) &&
+                 consumer.count(ev) >= static_cast<size_t>(C);
+        },
+        timeout);
+    Outcome o;
+    for (const auto& l : consumer.lines(ev)) {
+      if (l.find(" ready wrong=0 ") != std::string::npos) ++o.ready_ok;
+      else if (l.find(" ready ") != std::string::npos) ++o.ready_wrong;
+      else ++o.consumer_failed;
+      if (l.find("first=42") != std::string::npos) o.first_token = true;
+    }
+    for (const auto& l : producer.lines(ev)) {
+      if (l.find(" complete ") != std::string::npos) ++o.producer_complete;
+      else ++o.producer_failed;
+    }
+    o.text = absl::StrCat(done ? "" : "TIMED OUT\n", "producer:\n", producer.output(),
+                          "\nconsumer:\n", consumer.output());
+    return o;
+  }
+
+  bool all_acked(PeerProcess& p, const std::string& id, int n) {
+    const std::string ack = "ACK " + id + " ";
+    if (!p.wait_until([&] { return p.count(ack) >= static_cast<size_t>(n); }, 10s)) return false;
+    for (const auto& l : p.lines(ack)) {
+      if (l.find(" OK") == std::string::npos) return false;
+    }
+    return true;
+  }
+
+  Outcome push(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
+               int lease_ms = 10000) {
+    consumer.send(absl::StrCat("expect ", id, " ", C, " ", P, " ", lease_ms, " ",
+                               producer.endpoints(P), " ", kConsumerBlocks));
+    EXPECT_TRUE(all_acked(consumer, id, C)) << consumer.output();
+    producer.send(absl::StrCat("push ", id, " ", P, " ", C, " ", lease_ms, " ",
+                               consumer.endpoints(C), " ", kProducerBlocks, " ", kConsumerBlocks));
+    return finish(producer, consumer, id, P, C, 20s);
+  }
+
+  Outcome pull(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
+               int lease_ms = 10000) {
+    producer.send(absl::StrCat("hold ", id, " ", P, " ", C, " ", lease_ms, " ", kProducerBlocks));
+    EXPECT_TRUE(all_acked(producer, id, P)) << producer.output();
+    consumer.send(absl::StrCat("pull ", id, " ", C, " ", P, " ", lease_ms / 2, " ",
+                               producer.endpoints(P), " ", kProducerBlocks, " ", kConsumerBlocks));
+    return finish(producer, consumer, id, P, C, 20s);
+  }
+
+  fs::path dir_;
+  int spawned_ = 0;
+};
+
+void expect_verified(const Outcome& o, int P, int C, const char* mode) {
+  EXPECT_EQ(o.ready_ok, C) << mode << " " << P << "->" << C << "\n" << o.text;
+  EXPECT_EQ(o.producer_complete, P) << mode << " " << P << "->" << C << "\n" << o.text;
+}
+
+class SessionMatrixTest : public SessionProcessTest,
+                          public ::testing::WithParamInterface<std::string> {};
+
+// Every (P, C) in {1,2,4,8}², push then pull, all through one producer and one consumer process.
+TEST_P(SessionMatrixTest, EveryTpPairBothModesArrivesBitIdentical) {
+  auto producer = spawn("producer", {}, GetParam());
+  auto consumer = spawn("consumer", {}, GetParam());
+  for (int P : {1, 2, 4, 8}) {
+    for (int C : {1, 2, 4, 8}) {
+      const std::string tag = absl::StrCat("p", P, "c", C);
+      const Outcome pushed = push(*producer, *consumer, "push-" + tag, P, C);
+      expect_verified(pushed, P, C, "push");
+      if (P > 0) EXPECT_TRUE(pushed.first_token) << pushed.text;
+      // Every producer rank gave its blocks back; the ready consumer kept them.
+      EXPECT_EQ(producer->count("RELEASED push-" + tag + " "), static_cast<size_t>(P));
+      EXPECT_EQ(consumer->count("RELEASED push-" + tag + " "), 0u);
+
+      const Outcome pulled = pull(*producer, *consumer, "pull-" + tag, P, C);
+      expect_verified(pulled, P, C, "pull");
+      EXPECT_TRUE(producer->wait_until(
+          [&] { return producer->count("RELEASED pull-" + tag + " ") == static_cast<size_t>(P); },
+          5s))
+          << producer->output();
+      EXPECT_EQ(consumer->count("RELEASED pull-" + tag + " "), 0u);
+    }
+  }
+  EXPECT_EQ(producer->quit(10s), 0) << producer->log();
+  EXPECT_EQ(consumer->quit(10s), 0) << consumer->log();
+  // No rank kept a request open, refused a message or saw a lease expire.
+  for (PeerProcess* p : {producer.get(), consumer.get()}) {
+    for (const auto& l : p->lines("COUNTERS ")) {
+      EXPECT_NE(l.find("refused=0 "), std::string::npos) << l;
+      EXPECT_NE(l.find("expired=0 "), std::string::npos) << l;
+      EXPECT_NE(l.find("open=0"), std::string::npos) << l;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tls, SessionMatrixTest, ::testing::Values("sm,self", "tcp,self"),
+                         [](const auto& info) {
+                           return info.param == "sm,self" ? std::string("shm") : std::string("tcp");
+                         });
+
+TEST_F(SessionProcessTest, DebugChecksumsVerifyInPushMode) {
+  auto producer = spawn("producer", {"--checksums", "1"});
+  auto consumer = spawn("consumer", {"--checksums", "1"});
+  for (auto [P, C] : {std::pair{2, 4}, {8, 2}, {1, 1}}) {
+    expect_verified(push(*producer, *consumer, absl::StrCat("ck", P, C), P, C), P, C, "push");
+  }
+}
+
+// The mutation tests: the same end-to-end check must fail when the planning side uses a wrong
+// geometry or rank map. In pull mode the consumer plans alone, so the element check is the only
+// line of defence; in push mode the consumer's re-planned count usually trips first.
+struct Mutation {
+  const char* name;
+  std::vector<std::pair<int, int>> pairs;
+};
+
+class SessionMutationTest : public SessionProcessTest,
+                            public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(SessionMutationTest, WrongPlanningFailsTheCheck) {
+  const std::string how = GetParam();
+  const std::vector<std::pair<int, int>> pairs =
+      how == "rotate" ? std::vector<std::pair<int, int>>{{2, 2}, {4, 8}, {8, 2}}
+                      : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 8}, {8, 2}};
+  {  // Pull: the consumer plans wrongly.
+    auto producer = spawn("producer");
+    auto consumer = spawn("consumer", {"--mutate", how});
+    for (auto [P, C] : pairs) {
+      const Outcome o = pull(*producer, *consumer, absl::StrCat("m-pull-", P, C), P, C, 4000);
+      EXPECT_LT(o.ready_ok, C) << how << " pull " << P << "->" << C << "\n" << o.text;
+      if (how == "order") {
+        // Same sizes, same heads: every get succeeds, and only the data check catches it.
+        EXPECT_GT(o.ready_wrong, 0) << o.text;
+      }
+    }
+  }
+  {  // Push: the producer plans wrongly.
+    auto producer = spawn("producer", {"--mutate", how});
+    auto consumer = spawn("consumer");
+    for (auto [P, C] : pairs) {
+      const Outcome o = push(*producer, *consumer, absl::StrCat("m-push-", P, C), P, C, 3000);
+      EXPECT_LT(o.ready_ok, C) << how << " push " << P << "->" << C << "\n" << o.text;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Mutations, SessionMutationTest,
+                         ::testing::Values("layer0", "order", "rotate"));
+
+// The control: the unmutated processes pass the very same pairs (the mutation test would be
+// vacuous if these failed too).
+TEST_F(SessionProcessTest, UnmutatedControlPassesTheSamePairs) {
+  auto producer = spawn("producer");
+  auto consumer = spawn("consumer");
+  for (auto [P, C] : {std::pair{1, 1}, {2, 2}, {4, 8}, {8, 2}}) {
+    expect_verified(pull(*producer, *consumer, absl::StrCat("c-pull-", P, C), P, C), P, C, "pull");
+    expect_verified(push(*producer, *consumer, absl::StrCat("c-push-", P, C), P, C), P, C, "push");
+  }
+}
+
+TEST_F(SessionProcessTest, BlockIdsOutOfRangeAreRefusedAndLogged) {
+  auto producer = spawn("producer");
+  auto consumer = spawn("consumer");
+  consumer.get()->send("expect bad1 2 2 2000 - 1,99");
+  producer->send("hold bad2 2 2 2000 -1,3");
+  producer->send(absl::StrCat("push bad3 2 2 2000 ", consumer->endpoints(2), " 1,2 8,0"));
+  consumer->send(absl::StrCat("pull bad4 2 2 2000 ", producer->endpoints(2), " 1,2 3,3"));
+  ASSERT_TRUE(consumer->wait_until([&] { return consumer->count("ACK bad") >= 4; }, 10s));
+  ASSERT_TRUE(producer->wait_until([&] { return producer->count("ACK bad") >= 4; }, 10s));
+  for (PeerProcess* p : {producer.get(), consumer.get()}) {
+    for (const auto& l : p->lines("ACK bad")) {
+      EXPECT_TRUE(l.find("OUT_OF_RANGE") != std::string::npos ||
+                  l.find("listed twice") != std::string::npos)
+          << l;
+    }
+  }
+  // Refused before anything was registered: nothing to release, nothing left open.
+  EXPECT_EQ(producer->count("RELEASED bad"), 0u);
+  EXPECT_EQ(consumer->quit(10s), 0);
+  EXPECT_EQ(producer->quit(10s), 0);
+  EXPECT_NE(consumer->log().find("refused: OUT_OF_RANGE"), std::string::npos) << consumer->log();
+  EXPECT_NE(producer->log().find("refused: OUT_OF_RANGE"), std::string::npos) << producer->log();
+}
+
+TEST_F(SessionProcessTest, WrongCompatHashIsRefusedAndTheRequestFailsCleanly) {
+  auto producer = spawn("producer");
+  auto consumer = spawn("consumer", {"--model", "another-model"});
+  consumer->send("expect h1 2 2 3000 - 6,7");
+  producer->send(absl::StrCat("push h1 2 2 3000 ", consumer->endpoints(2), " 2,3 6,7"));
+  ASSERT_TRUE(producer->wait_until([&] { return producer->count("RELEASED h1 ") >= 2; }, 10s))
+      << producer->output();
+  for (const auto& l : producer->lines("ACK h1 ")) {
+    EXPECT_NE(l.find("incompatible KV geometry"), std::string::npos) << l;
+  }
+  EXPECT_EQ(producer->count("EVENT h1 "), 2u);
+  EXPECT_EQ(consumer->quit(10s), 0);
+  EXPECT_NE(consumer->log().find("refusing handshake"), std::string::npos) << consumer->log();
+}
+
+}  // namespace
+}  // namespace pdserve::kvtransfer::testing
