@@ -43,6 +43,9 @@ class Backend {
   virtual void paged_attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
                                const kernels::cpu::TokenPlacement& tokens, int n_q_heads,
                                int q_per_kv, int window, float scale) = 0;
+  virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                                   const kernels::cpu::PagedLayerView& index_view,
+                                   const kernels::cpu::TokenPlacement& tokens, int top_k) = 0;
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };

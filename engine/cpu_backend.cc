@@ -60,6 +60,11 @@ class CpuBackend final : public Backend {
                        float scale) override {
     k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
   }
+  void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                           const k::PagedLayerView& index_view, const k::TokenPlacement& tokens,
+                           int top_k) override {
+    k::index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
+  }
   void silu_mul(float* gate, const float* up, int64_t n) override { k::silu_mul(gate, up, n); }
   void add_inplace(float* x, const float* y, int64_t n) override { k::add_inplace(x, y, n); }
 };

@@ -114,7 +114,8 @@ class Engine {
   // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.
   int blocks_needed(int prompt_len, int max_tokens) const;
 
-  // Called on every rank's thread right after the rank wrote layer `layer` of this step's KV;
+  // Called on every rank's thread right after the rank wrote entry `layer` of the KV cache spec
+  // (an attention layer, or an index cache: see ModelConfig::index_cache_layer) for this step;
   // `completed` lists the requests whose whole prompt KV is in the cache for that layer now.
   // Lets push mode send each layer while later layers compute. Set before the first step.
   using LayerHook = std::function<void(int rank, int layer, const std::vector<std::string>& completed)>;

@@ -14,6 +14,23 @@ namespace pdserve::engine {
 // Hugging Face checkpoints rotate halves (i, i + head_dim/2).
 enum class RopeStyle : uint8_t { kAdjacentPairs = 0, kRotateHalf = 1 };
 
+// One layer's attention shape and cache layout, where it differs from the model-wide fields
+// (mixed-geometry models: per-layer KV heads and head dims, sliding windows, K/V layouts, and a
+// key-only index cache whose scores pick the blocks a layer attends to).
+struct LayerAttention {
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int window = 0;  // 0: full attention.
+  KvLayout kv_layout = KvLayout::kSeparate;
+  KvOrder kv_order = KvOrder::kTokenMajor;
+  // > 0: the layer keeps a one-head key-only index cache of this head dim (replicated on every
+  // rank); each query attends only the `index_top_k` blocks whose index keys score highest
+  // against its index query, plus its own block.
+  int index_head_dim = 0;
+  int index_top_k = 0;
+  bool operator==(const LayerAttention&) const = default;
+};
+
 struct ModelConfig {
   std::string architecture = "llama";  // "llama", "mistral", "qwen2".
   int dim = 0;
@@ -32,9 +49,16 @@ struct ModelConfig {
   int sliding_window = 0;  // 0: full attention in every layer.
   int bos_id = 1;
   std::vector<int> eos_ids = {2};  // Tokens that end generation.
+  // Per-layer attention; empty means every layer uses the fields above.
+  std::vector<LayerAttention> layer_attention;
 
-  int q_dim() const { return n_heads * head_dim; }
-  int kv_dim() const { return n_kv_heads * head_dim; }
+  // Layer `l`'s attention (from layer_attention, or the model-wide fields).
+  LayerAttention attention(int l) const;
+  int q_dim(int l = 0) const { return n_heads * attention(l).head_dim; }
+  int kv_dim(int l = 0) const { const LayerAttention a = attention(l); return a.n_kv_heads * a.head_dim; }
+  // The KV cache spec entry holding layer `l`'s index cache; -1 if it has none. Index caches
+  // follow the n_layers attention caches, in layer order.
+  int index_cache_layer(int l) const;
 
   // Checks that the numbers are positive and consistent (heads divide, dims agree).
   Status validate() const;

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "engine/model_tensors.h"
+
 namespace pdserve::engine {
 namespace {
 
@@ -33,12 +35,6 @@ float bf16_to_float(uint16_t b) {
   return f;
 }
 
-struct Expected {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool optional = false;
-};
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) absl::StrAppend(&out, i ? "," : "", s[i]);
@@ -50,30 +46,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 StatusOr<std::unique_ptr<ModelWeightsF32>> ModelWeightsF32::create(const ModelConfig& c,
                                                                    const WeightSource& source) {
   PD_RETURN_IF_ERROR(c.validate());
-  std::vector<Expected> expected = {{"model.embed_tokens.weight", {c.vocab_size, c.dim}},
-                                    {"model.norm.weight", {c.dim}},
-                                    {"lm_head.weight", {c.vocab_size, c.dim}, c.tie_embeddings}};
-  for (int l = 0; l < c.n_layers; ++l) {
-    auto add = [&](const char* suffix, std::vector<int64_t> shape, bool optional = false) {
-      expected.push_back({layer_tensor_name(l, suffix), std::move(shape), optional});
-    };
-    add("input_layernorm.weight", {c.dim});
-    add("self_attn.q_proj.weight", {c.q_dim(), c.dim});
-    add("self_attn.k_proj.weight", {c.kv_dim(), c.dim});
-    add("self_attn.v_proj.weight", {c.kv_dim(), c.dim});
-    add("self_attn.o_proj.weight", {c.dim, c.q_dim()});
-    add("post_attention_layernorm.weight", {c.dim});
-    add("mlp.gate_proj.weight", {c.hidden_dim, c.dim});
-    add("mlp.up_proj.weight", {c.hidden_dim, c.dim});
-    add("mlp.down_proj.weight", {c.dim, c.hidden_dim});
-    if (c.qkv_bias) {
-      add("self_attn.q_proj.bias", {c.q_dim()});
-      add("self_attn.k_proj.bias", {c.kv_dim()});
-      add("self_attn.v_proj.bias", {c.kv_dim()});
-    }
-  }
   auto w = std::unique_ptr<ModelWeightsF32>(new ModelWeightsF32());
-  for (const Expected& e : expected) {
+  for (const TensorShape& e : model_tensors(c)) {
     StatusOr<TensorView> t = source.tensor(e.name);
     if (!t.ok()) {
       if (e.optional && absl::IsNotFound(t.status())) continue;
@@ -111,26 +85,32 @@ StatusOr<RankShard> shard_weights(const ModelConfig& c, const ModelWeightsF32& w
   s.rank = rank;
   s.tp = tp;
   s.q_heads = {rank * c.n_heads / tp, (rank + 1) * c.n_heads / tp};
-  s.kv_heads = kv_heads_of_rank(c.n_kv_heads, tp, rank);
   s.hidden = even_split(c.hidden_dim, tp, rank);
   s.vocab = even_split(c.vocab_size, tp, rank);
   s.embed = w.get("model.embed_tokens.weight");
   s.final_norm = w.get("model.norm.weight");
   s.lm_head = w.get("lm_head.weight") + int64_t(s.vocab.begin) * c.dim;
-  const int64_t hd = c.head_dim;
   for (int l = 0; l < c.n_layers; ++l) {
     auto get = [&](const char* suffix) { return w.get(layer_tensor_name(l, suffix)); };
+    const LayerAttention a = c.attention(l);
+    const int64_t hd = a.head_dim;
     LayerShard ls;
+    ls.kv_heads = kv_heads_of_rank(a.n_kv_heads, tp, rank);
+    ls.head_dim = a.head_dim;
+    if (a.index_head_dim > 0) {
+      ls.w_index_q = get("self_attn.index_q_proj.weight");
+      ls.w_index_k = get("self_attn.index_k_proj.weight");
+    }
     ls.attn_norm = get("input_layernorm.weight");
     ls.ffn_norm = get("post_attention_layernorm.weight");
     ls.wq = get("self_attn.q_proj.weight") + s.q_heads.begin * hd * c.dim;
-    ls.wk = get("self_attn.k_proj.weight") + s.kv_heads.begin * hd * c.dim;
-    ls.wv = get("self_attn.v_proj.weight") + s.kv_heads.begin * hd * c.dim;
+    ls.wk = get("self_attn.k_proj.weight") + ls.kv_heads.begin * hd * c.dim;
+    ls.wv = get("self_attn.v_proj.weight") + ls.kv_heads.begin * hd * c.dim;
     ls.wo = get("self_attn.o_proj.weight") + s.q_heads.begin * hd;
     if (c.qkv_bias) {
       ls.bq = get("self_attn.q_proj.bias") + s.q_heads.begin * hd;
-      ls.bk = get("self_attn.k_proj.bias") + s.kv_heads.begin * hd;
-      ls.bv = get("self_attn.v_proj.bias") + s.kv_heads.begin * hd;
+      ls.bk = get("self_attn.k_proj.bias") + ls.kv_heads.begin * hd;
+      ls.bv = get("self_attn.v_proj.bias") + ls.kv_heads.begin * hd;
     }
     ls.w_gate = get("mlp.gate_proj.weight") + int64_t(s.hidden.begin) * c.dim;
     ls.w_up = get("mlp.up_proj.weight") + int64_t(s.hidden.begin) * c.dim;

@@ -34,6 +34,8 @@ class ModelWeightsF32 {
 };
 
 struct LayerShard {
+  Range kv_heads;    // Global KV heads held (replicated when tp > the layer's KV heads).
+  int head_dim = 0;  // The layer's attention head dim.
   const float* attn_norm = nullptr;
   const float* wq = nullptr;  // [q_local][dim] rows.
   const float* wk = nullptr;  // [kv_local][dim] rows.
@@ -42,6 +44,8 @@ struct LayerShard {
   const float* bk = nullptr;
   const float* bv = nullptr;
   const float* wo = nullptr;  // [dim][q_local] columns, rows q_dim apart.
+  const float* w_index_q = nullptr;  // [index_head_dim][dim], whole on every rank; or nullptr.
+  const float* w_index_k = nullptr;
   const float* ffn_norm = nullptr;
   const float* w_gate = nullptr;  // [hidden_local][dim] rows.
   const float* w_up = nullptr;
@@ -52,7 +56,6 @@ struct LayerShard {
 struct RankShard {
   int rank = 0, tp = 1;
   Range q_heads;    // Global attention heads.
-  Range kv_heads;   // Global KV heads held (replicated when tp > n_kv_heads).
   Range hidden;     // MLP columns.
   Range vocab;      // Rows of the output classifier.
   const float* embed = nullptr;  // Full table, every rank.

@@ -46,34 +46,44 @@ RankRunner::~RankRunner() {
 
 void RankRunner::resize_scratch(int n) {
   const ModelConfig& c = config_;
-  const size_t hd = c.head_dim;
-  auto fit = [](std::vector<float>& v, size_t size) {
+  auto fit = [](auto& v, size_t size) {
     if (v.size() < size) v.resize(size);
   };
   fit(x_, size_t(n) * c.dim);
   fit(xn_, size_t(n) * c.dim);
   fit(out_, size_t(n) * c.dim);
-  fit(q_, size_t(n) * shard_.q_heads.size() * hd);
-  fit(attn_, size_t(n) * shard_.q_heads.size() * hd);
-  fit(k_, size_t(n) * shard_.kv_heads.size() * hd);
-  fit(v_, size_t(n) * shard_.kv_heads.size() * hd);
   fit(gate_, size_t(n) * shard_.hidden.size());
   fit(up_, size_t(n) * shard_.hidden.size());
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerShard& w = shard_.layers[l];
+    fit(q_, size_t(n) * shard_.q_heads.size() * w.head_dim);
+    fit(attn_, size_t(n) * shard_.q_heads.size() * w.head_dim);
+    fit(k_, size_t(n) * w.kv_heads.size() * w.head_dim);
+    fit(v_, size_t(n) * w.kv_heads.size() * w.head_dim);
+    const int index_dim = c.attention(l).index_head_dim;
+    if (index_dim > 0) {
+      fit(q_index_, size_t(n) * index_dim);
+      fit(k_index_, size_t(n) * index_dim);
+      fit(block_mask_, size_t(n) * ((c.max_seq_len + layout_.block_size() - 1) / layout_.block_size()));
+    }
+  }
 }
 
 void RankRunner::forward(const ForwardBatch& batch, float* logits) {
   const ModelConfig& c = config_;
   const int n = int(batch.tokens.size());
   resize_scratch(n);
-  const int nq = shard_.q_heads.size(), nkv = shard_.kv_heads.size(), hd = c.head_dim;
-  const int q_local = nq * hd, kv_local = nkv * hd, hidden = shard_.hidden.size();
+  const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
   const bool rotate_half = c.rope_style == RopeStyle::kRotateHalf;
-  const float scale = 1.0f / std::sqrt(float(hd));
-  const kernels::cpu::TokenPlacement place{n, batch.positions.data(), batch.block_tables.data()};
+  const int mask_stride = (c.max_seq_len + layout_.block_size() - 1) / layout_.block_size();
 
   backend_->embed(x_.data(), shard_.embed, batch.tokens.data(), n, c.dim);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerShard& w = shard_.layers[l];
+    const int nkv = w.kv_heads.size(), hd = w.head_dim;
+    const int q_local = nq * hd, kv_local = nkv * hd;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    kernels::cpu::TokenPlacement place{n, batch.positions.data(), batch.block_tables.data()};
     backend_->rms_norm(xn_.data(), x_.data(), w.attn_norm, n, c.dim, c.rms_eps);
     backend_->matmul_xwt(q_.data(), xn_.data(), w.wq, n, q_local, c.dim, c.dim);
     backend_->matmul_xwt(k_.data(), xn_.data(), w.wk, n, kv_local, c.dim, c.dim);
@@ -86,10 +96,22 @@ void RankRunner::forward(const ForwardBatch& batch, float* logits) {
     backend_->rope(q_.data(), n, q_local, nq, hd, batch.positions.data(), c.rope_theta, rotate_half);
     backend_->rope(k_.data(), n, kv_local, nkv, hd, batch.positions.data(), c.rope_theta, rotate_half);
     backend_->paged_kv_write(views_[l], place, k_.data(), kv_local, v_.data(), kv_local, nkv);
+    const int index_layer = c.index_cache_layer(l);
+    if (index_layer >= 0) {
+      const int index_dim = c.attention(l).index_head_dim;
+      backend_->matmul_xwt(q_index_.data(), xn_.data(), w.w_index_q, n, index_dim, c.dim, c.dim);
+      backend_->matmul_xwt(k_index_.data(), xn_.data(), w.w_index_k, n, index_dim, c.dim, c.dim);
+      backend_->paged_kv_write(views_[index_layer], place, k_index_.data(), index_dim, nullptr, 0, 1);
+      backend_->index_select_blocks(block_mask_.data(), mask_stride, q_index_.data(), views_[index_layer],
+                                    place, c.attention(l).index_top_k);
+      if (batch.layer_hook) (*batch.layer_hook)(shard_.rank, index_layer, batch.completed_prefills);
+      place.block_mask = block_mask_.data();
+      place.mask_stride = mask_stride;
+    }
     if (batch.layer_hook) (*batch.layer_hook)(shard_.rank, l, batch.completed_prefills);
     backend_->paged_attention(attn_.data(), q_.data(), views_[l], place, nq, nq / nkv,
                               layout_.spec().layers[l].window, scale);
-    backend_->matmul_xwt(out_.data(), attn_.data(), w.wo, n, c.dim, q_local, c.q_dim());
+    backend_->matmul_xwt(out_.data(), attn_.data(), w.wo, n, c.dim, q_local, c.q_dim(l));
     comm_->all_reduce_sum(out_.data(), int64_t(n) * c.dim);
     backend_->add_inplace(x_.data(), out_.data(), int64_t(n) * c.dim);
 

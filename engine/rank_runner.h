@@ -56,7 +56,8 @@ class RankRunner {
   uint8_t* arena_ = nullptr;
   std::vector<kernels::cpu::PagedLayerView> views_;
   // Activations, resized to the largest batch seen.
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_;
+  std::vector<float> x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_;
+  std::vector<uint8_t> block_mask_;
 };
 
 }  // namespace pdserve::engine

@@ -270,6 +270,23 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
                          : absl::InvalidArgumentError("need one endpoint per consumer rank"));
   StatusOr<const RankMap*> map = map_for(options_.tp, in.consumer_tp);
   PD_REFUSE_IF_ERROR(map.status());
+  // Connect first, so that block ids outside a consumer's arena are refused like other bad
+  // input; a consumer that cannot be reached fails the registered request instead.
+  std::map<int, Remote*> consumers;
+  Status unreachable;
+  for (int c : (*map)->fan_out[options_.rank]) {
+    StatusOr<Remote*> remote = dial(in.consumer_endpoints[c], in.consumer_tp, c);
+    if (remote.ok()) {
+      PD_REFUSE_IF_ERROR(check_blocks(in.consumer_blocks, (*remote)->layout->num_blocks(),
+                                      "consumer"));
+      consumers[c] = *remote;
+      continue;
+    }
+    unreachable = absl::Status(remote.status().code(),
+                               absl::StrCat("request ", in.request_id, ": consumer rank ", c, ": ",
+                                            std::string(remote.status().message())));
+    break;
+  }
   Request& request = add_request(in.request_id, TransferMode::kPush, in.producer_blocks,
                                  (*map)->fan_out[options_.rank], in.lease);
   request.producer_tp = options_.tp;
@@ -277,15 +294,16 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
   request.producer_blocks = in.producer_blocks;
   request.consumer_blocks = in.consumer_blocks;
   request.layers_posted.assign(layout_.num_layers(), false);
+  if (!unreachable.ok()) {
+    fail(request, unreachable);
+    return unreachable;
+  }
   for (auto& [c, leg] : request.legs) {
-    StatusOr<Remote*> remote = dial(in.consumer_endpoints[c], in.consumer_tp, c);
-    Status status = remote.status();
+    Remote& remote = *consumers.at(c);
+    leg.remote = remote.address;
+    Status status = ensure_transport(remote);
     if (status.ok()) {
-      leg.remote = (*remote)->address;
-      status = ensure_transport(**remote);
-    }
-    if (status.ok()) {
-      StatusOr<TransferPlan> p = plan(options_.rank, c, **remote, request);
+      StatusOr<TransferPlan> p = plan(options_.rank, c, remote, request);
       status = p.status();
       if (p.ok()) leg.plan = std::move(*p);
     }
@@ -527,31 +545,47 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
                          : absl::InvalidArgumentError("need one endpoint per producer rank"));
   StatusOr<const RankMap*> map = map_for(in.producer_tp, options_.tp);
   PD_REFUSE_IF_ERROR(map.status());
+  std::map<int, Remote*> producers;
+  Status unreachable;
+  for (int p : (*map)->fan_in[options_.rank]) {
+    StatusOr<Remote*> remote = dial(in.producer_endpoints[p], in.producer_tp, p);
+    if (remote.ok()) {
+      PD_REFUSE_IF_ERROR(check_blocks(in.producer_blocks, (*remote)->layout->num_blocks(),
+                                      "producer"));
+      producers[p] = *remote;
+      continue;
+    }
+    unreachable = absl::Status(remote.status().code(),
+                               absl::StrCat("request ", in.request_id, ": producer rank ", p, ": ",
+                                            std::string(remote.status().message())));
+    break;
+  }
   Request& request = add_request(in.request_id, TransferMode::kPull, in.consumer_blocks,
                                  (*map)->fan_in[options_.rank], in.lease);
   request.producer_tp = in.producer_tp;
   request.consumer_tp = options_.tp;
   request.producer_blocks = in.producer_blocks;
   request.consumer_blocks = in.consumer_blocks;
+  if (!unreachable.ok()) {
+    fail(request, unreachable);
+    return unreachable;
+  }
   for (auto& [p, leg] : request.legs) {
-    StatusOr<Remote*> remote = dial(in.producer_endpoints[p], in.producer_tp, p);
-    Status status = remote.status();
-    if (status.ok()) {
-      leg.remote = (*remote)->address;
-      status = ensure_transport(**remote);
-    }
+    Remote& remote = *producers.at(p);
+    leg.remote = remote.address;
+    Status status = ensure_transport(remote);
     StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
     if (status.ok()) {
-      planned = plan(p, options_.rank, **remote, request);
+      planned = plan(p, options_.rank, remote, request);
       status = planned.status();
     }
     if (status.ok()) {
       leg.plan = std::move(*planned);
-      TransferBatch batch{(*remote)->transport_peer, {}};
+      TransferBatch batch{remote.transport_peer, {}};
       batch.ops.reserve(leg.plan.total_ops);
       for (const LayerCopies& layer : leg.plan.layers) {
         for (const CopyOp& op : layer.ops) {
-          batch.ops.push_back({OpCode::kGet, region_, op.dst_offset, (*remote)->remote_region,
+          batch.ops.push_back({OpCode::kGet, region_, op.dst_offset, remote.remote_region,
                                op.src_offset, op.length});
         }
       }

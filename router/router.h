@@ -62,6 +62,8 @@ class Router {
   StatusOr<std::vector<int>> validate(const v1::GenerateRequest& request) const;
 
   v1::ModelInfo model_info() const;
+  // Whether requests can be served now: a worker of every role the mode needs is up.
+  bool ready() const;
   const ServedModel& model() const { return model_; }
   // The Prometheus exposition of the router and its workers.
   std::string metrics_text() const;

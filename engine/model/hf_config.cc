@@ -37,6 +37,36 @@ StatusOr<std::string> architecture_of(const json& j) {
 }
 
 // Reads an integer field; `fallback` < 0 makes it required.
+StatusOr<int> get_int(const json& j, const char* key, int fallback);
+
+// pdserve's extension for mixed-geometry models: "pdserve_layer_attention", one object per
+// layer with n_kv_heads, head_dim, window, kv_layout ("separate"|"interleaved"), kv_order
+// ("token_major"|"head_major"), index_head_dim, index_top_k.
+StatusOr<std::vector<LayerAttention>> layer_attention_of(const json& j) {
+  std::vector<LayerAttention> out;
+  if (!j.contains("pdserve_layer_attention")) return out;
+  const json& layers = j["pdserve_layer_attention"];
+  if (!layers.is_array()) return absl::InvalidArgumentError("pdserve_layer_attention must be an array");
+  for (const json& l : layers) {
+    if (!l.is_object()) return absl::InvalidArgumentError("pdserve_layer_attention entries must be objects");
+    LayerAttention a;
+    PD_ASSIGN_OR_RETURN(a.n_kv_heads, get_int(l, "n_kv_heads", -1));
+    PD_ASSIGN_OR_RETURN(a.head_dim, get_int(l, "head_dim", -1));
+    PD_ASSIGN_OR_RETURN(a.window, get_int(l, "window", 0));
+    PD_ASSIGN_OR_RETURN(a.index_head_dim, get_int(l, "index_head_dim", 0));
+    PD_ASSIGN_OR_RETURN(a.index_top_k, get_int(l, "index_top_k", 0));
+    const std::string layout = l.value("kv_layout", "separate"), order = l.value("kv_order", "token_major");
+    if (layout != "separate" && layout != "interleaved")
+      return absl::InvalidArgumentError(absl::StrCat("unknown kv_layout \"", layout, "\""));
+    if (order != "token_major" && order != "head_major")
+      return absl::InvalidArgumentError(absl::StrCat("unknown kv_order \"", order, "\""));
+    a.kv_layout = layout == "separate" ? KvLayout::kSeparate : KvLayout::kInterleaved;
+    a.kv_order = order == "token_major" ? KvOrder::kTokenMajor : KvOrder::kHeadMajor;
+    out.push_back(a);
+  }
+  return out;
+}
+
 StatusOr<int> get_int(const json& j, const char* key, int fallback = -1) {
   if (!j.contains(key) || j[key].is_null()) {
     if (fallback >= 0) return fallback;
@@ -116,6 +146,7 @@ StatusOr<ModelConfig> parse(const json& j) {
   PD_ASSIGN_OR_RETURN(c.bos_id, get_int(j, "bos_token_id", 1));
   PD_ASSIGN_OR_RETURN(c.eos_ids, eos_ids_of(j, c.vocab_size));
   if (c.eos_ids.empty()) c.eos_ids = {2};
+  PD_ASSIGN_OR_RETURN(c.layer_attention, layer_attention_of(j));
   PD_RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -191,6 +222,13 @@ StatusOr<std::string> hf_config_json(const ModelConfig& c, DType dtype) {
     if (c.architecture != "mistral")
       return absl::InvalidArgumentError("a sliding window needs the mistral or qwen2 architecture");
     j["sliding_window"] = c.sliding_window;
+  }
+  for (const LayerAttention& a : c.layer_attention) {
+    j["pdserve_layer_attention"].push_back(
+        {{"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim}, {"window", a.window},
+         {"kv_layout", a.kv_layout == KvLayout::kSeparate ? "separate" : "interleaved"},
+         {"kv_order", a.kv_order == KvOrder::kTokenMajor ? "token_major" : "head_major"},
+         {"index_head_dim", a.index_head_dim}, {"index_top_k", a.index_top_k}});
   }
   j["bos_token_id"] = c.bos_id;
   if (c.eos_ids.size() == 1) j["eos_token_id"] = c.eos_ids[0];

@@ -10,6 +10,7 @@
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/model_files.h"
 #include "engine/model/safetensors_writer.h"
+#include "engine/model_tensors.h"
 #include "engine/weights.h"
 #include "engine/model/tokenizer_json_writer.h"
 
@@ -61,11 +62,17 @@ uint64_t tensor_seed(uint64_t seed, const std::string& name) {
   return SplitMix{seed ^ h}.next();
 }
 
+// The mixed-geometry preset exists to show that a wrongly placed KV byte changes the output,
+// so its weights are scaled by 1/sqrt(fan-in) (unit-variance activations, sharp attention)
+// rather than the tiny N(0, 0.02) under which attention is nearly uniform and KV barely matters.
+constexpr const char* kMixedGeometry = "mixed-geometry";
+
 // Streams N(0, std) values (Box-Muller), or ones for norm weights.
-Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed) {
+Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed, bool fan_in_scaled) {
   int64_t n = 1;
   for (int64_t d : t.shape) n *= d;
   const bool ones = t.name.find("norm") != std::string::npos;
+  const double std_dev = fan_in_scaled && t.shape.size() == 2 ? 1.0 / std::sqrt(double(t.shape[1])) : kWeightStd;
   SplitMix rng{tensor_seed(seed, t.name)};
   std::vector<float> buf(kChunk);
   for (int64_t done = 0; done < n;) {
@@ -74,7 +81,7 @@ Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed) {
       std::fill(buf.begin(), buf.begin() + k, 1.0f);
     } else {
       for (size_t i = 0; i < k; i += 2) {
-        double r = std::sqrt(-2.0 * std::log(rng.uniform())) * kWeightStd;
+        double r = std::sqrt(-2.0 * std::log(rng.uniform())) * std_dev;
         double a = 2.0 * M_PI * rng.uniform();
         buf[i] = float(r * std::cos(a));
         if (i + 1 < k) buf[i + 1] = float(r * std::sin(a));
@@ -86,32 +93,12 @@ Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed) {
   return absl::OkStatus();
 }
 
-// The tensors of an HF Llama-family model with config `c`, in file order.
-std::vector<TensorSpec> model_tensors(const ModelConfig& c, DType dtype) {
-  const int64_t dim = c.dim, hidden = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
+// The tensors of an HF Llama-family model with config `c`, in file order (a tied classifier
+// is not written: the embedding serves).
+std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c, DType dtype) {
   std::vector<TensorSpec> t;
-  t.push_back({"model.embed_tokens.weight", dtype, {vocab, dim}});
-  for (int l = 0; l < c.n_layers; ++l) {
-    auto add = [&](const char* suffix, std::vector<int64_t> shape) {
-      t.push_back({layer_tensor_name(l, suffix), dtype, std::move(shape)});
-    };
-    add("input_layernorm.weight", {dim});
-    add("self_attn.q_proj.weight", {q, dim});
-    add("self_attn.k_proj.weight", {kv, dim});
-    add("self_attn.v_proj.weight", {kv, dim});
-    if (c.qkv_bias) {
-      add("self_attn.q_proj.bias", {q});
-      add("self_attn.k_proj.bias", {kv});
-      add("self_attn.v_proj.bias", {kv});
-    }
-    add("self_attn.o_proj.weight", {dim, q});
-    add("post_attention_layernorm.weight", {dim});
-    add("mlp.gate_proj.weight", {hidden, dim});
-    add("mlp.up_proj.weight", {hidden, dim});
-    add("mlp.down_proj.weight", {dim, hidden});
-  }
-  t.push_back({"model.norm.weight", dtype, {dim}});
-  if (!c.tie_embeddings) t.push_back({"lm_head.weight", dtype, {vocab, dim}});
+  for (TensorShape& e : model_tensors(c))
+    if (!e.optional) t.push_back({std::move(e.name), dtype, std::move(e.shape)});
   return t;
 }
 
@@ -125,12 +112,13 @@ Status write_text(const fs::path& path, const std::string& text) {
 
 Status make_preset(const MakeModelOptions& o, const fs::path& out) {
   PD_ASSIGN_OR_RETURN(ModelConfig c, make_model_preset_config(o.preset));
-  std::vector<TensorSpec> tensors = model_tensors(c, o.dtype);
+  std::vector<TensorSpec> tensors = model_tensor_specs(c, o.dtype);
   PD_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(
                                        (out / "model.safetensors").string(), tensors,
                                        {{"format", "pt"}, {"pdserve_preset", o.preset},
                                         {"pdserve_seed", std::to_string(o.seed)}}));
-  for (const TensorSpec& t : tensors) PD_RETURN_IF_ERROR(write_random(*writer, t, o.seed));
+  for (const TensorSpec& t : tensors)
+    PD_RETURN_IF_ERROR(write_random(*writer, t, o.seed, o.preset == kMixedGeometry));
   PD_RETURN_IF_ERROR(writer->finish());
   PD_RETURN_IF_ERROR(write_byte_level_tokenizer(out.string()));
   PD_ASSIGN_OR_RETURN(std::string config_json, hf_config_json(c, o.dtype));
@@ -143,7 +131,7 @@ Status export_llama2c(const MakeModelOptions& o, const fs::path& out) {
   PD_ASSIGN_OR_RETURN(std::string tokenizer, find_llama2c_tokenizer(fs::path(o.from).parent_path().string()));
   ModelConfig c = ckpt.config;
   c.rope_style = RopeStyle::kRotateHalf;
-  std::vector<TensorSpec> tensors = model_tensors(c, o.dtype);
+  std::vector<TensorSpec> tensors = model_tensor_specs(c, o.dtype);
   PD_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::create(
                                        (out / "model.safetensors").string(), tensors,
                                        {{"format", "pt"}, {"pdserve_exported_from", fs::path(o.from).filename().string()}}));
@@ -178,10 +166,41 @@ Status export_llama2c(const MakeModelOptions& o, const fs::path& out) {
 std::vector<std::string> make_model_presets() {
   std::vector<std::string> out;
   for (const Preset& p : kPresets) out.push_back(p.name);
+  out.push_back(kMixedGeometry);
   return out;
 }
 
+// Every per-layer cache geometry pdserve supports, in one small model that runs at TP 1-8:
+// separate and interleaved K/V, token- and head-major blocks, KV heads 1 to 8 (replicated at
+// high TP), head dims 4 to 16, a sliding window, and a key-only index cache that picks the
+// blocks its layer attends to.
+ModelConfig mixed_geometry_config() {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.dim = 64;
+  c.hidden_dim = 128;
+  c.n_layers = 5;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 8;
+  c.vocab_size = 300;
+  c.max_seq_len = 256;
+  c.rope_style = RopeStyle::kRotateHalf;
+  c.bos_id = kByteTokenizerBos;
+  c.eos_ids = {kByteTokenizerEos};
+  using L = LayerAttention;
+  c.layer_attention = {
+      L{4, 8, 0, KvLayout::kSeparate, KvOrder::kTokenMajor, 0, 0},
+      L{2, 16, 0, KvLayout::kInterleaved, KvOrder::kHeadMajor, 0, 0},
+      L{8, 8, 24, KvLayout::kSeparate, KvOrder::kHeadMajor, 0, 0},
+      L{1, 8, 0, KvLayout::kInterleaved, KvOrder::kTokenMajor, 8, 2},
+      L{4, 4, 0, KvLayout::kSeparate, KvOrder::kTokenMajor, 0, 0},
+  };
+  return c;
+}
+
 StatusOr<ModelConfig> make_model_preset_config(const std::string& preset) {
+  if (preset == kMixedGeometry) return mixed_geometry_config();
   for (const Preset& p : kPresets) {
     if (preset != p.name) continue;
     ModelConfig c;

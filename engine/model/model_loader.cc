@@ -11,6 +11,7 @@
 #include "engine/model/model_files.h"
 #include "engine/model/model_resolver.h"
 #include "engine/model/safetensors.h"
+#include "engine/model_tensors.h"
 #include "engine/weights.h"
 
 namespace pdserve::engine {
@@ -26,36 +27,18 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 // Every tensor the forward pass reads must exist with the shape the config implies.
 Status check_tensors(const ModelConfig& c, const WeightSource& weights, const std::string& source) {
-  const int64_t dim = c.dim, hidden = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim(), vocab = c.vocab_size;
-  auto expect = [&](const std::string& name, std::vector<int64_t> shape) -> Status {
-    auto t = weights.tensor(name);
-    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(source, ": missing tensor ", name));
-    if (t->shape != shape)
-      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", name, " has shape ",
-                                                     shape_text(t->shape), ", the config implies ",
-                                                     shape_text(shape)));
-    return absl::OkStatus();
-  };
-  PD_RETURN_IF_ERROR(expect("model.embed_tokens.weight", {vocab, dim}));
-  for (int l = 0; l < c.n_layers; ++l) {
-    auto name = [l](const char* suffix) { return layer_tensor_name(l, suffix); };
-    PD_RETURN_IF_ERROR(expect(name("input_layernorm.weight"), {dim}));
-    PD_RETURN_IF_ERROR(expect(name("self_attn.q_proj.weight"), {q, dim}));
-    PD_RETURN_IF_ERROR(expect(name("self_attn.k_proj.weight"), {kv, dim}));
-    PD_RETURN_IF_ERROR(expect(name("self_attn.v_proj.weight"), {kv, dim}));
-    PD_RETURN_IF_ERROR(expect(name("self_attn.o_proj.weight"), {dim, q}));
-    if (c.qkv_bias) {
-      PD_RETURN_IF_ERROR(expect(name("self_attn.q_proj.bias"), {q}));
-      PD_RETURN_IF_ERROR(expect(name("self_attn.k_proj.bias"), {kv}));
-      PD_RETURN_IF_ERROR(expect(name("self_attn.v_proj.bias"), {kv}));
+  for (const TensorShape& e : model_tensors(c)) {
+    auto t = weights.tensor(e.name);
+    if (!t.ok()) {
+      if (e.optional) continue;
+      return absl::InvalidArgumentError(absl::StrCat(source, ": missing tensor ", e.name));
     }
-    PD_RETURN_IF_ERROR(expect(name("post_attention_layernorm.weight"), {dim}));
-    PD_RETURN_IF_ERROR(expect(name("mlp.gate_proj.weight"), {hidden, dim}));
-    PD_RETURN_IF_ERROR(expect(name("mlp.down_proj.weight"), {dim, hidden}));
-    PD_RETURN_IF_ERROR(expect(name("mlp.up_proj.weight"), {hidden, dim}));
+    if (t->shape != e.shape)
+      return absl::InvalidArgumentError(absl::StrCat(source, ": tensor ", e.name, " has shape ",
+                                                     shape_text(t->shape), ", the config implies ",
+                                                     shape_text(e.shape)));
   }
-  PD_RETURN_IF_ERROR(expect("model.norm.weight", {dim}));
-  return expect("lm_head.weight", {vocab, dim});
+  return absl::OkStatus();
 }
 
 Status attach_tokenizer(LoadedModel& m, const std::string& path) {

@@ -32,6 +32,8 @@ void paged_attention(float* out, const float* q, const PagedLayerView& kv,
     const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
     const int count = pos - first + 1;
     const int* table = tokens.block_tables[t];
+    const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
+    auto visible = [&](int p) { return mask == nullptr || mask[p / kv.block_size] != 0; };
     scores.resize(count);
     for (int h = 0; h < n_q_heads; ++h) {
       const int kvh = h / q_per_kv;
@@ -39,6 +41,10 @@ void paged_attention(float* out, const float* q, const PagedLayerView& kv,
       float max_score = -INFINITY;
       for (int j = 0; j < count; ++j) {
         const int p = first + j;
+        if (!visible(p)) {
+          scores[j] = -INFINITY;
+          continue;
+        }
         const float* kj = kv.k + table[p / kv.block_size] * kv.k_block_stride +
                           (p % kv.block_size) * kv.k_token_stride + kvh * kv.k_head_stride;
         float dot = 0.0f;
@@ -55,12 +61,43 @@ void paged_attention(float* out, const float* q, const PagedLayerView& kv,
       std::fill(oh, oh + kv.v_head_dim, 0.0f);
       for (int j = 0; j < count; ++j) {
         const int p = first + j;
+        if (!visible(p)) continue;
         const float* vj = kv.v + table[p / kv.block_size] * kv.v_block_stride +
                           (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
         const float w = scores[j] / sum;
         for (int d = 0; d < kv.v_head_dim; ++d) oh[d] += w * vj[d];
       }
     }
+  }
+}
+
+void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                         const PagedLayerView& index_view, const TokenPlacement& tokens, int top_k) {
+  const int bs = index_view.block_size, hd = index_view.head_dim;
+  std::vector<std::pair<float, int>> block_scores;
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    const int pos = tokens.positions[t];
+    const int* table = tokens.block_tables[t];
+    const float* qi = q_index + int64_t(t) * hd;
+    uint8_t* mask = block_mask + int64_t(t) * mask_stride;
+    std::fill(mask, mask + mask_stride, 0);
+    const int own = pos / bs;
+    block_scores.clear();
+    for (int b = 0; b < own; ++b) {
+      float best = -INFINITY;
+      for (int slot = 0; slot < bs; ++slot) {
+        const float* kj = index_view.k + table[b] * index_view.k_block_stride + slot * index_view.k_token_stride;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += qi[d] * kj[d];
+        best = std::max(best, dot);
+      }
+      block_scores.push_back({best, b});
+    }
+    const int keep = std::min<int>(top_k, int(block_scores.size()));
+    std::partial_sort(block_scores.begin(), block_scores.begin() + keep, block_scores.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    for (int i = 0; i < keep; ++i) mask[block_scores[i].second] = 1;
+    mask[own] = 1;
   }
 }
 

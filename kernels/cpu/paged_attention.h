@@ -26,6 +26,10 @@ struct TokenPlacement {
   int num_tokens = 0;
   const int* positions = nullptr;
   const int* const* block_tables = nullptr;
+  // Optional: token t attends only positions whose logical block b (position / block size)
+  // has block_mask[t * mask_stride + b] != 0 (set by index_select_blocks).
+  const uint8_t* block_mask = nullptr;
+  int mask_stride = 0;
 };
 
 // Stores K (and V) rows of `n_kv_heads` heads for each token into its block and slot.
@@ -38,5 +42,13 @@ void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, cons
 void paged_attention(float* out, const float* q, const PagedLayerView& kv,
                      const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale);
+
+// For each token, scores every logical block it can see by the best match between its index
+// query (q_index row t, `index_view.head_dim` wide) and the index keys of the block's visible
+// positions, and marks in `block_mask` (row stride `mask_stride`) the `top_k` best blocks —
+// ties to the earlier block — plus the token's own block. This is how a sparse-attention layer
+// uses its key-only index cache: what the cache holds decides what the layer attends to.
+void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                         const PagedLayerView& index_view, const TokenPlacement& tokens, int top_k);
 
 }  // namespace pdserve::kernels::cpu

@@ -24,7 +24,7 @@ struct UcxTransportOptions {
   // Run a background thread that drives progress (see transport.h). Without it the owner must
   // call progress() or wait() often, also while it is only the target of a peer's ops.
   bool progress_thread = true;
-  // Clock for wait() deadlines and the progress thread's idle back-off bookkeeping.
+  // Clock for wait() deadlines (a FakeClock must be advanced, or wait() never times out).
   const Clock* clock = &RealClock::instance();
   // Name used in logs.
   std::string name = "ucx";

@@ -50,9 +50,9 @@ uint64_t request_salt(std::string_view request_id) {
 }
 
 void fill_request(const engine::KvCacheLayout& layout, void* arena, const std::vector<int>& blocks,
-                  uint64_t salt) {
+                  uint64_t salt, int stride) {
   auto* bytes = static_cast<uint8_t*>(arena);
-  for_each(layout, blocks, salt, 1,
+  for_each(layout, blocks, salt, stride,
            [&](uint64_t off, uint64_t v, size_t esize) { std::memcpy(bytes + off, &v, esize); });
 }
 

@@ -16,9 +16,10 @@ namespace pdserve::kvtransfer::testing {
 // A salt per request id, so that data left over from an earlier request never verifies.
 uint64_t request_salt(std::string_view request_id);
 
-// Writes the request's values into `blocks` (block i holds positions [i*bs, (i+1)*bs)).
+// Writes the request's values into `blocks` (block i holds positions [i*bs, (i+1)*bs)); with
+// `stride` > 1 only the elements count_wrong() with the same stride checks.
 void fill_request(const engine::KvCacheLayout& layout, void* arena, const std::vector<int>& blocks,
-                  uint64_t salt);
+                  uint64_t salt, int stride = 1);
 
 // Counts the elements of `blocks` that differ from the request's values. `stride` > 1 checks
 // only every stride-th element (for large arenas).

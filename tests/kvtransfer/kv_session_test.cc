@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "tests/kvtransfer/kv_process.h"
@@ -113,36 +114,39 @@ void expect_verified(const Outcome& o, int P, int C, const char* mode) {
   EXPECT_EQ(o.producer_complete, P) << mode << " " << P << "->" << C << "\n" << o.text;
 }
 
-class SessionMatrixTest : public SessionProcessTest,
-                          public ::testing::WithParamInterface<std::string> {};
+class SessionMatrixTest
+    : public SessionProcessTest,
+      public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
-// Every (P, C) in {1,2,4,8}², push then pull, all through one producer and one consumer process.
-TEST_P(SessionMatrixTest, EveryTpPairBothModesArrivesBitIdentical) {
-  auto producer = spawn("producer", {}, GetParam());
-  auto consumer = spawn("consumer", {}, GetParam());
+// Every (P, C) in {1,2,4,8}², through one producer and one consumer process. A process pair
+// runs one mode: with shared memory, UCX 1.13 refuses an endpoint in one direction next to an
+// existing one in the other ("asymmetric endpoint configuration"; see docs/kvtransfer.md).
+TEST_P(SessionMatrixTest, EveryTpPairArrivesBitIdentical) {
+  const auto& [tls, mode] = GetParam();
+  auto producer = spawn("producer", {}, tls);
+  auto consumer = spawn("consumer", {}, tls);
   for (int P : {1, 2, 4, 8}) {
     for (int C : {1, 2, 4, 8}) {
-      const std::string tag = absl::StrCat("p", P, "c", C);
-      const Outcome pushed = push(*producer, *consumer, "push-" + tag, P, C);
-      expect_verified(pushed, P, C, "push");
-      if (P > 0) EXPECT_TRUE(pushed.first_token) << pushed.text;
-      // Every producer rank gave its blocks back; the ready consumer kept them.
-      EXPECT_EQ(producer->count("RELEASED push-" + tag + " "), static_cast<size_t>(P));
-      EXPECT_EQ(consumer->count("RELEASED push-" + tag + " "), 0u);
-
-      const Outcome pulled = pull(*producer, *consumer, "pull-" + tag, P, C);
-      expect_verified(pulled, P, C, "pull");
+      const std::string id = absl::StrCat(mode, "-p", P, "c", C);
+      if (mode == "push") {
+        const Outcome o = push(*producer, *consumer, id, P, C);
+        expect_verified(o, P, C, "push");
+        EXPECT_TRUE(o.first_token) << o.text;
+      } else {
+        expect_verified(pull(*producer, *consumer, id, P, C), P, C, "pull");
+      }
+      // Every producer rank gave its blocks back; the ready consumer ranks kept theirs.
       EXPECT_TRUE(producer->wait_until(
-          [&] { return producer->count("RELEASED pull-" + tag + " ") == static_cast<size_t>(P); },
-          5s))
+          [&] { return producer->count("RELEASED " + id + " ") == static_cast<size_t>(P); }, 5s))
           << producer->output();
-      EXPECT_EQ(consumer->count("RELEASED pull-" + tag + " "), 0u);
+      EXPECT_EQ(consumer->count("RELEASED " + id + " "), 0u);
     }
   }
   EXPECT_EQ(producer->quit(10s), 0) << producer->log();
   EXPECT_EQ(consumer->quit(10s), 0) << consumer->log();
   // No rank kept a request open, refused a message or saw a lease expire.
   for (PeerProcess* p : {producer.get(), consumer.get()}) {
+    EXPECT_EQ(p->count("COUNTERS "), 15u);
     for (const auto& l : p->lines("COUNTERS ")) {
       EXPECT_NE(l.find("refused=0 "), std::string::npos) << l;
       EXPECT_NE(l.find("expired=0 "), std::string::npos) << l;
@@ -151,10 +155,13 @@ TEST_P(SessionMatrixTest, EveryTpPairBothModesArrivesBitIdentical) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tls, SessionMatrixTest, ::testing::Values("sm,self", "tcp,self"),
-                         [](const auto& info) {
-                           return info.param == "sm,self" ? std::string("shm") : std::string("tcp");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    TlsMode, SessionMatrixTest,
+    ::testing::Combine(::testing::Values("sm,self", "tcp,self"), ::testing::Values("push", "pull")),
+    [](const auto& info) {
+      return (std::get<0>(info.param) == "sm,self" ? std::string("shm_") : std::string("tcp_")) +
+             std::get<1>(info.param);
+    });
 
 TEST_F(SessionProcessTest, DebugChecksumsVerifyInPushMode) {
   auto producer = spawn("producer", {"--checksums", "1"});
@@ -167,19 +174,17 @@ TEST_F(SessionProcessTest, DebugChecksumsVerifyInPushMode) {
 // The mutation tests: the same end-to-end check must fail when the planning side uses a wrong
 // geometry or rank map. In pull mode the consumer plans alone, so the element check is the only
 // line of defence; in push mode the consumer's re-planned count usually trips first.
-struct Mutation {
-  const char* name;
-  std::vector<std::pair<int, int>> pairs;
-};
-
 class SessionMutationTest : public SessionProcessTest,
                             public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(SessionMutationTest, WrongPlanningFailsTheCheck) {
   const std::string how = GetParam();
+  // A rotated map needs two producer ranks; flipped orders only matter when the TP sizes
+  // differ (with equal TP whole block parts move, whatever the order inside them).
   const std::vector<std::pair<int, int>> pairs =
-      how == "rotate" ? std::vector<std::pair<int, int>>{{2, 2}, {4, 8}, {8, 2}}
-                      : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 8}, {8, 2}};
+      how == "layer0"   ? std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 8}, {8, 2}}
+      : how == "order"  ? std::vector<std::pair<int, int>>{{1, 2}, {4, 8}, {8, 2}}
+                        : std::vector<std::pair<int, int>>{{2, 2}, {4, 8}, {8, 2}};
   {  // Pull: the consumer plans wrongly.
     auto producer = spawn("producer");
     auto consumer = spawn("consumer", {"--mutate", how});
@@ -208,11 +213,15 @@ INSTANTIATE_TEST_SUITE_P(Mutations, SessionMutationTest,
 // The control: the unmutated processes pass the very same pairs (the mutation test would be
 // vacuous if these failed too).
 TEST_F(SessionProcessTest, UnmutatedControlPassesTheSamePairs) {
-  auto producer = spawn("producer");
-  auto consumer = spawn("consumer");
-  for (auto [P, C] : {std::pair{1, 1}, {2, 2}, {4, 8}, {8, 2}}) {
-    expect_verified(pull(*producer, *consumer, absl::StrCat("c-pull-", P, C), P, C), P, C, "pull");
-    expect_verified(push(*producer, *consumer, absl::StrCat("c-push-", P, C), P, C), P, C, "push");
+  for (const char* mode : {"pull", "push"}) {
+    auto producer = spawn("producer");
+    auto consumer = spawn("consumer");
+    for (auto [P, C] : {std::pair{1, 1}, {2, 2}, {4, 8}, {8, 2}}) {
+      const std::string id = absl::StrCat("c-", mode, P, C);
+      expect_verified(std::string(mode) == "pull" ? pull(*producer, *consumer, id, P, C)
+                                                  : push(*producer, *consumer, id, P, C),
+                      P, C, mode);
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Multi-process integration tests of the UCX transport and the ZeroMQ control channel on
 // loopback: real processes (transport_peer), real UCX over shared memory and over tcp, real
-// ZeroMQ. Plus single-process checks of the transport's argument validation.
+// ZeroMQ; no mocks. This process only spawns, kills and waits, so it never holds UCX state
+// across fork().
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -18,8 +19,6 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-
-#include "kvtransfer/ucx/ucx_transport.h"
 
 namespace pdserve::kvtransfer {
 namespace {
@@ -67,8 +66,9 @@ class Child {
     }
   }
 
-  // Exit code, or -1 if it did not exit within `timeout` (then it is killed).
+  // Exit code, or -1 if it did not exit within `timeout` (the destructor then kills it).
   int wait(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return -1;  // fork() failed.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
       int status = 0;
@@ -81,6 +81,7 @@ class Child {
     return -1;
   }
   void kill9() {
+    if (pid_ <= 0) return;
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
     reaped_ = true;

@@ -1,0 +1,26 @@
+// The client gRPC API (pdserve.v1.Generation) over a Router: Generate streams the router's
+// responses, Abort cancels by id, GetModelInfo describes the served model.
+#pragma once
+
+#include "proto/pdserve.grpc.pb.h"
+#include "router/router.h"
+
+namespace pdserve::router {
+
+class GenerationService final : public v1::Generation::Service {
+ public:
+  explicit GenerationService(Router& router) : router_(router) {}
+
+  // Streams one request's responses; the status is the router's.
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  // Aborts a running request; `found` says whether it was running.
+  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* request, v1::AbortResponse* response) override;
+  // The served model and its limits.
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const v1::ModelInfoRequest* request, v1::ModelInfo* response) override;
+
+ private:
+  Router& router_;
+};
+
+}  // namespace pdserve::router

@@ -1,0 +1,140 @@
+#include "router/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+
+#include "common/logging.h"
+#include "router/openai_api.h"
+
+namespace pdserve::router {
+namespace {
+
+using nlohmann::json;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_error(httplib::Response& res, const Status& s) {
+  HttpError e = http_error(s);
+  res.status = e.status;
+  res.set_content(e.body.dump(), "application/json");
+}
+
+}  // namespace
+
+HttpServer::HttpServer(Router& router, size_t max_body_bytes) : router_(router), server_(std::make_unique<httplib::Server>()) {
+  server_->set_payload_max_length(max_body_bytes);
+  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const bool ok = router_.ready();
+    res.status = ok ? 200 : 503;
+    res.set_content(ok ? "ok\n" : "no workers\n", "text/plain");
+  });
+  server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(router_.metrics_text(), "text/plain; version=0.0.4");
+  });
+  server_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const v1::ModelInfo m = router_.model_info();
+    json model = {{"id", m.name()}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}, {"max_model_len", m.max_context()}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+  });
+  server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req.body, /*chat=*/false, &res);
+  });
+  server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req.body, /*chat=*/true, &res);
+  });
+  server_->set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    // 413 (body too large), 404 (no such path), ...: OpenAI-style bodies for those too.
+    json body = {{"error", {{"message", "HTTP " + std::to_string(res.status)}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}}}};
+    res.set_content(body.dump(), "application/json");
+  });
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+StatusOr<int> HttpServer::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) return absl::UnavailableError(absl::StrCat("HTTP: cannot bind ", host, ":", port));
+  return bound;
+}
+
+void HttpServer::start() {
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+}
+
+void HttpServer::stop() {
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HttpServer::handle_generate(const std::string& body, bool chat, void* response) {
+  httplib::Response& res = *static_cast<httplib::Response*>(response);
+  auto parsed = parse_openai_request(body, chat);
+  if (!parsed.ok()) return send_error(res, parsed.status());
+  auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
+  if (chat && !req->max_tokens_given) {
+    // OpenAI's chat default: as much as the context leaves.
+    v1::GenerateRequest probe = req->request;
+    probe.mutable_sampling()->set_max_tokens(1);
+    auto p = router_.validate(probe);
+    if (!p.ok()) return send_error(res, p.status());
+    req->request.mutable_sampling()->set_max_tokens(std::max<int>(1, router_.model_info().max_context() - int(p->size())));
+  }
+  // Checked here so that a bad request gets its HTTP status even when it asked for a stream.
+  if (auto prompt = router_.validate(req->request); !prompt.ok()) return send_error(res, prompt.status());
+  const std::string model = router_.model_info().name();
+  const int64_t created = unix_now();
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created) + "-" + std::to_string(reinterpret_cast<uintptr_t>(req.get()) & 0xffffff);
+
+  if (!req->stream) {
+    std::string text, finish;
+    int prompt_tokens = 0, completion_tokens = 0;
+    Status s = router_.generate(req->request, nullptr, [&](const v1::GenerateResponse& r) {
+      text += r.text();
+      completion_tokens += r.token_ids_size();
+      prompt_tokens += r.prompt_token_ids_size();
+      if (r.finished()) finish = r.finish_reason();
+      return true;
+    });
+    if (!s.ok()) return send_error(res, s);
+    res.set_content(completion_body(*req, id, created, model, text, finish, prompt_tokens, completion_tokens).dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model](size_t, httplib::DataSink& sink) {
+    bool first = true, gone = false;
+    int prompt_tokens = 0, completion_tokens = 0;
+    auto write = [&](const std::string& s) {
+      if (gone || !sink.is_writable() || !sink.write(s.data(), s.size())) gone = true;
+      return !gone;
+    };
+    Status s = router_.generate(
+        req->request, [&] { return gone; },
+        [&](const v1::GenerateResponse& r) {
+          prompt_tokens += r.prompt_token_ids_size();
+          completion_tokens += r.token_ids_size();
+          std::optional<std::string> finish;
+          if (r.finished()) finish = r.finish_reason();
+          if (r.text().empty() && !finish && !(first && req->chat)) return !gone;
+          const bool ok = write(sse(chunk_body(*req, id, created, model, r.text(), finish, first)));
+          first = false;
+          return ok;
+        });
+    if (!s.ok()) write(sse(http_error(s).body));
+    if (s.ok() && req->include_usage) {
+      json u = chunk_body(*req, id, created, model, "", std::nullopt, false);
+      u["choices"] = json::array();
+      u["usage"] = usage_body(prompt_tokens, completion_tokens);
+      write(sse(u));
+    }
+    write("data: [DONE]\n\n");
+    sink.done();
+    return true;
+  });
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,150 @@
+// pdserve-router: the cluster's front door. Serves the client gRPC API (plus health and
+// reflection) and the OpenAI-compatible HTTP API, and drives the workers given by address.
+// Prints "READY grpc=HOST:PORT http=HOST:PORT" on stdout once both listen.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "common/logging.h"
+#include "engine/model_loader.h"
+#include "router/generation_service.h"
+#include "router/http_server.h"
+#include "router/router.h"
+
+namespace {
+
+struct Flags {
+  std::string model = "stories260K";
+  std::string tokenizer;
+  std::string host = "127.0.0.1";
+  int port = 0;
+  int http_port = -1;
+  std::vector<std::string> prefill, decode, aggregated;
+  std::string kv_mode = "push";
+  int max_running = 64;
+  int max_waiting = 256;
+  double request_timeout_s = 600;
+  int poll_interval_ms = 200;
+  int max_message_bytes = 16 << 20;
+  int max_attempts = 3;
+};
+
+int run(const Flags& f) {
+  using namespace pdserve;
+  using namespace pdserve::router;
+  if (f.aggregated.empty() == (f.prefill.empty() && f.decode.empty())) {
+    std::cerr << "error: give either --aggregated workers, or --prefill and --decode workers\n";
+    return 2;
+  }
+  if (f.aggregated.empty() && (f.prefill.empty() || f.decode.empty())) {
+    std::cerr << "error: P/D serving needs at least one --prefill and one --decode worker\n";
+    return 2;
+  }
+  // Signals are taken by sigwait below, never by a random thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto loaded = engine::load_model({f.model, f.tokenizer});
+  if (!loaded.ok()) {
+    std::cerr << "error: " << loaded.status().message() << "\n";
+    return 1;
+  }
+  ServedModel model;
+  model.name = loaded->name;
+  model.aliases = {f.model, loaded->path};
+  model.config = loaded->config;
+  model.tokenizer = std::move(loaded->tokenizer);
+
+  std::vector<WorkerRegistry::Endpoint> endpoints;
+  for (const auto& a : f.prefill) endpoints.push_back({a, worker::ROLE_PREFILL});
+  for (const auto& a : f.decode) endpoints.push_back({a, worker::ROLE_DECODE});
+  for (const auto& a : f.aggregated) endpoints.push_back({a, worker::ROLE_AGGREGATED});
+  RegistryOptions ro;
+  ro.poll_interval = std::chrono::milliseconds(f.poll_interval_ms);
+  ro.max_message_bytes = f.max_message_bytes;
+  WorkerRegistry registry(endpoints, ro, RealClock::instance());
+  registry.poll_once();
+  registry.start();
+
+  RouterOptions opts;
+  opts.kv_mode = f.aggregated.empty() ? f.kv_mode : "aggregated";
+  opts.max_running = f.max_running;
+  opts.max_waiting = f.max_waiting;
+  opts.request_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.request_timeout_s));
+  opts.max_attempts = f.max_attempts;
+  RouterMetrics metrics;
+  Router router(opts, std::move(model), registry, metrics, RealClock::instance());
+  GenerationService service(router);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(f.host + ":" + std::to_string(f.port), grpc::InsecureServerCredentials(), &grpc_port);
+  builder.SetMaxReceiveMessageSize(f.max_message_bytes);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || grpc_port == 0) {
+    std::cerr << "error: cannot listen on " << f.host << ":" << f.port << "\n";
+    return 1;
+  }
+  HttpServer http(router, size_t(f.max_message_bytes));
+  auto http_port = http.bind(f.host, f.http_port >= 0 ? f.http_port : grpc_port + 1);
+  if (!http_port.ok()) {
+    std::cerr << "error: " << http_port.status().message() << "\n";
+    server->Shutdown();
+    return 1;
+  }
+  http.start();
+  std::cout << "READY grpc=" << f.host << ":" << grpc_port << " http=" << f.host << ":" << *http_port << std::endl;
+  std::cerr << "router: model " << router.model_info().name() << ", mode " << opts.kv_mode << ", " << endpoints.size()
+            << " workers\n";
+
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  const timespec tick{0, 200'000'000};
+  while (true) {
+    const bool ready = router.ready();
+    health->SetServingStatus(ready);
+    health->SetServingStatus("pdserve.v1.Generation", ready);
+    if (sigtimedwait(&signals, nullptr, &tick) > 0) break;
+  }
+  std::cerr << "router: shutting down\n";
+  http.stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  registry.stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  pdserve::init_logging();
+  Flags f;
+  CLI::App app{"pdserve-router: client APIs (gRPC, OpenAI HTTP) in front of prefill/decode workers"};
+  app.add_option("--model", f.model, "Model path or name (for the tokenizer and limits)")->capture_default_str();
+  app.add_option("--tokenizer", f.tokenizer, "Tokenizer file (default: found beside the model)");
+  app.add_option("--host", f.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", f.port, "gRPC port (0: any free one)")->capture_default_str();
+  app.add_option("--http-port", f.http_port, "HTTP port (default: gRPC port + 1; 0: any free one)");
+  app.add_option("--prefill", f.prefill, "Prefill worker HOST:PORT (repeatable)");
+  app.add_option("--decode", f.decode, "Decode worker HOST:PORT (repeatable)");
+  app.add_option("--aggregated", f.aggregated, "Aggregated worker HOST:PORT (repeatable)");
+  app.add_option("--kv-mode", f.kv_mode, "KV transfer mode between prefill and decode")
+      ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  app.add_option("--max-running", f.max_running, "Requests out at the workers at once")->capture_default_str();
+  app.add_option("--max-waiting", f.max_waiting, "Requests queued at the router before refusing (overloaded)")->capture_default_str();
+  app.add_option("--request-timeout", f.request_timeout_s, "Per-request timeout in seconds")->capture_default_str();
+  app.add_option("--poll-interval-ms", f.poll_interval_ms, "Worker Info poll interval")->capture_default_str();
+  app.add_option("--max-message-bytes", f.max_message_bytes, "Largest request accepted (gRPC and HTTP)")->capture_default_str();
+  app.add_option("--max-attempts", f.max_attempts, "Placements tried when workers fail before the first token")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  return run(f);
+}

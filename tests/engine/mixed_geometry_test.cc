@@ -1,0 +1,121 @@
+// The mixed-geometry preset: every per-layer cache geometry in one model. It must compute the
+// same tokens at every TP size, and — the reason it exists — a KV cache handed over with any
+// one cache layer wrong (the index cache included) must change what it generates.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "engine/model/make_model.h"
+
+namespace pdserve::engine {
+namespace {
+
+class MixedGeometry : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::filesystem::temp_directory_path() / ("pdserve_mixed_" + std::to_string(getpid()));
+    MakeModelOptions o;
+    o.preset = "mixed-geometry";
+    o.seed = 3;
+    o.out_dir = dir_.string();
+    ASSERT_TRUE(make_model(o).ok());
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  static std::unique_ptr<Engine> engine(int tp) {
+    auto model = load_model({dir_.string()});
+    EXPECT_TRUE(model.ok()) << model.status();
+    EngineOptions o;
+    o.tp = tp;
+    o.kv_cache_bytes = 4 << 20;
+    auto e = Engine::create(std::move(*model), o);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+
+  static std::vector<int> prompt() {
+    std::vector<int> p = {256};
+    for (int i = 0; i < 120; ++i) p.push_back((i * 97 + 13) % 256);  // 8 blocks: top-k matters.
+    return p;
+  }
+
+  static inline std::filesystem::path dir_;
+};
+
+TEST_F(MixedGeometry, SpecHasEveryGeometry) {
+  auto e = engine(1);
+  const KvCacheSpec spec = e->config().kv_cache_spec(16);
+  ASSERT_EQ(spec.layers.size(), 6u);  // 5 attention layers + 1 index cache.
+  EXPECT_EQ(spec.layers[5].kind, KvKind::kKeyOnly);
+  EXPECT_EQ(spec.layers[5].sharding, KvSharding::kReplicated);
+  EXPECT_EQ(spec.layers[1].layout, KvLayout::kInterleaved);
+  EXPECT_EQ(spec.layers[2].order, KvOrder::kHeadMajor);
+  EXPECT_GT(spec.layers[2].window, 0);
+  EXPECT_EQ(e->config().index_cache_layer(3), 5);
+}
+
+TEST_F(MixedGeometry, SameTokensAtEveryTp) {
+  SamplingParams p;
+  p.max_tokens = 40;
+  p.ignore_eos = true;
+  const std::vector<int> tp1 = engine(1)->generate(prompt(), p)->token_ids;
+  ASSERT_EQ(tp1.size(), 40u);
+  for (int tp : {2, 4, 8}) EXPECT_EQ(engine(tp)->generate(prompt(), p)->token_ids, tp1) << "TP " << tp;
+}
+
+// Prefill on one engine, hand the KV to another with cache layer `corrupt` (or none, -1)
+// shifted by one block, then decode.
+std::vector<int> handoff_with(Engine& prefill, Engine& decode, const std::vector<int>& prompt,
+                              const SamplingParams& params, int corrupt) {
+  GenerationRequest r{"r", prompt, params};
+  r.handoff.prefill_only = true;
+  int first = -1;
+  std::vector<int> handed;
+  EXPECT_TRUE(prefill.add_request(r, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) first = ev.token;
+    if (ev.finished) handed = ev.blocks;
+  }).ok());
+  EXPECT_TRUE(prefill.run_until_idle().ok());
+  auto reserved = decode.reserve_blocks(int(prompt.size()) + params.max_tokens);
+  EXPECT_TRUE(reserved.ok());
+  const int blocks = int(prompt.size() + 15) / 16;
+  for (int rank = 0; rank < prefill.tp(); ++rank) {
+    const KvCacheLayout& ls = prefill.kv_layout(rank);
+    const KvCacheLayout& ld = decode.kv_layout(rank);
+    for (int l = 0; l < ls.num_layers(); ++l)
+      for (KvPart part : {KvPart::kK, KvPart::kV}) {
+        if (ls.part_bytes(l, part) == 0) continue;
+        for (int b = 0; b < blocks; ++b) {
+          const int src = l == corrupt ? handed[(b + 1) % blocks] : handed[b];
+          std::memcpy(decode.kv_arena(rank) + ld.offset(l, part, (*reserved)[b], 0, 0),
+                      prefill.kv_arena(rank) + ls.offset(l, part, src, 0, 0), ls.part_bytes(l, part));
+        }
+      }
+  }
+  EXPECT_TRUE(prefill.release_blocks(handed).ok());
+  GenerationRequest d{"r", prompt, params};
+  d.handoff.preloaded_blocks = *reserved;
+  d.handoff.first_token = first;
+  std::vector<int> tokens;
+  EXPECT_TRUE(decode.add_request(d, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) tokens.push_back(ev.token);
+  }).ok());
+  EXPECT_TRUE(decode.run_until_idle().ok());
+  return tokens;
+}
+
+TEST_F(MixedGeometry, AnyWrongCacheLayerChangesTheOutput) {
+  auto prefill = engine(2), decode = engine(2);
+  SamplingParams p;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  const std::vector<int> whole = engine(2)->generate(prompt(), p)->token_ids;
+  EXPECT_EQ(handoff_with(*prefill, *decode, prompt(), p, -1), whole);
+  for (int layer = 0; layer < 6; ++layer)
+    EXPECT_NE(handoff_with(*prefill, *decode, prompt(), p, layer), whole) << "cache layer " << layer;
+}
+
+}  // namespace
+}  // namespace pdserve::engine

@@ -1,0 +1,109 @@
+// An aggregated worker (pdserve-decode --role aggregated) in its own process, driven over gRPC:
+// greedy tokens and text equal the in-process `pdserve generate --json` (and so the published
+// output), a cancelled stream frees the request's blocks, bad requests are refused, and SIGTERM
+// shuts it down cleanly.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "tests/serving/workers/worker_client.h"
+#include "tests/serving/workers/worker_process.h"
+
+namespace pdserve::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+fs::path log_path(const std::string& name) {
+  return fs::temp_directory_path() / ("pdserve_worker_" + name + "_" + std::to_string(getpid()) + ".log");
+}
+
+class AggregatedWorker : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    worker_ = std::make_unique<WorkerProcess>(
+        decode_binary(),
+        std::vector<std::string>{"--role", "aggregated", "--model", stories_bin(), "--tp", "2", "--kv-cache-bytes",
+                                 "4194304"},
+        log_path("aggregated"));
+    ASSERT_TRUE(worker_->wait_ready(30s)) << "see " << worker_->log();
+    stub_ = connect(worker_->address());
+  }
+  std::unique_ptr<WorkerProcess> worker_;
+  std::unique_ptr<worker::Worker::Stub> stub_;
+};
+
+TEST_F(AggregatedWorker, GreedyEqualsInProcessGenerate) {
+  const worker::WorkerInfo i = info(*stub_);
+  EXPECT_EQ(i.role(), worker::ROLE_AGGREGATED);
+  EXPECT_EQ(i.tp(), 2);
+  EXPECT_EQ(i.model().name(), "stories260K");
+  EXPECT_GT(i.num_blocks(), 0);
+  EXPECT_EQ(i.free_blocks(), i.num_blocks());
+
+  for (const auto& [prompt, max_tokens] : std::vector<std::pair<std::string, int>>{{"", 256}, {"Lily had a cat", 64}}) {
+    const Reference ref = reference(prompt, max_tokens, 2);
+    worker::WorkerGenerateRequest req;
+    req.set_request_id("agg-" + std::to_string(max_tokens));
+    for (int t : ref.prompt) req.add_prompt(t);
+    set_greedy(req.mutable_sampling(), max_tokens);
+    const Streamed got = generate(*stub_, req);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, ref.tokens) << "prompt '" << prompt << "'";
+    EXPECT_EQ(got.text, ref.text);
+    EXPECT_EQ(got.finish_reason, ref.finish_reason);
+    if (prompt.empty()) {
+      std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string published = ss.str(), text = got.text;
+      while (!published.empty() && published.back() == '\n') published.pop_back();
+      while (!text.empty() && text.back() == '\n') text.pop_back();
+      EXPECT_EQ(text, published);
+    }
+  }
+  EXPECT_TRUE(wait_all_free(*stub_, 2s));
+  EXPECT_EQ(worker_->terminate(10s), 0);
+}
+
+TEST_F(AggregatedWorker, CancelledStreamFreesItsBlocks) {
+  worker::WorkerGenerateRequest req;
+  req.set_request_id("cancel-me");
+  req.add_prompt(1);
+  set_greedy(req.mutable_sampling(), 400);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  worker::WorkerEvent ev;
+  ASSERT_TRUE(reader->Read(&ev));
+  EXPECT_LT(info(*stub_).free_blocks(), info(*stub_).num_blocks());
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(wait_all_free(*stub_, 5s));
+  EXPECT_EQ(info(*stub_).running(), 0);
+}
+
+TEST_F(AggregatedWorker, BadRequestsAreRefused) {
+  worker::WorkerGenerateRequest req;
+  req.set_request_id("bad");
+  set_greedy(req.mutable_sampling(), 4);
+  EXPECT_EQ(generate(*stub_, req).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // No prompt.
+  req.add_prompt(1);
+  req.set_kv_mode("push");
+  EXPECT_EQ(generate(*stub_, req).status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  req.set_kv_mode("");
+  req.mutable_sampling()->set_max_tokens(0);
+  EXPECT_EQ(generate(*stub_, req).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext ctx;
+  worker::ReserveResponse r;
+  EXPECT_EQ(stub_->Reserve(&ctx, worker::ReserveRequest(), &r).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(wait_all_free(*stub_, 2s));
+}
+
+}  // namespace
+}  // namespace pdserve::testing

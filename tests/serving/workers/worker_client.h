@@ -1,0 +1,106 @@
+// Test-side helpers for driving workers over gRPC the way a router does, and the in-process
+// reference they must equal (`pdserve generate --json`, run as a separate process).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "proto/worker.grpc.pb.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve::testing {
+
+inline std::string decode_binary() { return std::string(PDSERVE_BINARY_DIR) + "/decode_worker/pdserve-decode"; }
+inline std::string prefill_binary() { return std::string(PDSERVE_BINARY_DIR) + "/prefill_worker/pdserve-prefill"; }
+
+inline std::unique_ptr<worker::Worker::Stub> connect(const std::string& address) {
+  return worker::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+inline std::chrono::system_clock::time_point in(std::chrono::milliseconds d) {
+  return std::chrono::system_clock::now() + d;
+}
+
+inline worker::WorkerInfo info(worker::Worker::Stub& stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(in(std::chrono::seconds(5)));
+  worker::WorkerInfo out;
+  grpc::Status s = stub.Info(&ctx, worker::InfoRequest(), &out);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return out;
+}
+
+// Polls Info until every block is free; false after `timeout`.
+inline bool wait_all_free(worker::Worker::Stub& stub, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const worker::WorkerInfo i = info(stub);
+    if (i.num_blocks() > 0 && i.free_blocks() == i.num_blocks()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+struct Streamed {
+  grpc::Status status;
+  std::vector<int> tokens;
+  std::string text;
+  std::string finish_reason;
+  int messages = 0;
+};
+
+// Runs a Generate stream to its end.
+inline Streamed generate(worker::Worker::Stub& stub, const worker::WorkerGenerateRequest& request,
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(in(timeout));
+  Streamed out;
+  auto reader = stub.Generate(&ctx, request);
+  worker::WorkerEvent ev;
+  while (reader->Read(&ev)) {
+    ++out.messages;
+    out.tokens.insert(out.tokens.end(), ev.token_ids().begin(), ev.token_ids().end());
+    out.text += ev.text();
+    if (ev.finished()) out.finish_reason = ev.finish_reason();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+struct Reference {
+  std::vector<int> prompt;
+  std::vector<int> tokens;
+  std::string text;
+  std::string finish_reason;
+};
+
+// `pdserve generate --json` on the bundled model (greedy).
+inline Reference reference(const std::string& prompt, int max_tokens, int tp = 1) {
+  std::string cmd = std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve generate --json --model " + stories_bin() +
+                    " --max-tokens " + std::to_string(max_tokens) + " --tp " + std::to_string(tp) +
+                    " --prompt '" + prompt + "' 2>/dev/null";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  EXPECT_EQ(pclose(p), 0) << cmd;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  return {j["prompt_token_ids"].get<std::vector<int>>(), j["token_ids"].get<std::vector<int>>(),
+          j["text"].get<std::string>(), j["finish_reason"].get<std::string>()};
+}
+
+inline void set_greedy(v1::SamplingParams* s, int max_tokens) {
+  s->set_temperature(0);
+  s->set_max_tokens(max_tokens);
+}
+
+}  // namespace pdserve::testing

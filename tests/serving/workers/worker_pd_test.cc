@@ -1,0 +1,160 @@
+// Disaggregated serving across processes: a prefill worker and a decode worker, driven by a
+// test client that plays the router, produce exactly the in-process greedy tokens for every
+// TP pair in push and pull mode, and every block returns to both free pools; cancelling a
+// request, aborting a reservation or a held KV, or letting a reservation's lease run out frees
+// the blocks on both sides.
+#include <gtest/gtest.h>
+
+#include "tests/serving/workers/worker_pd_fixture.h"
+
+namespace pdserve::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class PdTopology : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(PdTopology, PushAndPullEqualInProcess) {
+  const auto [ptp, dtp] = GetParam();
+  PdPair pd(ptp, dtp);
+  ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
+  EXPECT_EQ(info(pd.prefill()).role(), worker::ROLE_PREFILL);
+  EXPECT_EQ(info(pd.decode()).role(), worker::ROLE_DECODE);
+  EXPECT_EQ(info(pd.prefill()).compat_hash(), info(pd.decode()).compat_hash());
+
+  // 40 prompt tokens: several blocks, the last one partly filled.
+  const Reference ref = reference("Once upon a time, there was a little dog named Max. Max liked to run in the park", 48);
+  ASSERT_GT(ref.prompt.size(), 17u);
+  const std::string tag = std::to_string(ptp) + "x" + std::to_string(dtp);
+  for (const std::string& mode : {"push", "pull"}) {
+    const PdResult r = mode == "push" ? pd.push(mode + tag, ref.prompt, 48) : pd.pull(mode + tag, ref.prompt, 48);
+    ASSERT_TRUE(r.prefill.ok()) << mode << ": " << r.prefill.error_message() << " (see " << pd.logs() << ")";
+    ASSERT_TRUE(r.decode.status.ok()) << mode << ": " << r.decode.status.error_message() << " (see " << pd.logs() << ")";
+    EXPECT_EQ(r.prefill_response.first_token(), ref.tokens.at(0)) << mode;
+    EXPECT_EQ(r.decode.tokens, ref.tokens) << mode << " P TP " << ptp << " D TP " << dtp;
+    EXPECT_EQ(r.decode.text, ref.text) << mode;
+    EXPECT_EQ(r.decode.finish_reason, ref.finish_reason) << mode;
+  }
+  EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+}
+
+INSTANTIATE_TEST_SUITE_P(TpPairs, PdTopology,
+                         ::testing::Values(std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 4},
+                                           std::pair{4, 2}),
+                         [](const auto& info) {
+                           return "P" + std::to_string(info.param.first) + "D" + std::to_string(info.param.second);
+                         });
+
+TEST(PdWorkers, ConcurrentRequestsBatchAndStayEqual) {
+  PdPair pd(2, 1);
+  ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
+  const std::vector<std::string> prompts = {"Lily had a cat", "The sun was hot", "Tom and Sue went to the sea"};
+  std::vector<Reference> refs;
+  for (const std::string& p : prompts) refs.push_back(reference(p, 32));
+  std::vector<PdResult> results(2 * prompts.size());
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    calls.emplace_back([&, i] { results[2 * i] = pd.push("cp" + std::to_string(i), refs[i].prompt, 32); });
+    calls.emplace_back([&, i] { results[2 * i + 1] = pd.pull("cl" + std::to_string(i), refs[i].prompt, 32); });
+  }
+  for (auto& t : calls) t.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].prefill.ok()) << i << ": " << results[i].prefill.error_message();
+    ASSERT_TRUE(results[i].decode.status.ok()) << i << ": " << results[i].decode.status.error_message();
+    EXPECT_EQ(results[i].decode.tokens, refs[i / 2].tokens) << "request " << i;
+  }
+  EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+}
+
+TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
+  PdPair pd(1, 2, {}, {"--kv-lease-ms", "1500"});
+  ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
+  const std::vector<int> prompt = {1, 400, 300, 200, 100, 50, 60, 70, 80, 90, 99, 98, 97, 96, 95, 94, 93, 92};
+
+  // A decode stream cancelled by its client.
+  {
+    grpc::ClientContext rctx;
+    worker::ReserveResponse reserved;
+    ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request("c1", prompt, 400), &reserved).ok());
+    worker::PrefillRequest preq;
+    preq.set_request_id("c1");
+    for (int t : prompt) preq.add_prompt(t);
+    set_greedy(preq.mutable_sampling(), 400);
+    preq.mutable_sampling()->set_ignore_eos(true);
+    preq.set_kv_mode("push");
+    preq.set_kv_target(reserved.kv_target());
+    *preq.mutable_target_blocks() = reserved.block_ids();
+    grpc::ClientContext pctx;
+    worker::PrefillResponse presp;
+    ASSERT_TRUE(pd.prefill().Prefill(&pctx, preq, &presp).ok());
+    worker::WorkerGenerateRequest dreq;
+    dreq.set_request_id("c1");
+    for (int t : prompt) dreq.add_prompt(t);
+    set_greedy(dreq.mutable_sampling(), 400);
+    dreq.mutable_sampling()->set_ignore_eos(true);
+    dreq.set_kv_mode("push");
+    grpc::ClientContext dctx;
+    auto reader = pd.decode().Generate(&dctx, dreq);
+    worker::WorkerEvent ev;
+    ASSERT_TRUE(reader->Read(&ev));
+    dctx.TryCancel();
+    while (reader->Read(&ev)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+    EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  }
+  // A reservation aborted before any KV arrived.
+  {
+    grpc::ClientContext rctx;
+    worker::ReserveResponse reserved;
+    ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request("c2", prompt, 40), &reserved).ok());
+    EXPECT_LT(info(pd.decode()).free_blocks(), info(pd.decode()).num_blocks());
+    grpc::ClientContext actx;
+    worker::WorkerAbortRequest abort;
+    abort.set_request_id("c2");
+    worker::WorkerAbortResponse aborted;
+    ASSERT_TRUE(pd.decode().Abort(&actx, abort, &aborted).ok());
+    EXPECT_TRUE(aborted.found());
+    EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+  }
+  // KV held for a pull that never comes, aborted on the prefill side.
+  {
+    worker::PrefillRequest preq;
+    preq.set_request_id("c3");
+    for (int t : prompt) preq.add_prompt(t);
+    set_greedy(preq.mutable_sampling(), 40);
+    preq.set_kv_mode("pull");
+    grpc::ClientContext pctx;
+    worker::PrefillResponse presp;
+    ASSERT_TRUE(pd.prefill().Prefill(&pctx, preq, &presp).ok());
+    EXPECT_FALSE(presp.kv_source().empty());
+    EXPECT_LT(info(pd.prefill()).free_blocks(), info(pd.prefill()).num_blocks());
+    grpc::ClientContext actx;
+    worker::WorkerAbortRequest abort;
+    abort.set_request_id("c3");
+    worker::WorkerAbortResponse aborted;
+    ASSERT_TRUE(pd.prefill().Abort(&actx, abort, &aborted).ok());
+    EXPECT_TRUE(aborted.found());
+    EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  }
+  // A reservation nobody claims expires with its lease.
+  {
+    grpc::ClientContext rctx;
+    worker::ReserveResponse reserved;
+    ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request("c4", prompt, 40), &reserved).ok());
+    EXPECT_LT(info(pd.decode()).free_blocks(), info(pd.decode()).num_blocks());
+    EXPECT_TRUE(wait_all_free(pd.decode(), 6s));
+    worker::WorkerGenerateRequest dreq;
+    dreq.set_request_id("c4");
+    for (int t : prompt) dreq.add_prompt(t);
+    set_greedy(dreq.mutable_sampling(), 40);
+    dreq.set_kv_mode("push");
+    EXPECT_EQ(generate(pd.decode(), dreq).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+}  // namespace
+}  // namespace pdserve::testing

@@ -1,0 +1,317 @@
+#include "worker/decode_role.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/logging.h"
+
+namespace pdserve::worker {
+
+using kvtransfer::KvTransferEvent;
+
+struct DecodeRole::Job {
+  bool push = true;
+  std::vector<int> blocks;  // Every block reserved for the request (prompt + generation).
+  std::vector<int> kv_blocks;  // The prompt's share of them, which the transfer fills.
+  std::vector<char> posted, ready, released;  // Per rank.
+  std::optional<int> first_token;
+  Status error;
+  bool waiting = false;  // A Generate waits on it.
+  bool handed = false;   // Decoding: the engine owns the blocks.
+  bool freed = false;
+  TimePoint start, deadline;
+
+  bool all(const std::vector<char>& v) const { return std::all_of(v.begin(), v.end(), [](char c) { return c != 0; }); }
+  bool quiet() const {
+    for (size_t r = 0; r < ready.size(); ++r)
+      if (!ready[r] && !released[r]) return false;
+    return true;
+  }
+};
+
+StatusOr<std::unique_ptr<DecodeRole>> DecodeRole::create(engine::Engine& engine, const KvRanksOptions& options) {
+  std::unique_ptr<DecodeRole> role(new DecodeRole(engine, options.clock, options.default_lease));
+  KvRanksOptions o = options;
+  o.side = kvtransfer::SessionSide::kConsumer;
+  DecodeRole* self = role.get();
+  PD_ASSIGN_OR_RETURN(role->kv_, KvRanks::create(
+      engine, o, [self](int rank, const KvTransferEvent& ev) { self->on_kv_event(rank, ev); },
+      [self](int rank, const std::string& id, std::vector<int>) { self->on_kv_release(rank, id); }));
+  role->sweeper_ = std::thread([self] { self->sweep(); });
+  return role;
+}
+
+DecodeRole::DecodeRole(engine::Engine& engine, const Clock* clock, Duration lease)
+    : engine_(engine), clock_(clock), lease_(lease) {}
+
+DecodeRole::~DecodeRole() { shutdown(Duration(0)); }
+
+namespace {
+int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+}  // namespace
+
+StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
+  const std::string& id = request.request_id();
+  if (id.empty()) return absl::InvalidArgumentError("empty request id");
+  if (request.producer_tp() <= 0) return absl::InvalidArgumentError("Reserve needs producer_tp");
+  if (request.prompt_len() <= 0 || request.num_tokens() < request.prompt_len())
+    return absl::InvalidArgumentError(absl::StrCat("Reserve needs 0 < prompt_len <= num_tokens (got ",
+                                                   request.prompt_len(), ", ", request.num_tokens(), ")"));
+  std::vector<std::string> producer_endpoints;
+  if (!request.kv_producer().empty()) {
+    PD_ASSIGN_OR_RETURN(KvGroup producer, parse_kv_group(request.kv_producer(), "kv_producer"));
+    if (producer.tp() != request.producer_tp())
+      return absl::InvalidArgumentError("kv_producer's TP differs from producer_tp");
+    if (producer.compat_hash() != kv_->compat_hash())
+      return absl::FailedPreconditionError("the producer's KV geometry differs from this worker's (compat hash)");
+    producer_endpoints.assign(producer.rank_endpoints().begin(), producer.rank_endpoints().end());
+  }
+  const int block_size = engine_.kv_layout(0).block_size();
+  const int num_tokens = std::min(request.num_tokens(), engine_.config().max_seq_len);
+  if (request.prompt_len() > num_tokens)
+    return absl::InvalidArgumentError("the prompt is longer than the model's context");
+  PD_ASSIGN_OR_RETURN(std::vector<int> blocks, engine_.reserve_blocks(num_tokens));
+  Job job;
+  job.push = true;
+  job.blocks = blocks;
+  job.kv_blocks.assign(blocks.begin(), blocks.begin() + blocks_for(request.prompt_len(), block_size));
+  job.posted.assign(kv_->tp(), 0);
+  job.ready.assign(kv_->tp(), 0);
+  job.released.assign(kv_->tp(), 0);
+  job.start = clock_->now();
+  job.deadline = job.start + lease_;
+  kvtransfer::ExpectPushRequest expect;
+  expect.request_id = id;
+  expect.producer_tp = request.producer_tp();
+  expect.consumer_blocks = job.kv_blocks;
+  expect.producer_endpoints = producer_endpoints;
+  expect.lease = lease_;
+  std::unique_lock lock(mu_);
+  if (jobs_.count(id)) {
+    (void)engine_.release_blocks(blocks);
+    return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
+  }
+  Job& j = jobs_.emplace(id, std::move(job)).first->second;
+  post_transfer(id, [expect](int, kvtransfer::KvRankEndpoint& ep) { return ep.expect_push(expect); });
+  // Registered on every rank before the producer learns the block ids, so that no WRITE_DONE
+  // can arrive for a request a rank does not know yet.
+  j.waiting = true;
+  changed_.wait(lock, [&] { return j.all(j.posted); });
+  j.waiting = false;
+  Status error = j.error;
+  maybe_free(id);
+  if (!error.ok()) return error;
+  ReserveResponse response;
+  for (int b : blocks) response.add_block_ids(b);
+  response.set_kv_target(kv_->group().SerializeAsString());
+  return response;
+}
+
+StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& request, engine::SamplingParams params,
+                                             const std::function<bool()>& cancelled) {
+  const std::string& id = request.request_id();
+  const int prompt_len = request.prompt_size();
+  if (prompt_len == 0) return absl::InvalidArgumentError("empty prompt");
+  const int need = engine_.blocks_needed(prompt_len, params.max_tokens);
+  std::unique_lock lock(mu_);
+  if (request.kv_mode() == "push") {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end())
+      return absl::NotFoundError(absl::StrCat("no reservation for request ", id, " (never made, aborted or expired)"));
+    Job& job = it->second;
+    if (!job.push || job.waiting || job.handed)
+      return absl::FailedPreconditionError(absl::StrCat("request ", id, " is not a reservation waiting for Generate"));
+    if (request.reserved_blocks_size() > 0 &&
+        !std::equal(request.reserved_blocks().begin(), request.reserved_blocks().end(), job.blocks.begin(), job.blocks.end()))
+      return absl::InvalidArgumentError("reserved_blocks differ from what Reserve returned");
+    if (int(job.blocks.size()) < need) {
+      fail_locked(id, job, absl::InvalidArgumentError(absl::StrCat("request needs ", need, " blocks, ",
+                                                                   job.blocks.size(), " reserved")));
+      Status error = job.error;
+      maybe_free(id);
+      return error;
+    }
+  } else {
+    lock.unlock();
+    PD_ASSIGN_OR_RETURN(KvGroup source, parse_kv_group(request.kv_source(), "kv_source"));
+    if (source.compat_hash() != kv_->compat_hash())
+      return absl::FailedPreconditionError("the producer's KV geometry differs from this worker's (compat hash)");
+    if (!request.has_first_token()) return absl::InvalidArgumentError("pull mode needs first_token");
+    const int block_size = engine_.kv_layout(0).block_size();
+    if (source.blocks_size() != blocks_for(prompt_len, block_size))
+      return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source.blocks_size(), " blocks; a prompt of ",
+                                                     prompt_len, " tokens fills ", blocks_for(prompt_len, block_size)));
+    PD_ASSIGN_OR_RETURN(std::vector<int> blocks,
+                        engine_.reserve_blocks(std::min(prompt_len + params.max_tokens, engine_.config().max_seq_len)));
+    Job job;
+    job.push = false;
+    job.blocks = blocks;
+    job.kv_blocks.assign(blocks.begin(), blocks.begin() + source.blocks_size());
+    job.posted.assign(kv_->tp(), 0);
+    job.ready.assign(kv_->tp(), 0);
+    job.released.assign(kv_->tp(), 0);
+    job.first_token = request.first_token();
+    job.start = clock_->now();
+    job.deadline = job.start + lease_;
+    kvtransfer::PullRequest pull;
+    pull.request_id = id;
+    pull.producer_tp = source.tp();
+    pull.producer_endpoints.assign(source.rank_endpoints().begin(), source.rank_endpoints().end());
+    pull.producer_blocks.assign(source.blocks().begin(), source.blocks().end());
+    pull.consumer_blocks = job.kv_blocks;
+    pull.lease = lease_;
+    lock.lock();
+    if (jobs_.count(id)) {
+      (void)engine_.release_blocks(blocks);
+      return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
+    }
+    jobs_.emplace(id, std::move(job));
+    post_transfer(id, [pull](int, kvtransfer::KvRankEndpoint& ep) { return ep.pull(pull); });
+  }
+  PD_ASSIGN_OR_RETURN(PreparedDecode prepared, wait_ready(id, lock, cancelled));
+  prepared.request.prompt.assign(request.prompt().begin(), request.prompt().end());
+  prepared.request.params = params;
+  return prepared;
+}
+
+StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::unique_lock<std::mutex>& lock,
+                                                const std::function<bool()>& cancelled) {
+  Job& job = jobs_.at(id);
+  job.waiting = true;
+  while (job.error.ok() && !job.all(job.ready)) {
+    if (cancelled()) {
+      fail_locked(id, job, absl::CancelledError(absl::StrCat("request ", id, " cancelled")));
+    } else if (clock_->now() >= job.deadline) {
+      fail_locked(id, job, absl::DeadlineExceededError(absl::StrCat("request ", id, ": KV not ready within the lease")));
+    } else {
+      changed_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+  job.waiting = false;
+  if (!job.error.ok()) {
+    Status error = job.error;
+    maybe_free(id);
+    return error;
+  }
+  PreparedDecode prepared;
+  prepared.kv_transfer_s = std::chrono::duration<double>(clock_->now() - job.start).count();
+  prepared.request.id = id;
+  if (!job.first_token) {
+    // WRITE_DONE without a first token: the prefill side's first token ended the request.
+    prepared.finished_by_prefill = true;
+    (void)engine_.release_blocks(job.blocks);
+  } else {
+    prepared.request.handoff.preloaded_blocks = job.blocks;
+    prepared.request.handoff.first_token = *job.first_token;
+  }
+  job.handed = true;
+  maybe_free(id);
+  return prepared;
+}
+
+void DecodeRole::post_transfer(const std::string& id,
+                               const std::function<Status(int, kvtransfer::KvRankEndpoint&)>& command) {
+  kv_->post_all([this, id, command](int rank, kvtransfer::KvRankEndpoint& ep) {
+    Status s = command(rank, ep);
+    // An endpoint that never registered the request (NotFound) leaves the blocks with us.
+    const bool registered = s.ok() || ep.abort(id, s.ToString()).code() != absl::StatusCode::kNotFound;
+    if (!s.ok()) PD_LOG_WARN("decode {}: kvtransfer rank {}: {}", id, rank, s.ToString());
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) return;
+    Job& job = it->second;
+    job.posted[rank] = 1;
+    if (!registered) job.released[rank] = 1;
+    if (!s.ok()) fail_locked(id, job, s);
+    changed_.notify_all();
+    maybe_free(id);
+  });
+}
+
+void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(ev.request_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (ev.kind == KvTransferEvent::Kind::kReady) {
+    job.ready[rank] = 1;
+    if (job.push && ev.first_token) job.first_token = *ev.first_token;
+  } else {
+    job.released[rank] = 1;  // A failed event comes once the rank's blocks are back.
+    fail_locked(ev.request_id, job, ev.error);
+  }
+  changed_.notify_all();
+  maybe_free(ev.request_id);
+}
+
+void DecodeRole::on_kv_release(int rank, const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  it->second.released[rank] = 1;
+  changed_.notify_all();
+  maybe_free(id);
+}
+
+void DecodeRole::fail_locked(const std::string& id, Job& job, const Status& why) {
+  if (!job.error.ok() || job.handed) return;
+  job.error = why;
+  // The other ranks stop too; each gives its blocks back once no producer can touch them.
+  kv_->post_all([id, reason = why.ToString()](int, kvtransfer::KvRankEndpoint& ep) { (void)ep.abort(id, reason); });
+  changed_.notify_all();
+}
+
+void DecodeRole::maybe_free(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (!job.handed && !job.freed && !job.error.ok() && job.quiet()) {
+    if (Status s = engine_.release_blocks(job.blocks); !s.ok())
+      PD_LOG_ERROR("decode {}: releasing blocks: {}", id, s.ToString());
+    job.freed = true;
+  }
+  if ((job.handed || job.freed) && !job.waiting) jobs_.erase(it);
+}
+
+bool DecodeRole::abort(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end() || it->second.handed) return false;
+  fail_locked(id, it->second, absl::AbortedError(absl::StrCat("request ", id, " aborted by the router")));
+  maybe_free(id);
+  return true;
+}
+
+int DecodeRole::open_requests() const {
+  std::lock_guard lock(mu_);
+  return int(jobs_.size());
+}
+
+void DecodeRole::sweep() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+    const TimePoint now = clock_->now();
+    std::vector<std::string> expired;
+    for (auto& [id, job] : jobs_)
+      if (!job.waiting && !job.handed && job.error.ok() && now >= job.deadline) expired.push_back(id);
+    for (const std::string& id : expired) {
+      fail_locked(id, jobs_.at(id), absl::DeadlineExceededError(absl::StrCat("reservation of ", id, " expired")));
+      maybe_free(id);
+    }
+  }
+}
+
+void DecodeRole::shutdown(Duration drain) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [id, job] : jobs_) fail_locked(id, job, absl::UnavailableError("the worker is shutting down"));
+    changed_.notify_all();
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+  if (kv_) kv_->stop(drain);
+}
+
+}  // namespace pdserve::worker

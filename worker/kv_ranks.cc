@@ -1,0 +1,156 @@
+#include "worker/kv_ranks.h"
+
+#include <future>
+#include <optional>
+
+#include "common/logging.h"
+#include "kvtransfer/control/compat.h"
+
+namespace pdserve::worker {
+
+class KvRanks::Rank {
+ public:
+  Rank(int rank, KvEventFn on_event) : rank_(rank), on_event_(std::move(on_event)) {}
+  ~Rank() {
+    request_stop(Duration(0));
+    join();
+  }
+
+  // Creates the endpoint on the rank's own thread (its sockets live there) and waits for it.
+  Status start(kvtransfer::KvEndpointOptions options) {
+    clock_ = options.clock;
+    std::promise<Status> started;
+    std::future<Status> result = started.get_future();
+    thread_ = std::thread([this, options = std::move(options), &started]() mutable {
+      run(std::move(options), started);
+    });
+    Status s = result.get();
+    if (!s.ok()) thread_.join();
+    return s;
+  }
+
+  void post(KvCommand command) {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(command));
+  }
+
+  void request_stop(Duration drain) {
+    std::lock_guard lock(mu_);
+    if (!stopping_) drain_ = drain;
+    stopping_ = true;
+  }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void run(kvtransfer::KvEndpointOptions options, std::promise<Status>& started) {
+    auto created = kvtransfer::KvRankEndpoint::create(std::move(options));
+    if (!created.ok()) {
+      started.set_value(created.status());
+      return;
+    }
+    std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint = std::move(*created);
+    endpoint_ = endpoint->control_endpoint();
+    PD_LOG_INFO("kvtransfer rank {}: {}", rank_, endpoint->describe());
+    started.set_value(absl::OkStatus());
+    std::optional<TimePoint> drain_until;
+    while (true) {
+      std::vector<KvCommand> commands;
+      bool stopping;
+      {
+        std::lock_guard lock(mu_);
+        commands.swap(queue_);
+        stopping = stopping_;
+      }
+      for (KvCommand& c : commands) c(*endpoint);
+      if (stopping) {
+        if (!drain_until) drain_until = clock_->now() + drain_;
+        if (endpoint->open_requests() == 0 || clock_->now() >= *drain_until) break;
+      }
+      // A short wait bounds how long a posted command sits before it runs.
+      const Duration wait = commands.empty() ? Duration(std::chrono::milliseconds(1)) : Duration(0);
+      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(wait)) on_event_(rank_, ev);
+    }
+    if (endpoint->open_requests() > 0)
+      PD_LOG_WARN("kvtransfer rank {}: {} requests still open at shutdown", rank_, endpoint->open_requests());
+  }
+
+  const int rank_;
+  KvEventFn on_event_;
+  const Clock* clock_ = nullptr;
+  std::string endpoint_;
+  std::mutex mu_;
+  std::vector<KvCommand> queue_;
+  bool stopping_ = false;
+  Duration drain_{0};
+  std::thread thread_;
+};
+
+StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
+                                                   const KvRanksOptions& options,
+                                                   KvEventFn on_event, KvReleaseFn on_release) {
+  std::unique_ptr<KvRanks> ranks(new KvRanks());
+  const engine::KvCacheSpec& spec = engine.kv_layout(0).spec();
+  ranks->compat_hash_ = kvtransfer::compat_hash(options.model_id, spec);
+  for (int r = 0; r < engine.tp(); ++r) {
+    kvtransfer::KvEndpointOptions o;
+    o.spec = spec;
+    o.model_id = options.model_id;
+    o.side = options.side;
+    o.tp = engine.tp();
+    o.rank = r;
+    o.arena = engine.kv_arena(r);
+    o.num_blocks = engine.kv_layout(r).num_blocks();
+    o.clock = options.clock;
+    o.default_lease = options.default_lease;
+    o.peer_timeout = options.peer_timeout;
+    o.heartbeat_interval = options.heartbeat_interval;
+    o.on_release = [on_release, r](const std::string& id, std::vector<int> blocks) {
+      on_release(r, id, std::move(blocks));
+    };
+    o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
+    auto rank = std::make_unique<Rank>(r, on_event);
+    PD_RETURN_IF_ERROR(rank->start(std::move(o)));
+    ranks->ranks_.push_back(std::move(rank));
+  }
+  return ranks;
+}
+
+KvRanks::~KvRanks() { stop(Duration(0)); }
+
+KvGroup KvRanks::group() const {
+  KvGroup g;
+  g.set_tp(tp());
+  for (const auto& r : ranks_) g.add_rank_endpoints(r->endpoint());
+  g.set_compat_hash(compat_hash_);
+  return g;
+}
+
+void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(command)); }
+
+void KvRanks::post_all(const std::function<void(int, kvtransfer::KvRankEndpoint&)>& command) {
+  for (int r = 0; r < tp(); ++r)
+    ranks_[r]->post([command, r](kvtransfer::KvRankEndpoint& ep) { command(r, ep); });
+}
+
+void KvRanks::stop(Duration drain) {
+  for (auto& r : ranks_) r->request_stop(drain);
+  for (auto& r : ranks_) r->join();
+}
+
+StatusOr<KvGroup> parse_kv_group(const std::string& bytes, const std::string& what) {
+  KvGroup g;
+  if (bytes.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (!g.ParseFromString(bytes)) return absl::InvalidArgumentError(absl::StrCat(what, " is malformed"));
+  if (g.tp() <= 0 || g.rank_endpoints_size() != g.tp())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": TP ", g.tp(), " with ", g.rank_endpoints_size(),
+                                                   " rank endpoints"));
+  for (const std::string& e : g.rank_endpoints())
+    if (e.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty rank endpoint"));
+  return g;
+}
+
+}  // namespace pdserve::worker

@@ -1,0 +1,71 @@
+// KvRanks: a worker's kvtransfer endpoints, one per TP rank, each owned and driven by a thread
+// of its own. An endpoint is single-threaded (its ZeroMQ sockets and session tables), so every
+// call to it is posted to its thread as a command and runs there in posting order, between
+// progress() rounds; the thread reports transfer events and block releases through callbacks.
+// The group's descriptor (TP size, control endpoints, compat hash) is what routers and peers
+// exchange as WorkerInfo.kv_endpoint / ReserveResponse.kv_target.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/engine.h"
+#include "kvtransfer/kv_endpoint.h"
+#include "proto/worker.pb.h"
+
+namespace pdserve::worker {
+
+struct KvRanksOptions {
+  kvtransfer::SessionSide side = kvtransfer::SessionSide::kProducer;
+  std::string model_id;  // With the engine's KV spec, the compat hash.
+  const Clock* clock = &RealClock::instance();
+  Duration default_lease = std::chrono::seconds(30);
+  Duration peer_timeout = std::chrono::seconds(10);
+  Duration heartbeat_interval = std::chrono::seconds(1);
+};
+
+// A finished transfer on one rank (called on that rank's thread).
+using KvEventFn = std::function<void(int rank, const kvtransfer::KvTransferEvent& event)>;
+// A rank gave a request's blocks back (called on that rank's thread, once per request).
+using KvReleaseFn = std::function<void(int rank, const std::string& id, std::vector<int> blocks)>;
+using KvCommand = std::function<void(kvtransfer::KvRankEndpoint& endpoint)>;
+
+class KvRanks {
+ public:
+  // One endpoint per engine rank over its KV arena; binds on 127.0.0.1.
+  static StatusOr<std::unique_ptr<KvRanks>> create(const engine::Engine& engine,
+                                                   const KvRanksOptions& options,
+                                                   KvEventFn on_event, KvReleaseFn on_release);
+  // Stops the threads (see stop()).
+  ~KvRanks();
+
+  int tp() const { return int(ranks_.size()); }
+  uint64_t compat_hash() const { return compat_hash_; }
+  // This group: TP size, each rank's control endpoint, compat hash.
+  KvGroup group() const;
+  // Runs `command` on `rank`'s thread, after the commands posted before it.
+  void post(int rank, KvCommand command);
+  // Posts `command` to every rank.
+  void post_all(const std::function<void(int rank, kvtransfer::KvRankEndpoint&)>& command);
+  // Keeps progressing until no rank has open requests or `drain` passed, then joins. Idempotent.
+  void stop(Duration drain);
+
+ private:
+  class Rank;
+  KvRanks() = default;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  uint64_t compat_hash_ = 0;
+};
+
+// Parses and checks a KvGroup descriptor (`what` names it in errors).
+StatusOr<KvGroup> parse_kv_group(const std::string& bytes, const std::string& what);
+
+}  // namespace pdserve::worker

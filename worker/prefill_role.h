@@ -1,0 +1,67 @@
+// PrefillRole: the prefill side of disaggregated serving. Worker.Prefill runs a prefill-only
+// request through the shared engine loop (so concurrent Prefill RPCs batch in its scheduler),
+// then moves the prompt's KV blocks: push — every rank writes its share into the decode
+// worker's reserved blocks, seals its write count and notifies (WRITE_DONE carries the first
+// token), and the blocks are freed once the writes are remotely complete; pull — every rank
+// holds the blocks for the decode ranks to read, freed once all of them released or the lease
+// ran out. The engine's blocks go back exactly once, when every rank has given them back.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine_loop.h"
+#include "proto/worker.pb.h"
+#include "worker/kv_ranks.h"
+
+namespace pdserve::worker {
+
+class PrefillRole {
+ public:
+  // Opens one kvtransfer producer endpoint per engine rank.
+  static StatusOr<std::unique_ptr<PrefillRole>> create(engine::Engine& engine,
+                                                       const KvRanksOptions& options);
+  ~PrefillRole();
+
+  // The engine loop to run prefills on; set once, before the first RPC.
+  void attach(engine::EngineLoop* loop) { loop_ = loop; }
+  // Serves Worker.Prefill; `cancelled` is polled while waiting (a cancelled call aborts).
+  StatusOr<PrefillResponse> prefill(const PrefillRequest& request,
+                                    const std::function<bool()>& cancelled);
+  // Worker.Abort: stops the request's prefill or transfer; its blocks come back once safe.
+  bool abort(const std::string& id);
+  // Requests whose blocks are still held (prefilling, transferring or held for a pull).
+  int open_requests() const;
+  const KvRanks& kv() const { return *kv_; }
+  // Aborts everything and drains the transfers for at most `drain`.
+  void shutdown(Duration drain);
+
+ private:
+  struct Job;
+  explicit PrefillRole(engine::Engine& engine, const Clock* clock, Duration lease);
+  void on_token(const std::string& id, const engine::TokenEvent& event);
+  void start_transfer(const std::string& id, Job& job);  // Caller holds mu_.
+  void on_command_failed(int rank, const std::string& id, const Status& error, bool registered);
+  void on_kv_event(int rank, const kvtransfer::KvTransferEvent& event);
+  void on_kv_release(int rank, const std::string& id);
+  void abort_locked(const std::string& id, Job& job);
+  // Frees the engine blocks once every rank gave them back; forgets finished jobs.
+  void maybe_finish(const std::string& id);  // Caller holds mu_.
+
+  engine::Engine& engine_;
+  const Clock* clock_;
+  const Duration lease_;
+  engine::EngineLoop* loop_ = nullptr;
+  std::unique_ptr<KvRanks> kv_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<std::string, Job> jobs_;
+};
+
+}  // namespace pdserve::worker

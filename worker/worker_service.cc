@@ -1,0 +1,159 @@
+#include "worker/worker_service.h"
+
+#include <chrono>
+#include <memory>
+
+#include "common/logging.h"
+#include "worker/sampling_params.h"
+#include "worker/token_stream.h"
+
+namespace pdserve::worker {
+namespace {
+
+grpc::Status to_grpc(const Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+WorkerService::WorkerService(Role role, std::string worker_id, engine::EngineLoop& loop, PrefillRole* prefill,
+                             DecodeRole* decode)
+    : role_(role), worker_id_(std::move(worker_id)), loop_(loop), prefill_(prefill), decode_(decode) {}
+
+grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, WorkerInfo* reply) {
+  const engine::Engine& e = loop_.engine();
+  const engine::EngineLoopStats st = loop_.stats();
+  {
+    std::lock_guard lock(id_mu_);
+    reply->set_worker_id(worker_id_);
+  }
+  reply->set_role(role_);
+  reply->set_tp(e.tp());
+  v1::ModelInfo* m = reply->mutable_model();
+  m->set_name(e.model().name);
+  m->set_vocab_size(e.config().vocab_size);
+  m->set_max_context(e.config().max_seq_len);
+  m->set_bos_id(e.config().bos_id);
+  for (int id : e.config().eos_ids) m->add_eos_ids(id);
+  if (role_ == ROLE_AGGREGATED) m->set_kv_mode("aggregated");
+  reply->set_num_blocks(st.engine.num_blocks);
+  reply->set_free_blocks(st.engine.free_blocks);
+  reply->set_block_size(st.engine.block_size);
+  reply->set_running(st.engine.running);
+  reply->set_waiting(st.engine.waiting);
+  reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
+  const KvRanks* kv = prefill_ ? &prefill_->kv() : decode_ ? &decode_->kv() : nullptr;
+  if (kv) {
+    reply->set_compat_hash(kv->compat_hash());
+    reply->set_kv_endpoint(kv->group().SerializeAsString());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Reserve(grpc::ServerContext*, const ReserveRequest* request, ReserveResponse* reply) {
+  if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Reserve is served by decode workers");
+  StatusOr<ReserveResponse> r = decode_->reserve(*request);
+  if (!r.ok()) return to_grpc(r.status());
+  *reply = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Prefill(grpc::ServerContext* context, const PrefillRequest* request,
+                                    PrefillResponse* reply) {
+  if (!prefill_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Prefill is served by prefill workers");
+  StatusOr<PrefillResponse> r = prefill_->prefill(*request, [context] { return context->IsCancelled(); });
+  if (!r.ok()) return to_grpc(r.status());
+  *reply = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerGenerateRequest* request,
+                                     grpc::ServerWriter<WorkerEvent>* writer) {
+  if (request->request_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty request id");
+  StatusOr<engine::SamplingParams> params = to_engine_params(request->sampling());
+  if (!params.ok()) return to_grpc(params.status());
+  const std::string& mode = request->kv_mode();
+  if (role_ == ROLE_AGGREGATED) {
+    if (!mode.empty())
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
+    engine::GenerationRequest r{request->request_id(), {request->prompt().begin(), request->prompt().end()}, *params};
+    return stream(context, std::move(r), 0, writer);
+  }
+  if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");
+  if (mode != "push" && mode != "pull")
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a decode worker needs kv_mode push or pull");
+  StatusOr<PreparedDecode> prepared = decode_->prepare(*request, *params, [context] { return context->IsCancelled(); });
+  if (!prepared.ok()) return to_grpc(prepared.status());
+  if (prepared->finished_by_prefill) {
+    WorkerEvent ev;
+    ev.set_finished(true);
+    ev.set_finish_reason("stop");
+    ev.set_kv_transfer_s(prepared->kv_transfer_s);
+    writer->Write(ev);
+    return grpc::Status::OK;
+  }
+  return stream(context, std::move(prepared->request), prepared->kv_transfer_s, writer);
+}
+
+grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::GenerationRequest request,
+                                   double kv_transfer_s, grpc::ServerWriter<WorkerEvent>* writer) {
+  const std::string id = request.id;
+  const std::vector<int> preloaded = request.handoff.preloaded_blocks;
+  const bool aggregated = preloaded.empty();
+  auto events = std::make_shared<TokenStream>();
+  const auto start = std::chrono::steady_clock::now();
+  Status submitted = loop_.submit(std::move(request), [events](const engine::TokenEvent& ev) { events->push(ev); });
+  if (!submitted.ok()) {
+    // The engine never took the preloaded blocks: they are still ours to free.
+    if (!preloaded.empty()) (void)loop_.engine().release_blocks(preloaded);
+    return to_grpc(submitted);
+  }
+  double first_token_s = -1;
+  while (true) {
+    std::vector<engine::TokenEvent> batch = events->pop(std::chrono::milliseconds(50));
+    if (context->IsCancelled()) {
+      loop_.abort(id);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
+    }
+    if (batch.empty()) continue;
+    WorkerEvent out;
+    const engine::TokenEvent* last = nullptr;
+    for (const engine::TokenEvent& ev : batch) {
+      if (ev.token >= 0) out.add_token_ids(ev.token);
+      out.mutable_text()->append(ev.text);
+      if (ev.finished) last = &ev;
+    }
+    if (first_token_s < 0 && (out.token_ids_size() > 0 || last)) first_token_s = seconds_since(start);
+    if (last) {
+      if (!last->error.ok()) return to_grpc(last->error);
+      out.set_finished(true);
+      out.set_finish_reason(std::string(engine::finish_reason_name(last->reason)));
+      if (aggregated) out.set_prefill_s(first_token_s);
+      out.set_kv_transfer_s(kv_transfer_s);
+      out.set_first_token_s(first_token_s);
+    }
+    if (!writer->Write(out)) {
+      if (!last) loop_.abort(id);
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the stream closed");
+    }
+    if (last) return grpc::Status::OK;
+  }
+}
+
+grpc::Status WorkerService::Abort(grpc::ServerContext*, const WorkerAbortRequest* request, WorkerAbortResponse* reply) {
+  const std::string& id = request->request_id();
+  bool found = (prefill_ && prefill_->abort(id)) || (decode_ && decode_->abort(id));
+  if (!found && loop_.active(id)) {
+    loop_.abort(id);
+    found = true;
+  }
+  reply->set_found(found);
+  return grpc::Status::OK;
+}
+
+}  // namespace pdserve::worker

@@ -1,0 +1,52 @@
+// WorkerService: the gRPC Worker API (proto/worker.proto) over one engine loop, for every role:
+// aggregated (Generate runs the whole request), prefill (Prefill) and decode (Reserve, and
+// Generate from pushed or pulled KV). Info and Abort serve all roles. A client that cancels, or
+// a stream that can no longer be written, aborts the request in the engine.
+#pragma once
+
+#include <mutex>
+#include <string>
+
+#include "engine/engine_loop.h"
+#include "proto/worker.grpc.pb.h"
+#include "worker/decode_role.h"
+#include "worker/prefill_role.h"
+
+namespace pdserve::worker {
+
+class WorkerService final : public Worker::Service {
+ public:
+  // `prefill` is set for the prefill role, `decode` for the decode role, neither for aggregated.
+  WorkerService(Role role, std::string worker_id, engine::EngineLoop& loop, PrefillRole* prefill,
+                DecodeRole* decode);
+
+  // The id Info reports (known once the server has its port).
+  void set_worker_id(std::string id) {
+    std::lock_guard lock(id_mu_);
+    worker_id_ = std::move(id);
+  }
+
+  grpc::Status Info(grpc::ServerContext* context, const InfoRequest* request, WorkerInfo* reply) override;
+  grpc::Status Reserve(grpc::ServerContext* context, const ReserveRequest* request,
+                       ReserveResponse* reply) override;
+  grpc::Status Prefill(grpc::ServerContext* context, const PrefillRequest* request,
+                       PrefillResponse* reply) override;
+  grpc::Status Generate(grpc::ServerContext* context, const WorkerGenerateRequest* request,
+                        grpc::ServerWriter<WorkerEvent>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* context, const WorkerAbortRequest* request,
+                     WorkerAbortResponse* reply) override;
+
+ private:
+  // Streams an engine request's events until it finishes or the client goes away.
+  grpc::Status stream(grpc::ServerContext* context, engine::GenerationRequest request, double kv_transfer_s,
+                      grpc::ServerWriter<WorkerEvent>* writer);
+
+  const Role role_;
+  std::mutex id_mu_;
+  std::string worker_id_;
+  engine::EngineLoop& loop_;
+  PrefillRole* prefill_;
+  DecodeRole* decode_;
+};
+
+}  // namespace pdserve::worker
