@@ -43,8 +43,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Elements checked per transfer: every kSampleStride-th (all of them for small requests).
-constexpr int kSampleStride = 997;
+// Token positions checked per transfer: every kSampleStride-th (all of them for small requests).
+constexpr int kSampleStride = 61;
 
 struct Options {
   int tokens = 8192;
@@ -55,6 +55,7 @@ struct Options {
   std::string pairs = "1:1,4:8,8:4";
   std::string tls = "sm,self";
   bool perftest = true;
+  bool busy_poll = true;
   // Child roles.
   std::string role;
   int tp = 1, peer_tp = 1;
@@ -105,21 +106,23 @@ class RankThread {
     job_ = std::move(job);
     cv_.wait(lock, [&] { return !job_; });
   }
-  // Progresses until `done(event)` saw the request finish; returns the event.
+  // Progresses until the request finished on this rank; returns its outcome.
   KvTransferEvent wait_for(const std::string& id) {
     KvTransferEvent result;
     run([&] {
-      const auto deadline = std::chrono::steady_clock::now() + 60s;
+      const auto deadline = std::chrono::steady_clock::now() + 300s;
       while (std::chrono::steady_clock::now() < deadline) {
-        for (auto& e : endpoint_->progress(1ms)) {
-          if (e.request_id == id) {
-            result = e;
+        for (auto it = seen_.begin(); it != seen_.end(); ++it) {
+          if (it->request_id == id) {
+            result = *it;
+            seen_.erase(it);
             return;
           }
         }
+        for (auto& e : endpoint_->progress(1ms)) seen_.push_back(std::move(e));
       }
       result.request_id = id;
-      result.error = absl::DeadlineExceededError("bench: no outcome within 60 s");
+      result.error = absl::DeadlineExceededError("bench: no outcome within 300 s");
     });
     return result;
   }
@@ -139,7 +142,8 @@ class RankThread {
         cv_.notify_all();
         continue;
       }
-      (void)endpoint_->progress(1ms);
+      // Outcomes that arrive between jobs are kept for the next wait_for().
+      for (auto& e : endpoint_->progress(1ms)) seen_.push_back(std::move(e));
     }
   }
 
@@ -148,6 +152,7 @@ class RankThread {
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;
+  std::vector<KvTransferEvent> seen_;  // Only touched on the rank's thread.
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -178,6 +183,7 @@ int run_child(const Options& o) {
     eo.arena = arenas[r].data();
     eo.num_blocks = num_blocks;
     eo.name = o.role;
+    eo.busy_poll = o.busy_poll;
     auto endpoint = KvRankEndpoint::create(std::move(eo));
     if (!endpoint.ok()) {
       std::cerr << "endpoint: " << endpoint.status() << std::endl;
@@ -206,17 +212,22 @@ int run_child(const Options& o) {
       std::vector<std::thread> waits;
       for (auto& rank : ranks) {
         rank->run([&] {
-          Status st = rank->endpoint().expect_push({id, o.peer_tp, blocks, peers, 60s});
+          Status st = rank->endpoint().expect_push({id, o.peer_tp, blocks, peers, 300s});
           if (!st.ok()) std::cerr << "expect_push: " << st << std::endl;
         });
       }
       say("EXPECTED " + id);
       std::vector<KvTransferEvent> events(ranks.size());
+      std::vector<int64_t> ready_at(ranks.size());
       for (size_t r = 0; r < ranks.size(); ++r) {
-        waits.emplace_back([&, r] { events[r] = ranks[r]->wait_for(id); });
+        waits.emplace_back([&, r] {
+          events[r] = ranks[r]->wait_for(id);
+          ready_at[r] = now_ns();
+        });
       }
       for (auto& t : waits) t.join();
-      int64_t wrong = 0, last = 0;
+      const int64_t last = *std::max_element(ready_at.begin(), ready_at.end());
+      int64_t wrong = 0;
       bool ok = true;
       for (size_t r = 0; r < ranks.size(); ++r) {
         ok &= events[r].kind == KvTransferEvent::Kind::kReady;
@@ -224,7 +235,6 @@ int run_child(const Options& o) {
         wrong += testing::count_wrong(ranks[r]->endpoint().layout(), ranks[r]->arena().data(),
                                       blocks, salt, stride);
       }
-      last = now_ns();
       say(absl::StrCat("RESULT ", id, " ", ok ? "ready" : "failed", " ", wrong, " ", last));
     } else if (w[0] == "PUSH") {  // Producer: fill, then time the push from a common start.
       for (auto& rank : ranks) {
@@ -243,7 +253,7 @@ int run_child(const Options& o) {
             while (arrived.load() < static_cast<int>(ranks.size())) std::this_thread::yield();
             int64_t expected = 0;
             start.compare_exchange_strong(expected, now_ns());
-            Status st = ep.begin_push({id, o.peer_tp, peers, blocks, blocks, 60s});
+            Status st = ep.begin_push({id, o.peer_tp, peers, blocks, blocks, 300s});
             for (int l = 0; st.ok() && l < ep.layout().num_layers(); ++l) st = ep.layer_ready(id, l);
             if (st.ok()) st = ep.seal(id, r == 0 ? std::optional<int32_t>(1) : std::nullopt);
             if (!st.ok()) std::cerr << "push: " << st << std::endl;
@@ -407,7 +417,8 @@ int run_parent(const Options& o) {
       return std::vector<std::string>{self, "--role", role, "--tp", std::to_string(tp),
                                       "--peer-tp", std::to_string(peer_tp), "--tokens",
                                       std::to_string(o.tokens), "--block-size",
-                                      std::to_string(o.block_size)};
+                                      std::to_string(o.block_size),
+                                      o.busy_poll ? "--busy-poll" : "--no-busy-poll"};
     };
     Child consumer(args("consumer", C, P), o.tls);
     Child producer(args("producer", P, C), o.tls);
@@ -485,6 +496,8 @@ int main(int argc, char** argv) {
     else if (k == "--pairs") o.pairs = value();
     else if (k == "--tls") o.tls = value();
     else if (k == "--no-perftest") o.perftest = false;
+    else if (k == "--no-busy-poll") o.busy_poll = false;
+    else if (k == "--busy-poll") o.busy_poll = true;
     else if (k == "--role") o.role = value();
     else if (k == "--tp") o.tp = std::atoi(value().c_str());
     else if (k == "--peer-tp") o.peer_tp = std::atoi(value().c_str());
@@ -492,7 +505,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: kvtransfer_bench [--tokens N] [--small-tokens N] [--block-size N] "
                    "[--reps N] [--small-reps N] [--pairs 1:1,4:8,8:4] [--tls sm,self] "
-                   "[--no-perftest]\n");
+                   "[--no-perftest] [--no-busy-poll]\n");
       return 2;
     }
   }

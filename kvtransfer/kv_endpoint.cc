@@ -993,7 +993,17 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
   const Duration wait = any_transfer_in_flight()
                             ? std::min<Duration>(timeout, std::chrono::microseconds(200))
                             : timeout;
-  StatusOr<ControlEvent> event = control_->receive(wait);
+  StatusOr<ControlEvent> event = absl::DeadlineExceededError("no control event");
+  if (options_.busy_poll && !requests_.empty()) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    do {
+      transport_->progress();
+      // A short real wait: receive() polls the sockets only when some time is left.
+      event = control_->receive(std::chrono::microseconds(20));
+    } while (!event.ok() && std::chrono::steady_clock::now() < until);
+  } else {
+    event = control_->receive(wait);
+  }
   while (event.ok()) {
     on_control_event(*event);
     event = control_->receive(Duration(0));

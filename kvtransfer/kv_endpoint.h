@@ -67,6 +67,10 @@ struct KvEndpointOptions {
   // How long after its lease a session whose blocks a remote peer accesses waits for that
   // peer's confirmation before it frees them anyway (the peer stops at its own lease).
   Duration quarantine = std::chrono::seconds(1);
+  // While requests are open, progress() spins on the transport instead of sleeping in the
+  // control poll: lower latency, and the speed of transports that emulate one-sided ops with
+  // the target's help (UCX over shared memory it did not allocate, tcp). Costs a core per rank.
+  bool busy_poll = false;
   // Debug: push-mode producers send a checksum per request block; consumers verify them.
   bool checksums = false;
   // Called exactly once per request whose blocks this rank gives back (see session.h).

@@ -14,6 +14,8 @@ jobs=${JOBS:-$(nproc)}
 if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
   export PDSERVE_MODEL_PATH="$root/../shared/models"
 fi
+# Share ccache hits between checkouts in different folders (CI builds a fresh clone).
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
 case "${1:-}" in

@@ -22,6 +22,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kTp = 2;
+// Allowance over the protocol's own bounds (lease, quarantine, timeouts) for a loaded machine.
+constexpr auto kSlack = 3s;
 
 class SessionFaultTest : public ::testing::Test {
  protected:
@@ -87,8 +89,8 @@ TEST_F(SessionFaultTest, ConsumerKilledMidPushProducerFailsAndFreesWithinLease) 
   producer->send(push_cmd(*consumer, "k1", 8000));
   ASSERT_TRUE(producer->wait_until([&] { return producer->count("POSTED k1 ") >= 2; }, 10s));
   consumer->kill9();
-  const auto lines = failed_and_released(*producer, "k1", 8s);
-  EXPECT_LT(Clock::now() - start, 8s);
+  const auto lines = failed_and_released(*producer, "k1", 8000ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 8000ms + kSlack);
   EXPECT_TRUE(mentions(lines, "lost")) << producer->output();
   EXPECT_EQ(producer->quit(10s), 0);
 }
@@ -104,8 +106,8 @@ TEST_F(SessionFaultTest, ProducerKilledMidPushConsumerFailsAndFreesWithinLease) 
   producer->kill9();
   // The consumer learns of the death from the heartbeats at once, but a silent producer could
   // be paused rather than dead, so its blocks come back at lease + quarantine.
-  const auto lines = failed_and_released(*consumer, "k2", 8s);
-  EXPECT_LT(Clock::now() - start, 4000ms + 500ms + 2s);
+  const auto lines = failed_and_released(*consumer, "k2", 4500ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 4000ms + 500ms + kSlack);
   EXPECT_TRUE(mentions(lines, "lost")) << consumer->output();
   EXPECT_EQ(consumer->quit(10s), 0);
 }
@@ -120,8 +122,8 @@ TEST_F(SessionFaultTest, LostWriteDoneFailsTheConsumerAtItsLease) {
   // The producer believes it is done; the consumer never sees a sealed count, so it must not
   // serve the request. The producer answers its abort, so the blocks need no quarantine.
   ASSERT_TRUE(producer->wait_until([&] { return producer->count("RELEASED l1 ") == kTp; }, 10s));
-  const auto lines = failed_and_released(*consumer, "l1", 5s);
-  EXPECT_LT(Clock::now() - start, 2000ms + 400ms);
+  const auto lines = failed_and_released(*consumer, "l1", 2000ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 2000ms + kSlack);
   EXPECT_TRUE(mentions(lines, "lease expired")) << consumer->output();
   EXPECT_EQ(consumer->quit(10s), 0);
   EXPECT_EQ(producer->quit(10s), 0);
@@ -140,8 +142,8 @@ TEST_F(SessionFaultTest, LostReleaseFreesTheProducerAtLeasePlusQuarantine) {
   for (const auto& l : consumer->lines("EVENT r1 ")) {
     EXPECT_NE(l.find(" ready wrong=0 "), std::string::npos) << l;
   }
-  const auto lines = failed_and_released(*producer, "r1", 5s);
-  EXPECT_LT(Clock::now() - start, 2000ms + 500ms + 1s);
+  const auto lines = failed_and_released(*producer, "r1", 2500ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 2500ms + kSlack);
   EXPECT_TRUE(mentions(lines, "lease expired")) << producer->output();
 }
 
@@ -151,8 +153,8 @@ TEST_F(SessionFaultTest, ConsumerThatNeverAnswersFailsThePushAtOnce) {
   consumer->signal(SIGSTOP);
   const auto start = Clock::now();
   producer->send(push_cmd(*consumer, "n1", 10000));
-  const auto lines = failed_and_released(*producer, "n1", 5s);
-  EXPECT_LT(Clock::now() - start, 3s);
+  const auto lines = failed_and_released(*producer, "n1", 1000ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 1000ms + kSlack);
   EXPECT_TRUE(mentions(lines, "no handshake answer")) << producer->output();
   consumer->signal(SIGCONT);
 }
@@ -166,11 +168,11 @@ TEST_F(SessionFaultTest, ProducerThatNeverAnswersFailsThePullBothSidesFree) {
   const auto start = Clock::now();
   consumer->send(absl::StrCat("pull n2 ", kTp, " ", kTp, " 2000 ", producer->endpoints(kTp),
                               " 2,3 6,7"));
-  const auto lines = failed_and_released(*consumer, "n2", 5s);
-  EXPECT_LT(Clock::now() - start, 3s);
+  const auto lines = failed_and_released(*consumer, "n2", 1000ms + kSlack);
+  EXPECT_LT(Clock::now() - start, 1000ms + kSlack);
   EXPECT_TRUE(mentions(lines, "no handshake answer")) << consumer->output();
   producer->signal(SIGCONT);
-  const auto held = failed_and_released(*producer, "n2", 5s);
+  const auto held = failed_and_released(*producer, "n2", 3000ms + kSlack);
   EXPECT_TRUE(mentions(held, "lease expired")) << producer->output();
 }
 
@@ -186,10 +188,10 @@ TEST_F(SessionFaultTest, AbortFromEitherSideFreesBothSidesPromptly) {
     ASSERT_TRUE(producer->wait_until([&] { return producer->count("POSTED " + id) >= 6; }, 10s));
     PeerProcess& aborter = std::string(side) == "consumer" ? *consumer : *producer;
     aborter.send(absl::StrCat("abort ", id, " ", kTp));
-    const auto p = failed_and_released(*producer, id, 5s);
-    const auto c = failed_and_released(*consumer, id, 5s);
+    const auto p = failed_and_released(*producer, id, kSlack);
+    const auto c = failed_and_released(*consumer, id, kSlack);
     // Well within the 10 s lease: the abort and its answer replace the quarantine.
-    EXPECT_LT(Clock::now() - start, 3s) << side;
+    EXPECT_LT(Clock::now() - start, kSlack) << side;
     EXPECT_TRUE(mentions(p, "abort")) << producer->output();
     EXPECT_TRUE(mentions(c, "abort")) << consumer->output();
   }

@@ -17,7 +17,6 @@ template <typename Fn>
 void for_each(const engine::KvCacheLayout& layout, const std::vector<int>& blocks, uint64_t salt,
               int stride, Fn fn) {
   const int bs = layout.block_size();
-  int64_t n = 0;
   for (int l = 0; l < layout.num_layers(); ++l) {
     const engine::LayerKvSpec& spec = layout.spec().layers[l];
     const size_t esize = engine::dtype_size(spec.dtype);
@@ -26,12 +25,13 @@ void for_each(const engine::KvCacheLayout& layout, const std::vector<int>& block
       const int dim = layout.part_head_dim(l, part);
       for (size_t i = 0; i < blocks.size(); ++i) {
         for (int slot = 0; slot < bs; ++slot) {
+          // Sampling by token position keeps the same elements on sides of different TP.
+          if (stride > 1 && (i * bs + slot) % stride != 0) continue;
           for (int h = 0; h < layout.num_local_heads(l); ++h) {
             const uint64_t base = layout.offset(l, part, blocks[i], slot, h);
             const uint64_t key = mix(mix(mix(salt ^ uint64_t(l)) ^ uint64_t(layout.heads(l).begin + h)) ^
                                      (uint64_t(i * bs + slot) << 1 | uint64_t(part)));
             for (int e = 0; e < dim; ++e) {
-              if (stride > 1 && (n++ % stride) != 0) continue;
               fn(base + e * esize, key + uint64_t(e) * 0x9e3779b97f4a7c15ull, esize);
             }
           }

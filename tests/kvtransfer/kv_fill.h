@@ -17,12 +17,12 @@ namespace pdserve::kvtransfer::testing {
 uint64_t request_salt(std::string_view request_id);
 
 // Writes the request's values into `blocks` (block i holds positions [i*bs, (i+1)*bs)); with
-// `stride` > 1 only the elements count_wrong() with the same stride checks.
+// `stride` > 1 only those of every stride-th token position (what count_wrong() then checks).
 void fill_request(const engine::KvCacheLayout& layout, void* arena, const std::vector<int>& blocks,
                   uint64_t salt, int stride = 1);
 
 // Counts the elements of `blocks` that differ from the request's values. `stride` > 1 checks
-// only every stride-th element (for large arenas).
+// only every stride-th token position (for large arenas).
 int64_t count_wrong(const engine::KvCacheLayout& layout, const void* arena,
                     const std::vector<int>& blocks, uint64_t salt, int stride = 1);
 

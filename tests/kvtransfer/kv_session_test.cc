@@ -86,23 +86,25 @@ class SessionProcessTest : public ::testing::Test {
     return true;
   }
 
+  // Generous default leases: a transfer that works is not slowed by them, and a loaded test
+  // machine must not turn a slow transfer into a failure.
   Outcome push(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
-               int lease_ms = 10000) {
+               int lease_ms = 30000) {
     consumer.send(absl::StrCat("expect ", id, " ", C, " ", P, " ", lease_ms, " ",
                                producer.endpoints(P), " ", kConsumerBlocks));
     EXPECT_TRUE(all_acked(consumer, id, C)) << consumer.output();
     producer.send(absl::StrCat("push ", id, " ", P, " ", C, " ", lease_ms, " ",
                                consumer.endpoints(C), " ", kProducerBlocks, " ", kConsumerBlocks));
-    return finish(producer, consumer, id, P, C, 20s);
+    return finish(producer, consumer, id, P, C, std::chrono::milliseconds(lease_ms) + 10s);
   }
 
   Outcome pull(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
-               int lease_ms = 10000) {
+               int lease_ms = 30000) {
     producer.send(absl::StrCat("hold ", id, " ", P, " ", C, " ", lease_ms, " ", kProducerBlocks));
     EXPECT_TRUE(all_acked(producer, id, P)) << producer.output();
     consumer.send(absl::StrCat("pull ", id, " ", C, " ", P, " ", lease_ms / 2, " ",
                                producer.endpoints(P), " ", kProducerBlocks, " ", kConsumerBlocks));
-    return finish(producer, consumer, id, P, C, 20s);
+    return finish(producer, consumer, id, P, C, std::chrono::milliseconds(lease_ms) + 10s);
   }
 
   fs::path dir_;
