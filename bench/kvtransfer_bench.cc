@@ -5,7 +5,10 @@
 // `ucx_perftest -t ucp_put_bw` between two processes in the same run with the same total bytes
 // and message size as our average op, as the reference for what the transport can do. It also
 // times small (16-token) requests, whose latency is the per-request overhead. Every transfer
-// is verified (sampled elements) before it counts. The last line is
+// is verified (sampled elements) before it counts. Each rank's KV arena is allocated by its
+// transport (KvEndpointOptions::allocate_arena), as a deployment on shared memory would run
+// it: UCX's shared-memory transports then copy straight into the peer's arena
+// (--registered-arenas measures malloc'ed, registered arenas instead). The last line is
 // `min ratio vs ucx_perftest: X`.
 //
 // The bench re-executes itself as the producer and consumer processes (--role); they talk to
@@ -55,7 +58,10 @@ struct Options {
   std::string pairs = "1:1,4:8,8:4";
   std::string tls = "sm,self";
   bool perftest = true;
-  bool busy_poll = true;
+  // Off by default: into transport-allocated arenas the producer copies by itself, so a
+  // spinning consumer only takes CPU from it (--busy-poll for --registered-arenas).
+  bool busy_poll = false;
+  bool allocated_arenas = true;
   // Child roles.
   std::string role;
   int tp = 1, peer_tp = 1;
@@ -92,14 +98,13 @@ void say(const std::string& line) {
 
 class RankThread {
  public:
-  explicit RankThread(std::unique_ptr<KvRankEndpoint> endpoint, std::vector<uint8_t>* arena)
-      : endpoint_(std::move(endpoint)), arena_(arena), thread_([this] { loop(); }) {}
+  explicit RankThread(std::unique_ptr<KvRankEndpoint> endpoint)
+      : endpoint_(std::move(endpoint)), thread_([this] { loop(); }) {}
   ~RankThread() {
     stop_ = true;
     thread_.join();
   }
   KvRankEndpoint& endpoint() { return *endpoint_; }
-  std::vector<uint8_t>& arena() { return *arena_; }
   // Runs `job` on the rank's thread and waits for it.
   void run(std::function<void()> job) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -148,7 +153,6 @@ class RankThread {
   }
 
   std::unique_ptr<KvRankEndpoint> endpoint_;
-  std::vector<uint8_t>* arena_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void()> job_;
@@ -168,22 +172,31 @@ int run_child(const Options& o) {
   const bool producer = o.role == "producer";
   const engine::KvCacheSpec spec = bench_spec(o.block_size);
   const int num_blocks = (o.tokens + o.block_size - 1) / o.block_size;
+  // Used only with --registered-arenas; outlives the endpoints.
   std::vector<std::vector<uint8_t>> arenas(o.tp);
   std::vector<std::unique_ptr<RankThread>> ranks;
   for (int r = 0; r < o.tp; ++r) {
     const uint64_t bytes =
         engine::KvCacheLayout::create(spec, r, o.tp, num_blocks).value().total_bytes();
-    arenas[r].assign(bytes, 0);
     KvEndpointOptions eo;
     eo.spec = spec;
     eo.model_id = "bench-8b";
     eo.side = producer ? SessionSide::kProducer : SessionSide::kConsumer;
     eo.tp = o.tp;
     eo.rank = r;
-    eo.arena = arenas[r].data();
+    if (o.allocated_arenas) {
+      eo.allocate_arena = true;
+    } else {
+      arenas[r].assign(bytes, 0);
+      eo.arena = arenas[r].data();
+    }
     eo.num_blocks = num_blocks;
     eo.name = o.role;
     eo.busy_poll = o.busy_poll;
+    // The first request into a peer's fresh shared-memory mapping page-faults every page it
+    // writes while the rank thread, which also sends the heartbeats, copies; on a loaded
+    // machine that took over 30 s per GiB, longer than the default peer timeout.
+    eo.peer_timeout = 300s;
     auto endpoint = KvRankEndpoint::create(std::move(eo));
     if (!endpoint.ok()) {
       std::cerr << "endpoint: " << endpoint.status() << std::endl;
@@ -191,7 +204,7 @@ int run_child(const Options& o) {
     }
     say(absl::StrCat("EP ", r, " ", (*endpoint)->control_endpoint()));
     if (r == 0) std::cerr << (*endpoint)->describe() << std::endl;
-    ranks.push_back(std::make_unique<RankThread>(std::move(*endpoint), &arenas[r]));
+    ranks.push_back(std::make_unique<RankThread>(std::move(*endpoint)));
   }
   say("READY");
   std::vector<std::string> peers;
@@ -232,13 +245,13 @@ int run_child(const Options& o) {
       for (size_t r = 0; r < ranks.size(); ++r) {
         ok &= events[r].kind == KvTransferEvent::Kind::kReady;
         if (!events[r].error.ok()) std::cerr << events[r].error << std::endl;
-        wrong += testing::count_wrong(ranks[r]->endpoint().layout(), ranks[r]->arena().data(),
+        wrong += testing::count_wrong(ranks[r]->endpoint().layout(), ranks[r]->endpoint().arena(),
                                       blocks, salt, stride);
       }
       say(absl::StrCat("RESULT ", id, " ", ok ? "ready" : "failed", " ", wrong, " ", last));
     } else if (w[0] == "PUSH") {  // Producer: fill, then time the push from a common start.
       for (auto& rank : ranks) {
-        testing::fill_request(rank->endpoint().layout(), rank->arena().data(), blocks, salt,
+        testing::fill_request(rank->endpoint().layout(), rank->endpoint().arena(), blocks, salt,
                               stride);
       }
       std::atomic<int> arrived{0};
@@ -404,8 +417,10 @@ int run_parent(const Options& o) {
   double min_ratio = 1e9;
   bool all_ok = true;
   std::printf("kvtransfer_bench: %d tokens, 32 layers x 8 KV heads x 128 dim bf16, block %d, "
-              "head-major separate K/V, UCX_TLS=%s, push mode\n",
-              o.tokens, o.block_size, o.tls.c_str());
+              "head-major separate K/V, UCX_TLS=%s, push mode, %s arenas, %s\n",
+              o.tokens, o.block_size, o.tls.c_str(),
+              o.allocated_arenas ? "transport-allocated" : "registered (malloc)",
+              o.busy_poll ? "busy polling" : "no busy polling");
   std::printf("%-7s %10s %8s %10s %10s %12s %14s %12s %7s %12s\n", "P->C", "bytes", "ops",
               "op size", "best ms", "MB/s", "perftest MB/s", "small p50 us", "ratio",
               "verified");
@@ -418,7 +433,9 @@ int run_parent(const Options& o) {
                                       "--peer-tp", std::to_string(peer_tp), "--tokens",
                                       std::to_string(o.tokens), "--block-size",
                                       std::to_string(o.block_size),
-                                      o.busy_poll ? "--busy-poll" : "--no-busy-poll"};
+                                      o.busy_poll ? "--busy-poll" : "--no-busy-poll",
+                                      o.allocated_arenas ? "--allocated-arenas"
+                                                         : "--registered-arenas"};
     };
     Child consumer(args("consumer", C, P), o.tls);
     Child producer(args("producer", P, C), o.tls);
@@ -498,6 +515,8 @@ int main(int argc, char** argv) {
     else if (k == "--no-perftest") o.perftest = false;
     else if (k == "--no-busy-poll") o.busy_poll = false;
     else if (k == "--busy-poll") o.busy_poll = true;
+    else if (k == "--registered-arenas") o.allocated_arenas = false;
+    else if (k == "--allocated-arenas") o.allocated_arenas = true;
     else if (k == "--role") o.role = value();
     else if (k == "--tp") o.tp = std::atoi(value().c_str());
     else if (k == "--peer-tp") o.peer_tp = std::atoi(value().c_str());
@@ -505,7 +524,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: kvtransfer_bench [--tokens N] [--small-tokens N] [--block-size N] "
                    "[--reps N] [--small-reps N] [--pairs 1:1,4:8,8:4] [--tls sm,self] "
-                   "[--no-perftest] [--no-busy-poll]\n");
+                   "[--no-perftest] [--busy-poll|--no-busy-poll] [--registered-arenas]\n");
       return 2;
     }
   }

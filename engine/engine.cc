@@ -65,7 +65,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                                                    " bytes holds no block (a block takes ", block_bytes, ")"));
   if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("KV cache budget too large");
   PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
-  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options.tp));
+  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options.tp,
+                                                                options.kv_arena_allocator));
   engine->weights_ = std::move(weights);
   engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
   engine->stats_.num_blocks = int(num_blocks);
@@ -177,6 +178,7 @@ void Engine::admit() {
     seq.num_computed = int(seq.request.prompt.size());
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
+    seq.sampler.skip_draw();
     accept_token(seq, seq.request.handoff.first_token);
   }
   // FIFO: a request that does not fit blocks the ones behind it, so none starves. Blocks for

@@ -34,6 +34,13 @@ struct EngineOptions {
   double memory_utilization = 0.0;
   int max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
   int max_running = 256;       // Sequences in flight.
+  // Where each rank's KV arena lives. Empty (the default): the rank's backend allocates it.
+  // Otherwise it is called once per rank with the arena's size (kv_layout(rank).total_bytes())
+  // and returns at least that many bytes, which the engine zero-fills and never frees: they
+  // belong to the allocator's owner and must outlive the engine. Used to compute straight into
+  // memory a kvtransfer transport allocated (KvRankEndpoint with allocate_arena), which UCX's
+  // shared-memory transports let peers copy into directly (docs/kvtransfer.md).
+  KvArenaAllocator kv_arena_allocator;
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.

@@ -58,9 +58,13 @@ void EngineLoop::on_event(const TokenCallback& sink, const TokenEvent& ev) {
 }
 
 void EngineLoop::abort(const std::string& id) {
-  std::lock_guard lock(mu_);
-  if (!active_.count(id)) return;
+  {
+    std::lock_guard lock(mu_);
+    if (!active_.count(id)) return;
+  }
+  // Not under mu_: the engine may hold its own lock while it calls a sink, which takes mu_.
   engine_->abort(id);
+  std::lock_guard lock(mu_);
   work_ = true;
   wake_.notify_one();
 }
@@ -102,28 +106,27 @@ void EngineLoop::run() {
   while (true) {
     if (stopping_) {
       if (active_.empty() && !engine_->has_work()) break;
-      // Re-issued every round: a submit racing with shutdown may have queued its request
-      // after an earlier abort of the same id was applied.
+      // Re-issued every step: a submit racing with shutdown may have queued its request after
+      // an earlier abort of the same id was applied.
       for (const auto& [id, a] : active_) engine_->abort(id);
-    } else {
+    } else if (!work_ && !engine_->has_work()) {
       wake_.wait(lock, [&] { return work_ || stopping_; });
+      continue;
     }
     work_ = false;
+    // Readers see this while the step runs: at most one step old, never from an earlier busy spell.
+    snapshot_ = engine_->stats();
     stepping_ = true;
     lock.unlock();
-    while (engine_->has_work()) {
-      Status s = engine_->step();
-      if (!s.ok()) {
-        PD_LOG_ERROR("engine step failed: {}; aborting its requests", s.ToString());
-        std::lock_guard relock(mu_);
-        for (const auto& [id, a] : active_) engine_->abort(id);
-      }
-      EngineStats st = engine_->stats();
-      std::lock_guard relock(mu_);
-      snapshot_ = st;
-    }
+    // One step per round, so that shutdown is noticed between steps.
+    Status s = engine_->step();
+    EngineStats st = engine_->stats();
     lock.lock();
-    snapshot_ = engine_->stats();
+    if (!s.ok()) {
+      PD_LOG_ERROR("engine step failed: {}; aborting its requests", s.ToString());
+      for (const auto& [id, a] : active_) engine_->abort(id);
+    }
+    snapshot_ = st;
     stepping_ = false;
   }
   snapshot_ = engine_->stats();

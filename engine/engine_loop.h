@@ -40,7 +40,7 @@ class EngineLoop {
   void abort(const std::string& id);
   // Whether a request of this id is queued or running.
   bool active(const std::string& id) const;
-  // A consistent snapshot (refreshed after every step).
+  // A snapshot: live while the loop is idle, else as of the last step's end.
   EngineLoopStats stats() const;
   // Aborts every request, waits until each finished, and stops the thread. Idempotent.
   void shutdown();

@@ -4,7 +4,9 @@
 // here, computed per layer from the spec.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/status.h"
@@ -12,6 +14,10 @@
 #include "engine/tp_shard.h"
 
 namespace pdserve::engine {
+
+// Supplies rank `rank`'s KV arena of `bytes` bytes from memory someone else owns (see
+// EngineOptions::kv_arena_allocator).
+using KvArenaAllocator = std::function<StatusOr<void*>(int rank, size_t bytes)>;
 
 // A byte range inside a rank's KV arena.
 struct ByteRange {

@@ -6,7 +6,8 @@ namespace pdserve::engine {
 
 StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                      const ModelWeightsF32& weights,
-                                                     const KvCacheSpec& kv_spec, int num_blocks, int tp) {
+                                                     const KvCacheSpec& kv_spec, int num_blocks, int tp,
+                                                     const KvArenaAllocator& arena_allocator) {
   PD_RETURN_IF_ERROR(config.validate_tp(tp));
   auto pool = std::unique_ptr<RankPool>(new RankPool());
   // Ranks are the parallelism when there are several; BLAS threads would only contend.
@@ -16,7 +17,8 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
     pool->backends_.push_back(make_cpu_backend());
     PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(config, weights, r, tp));
     PD_ASSIGN_OR_RETURN(auto runner, RankRunner::create(config, std::move(shard), kv_spec, num_blocks,
-                                                        pool->backends_[r].get(), pool->comms_[r].get()));
+                                                        pool->backends_[r].get(), pool->comms_[r].get(),
+                                                        arena_allocator));
     pool->runners_.push_back(std::move(runner));
   }
   for (int r = 1; r < tp; ++r) pool->threads_.emplace_back(&RankPool::worker, pool.get(), r);

@@ -19,7 +19,8 @@ class RankPool {
  public:
   static StatusOr<std::unique_ptr<RankPool>> create(const ModelConfig& config,
                                                     const ModelWeightsF32& weights,
-                                                    const KvCacheSpec& kv_spec, int num_blocks, int tp);
+                                                    const KvCacheSpec& kv_spec, int num_blocks, int tp,
+                                                    const KvArenaAllocator& arena_allocator = {});
   ~RankPool();
 
   // Runs `batch` on every rank; logits as RankRunner::forward.

@@ -2,19 +2,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace pdserve::engine {
 
 StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& config, RankShard shard,
                                                          const KvCacheSpec& kv_spec, int num_blocks,
-                                                         Backend* backend, Communicator* comm) {
+                                                         Backend* backend, Communicator* comm,
+                                                         const KvArenaAllocator& arena_allocator) {
   for (const LayerKvSpec& s : kv_spec.layers)
     if (s.dtype != DType::kF32)
       return absl::UnimplementedError("the CPU backend keeps its KV cache in f32");
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));
-  PD_ASSIGN_OR_RETURN(void* arena, backend->allocate(runner->layout_.total_bytes()));
-  runner->arena_ = static_cast<uint8_t*>(arena);
+  const size_t arena_bytes = runner->layout_.total_bytes();
+  if (arena_allocator) {
+    PD_ASSIGN_OR_RETURN(void* arena, arena_allocator(runner->shard_.rank, arena_bytes));
+    if (arena == nullptr) return absl::InternalError("KV arena allocator returned null");
+    std::memset(arena, 0, arena_bytes);  // Backend memory is zeroed; the allocator's may not be.
+    runner->arena_ = static_cast<uint8_t*>(arena);
+  } else {
+    PD_ASSIGN_OR_RETURN(void* arena, backend->allocate(arena_bytes));
+    runner->arena_ = static_cast<uint8_t*>(arena);
+    runner->owns_arena_ = true;
+  }
   const KvCacheLayout& L = runner->layout_;
   for (int l = 0; l < L.num_layers(); ++l) {
     kernels::cpu::PagedLayerView v;
@@ -41,7 +52,7 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
     : config_(config), shard_(std::move(shard)), layout_(std::move(layout)), backend_(backend), comm_(comm) {}
 
 RankRunner::~RankRunner() {
-  if (arena_) backend_->deallocate(arena_);
+  if (owns_arena_) backend_->deallocate(arena_);
 }
 
 void RankRunner::resize_scratch(int n) {

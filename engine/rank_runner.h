@@ -30,10 +30,12 @@ struct ForwardBatch {
 
 class RankRunner {
  public:
-  // Allocates the rank's KV arena (`num_blocks` blocks) on `backend`.
+  // Allocates the rank's KV arena (`num_blocks` blocks) on `backend`, or takes it from
+  // `arena_allocator` when set (then zero-filled here and never freed by the runner).
   static StatusOr<std::unique_ptr<RankRunner>> create(const ModelConfig& config, RankShard shard,
                                                       const KvCacheSpec& kv_spec, int num_blocks,
-                                                      Backend* backend, Communicator* comm);
+                                                      Backend* backend, Communicator* comm,
+                                                      const KvArenaAllocator& arena_allocator = {});
   ~RankRunner();
 
   // Runs the model over `batch`. Writes this rank's vocabulary columns of each wanted row into
@@ -54,6 +56,7 @@ class RankRunner {
   Backend* backend_;
   Communicator* comm_;
   uint8_t* arena_ = nullptr;
+  bool owns_arena_ = false;  // From backend_ (freed here), not from a KvArenaAllocator.
   std::vector<kernels::cpu::PagedLayerView> views_;
   // Activations, resized to the largest batch seen.
   std::vector<float> x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_;

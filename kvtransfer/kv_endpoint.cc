@@ -1,6 +1,7 @@
 #include "kvtransfer/kv_endpoint.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -29,7 +30,11 @@ constexpr uint64_t kFnvSeed = 0xcbf29ce484222325ull;
 }  // namespace
 
 StatusOr<std::unique_ptr<KvRankEndpoint>> KvRankEndpoint::create(KvEndpointOptions options) {
-  if (options.arena == nullptr) return absl::InvalidArgumentError("no KV arena given");
+  if ((options.arena == nullptr) != options.allocate_arena) {
+    return absl::InvalidArgumentError(options.allocate_arena
+                                          ? "allocate_arena needs a null arena"
+                                          : "no KV arena given");
+  }
   PD_ASSIGN_OR_RETURN(engine::KvCacheLayout layout,
                       engine::KvCacheLayout::create(options.spec, options.rank, options.tp,
                                                     options.num_blocks));
@@ -56,8 +61,17 @@ Status KvRankEndpoint::init() {
     std::lock_guard<std::mutex> lock(transport_errors_mu_);
     transport_errors_.emplace_back(peer, error);
   });
-  PD_ASSIGN_OR_RETURN(RegisteredRegion region,
-                      transport_->register_region({options_.arena, layout_.total_bytes()}));
+  RegisteredRegion region;
+  if (options_.allocate_arena) {
+    PD_ASSIGN_OR_RETURN(AllocatedRegion allocated,
+                        transport_->allocate_region(layout_.total_bytes(), MemoryKind::kHost));
+    std::memset(allocated.addr, 0, layout_.total_bytes());  // Not zeroed by the transport.
+    options_.arena = allocated.addr;
+    region = {allocated.id, std::move(allocated.descriptor)};
+  } else {
+    PD_ASSIGN_OR_RETURN(region,
+                        transport_->register_region({options_.arena, layout_.total_bytes()}));
+  }
   region_ = region.id;
 
   ControlChannelOptions copts;

@@ -57,6 +57,12 @@ struct KvEndpointOptions {
   int rank = 0;
   // This rank's KV arena: KvCacheLayout(spec, rank, tp, num_blocks).total_bytes() bytes.
   void* arena = nullptr;
+  // Instead of `arena` (which stays null), the endpoint allocates the arena through its
+  // transport (Transport::allocate_region), zero-filled; arena() returns it. Over UCX shared
+  // memory peers then copy straight into it rather than needing this side's help for every op
+  // (docs/kvtransfer.md, Transport findings). It lives as long as the endpoint, so an engine
+  // computing into it (EngineOptions::kv_arena_allocator) must be destroyed first.
+  bool allocate_arena = false;
   int num_blocks = 0;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   const Clock* clock = &RealClock::instance();
@@ -153,7 +159,7 @@ struct KvEndpointCounters {
 
 class KvRankEndpoint {
  public:
-  // Registers the arena, creates the transport and binds the control channel.
+  // Creates the transport, registers (or allocates) the arena and binds the control channel.
   static StatusOr<std::unique_ptr<KvRankEndpoint>> create(KvEndpointOptions options);
   ~KvRankEndpoint();
 
@@ -163,6 +169,8 @@ class KvRankEndpoint {
   // The control endpoint peers dial (and the router hands out).
   const std::string& control_endpoint() const;
   const engine::KvCacheLayout& layout() const { return layout_; }
+  // The registered KV arena (options.arena, or the one allocate_arena made).
+  uint8_t* arena() const { return static_cast<uint8_t*>(options_.arena); }
   // Which transport and settings this endpoint runs with, for logs (design lesson 4).
   std::string describe() const;
 

@@ -64,6 +64,14 @@ struct RegisteredRegion {
   std::string descriptor;
 };
 
+// The result of allocate_region(): memory the transport allocated and registered.
+struct AllocatedRegion {
+  RegionId id = 0;
+  void* addr = nullptr;  // `length` bytes, not necessarily zeroed.
+  // Opaque remote descriptor, as RegisteredRegion::descriptor.
+  std::string descriptor;
+};
+
 enum class OpCode : uint8_t { kPut = 0, kGet = 1 };
 
 // One transfer: `length` bytes between local region + offset and remote region + offset.
@@ -113,7 +121,14 @@ class Transport {
 
   // Registers memory for remote access; returns the local handle and the remote descriptor.
   virtual StatusOr<RegisteredRegion> register_region(const MemoryRegion& region) = 0;
-  // Unregisters a region; ops in flight on it must have completed.
+  // Allocates `length` bytes of `kind` memory that the transport itself owns and registers.
+  // Memory a backend allocated can be faster to reach than registered memory: UCX's
+  // shared-memory transports map such a region into the peer and copy straight into it,
+  // while memory they did not allocate needs the target's help for every op. The contents
+  // are unspecified (not zeroed). Freed by deregister_region(), or when the transport dies.
+  virtual StatusOr<AllocatedRegion> allocate_region(size_t length, MemoryKind kind) = 0;
+  // Unregisters a region (and frees it, if allocate_region() made it); ops in flight on it
+  // must have completed.
   virtual Status deregister_region(RegionId region) = 0;
 
   // This worker's address, to give to peers that will connect().

@@ -40,10 +40,10 @@ HttpServer::HttpServer(Router& router, size_t max_body_bytes) : router_(router),
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
   });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req.body, /*chat=*/false, &res);
+    handle_generate(req.body, /*chat=*/false, res);
   });
   server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req.body, /*chat=*/true, &res);
+    handle_generate(req.body, /*chat=*/true, res);
   });
   server_->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -70,8 +70,7 @@ void HttpServer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HttpServer::handle_generate(const std::string& body, bool chat, void* response) {
-  httplib::Response& res = *static_cast<httplib::Response*>(response);
+void HttpServer::handle_generate(const std::string& body, bool chat, httplib::Response& res) {
   auto parsed = parse_openai_request(body, chat);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));

@@ -12,7 +12,8 @@
 
 namespace httplib {
 class Server;
-}
+struct Response;
+}  // namespace httplib
 
 namespace pdserve::router {
 
@@ -29,7 +30,8 @@ class HttpServer {
   void stop();
 
  private:
-  void handle_generate(const std::string& body, bool chat, void* response);
+  // Serves /v1/completions (chat = false) and /v1/chat/completions.
+  void handle_generate(const std::string& body, bool chat, httplib::Response& res);
 
   Router& router_;
   std::unique_ptr<httplib::Server> server_;

@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "engine/sampling/sampler.h"
+#include "engine/sampling/stop_checker.h"
 #include "router/policy.h"
 
 namespace pdserve::router {
@@ -22,6 +23,19 @@ bool worker_failure(const Status& s) {
   // Errors that say the worker (or the way to it) failed, not the request.
   return absl::IsUnavailable(s) || absl::IsInternal(s) || absl::IsUnknown(s) || absl::IsAborted(s) ||
          absl::IsDataLoss(s);
+}
+
+engine::SamplingParams to_engine(const v1::SamplingParams& s) {
+  engine::SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  p.seed = s.has_seed() ? s.seed() : -1;
+  p.max_tokens = s.max_tokens();
+  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  p.stop_strings.assign(s.stop().begin(), s.stop().end());
+  p.ignore_eos = s.ignore_eos();
+  return p;
 }
 
 }  // namespace
@@ -184,13 +198,7 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
   const v1::SamplingParams& s = r.sampling();
   if (s.max_tokens() <= 0)
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be > 0 (got ", s.max_tokens(), ")"));
-  engine::SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
-  p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  p.max_tokens = s.max_tokens();
-  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
-  p.stop_strings.assign(s.stop().begin(), s.stop().end());
+  const engine::SamplingParams p = to_engine(s);
   if (Status st = p.validate(); !st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
   const int vocab = model_.config.vocab_size;
   for (int t : p.stop_token_ids)
@@ -305,10 +313,16 @@ Router::Attempt Router::run_aggregated(Flow& f, std::vector<int>& exclude) {
     return {s, !f.emitted_tokens};
   }
   abort_on_workers(f.worker_id, {w});
+  if (Status st = f.act->status(); !st.ok()) return {st, false};
   return {s, false};
 }
 
 Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode) {
+  // The prefill worker is chosen first: the decode side binds the transfer to its producer
+  // group (TP and endpoints) at Reserve time, before any write can arrive.
+  const int p = pick_prefill(registry_.loads(worker::ROLE_PREFILL), exclude_prefill);
+  if (p < 0) return {absl::UnavailableError("no prefill worker is up"), false};
+  const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   // Reserve on a decode worker; a full one is retried (its requests free blocks as they end).
   int d = -1;
   worker::ReserveResponse reserved;
@@ -323,6 +337,9 @@ Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std
     worker::ReserveRequest req;
     req.set_request_id(f.worker_id);
     req.set_num_tokens(int(std::min<int64_t>(int64_t(f.prompt.size()) + f.sampling.max_tokens(), model_.config.max_seq_len)));
+    req.set_prompt_len(int(f.prompt.size()));
+    req.set_producer_tp(producer ? producer->tp() : 1);
+    if (producer) req.set_kv_producer(producer->kv_endpoint());
     Status s = from_grpc(registry_.stub(d)->Reserve(&ctx, req, &reserved), absl::StrCat("Reserve on ", registry_.address(d)));
     f.act->remove(&ctx);
     if (s.ok()) break;
@@ -339,11 +356,6 @@ Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std
     return {s, false};
   }
   registry_.note_assigned(d, f.blocks_per_worker, 0);
-  const int p = pick_prefill(registry_.loads(worker::ROLE_PREFILL), exclude_prefill);
-  if (p < 0) {
-    abort_on_workers(f.worker_id, {d});
-    return {absl::UnavailableError("no prefill worker is up"), false};
-  }
   f.assign(clock_);
   registry_.note_assigned(p, 0, int64_t(f.prompt.size()));
   f.prefill_worker = registry_.address(p);
@@ -371,16 +383,17 @@ Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std
   // sealed, without waiting for the prefill reply to travel back through the router.
   worker::PrefillResponse presp;
   Status prefill_status;
+  grpc::ClientContext pctx;
+  pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+  f.act->add(&pctx);
   std::thread prefill([&] {
-    grpc::ClientContext pctx;
-    pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
-    f.act->add(&pctx);
     prefill_status = from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
-    f.act->remove(&pctx);
     if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
   });
   Status ds = read_stream(f, d, dctx, dreq);
+  if (!ds.ok()) pctx.TryCancel();  // Nobody is left to receive the KV.
   prefill.join();
+  f.act->remove(&pctx);
   f.act->remove(&dctx);
 
   if (ds.ok()) {
@@ -434,6 +447,26 @@ Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std
     }
   }
   f.prefill_worker = registry_.address(p);
+  if (!presp.finish_reason().empty()) {
+    // The first token ended the request: there is nothing for a decode worker to do. Its text
+    // goes through the same stop rules the workers apply.
+    abort_on_workers(f.worker_id, {p});
+    worker::WorkerEvent& ev = f.final_event;
+    ev.set_finished(true);
+    ev.set_finish_reason(presp.finish_reason());
+    const int token = presp.first_token();
+    if (token >= 0 && token < model_.config.vocab_size) {
+      engine::StopChecker stop(to_engine(f.sampling), model_.config.eos_ids);
+      const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(f.prompt.back(), token));
+      if (!step.stop_token) {
+        ev.add_token_ids(token);
+        ev.set_text(step.delta);
+      }
+    }
+    f.finished = true;
+    f.prefill_s = presp.prefill_s();
+    return {absl::OkStatus(), false};
+  }
   const int d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, exclude_decode);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
@@ -561,7 +594,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
 
   const double tpot = f.generated >= 2 ? (t->total_s() - t->first_token_s()) / (f.generated - 1) : -1;
   metrics_.observe_request(reason, f.first_token_s, tpot, t->total_s(), int(f.prompt.size()), f.generated);
-  if (!aborted && options_.kv_mode != "aggregated")
+  if (!aborted && options_.kv_mode != "aggregated" && !f.decode_worker.empty())
     metrics_.observe_kv_transfer(f.prefill_worker, f.decode_worker, kv_bytes_per_token_ * f.prompt.size(), f.kv_transfer_s);
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 
 #include "common/logging.h"
 #include "engine/engine.h"
+#include "tools/router_client.h"
 
 namespace pdserve::tools {
 namespace {
@@ -20,7 +21,63 @@ struct GenerateFlags {
   engine::SamplingParams params;
   engine::EngineOptions engine;
   bool json = false;
+  std::string router;  // HOST:PORT: generate through a running router instead of in process.
 };
+
+// The same run through a router: the same output, the text streamed or the same JSON object.
+int run_generate_remote(const GenerateFlags& f) {
+  if (Status s = f.params.validate(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 1;
+  }
+  auto client = RouterClient::connect(f.router, std::chrono::seconds(10));
+  if (!client.ok()) {
+    std::cerr << "error: " << client.status().message() << "\n";
+    return 1;
+  }
+  auto info = (*client)->model_info();
+  if (!info.ok()) {
+    std::cerr << "error: " << info.status().message() << "\n";
+    return 1;
+  }
+  v1::GenerateRequest req;
+  req.set_text(f.prompt);
+  *req.mutable_sampling() = to_proto(f.params);
+  std::vector<int> prompt_ids, token_ids;
+  std::string text, finish;
+  v1::GenerateResponse last;
+  Status s = (*client)->generate(req, [&](const v1::GenerateResponse& r) {
+    prompt_ids.insert(prompt_ids.end(), r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+    token_ids.insert(token_ids.end(), r.token_ids().begin(), r.token_ids().end());
+    text += r.text();
+    if (!f.json) {
+      std::fwrite(r.text().data(), 1, r.text().size(), stdout);
+      std::fflush(stdout);
+    }
+    if (r.finished()) last = r;
+  });
+  if (!s.ok()) {
+    std::cerr << "\nerror: " << s.message() << "\n";
+    return 1;
+  }
+  if (f.json) {
+    nlohmann::json j;
+    j["model"] = info->name();
+    j["prompt_token_ids"] = prompt_ids;
+    j["token_ids"] = token_ids;
+    j["text"] = text;
+    j["finish_reason"] = last.finish_reason();
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << "\n";
+  }
+  const v1::Timings& t = last.timings();
+  std::cerr << "prompt " << prompt_ids.size() << " tokens, generated " << token_ids.size() << " tokens, finish "
+            << last.finish_reason() << "; prefill " << last.prefill_worker() << ", decode " << last.decode_worker()
+            << "; queued " << t.queued_s() << " s, prefill " << t.prefill_s() << " s, KV transfer " << t.kv_transfer_s()
+            << " s, first token " << t.first_token_s() << " s, total " << t.total_s() << " s\n";
+  return 0;
+}
 
 int run_generate(const GenerateFlags& f) {
   using Clock = std::chrono::steady_clock;
@@ -98,7 +155,7 @@ int run_generate(const GenerateFlags& f) {
 void add_generate_command(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<GenerateFlags>();
   flags->params.max_tokens = 256;
-  CLI::App* cmd = app.add_subcommand("generate", "Generate text in process");
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text in process, or through a router (--router)");
   cmd->add_option("--model", flags->model, "Model path or name (stories260K)")->capture_default_str();
   cmd->add_option("--tokenizer", flags->tokenizer, "Tokenizer file (default: found beside the model)");
   cmd->add_option("--prompt", flags->prompt, "Prompt text; empty means BOS alone");
@@ -115,7 +172,10 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
                   "KV cache as a fraction of device memory");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of streaming text");
-  cmd->callback([flags, exit_code] { *exit_code = run_generate(*flags); });
+  cmd->add_option("--router", flags->router, "Generate through the router at HOST:PORT instead of in process");
+  cmd->callback([flags, exit_code] {
+    *exit_code = flags->router.empty() ? run_generate(*flags) : run_generate_remote(*flags);
+  });
 }
 
 }  // namespace pdserve::tools

@@ -1,4 +1,4 @@
-// `pdserve generate`: runs the engine in process on one prompt and streams the text, or prints
+// `pdserve generate`: runs the engine in process (or asks a router, --router) on one prompt and streams the text, or prints
 // one JSON object with --json.
 #pragma once
 

@@ -2,8 +2,10 @@
 #include <CLI/CLI.hpp>
 
 #include "common/logging.h"
+#include "tools/bench_command.h"
 #include "tools/generate_command.h"
 #include "tools/make_model_command.h"
+#include "tools/up_command.h"
 
 int main(int argc, char** argv) {
   pdserve::init_logging();
@@ -12,6 +14,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   pdserve::tools::add_generate_command(app, &exit_code);
   pdserve::tools::add_make_model_command(app, &exit_code);
+  pdserve::tools::add_up_command(app, &exit_code);
+  pdserve::tools::add_bench_command(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -282,11 +282,6 @@ bool DecodeRole::abort(const std::string& id) {
   return true;
 }
 
-int DecodeRole::open_requests() const {
-  std::lock_guard lock(mu_);
-  return int(jobs_.size());
-}
-
 void DecodeRole::sweep() {
   std::unique_lock lock(mu_);
   while (!stopping_) {

@@ -45,8 +45,6 @@ class DecodeRole {
                                    const std::function<bool()>& cancelled);
   // Worker.Abort for a request still waiting for its KV; false if none is.
   bool abort(const std::string& id);
-  // Requests whose blocks this role still holds (reserved, transferring, failed and draining).
-  int open_requests() const;
   const KvRanks& kv() const { return *kv_; }
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);

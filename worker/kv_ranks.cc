@@ -7,6 +7,13 @@
 #include "kvtransfer/control/compat.h"
 
 namespace pdserve::worker {
+namespace {
+
+constexpr auto kProgressRound = std::chrono::microseconds(100);
+constexpr auto kBusyNap = std::chrono::milliseconds(1);
+constexpr auto kIdleNap = std::chrono::milliseconds(5);
+
+}  // namespace
 
 class KvRanks::Rank {
  public:
@@ -32,12 +39,14 @@ class KvRanks::Rank {
   void post(KvCommand command) {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(command));
+    wake_.notify_one();
   }
 
   void request_stop(Duration drain) {
     std::lock_guard lock(mu_);
     if (!stopping_) drain_ = drain;
     stopping_ = true;
+    wake_.notify_one();
   }
   void join() {
     if (thread_.joinable()) thread_.join();
@@ -70,9 +79,13 @@ class KvRanks::Rank {
         if (!drain_until) drain_until = clock_->now() + drain_;
         if (endpoint->open_requests() == 0 || clock_->now() >= *drain_until) break;
       }
-      // A short wait bounds how long a posted command sits before it runs.
-      const Duration wait = commands.empty() ? Duration(std::chrono::milliseconds(1)) : Duration(0);
-      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(wait)) on_event_(rank_, ev);
+      // The control channel polls in whole milliseconds and spins through any shorter wait, so
+      // progress() gets one short non-blocking round and the thread sleeps here instead, where
+      // post() can wake it. Open requests wait on peers' notifications: poll them more often.
+      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(kProgressRound)) on_event_(rank_, ev);
+      std::unique_lock lock(mu_);
+      wake_.wait_for(lock, endpoint->open_requests() > 0 ? kBusyNap : kIdleNap,
+                     [&] { return !queue_.empty() || stopping_; });
     }
     if (endpoint->open_requests() > 0)
       PD_LOG_WARN("kvtransfer rank {}: {} requests still open at shutdown", rank_, endpoint->open_requests());
@@ -83,6 +96,7 @@ class KvRanks::Rank {
   const Clock* clock_ = nullptr;
   std::string endpoint_;
   std::mutex mu_;
+  std::condition_variable wake_;
   std::vector<KvCommand> queue_;
   bool stopping_ = false;
   Duration drain_{0};
@@ -128,8 +142,6 @@ KvGroup KvRanks::group() const {
   g.set_compat_hash(compat_hash_);
   return g;
 }
-
-void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(command)); }
 
 void KvRanks::post_all(const std::function<void(int, kvtransfer::KvRankEndpoint&)>& command) {
   for (int r = 0; r < tp(); ++r)

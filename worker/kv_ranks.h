@@ -6,7 +6,6 @@
 // exchange as WorkerInfo.kv_endpoint / ReserveResponse.kv_target.
 #pragma once
 
-#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -51,9 +50,7 @@ class KvRanks {
   uint64_t compat_hash() const { return compat_hash_; }
   // This group: TP size, each rank's control endpoint, compat hash.
   KvGroup group() const;
-  // Runs `command` on `rank`'s thread, after the commands posted before it.
-  void post(int rank, KvCommand command);
-  // Posts `command` to every rank.
+  // Runs `command` on every rank's thread, after the commands posted there before it.
   void post_all(const std::function<void(int rank, kvtransfer::KvRankEndpoint&)>& command);
   // Keeps progressing until no rank has open requests or `drain` passed, then joins. Idempotent.
   void stop(Duration drain);

@@ -104,9 +104,11 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   };
   while (!done()) {
     if (cancelled()) {
-      abort_locked(id, j);
+      const bool in_engine = abort_locked(id, j);
       j.rpc_done = true;
       maybe_finish(id);
+      lock.unlock();
+      if (in_engine) loop_->abort(id);
       return absl::CancelledError(absl::StrCat("request ", id, " cancelled"));
     }
     changed_.wait_for(lock, std::chrono::milliseconds(20));
@@ -124,8 +126,6 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
       for (int b : j.kv_blocks) source.add_blocks(b);
       response.set_kv_source(source.SerializeAsString());
     }
-  } else if (!push && j.transfer_started) {
-    abort_locked(id, j);  // Some rank could not hold: the others must not hold either.
   }
   j.rpc_done = true;
   maybe_finish(id);
@@ -228,6 +228,9 @@ void PrefillRole::on_command_failed(int rank, const std::string& id, const Statu
     job.released[rank] = 1;
     job.outcome_known[rank] = 1;
   }
+  // The other ranks' consumers would otherwise wait for their lease. (Prefilled: nothing is
+  // left in the engine.)
+  (void)abort_locked(id, job);
   changed_.notify_all();
   maybe_finish(id);
 }
@@ -239,7 +242,10 @@ void PrefillRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   Job& job = it->second;
   job.outcome_known[rank] = 1;
   job.released[rank] = 1;  // Complete and failed events come once the rank's blocks are back.
-  if (ev.kind == KvTransferEvent::Kind::kFailed && job.error.ok()) job.error = ev.error;
+  if (ev.kind == KvTransferEvent::Kind::kFailed) {
+    if (job.error.ok()) job.error = ev.error;
+    (void)abort_locked(ev.request_id, job);  // Prefilled: nothing is left in the engine.
+  }
   if (job.all(job.outcome_known)) job.transferred_at = clock_->now();
   changed_.notify_all();
   maybe_finish(ev.request_id);
@@ -268,34 +274,33 @@ void PrefillRole::maybe_finish(const std::string& id) {
   if (prefill_over && blocks_back && job.rpc_done) jobs_.erase(it);
 }
 
-void PrefillRole::abort_locked(const std::string& id, Job& job) {
-  if (job.aborting) return;
+bool PrefillRole::abort_locked(const std::string& id, Job& job) {
+  if (job.aborting) return false;
   job.aborting = true;
-  if (!job.prefilled) {
-    loop_->abort(id);
-  } else if (job.transfer_started) {
+  if (!job.prefilled) return true;
+  if (job.transfer_started)
     kv_->post_all([id](int, kvtransfer::KvRankEndpoint& ep) { (void)ep.abort(id, "aborted by the router"); });
-  }
+  return false;
 }
 
 bool PrefillRole::abort(const std::string& id) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return false;
-  abort_locked(id, it->second);
+  const bool in_engine = abort_locked(id, it->second);
+  lock.unlock();
+  if (in_engine) loop_->abort(id);
   return true;
 }
 
-int PrefillRole::open_requests() const {
-  std::lock_guard lock(mu_);
-  return int(jobs_.size());
-}
-
 void PrefillRole::shutdown(Duration drain) {
+  std::vector<std::string> in_engine;
   {
     std::lock_guard lock(mu_);
-    for (auto& [id, job] : jobs_) abort_locked(id, job);
+    for (auto& [id, job] : jobs_)
+      if (abort_locked(id, job)) in_engine.push_back(id);
   }
+  for (const std::string& id : in_engine) loop_->abort(id);
   if (kv_) kv_->stop(drain);
 }
 

@@ -36,8 +36,6 @@ class PrefillRole {
                                     const std::function<bool()>& cancelled);
   // Worker.Abort: stops the request's prefill or transfer; its blocks come back once safe.
   bool abort(const std::string& id);
-  // Requests whose blocks are still held (prefilling, transferring or held for a pull).
-  int open_requests() const;
   const KvRanks& kv() const { return *kv_; }
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);
@@ -50,7 +48,10 @@ class PrefillRole {
   void on_command_failed(int rank, const std::string& id, const Status& error, bool registered);
   void on_kv_event(int rank, const kvtransfer::KvTransferEvent& event);
   void on_kv_release(int rank, const std::string& id);
-  void abort_locked(const std::string& id, Job& job);
+  // Marks the job aborting and stops its transfer. True if its prefill is still in the engine:
+  // the caller aborts it there once it released mu_, since the engine may hold its own lock
+  // while it calls on_token, which takes mu_.
+  [[nodiscard]] bool abort_locked(const std::string& id, Job& job);
   // Frees the engine blocks once every rank gave them back; forgets finished jobs.
   void maybe_finish(const std::string& id);  // Caller holds mu_.
 

@@ -48,6 +48,10 @@ int Sampler::argmax(const float* logits, int vocab) {
   return best < 0 ? 0 : best;
 }
 
+void Sampler::skip_draw() {
+  if (temperature_ != 0.0f && top_k_ != 1) uniform();
+}
+
 int Sampler::sample(const float* logits, int vocab) {
   if (vocab <= 0) return 0;
   if (temperature_ == 0.0f || top_k_ == 1) return argmax(logits, vocab);

@@ -38,6 +38,10 @@ class Sampler {
   // prefix holding at least top_p of the mass, and draw from what is left. NaN logits are
   // never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);
+  // Consumes the random draw that sampling one token takes, without sampling: the decode side
+  // of a P/D split calls it for the first token, drawn on the prefill side, so that a seeded
+  // request continues with the same draws as an undivided run.
+  void skip_draw();
 
  private:
   static int argmax(const float* logits, int vocab);

@@ -174,50 +174,86 @@ UcxTransport::~UcxTransport() {
 
 std::string UcxTransport::describe() const { return absl::StrCat("ucx(UCX_TLS=", tls_, ")"); }
 
-StatusOr<RegisteredRegion> UcxTransport::register_region(const MemoryRegion& region) {
-  if (region.addr == nullptr || region.length == 0) {
-    return absl::InvalidArgumentError("cannot register an empty memory region");
+Status UcxTransport::check_memory_kind(MemoryKind kind) {
+  if (kind == MemoryKind::kHost) return absl::OkStatus();
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  const ucs_status_t st = ucp_context_query(context_, &attr);
+  if (st != UCS_OK) return ucs_error("ucp_context_query", st);
+  if ((attr.memory_types & UCS_BIT(to_ucs_memory_type(kind))) == 0) {
+    // This is where host staging plugs in: register a host bounce buffer instead and copy
+    // through it with the backend's async copies.
+    return absl::UnimplementedError(absl::StrCat(
+        "this UCX build cannot register ", memory_kind_name(kind),
+        " memory and host staging is not implemented yet"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  const ucs_memory_type_t mem_type = to_ucs_memory_type(region.kind);
-  if (region.kind != MemoryKind::kHost) {
-    ucp_context_attr_t attr{};
-    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-    const ucs_status_t st = ucp_context_query(context_, &attr);
-    if (st != UCS_OK) return ucs_error("ucp_context_query", st);
-    if ((attr.memory_types & UCS_BIT(mem_type)) == 0) {
-      // This is where host staging plugs in: register a host bounce buffer instead and copy
-      // through it with the backend's async copies.
-      return absl::UnimplementedError(absl::StrCat(
-          "this UCX build cannot register ", memory_kind_name(region.kind),
-          " memory and host staging is not implemented yet"));
-    }
-  }
+  return absl::OkStatus();
+}
 
-  ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-  params.address = region.addr;
-  params.length = region.length;
-  params.memory_type = mem_type;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t st = ucp_mem_map(context_, &params, &memh);
-  if (st != UCS_OK) return ucs_error("ucp_mem_map", st);
-
+StatusOr<RegisteredRegion> UcxTransport::add_region(ucp_mem_h memh, void* addr, size_t length,
+                                                    MemoryKind kind) {
   void* rkey = nullptr;
   size_t rkey_size = 0;
-  st = ucp_rkey_pack(context_, memh, &rkey, &rkey_size);
+  const ucs_status_t st = ucp_rkey_pack(context_, memh, &rkey, &rkey_size);
   if (st != UCS_OK) {
     ucp_mem_unmap(context_, memh);
     return ucs_error("ucp_rkey_pack", st);
   }
   RegisteredRegion out;
   out.id = next_id_++;
-  out.descriptor = encode_descriptor(region.kind, reinterpret_cast<uintptr_t>(region.addr),
-                                     region.length, rkey, rkey_size);
+  out.descriptor =
+      encode_descriptor(kind, reinterpret_cast<uintptr_t>(addr), length, rkey, rkey_size);
   ucp_rkey_buffer_release(rkey);
-  regions_[out.id] = Region{memh, reinterpret_cast<uintptr_t>(region.addr), region.length};
+  regions_[out.id] = Region{memh, reinterpret_cast<uintptr_t>(addr), length};
   return out;
+}
+
+StatusOr<RegisteredRegion> UcxTransport::register_region(const MemoryRegion& region) {
+  if (region.addr == nullptr || region.length == 0) {
+    return absl::InvalidArgumentError("cannot register an empty memory region");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  PD_RETURN_IF_ERROR(check_memory_kind(region.kind));
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  params.address = region.addr;
+  params.length = region.length;
+  params.memory_type = to_ucs_memory_type(region.kind);
+  ucp_mem_h memh = nullptr;
+  const ucs_status_t st = ucp_mem_map(context_, &params, &memh);
+  if (st != UCS_OK) return ucs_error("ucp_mem_map", st);
+  return add_region(memh, region.addr, region.length, region.kind);
+}
+
+StatusOr<AllocatedRegion> UcxTransport::allocate_region(size_t length, MemoryKind kind) {
+  if (length == 0) return absl::InvalidArgumentError("cannot allocate an empty memory region");
+  std::lock_guard<std::mutex> lock(mu_);
+  PD_RETURN_IF_ERROR(check_memory_kind(kind));
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+  params.length = length;
+  params.flags = UCP_MEM_MAP_ALLOCATE;
+  params.memory_type = to_ucs_memory_type(kind);
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_, &params, &memh);
+  if (st != UCS_OK) return ucs_error("ucp_mem_map(ALLOCATE)", st);
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(memh, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return ucs_error("ucp_mem_query", st);
+  }
+  // UCX may round the length up (to pages); the region is what the caller asked for.
+  if (attr.length < length) {
+    ucp_mem_unmap(context_, memh);
+    return absl::InternalError(absl::StrCat("ucp_mem_map(ALLOCATE) gave ", attr.length,
+                                            " bytes for ", length));
+  }
+  PD_ASSIGN_OR_RETURN(RegisteredRegion registered, add_region(memh, attr.address, length, kind));
+  return AllocatedRegion{registered.id, attr.address, std::move(registered.descriptor)};
 }
 
 Status UcxTransport::deregister_region(RegionId id) {
@@ -252,16 +288,24 @@ StatusOr<PeerId> UcxTransport::connect(std::string_view peer_address) {
   ucs_status_t st = UCS_ERR_UNREACHABLE;
   if (peer_mode_usable_) st = ucp_ep_create(worker_, &params, &ep);
   const bool detects_failure = st == UCS_OK;
-  if (st == UCS_ERR_UNREACHABLE) {
-    // UCX 1.13's shared-memory transports cannot report a dead peer, so peer mode finds no
-    // usable lane with them. Connect without it: ops to a dead peer then fail only where the
-    // transport notices, and otherwise the control channel's heartbeat detects the death and
-    // calls disconnect(). Remembered, so UCX logs its refusal once per process.
-    if (peer_mode_usable_) {
-      PD_LOG_WARN("{}: transports of {} cannot detect peer failure; relying on the control "
-                  "channel for it", options_.name, describe());
+  if (st == UCS_ERR_UNREACHABLE || st == UCS_ERR_UNSUPPORTED) {
+    // Connect without peer mode: ops to a dead peer then fail only where the transport
+    // notices, and otherwise the control channel's heartbeat detects the death and calls
+    // disconnect(). UNREACHABLE: UCX 1.13's shared-memory transports cannot report a dead
+    // peer, so peer mode finds no usable lane with them; remembered, so UCX logs its refusal
+    // once per process. UNSUPPORTED: the peer already has an endpoint to us without peer mode
+    // ("asymmetric endpoint configuration"); only this endpoint gives it up, so other peers
+    // (e.g. over tcp) keep failure detection.
+    if (st == UCS_ERR_UNREACHABLE) {
+      if (peer_mode_usable_) {
+        PD_LOG_WARN("{}: transports of {} cannot detect peer failure; relying on the control "
+                    "channel for it", options_.name, describe());
+      }
+      peer_mode_usable_ = false;
+    } else {
+      PD_LOG_WARN("{}: peer's endpoint to us runs without peer error mode; connecting the same "
+                  "way, relying on the control channel to detect its failure", options_.name);
     }
-    peer_mode_usable_ = false;
     params.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
     st = ucp_ep_create(worker_, &params, &ep);
   }

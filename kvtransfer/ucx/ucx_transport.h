@@ -1,5 +1,6 @@
 // The UCX backend of kvtransfer::Transport: one ucp context and one worker per instance,
-// ucp_mem_map registration, packed remote keys, ucp_put_nbx/ucp_get_nbx and ucp_ep_flush_nbx,
+// ucp_mem_map registration (and allocation: ucp_mem_map with ALLOCATE, which over shared
+// memory gives posix/sysv segments peers map directly), packed remote keys, ucp_put_nbx/ucp_get_nbx and ucp_ep_flush_nbx,
 // endpoints in UCP_ERR_HANDLING_MODE_PEER so that a dead peer fails its batches instead of
 // hanging them. UCX reads its UCX_* environment (UCX_TLS chooses the transports) when
 // create() runs, so set it before then.
@@ -42,6 +43,7 @@ class UcxTransport final : public Transport {
 
   std::string describe() const override;
   StatusOr<RegisteredRegion> register_region(const MemoryRegion& region) override;
+  StatusOr<AllocatedRegion> allocate_region(size_t length, MemoryKind kind) override;
   Status deregister_region(RegionId region) override;
   std::string local_address() const override;
   StatusOr<PeerId> connect(std::string_view peer_address) override;
@@ -99,6 +101,12 @@ class UcxTransport final : public Transport {
 
   explicit UcxTransport(UcxTransportOptions options);
   Status init();
+  // Fails unless this UCX build handles `kind` memory. Requires mu_.
+  Status check_memory_kind(MemoryKind kind);
+  // Packs the key of a mapped region, records it and returns its id and descriptor; unmaps
+  // it on failure. Requires mu_.
+  StatusOr<RegisteredRegion> add_region(ucp_mem_h memh, void* addr, size_t length,
+                                        MemoryKind kind);
 
   static void on_op_done(void* request, ucs_status_t status, void* user_data);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);

@@ -3,6 +3,7 @@
 // request decoding from them gives exactly the tokens of an undivided run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -118,6 +119,71 @@ TEST(Handoff, AbortedPrefillOnlyFreesItsBlocks) {
   ASSERT_TRUE(e->run_until_idle().ok());
   EXPECT_TRUE(handed.empty());
   EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
+
+namespace pdserve::engine {
+namespace {
+
+// EngineOptions::kv_arena_allocator: each rank computes into the memory it supplies (dirty
+// here, as UCX-allocated memory may be), zero-filled, with the tokens of a default engine.
+TEST(Handoff, ArenasFromAnAllocatorAreZeroedAndUsed) {
+  std::vector<std::vector<uint8_t>> arenas(2);
+  EngineOptions o;
+  o.tp = 2;
+  o.kv_cache_bytes = 8 << 20;
+  o.kv_arena_allocator = [&](int rank, size_t bytes) -> StatusOr<void*> {
+    arenas[rank].assign(bytes, 0xAB);
+    return arenas[rank].data();
+  };
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  auto e = Engine::create(std::move(*model), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ((*e)->kv_arena(r), arenas[r].data());
+    EXPECT_EQ(arenas[r].size(), (*e)->kv_layout(r).total_bytes());
+    EXPECT_TRUE(std::all_of(arenas[r].begin(), arenas[r].end(), [](uint8_t b) { return b == 0; }));
+  }
+  SamplingParams params;
+  params.max_tokens = 12;
+  const std::vector<int> prompt = {1, 403, 407, 261, 378};
+  EXPECT_EQ((*e)->generate(prompt, params)->token_ids,
+            make_engine(2)->generate(prompt, params)->token_ids);
+}
+
+TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
+  auto prefill = make_engine(1), decode = make_engine(1);
+  std::vector<int> prompt = {1, 403, 407, 261, 378};
+  SamplingParams params;
+  params.max_tokens = 40;
+  params.temperature = 0.9f;
+  params.seed = 1234;
+  const std::vector<int> whole = decode->generate(prompt, params)->token_ids;
+  GenerationRequest req{"r", prompt, params};
+  req.handoff.prefill_only = true;
+  int first = -1;
+  std::vector<int> handed;
+  ASSERT_TRUE(prefill->add_request(req, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) first = ev.token;
+    if (ev.finished) handed = ev.blocks;
+  }).ok());
+  ASSERT_TRUE(prefill->run_until_idle().ok());
+  auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+  ASSERT_TRUE(reserved.ok());
+  copy_kv(*prefill, handed, *decode, *reserved, 1);
+  ASSERT_TRUE(prefill->release_blocks(handed).ok());
+  GenerationRequest dec{"r", prompt, params};
+  dec.handoff.preloaded_blocks = *reserved;
+  dec.handoff.first_token = first;
+  std::vector<int> tokens;
+  ASSERT_TRUE(decode->add_request(dec, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) tokens.push_back(ev.token);
+  }).ok());
+  ASSERT_TRUE(decode->run_until_idle().ok());
+  EXPECT_EQ(tokens, whole);
 }
 
 }  // namespace

@@ -38,7 +38,9 @@ struct Args {
   std::vector<int> tps{1};
   int blocks = 8;
   std::string model = "kv-test-model";
-  int peer_timeout_ms = 2000, heartbeat_ms = 100, connect_timeout_ms = 2000;
+  // Generous defaults: the matrix runs 16 rank threads per process on small shared machines;
+  // the fault tests pass short timeouts explicitly.
+  int peer_timeout_ms = 15000, heartbeat_ms = 100, connect_timeout_ms = 10000;
   int quarantine_ms = 500, layer_delay_ms = 0;
   bool checksums = false, drop_notifications = false;
   std::string mutate;

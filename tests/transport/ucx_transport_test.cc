@@ -2,6 +2,7 @@
 // whatever UCX_TLS selects; argument validation, handle bookkeeping, counters, disconnect and
 // the caller-driven progress mode.
 #include <atomic>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -133,6 +134,53 @@ TEST_F(UcxLoopbackTest, DisconnectFailsThePeerAndCallsBack) {
   auto again = initiator_->connect(target_->local_address());
   ASSERT_TRUE(again.ok());
   EXPECT_NE(*again, peer_);
+}
+
+// Regions the transport allocated: a put into the target's lands there, a get from it into
+// the initiator's allocated region brings it back, and deregister_region frees them.
+TEST(UcxTransportTest, AllocatedRegionsTakePutsAndGets) {
+  auto initiator = make(/*progress_thread=*/false);
+  auto target = make(/*progress_thread=*/true);
+  constexpr size_t kBytes = (1 << 20) + 123;  // Not a multiple of the page size.
+  auto dst = target->allocate_region(kBytes, MemoryKind::kHost);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_NE(dst->addr, nullptr);
+  std::memset(dst->addr, 0, kBytes);
+  auto src = initiator->allocate_region(kBytes, MemoryKind::kHost);
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto* s = static_cast<uint8_t*>(src->addr);
+  for (size_t i = 0; i < kBytes; ++i) s[i] = static_cast<uint8_t>(i * 7 + 1);
+
+  auto peer = initiator->connect(target->local_address());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto remote = initiator->load_remote_region(*peer, dst->descriptor);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto run = [&](StatusOr<BatchId> id) {
+    if (!id.ok()) return id.status();
+    Status st = initiator->wait(*id, 10s);
+    EXPECT_TRUE(initiator->release_batch(*id).ok());
+    return st;
+  };
+  // The whole region in one op, then the last byte alone (bounds are the requested length).
+  ASSERT_TRUE(run(initiator->post({*peer, {{OpCode::kPut, src->id, 0, *remote, 0, kBytes}}})).ok());
+  ASSERT_TRUE(run(initiator->flush(*peer)).ok());
+  EXPECT_EQ(std::memcmp(dst->addr, src->addr, kBytes), 0);
+  EXPECT_FALSE(initiator->post({*peer, {{OpCode::kPut, src->id, 0, *remote, 1, kBytes}}}).ok());
+
+  std::memset(src->addr, 0, kBytes);
+  ASSERT_TRUE(run(initiator->post({*peer, {{OpCode::kGet, src->id, 4096, *remote, 4096, 65536}}})).ok());
+  auto* d = static_cast<uint8_t*>(dst->addr);
+  EXPECT_EQ(std::memcmp(s + 4096, d + 4096, 65536), 0);
+  EXPECT_EQ(s[4095], 0);
+  EXPECT_EQ(initiator->counters().bytes_got, 65536u);
+
+  EXPECT_EQ(target->allocate_region(0, MemoryKind::kHost).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(target->allocate_region(64, MemoryKind::kCuda).status().code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(initiator->deregister_region(src->id).ok());
+  EXPECT_TRUE(target->deregister_region(dst->id).ok());
+  EXPECT_EQ(target->deregister_region(dst->id).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(UcxTransportTest, RegistrationChecks) {

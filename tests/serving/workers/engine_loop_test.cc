@@ -70,7 +70,12 @@ TEST(EngineLoop, ConcurrentSubmissionsEqualLoneRuns) {
     ASSERT_TRUE(got[i].wait(std::chrono::seconds(30)));
     EXPECT_EQ(got[i].tokens, expected[i]) << "request " << i;
   }
-  const EngineLoopStats s = loop.stats();
+  // The last sink runs inside the step whose end refreshes the stats.
+  EngineLoopStats s = loop.stats();
+  for (int i = 0; i < 100 && s.engine.free_blocks != s.engine.num_blocks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = loop.stats();
+  }
   EXPECT_EQ(s.engine.free_blocks, s.engine.num_blocks);
   EXPECT_EQ(s.active_requests, 0);
   EXPECT_EQ(s.queued_prefill_tokens, 0);
@@ -91,6 +96,7 @@ TEST(EngineLoop, RefusesBadAndDuplicateRequests) {
   ASSERT_TRUE(first.wait(std::chrono::seconds(30)));
   EXPECT_EQ(first.reason, FinishReason::kAbort);
   EXPECT_EQ(calls.load(), 0);
+  loop.shutdown();
   EXPECT_EQ(loop.stats().engine.free_blocks, loop.stats().engine.num_blocks);
 }
 
@@ -102,11 +108,11 @@ TEST(EngineLoop, ShutdownAbortsEverythingAndFreesBlocks) {
   std::vector<Collected> got(4);
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_TRUE(loop->submit({"s" + std::to_string(i), {1, int(10 + i)}, p}, got[i].sink()).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  loop->shutdown();
+  loop->shutdown();  // At once: 400 steps each cannot have run yet.
   for (auto& g : got) {
     EXPECT_TRUE(g.done);
     EXPECT_EQ(g.reason, FinishReason::kAbort);
+    EXPECT_LT(g.tokens.size(), 400u);
   }
   const EngineLoopStats s = loop->stats();
   EXPECT_EQ(s.engine.free_blocks, s.engine.num_blocks);

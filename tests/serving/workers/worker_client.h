@@ -1,18 +1,16 @@
 // Test-side helpers for driving workers over gRPC the way a router does, and the in-process
-// reference they must equal (`pdserve generate --json`, run as a separate process).
+// engine's output they must equal.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "engine/engine.h"
 #include "proto/worker.grpc.pb.h"
 #include "tests/engine/test_model.h"
 
@@ -82,20 +80,26 @@ struct Reference {
   std::string finish_reason;
 };
 
-// `pdserve generate --json` on the bundled model (greedy).
+// The in-process engine's greedy output for `prompt` (encoded with BOS), as `pdserve generate
+// --json` prints it.
 inline Reference reference(const std::string& prompt, int max_tokens, int tp = 1) {
-  std::string cmd = std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve generate --json --model " + stories_bin() +
-                    " --max-tokens " + std::to_string(max_tokens) + " --tp " + std::to_string(tp) +
-                    " --prompt '" + prompt + "' 2>/dev/null";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  EXPECT_EQ(pclose(p), 0) << cmd;
-  const nlohmann::json j = nlohmann::json::parse(out);
-  return {j["prompt_token_ids"].get<std::vector<int>>(), j["token_ids"].get<std::vector<int>>(),
-          j["text"].get<std::string>(), j["finish_reason"].get<std::string>()};
+  auto model = engine::load_model({stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  engine::EngineOptions options;
+  options.tp = tp;
+  options.kv_cache_bytes = 4 << 20;
+  auto e = engine::Engine::create(std::move(*model), options);
+  EXPECT_TRUE(e.ok()) << e.status();
+  Reference ref;
+  ref.prompt = *(*e)->tokenizer().encode(prompt, /*add_bos=*/true);
+  engine::SamplingParams params;
+  params.max_tokens = max_tokens;
+  auto result = (*e)->generate(ref.prompt, params);
+  EXPECT_TRUE(result.ok()) << result.status();
+  ref.tokens = result->token_ids;
+  ref.text = result->text;
+  ref.finish_reason = std::string(engine::finish_reason_name(result->finish_reason));
+  return ref;
 }
 
 inline void set_greedy(v1::SamplingParams* s, int max_tokens) {

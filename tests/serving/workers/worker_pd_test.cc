@@ -69,7 +69,7 @@ TEST(PdWorkers, ConcurrentRequestsBatchAndStayEqual) {
 }
 
 TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
-  PdPair pd(1, 2, {}, {"--kv-lease-ms", "1500"});
+  PdPair pd(1, 2, {"--kv-lease-ms", "4000"}, {"--kv-lease-ms", "4000"});
   ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
   const std::vector<int> prompt = {1, 400, 300, 200, 100, 50, 60, 70, 80, 90, 99, 98, 97, 96, 95, 94, 93, 92};
 
@@ -98,13 +98,33 @@ TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
     grpc::ClientContext dctx;
     auto reader = pd.decode().Generate(&dctx, dreq);
     worker::WorkerEvent ev;
-    ASSERT_TRUE(reader->Read(&ev));
+    ASSERT_TRUE(reader->Read(&ev)) << reader->Finish().error_message();
     dctx.TryCancel();
     while (reader->Read(&ev)) {
     }
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    // The tiny model may have finished all 400 tokens before the cancel reached the worker.
+    const grpc::StatusCode code = reader->Finish().error_code();
+    EXPECT_TRUE(code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::OK) << code;
     EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
     EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  }
+  // A decode stream cancelled while it waits for KV that never comes.
+  {
+    grpc::ClientContext rctx;
+    worker::ReserveResponse reserved;
+    ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request("c0", prompt, 40), &reserved).ok());
+    worker::WorkerGenerateRequest dreq;
+    dreq.set_request_id("c0");
+    for (int t : prompt) dreq.add_prompt(t);
+    set_greedy(dreq.mutable_sampling(), 40);
+    dreq.set_kv_mode("push");
+    grpc::ClientContext dctx;
+    dctx.set_deadline(in(300ms));
+    auto reader = pd.decode().Generate(&dctx, dreq);
+    worker::WorkerEvent ev;
+    EXPECT_FALSE(reader->Read(&ev));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_TRUE(wait_all_free(pd.decode(), 3s));
   }
   // A reservation aborted before any KV arrived.
   {
@@ -138,7 +158,7 @@ TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
     worker::WorkerAbortResponse aborted;
     ASSERT_TRUE(pd.prefill().Abort(&actx, abort, &aborted).ok());
     EXPECT_TRUE(aborted.found());
-    EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+    EXPECT_TRUE(wait_all_free(pd.prefill(), 8s));
   }
   // A reservation nobody claims expires with its lease.
   {
@@ -146,7 +166,7 @@ TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
     worker::ReserveResponse reserved;
     ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request("c4", prompt, 40), &reserved).ok());
     EXPECT_LT(info(pd.decode()).free_blocks(), info(pd.decode()).num_blocks());
-    EXPECT_TRUE(wait_all_free(pd.decode(), 6s));
+    EXPECT_TRUE(wait_all_free(pd.decode(), 8s));
     worker::WorkerGenerateRequest dreq;
     dreq.set_request_id("c4");
     for (int t : prompt) dreq.add_prompt(t);

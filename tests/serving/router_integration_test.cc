@@ -1,0 +1,538 @@
+// The router as users run it: `pdserve up` starts real worker processes and a router on
+// loopback; requests go through gRPC (`pdserve generate --router`, the Generation stub) and
+// HTTP (OpenAI completions, chat, SSE, /metrics). Greedy output must equal in-process
+// `pdserve generate --json`. Every wait is bounded and every child is killed on the way out.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "proto/pdserve.grpc.pb.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+const std::string kBin = std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve";
+
+bool port_free(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+// A port p with p and p+1 free (the router's gRPC and HTTP ports).
+int free_port_pair() {
+  std::mt19937 rng(std::random_device{}() ^ unsigned(getpid()));
+  for (int i = 0; i < 200; ++i) {
+    const int p = 20000 + int(rng() % 20000) * 2;
+    if (port_free(p) && port_free(p + 1)) return p;
+  }
+  return 0;
+}
+
+// A child process that prints "READY grpc=..." when it serves (`pdserve up`, a worker, the
+// router): waits for that line; stops it (SIGTERM, then SIGKILL).
+class Process {
+ public:
+  explicit Process(std::vector<std::string> args) {
+    static int counter = 0;
+    log_ = fs::temp_directory_path() / ("pdserve_proc_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".log");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    int out[2];
+    if (pipe(out) != 0) return;
+    const int err = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err, STDERR_FILENO);
+      close(out[0]);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    close(err);
+    out_ = out[0];
+    fcntl(out_, F_SETFL, O_NONBLOCK);
+  }
+  ~Process() {
+    stop(10s);
+    if (out_ >= 0) close(out_);
+    fs::remove(log_);
+  }
+
+  // Waits for "READY grpc=... [http=...]"; false on timeout or exit.
+  bool wait_ready(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string buf;
+    while (std::chrono::steady_clock::now() < deadline) {
+      char b[1024];
+      ssize_t n;
+      while ((n = read(out_, b, sizeof b)) > 0) buf.append(b, size_t(n));
+      const size_t at = buf.find("READY grpc=");
+      const size_t nl = buf.find('\n', at);
+      if (at != std::string::npos && nl != std::string::npos) {
+        std::istringstream line(buf.substr(at, nl - at));
+        std::string word;
+        while (line >> word) {
+          if (word.rfind("grpc=", 0) == 0) grpc_ = word.substr(5);
+          if (word.rfind("http=", 0) == 0) http_port_ = std::stoi(word.substr(word.rfind(':') + 1));
+        }
+        return true;
+      }
+      if (n == 0 || exited()) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  // SIGTERM and the exit code within `timeout`; SIGKILL and -1 after it.
+  int stop(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0 || reaped_) return status_;
+    ::kill(pid_, SIGTERM);
+    return wait_exit(timeout);
+  }
+  // The exit code within `timeout`, or -1 (and SIGKILL) if it still runs.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (exited()) return status_;
+      std::this_thread::sleep_for(20ms);
+    }
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+    return -1;
+  }
+  bool exited() {
+    if (reaped_) return true;
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      reaped_ = true;
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    return reaped_;
+  }
+  std::string log() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Child pids of the `up` process (its workers and router).
+  std::vector<pid_t> children() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    std::vector<pid_t> out;
+    pid_t p;
+    while (in >> p) out.push_back(p);
+    return out;
+  }
+  const std::string& grpc() const { return grpc_; }
+  int http_port() const { return http_port_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  fs::path log_;
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool reaped_ = false;
+  int status_ = -1;
+  std::string grpc_;
+  int http_port_ = 0;
+};
+
+// `pdserve up --model stories260K --port P <args>`.
+class Cluster : public Process {
+ public:
+  explicit Cluster(std::vector<std::string> args) : Process(up_args(std::move(args))) {}
+
+ private:
+  static std::vector<std::string> up_args(std::vector<std::string> args) {
+    args.insert(args.begin(), {kBin, "up", "--model", testing::stories_bin(), "--port", std::to_string(free_port_pair())});
+    return args;
+  }
+};
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+};
+
+CliRun pdserve(const std::vector<std::string>& args) {
+  std::string cmd = "timeout 60 " + kBin;
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " 2>/dev/null";
+  CliRun run;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
+  const int st = pclose(p);
+  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return run;
+}
+
+const char* kPrompt = "Once upon a time";
+constexpr int kMaxTokens = 60;
+
+// In-process greedy reference, computed once per test process.
+const json& reference() {
+  static const json ref = [] {
+    CliRun r = pdserve({"generate", "--model", testing::stories_bin(), "--prompt", kPrompt, "--max-tokens",
+                        std::to_string(kMaxTokens), "--json"});
+    EXPECT_EQ(r.exit_code, 0);
+    return json::parse(r.out, nullptr, false);
+  }();
+  return ref;
+}
+
+std::unique_ptr<v1::Generation::Stub> stub(const std::string& address) {
+  auto ch = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  ch->WaitForConnected(std::chrono::system_clock::now() + 10s);
+  return v1::Generation::NewStub(ch);
+}
+
+struct GrpcResult {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> responses;
+};
+
+GrpcResult grpc_generate(v1::Generation::Stub& s, const v1::GenerateRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  GrpcResult r;
+  auto reader = s.Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) r.responses.push_back(resp);
+  r.status = reader->Finish();
+  return r;
+}
+
+// grpc.health.v1.Health/Check of the whole server, through the generic stub (the health
+// messages are tiny: an empty request, a response whose field 1 is 1 for SERVING).
+bool grpc_serving(const std::string& address) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer request, response;
+  grpc::Slice nothing;
+  request = grpc::ByteBuffer(&nothing, 1);
+  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return false;
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return bytes == std::string("\x08\x01", 2);
+}
+
+v1::GenerateRequest greedy_request(const std::string& text, int max_tokens) {
+  v1::GenerateRequest r;
+  r.set_text(text);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
+// Greedy through the cluster equals in process: `generate --router --json` and raw gRPC.
+void expect_greedy_equal(const Cluster& c) {
+  const json& ref = reference();
+  ASSERT_FALSE(ref.is_discarded());
+  CliRun r = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens", std::to_string(kMaxTokens), "--json"});
+  ASSERT_EQ(r.exit_code, 0);
+  json j = json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j, ref);
+
+  auto s = stub(c.grpc());
+  GrpcResult g = grpc_generate(*s, greedy_request(kPrompt, kMaxTokens));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+  std::vector<int> tokens;
+  for (const auto& resp : g.responses) tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+  EXPECT_EQ(json(tokens), ref["token_ids"]);
+  const v1::GenerateResponse& last = g.responses.back();
+  EXPECT_TRUE(last.finished());
+  EXPECT_GT(last.timings().total_s(), 0);
+  EXPECT_GT(last.timings().first_token_s(), 0);
+  EXPECT_LE(last.timings().first_token_s(), last.timings().total_s());
+}
+
+class RouterAggregated : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<Cluster>(std::vector<std::string>{"--aggregated", "1", "--max-running", "2", "--max-waiting", "1"});
+    ASSERT_TRUE(cluster_->wait_ready(60s)) << cluster_->log();
+    http_ = std::make_unique<httplib::Client>("127.0.0.1", cluster_->http_port());
+    http_->set_read_timeout(60, 0);
+  }
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<httplib::Client> http_;
+};
+
+TEST_F(RouterAggregated, GreedyThroughGrpcAndHttpEqualsInProcessAndHealthIsServing) {
+  expect_greedy_equal(*cluster_);
+  const json& ref = reference();
+
+  json body = {{"prompt", kPrompt}, {"max_tokens", kMaxTokens}, {"temperature", 0}};
+  auto res = http_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["text"], ref["text"]);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], ref["finish_reason"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], ref["token_ids"].size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], ref["prompt_token_ids"].size());
+
+  // SSE: the deltas add up to the same text, then [DONE].
+  body["stream"] = true;
+  auto sse = http_->Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(sse);
+  ASSERT_EQ(sse->status, 200);
+  EXPECT_NE(sse->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  std::string text, finish;
+  int chunks = 0;
+  std::istringstream lines(sse->body);
+  std::string line, last_data;
+  while (std::getline(lines, line)) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    last_data = line.substr(6);
+    if (last_data == "[DONE]") break;
+    json c = json::parse(last_data);
+    text += c["choices"][0]["text"].get<std::string>();
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+    ++chunks;
+  }
+  EXPECT_EQ(last_data, "[DONE]");
+  EXPECT_GT(chunks, 1);
+  EXPECT_EQ(text, ref["text"]);
+  EXPECT_EQ(finish, ref["finish_reason"]);
+
+  // Chat streaming: a role chunk first, content deltas, a finish reason.
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Tell a story"}}}}, {"max_tokens", 8}, {"temperature", 0}, {"stream", true}};
+  auto cs = http_->Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(cs);
+  ASSERT_EQ(cs->status, 200);
+  const size_t first = cs->body.find("data: ");
+  json c0 = json::parse(cs->body.substr(first + 6, cs->body.find('\n', first) - first - 6));
+  EXPECT_EQ(c0["object"], "chat.completion.chunk");
+  EXPECT_EQ(c0["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_NE(cs->body.find("\"finish_reason\":\"length\""), std::string::npos);
+  EXPECT_NE(cs->body.find("data: [DONE]"), std::string::npos);
+
+  auto models = http_->Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "stories260K");
+  auto health = http_->Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  EXPECT_TRUE(grpc_serving(cluster_->grpc()));
+}
+
+TEST_F(RouterAggregated, BadInputGetsClearStatuses) {
+  struct HttpCase {
+    const char* path;
+    std::string body;
+    int status;
+    const char* mentions;
+  } http_cases[] = {
+      {"/v1/completions", "{\"prompt\": ", 400, "JSON"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":"many"})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"x","top_p":7})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt":"x","model":"gpt-9"})", 404, "gpt-9"},
+      {"/v1/chat/completions", R"({"messages":"hi"})", 400, "messages"},
+      {"/v1/completions", R"({"prompt":"x","max_tokens":0})", 400, "max_tokens"},
+  };
+  for (const HttpCase& c : http_cases) {
+    auto res = http_->Post(c.path, c.body, "application/json");
+    ASSERT_TRUE(res) << c.body;
+    EXPECT_EQ(res->status, c.status) << c.body << " -> " << res->body;
+    json j = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(j.contains("error")) << res->body;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(c.mentions), std::string::npos) << res->body;
+  }
+
+  auto s = stub(cluster_->grpc());
+  v1::GenerateRequest none;
+  none.mutable_sampling()->set_max_tokens(4);
+  EXPECT_EQ(grpc_generate(*s, none).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest too_long = greedy_request("", 4);
+  for (int i = 0; i < 600; ++i) too_long.mutable_token_ids()->add_ids(5);
+  GrpcResult tl = grpc_generate(*s, too_long);
+  EXPECT_EQ(tl.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(tl.status.error_message().find("context"), std::string::npos) << tl.status.error_message();
+  v1::GenerateRequest hot = greedy_request("x", 4);
+  hot.mutable_sampling()->set_temperature(-2);
+  EXPECT_EQ(grpc_generate(*s, hot).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::GenerateRequest other = greedy_request("x", 4);
+  other.set_model("llama-70b");
+  EXPECT_EQ(grpc_generate(*s, other).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::GenerateRequest huge = greedy_request(std::string(20 << 20, 'a'), 4);
+  EXPECT_EQ(grpc_generate(*s, huge).status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Still serving after all that.
+  EXPECT_TRUE(grpc_generate(*s, greedy_request("x", 2)).status.ok());
+}
+
+TEST_F(RouterAggregated, OverloadIsRefusedAndMetricsShowTheTraffic) {
+  auto s = stub(cluster_->grpc());
+  v1::GenerateRequest long_req = greedy_request("", 500);
+  long_req.mutable_sampling()->set_ignore_eos(true);
+  std::vector<GrpcResult> results(8);
+  std::vector<std::thread> threads;
+  for (auto& r : results) threads.emplace_back([&] { r = grpc_generate(*s, long_req); });
+  for (auto& t : threads) t.join();
+  int ok = 0, refused = 0;
+  for (const auto& r : results) {
+    if (r.status.ok()) ++ok;
+    if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      EXPECT_NE(r.status.error_message().find("overloaded"), std::string::npos);
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1);
+  EXPECT_EQ(ok + refused, 8);
+
+  auto m = http_->Get("/metrics");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->status, 200);
+  for (const char* want : {"pdserve:time_to_first_token_seconds_bucket", "pdserve:time_per_output_token_seconds_count",
+                           "pdserve:e2e_request_latency_seconds_sum", "pdserve:num_requests_running 0",
+                           "pdserve:num_requests_waiting 0", "pdserve:kv_cache_usage_perc{worker=\"127.0.0.1:",
+                           "pdserve:kv_cache_total_blocks{worker=", "pdserve:kv_cache_free_blocks{worker=",
+                           "pdserve:request_failure_total{code=\"RESOURCE_EXHAUSTED\"}", "role=\"aggregated\""})
+    EXPECT_NE(m->body.find(want), std::string::npos) << want << "\n" << m->body;
+  EXPECT_NE(m->body.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(ok)), std::string::npos) << m->body;
+}
+
+TEST_F(RouterAggregated, BenchWritesItsResult) {
+  const fs::path out = fs::temp_directory_path() / ("pdserve_bench_" + std::to_string(getpid()) + ".json");
+  CliRun r = pdserve({"bench", "--router", cluster_->grpc(), "--num-prompts", "6", "--random-input-len", "16",
+                      "--random-output-len", "8", "--max-concurrency", "2", "--ignore-eos", "--num-warmups", "1",
+                      "--request-rate", "200", "--result-file", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("Serving Benchmark Result"), std::string::npos);
+  std::ifstream in(out);
+  json j = json::parse(in, nullptr, false);
+  fs::remove(out);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["completed"], 6);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["total_output_tokens"], 48);  // --ignore-eos: exactly the output length.
+  EXPECT_EQ(j["total_input_tokens"], 96);
+  EXPECT_LE(j["peak_concurrency"].get<int>(), 2);
+  for (const char* key : {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "output_throughput"})
+    EXPECT_GT(j[key].get<double>(), 0) << key;
+}
+
+TEST_F(RouterAggregated, UpStopsEverythingWhenOneProcessDies) {
+  const std::vector<pid_t> children = cluster_->children();
+  ASSERT_EQ(children.size(), 2u);  // The worker and the router.
+  ::kill(children.front(), SIGKILL);
+  EXPECT_EQ(cluster_->wait_exit(20s), 1) << cluster_->log();
+  for (pid_t p : children) EXPECT_NE(::kill(p, 0), 0) << "child " << p << " survived";
+}
+
+TEST(RouterUp, CtrlCStopsCleanly) {
+  Cluster c({"--aggregated", "1"});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  const std::vector<pid_t> children = c.children();
+  EXPECT_EQ(c.stop(20s), 0) << c.log();
+  for (pid_t p : children) EXPECT_NE(::kill(p, 0), 0) << "child " << p << " survived";
+}
+
+// Processes started one by one (so one can die without `up` stopping the rest): a request sent
+// to a prefill worker killed with SIGKILL is placed again on the other one, and the dead one is
+// marked down. Polls are made rare so that the router learns of the death from the request.
+class RouterFault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RouterFault, AKilledPrefillWorkerIsReplacedByTheOther) {
+  const std::string dir = PDSERVE_BINARY_DIR;
+  auto worker = [&](const std::string& bin, const std::string& role) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{dir + bin, "--role", role, "--model", testing::stories_bin(), "--port", "0"});
+  };
+  auto p0 = worker("/prefill_worker/pdserve-prefill", "prefill");
+  auto p1 = worker("/prefill_worker/pdserve-prefill", "prefill");
+  auto d = worker("/decode_worker/pdserve-decode", "decode");
+  for (Process* w : {p0.get(), p1.get(), d.get()}) ASSERT_TRUE(w->wait_ready(60s)) << w->log();
+  Process router({dir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0", "--http-port", "0",
+                  "--kv-mode", GetParam(), "--prefill", p0->grpc(), "--prefill", p1->grpc(), "--decode", d->grpc(),
+                  "--poll-interval-ms", "600000"});
+  ASSERT_TRUE(router.wait_ready(30s)) << router.log();
+  auto s = stub(router.grpc());
+  // One request each (placement balances by queued prompt tokens): the next one goes to p0.
+  GrpcResult first = grpc_generate(*s, greedy_request(kPrompt, 4));
+  ASSERT_TRUE(first.status.ok()) << router.log();
+  EXPECT_EQ(first.responses.back().prefill_worker(), p0->grpc());
+  ASSERT_TRUE(grpc_generate(*s, greedy_request(kPrompt, 4)).status.ok()) << router.log();
+
+  ::kill(p0->pid(), SIGKILL);
+  EXPECT_EQ(p0->wait_exit(10s), 128 + SIGKILL);
+  for (int i = 0; i < 3; ++i) {
+    GrpcResult g = grpc_generate(*s, greedy_request(kPrompt, kMaxTokens));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message() << "\n" << router.log();
+    EXPECT_EQ(g.responses.back().prefill_worker(), p1->grpc());
+    std::vector<int> tokens;
+    for (const auto& resp : g.responses) tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    EXPECT_EQ(json(tokens), reference()["token_ids"]);
+  }
+  EXPECT_NE(router.log().find("placing it again"), std::string::npos) << router.log();
+}
+
+INSTANTIATE_TEST_SUITE_P(KvModes, RouterFault, ::testing::Values("push", "pull"));
+
+// P/D: prefill and decode workers with the KV moved by push or pull.
+class RouterPd : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RouterPd, GreedyEqualsInProcess) {
+  Cluster c({"--prefill", "1", "--decode", "1", "--kv-mode", GetParam()});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  expect_greedy_equal(c);
+  httplib::Client http("127.0.0.1", c.http_port());
+  http.set_read_timeout(60, 0);
+  auto m = http.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("pdserve:kv_transfer_bytes_total{prefill=\"127.0.0.1:"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("pdserve:kv_transfer_seconds_count{prefill="), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvModes, RouterPd, ::testing::Values("push", "pull"));
+
+}  // namespace
+}  // namespace pdserve

@@ -1,0 +1,320 @@
+// Unit tests of the router's pure parts: placement and admission policies, the admission
+// queue, Prometheus formatting, the OpenAI request/response mapping, and bench statistics.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "router/admission_queue.h"
+#include "router/metrics.h"
+#include "router/openai_api.h"
+#include "router/policy.h"
+#include "tools/bench_command.h"
+
+namespace pdserve::router {
+namespace {
+
+WorkerLoad load(int index, bool up, int free_blocks, int running, int64_t queued = 0, int num_blocks = 100) {
+  WorkerLoad l;
+  l.index = index;
+  l.up = up;
+  l.free_blocks = free_blocks;
+  l.num_blocks = num_blocks;
+  l.running = running;
+  l.queued_prefill_tokens = queued;
+  return l;
+}
+
+TEST(RouterPolicy, PickPrefillTable) {
+  struct Case {
+    const char* name;
+    std::vector<WorkerLoad> workers;
+    std::vector<int> exclude;
+    int want;
+  } cases[] = {
+      {"none", {}, {}, -1},
+      {"all down", {load(0, false, 0, 0), load(1, false, 0, 0)}, {}, -1},
+      {"fewest queued tokens", {load(0, true, 0, 0, 500), load(1, true, 0, 5, 100), load(2, true, 0, 0, 300)}, {}, 1},
+      {"tie: fewest running", {load(0, true, 0, 3, 100), load(1, true, 0, 1, 100)}, {}, 1},
+      {"tie: lowest index", {load(3, true, 0, 1, 100), load(1, true, 0, 1, 100)}, {}, 1},
+      {"skips down", {load(0, false, 0, 0, 0), load(1, true, 0, 0, 900)}, {}, 1},
+      {"skips excluded", {load(0, true, 0, 0, 0), load(1, true, 0, 0, 900)}, {0}, 1},
+      {"only excluded", {load(0, true, 0, 0, 0)}, {0}, -1},
+  };
+  for (const Case& c : cases) EXPECT_EQ(pick_prefill(c.workers, c.exclude), c.want) << c.name;
+}
+
+TEST(RouterPolicy, PickDecodeTable) {
+  struct Case {
+    const char* name;
+    std::vector<WorkerLoad> workers;
+    int need;
+    std::vector<int> exclude;
+    int want;
+  } cases[] = {
+      {"none", {}, 1, {}, -1},
+      {"fewest running with room", {load(0, true, 50, 4), load(1, true, 50, 2), load(2, true, 50, 3)}, 10, {}, 1},
+      {"room beats fewer running", {load(0, true, 5, 0), load(1, true, 50, 9)}, 10, {}, 1},
+      {"no room: most free", {load(0, true, 5, 0), load(1, true, 8, 9)}, 10, {}, 1},
+      {"never fits: skipped", {load(0, true, 100, 0, 0, 8), load(1, true, 20, 3)}, 10, {}, 1},
+      {"never fits anywhere", {load(0, true, 8, 0, 0, 8)}, 10, {}, -1},
+      {"down skipped", {load(0, false, 100, 0), load(1, true, 20, 30)}, 10, {}, 1},
+      {"excluded skipped", {load(0, true, 100, 0), load(1, true, 20, 30)}, 10, {0}, 1},
+  };
+  for (const Case& c : cases) EXPECT_EQ(pick_decode(c.workers, c.need, c.exclude), c.want) << c.name;
+}
+
+TEST(RouterPolicy, BlocksNeeded) {
+  EXPECT_EQ(blocks_needed(10, 6, 512, 16), 1);
+  EXPECT_EQ(blocks_needed(10, 7, 512, 16), 2);
+  EXPECT_EQ(blocks_needed(500, 100, 512, 16), 32);  // Capped to the context.
+  EXPECT_EQ(blocks_needed(1, 1, 512, 0), 0);
+}
+
+TEST(RouterPolicy, AdmitTable) {
+  struct Case {
+    int running, waiting, max_running, max_waiting;
+    Admission want;
+  } cases[] = {
+      {0, 0, 1, 0, Admission::kRun},    {1, 0, 1, 0, Admission::kReject}, {1, 0, 1, 1, Admission::kWait},
+      {0, 1, 2, 5, Admission::kWait},   // Someone waits already: no overtaking.
+      {2, 5, 2, 5, Admission::kReject}, {3, 0, 4, 0, Admission::kRun},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(admit(c.running, c.waiting, c.max_running, c.max_waiting), c.want)
+        << c.running << " " << c.waiting << " " << c.max_running << " " << c.max_waiting;
+}
+
+TEST(AdmissionQueue, RejectsBeyondTheQueueAndServesWaitersInOrder) {
+  AdmissionQueue q(1, 1);
+  ASSERT_TRUE(q.acquire(nullptr).ok());
+  std::atomic<bool> second_in{false};
+  std::thread waiter([&] {
+    EXPECT_TRUE(q.acquire(nullptr).ok());
+    second_in = true;
+  });
+  while (q.waiting() != 1) std::this_thread::yield();
+  Status third = q.acquire(nullptr);
+  EXPECT_TRUE(absl::IsResourceExhausted(third)) << third;
+  EXPECT_NE(third.message().find("overloaded"), std::string_view::npos);
+  EXPECT_FALSE(second_in);
+  q.release();
+  waiter.join();
+  EXPECT_TRUE(second_in);
+  EXPECT_EQ(q.running(), 1);
+  q.release();
+  EXPECT_EQ(q.running(), 0);
+}
+
+TEST(AdmissionQueue, AWaiterStopsWhenItsCheckFails) {
+  AdmissionQueue q(1, 4);
+  ASSERT_TRUE(q.acquire(nullptr).ok());
+  std::atomic<bool> cancel{false};
+  Status s;
+  std::thread waiter([&] {
+    s = q.acquire([&] { return cancel ? absl::CancelledError("gone") : absl::OkStatus(); });
+  });
+  while (q.waiting() != 1) std::this_thread::yield();
+  cancel = true;
+  waiter.join();
+  EXPECT_TRUE(absl::IsCancelled(s));
+  EXPECT_EQ(q.waiting(), 0);
+  EXPECT_EQ(q.running(), 1);
+}
+
+TEST(RouterMetricsFormat, LabelsAndValues) {
+  EXPECT_EQ(format_labels({}), "");
+  EXPECT_EQ(format_labels({{"worker", "127.0.0.1:5"}, {"role", "decode"}}), "{worker=\"127.0.0.1:5\",role=\"decode\"}");
+  EXPECT_EQ(format_labels({{"a", "x\"y\\z\nw"}}), "{a=\"x\\\"y\\\\z\\nw\"}");
+  EXPECT_EQ(format_value(3), "3");
+  EXPECT_EQ(format_value(0.25), "0.25");
+  EXPECT_EQ(format_value(INFINITY), "+Inf");
+  EXPECT_EQ(format_value(NAN), "NaN");
+}
+
+TEST(RouterMetricsFormat, HistogramIsCumulative) {
+  Histogram h({0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(0.5);
+  h.observe(7);
+  std::string out;
+  append_histogram(out, "x", {{"w", "a"}}, h);
+  EXPECT_EQ(out,
+            "x_bucket{w=\"a\",le=\"0.1\"} 1\n"
+            "x_bucket{w=\"a\",le=\"1\"} 3\n"
+            "x_bucket{w=\"a\",le=\"+Inf\"} 4\n"
+            "x_sum{w=\"a\"} 8.05\n"
+            "x_count{w=\"a\"} 4\n");
+}
+
+TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
+  RouterMetrics m;
+  m.observe_request("length", 0.02, 0.005, 0.5, 10, 20);
+  m.observe_kv_transfer("p:1", "d:2", 4096, 0.001);
+  WorkerGauges w;
+  w.worker = "d:2";
+  w.role = "decode";
+  w.up = true;
+  w.num_blocks = 100;
+  w.free_blocks = 75;
+  const std::string text = m.render(3, 2, {w});
+  for (const char* want : {"pdserve:num_requests_running 3", "pdserve:num_requests_waiting 2",
+                           "pdserve:time_to_first_token_seconds_count 1", "pdserve:time_per_output_token_seconds_count 1",
+                           "pdserve:e2e_request_latency_seconds_count 1",
+                           "pdserve:kv_cache_usage_perc{worker=\"d:2\",role=\"decode\"} 0.25",
+                           "pdserve:kv_cache_free_blocks{worker=\"d:2\",role=\"decode\"} 75",
+                           "pdserve:kv_cache_total_blocks{worker=\"d:2\",role=\"decode\"} 100",
+                           "pdserve:kv_transfer_bytes_total{prefill=\"p:1\",decode=\"d:2\"} 4096",
+                           "pdserve:kv_transfer_seconds_count{prefill=\"p:1\",decode=\"d:2\"} 1",
+                           "pdserve:request_success_total{finished_reason=\"length\"} 1",
+                           "# TYPE pdserve:time_to_first_token_seconds histogram"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+}
+
+TEST(OpenAiApi, ChatTemplate) {
+  EXPECT_EQ(render_chat({{"system", "Be brief."}, {"user", "Hi"}}), "system: Be brief.\nuser: Hi\nassistant:");
+  EXPECT_EQ(render_chat({{"user", ""}}), "user: \nassistant:");
+}
+
+TEST(OpenAiApi, ParsesCompletionFields) {
+  auto r = parse_openai_request(
+      R"({"model":"m","prompt":"Once","max_tokens":5,"temperature":0,"top_p":0.5,"top_k":-1,"seed":7,
+          "stop":["a","b"],"stream":true,"stream_options":{"include_usage":true},"ignore_eos":true})",
+      false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.model(), "m");
+  EXPECT_EQ(r->request.text(), "Once");
+  const v1::SamplingParams& s = r->request.sampling();
+  EXPECT_EQ(s.max_tokens(), 5);
+  EXPECT_EQ(s.temperature(), 0);
+  EXPECT_FLOAT_EQ(s.top_p(), 0.5f);
+  EXPECT_EQ(s.top_k(), 0);
+  EXPECT_EQ(s.seed(), 7);
+  EXPECT_EQ(s.stop_size(), 2);
+  EXPECT_TRUE(s.ignore_eos());
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_TRUE(r->max_tokens_given);
+
+  auto ids = parse_openai_request(R"({"prompt":[1,2,3]})", false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->request.token_ids().ids_size(), 3);
+  EXPECT_EQ(ids->request.sampling().max_tokens(), 16);  // OpenAI's default.
+  EXPECT_EQ(ids->request.sampling().temperature(), 1.0f);
+
+  auto chat = parse_openai_request(R"({"messages":[{"role":"user","content":"Hi"}]})", true);
+  ASSERT_TRUE(chat.ok());
+  EXPECT_EQ(chat->request.text(), "user: Hi\nassistant:");
+  EXPECT_FALSE(chat->max_tokens_given);
+}
+
+TEST(OpenAiApi, RejectsBadBodiesNamingTheField) {
+  struct Case {
+    const char* body;
+    bool chat;
+    const char* mentions;
+  } cases[] = {
+      {"{not json", false, "not valid JSON"},
+      {"[1,2]", false, "JSON object"},
+      {R"({"max_tokens":5})", false, "'prompt'"},
+      {R"({"prompt":"x","max_tokens":"5"})", false, "'max_tokens'"},
+      {R"({"prompt":"x","max_tokens":1.5})", false, "'max_tokens'"},
+      {R"({"prompt":"x","temperature":"hot"})", false, "'temperature'"},
+      {R"({"prompt":"x","stop":5})", false, "'stop'"},
+      {R"({"prompt":"x","n":2})", false, "'n'"},
+      {R"({"prompt":"x","logprobs":3})", false, "'logprobs'"},
+      {R"({"prompt":"x","stream":"yes"})", false, "'stream'"},
+      {R"({"prompt":["a","b"]})", false, "'prompt'"},
+      {R"({"prompt":[1,-2]})", false, "'prompt'"},
+      {R"({"prompt":"x","model":3})", false, "'model'"},
+      {R"({"messages":[]})", true, "'messages'"},
+      {R"({"messages":[{"content":"x"}]})", true, "role"},
+      {R"({"messages":[{"role":"user","content":5}]})", true, "content"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_openai_request(c.body, c.chat);
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << c.body;
+    EXPECT_NE(r.status().message().find(c.mentions), std::string_view::npos) << c.body << ": " << r.status();
+  }
+}
+
+TEST(OpenAiApi, ErrorsMapToHttpStatuses) {
+  EXPECT_EQ(http_error(absl::InvalidArgumentError("x")).status, 400);
+  EXPECT_EQ(http_error(absl::NotFoundError("x")).status, 404);
+  EXPECT_EQ(http_error(absl::ResourceExhaustedError("overloaded")).status, 429);
+  EXPECT_EQ(http_error(absl::UnavailableError("x")).status, 503);
+  EXPECT_EQ(http_error(absl::DeadlineExceededError("x")).status, 504);
+  const HttpError e = http_error(absl::InvalidArgumentError("bad top_p"));
+  EXPECT_EQ(e.body["error"]["message"], "bad top_p");
+  EXPECT_EQ(e.body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(http_error(absl::NotFoundError("m")).body["error"]["code"], "model_not_found");
+}
+
+TEST(OpenAiApi, ResponseAndChunkShapes) {
+  OpenAiRequest completion;
+  auto body = completion_body(completion, "cmpl-1", 5, "m", "hello", "length", 3, 2);
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["text"], "hello");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["total_tokens"], 5);
+  OpenAiRequest chat;
+  chat.chat = true;
+  auto first = chunk_body(chat, "c", 5, "m", "", std::nullopt, true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  auto last = chunk_body(chat, "c", 5, "m", "", std::string("stop"), false);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
+  EXPECT_EQ(sse(nlohmann::json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+}  // namespace
+}  // namespace pdserve::router
+
+namespace pdserve::tools {
+namespace {
+
+TEST(BenchStats, PercentileInterpolatesLikeNumpy) {
+  EXPECT_EQ(percentile({}, 50), 0);
+  EXPECT_DOUBLE_EQ(percentile({4, 1, 3, 2}, 50), 2.5);
+  EXPECT_DOUBLE_EQ(percentile({1, 2, 3, 4, 5}, 90), 4.6);
+  EXPECT_DOUBLE_EQ(percentile({1, 2, 3, 4, 5}, 100), 5);
+  EXPECT_DOUBLE_EQ(percentile({7}, 99), 7);
+}
+
+TEST(BenchStats, ArrivalTimes) {
+  auto all_at_once = arrival_times(5, INFINITY, 1.0, 1);
+  EXPECT_EQ(all_at_once, std::vector<double>(5, 0.0));
+  auto poisson = arrival_times(2000, 100.0, 1.0, 1);
+  EXPECT_EQ(poisson[0], 0);
+  EXPECT_TRUE(std::is_sorted(poisson.begin(), poisson.end()));
+  EXPECT_NEAR(poisson.back() / 1999, 0.01, 0.001);  // Mean gap 1/rate.
+}
+
+TEST(BenchStats, SummarizeComputesVllmKeys) {
+  RequestRecord a{true, "", 10, 5, 0.0, 0.1, 0.5, {0.1, 0.1, 0.1, 0.1}};
+  RequestRecord b{true, "", 20, 3, 0.2, 0.3, 0.7, {0.2, 0.2}};
+  RequestRecord c{true, "", 1, 1, 0.9, 0.1, 0.1, {}};  // Starts after a and b ended.
+  RequestRecord failed{false, "boom", 10, 0, 0, 0, 0, {}};
+  auto j = summarize({a, b, c, failed}, 2.0, {50, 99});
+  EXPECT_EQ(j["completed"], 3);
+  EXPECT_EQ(j["failed"], 1);
+  EXPECT_EQ(j["total_input_tokens"], 31);
+  EXPECT_EQ(j["total_output_tokens"], 9);
+  EXPECT_DOUBLE_EQ(j["request_throughput"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(j["output_throughput"].get<double>(), 4.5);
+  EXPECT_DOUBLE_EQ(j["total_token_throughput"].get<double>(), 20.0);
+  EXPECT_EQ(j["peak_concurrency"], 2);
+  EXPECT_NEAR(j["mean_ttft_ms"].get<double>(), 500.0 / 3, 1e-9);
+  EXPECT_NEAR(j["mean_tpot_ms"].get<double>(), 150, 1e-9);  // (0.4/4 + 0.4/2) / 2; c has one token.
+  EXPECT_NEAR(j["median_itl_ms"].get<double>(), 100, 1e-9);
+  EXPECT_NEAR(j["mean_e2el_ms"].get<double>(), 1300.0 / 3, 1e-9);
+  EXPECT_TRUE(j.contains("p99_e2el_ms"));
+}
+
+}  // namespace
+}  // namespace pdserve::tools

@@ -1,0 +1,338 @@
+#include "tools/bench_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <semaphore>
+#include <thread>
+
+#include "tools/router_client.h"
+
+namespace pdserve::tools {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+using nlohmann::json;
+
+struct BenchFlags {
+  std::string router;
+  int num_prompts = 100;
+  int input_len = 128;
+  int output_len = 64;
+  double range_ratio = 0.0;
+  int max_concurrency = 0;  // 0: unlimited.
+  double request_rate = std::numeric_limits<double>::infinity();
+  double burstiness = 1.0;
+  bool ignore_eos = false;
+  int num_warmups = 0;
+  uint64_t seed = 0;
+  float temperature = 0.0f;
+  std::string result_file;
+  std::string label;
+  std::vector<double> percentiles = {90, 99};
+};
+
+double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
+
+// Draws the benchmark's prompts: random token ids (not the special ids 0..2 nor BOS/EOS) after
+// BOS, with lengths uniform in [len*(1-ratio), len*(1+ratio)], capped so prompt + output fits.
+std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::ModelInfo& info, int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto length = [&](int len) {
+    const int lo = std::max(1, int(std::floor(len * (1 - f.range_ratio))));
+    const int hi = std::max(lo, int(std::ceil(len * (1 + f.range_ratio))));
+    return std::uniform_int_distribution<int>(lo, hi)(rng);
+  };
+  const int vocab = std::max(4, info.vocab_size());
+  std::uniform_int_distribution<int> token(3, vocab - 1);
+  std::vector<v1::GenerateRequest> out;
+  for (int i = 0; i < n; ++i) {
+    int out_len = length(f.output_len);
+    int in_len = length(f.input_len);
+    if (info.max_context() > 0) {
+      out_len = std::min(out_len, info.max_context() - 1);
+      in_len = std::max(1, std::min(in_len, info.max_context() - out_len));
+    }
+    v1::GenerateRequest r;
+    auto* ids = r.mutable_token_ids();
+    ids->add_ids(info.bos_id() >= 0 ? info.bos_id() : token(rng));
+    while (ids->ids_size() < in_len) {
+      int t = token(rng);
+      if (t == info.bos_id() || std::find(info.eos_ids().begin(), info.eos_ids().end(), t) != info.eos_ids().end()) continue;
+      ids->add_ids(t);
+    }
+    v1::SamplingParams* s = r.mutable_sampling();
+    s->set_max_tokens(out_len);
+    s->set_temperature(f.temperature);
+    s->set_ignore_eos(f.ignore_eos);
+    s->set_seed(int64_t(seed + i));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
+  RequestRecord rec;
+  rec.prompt_tokens = req.token_ids().ids_size();
+  const Steady::time_point t0 = Steady::now();
+  Steady::time_point last = t0;
+  Status s = client.generate(req, [&](const v1::GenerateResponse& r) {
+    if (r.token_ids_size() == 0) return;
+    const Steady::time_point now = Steady::now();
+    if (rec.output_tokens == 0) rec.ttft_s = std::chrono::duration<double>(now - t0).count();
+    else rec.itl_s.push_back(std::chrono::duration<double>(now - last).count());
+    last = now;
+    rec.output_tokens += r.token_ids_size();
+  });
+  rec.e2e_s = seconds_since(t0);
+  rec.ok = s.ok();
+  if (!s.ok()) rec.error = std::string(s.message());
+  return rec;
+}
+
+void progress(int done, int total) {
+  const int width = 40;
+  const int filled = total > 0 ? done * width / total : width;
+  std::cerr << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << done << "/" << total
+            << (done == total ? "\n" : "") << std::flush;
+}
+
+std::string fmt(double v, int digits = 2) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+void print_table(const json& r, const std::vector<double>& percentiles) {
+  auto line = [](const std::string& name, const std::string& value) {
+    std::cout << name << std::string(name.size() < 40 ? 40 - name.size() : 1, ' ') << value << "\n";
+  };
+  std::cout << "============ Serving Benchmark Result ============\n";
+  line("Successful requests:", std::to_string(r["completed"].get<int>()));
+  line("Failed requests:", std::to_string(r["failed"].get<int>()));
+  if (r.contains("max_concurrency") && !r["max_concurrency"].is_null())
+    line("Maximum request concurrency:", std::to_string(r["max_concurrency"].get<int>()));
+  line("Benchmark duration (s):", fmt(r["duration"].get<double>()));
+  line("Total input tokens:", std::to_string(r["total_input_tokens"].get<int64_t>()));
+  line("Total generated tokens:", std::to_string(r["total_output_tokens"].get<int64_t>()));
+  line("Request throughput (req/s):", fmt(r["request_throughput"].get<double>()));
+  line("Output token throughput (tok/s):", fmt(r["output_throughput"].get<double>()));
+  line("Total token throughput (tok/s):", fmt(r["total_token_throughput"].get<double>()));
+  const std::pair<const char*, const char*> sections[] = {
+      {"ttft", "Time to First Token"}, {"tpot", "Time per Output Token (excl. 1st token)"},
+      {"itl", "Inter-token Latency"}, {"e2el", "End-to-end Latency"}};
+  for (const auto& [key, title] : sections) {
+    const std::string t = std::string("-") + title + "-";
+    const size_t pad = t.size() < 50 ? (50 - t.size()) / 2 : 0;
+    std::cout << std::string(pad, '-') << t << std::string(50 - pad - std::min<size_t>(t.size(), 50), '-') << "\n";
+    const std::string k = key;
+    std::string upper = k;
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    line("Mean " + upper + " (ms):", fmt(r["mean_" + k + "_ms"].get<double>()));
+    line("Median " + upper + " (ms):", fmt(r["median_" + k + "_ms"].get<double>()));
+    for (double p : percentiles) {
+      const std::string ps = fmt(p, p == std::floor(p) ? 0 : 1);
+      line("P" + ps + " " + upper + " (ms):", fmt(r["p" + ps + "_" + k + "_ms"].get<double>()));
+    }
+  }
+  std::cout << "==================================================" << std::endl;
+}
+
+int run_bench(const BenchFlags& f) {
+  auto client = RouterClient::connect(f.router, std::chrono::seconds(10));
+  if (!client.ok()) {
+    std::cerr << "error: " << client.status().message() << "\n";
+    return 1;
+  }
+  auto info = (*client)->model_info();
+  if (!info.ok()) {
+    std::cerr << "error: " << info.status().message() << "\n";
+    return 1;
+  }
+  if (f.num_prompts <= 0 || f.input_len <= 0 || f.output_len <= 0 || f.range_ratio < 0 || f.range_ratio >= 1 ||
+      f.burstiness <= 0 || !(f.request_rate > 0)) {
+    std::cerr << "error: need --num-prompts, --random-input-len, --random-output-len > 0, --random-range-ratio in "
+                 "[0, 1), --burstiness > 0, --request-rate > 0\n";
+    return 2;
+  }
+  std::cerr << "bench: " << info->name() << " via " << f.router << " (" << info->kv_mode() << "), " << f.num_prompts
+            << " prompts, input " << f.input_len << ", output " << f.output_len << ", concurrency "
+            << (f.max_concurrency > 0 ? std::to_string(f.max_concurrency) : "unlimited") << ", rate "
+            << f.request_rate << "/s\n";
+
+  if (f.num_warmups > 0) {
+    std::cerr << "bench: " << f.num_warmups << " warm-up requests\n";
+    for (const auto& r : make_requests(f, *info, f.num_warmups, f.seed + 1'000'003)) {
+      RequestRecord rec = run_one(**client, r);
+      if (!rec.ok) {
+        std::cerr << "error: warm-up failed: " << rec.error << "\n";
+        return 1;
+      }
+    }
+  }
+
+  const std::vector<v1::GenerateRequest> requests = make_requests(f, *info, f.num_prompts, f.seed);
+  const std::vector<double> arrivals = arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed);
+  std::vector<RequestRecord> records(requests.size());
+  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(requests.size()));
+  std::mutex mu;
+  int done = 0;
+  progress(0, int(requests.size()));
+  std::vector<std::thread> threads;
+  const Steady::time_point start = Steady::now();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[i])));
+    slots.acquire();
+    const double offset = seconds_since(start);
+    threads.emplace_back([&, i, offset] {
+      records[i] = run_one(**client, requests[i]);
+      records[i].start_s = offset;
+      slots.release();
+      std::lock_guard lock(mu);
+      progress(++done, int(requests.size()));
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double duration = seconds_since(start);
+
+  json result = summarize(records, duration, f.percentiles);
+  result["backend"] = "pdserve";
+  result["label"] = f.label;
+  result["model_id"] = info->name();
+  result["kv_mode"] = info->kv_mode();
+  result["num_prompts"] = f.num_prompts;
+  result["random_input_len"] = f.input_len;
+  result["random_output_len"] = f.output_len;
+  result["random_range_ratio"] = f.range_ratio;
+  result["request_rate"] = std::isinf(f.request_rate) ? json("inf") : json(f.request_rate);
+  result["burstiness"] = f.burstiness;
+  result["max_concurrency"] = f.max_concurrency > 0 ? json(f.max_concurrency) : json(nullptr);
+  result["ignore_eos"] = f.ignore_eos;
+  print_table(result, f.percentiles);
+  for (const RequestRecord& r : records)
+    if (!r.ok) {
+      std::cerr << "bench: first failure: " << r.error << "\n";
+      break;
+    }
+  if (!f.result_file.empty()) {
+    std::ofstream out(f.result_file);
+    out << result.dump(2) << "\n";
+    if (!out) {
+      std::cerr << "error: cannot write " << f.result_file << "\n";
+      return 1;
+    }
+  }
+  return result["failed"].get<int>() == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = std::clamp(p, 0.0, 100.0) / 100.0 * double(values.size() - 1);
+  const size_t lo = size_t(std::floor(rank));
+  const size_t hi = std::min(lo + 1, values.size() - 1);
+  return values[lo] + (values[hi] - values[lo]) * (rank - double(lo));
+}
+
+std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_t seed) {
+  std::vector<double> out(std::max(0, n), 0.0);
+  if (std::isinf(rate)) return out;
+  std::mt19937_64 rng(seed);
+  std::gamma_distribution<double> gap(burstiness, 1.0 / (rate * burstiness));
+  double t = 0;
+  for (int i = 0; i < n; ++i) {
+    out[i] = t;
+    t += gap(rng);
+  }
+  return out;
+}
+
+json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
+  std::vector<double> ttft, tpot, itl, e2el;
+  int completed = 0, failed = 0;
+  int64_t input = 0, output = 0;
+  for (const RequestRecord& r : records) {
+    if (!r.ok) {
+      ++failed;
+      continue;
+    }
+    ++completed;
+    input += r.prompt_tokens;
+    output += r.output_tokens;
+    if (r.output_tokens > 0) ttft.push_back(r.ttft_s);
+    if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
+    itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
+    e2el.push_back(r.e2e_s);
+  }
+  json j;
+  j["duration"] = duration_s;
+  j["completed"] = completed;
+  j["failed"] = failed;
+  j["total_input_tokens"] = input;
+  j["total_output_tokens"] = output;
+  const double d = duration_s > 0 ? duration_s : 1;
+  j["request_throughput"] = completed / d;
+  j["output_throughput"] = double(output) / d;
+  j["total_token_throughput"] = double(input + output) / d;
+  auto stats = [&](const std::string& key, const std::vector<double>& v) {
+    double mean = 0, var = 0;
+    for (double x : v) mean += x;
+    if (!v.empty()) mean /= double(v.size());
+    for (double x : v) var += (x - mean) * (x - mean);
+    if (!v.empty()) var /= double(v.size());
+    j["mean_" + key + "_ms"] = mean * 1000;
+    j["median_" + key + "_ms"] = percentile(v, 50) * 1000;
+    j["std_" + key + "_ms"] = std::sqrt(var) * 1000;
+    for (double p : percentiles) {
+      char ps[16];
+      std::snprintf(ps, sizeof ps, p == std::floor(p) ? "%.0f" : "%.1f", p);
+      j["p" + std::string(ps) + "_" + key + "_ms"] = percentile(v, p) * 1000;
+    }
+  };
+  // Peak concurrency from the send and finish times: a check that the concurrency cap held.
+  std::vector<std::pair<double, int>> edges;
+  for (const RequestRecord& r : records)
+    if (r.ok) {
+      edges.emplace_back(r.start_s, 1);
+      edges.emplace_back(r.start_s + r.e2e_s, -1);
+    }
+  std::sort(edges.begin(), edges.end());
+  int in_flight = 0, peak = 0;
+  for (const auto& [t, delta] : edges) peak = std::max(peak, in_flight += delta);
+  j["peak_concurrency"] = peak;
+  stats("ttft", ttft);
+  stats("tpot", tpot);
+  stats("itl", itl);
+  stats("e2el", e2el);
+  return j;
+}
+
+void add_bench_command(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmark a running router (like `vllm bench serve`)");
+  cmd->add_option("--router", f->router, "Router gRPC HOST:PORT")->required();
+  cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->capture_default_str();
+  cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens")->capture_default_str();
+  cmd->add_option("--random-output-len,--output-len", f->output_len, "Tokens to generate (max_tokens)")->capture_default_str();
+  cmd->add_option("--random-range-ratio", f->range_ratio, "Lengths uniform in len*(1±ratio); 0: fixed")->capture_default_str();
+  cmd->add_option("--max-concurrency", f->max_concurrency, "Requests in flight at most (0: unlimited)");
+  cmd->add_option("--request-rate", f->request_rate, "Requests per second (default inf: all at once)");
+  cmd->add_option("--burstiness", f->burstiness, "Gamma shape of the arrival gaps (1: Poisson)")->capture_default_str();
+  cmd->add_flag("--ignore-eos", f->ignore_eos, "Generate exactly the output length");
+  cmd->add_option("--num-warmups", f->num_warmups, "Warm-up requests before measuring")->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Seed for lengths, tokens and arrivals")->capture_default_str();
+  cmd->add_option("--temperature", f->temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--percentile-metrics-values,--percentiles", f->percentiles, "Percentiles to report")->capture_default_str();
+  cmd->add_option("--result-file", f->result_file, "Write the result as JSON here");
+  cmd->add_option("--label", f->label, "A name for this run in the result");
+  cmd->callback([f, exit_code] { *exit_code = run_bench(*f); });
+}
+
+}  // namespace pdserve::tools

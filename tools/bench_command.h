@@ -1,0 +1,43 @@
+// `pdserve bench`: load-tests a running router the way `vllm bench serve` does — random or
+// fixed prompt/output lengths, a concurrency cap or a Poisson/gamma arrival rate, warm-ups —
+// and reports throughput and TTFT/TPOT/ITL/E2EL statistics (table on stdout, JSON file).
+// The statistics are pure functions so their arithmetic is table-tested.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace pdserve::tools {
+
+// Adds the subcommand to `app`; its callback sets `*exit_code`.
+void add_bench_command(CLI::App& app, int* exit_code);
+
+// What one benchmark request measured.
+struct RequestRecord {
+  bool ok = false;
+  std::string error;
+  int prompt_tokens = 0;
+  int output_tokens = 0;
+  double start_s = 0;  // Sent at this offset from the benchmark's start.
+  double ttft_s = 0;
+  double e2e_s = 0;
+  std::vector<double> itl_s;  // Gaps between consecutive token-carrying messages.
+};
+
+// The p-th percentile (0..100) of `values`, interpolating linearly between ranks (numpy's
+// default, which vLLM reports); 0 for no values.
+double percentile(std::vector<double> values, double p);
+
+// Arrival offsets (seconds from the start) of `n` requests at `rate` per second; gaps are
+// gamma-distributed with shape `burstiness` (1: Poisson), mean 1/rate. Infinite rate: all 0.
+std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_t seed);
+
+// The result object: counts, throughputs, the most requests seen in flight at once, and, for
+// ttft/tpot/itl/e2el, mean_/median_/std_/pXX_ values in milliseconds (vLLM's key names).
+nlohmann::json summarize(const std::vector<RequestRecord>& records, double duration_s,
+                         const std::vector<double>& percentiles);
+
+}  // namespace pdserve::tools

@@ -1,0 +1,36 @@
+// A client of a router's Generation API, shared by `pdserve generate --router` and `pdserve
+// bench`: connects with a bounded wait, streams a request's responses to a callback, and
+// converts the engine's SamplingParams (the CLI's flags) to the API's.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "engine/sampling/sampler.h"
+#include "proto/pdserve.grpc.pb.h"
+
+namespace pdserve::tools {
+
+class RouterClient {
+ public:
+  // A client of the router at `address` (HOST:PORT); Unavailable when it does not answer
+  // within `wait`.
+  static StatusOr<std::unique_ptr<RouterClient>> connect(const std::string& address, Duration wait);
+
+  // The served model.
+  StatusOr<v1::ModelInfo> model_info();
+  // Runs one request, calling `on_response` for each streamed message; the call's status.
+  Status generate(const v1::GenerateRequest& request, const std::function<void(const v1::GenerateResponse&)>& on_response);
+
+ private:
+  explicit RouterClient(std::unique_ptr<v1::Generation::Stub> stub) : stub_(std::move(stub)) {}
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+// The API's sampling parameters for the CLI's (seed -1, "random", is left unset).
+v1::SamplingParams to_proto(const engine::SamplingParams& p);
+
+}  // namespace pdserve::tools

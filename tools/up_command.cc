@@ -1,0 +1,285 @@
+#include "tools/up_command.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+namespace pdserve::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using Steady = std::chrono::steady_clock;
+
+struct UpFlags {
+  std::string model = "stories260K";
+  int prefill = 0, prefill_tp = 1;
+  int decode = 0, decode_tp = 1;
+  int aggregated = 0, tp = 1;
+  std::string kv_mode = "push";
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int block_size = 0;
+  uint64_t kv_cache_bytes = 0;
+  int max_running = 0, max_waiting = -1;
+  double request_timeout_s = 0;
+  double startup_timeout_s = 120;
+};
+
+// One child process: its stdout is read for the READY line, then echoed to our stderr.
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out = -1;
+  std::string buffer;
+  std::string address;  // From "READY grpc=ADDR".
+  std::string ready_line;
+  bool exited = false;
+  int status = 0;
+};
+
+std::unique_ptr<Child> spawn(const std::string& name, std::vector<std::string> argv, const sigset_t& blocked) {
+  auto c = std::make_unique<Child>();
+  c->name = name;
+  int pipefd[2];
+  if (pipe(pipefd) != 0) return c;
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  c->pid = fork();
+  if (c->pid == 0) {
+    // The children must not outlive `up` even when it is killed with SIGKILL.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    sigprocmask(SIG_UNBLOCK, &blocked, nullptr);
+    dup2(pipefd[1], STDOUT_FILENO);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    execv(args[0], args.data());
+    std::perror(("exec " + argv[0]).c_str());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  c->out = pipefd[0];
+  fcntl(c->out, F_SETFL, O_NONBLOCK);
+  return c;
+}
+
+// Reads what a child wrote; lines after its READY are echoed to stderr.
+void drain(Child& c) {
+  if (c.out < 0) return;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(c.out, buf, sizeof buf)) > 0) c.buffer.append(buf, size_t(n));
+  if (n == 0) {
+    close(c.out);
+    c.out = -1;
+  }
+  size_t nl;
+  while ((nl = c.buffer.find('\n')) != std::string::npos) {
+    std::string line = c.buffer.substr(0, nl);
+    c.buffer.erase(0, nl + 1);
+    if (c.ready_line.empty() && line.rfind("READY grpc=", 0) == 0) {
+      c.ready_line = line;
+      const size_t end = line.find(' ', 11);
+      c.address = line.substr(11, end == std::string::npos ? std::string::npos : end - 11);
+    } else {
+      std::cerr << "[" << c.name << "] " << line << "\n";
+    }
+  }
+}
+
+bool reap(Child& c) {
+  if (c.exited || c.pid <= 0) return c.exited;
+  if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) c.exited = true;
+  return c.exited;
+}
+
+// SIGTERM to all, a grace period, then SIGKILL to what is left; the router goes first so no
+// request is sent to a worker that is already leaving.
+void stop_all(std::vector<std::unique_ptr<Child>>& children) {
+  for (auto it = children.rbegin(); it != children.rend(); ++it)
+    if (!(*it)->exited && (*it)->pid > 0) kill((*it)->pid, SIGTERM);
+  const auto deadline = Steady::now() + std::chrono::seconds(8);
+  while (Steady::now() < deadline) {
+    bool all = true;
+    for (auto& c : children) all = reap(*c) && all;
+    if (all) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (auto& c : children)
+    if (!reap(*c)) {
+      std::cerr << "up: " << c->name << " did not stop; killing it\n";
+      kill(c->pid, SIGKILL);
+      waitpid(c->pid, &c->status, 0);
+      c->exited = true;
+    }
+}
+
+std::string describe_exit(const Child& c) {
+  if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
+  return "exited with status " + std::to_string(WEXITSTATUS(c.status));
+}
+
+// Waits until every child in `wanted` printed READY; false (with a message) when one exits or
+// the time runs out, or a signal asks us to stop.
+bool wait_ready(std::vector<Child*> wanted, const sigset_t& signals, Steady::time_point deadline) {
+  while (true) {
+    bool all = true;
+    for (Child* c : wanted) {
+      drain(*c);
+      if (!c->ready_line.empty()) continue;
+      all = false;
+      if (reap(*c)) {
+        std::cerr << "up: " << c->name << " " << describe_exit(*c) << " before it was ready\n";
+        return false;
+      }
+    }
+    if (all) return true;
+    if (Steady::now() >= deadline) {
+      std::cerr << "up: timed out waiting for the processes to be ready\n";
+      return false;
+    }
+    const timespec tick{0, 20'000'000};
+    if (sigtimedwait(&signals, nullptr, &tick) > 0) return false;
+  }
+}
+
+int run_up(const UpFlags& f) {
+  const bool pd = f.aggregated == 0;
+  if (pd && (f.prefill < 1 || f.decode < 1)) {
+    std::cerr << "error: give --prefill N and --decode K (at least 1 each), or --aggregated K\n";
+    return 2;
+  }
+  if (!pd && (f.prefill > 0 || f.decode > 0)) {
+    std::cerr << "error: --aggregated cannot be combined with --prefill/--decode\n";
+    return 2;
+  }
+  std::error_code ec;
+  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  const std::string prefill_bin = sibling_binary(self, "prefill_worker", "pdserve-prefill");
+  const std::string decode_bin = sibling_binary(self, "decode_worker", "pdserve-decode");
+  const std::string router_bin = sibling_binary(self, "router", "pdserve-router");
+  for (const std::string& b : {pd ? prefill_bin : decode_bin, decode_bin, router_bin})
+    if (access(b.c_str(), X_OK) != 0) {
+      std::cerr << "error: " << b << " not found (build it, or install it beside pdserve)\n";
+      return 1;
+    }
+
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+
+  auto worker_args = [&](const std::string& bin, const std::string& role, int tp) {
+    std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
+                                  "--host", f.host, "--port", "0"};
+    if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
+    if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
+    return a;
+  };
+  std::vector<std::unique_ptr<Child>> children;
+  std::vector<Child*> prefill, decode, aggregated;
+  for (int i = 0; i < f.prefill; ++i) {
+    children.push_back(spawn("prefill" + std::to_string(i), worker_args(prefill_bin, "prefill", f.prefill_tp), signals));
+    prefill.push_back(children.back().get());
+  }
+  for (int i = 0; i < f.decode; ++i) {
+    children.push_back(spawn("decode" + std::to_string(i), worker_args(decode_bin, "decode", f.decode_tp), signals));
+    decode.push_back(children.back().get());
+  }
+  for (int i = 0; i < f.aggregated; ++i) {
+    children.push_back(spawn("aggregated" + std::to_string(i), worker_args(decode_bin, "aggregated", f.tp), signals));
+    aggregated.push_back(children.back().get());
+  }
+  const auto deadline = Steady::now() + std::chrono::milliseconds(int64_t(f.startup_timeout_s * 1000));
+  std::vector<Child*> workers;
+  for (auto& c : children) workers.push_back(c.get());
+  if (!wait_ready(workers, signals, deadline)) {
+    stop_all(children);
+    return 1;
+  }
+  for (Child* c : workers) std::cerr << "up: " << c->ready_line.substr(6) << "\n";
+
+  std::vector<std::string> ra = {router_bin, "--model", f.model, "--host", f.host, "--port", std::to_string(f.port)};
+  if (pd) ra.insert(ra.end(), {"--kv-mode", f.kv_mode});
+  for (Child* c : prefill) ra.insert(ra.end(), {"--prefill", c->address});
+  for (Child* c : decode) ra.insert(ra.end(), {"--decode", c->address});
+  for (Child* c : aggregated) ra.insert(ra.end(), {"--aggregated", c->address});
+  if (f.max_running > 0) ra.insert(ra.end(), {"--max-running", std::to_string(f.max_running)});
+  if (f.max_waiting >= 0) ra.insert(ra.end(), {"--max-waiting", std::to_string(f.max_waiting)});
+  if (f.request_timeout_s > 0) ra.insert(ra.end(), {"--request-timeout", std::to_string(f.request_timeout_s)});
+  children.push_back(spawn("router", ra, signals));
+  Child* router = children.back().get();
+  if (!wait_ready({router}, signals, deadline)) {
+    stop_all(children);
+    return 1;
+  }
+  std::cout << router->ready_line << std::endl;
+  std::cerr << "up: serving " << f.model << " ("
+            << (pd ? std::to_string(f.prefill) + " prefill TP" + std::to_string(f.prefill_tp) + " + " +
+                         std::to_string(f.decode) + " decode TP" + std::to_string(f.decode_tp) + ", KV " + f.kv_mode
+                   : std::to_string(f.aggregated) + " aggregated TP" + std::to_string(f.tp))
+            << "); Ctrl-C stops everything\n";
+
+  while (true) {
+    for (auto& c : children) {
+      drain(*c);
+      if (reap(*c)) {
+        std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; stopping the others\n";
+        stop_all(children);
+        return 1;
+      }
+    }
+    const timespec tick{0, 50'000'000};
+    if (int sig = sigtimedwait(&signals, nullptr, &tick); sig > 0) {
+      std::cerr << "up: signal " << sig << ", stopping\n";
+      stop_all(children);
+      return 0;
+    }
+  }
+}
+
+}  // namespace
+
+std::string sibling_binary(const std::string& self, const std::string& subdir, const std::string& name) {
+  const fs::path dir = fs::path(self).parent_path();
+  if (fs::exists(dir / name)) return (dir / name).string();
+  return (dir.parent_path() / subdir / name).string();
+}
+
+void add_up_command(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<UpFlags>();
+  CLI::App* cmd = app.add_subcommand("up", "Start workers and a router on this machine");
+  cmd->add_option("--model", f->model, "Model path or name")->capture_default_str();
+  cmd->add_option("--prefill", f->prefill, "Prefill workers");
+  cmd->add_option("--prefill-tp", f->prefill_tp, "TP ranks per prefill worker")->capture_default_str();
+  cmd->add_option("--decode", f->decode, "Decode workers");
+  cmd->add_option("--decode-tp", f->decode_tp, "TP ranks per decode worker")->capture_default_str();
+  cmd->add_option("--aggregated", f->aggregated, "Aggregated workers (the non-disaggregated baseline)");
+  cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
+  cmd->add_option("--kv-mode", f->kv_mode, "KV transfer: push (prefill writes) or pull (decode reads)")
+      ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  cmd->add_option("--host", f->host, "Address every process listens on")->capture_default_str();
+  cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1)")->capture_default_str();
+  cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");
+  cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
+  cmd->add_option("--max-running", f->max_running, "Router: requests out at the workers at once");
+  cmd->add_option("--max-waiting", f->max_waiting, "Router: requests queued before refusing");
+  cmd->add_option("--request-timeout", f->request_timeout_s, "Router: per-request timeout in seconds");
+  cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds to wait for every process to be ready")
+      ->capture_default_str();
+  cmd->callback([f, exit_code] { *exit_code = run_up(*f); });
+}
+
+}  // namespace pdserve::tools
