@@ -1,0 +1,259 @@
+// GPU forward-pass benchmark on a synthetic model of a preset's shape (default llama-3-8b),
+// weights made on the device (no file): decode step time against batch size, prefill
+// tokens/s, and cuBLAS bf16 GEMM rates at the model's shapes, each as a fraction of H200
+// rooflines (4.8 TB/s HBM; 990 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor, datasheet).
+// The forward pass is the f32 path the engine's backend interface has today (weights, KV and
+// activations in f32); the bf16 GEMM rows show what a bf16 weight path would reach.
+//
+//   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
+//             [--prefill 512,2048] [--out results.jsonl]
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_backend.h"
+#include "engine/model/make_model.h"
+#include "engine/model_tensors.h"
+#include "kernels/gpu/ops.h"
+#include "tests/gpu/device_runner.h"
+
+namespace pdserve {
+namespace {
+
+using namespace engine;
+
+constexpr double kHbmBytesPerS = 4.8e12;
+constexpr double kBf16FlopPerS = 990e12;
+constexpr double kF32FlopPerS = 67e12;
+
+struct Options {
+  std::string preset = "llama-3-8b";
+  int context = 1024;
+  std::vector<int> batches = {1, 8, 32, 64, 128};
+  std::vector<int> prefill = {512, 2048};
+  std::string out;
+};
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  return v;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Report {
+  std::ofstream file;
+  void line(const std::string& json) {
+    std::printf("%s\n", json.c_str());
+    if (file.is_open()) file << json << "\n";
+  }
+};
+
+// Parameters a token's forward pass multiplies by (all but the embedding table).
+double matmul_params(const ModelConfig& c) {
+  double p = 0;
+  for (const TensorShape& t : model_tensors(c)) {
+    if (t.name == "model.embed_tokens.weight" || t.shape.size() != 2) continue;
+    p += double(t.shape[0]) * double(t.shape[1]);
+  }
+  if (c.tie_embeddings) p += double(c.vocab_size) * c.dim;
+  return p;
+}
+
+int run(const Options& o) {
+  auto config_or = make_model_preset_config(o.preset);
+  if (!config_or.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config_or.status().message()).c_str());
+    return 1;
+  }
+  ModelConfig c = *config_or;
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
+  c.max_seq_len = std::max({c.max_seq_len, o.context + 1, max_prefill});
+  auto backend_or = make_cuda_backend(0);
+  if (!backend_or.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(backend_or.status().message()).c_str());
+    return 1;
+  }
+  Backend* backend = backend_or->get();
+  Report report;
+  if (!o.out.empty()) report.file.open(o.out);
+
+  // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
+  std::vector<const float*> tensors;
+  std::vector<std::unique_ptr<testing::BackendBuffer>> buffers;
+  double weight_bytes = 0;
+  uint64_t seed = 1;
+  for (const TensorShape& t : model_tensors(c)) {
+    if (t.optional && c.tie_embeddings) {
+      tensors.push_back(nullptr);
+      continue;
+    }
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    auto buf = std::make_unique<testing::BackendBuffer>();
+    if (Status s = buf->reserve(backend, size_t(n) * 4); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+    const bool norm = t.name.find("norm") != std::string::npos;
+    kernels::gpu::fill_random(buf->as<float>(), n, seed++, norm ? 0.0f : 0.02f, 1.0f, nullptr);
+    tensors.push_back(buf->as<float>());
+    weight_bytes += double(n) * 4;
+    buffers.push_back(std::move(buf));
+  }
+  cudaDeviceSynchronize();
+  auto weights = testing::wrap_device_tensors(c, tensors);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
+    return 1;
+  }
+  auto shard = shard_weights(c, **weights, 0, 1);
+  const int block = 16;
+  const int per_seq = (std::max(o.context + 1, max_prefill) + block - 1) / block;
+  const int blocks = per_seq * std::max(max_batch, 1);
+  auto comm = testing::make_single_rank_communicator(backend);
+  auto runner = testing::DeviceRankRunner::create(c, *shard, c.kv_cache_spec(block), blocks, backend, comm.get());
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
+    return 1;
+  }
+  std::vector<std::vector<int>> tables(max_batch, std::vector<int>(per_seq));
+  for (int s = 0; s < max_batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * per_seq);
+  const double params = matmul_params(c);
+  const double embed_bytes = double(c.vocab_size) * c.dim * 4;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f,\"kv_dtype\":\"f32\"}",
+                o.preset.c_str(), weight_bytes / 1e9, params);
+  report.line(buf);
+
+  std::vector<float> logits;
+  auto time_step = [&](const ForwardBatch& batch, int iters) -> double {
+    logits.resize(size_t(batch.logit_rows.size()) * c.vocab_size);
+    double t0 = 0;
+    for (int i = 0; i < iters + 2; ++i) {
+      if (i == 2) t0 = now_s();  // After two warm-up steps.
+      if (Status s = (*runner)->forward(batch, logits.data()); !s.ok()) {
+        std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());
+        return -1;
+      }
+    }
+    return (now_s() - t0) / iters;
+  };
+
+  // Decode: every sequence at position `context` (its earlier KV already in place).
+  for (int b : o.batches) {
+    ForwardBatch batch;
+    for (int s = 0; s < b; ++s) {
+      batch.tokens.push_back(s % c.vocab_size);
+      batch.positions.push_back(o.context);
+      batch.block_tables.push_back(tables[s].data());
+      batch.logit_rows.push_back(s);
+    }
+    const double t = time_step(batch, 10);
+    if (t < 0) return 1;
+    double kv_bytes = 0;
+    for (int l = 0; l < c.n_layers; ++l) kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * 4;
+    const double bytes = weight_bytes - embed_bytes + (c.tie_embeddings ? embed_bytes : 0) + kv_bytes;
+    const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
+    std::snprintf(buf, sizeof buf,
+                  "{\"kind\":\"decode\",\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,"
+                  "\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
+                  b, o.context, t * 1e3, b / t, bytes / t / kHbmBytesPerS, flops / t / kF32FlopPerS,
+                  flops / t / kBf16FlopPerS);
+    report.line(buf);
+  }
+
+  // Prefill: one sequence's prompt in one step, logits for its last token.
+  for (int p : o.prefill) {
+    ForwardBatch batch;
+    for (int i = 0; i < p; ++i) {
+      batch.tokens.push_back(i % c.vocab_size);
+      batch.positions.push_back(i);
+      batch.block_tables.push_back(tables[0].data());
+    }
+    batch.logit_rows = {p - 1};
+    const double t = time_step(batch, 3);
+    if (t < 0) return 1;
+    const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
+    std::snprintf(buf, sizeof buf,
+                  "{\"kind\":\"prefill\",\"tokens\":%d,\"step_ms\":%.2f,\"tokens_per_s\":%.0f,"
+                  "\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
+                  p, t * 1e3, p / t, flops / t / kF32FlopPerS, flops / t / kBf16FlopPerS);
+    report.line(buf);
+  }
+  runner->reset();
+  buffers.clear();
+
+  // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes.
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const int shapes[4][2] = {{c.q_dim() + 2 * c.kv_dim(), c.dim}, {c.dim, c.q_dim()}, {2 * c.hidden_dim, c.dim}, {c.dim, c.hidden_dim}};
+  const char* names[4] = {"qkv", "o", "gate_up", "down"};
+  for (int rows : {1, 32, 128, 2048, 8192})
+    for (int s = 0; s < 4; ++s) {
+      const int out = shapes[s][0], in = shapes[s][1];
+      void *w, *x, *y;
+      cudaMalloc(&w, size_t(out) * in * 2);
+      cudaMalloc(&x, size_t(rows) * in * 2);
+      cudaMalloc(&y, size_t(rows) * out * 2);
+      cudaMemset(w, 0, size_t(out) * in * 2);
+      cudaMemset(x, 0, size_t(rows) * in * 2);
+      const float alpha = 1, beta = 0;
+      auto gemm = [&] {
+        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF,
+                            in, &beta, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      };
+      const int iters = 20;
+      gemm();
+      cudaDeviceSynchronize();
+      const double t0 = now_s();
+      for (int i = 0; i < iters; ++i) gemm();
+      cudaDeviceSynchronize();
+      const double t = (now_s() - t0) / iters;
+      const double flops = 2.0 * rows * out * in, bytes = 2.0 * (double(out) * in + double(rows) * (in + out));
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"bf16_gemm\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
+                    "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f}",
+                    names[s], rows, out, in, t * 1e6, flops / t / 1e12, flops / t / kBf16FlopPerS,
+                    bytes / t / kHbmBytesPerS);
+      report.line(buf);
+      cudaFree(w);
+      cudaFree(x);
+      cudaFree(y);
+    }
+  cublasDestroy(h);
+  return 0;
+}
+
+}  // namespace
+}  // namespace pdserve
+
+int main(int argc, char** argv) {
+  pdserve::Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--preset") o.preset = v;
+    else if (k == "--context") o.context = std::stoi(v);
+    else if (k == "--batches") o.batches = pdserve::parse_list(v);
+    else if (k == "--prefill") o.prefill = pdserve::parse_list(v);
+    else if (k == "--out") o.out = v;
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  return pdserve::run(o);
+}

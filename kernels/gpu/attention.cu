@@ -1,0 +1,223 @@
+// Paged attention: a decode-shaped kernel (one query row per block, its warps splitting the
+// keys) and a chunked causal prefill kernel (a tile of query rows shares every K/V tile it
+// loads into shared memory). Both: online softmax in f32, GQA (query head h reads KV head
+// h / q_per_kv), sliding window, and the index cache's block mask.
+#include "kernels/gpu/kernel_util.h"
+
+namespace pdserve::kernels::gpu {
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kDimsPerLane = kMaxHeadDim / kWarpSize;
+constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = kAttnWarps * kWarpSize;
+constexpr int kTileRows = 16;  // Query rows (token, head of the group) per prefill block.
+constexpr int kTileKeys = 16;  // Keys per shared-memory tile: 32 KB of K and V at head dim 256.
+constexpr int kRowsPerWarp = kTileRows / kAttnWarps;
+
+// Running softmax state of one query row, its accumulator spread over the warp's lanes
+// (dim d = lane + i * kWarpSize).
+struct RowState {
+  float m = -INFINITY, l = 0.0f;
+  float acc[kDimsPerLane] = {};
+};
+
+template <typename T>
+__device__ __forceinline__ const T* key_ptr(const cpu::PagedLayerView& kv, const int* table, int p, int kvh) {
+  return reinterpret_cast<const T*>(kv.k) + int64_t(table[p / kv.block_size]) * kv.k_block_stride +
+         (p % kv.block_size) * kv.k_token_stride + kvh * kv.k_head_stride;
+}
+template <typename T>
+__device__ __forceinline__ const T* value_ptr(const cpu::PagedLayerView& kv, const int* table, int p, int kvh) {
+  return reinterpret_cast<const T*>(kv.v) + int64_t(table[p / kv.block_size]) * kv.v_block_stride +
+         (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
+}
+
+// Folds one key (score s, value row v in storage T or f32) into the row's state.
+template <typename V>
+__device__ __forceinline__ void online_update(RowState& st, float s, const V* v, int vhd) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float m_new = fmaxf(st.m, s);
+  const float corr = expf(st.m - m_new), pe = expf(s - m_new);
+  st.l = st.l * corr + pe;
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + i * kWarpSize;
+    if (d < vhd) st.acc[i] = st.acc[i] * corr + pe * to_f32(v[d]);
+  }
+  st.m = m_new;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+decode_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu::TokenPlacement tokens,
+                        int n_q_heads, int q_per_kv, int window, float scale) {
+  __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
+  __shared__ float sm_acc[kAttnWarps][kMaxHeadDim];
+  const int t = blockIdx.x, h = blockIdx.y, kvh = h / q_per_kv;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int hd = kv.head_dim, vhd = kv.v_head_dim;
+  const int pos = tokens.positions[t];
+  const int first = window > 0 ? max(0, pos - window + 1) : 0;
+  const int* table = tokens.block_tables[t];
+  const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
+  const float* qh = q + (int64_t(t) * n_q_heads + h) * hd;
+  float qr[kDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + i * kWarpSize;
+    qr[i] = d < hd ? qh[d] : 0.0f;
+  }
+  RowState st;
+  for (int p = first + warp; p <= pos; p += kAttnWarps) {
+    if (mask && !mask[p / kv.block_size]) continue;
+    const T* kp = key_ptr<T>(kv, table, p, kvh);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      if (d < hd) dot += qr[i] * to_f32(kp[d]);
+    }
+    online_update(st, warp_sum(dot) * scale, value_ptr<T>(kv, table, p, kvh), vhd);
+  }
+  if (lane == 0) {
+    sm_m[warp] = st.m;
+    sm_l[warp] = st.l;
+  }
+#pragma unroll
+  for (int i = 0; i < kDimsPerLane; ++i) {
+    const int d = lane + i * kWarpSize;
+    if (d < vhd) sm_acc[warp][d] = st.acc[i];
+  }
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) m = fmaxf(m, sm_m[w]);
+  float l = 0.0f;
+  for (int w = 0; w < kAttnWarps; ++w) l += sm_l[w] * expf(sm_m[w] - m);
+  float* oh = out + (int64_t(t) * n_q_heads + h) * vhd;
+  for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kAttnWarps; ++w) o += sm_acc[w][d] * expf(sm_m[w] - m);
+    oh[d] = o / l;
+  }
+}
+
+// Block (x: tile of tq tokens, y: KV head, z: chunk of gq heads of its group). Row r of the
+// tile is token t0 + r / gq, query head kvh * q_per_kv + z * gq + r % gq; warp w owns rows
+// w, w + kAttnWarps, ... The tile's tokens are processed as runs (same block table,
+// consecutive positions: one sequence's chunk); each run streams its key range once through
+// shared memory for all its rows.
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+prefill_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu::TokenPlacement tokens,
+                         int n_q_heads, int q_per_kv, int gq, int tq, int window, float scale) {
+  __shared__ float ks[kTileKeys][kMaxHeadDim];
+  __shared__ float vs[kTileKeys][kMaxHeadDim];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int hd = kv.head_dim, vhd = kv.v_head_dim, kvh = blockIdx.y;
+  const int t0 = blockIdx.x * tq;
+  const int t_end = min(t0 + tq, tokens.num_tokens);
+
+  float qr[kRowsPerWarp][kDimsPerLane];
+  RowState st[kRowsPerWarp];
+  int row_token[kRowsPerWarp], row_head[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int r = rr * kAttnWarps + warp;
+    const int g = blockIdx.z * gq + r % gq;
+    const int t = t0 + r / gq;
+    const bool active = r < tq * gq && t < t_end && g < q_per_kv;
+    row_token[rr] = active ? t : -1;
+    row_head[rr] = kvh * q_per_kv + g;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      qr[rr][i] = active && d < hd ? q[(int64_t(t) * n_q_heads + row_head[rr]) * hd + d] : 0.0f;
+    }
+  }
+
+  for (int ra = t0; ra < t_end;) {
+    const int* table = tokens.block_tables[ra];
+    int rb = ra + 1;
+    while (rb < t_end && tokens.block_tables[rb] == table && tokens.positions[rb] == tokens.positions[rb - 1] + 1) ++rb;
+    const int lo = window > 0 ? max(0, tokens.positions[ra] - window + 1) : 0;
+    const int hi = tokens.positions[rb - 1];
+    for (int kt = lo; kt <= hi; kt += kTileKeys) {
+      __syncthreads();  // The previous tile is no longer read.
+      const int n_keys = min(kTileKeys, hi - kt + 1);
+      for (int e = threadIdx.x; e < n_keys * hd; e += blockDim.x)
+        ks[e / hd][e % hd] = to_f32(key_ptr<T>(kv, table, kt + e / hd, kvh)[e % hd]);
+      for (int e = threadIdx.x; e < n_keys * vhd; e += blockDim.x)
+        vs[e / vhd][e % vhd] = to_f32(value_ptr<T>(kv, table, kt + e / vhd, kvh)[e % vhd]);
+      __syncthreads();
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int t = row_token[rr];
+        if (t < ra || t >= rb) continue;
+        const int pos = tokens.positions[t];
+        const int first = window > 0 ? max(0, pos - window + 1) : 0;
+        const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
+        for (int j = 0; j < n_keys; ++j) {
+          const int p = kt + j;
+          if (p < first || p > pos || (mask && !mask[p / kv.block_size])) continue;
+          float dot = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kDimsPerLane; ++i) {
+            const int d = lane + i * kWarpSize;
+            if (d < hd) dot += qr[rr][i] * ks[j][d];
+          }
+          online_update(st[rr], warp_sum(dot) * scale, vs[j], vhd);
+        }
+      }
+    }
+    ra = rb;
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int t = row_token[rr];
+    if (t < 0) continue;
+    float* oh = out + (int64_t(t) * n_q_heads + row_head[rr]) * vhd;
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      if (d < vhd) oh[d] = st[rr].acc[i] / st[rr].l;
+    }
+  }
+}
+
+void check_dims(const char* kernel, const cpu::PagedLayerView& kv) {
+  if (kv.head_dim > kMaxHeadDim || kv.v_head_dim > kMaxHeadDim)
+    kernel_limit_exceeded(kernel, "head dim above 256");
+}
+
+}  // namespace
+
+void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                     const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                     float scale, gpuStream_t stream) {
+  if (tokens.num_tokens <= 0) return;
+  check_dims("paged_attention", kv);
+  dispatch_storage(storage, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    decode_attention_kernel<T><<<dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream>>>(
+        out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+  });
+}
+
+void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                       const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                       float scale, gpuStream_t stream) {
+  if (tokens.num_tokens <= 0) return;
+  check_dims("prefill_attention", kv);
+  const int gq = q_per_kv < kTileRows ? q_per_kv : kTileRows;
+  const int tq = kTileRows / gq;
+  const dim3 grid((tokens.num_tokens + tq - 1) / tq, n_q_heads / q_per_kv, (q_per_kv + gq - 1) / gq);
+  dispatch_storage(storage, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    prefill_attention_kernel<T><<<grid, kAttnThreads, 0, stream>>>(out, q, kv, tokens, n_q_heads,
+                                                                   q_per_kv, gq, tq, window, scale);
+  });
+}
+
+}  // namespace pdserve::kernels::gpu

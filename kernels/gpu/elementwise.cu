@@ -1,0 +1,69 @@
+// Element-wise kernels: SwiGLU's silu(gate) * up, residual add, bias add, and the device-side
+// random fill that synthetic models use instead of weight files.
+#include "kernels/gpu/kernel_util.h"
+
+namespace pdserve::kernels::gpu {
+namespace {
+
+__global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_inplace_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += bias[i % out];
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed, float stddev, float value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    if (stddev == 0.0f) {
+      x[i] = value;
+      continue;
+    }
+    const uint64_t h = splitmix64(seed * 0x100000001b3ull + uint64_t(i));
+    // Two 24-bit uniforms in (0, 1] and [0, 1) -> one Box-Muller normal.
+    const float u1 = (float((h >> 40) & 0xffffff) + 1.0f) * (1.0f / 16777216.0f);
+    const float u2 = float((h >> 8) & 0xffffff) * (1.0f / 16777216.0f);
+    x[i] = stddev * sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
+  }
+}
+
+}  // namespace
+
+void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(gate, up, n);
+}
+
+void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream) {
+  if (n <= 0) return;
+  add_inplace_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(x, y, n);
+}
+
+void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream) {
+  const int64_t n = int64_t(rows) * out;
+  if (n <= 0) return;
+  add_bias_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(y, bias, n, out);
+}
+
+void fill_random(float* x, int64_t n, uint64_t seed, float stddev, float value, gpuStream_t stream) {
+  if (n <= 0) return;
+  fill_random_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(x, n, seed, stddev, value);
+}
+
+}  // namespace pdserve::kernels::gpu

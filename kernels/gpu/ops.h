@@ -1,0 +1,79 @@
+// The GPU kernels (CUDA and HIP from the same sources), as host functions that queue one launch
+// on `stream`. Each mirrors the CPU reference kernel of the same name (kernels/cpu/ops.h,
+// kernels/cpu/paged_attention.h) argument for argument, so a backend forwards to either and
+// tests compare the two on the same inputs. Every pointer argument is device memory, including
+// TokenPlacement's positions, block tables (an array of device pointers) and block mask.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/gpu/gpu_compat.h"
+
+namespace pdserve::kernels::gpu {
+
+// Element type of a paged KV cache (and of the tensors where a kernel offers a choice).
+// Arithmetic is f32 whatever the storage.
+enum class Storage : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// out[t] = table[tokens[t]] (rows of `dim`), table stored as `table_type`.
+void embed(float* out, const void* table, Storage table_type, const int* tokens, int n, int dim,
+           gpuStream_t stream);
+
+void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps,
+              gpuStream_t stream);
+// x += residual, then out = rms_norm(x): the residual add and the next norm in one pass.
+void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows,
+                  int dim, float eps, gpuStream_t stream);
+
+void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+          float theta, bool rotate_half, gpuStream_t stream);
+
+void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream);
+void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
+void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream);
+
+// out[r] = index of the largest of x[r][0..n), lowest index on ties.
+void argmax(int* out, const float* x, int rows, int n, gpuStream_t stream);
+
+// `kv` as the CPU kernel's, its k/v pointers holding `storage` elements (strides in elements).
+void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::TokenPlacement& tokens,
+                    const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
+                    int n_kv_heads, gpuStream_t stream);
+
+// Decode-shaped attention: one query token per (token, head) work item, online softmax over the
+// token's visible positions. Right for any batch; prefill_attention is faster for long chunks.
+void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                     const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                     float scale, gpuStream_t stream);
+
+// Chunked causal prefill: same result as paged_attention, but a tile of consecutive query
+// tokens of one sequence (same block table, consecutive positions) shares each K/V tile it
+// loads. Tokens that do not form such runs fall back to per-token work inside the kernel.
+void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                       const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                       float scale, gpuStream_t stream);
+
+// As the CPU kernel: per token, the top_k blocks by best index-key match plus its own block.
+void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                         const cpu::PagedLayerView& index_view, Storage storage,
+                         const cpu::TokenPlacement& tokens, int top_k, gpuStream_t stream);
+
+// Layout conversion for KV transfer: copies heads [head_begin, head_begin+n_heads) of K (and V)
+// of `n_blocks` blocks (ids in `block_ids`) between a paged view and a packed buffer laid out
+// [block][slot][head][k dims] followed, per block, by the same for V. Packing from one layout
+// and unpacking into another converts between any two layouts PagedLayerView can describe.
+void pack_blocks(void* packed, const cpu::PagedLayerView& kv, Storage storage, const int* block_ids,
+                 int n_blocks, int head_begin, int n_heads, gpuStream_t stream);
+void unpack_blocks(const cpu::PagedLayerView& kv, Storage storage, const void* packed,
+                   const int* block_ids, int n_blocks, int head_begin, int n_heads,
+                   gpuStream_t stream);
+
+// Bytes one block takes in the packed layout of pack_blocks.
+int64_t packed_block_bytes(const cpu::PagedLayerView& kv, Storage storage, int n_heads);
+
+// Deterministic N(0, stddev)-like fill (a counter-based hash, Box-Muller) for synthetic weights
+// made on the device; `value` fill when stddev is 0.
+void fill_random(float* x, int64_t n, uint64_t seed, float stddev, float value, gpuStream_t stream);
+
+}  // namespace pdserve::kernels::gpu

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Compiles every kernel source of kernels/gpu as HIP (the same .cu files nvcc builds), to show
+# that the single-source kernels stay portable. Needs hipcc (Debian: apt-get install -y hipcc,
+# whose clang targets gfx90a and gfx940 at most; ROCm 6+ hipcc also takes gfx942/gfx950).
+#   scripts/check-hip.sh [offload-arch ...]     (default: gfx90a)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v hipcc >/dev/null || { echo "check-hip: hipcc not found" >&2; exit 1; }
+archs=("$@")
+[ ${#archs[@]} -gt 0 ] || archs=(gfx90a)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+flags=()
+for a in "${archs[@]}"; do flags+=("--offload-arch=$a"); done
+status=0
+for src in kernels/gpu/*.cu; do
+  if hipcc "${flags[@]}" -x hip -std=c++17 -O2 -Wall -I. -c "$src" -o "$out/$(basename "$src").o"; then
+    echo "ok    $src (${archs[*]})"
+  else
+    echo "FAIL  $src" >&2
+    status=1
+  fi
+done
+exit $status

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU checks as one command: gpu_backend_tests (every kernel against the CPU reference, and
+# stories260K's greedy text on the CUDA backend) and gpu_bench (8B-shape decode and prefill
+# against H200 rooflines), results written to a directory.
+#
+# The GPU machine has the CUDA toolkit and a driver but none of the project's Debian packages
+# (abseil, OpenBLAS, GTest, ...), so the programs are built here and travel as a bundle:
+#   scripts/gpu-check.sh bundle        on the dev machine (Debian 12 + CUDA toolkit): builds the
+#                                      two programs for sm_90 and sm_100 and packs them, with the
+#                                      shared libraries they need and the bundled model, into
+#                                      build-gpu-bundle/bundle.tar.gz (about 20 MB, gzip: the GPU
+#                                      machine may lack xz)
+#   scripts/gpu-check.sh run OUT       on the GPU machine: unpacks the bundle (or, without one,
+#                                      builds from source, which needs the packages) and writes
+#                                      summary.txt, gpu_backend_tests.{log,xml}, gpu_bench.{log,jsonl}
+#                                      into OUT; exits non-zero if a test failed
+# Through the device tool: run(command="scripts/gpu-check.sh run $OUT", carry=["build-gpu-bundle"]).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build-gpu}
+bundle_dir=$root/build-gpu-bundle
+targets=(gpu_backend_tests gpu_bench)
+
+configure_and_build() {
+  cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100}" >/dev/null || return 1
+  ninja -C "$build" -j"${JOBS:-2}" "${targets[@]}"
+}
+
+cmd_bundle() {
+  set -e
+  configure_and_build
+  local stage
+  stage=$(mktemp -d)
+  trap 'rm -rf "$stage"' RETURN
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/root" "$stage/shared/models"
+  strip --strip-debug -o "$stage/bin/gpu_backend_tests" "$build/tests/gpu/gpu_backend_tests"
+  strip --strip-debug -o "$stage/bin/gpu_bench" "$build/bench/gpu_bench"
+  # Every shared library except the C/C++ runtime (newer on the GPU machine) and CUDA's own
+  # (the GPU machine's toolkit and driver provide those).
+  ldd "$stage/bin/"* | awk '/=> \//{print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so|ld-linux|libcuda|libcudart|libcublas|libnccl' |
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  cp -r "$root/../shared/models/stories260K" "$stage/shared/models/"
+  mkdir -p "$bundle_dir"
+  tar -C "$stage" -czf "$bundle_dir/bundle.tar.gz" .
+  echo "bundle: $(du -h "$bundle_dir/bundle.tar.gz" | cut -f1) in $bundle_dir"
+}
+
+# Directories holding CUDA's runtime libraries on the GPU machine (toolkit, driver, or the
+# nvidia-* Python wheels PyTorch brings).
+cuda_lib_path() {
+  local dirs=() d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
+    [ -d "$d" ] && dirs+=("$d")
+  done
+  while read -r lib; do dirs+=("$(dirname "$lib")"); done < <(
+    find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -3)
+  (IFS=:; echo "${dirs[*]}")
+}
+
+cmd_run() {
+  local out=${1:?usage: gpu-check.sh run OUT}
+  mkdir -p "$out"
+  local bin src_dir
+  if [ -f "$bundle_dir/bundle.tar.gz" ]; then
+    local unpacked=/tmp/pdserve-gpu-bundle
+    rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xzf "$bundle_dir/bundle.tar.gz" || return 1
+    bin=$unpacked/bin
+    src_dir=$unpacked/root  # Tests read $PDSERVE_SOURCE_DIR/../shared/models.
+    export LD_LIBRARY_PATH="$unpacked/lib:$(cuda_lib_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  else
+    echo "no bundle: building from source (needs the project's packages)"
+    configure_and_build || return 1
+    bin=$build/bin-links && mkdir -p "$bin"
+    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$bin/"
+    src_dir=$root
+  fi
+  {
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    command -v nvcc >/dev/null && nvcc --version | tail -1
+    echo "--- device code in gpu_backend_tests (cuobjdump --list-elf)"
+    if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$bin/gpu_backend_tests" 2>&1; else echo "cuobjdump not found"; fi
+    echo "--- shared libraries"
+    ldd "$bin/gpu_backend_tests" 2>&1 | grep -E 'not found|cublas|cudart' || true
+  } >"$out/summary.txt" 2>&1
+  local status=0
+  PDSERVE_SOURCE_DIR=$src_dir timeout 300 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
+    2>&1 | tee "$out/gpu_backend_tests.log" || status=1
+  timeout 180 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  echo "tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_backend_tests.log" | tr '\n' ' ')" >>"$out/summary.txt"
+  return $status
+}
+
+case "${1:-}" in
+  bundle) cmd_bundle ;;
+  run) shift; cmd_run "$@" ;;
+  *) sed -n '2,17p' "$0"; exit 2 ;;
+esac

@@ -1,0 +1,544 @@
+// The GPU kernels against the CPU reference kernels on the same random inputs, in the manner of
+// llama.cpp's test-backend-ops, and the whole forward pass of the bundled model on the CUDA
+// backend against the published greedy text. Tolerances: f32 results within 1e-5 of the CPU's
+// relative to the larger of 1 and the output's magnitude (RoPE 1e-4: the device's powf/sinf/cosf
+// are not glibc's); bf16/f16 KV storage within 1e-2 (8 and 11 bit mantissas). Tests needing a
+// device skip when there is none; the harness tests run on the CPU backend anywhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "engine/cuda_backend.h"
+#include "engine/kv_cache_layout.h"
+#include "engine/model_loader.h"
+#include "engine/model_weights.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/gpu/ops.h"
+#include "tests/engine/test_model.h"
+#include "tests/gpu/device_runner.h"
+
+namespace pdserve::kernels {
+namespace {
+
+using engine::DType;
+using engine::KvCacheLayout;
+using engine::KvCacheSpec;
+using engine::KvLayout;
+using engine::KvOrder;
+using engine::KvPart;
+using gpu::Storage;
+
+constexpr double kF32Tol = 1e-5;
+constexpr double kRopeTol = 1e-4;
+constexpr double kHalfTol = 1e-2;
+
+bool have_gpu() { return engine::cuda_device_count() > 0; }
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Device copy of a host array, freed on scope exit.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) {
+    EXPECT_EQ(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T));
+  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
+    cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  Dev(const Dev&) = delete;
+  ~Dev() { cudaFree(p_); }
+  T* get() const { return p_; }
+  std::vector<T> host() const {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<T> h(n_);
+    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_;
+};
+
+// max |got - want| / max(1, max |want|).
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double diff = 0.0, mag = 1.0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+    mag = std::max(mag, std::abs(double(want[i])));
+    if (std::isnan(got[i]) != std::isnan(want[i])) return INFINITY;
+  }
+  return diff / mag;
+}
+
+TEST(GpuKernels, RmsNormAndFusedResidual) {
+  REQUIRE_GPU();
+  for (int dim : {288, 4096}) {
+    const int rows = 5;
+    std::vector<float> x = random_vec(rows * dim, 1), r = random_vec(rows * dim, 2), w = random_vec(dim, 3);
+    std::vector<float> want(rows * dim);
+    cpu::rms_norm(want.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    Dev<float> dx(x), dr(r), dw(w), dout(rows * dim);
+    gpu::rms_norm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+    EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << "dim " << dim;
+
+    std::vector<float> xr = x;
+    cpu::add_inplace(xr.data(), r.data(), rows * dim);
+    cpu::rms_norm(want.data(), xr.data(), w.data(), rows, dim, 1e-5f);
+    gpu::add_rms_norm(dout.get(), dx.get(), dr.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+    EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+    EXPECT_LE(rel_error(dx.host(), xr), kF32Tol) << "residual sum written back";
+  }
+}
+
+TEST(GpuKernels, RopeBothPairLayoutsOnStridedRows) {
+  REQUIRE_GPU();
+  const int rows = 6, heads = 3, hd = 64;
+  const int64_t stride = heads * hd + 40;  // Rows of a wider buffer.
+  std::vector<int> pos = {0, 1, 17, 255, 256, 300};
+  for (bool half : {false, true}) {
+    std::vector<float> x = random_vec(rows * stride, 4), want = x;
+    cpu::rope(want.data(), rows, stride, heads, hd, pos.data(), 10000.0f, half);
+    Dev<float> dx(x);
+    Dev<int> dpos(pos);
+    gpu::rope(dx.get(), rows, stride, heads, hd, dpos.get(), 10000.0f, half, nullptr);
+    EXPECT_LE(rel_error(dx.host(), want), kRopeTol) << "rotate_half " << half;
+  }
+}
+
+TEST(GpuKernels, ElementwiseSwiGluResidualBias) {
+  REQUIRE_GPU();
+  const int rows = 7, out = 333;
+  const int64_t n = int64_t(rows) * out;
+  std::vector<float> g = random_vec(n, 5), u = random_vec(n, 6), b = random_vec(out, 7);
+  Dev<float> dg(g), du(u), db(b);
+  std::vector<float> want = g;
+  cpu::silu_mul(want.data(), u.data(), n);
+  gpu::silu_mul(dg.get(), du.get(), n, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+  cpu::add_inplace(want.data(), u.data(), n);
+  gpu::add_inplace(dg.get(), du.get(), n, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+  cpu::add_bias(want.data(), b.data(), rows, out);
+  gpu::add_bias(dg.get(), db.get(), rows, out, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+}
+
+TEST(GpuKernels, EmbedF32AndBf16Tables) {
+  REQUIRE_GPU();
+  const int vocab = 50, dim = 96;
+  std::vector<float> table = random_vec(vocab * dim, 8);
+  std::vector<int> tokens = {3, 0, 49, 3, 17};
+  std::vector<float> want;
+  for (int t : tokens) want.insert(want.end(), table.begin() + t * dim, table.begin() + (t + 1) * dim);
+  Dev<float> dt(table), dout(tokens.size() * dim);
+  Dev<int> dtok(tokens);
+  gpu::embed(dout.get(), dt.get(), Storage::kF32, dtok.get(), tokens.size(), dim, nullptr);
+  EXPECT_EQ(dout.host(), want);
+  std::vector<__nv_bfloat16> t16(table.size());
+  for (size_t i = 0; i < table.size(); ++i) t16[i] = __float2bfloat16(table[i]);
+  Dev<__nv_bfloat16> dt16(t16);
+  gpu::embed(dout.get(), dt16.get(), Storage::kBF16, dtok.get(), tokens.size(), dim, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
+}
+
+TEST(GpuKernels, ArgmaxLowestIndexOnTies) {
+  REQUIRE_GPU();
+  const int rows = 3, n = 32000;
+  std::vector<float> x = random_vec(rows * n, 9);
+  x[1 * n + 700] = x[1 * n + 20000] = 50.0f;  // Tie: 700 wins.
+  x[2 * n + n - 1] = 60.0f;
+  Dev<float> dx(x);
+  Dev<int> dout(rows);
+  gpu::argmax(dout.get(), dx.get(), rows, n, nullptr);
+  const std::vector<int> got = dout.host();
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[r], cpu::argmax(x.data() + r * n, n)) << "row " << r;
+  EXPECT_EQ(got[1], 700);
+}
+
+TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
+  REQUIRE_GPU();
+  auto backend = engine::make_cuda_backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const int rows = 7, out = 33, in = 64, ldw = 80;
+  std::vector<float> w = random_vec(out * ldw, 10), x = random_vec(rows * in, 11), want(rows * out);
+  cpu::matmul_xwt(want.data(), x.data(), w.data() + 5, rows, out, in, ldw);
+  Dev<float> dw(w), dx(x), dy(rows * out);
+  (*backend)->matmul_xwt(dy.get(), dx.get(), dw.get() + 5, rows, out, in, ldw);
+  ASSERT_TRUE((*backend)->synchronize().ok());
+  EXPECT_LE(rel_error(dy.host(), want), kF32Tol);
+}
+
+// A paged cache of one layer on the host (f32, the reference) and on the device (`storage`),
+// the same blocks handed to three sequences in shuffled order.
+struct PagedCase {
+  static constexpr int kBlock = 16, kBlocks = 24;
+  int kv_heads, hd;
+  Storage storage;
+  KvCacheLayout host_layout, dev_layout;
+  std::vector<float> host_arena;
+  std::unique_ptr<Dev<uint8_t>> dev_arena;
+  std::vector<std::vector<int>> tables;
+
+  static KvCacheLayout make_layout(int kv_heads, int hd, int v_hd, KvLayout layout, KvOrder order, DType dtype) {
+    KvCacheSpec spec;
+    spec.block_size = kBlock;
+    spec.layers = {{v_hd ? engine::KvKind::kKv : engine::KvKind::kKeyOnly, engine::KvSharding::kByHead,
+                    kv_heads, hd, v_hd, dtype, layout, order, 0}};
+    return *KvCacheLayout::create(spec, 0, 1, kBlocks);
+  }
+  static DType dtype_of(Storage s) {
+    return s == Storage::kF32 ? DType::kF32 : (s == Storage::kBF16 ? DType::kBF16 : DType::kF16);
+  }
+
+  PagedCase(int kv_heads, int hd, bool key_only, KvLayout layout, KvOrder order, Storage storage)
+      : kv_heads(kv_heads), hd(hd), storage(storage),
+        host_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, DType::kF32)),
+        dev_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, dtype_of(storage))) {
+    host_arena.assign(host_layout.total_bytes() / 4, 0.0f);
+    dev_arena = std::make_unique<Dev<uint8_t>>(dev_layout.total_bytes());
+    std::vector<int> ids(kBlocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(12));
+    tables = {{ids.begin(), ids.begin() + 8}, {ids.begin() + 8, ids.begin() + 16}, {ids.begin() + 16, ids.end()}};
+  }
+
+  static cpu::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) {
+    const int elem = int(engine::dtype_size(L.spec().layers[0].dtype));
+    cpu::PagedLayerView v;
+    v.block_size = kBlock;
+    v.head_dim = L.part_head_dim(0, KvPart::kK);
+    v.k = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kK, 0, 0, 0));
+    v.k_block_stride = int64_t(L.block_stride(0, KvPart::kK)) / elem;
+    v.k_token_stride = L.token_stride(0, KvPart::kK);
+    v.k_head_stride = L.head_stride(0, KvPart::kK);
+    if (L.spec().layers[0].has_v()) {
+      v.v_head_dim = L.part_head_dim(0, KvPart::kV);
+      v.v = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kV, 0, 0, 0));
+      v.v_block_stride = int64_t(L.block_stride(0, KvPart::kV)) / elem;
+      v.v_token_stride = L.token_stride(0, KvPart::kV);
+      v.v_head_stride = L.head_stride(0, KvPart::kV);
+    }
+    return v;
+  }
+  cpu::PagedLayerView host_view() { return view(host_layout, reinterpret_cast<uint8_t*>(host_arena.data())); }
+  cpu::PagedLayerView dev_view() { return view(dev_layout, dev_arena->get()); }
+
+  // The device cache read back as f32 in the host layout, for comparison.
+  std::vector<float> dev_as_host_layout() {
+    const std::vector<uint8_t> raw = dev_arena->host();
+    cpu::PagedLayerView d = view(dev_layout, const_cast<uint8_t*>(raw.data())), h = host_view();
+    std::vector<float> out(host_arena.size());
+    auto read = [&](const float* base, int64_t off) -> float {
+      if (storage == Storage::kF32) return base[off];
+      const auto* p = reinterpret_cast<const uint16_t*>(base) + off;
+      if (storage == Storage::kBF16) return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+      return __half2float(*reinterpret_cast<const __half*>(p));
+    };
+    auto* out_base = reinterpret_cast<uint8_t*>(out.data());
+    const auto* host_base = reinterpret_cast<const uint8_t*>(host_arena.data());
+    for (int b = 0; b < kBlocks; ++b)
+      for (int s = 0; s < kBlock; ++s)
+        for (int hh = 0; hh < kv_heads; ++hh)
+          for (int e = 0; e < hd; ++e) {
+            const int64_t kh = b * h.k_block_stride + s * h.k_token_stride + hh * h.k_head_stride + e;
+            const int64_t kd = b * d.k_block_stride + s * d.k_token_stride + hh * d.k_head_stride + e;
+            reinterpret_cast<float*>(out_base + (reinterpret_cast<const uint8_t*>(h.k) - host_base))[kh] = read(d.k, kd);
+            if (!h.v) continue;
+            const int64_t vh = b * h.v_block_stride + s * h.v_token_stride + hh * h.v_head_stride + e;
+            const int64_t vd = b * d.v_block_stride + s * d.v_token_stride + hh * d.v_head_stride + e;
+            reinterpret_cast<float*>(out_base + (reinterpret_cast<const uint8_t*>(h.v) - host_base))[vh] = read(d.v, vd);
+          }
+    return out;
+  }
+};
+
+// Tokens of one step on host and device: positions, and per token its sequence's table.
+struct Placement {
+  std::vector<int> positions, seq;
+  std::vector<const int*> host_tables;
+  std::vector<int> flat;
+  std::unique_ptr<Dev<int>> d_positions, d_flat;
+  std::unique_ptr<Dev<const int*>> d_tables;
+
+  Placement(const std::vector<std::pair<int, int>>& seq_pos, const std::vector<std::vector<int>>& tables) {
+    std::vector<size_t> offset;
+    for (const auto& t : tables) {
+      offset.push_back(flat.size());
+      flat.insert(flat.end(), t.begin(), t.end());
+    }
+    d_flat = std::make_unique<Dev<int>>(flat);
+    std::vector<const int*> dev_tables;
+    for (const auto& [s, p] : seq_pos) {
+      positions.push_back(p);
+      seq.push_back(s);
+      host_tables.push_back(tables[s].data());
+      dev_tables.push_back(d_flat->get() + offset[s]);
+    }
+    d_positions = std::make_unique<Dev<int>>(positions);
+    d_tables = std::make_unique<Dev<const int*>>(dev_tables);
+  }
+  int n() const { return int(positions.size()); }
+  cpu::TokenPlacement host() const { return {n(), positions.data(), host_tables.data()}; }
+  cpu::TokenPlacement dev() const { return {n(), d_positions->get(), d_tables->get()}; }
+};
+
+// Every position of three sequences (lengths 70, 128, 9), written in one call.
+std::vector<std::pair<int, int>> all_positions() {
+  std::vector<std::pair<int, int>> sp;
+  const int lens[3] = {70, 128, 9};
+  for (int s = 0; s < 3; ++s)
+    for (int p = 0; p < lens[s]; ++p) sp.push_back({s, p});
+  return sp;
+}
+
+struct LayoutParam {
+  KvLayout layout;
+  KvOrder order;
+  Storage storage;
+};
+
+class GpuPaged : public ::testing::TestWithParam<LayoutParam> {};
+
+TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
+  REQUIRE_GPU();
+  const LayoutParam P = GetParam();
+  const double tol = P.storage == Storage::kF32 ? kF32Tol : kHalfTol;
+  const int kv_heads = 2, q_per_kv = 3, hd = 64, nq = kv_heads * q_per_kv;
+  PagedCase c(kv_heads, hd, false, P.layout, P.order, P.storage);
+  Placement all(all_positions(), c.tables);
+  const int64_t kv_row = kv_heads * hd;
+  std::vector<float> k = random_vec(all.n() * kv_row, 20), v = random_vec(all.n() * kv_row, 21);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), kv_row, v.data(), kv_row, kv_heads);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), P.storage, all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
+  EXPECT_LE(rel_error(c.dev_as_host_layout(), c.host_arena), P.storage == Storage::kF32 ? 0.0 : kHalfTol);
+
+  // A mixed step: a decode token, a 40-token prefill chunk from position 30, another decode.
+  std::vector<std::pair<int, int>> step = {{0, 69}};
+  for (int p = 30; p < 70; ++p) step.push_back({1, p});
+  step.push_back({2, 8});
+  Placement pl(step, c.tables);
+  std::vector<float> q = random_vec(pl.n() * nq * hd, 22);
+  Dev<float> dq(q), dout(pl.n() * nq * hd);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // Block mask as the index cache would set it: drop block 1 of every sequence where visible.
+  const int mask_stride = 8;
+  std::vector<uint8_t> mask(pl.n() * mask_stride, 1);
+  for (int t = 0; t < pl.n(); ++t)
+    if (pl.positions[t] / PagedCase::kBlock > 1) mask[t * mask_stride + 1] = 0;
+  Dev<uint8_t> dmask(mask);
+  for (int window : {0, 20})
+    for (bool masked : {false, true}) {
+      cpu::TokenPlacement hp = pl.host(), dp = pl.dev();
+      if (masked) {
+        hp.block_mask = mask.data();
+        dp.block_mask = dmask.get();
+        hp.mask_stride = dp.mask_stride = mask_stride;
+      }
+      std::vector<float> want(pl.n() * nq * hd);
+      cpu::paged_attention(want.data(), q.data(), c.host_view(), hp, nq, q_per_kv, window, scale);
+      gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
+      gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, GpuPaged,
+    ::testing::Values(LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kTokenMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF16}));
+
+TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
+  REQUIRE_GPU();
+  // 20 query heads per KV head (more than one prefill tile of rows) at head dim 256.
+  const int kv_heads = 1, q_per_kv = 20, hd = 256, nq = kv_heads * q_per_kv;
+  PagedCase c(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  Placement all(all_positions(), c.tables);
+  std::vector<float> k = random_vec(all.n() * hd, 30), v = random_vec(all.n() * hd, 31);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, v.data(), hd, kv_heads);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, dv.get(), hd, kv_heads, nullptr);
+  std::vector<float> q = random_vec(all.n() * nq * hd, 32), want(all.n() * nq * hd);
+  Dev<float> dq(q), dout(want.size());
+  cpu::paged_attention(want.data(), q.data(), c.host_view(), all.host(), nq, q_per_kv, 0, 0.0625f);
+  gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+  gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+}
+
+TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
+  REQUIRE_GPU();
+  const int hd = 32;
+  PagedCase c(1, hd, true, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  Placement all(all_positions(), c.tables);
+  std::vector<float> k = random_vec(all.n() * hd, 40);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, nullptr, 0, 1);
+  Dev<float> dk(k);
+  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, nullptr, 0, 1, nullptr);
+  std::vector<float> qi = random_vec(all.n() * hd, 41);
+  Dev<float> dqi(qi);
+  const int mask_stride = 8;
+  for (int top_k : {1, 3, 100}) {
+    std::vector<uint8_t> want(all.n() * mask_stride);
+    cpu::index_select_blocks(want.data(), mask_stride, qi.data(), c.host_view(), all.host(), top_k);
+    Dev<uint8_t> dmask(all.n() * mask_stride);
+    gpu::index_select_blocks(dmask.get(), mask_stride, dqi.get(), c.dev_view(), Storage::kF32, all.dev(), top_k, nullptr);
+    EXPECT_EQ(dmask.host(), want) << "top_k " << top_k;
+  }
+}
+
+TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
+  REQUIRE_GPU();
+  const int kv_heads = 2, hd = 32;
+  PagedCase src(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  PagedCase dst(kv_heads, hd, false, KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32);
+  Placement all(all_positions(), src.tables);
+  std::vector<float> k = random_vec(all.n() * kv_heads * hd, 50), v = random_vec(all.n() * kv_heads * hd, 51);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(src.dev_view(), Storage::kF32, all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd,
+                      kv_heads, nullptr);
+  // The destination holds the reference: the same tokens written straight into its layout.
+  cpu::paged_kv_write(dst.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
+  std::vector<int> ids(PagedCase::kBlocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  Dev<int> dids(ids);
+  Dev<uint8_t> packed(gpu::packed_block_bytes(src.dev_view(), Storage::kF32, kv_heads) * ids.size());
+  gpu::pack_blocks(packed.get(), src.dev_view(), Storage::kF32, dids.get(), ids.size(), 0, kv_heads, nullptr);
+  gpu::unpack_blocks(dst.dev_view(), Storage::kF32, packed.get(), dids.get(), ids.size(), 0, kv_heads, nullptr);
+  EXPECT_EQ(dst.dev_as_host_layout(), dst.host_arena);
+}
+
+}  // namespace
+}  // namespace pdserve::kernels
+
+namespace pdserve::testing {
+namespace {
+
+using namespace pdserve::engine;
+
+struct Generated {
+  std::vector<int> tokens;
+  std::string text;
+};
+
+// Greedy decoding from BOS through DeviceRankRunner on `backend`: one prefill step of the
+// prompt, then one token per step, as the engine does (stop at an EOS id or after max_new).
+StatusOr<Generated> greedy(const LoadedModel& model, const ModelWeightsF32& host_weights, Backend* backend,
+                           const std::vector<int>& prompt, int max_new) {
+  const ModelConfig& c = model.config;
+  PD_ASSIGN_OR_RETURN(auto dev, upload_weights(c, host_weights, backend));
+  PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(c, *dev->weights, 0, 1));
+  const int block = 16, blocks = (c.max_seq_len + block - 1) / block;
+  auto comm = make_single_rank_communicator(backend);
+  PD_ASSIGN_OR_RETURN(auto runner, DeviceRankRunner::create(c, shard, c.kv_cache_spec(block), blocks, backend, comm.get()));
+  std::vector<int> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<float> logits(c.vocab_size);
+  Generated out;
+  std::vector<int> feed = prompt;
+  int pos = 0, prev = prompt.back();
+  while (int(out.tokens.size()) < max_new && pos + int(feed.size()) <= c.max_seq_len) {
+    ForwardBatch batch;
+    for (int t : feed) {
+      batch.tokens.push_back(t);
+      batch.positions.push_back(pos++);
+      batch.block_tables.push_back(table.data());
+    }
+    batch.logit_rows = {int(feed.size()) - 1};
+    PD_RETURN_IF_ERROR(runner->forward(batch, logits.data()));
+    const int next = kernels::cpu::argmax(logits.data(), c.vocab_size);
+    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) break;
+    out.tokens.push_back(next);
+    out.text += model.tokenizer->decode_token(prev, next);
+    prev = next;
+    feed = {next};
+  }
+  return out;
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+std::string published_text() {
+  std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return trimmed(ss.str());
+}
+
+class Stories : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = load_model({stories_bin()});
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::make_unique<LoadedModel>(std::move(*m));
+    auto w = ModelWeightsF32::create(model_->config, *model_->weights);
+    ASSERT_TRUE(w.ok()) << w.status();
+    weights_ = std::move(*w);
+  }
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<ModelWeightsF32> weights_;
+};
+
+TEST_F(Stories, HarnessOnCpuBackendReproducesPublishedText) {
+  auto cpu = make_cpu_backend();
+  auto got = greedy(*model_, *weights_, cpu.get(), {model_->config.bos_id}, 256);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(trimmed(got->text), published_text());
+}
+
+TEST_F(Stories, CudaBackendGreedyEqualsCpuAndPublishedText) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto cuda = make_cuda_backend(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = make_cpu_backend();
+  auto want = greedy(*model_, *weights_, cpu.get(), {model_->config.bos_id}, 256);
+  auto got = greedy(*model_, *weights_, cuda->get(), {model_->config.bos_id}, 256);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_EQ(trimmed(got->text), published_text());
+}
+
+TEST_F(Stories, CudaPrefillOfLongPromptEqualsCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto cuda = make_cuda_backend(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  auto cpu = make_cpu_backend();
+  // A 60-token prompt in one step takes the prefill attention kernel.
+  auto prompt = model_->tokenizer->encode(published_text().substr(0, 250), true);
+  ASSERT_TRUE(prompt.ok());
+  prompt->resize(std::min<size_t>(prompt->size(), 60));
+  auto want = greedy(*model_, *weights_, cpu.get(), *prompt, 60);
+  auto got = greedy(*model_, *weights_, cuda->get(), *prompt, 60);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+  EXPECT_EQ(got->tokens, want->tokens);
+}
+
+}  // namespace
+}  // namespace pdserve::testing
