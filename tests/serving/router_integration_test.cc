@@ -532,6 +532,41 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
   EXPECT_NE(m->body.find("pdserve:kv_transfer_seconds_count{prefill="), std::string::npos);
 }
 
+// Two prefill workers at TP 2 feeding one decode worker at TP 4: fan-out on the producers,
+// two producers for one consumer.
+TEST_P(RouterPd, TwoPrefillWorkersFeedOneDecodeWorkerAcrossTp) {
+  Cluster c({"--prefill", "2", "--prefill-tp", "2", "--decode", "1", "--decode-tp", "4", "--kv-mode", GetParam()});
+  ASSERT_TRUE(c.wait_ready(90s)) << c.log();
+  expect_greedy_equal(c);
+  expect_greedy_equal(c);
+}
+
+// The mixed-geometry preset (separate and interleaved K/V, both in-block orders, KV heads 1-8,
+// head dims 4-16, a sliding window, a replicated key-only index cache that picks the attended
+// blocks) through P/D at prefill TP 4 → decode TP 2: greedy tokens equal in-process.
+TEST_P(RouterPd, MixedGeometryModelEqualsInProcess) {
+  const fs::path dir = fs::temp_directory_path() / ("pdserve_router_mixed_" + std::to_string(getpid()));
+  ASSERT_EQ(pdserve({"make-model", "--preset", "mixed-geometry", "--seed", "5", "--out", dir.string()}).exit_code, 0);
+  const std::string prompt = "The quick brown fox jumps over the lazy dog, again and again, all day long.";
+  const std::vector<std::string> gen = {"--prompt", prompt, "--max-tokens", "40", "--ignore-eos", "--json"};
+  std::vector<std::string> local = {"generate", "--model", dir.string()};
+  local.insert(local.end(), gen.begin(), gen.end());
+  CliRun ref = pdserve(local);
+  ASSERT_EQ(ref.exit_code, 0);
+  Process c({kBin, "up", "--model", dir.string(), "--port", std::to_string(free_port_pair()), "--prefill", "1",
+             "--prefill-tp", "4", "--decode", "1", "--decode-tp", "2", "--kv-mode", GetParam()});
+  ASSERT_TRUE(c.wait_ready(90s)) << c.log();
+  std::vector<std::string> remote = {"generate", "--router", c.grpc()};
+  remote.insert(remote.end(), gen.begin(), gen.end());
+  CliRun got = pdserve(remote);
+  ASSERT_EQ(got.exit_code, 0);
+  const json want = json::parse(ref.out, nullptr, false), have = json::parse(got.out, nullptr, false);
+  ASSERT_FALSE(want.is_discarded() || have.is_discarded()) << ref.out << got.out;
+  EXPECT_EQ(have["token_ids"], want["token_ids"]);
+  EXPECT_EQ(want["token_ids"].size(), 40u);
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(KvModes, RouterPd, ::testing::Values("push", "pull"));
 
 }  // namespace
