@@ -38,6 +38,20 @@ void copy_kv(const Engine& src, const std::vector<int>& src_blocks, const Engine
   }
 }
 
+// Decodes `prompt` on `decode` from KV already in `blocks`, starting with `first_token`.
+std::vector<int> decode_preloaded(Engine& decode, const std::vector<int>& prompt, const SamplingParams& params,
+                                  const std::vector<int>& blocks, int first_token) {
+  GenerationRequest req{"r", prompt, params};
+  req.handoff.preloaded_blocks = blocks;
+  req.handoff.first_token = first_token;
+  std::vector<int> tokens;
+  EXPECT_TRUE(decode.add_request(req, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) tokens.push_back(ev.token);
+  }).ok());
+  EXPECT_TRUE(decode.run_until_idle().ok());
+  return tokens;
+}
+
 TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
   for (int tp : {1, 2}) {
     auto prefill = make_engine(tp), decode = make_engine(tp);
@@ -73,15 +87,7 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
 
-    GenerationRequest dec{"r", prompt, params};
-    dec.handoff.preloaded_blocks = *reserved;
-    dec.handoff.first_token = first;
-    std::vector<int> tokens;
-    ASSERT_TRUE(decode->add_request(dec, [&](const TokenEvent& ev) {
-      if (ev.token >= 0) tokens.push_back(ev.token);
-    }).ok());
-    ASSERT_TRUE(decode->run_until_idle().ok());
-    EXPECT_EQ(tokens, whole) << "TP " << tp;
+    EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole) << "TP " << tp;
     EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
   }
 }
@@ -175,15 +181,7 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   ASSERT_TRUE(reserved.ok());
   copy_kv(*prefill, handed, *decode, *reserved, 1);
   ASSERT_TRUE(prefill->release_blocks(handed).ok());
-  GenerationRequest dec{"r", prompt, params};
-  dec.handoff.preloaded_blocks = *reserved;
-  dec.handoff.first_token = first;
-  std::vector<int> tokens;
-  ASSERT_TRUE(decode->add_request(dec, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) tokens.push_back(ev.token);
-  }).ok());
-  ASSERT_TRUE(decode->run_until_idle().ok());
-  EXPECT_EQ(tokens, whole);
+  EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
 }
 
 }  // namespace
