@@ -15,7 +15,8 @@ StatusOr<std::vector<int>> BlockAllocator::allocate(int count) {
   if (count > int(free_.size()))
     return absl::ResourceExhaustedError(
         absl::StrCat("need ", count, " KV blocks, ", free_.size(), " free"));
-  std::vector<int> out(free_.end() - count, free_.end());
+  // Popped off the top, so that a run pushed back by release() comes out ascending again.
+  std::vector<int> out(free_.rbegin(), free_.rbegin() + count);
   free_.resize(free_.size() - count);
   for (int b : out) refs_[b] = 1;
   return out;
@@ -49,8 +50,9 @@ Status BlockAllocator::release(const std::vector<int>& blocks) {
       return absl::FailedPreconditionError(
           absl::StrCat("KV block ", sorted[i], " released more often than held"));
   }
-  for (int b : blocks)
-    if (--refs_[b] == 0) free_.push_back(b);
+  // Pushed in reverse, so that the next allocation pops them in their original order.
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it)
+    if (--refs_[*it] == 0) free_.push_back(*it);
   return absl::OkStatus();
 }
 

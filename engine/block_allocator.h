@@ -16,6 +16,8 @@ class BlockAllocator {
   explicit BlockAllocator(int num_blocks);
 
   // Takes `count` free blocks (reference count 1 each); ResourceExhausted if too few are free.
+  // A fresh pool hands out ascending ids, and a request's blocks released together come back
+  // in the same order: long ascending runs let kvtransfer coalesce consecutive blocks.
   StatusOr<std::vector<int>> allocate(int count);
   // Adds one reference to each block (they must be allocated).
   Status retain(const std::vector<int>& blocks);

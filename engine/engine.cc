@@ -28,6 +28,7 @@ struct Engine::Sequence {
   std::vector<int> tokens;  // Prompt, then generated tokens.
   int num_computed = 0;     // Leading tokens whose KV is in the cache.
   std::vector<int> blocks;
+  bool admitted = false;  // Blocks allocated by admit() (not preloaded).
   bool finished = false;
 };
 
@@ -141,7 +142,9 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   seq.finished = true;
   TokenEvent ev;
   ev.id = seq.request.id;
-  const bool hand_over = seq.request.handoff.prefill_only && error.ok() && reason != FinishReason::kAbort;
+  const KvHandoff& handoff = seq.request.handoff;
+  const bool hand_over = handoff.prefill_only &&
+                         ((handoff.on_admitted && seq.admitted) || (error.ok() && reason != FinishReason::kAbort));
   if (hand_over) {
     ev.blocks = std::move(seq.blocks);
   } else if (!seq.blocks.empty()) {
@@ -155,7 +158,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   if (seq.callback) seq.callback(ev);
 }
 
-void Engine::admit() {
+void Engine::admit(std::vector<Sequence*>* admitted) {
   std::lock_guard lock(mu_);
   // Aborts first, so that their blocks are free for admission.
   for (const std::string& id : aborts_) {
@@ -188,13 +191,18 @@ void Engine::admit() {
     const int need = blocks_needed(int(seq.request.prompt.size()), seq.request.params.max_tokens);
     if (blocks_->num_free() < need) break;
     seq.blocks = *blocks_->allocate(need);
+    seq.admitted = true;
+    if (seq.request.handoff.on_admitted) admitted->push_back(&seq);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
 }
 
 Status Engine::step() {
-  admit();
+  std::vector<Sequence*> admitted;
+  admit(&admitted);
+  // Outside mu_: the callback may call back into the engine (release_blocks, abort).
+  for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   if (running_.empty()) return absl::OkStatus();
 
@@ -236,7 +244,6 @@ Status Engine::step() {
 
   for (auto& [s, n] : fed) s->num_computed += n;
   for (size_t i = 0; i < sampled.size(); ++i) {
-    Sequence& s = *sampled[i];
     accept_token(*sampled[i], sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });

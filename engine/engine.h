@@ -49,6 +49,12 @@ struct KvHandoff {
   // the finishing TokenEvent) instead of freeing them; the caller frees them with
   // Engine::release_blocks once the transfer no longer needs them.
   bool prefill_only = false;
+  // prefill_only: called on the scheduler thread when the request is admitted — before any of
+  // its KV is computed — with the blocks that will hold it (the prompt's first). The caller
+  // owns them from then on: they come back in the finishing TokenEvent whatever the outcome
+  // (abort and errors included), so that a transfer started from the layer hook never reads
+  // blocks the engine gave to someone else.
+  std::function<void(const std::vector<int>& blocks)> on_admitted;
   // Decode side: the prompt's KV is already in these blocks (from Engine::reserve_blocks,
   // filled by kvtransfer), and `first_token` is what the prefill side sampled. The request
   // starts decoding at once; the engine owns the blocks from then on.
@@ -143,7 +149,9 @@ class Engine {
  private:
   struct Sequence;
   Engine(LoadedModel model, const EngineOptions& options);
-  void admit();
+  // Moves waiting requests into running_; appends those with a KvHandoff::on_admitted to
+  // `admitted` (the caller runs the callbacks once mu_ is released).
+  void admit(std::vector<Sequence*>* admitted);
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   void accept_token(Sequence& seq, int token);

@@ -10,6 +10,9 @@ Status validate(const KvCacheSpec& spec, int tp) {
     const LayerKvSpec& s = spec.layers[l];
     if (s.num_kv_heads <= 0 || s.head_dim <= 0 || (s.has_v() && s.v_head_dim <= 0))
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": bad KV head count or dims"));
+    if (s.order == KvOrder::kHeadOuter && s.layout != KvLayout::kSeparate)
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, ": head-outer order needs the separate K/V layout"));
     if (s.sharding == KvSharding::kByHead && !kv_heads_divide(s.num_kv_heads, tp))
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": ", s.num_kv_heads,
                                                      " KV heads cannot be spread over TP ", tp));
@@ -65,9 +68,12 @@ uint64_t KvCacheLayout::part_bytes(int layer, KvPart part) const {
 }
 
 uint64_t KvCacheLayout::block_stride(int layer, KvPart part) const {
+  const LayerKvSpec& s = spec_.layers[layer];
   const LayerPlacement& p = layers_[layer];
-  return spec_.layers[layer].layout == KvLayout::kSeparate ? part_bytes(layer, part)
-                                                           : p.k_bytes + p.v_bytes;
+  if (s.order == KvOrder::kHeadOuter) {
+    return uint64_t(spec_.block_size) * part_head_dim(layer, part) * dtype_size(s.dtype);
+  }
+  return s.layout == KvLayout::kSeparate ? part_bytes(layer, part) : p.k_bytes + p.v_bytes;
 }
 
 int64_t KvCacheLayout::token_stride(int layer, KvPart part) const {
@@ -77,7 +83,12 @@ int64_t KvCacheLayout::token_stride(int layer, KvPart part) const {
 
 int64_t KvCacheLayout::head_stride(int layer, KvPart part) const {
   const int hd = part_head_dim(layer, part);
-  return spec_.layers[layer].order == KvOrder::kTokenMajor ? hd : int64_t(spec_.block_size) * hd;
+  switch (spec_.layers[layer].order) {
+    case KvOrder::kTokenMajor: return hd;
+    case KvOrder::kHeadMajor: return int64_t(spec_.block_size) * hd;
+    case KvOrder::kHeadOuter: return int64_t(num_blocks_) * spec_.block_size * hd;
+  }
+  return 0;
 }
 
 uint64_t KvCacheLayout::offset(int layer, KvPart part, int block, int slot, int local_head) const {
@@ -86,7 +97,7 @@ uint64_t KvCacheLayout::offset(int layer, KvPart part, int block, int slot, int 
   uint64_t part_start;
   if (s.layout == KvLayout::kSeparate) {
     part_start = p.base + (part == KvPart::kK ? 0 : p.k_bytes * uint64_t(num_blocks_)) +
-                 uint64_t(block) * part_bytes(layer, part);
+                 uint64_t(block) * block_stride(layer, part);
   } else {
     part_start = p.base + uint64_t(block) * (p.k_bytes + p.v_bytes) + (part == KvPart::kK ? 0 : p.k_bytes);
   }
@@ -109,6 +120,12 @@ void KvCacheLayout::ranges(int layer, int block, KvPart part, int head_begin, in
   if (s.order == KvOrder::kHeadMajor) {
     append(offset(layer, part, block, 0, head_begin),
            head_bytes * uint64_t(head_end - head_begin) * uint64_t(spec_.block_size));
+    return;
+  }
+  if (s.order == KvOrder::kHeadOuter) {
+    for (int h = head_begin; h < head_end; ++h) {
+      append(offset(layer, part, block, 0, h), head_bytes * uint64_t(spec_.block_size));
+    }
     return;
   }
   for (int slot = 0; slot < spec_.block_size; ++slot) {

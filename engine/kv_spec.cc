@@ -13,6 +13,15 @@ void mix(uint64_t& h, uint64_t v) {
 }
 }  // namespace
 
+const char* kv_order_name(KvOrder order) {
+  switch (order) {
+    case KvOrder::kTokenMajor: return "token-major";
+    case KvOrder::kHeadMajor: return "head-major";
+    case KvOrder::kHeadOuter: return "head-outer";
+  }
+  return "?";
+}
+
 uint64_t KvCacheSpec::fingerprint() const {
   uint64_t h = 1469598103934665603ull;
   mix(h, uint64_t(block_size));
@@ -39,7 +48,7 @@ std::string KvCacheSpec::describe() const {
                     s.sharding == KvSharding::kReplicated ? " replicated" : "", " heads=",
                     s.num_kv_heads, " head_dim=", s.head_dim, " v_head_dim=", s.v_head_dim, " ",
                     dtype_name(s.dtype), s.layout == KvLayout::kSeparate ? " separate" : " interleaved",
-                    s.order == KvOrder::kTokenMajor ? " token-major" : " head-major",
+                    " ", kv_order_name(s.order),
                     s.window ? absl::StrCat(" window=", s.window) : "");
   }
   return out;

@@ -24,8 +24,15 @@ enum class KvSharding : uint8_t { kByHead = 0, kReplicated = 1 };
 // each other inside each block ([K part][V part] per block).
 enum class KvLayout : uint8_t { kSeparate = 0, kInterleaved = 1 };
 
-// Element order inside one block's K (or V) part: [token][head][dim] or [head][token][dim].
-enum class KvOrder : uint8_t { kTokenMajor = 0, kHeadMajor = 1 };
+// Element order of a layer's K (or V) part. Token-major and head-major order the elements
+// inside each block: [block][token][head][dim] or [block][head][token][dim]. Head-outer gives
+// each KV head its own pool of blocks, [head][block][token][dim] (separate layout only): the
+// same head of consecutive blocks is contiguous, so a transfer between different TP degrees —
+// which moves head ranges — sends one op per run of blocks instead of one per block.
+enum class KvOrder : uint8_t { kTokenMajor = 0, kHeadMajor = 1, kHeadOuter = 2 };
+
+// "token-major", "head-major" or "head-outer".
+const char* kv_order_name(KvOrder order);
 
 // One layer's cache. Head counts are the model's (global) counts; a rank's share comes from
 // engine/tp_shard.h.

@@ -22,7 +22,9 @@ struct LayerAttention {
   int head_dim = 0;
   int window = 0;  // 0: full attention.
   KvLayout kv_layout = KvLayout::kSeparate;
-  KvOrder kv_order = KvOrder::kTokenMajor;
+  // Head-outer by default: a P/D transfer between different TP degrees then moves each head's
+  // run of blocks as one op (see KvOrder).
+  KvOrder kv_order = KvOrder::kHeadOuter;
   // > 0: the layer keeps a one-head key-only index cache of this head dim (replicated on every
   // rank); each query attends only the `index_top_k` blocks whose index keys score highest
   // against its index query, plus its own block.

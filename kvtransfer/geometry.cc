@@ -91,9 +91,21 @@ Status append_copy_ops(const KvCacheLayout& producer, const KvCacheLayout& consu
   };
   // Visit blocks and parts in arena order so that consecutive blocks can merge: a separate
   // layout stores all blocks' K and then all blocks' V; an interleaved one stores K then V of
-  // each block.
+  // each block; head-outer stores each head's blocks together, so its runs go head by head.
   const bool has_v = s.has_v();
-  if (s.layout == KvLayout::kSeparate) {
+  if (s.order == KvOrder::kHeadOuter) {
+    const uint64_t run = uint64_t(block_size) * engine::dtype_size(s.dtype);
+    for (KvPart part : {KvPart::kK, KvPart::kV}) {
+      if (part == KvPart::kV && !has_v) break;
+      for (int h = 0; h < heads; ++h) {
+        for (size_t i = 0; i < producer_blocks.size(); ++i) {
+          append_merged(out, producer.offset(layer, part, producer_blocks[i], 0, src_head + h),
+                        consumer.offset(layer, part, consumer_blocks[i], 0, dst_head + h),
+                        run * producer.part_head_dim(layer, part));
+        }
+      }
+    }
+  } else if (s.layout == KvLayout::kSeparate) {
     for (KvPart part : {KvPart::kK, KvPart::kV}) {
       if (part == KvPart::kV && !has_v) break;
       for (size_t i = 0; i < producer_blocks.size(); ++i) append_part(i, part);

@@ -148,6 +148,8 @@ void KvRanks::post_all(const std::function<void(int, kvtransfer::KvRankEndpoint&
     ranks_[r]->post([command, r](kvtransfer::KvRankEndpoint& ep) { command(r, ep); });
 }
 
+void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(command)); }
+
 void KvRanks::stop(Duration drain) {
   for (auto& r : ranks_) r->request_stop(drain);
   for (auto& r : ranks_) r->join();

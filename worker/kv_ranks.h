@@ -52,6 +52,8 @@ class KvRanks {
   KvGroup group() const;
   // Runs `command` on every rank's thread, after the commands posted there before it.
   void post_all(const std::function<void(int rank, kvtransfer::KvRankEndpoint&)>& command);
+  // Runs `command` on rank `rank`'s thread, after the commands posted there before it.
+  void post(int rank, KvCommand command);
   // Keeps progressing until no rank has open requests or `drain` passed, then joins. Idempotent.
   void stop(Duration drain);
 

@@ -21,7 +21,10 @@ struct PrefillRole::Job {
   std::optional<int> first_token;  // Unset when the first token is a stop token.
   engine::FinishReason reason = engine::FinishReason::kNone;
   std::vector<int> kv_blocks;      // The prompt's blocks, held for the transfer.
+  // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
+  // soon as the layer is written, and seals when the prefill finishes; pull starts then.
   bool transfer_started = false;
+  std::vector<std::vector<char>> layer_posted;        // Push: [rank][layer].
   std::vector<char> posted, released, outcome_known;  // Per rank.
   bool aborting = false;
   bool rpc_done = false;
@@ -43,6 +46,9 @@ StatusOr<std::unique_ptr<PrefillRole>> PrefillRole::create(engine::Engine& engin
   PD_ASSIGN_OR_RETURN(role->kv_, KvRanks::create(
       engine, o, [self](int rank, const KvTransferEvent& ev) { self->on_kv_event(rank, ev); },
       [self](int rank, const std::string& id, std::vector<int>) { self->on_kv_release(rank, id); }));
+  engine.set_layer_hook([self](int rank, int layer, const std::vector<std::string>& completed) {
+    if (!completed.empty()) self->on_layer(rank, layer, completed);
+  });
   return role;
 }
 
@@ -77,6 +83,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
     job.target_blocks.assign(request.target_blocks().begin(), request.target_blocks().begin() + prompt_blocks);
   }
   const int tp = kv_->tp();
+  if (push) job.layer_posted.assign(tp, std::vector<char>(engine_.kv_layout(0).num_layers(), 0));
   job.posted.assign(tp, 0);
   job.released.assign(tp, 0);
   job.outcome_known.assign(tp, 0);
@@ -87,6 +94,9 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   }
   engine::GenerationRequest greq{id, {request.prompt().begin(), request.prompt().end()}, params};
   greq.handoff.prefill_only = true;
+  if (push) {
+    greq.handoff.on_admitted = [this, id](const std::vector<int>& blocks) { on_admitted(id, blocks); };
+  }
   Status submitted = loop_->submit(std::move(greq), [this, id](const engine::TokenEvent& ev) { on_token(id, ev); });
   std::unique_lock lock(mu_);
   if (!submitted.ok()) {
@@ -133,6 +143,21 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   return response;
 }
 
+void PrefillRole::on_admitted(const std::string& id, const std::vector<int>& blocks) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.aborting) return;  // The blocks come back with the finishing event.
+  job.kv_blocks.assign(blocks.begin(), blocks.begin() + std::min(blocks.size(), prompt_blocks(job)));
+  begin_push(id, job);
+}
+
+size_t PrefillRole::prompt_blocks(const Job& job) const {
+  const int block_size = engine_.kv_layout(0).block_size();
+  return size_t(job.prompt_len + block_size - 1) / block_size;
+}
+
 void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id);
@@ -150,75 +175,128 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
   } else if (ev.blocks.empty()) {
     job.error = absl::InternalError("the engine handed over no blocks");
   }
-  if (job.error.ok()) {
-    const int block_size = engine_.kv_layout(0).block_size();
-    const size_t prompt_blocks = (job.prompt_len + block_size - 1) / block_size;
-    job.kv_blocks.assign(ev.blocks.begin(), ev.blocks.begin() + std::min(prompt_blocks, ev.blocks.size()));
-    const std::vector<int> extra(ev.blocks.begin() + job.kv_blocks.size(), ev.blocks.end());
-    if (!extra.empty()) (void)engine_.release_blocks(extra);
-    const bool finished_here = ev.reason == engine::FinishReason::kStop || job.request_ends_at_first_token;
-    if (job.aborting || (!job.push && finished_here)) {
-      // Nobody will read these blocks (a pull request that already ended needs no decode).
+  // The blocks past the prompt's (room for a first token this engine never feeds) go back now.
+  if (!job.transfer_started) {
+    job.kv_blocks.assign(ev.blocks.begin(), ev.blocks.begin() + std::min(prompt_blocks(job), ev.blocks.size()));
+  }
+  const std::vector<int> extra(ev.blocks.begin() + std::min(job.kv_blocks.size(), ev.blocks.size()),
+                               ev.blocks.end());
+  if (!extra.empty()) (void)engine_.release_blocks(extra);
+  const bool finished_here = ev.reason == engine::FinishReason::kStop || job.request_ends_at_first_token;
+  if (!job.error.ok() || job.aborting) {
+    // A started push gives its blocks back through the endpoints' abort; otherwise nobody
+    // reads them.
+    if (job.transfer_started) (void)abort_locked(id, job);
+    if (!job.transfer_started && !job.kv_blocks.empty()) {
       (void)engine_.release_blocks(job.kv_blocks);
       job.kv_blocks.clear();
-    } else {
-      start_transfer(id, job);
     }
+  } else if (job.push) {
+    if (job.transfer_started) seal_push(id, job);
+    else job.error = absl::InternalError("the push did not start at admission");
+  } else if (finished_here) {
+    // A pull request that already ended needs no decode: nobody will read these blocks.
+    (void)engine_.release_blocks(job.kv_blocks);
+    job.kv_blocks.clear();
+  } else {
+    start_hold(id, job);
   }
   changed_.notify_all();
   maybe_finish(id);
 }
 
-void PrefillRole::start_transfer(const std::string& id, Job& job) {
+void PrefillRole::begin_push(const std::string& id, Job& job) {
   job.transfer_started = true;
-  const int num_layers = engine_.kv_layout(0).num_layers();
-  if (job.push) {
-    kvtransfer::PushRequest push;
-    push.request_id = id;
-    push.consumer_tp = job.consumer.tp();
-    push.consumer_endpoints.assign(job.consumer.rank_endpoints().begin(), job.consumer.rank_endpoints().end());
-    push.producer_blocks = job.kv_blocks;
-    push.consumer_blocks = job.target_blocks;
-    push.lease = lease_;
-    // Every rank's WRITE_DONE carries the first token, so each consumer rank has it whichever
-    // producer ranks its fan-in holds. Unset: the first token was a stop token.
-    const std::optional<int32_t> first = job.first_token;
-    kv_->post_all([this, push, first, num_layers](int rank, kvtransfer::KvRankEndpoint& ep) {
-      Status s = ep.begin_push(push);
-      for (int l = 0; s.ok() && l < num_layers; ++l) s = ep.layer_ready(push.request_id, l);
-      if (s.ok()) s = ep.seal(push.request_id, first);
-      if (!s.ok()) {
-        // An endpoint that never registered the request (NotFound) leaves the blocks with us.
-        const bool registered = ep.abort(push.request_id, s.ToString()).code() != absl::StatusCode::kNotFound;
-        on_command_failed(rank, push.request_id, s, registered);
+  kvtransfer::PushRequest push;
+  push.request_id = id;
+  push.consumer_tp = job.consumer.tp();
+  push.consumer_endpoints.assign(job.consumer.rank_endpoints().begin(), job.consumer.rank_endpoints().end());
+  push.producer_blocks = job.kv_blocks;
+  push.consumer_blocks = job.target_blocks;
+  push.lease = lease_;
+  kv_->post_all([this, push](int rank, kvtransfer::KvRankEndpoint& ep) {
+    if (Status s = ep.begin_push(push); !s.ok()) command_failed(rank, ep, push.request_id, s);
+  });
+}
+
+void PrefillRole::post_layer(int rank, const std::string& id, Job& job, int layer) {
+  if (job.layer_posted[rank][layer]) return;
+  job.layer_posted[rank][layer] = 1;
+  kv_->post(rank, [this, rank, id, layer](kvtransfer::KvRankEndpoint& ep) {
+    if (!transfer_live(id)) return;
+    if (Status s = ep.layer_ready(id, layer); !s.ok()) command_failed(rank, ep, id, s);
+  });
+}
+
+void PrefillRole::on_layer(int rank, int layer, const std::vector<std::string>& completed) {
+  std::lock_guard lock(mu_);
+  for (const std::string& id : completed) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    Job& job = it->second;
+    if (job.push && job.transfer_started && !job.aborting) post_layer(rank, id, job, layer);
+  }
+}
+
+void PrefillRole::seal_push(const std::string& id, Job& job) {
+  // Every rank's WRITE_DONE carries the first token, so each consumer rank has it whichever
+  // producer ranks its fan-in holds. Unset: the first token was a stop token.
+  const std::optional<int32_t> first = job.first_token;
+  for (int rank = 0; rank < kv_->tp(); ++rank) {
+    // Layers the hook did not report (it reports every layer of the step that completes a
+    // prompt, so none are expected) still go before the seal rather than fail the request.
+    for (int l = 0; l < int(job.layer_posted[rank].size()); ++l) {
+      if (!job.layer_posted[rank][l]) {
+        PD_LOG_WARN("prefill {}: layer {} of rank {} was not posted by the layer hook", id, l, rank);
+        post_layer(rank, id, job, l);
+      }
+    }
+    kv_->post(rank, [this, rank, id, first](kvtransfer::KvRankEndpoint& ep) {
+      if (!transfer_live(id)) return;
+      if (Status s = ep.seal(id, first); !s.ok()) {
+        command_failed(rank, ep, id, s);
         return;
       }
       std::lock_guard lock(mu_);
-      if (auto it = jobs_.find(push.request_id); it != jobs_.end()) it->second.posted[rank] = 1;
-      changed_.notify_all();
-    });
-  } else {
-    kvtransfer::HoldRequest hold;
-    hold.request_id = id;
-    hold.producer_blocks = job.kv_blocks;
-    hold.lease = lease_;
-    kv_->post_all([this, hold](int rank, kvtransfer::KvRankEndpoint& ep) {
-      Status s = ep.hold(hold);
-      if (!s.ok()) {
-        const bool registered = ep.abort(hold.request_id, s.ToString()).code() != absl::StatusCode::kNotFound;
-        on_command_failed(rank, hold.request_id, s, registered);
-        return;
-      }
-      std::lock_guard lock(mu_);
-      if (auto it = jobs_.find(hold.request_id); it != jobs_.end()) it->second.posted[rank] = 1;
+      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.posted[rank] = 1;
       changed_.notify_all();
     });
   }
 }
 
+void PrefillRole::start_hold(const std::string& id, Job& job) {
+  job.transfer_started = true;
+  kvtransfer::HoldRequest hold;
+  hold.request_id = id;
+  hold.producer_blocks = job.kv_blocks;
+  hold.lease = lease_;
+  kv_->post_all([this, hold](int rank, kvtransfer::KvRankEndpoint& ep) {
+    if (Status s = ep.hold(hold); !s.ok()) {
+      command_failed(rank, ep, hold.request_id, s);
+      return;
+    }
+    std::lock_guard lock(mu_);
+    if (auto it = jobs_.find(hold.request_id); it != jobs_.end()) it->second.posted[rank] = 1;
+    changed_.notify_all();
+  });
+}
+
+bool PrefillRole::transfer_live(const std::string& id) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(id);
+  return it != jobs_.end() && !it->second.aborting;
+}
+
+void PrefillRole::command_failed(int rank, kvtransfer::KvRankEndpoint& ep, const std::string& id,
+                                 const Status& error) {
+  // An endpoint that never registered the request (NotFound) leaves the blocks with us.
+  const bool registered = ep.abort(id, error.ToString()).code() != absl::StatusCode::kNotFound;
+  on_command_failed(rank, id, error, registered);
+}
+
 void PrefillRole::on_command_failed(int rank, const std::string& id, const Status& error, bool registered) {
   PD_LOG_WARN("prefill {}: kvtransfer rank {}: {}", id, rank, error.ToString());
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
@@ -228,27 +306,33 @@ void PrefillRole::on_command_failed(int rank, const std::string& id, const Statu
     job.released[rank] = 1;
     job.outcome_known[rank] = 1;
   }
-  // The other ranks' consumers would otherwise wait for their lease. (Prefilled: nothing is
-  // left in the engine.)
-  (void)abort_locked(id, job);
+  // The other ranks' consumers would otherwise wait for their lease; a push that began at
+  // admission may still be prefilling.
+  const bool in_engine = abort_locked(id, job);
   changed_.notify_all();
   maybe_finish(id);
+  lock.unlock();
+  if (in_engine) loop_->abort(id);
 }
 
 void PrefillRole::on_kv_event(int rank, const KvTransferEvent& ev) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(ev.request_id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
   job.outcome_known[rank] = 1;
   job.released[rank] = 1;  // Complete and failed events come once the rank's blocks are back.
+  job.posted[rank] = 1;
+  bool in_engine = false;
   if (ev.kind == KvTransferEvent::Kind::kFailed) {
     if (job.error.ok()) job.error = ev.error;
-    (void)abort_locked(ev.request_id, job);  // Prefilled: nothing is left in the engine.
+    in_engine = abort_locked(ev.request_id, job);  // A push may fail while still prefilling.
   }
   if (job.all(job.outcome_known)) job.transferred_at = clock_->now();
   changed_.notify_all();
   maybe_finish(ev.request_id);
+  lock.unlock();
+  if (in_engine) loop_->abort(ev.request_id);
 }
 
 void PrefillRole::on_kv_release(int rank, const std::string& id) {
@@ -277,10 +361,15 @@ void PrefillRole::maybe_finish(const std::string& id) {
 bool PrefillRole::abort_locked(const std::string& id, Job& job) {
   if (job.aborting) return false;
   job.aborting = true;
-  if (!job.prefilled) return true;
-  if (job.transfer_started)
-    kv_->post_all([id](int, kvtransfer::KvRankEndpoint& ep) { (void)ep.abort(id, "aborted by the router"); });
-  return false;
+  if (job.transfer_started) {
+    kv_->post_all([this, id](int rank, kvtransfer::KvRankEndpoint& ep) {
+      (void)ep.abort(id, "aborted");
+      std::lock_guard lock(mu_);
+      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.posted[rank] = 1;
+      changed_.notify_all();
+    });
+  }
+  return !job.prefilled;
 }
 
 bool PrefillRole::abort(const std::string& id) {

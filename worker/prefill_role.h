@@ -1,8 +1,11 @@
 // PrefillRole: the prefill side of disaggregated serving. Worker.Prefill runs a prefill-only
 // request through the shared engine loop (so concurrent Prefill RPCs batch in its scheduler),
-// then moves the prompt's KV blocks: push — every rank writes its share into the decode
-// worker's reserved blocks, seals its write count and notifies (WRITE_DONE carries the first
-// token), and the blocks are freed once the writes are remotely complete; pull — every rank
+// then moves the prompt's KV blocks: push — registered when the engine admits the request,
+// every rank writes each layer's share into the decode worker's reserved blocks as soon as the
+// forward pass wrote that layer (the engine's layer hook), so the transfer overlaps the later
+// layers; when the prefill ends each rank seals its write count and notifies (WRITE_DONE
+// carries the first token), and the blocks are freed once the writes are remotely complete;
+// pull — every rank
 // holds the blocks for the decode ranks to read, freed once all of them released or the lease
 // ran out. The engine's blocks go back exactly once, when every rank has given them back.
 #pragma once
@@ -44,7 +47,20 @@ class PrefillRole {
   struct Job;
   explicit PrefillRole(engine::Engine& engine, const Clock* clock, Duration lease);
   void on_token(const std::string& id, const engine::TokenEvent& event);
-  void start_transfer(const std::string& id, Job& job);  // Caller holds mu_.
+  // Push: the engine admitted the request into `blocks`; registers the push on every rank.
+  void on_admitted(const std::string& id, const std::vector<int>& blocks);
+  // The engine's layer hook: posts `layer` of every push that just completed its prompt.
+  void on_layer(int rank, int layer, const std::vector<std::string>& completed);
+  size_t prompt_blocks(const Job& job) const;
+  // Push steps and the pull hold, each posted to the ranks' threads. Caller holds mu_.
+  void begin_push(const std::string& id, Job& job);
+  void post_layer(int rank, const std::string& id, Job& job, int layer);
+  void seal_push(const std::string& id, Job& job);
+  void start_hold(const std::string& id, Job& job);
+  // False once the job is gone or aborting: its queued commands then do nothing.
+  bool transfer_live(const std::string& id);
+  // A command failed on a rank's thread: aborts it there and fails the job.
+  void command_failed(int rank, kvtransfer::KvRankEndpoint& ep, const std::string& id, const Status& error);
   void on_command_failed(int rank, const std::string& id, const Status& error, bool registered);
   void on_kv_event(int rank, const kvtransfer::KvTransferEvent& event);
   void on_kv_release(int rank, const std::string& id);

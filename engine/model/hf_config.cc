@@ -41,7 +41,7 @@ StatusOr<int> get_int(const json& j, const char* key, int fallback);
 
 // pdserve's extension for mixed-geometry models: "pdserve_layer_attention", one object per
 // layer with n_kv_heads, head_dim, window, kv_layout ("separate"|"interleaved"), kv_order
-// ("token_major"|"head_major"), index_head_dim, index_top_k.
+// ("token_major"|"head_major"|"head_outer"; head_outer when absent), index_head_dim, index_top_k.
 StatusOr<std::vector<LayerAttention>> layer_attention_of(const json& j) {
   std::vector<LayerAttention> out;
   if (!j.contains("pdserve_layer_attention")) return out;
@@ -55,13 +55,17 @@ StatusOr<std::vector<LayerAttention>> layer_attention_of(const json& j) {
     PD_ASSIGN_OR_RETURN(a.window, get_int(l, "window", 0));
     PD_ASSIGN_OR_RETURN(a.index_head_dim, get_int(l, "index_head_dim", 0));
     PD_ASSIGN_OR_RETURN(a.index_top_k, get_int(l, "index_top_k", 0));
-    const std::string layout = l.value("kv_layout", "separate"), order = l.value("kv_order", "token_major");
+    const std::string layout = l.value("kv_layout", "separate");
+    const std::string order = l.value("kv_order", layout == "separate" ? "head_outer" : "token_major");
     if (layout != "separate" && layout != "interleaved")
       return absl::InvalidArgumentError(absl::StrCat("unknown kv_layout \"", layout, "\""));
-    if (order != "token_major" && order != "head_major")
-      return absl::InvalidArgumentError(absl::StrCat("unknown kv_order \"", order, "\""));
     a.kv_layout = layout == "separate" ? KvLayout::kSeparate : KvLayout::kInterleaved;
-    a.kv_order = order == "token_major" ? KvOrder::kTokenMajor : KvOrder::kHeadMajor;
+    if (order == "token_major") a.kv_order = KvOrder::kTokenMajor;
+    else if (order == "head_major") a.kv_order = KvOrder::kHeadMajor;
+    else if (order == "head_outer") a.kv_order = KvOrder::kHeadOuter;
+    else return absl::InvalidArgumentError(absl::StrCat("unknown kv_order \"", order, "\""));
+    if (a.kv_order == KvOrder::kHeadOuter && a.kv_layout != KvLayout::kSeparate)
+      return absl::InvalidArgumentError("kv_order \"head_outer\" needs kv_layout \"separate\"");
     out.push_back(a);
   }
   return out;
@@ -227,7 +231,9 @@ StatusOr<std::string> hf_config_json(const ModelConfig& c, DType dtype) {
     j["pdserve_layer_attention"].push_back(
         {{"n_kv_heads", a.n_kv_heads}, {"head_dim", a.head_dim}, {"window", a.window},
          {"kv_layout", a.kv_layout == KvLayout::kSeparate ? "separate" : "interleaved"},
-         {"kv_order", a.kv_order == KvOrder::kTokenMajor ? "token_major" : "head_major"},
+         {"kv_order", a.kv_order == KvOrder::kTokenMajor  ? "token_major"
+                      : a.kv_order == KvOrder::kHeadMajor ? "head_major"
+                                                          : "head_outer"},
          {"index_head_dim", a.index_head_dim}, {"index_top_k", a.index_top_k}});
   }
   j["bos_token_id"] = c.bos_id;

@@ -194,7 +194,7 @@ ModelConfig mixed_geometry_config() {
       L{2, 16, 0, KvLayout::kInterleaved, KvOrder::kHeadMajor, 0, 0},
       L{8, 8, 24, KvLayout::kSeparate, KvOrder::kHeadMajor, 0, 0},
       L{1, 8, 0, KvLayout::kInterleaved, KvOrder::kTokenMajor, 8, 2},
-      L{4, 4, 0, KvLayout::kSeparate, KvOrder::kTokenMajor, 0, 0},
+      L{4, 4, 0, KvLayout::kSeparate, KvOrder::kHeadOuter, 0, 0},
   };
   return c;
 }

@@ -5,37 +5,28 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <set>
 
+#include "absl/strings/str_cat.h"
+
 #include "engine/engine.h"
+#include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::engine {
 namespace {
 
-std::unique_ptr<Engine> make_engine(int tp) {
+std::unique_ptr<Engine> make_engine(int tp, int max_batch_tokens = EngineOptions{}.max_batch_tokens) {
   auto model = load_model({pdserve::testing::stories_bin()});
   EXPECT_TRUE(model.ok());
   EngineOptions o;
   o.tp = tp;
+  o.max_batch_tokens = max_batch_tokens;
   o.kv_cache_bytes = 8 << 20;
   auto e = Engine::create(std::move(*model), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return std::move(*e);
-}
-
-// Copies every layer's KV of `src_blocks` on `src` into `dst_blocks` on `dst` (same TP).
-void copy_kv(const Engine& src, const std::vector<int>& src_blocks, const Engine& dst,
-             const std::vector<int>& dst_blocks, int num_blocks) {
-  for (int r = 0; r < src.tp(); ++r) {
-    const KvCacheLayout& ls = src.kv_layout(r);
-    const KvCacheLayout& ld = dst.kv_layout(r);
-    for (int l = 0; l < ls.num_layers(); ++l)
-      for (KvPart part : {KvPart::kK, KvPart::kV})
-        for (int b = 0; b < num_blocks; ++b)
-          std::memcpy(dst.kv_arena(r) + ld.offset(l, part, dst_blocks[b], 0, 0),
-                      src.kv_arena(r) + ls.offset(l, part, src_blocks[b], 0, 0), ls.part_bytes(l, part));
-  }
 }
 
 // Decodes `prompt` on `decode` from KV already in `blocks`, starting with `first_token`.
@@ -59,7 +50,8 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
     for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 53) % 500);
     SamplingParams params;
     params.max_tokens = 60;
-    const std::vector<int> whole = decode->generate(prompt, params)->token_ids;
+    // On a third engine: the decode engine's cache must hold nothing but what copy_kv puts there.
+    const std::vector<int> whole = make_engine(tp)->generate(prompt, params)->token_ids;
 
     std::set<std::pair<int, int>> hooked;  // (rank, layer) seen with our request completed.
     prefill->set_layer_hook([&](int rank, int layer, const std::vector<std::string>& done) {
@@ -83,12 +75,58 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
 
     auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
     ASSERT_TRUE(reserved.ok());
-    copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
+    pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
 
     EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole) << "TP " << tp;
     EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+  }
+}
+
+// Push mode posts each layer from the layer hook, so it needs the blocks before any layer of
+// the request is written, and must get them back however the request ends.
+TEST(Handoff, OnAdmittedGivesTheBlocksBeforeTheFirstLayerAndTheyAlwaysComeBack) {
+  auto prefill = make_engine(2, /*max_batch_tokens=*/16);  // The prompt takes 3 steps.
+  std::vector<int> prompt = {1};
+  for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 31) % 500);
+  SamplingParams params;
+  params.max_tokens = 8;
+  std::vector<std::string> order;  // "admitted" and "layer R L" for our request, in order.
+  std::mutex mu;
+  prefill->set_layer_hook([&](int rank, int layer, const std::vector<std::string>& done) {
+    std::lock_guard lock(mu);
+    for (const std::string& id : done)
+      if (id == "r") order.push_back(absl::StrCat("layer ", rank, " ", layer));
+  });
+  for (bool abort_midway : {false, true}) {
+    order.clear();
+    std::vector<int> admitted, handed;
+    bool finished = false;
+    GenerationRequest req{"r", prompt, params};
+    req.handoff.prefill_only = true;
+    req.handoff.on_admitted = [&](const std::vector<int>& blocks) {
+      std::lock_guard lock(mu);
+      order.push_back("admitted");
+      admitted = blocks;
+    };
+    ASSERT_TRUE(prefill->add_request(req, [&](const TokenEvent& ev) {
+      if (ev.finished) finished = true, handed = ev.blocks;
+    }).ok());
+    ASSERT_TRUE(prefill->step().ok());  // Admits and runs the first chunk.
+    if (abort_midway) prefill->abort("r");
+    ASSERT_TRUE(prefill->run_until_idle().ok());
+    ASSERT_TRUE(finished);
+    ASSERT_FALSE(order.empty());
+    EXPECT_EQ(order.front(), "admitted");
+    // Every layer on both ranks once the prompt completes; none for an aborted prompt.
+    EXPECT_EQ(order.size(), abort_midway ? 1 : 1 + size_t(2 * prefill->config().n_layers));
+    ASSERT_GE(admitted.size(), 3u);
+    EXPECT_EQ(handed, admitted) << (abort_midway ? "aborted" : "finished");
+    EXPECT_TRUE(std::is_sorted(admitted.begin(), admitted.end()));  // A run, for coalescing.
+    EXPECT_LT(prefill->stats().free_blocks, prefill->stats().num_blocks);
+    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
   }
 }
 
@@ -167,7 +205,7 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   params.max_tokens = 40;
   params.temperature = 0.9f;
   params.seed = 1234;
-  const std::vector<int> whole = decode->generate(prompt, params)->token_ids;
+  const std::vector<int> whole = make_engine(1)->generate(prompt, params)->token_ids;
   GenerationRequest req{"r", prompt, params};
   req.handoff.prefill_only = true;
   int first = -1;
@@ -179,7 +217,7 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   ASSERT_TRUE(prefill->run_until_idle().ok());
   auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
   ASSERT_TRUE(reserved.ok());
-  copy_kv(*prefill, handed, *decode, *reserved, 1);
+  pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, 1);
   ASSERT_TRUE(prefill->release_blocks(handed).ok());
   EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
 }

@@ -121,6 +121,8 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kHeadMajor, 0},
                       LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kTokenMajor, 0},
                       LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 0},
+                      LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kHeadOuter, 0},
+                      LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kHeadOuter, 4},
                       LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kTokenMajor, 3},
                       LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 5}));
 

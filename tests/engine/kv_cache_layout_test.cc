@@ -15,6 +15,8 @@ KvCacheSpec mixed_spec() {
       {KvKind::kKv, KvSharding::kByHead, 2, 16, 8, DType::kBF16, KvLayout::kInterleaved, KvOrder::kHeadMajor},
       {KvKind::kKeyOnly, KvSharding::kByHead, 1, 4, 0, DType::kF16, KvLayout::kSeparate, KvOrder::kTokenMajor},
       {KvKind::kKv, KvSharding::kReplicated, 2, 8, 8, DType::kF32, KvLayout::kInterleaved, KvOrder::kTokenMajor},
+      {KvKind::kKv, KvSharding::kByHead, 4, 8, 4, DType::kBF16, KvLayout::kSeparate, KvOrder::kHeadOuter},
+      {KvKind::kKeyOnly, KvSharding::kByHead, 2, 4, 0, DType::kF32, KvLayout::kSeparate, KvOrder::kHeadOuter},
   };
   return spec;
 }
@@ -80,6 +82,29 @@ TEST(KvCacheLayout, HeadMajorFullRangeIsOneRangeTokenMajorSubsetIsPerToken) {
   r.clear();
   layout->ranges(0, 0, KvPart::kK, 0, 4, &r);  // Token-major, all heads: contiguous.
   EXPECT_EQ(r.size(), 1u);
+}
+
+TEST(KvCacheLayout, HeadOuterKeepsEachHeadsBlocksContiguous) {
+  auto layout = KvCacheLayout::create(mixed_spec(), 0, 1, 3);
+  ASSERT_TRUE(layout.ok());
+  const int l = 4;  // 4 bf16 heads of K dim 8: one head of one block is 4 x 8 x 2 = 64 bytes.
+  EXPECT_EQ(layout->block_stride(l, KvPart::kK), 64u);
+  EXPECT_EQ(layout->head_stride(l, KvPart::kK), 3 * 4 * 8);  // Elements: 3 blocks of a head.
+  EXPECT_EQ(layout->offset(l, KvPart::kK, 1, 0, 0) + 64, layout->offset(l, KvPart::kK, 2, 0, 0));
+  EXPECT_EQ(layout->offset(l, KvPart::kK, 2, 3, 0) + 16, layout->offset(l, KvPart::kK, 0, 0, 1));
+  std::vector<ByteRange> r;
+  layout->ranges(l, 1, KvPart::kK, 1, 3, &r);  // One range per head.
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0], (ByteRange{layout->offset(l, KvPart::kK, 1, 0, 1), 64}));
+  EXPECT_EQ(r[1].offset - r[0].offset, 3u * 64u);
+}
+
+TEST(KvCacheLayout, RejectsHeadOuterInterleaved) {
+  KvCacheSpec spec = mixed_spec();
+  spec.layers[1].order = KvOrder::kHeadOuter;
+  const auto layout = KvCacheLayout::create(spec, 0, 1, 1);
+  ASSERT_FALSE(layout.ok());
+  EXPECT_NE(layout.status().message().find("head-outer"), std::string::npos) << layout.status();
 }
 
 TEST(KvCacheLayout, RejectsHeadsThatDoNotSpread) {

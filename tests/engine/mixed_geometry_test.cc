@@ -8,6 +8,7 @@
 
 #include "engine/engine.h"
 #include "engine/model/make_model.h"
+#include "tests/engine/kv_copy.h"
 
 namespace pdserve::engine {
 namespace {
@@ -81,19 +82,7 @@ std::vector<int> handoff_with(Engine& prefill, Engine& decode, const std::vector
   auto reserved = decode.reserve_blocks(int(prompt.size()) + params.max_tokens);
   EXPECT_TRUE(reserved.ok());
   const int blocks = int(prompt.size() + 15) / 16;
-  for (int rank = 0; rank < prefill.tp(); ++rank) {
-    const KvCacheLayout& ls = prefill.kv_layout(rank);
-    const KvCacheLayout& ld = decode.kv_layout(rank);
-    for (int l = 0; l < ls.num_layers(); ++l)
-      for (KvPart part : {KvPart::kK, KvPart::kV}) {
-        if (ls.part_bytes(l, part) == 0) continue;
-        for (int b = 0; b < blocks; ++b) {
-          const int src = l == corrupt ? handed[(b + 1) % blocks] : handed[b];
-          std::memcpy(decode.kv_arena(rank) + ld.offset(l, part, (*reserved)[b], 0, 0),
-                      prefill.kv_arena(rank) + ls.offset(l, part, src, 0, 0), ls.part_bytes(l, part));
-        }
-      }
-  }
+  pdserve::testing::copy_kv(prefill, handed, decode, *reserved, blocks, corrupt);
   EXPECT_TRUE(prefill.release_blocks(handed).ok());
   GenerationRequest d{"r", prompt, params};
   d.handoff.preloaded_blocks = *reserved;

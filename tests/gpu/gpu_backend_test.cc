@@ -366,6 +366,8 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, GpuPaged,
     ::testing::Values(LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32},
                       LayoutParam{KvLayout::kSeparate, KvOrder::kHeadMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kBF16},
                       LayoutParam{KvLayout::kInterleaved, KvOrder::kTokenMajor, Storage::kF32},
                       LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32},
                       LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16},

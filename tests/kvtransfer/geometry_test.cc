@@ -113,6 +113,22 @@ TEST(GeometryTest, HeadMajorHeadSubsetIsOneOpPerBlockPart) {
                                CopyOp{1152, 512, 128}, CopyOp{1408, 640, 128}, CopyOp{1664, 768, 128}));
 }
 
+TEST(GeometryTest, HeadOuterHeadSubsetMergesARunOfBlocksPerHead) {
+  const KvCacheSpec spec = one_layer(KvLayout::kSeparate, KvOrder::kHeadOuter);
+  // One head of one block is 64 bytes; a head's 4 blocks are 256 bytes, a part 1024 bytes.
+  const KvCacheLayout p = layout_of(spec, 0, 1), c = layout_of(spec, 1, 2);
+  // TP1 -> TP2 rank 1 (heads 2, 3): one op per head and part for the run 0..2 -> 1..3.
+  EXPECT_THAT(ops_for(p, c, {0, 0, 2, 4}, {0, 1, 2}, {1, 2, 3}),
+              ElementsAre(CopyOp{512, 64, 192}, CopyOp{768, 320, 192}, CopyOp{1536, 576, 192},
+                          CopyOp{1792, 832, 192}));
+  // A break in the run on either side splits the op there.
+  EXPECT_EQ(ops_for(p, c, {0, 0, 2, 4}, {0, 1, 3}, {0, 1, 2}).size(), 8u);
+  EXPECT_EQ(ops_for(p, c, {0, 0, 2, 4}, {0, 1, 2}, {2, 1, 0}).size(), 12u);
+  // Same TP, all heads, the whole arena: one op.
+  const KvCacheLayout p1 = layout_of(spec, 0, 1), c1 = layout_of(spec, 0, 1);
+  EXPECT_THAT(ops_for(p1, c1, {0, 0, 0, 4}, {0, 1, 2, 3}, {0, 1, 2, 3}), ElementsAre(CopyOp{0, 0, 2048}));
+}
+
 TEST(GeometryTest, MergesIntoTheLastOpAlreadyInTheList) {
   const KvCacheSpec spec = one_layer(KvLayout::kInterleaved, KvOrder::kHeadMajor);
   const KvCacheLayout p = layout_of(spec, 0, 1), c = layout_of(spec, 0, 1);

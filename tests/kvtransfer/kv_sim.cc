@@ -185,7 +185,7 @@ KvCacheSpec mixed_spec() {
   constexpr auto by_head = KvSharding::kByHead, replicated = KvSharding::kReplicated;
   constexpr auto f32 = DType::kF32, bf16 = DType::kBF16;
   constexpr auto sep = KvLayout::kSeparate, inter = KvLayout::kInterleaved;
-  constexpr auto tok = KvOrder::kTokenMajor, head = KvOrder::kHeadMajor;
+  constexpr auto tok = KvOrder::kTokenMajor, head = KvOrder::kHeadMajor, outer = KvOrder::kHeadOuter;
   KvCacheSpec spec;
   spec.block_size = 4;
   spec.layers = {
@@ -198,6 +198,8 @@ KvCacheSpec mixed_spec() {
       layer(key_only, replicated, 1, 16, 0, f32, sep, head),
       layer(kv, by_head, 2, 8, 16, f32, inter, tok),
       layer(key_only, by_head, 4, 4, 0, f32, sep, head),
+      layer(kv, by_head, 8, 8, 4, bf16, sep, outer),
+      layer(key_only, by_head, 2, 4, 0, f32, sep, outer),
   };
   spec.layers[7].window = 8;
   return spec;
