@@ -1,7 +1,9 @@
 #include "kvtransfer/control/control_channel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
+#include <thread>
 #include <vector>
 
 #include <zmq_addon.hpp>
@@ -190,7 +192,11 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
         }
       }
       const auto slice = std::min<std::chrono::steady_clock::duration>(deadline - now, kPollSlice);
-      zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(slice));
+      const auto whole_ms = std::chrono::duration_cast<std::chrono::milliseconds>(slice);
+      // zmq_poll counts whole milliseconds: under one, nap and then look, rather than spin
+      // through the remainder with zero-timeout polls (an idle rank thread would burn a core).
+      if (whole_ms.count() == 0) std::this_thread::sleep_for(slice);
+      zmq::poll(items, whole_ms);
 
       if (items[0].revents & ZMQ_POLLIN) {
         std::vector<zmq::message_t> frames;
