@@ -1,5 +1,6 @@
 // pdserve-router: the cluster's front door. Serves the client gRPC API (plus health and
-// reflection) and the OpenAI-compatible HTTP API, and drives the workers given by address.
+// reflection) and the OpenAI-compatible HTTP API, and drives the workers given by address or
+// registered through its Registry service (workers started with --router).
 // Prints "READY grpc=HOST:PORT http=HOST:PORT" on stdout once both listen.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -14,6 +15,7 @@
 #include "engine/model_loader.h"
 #include "router/generation_service.h"
 #include "router/http_server.h"
+#include "router/registry_service.h"
 #include "router/router.h"
 
 namespace {
@@ -32,17 +34,21 @@ struct Flags {
   int poll_interval_ms = 200;
   int max_message_bytes = 16 << 20;
   int max_attempts = 3;
+  int heartbeat_interval_ms = 1000;
+  int heartbeat_timeout_ms = 3000;
 };
 
 int run(const Flags& f) {
   using namespace pdserve;
   using namespace pdserve::router;
-  if (f.aggregated.empty() == (f.prefill.empty() && f.decode.empty())) {
+  // Workers may be listed here or register themselves later (then --kv-mode picks the mode).
+  const bool pd_listed = !f.prefill.empty() || !f.decode.empty();
+  if (!f.aggregated.empty() && pd_listed) {
     std::cerr << "error: give either --aggregated workers, or --prefill and --decode workers\n";
     return 2;
   }
-  if (f.aggregated.empty() && (f.prefill.empty() || f.decode.empty())) {
-    std::cerr << "error: P/D serving needs at least one --prefill and one --decode worker\n";
+  if ((pd_listed && f.kv_mode == "aggregated") || (!f.aggregated.empty() && f.kv_mode != "push" && f.kv_mode != "aggregated")) {
+    std::cerr << "error: --kv-mode " << f.kv_mode << " does not match the workers given\n";
     return 2;
   }
   // Signals are taken by sigwait below, never by a random thread.
@@ -70,12 +76,16 @@ int run(const Flags& f) {
   RegistryOptions ro;
   ro.poll_interval = std::chrono::milliseconds(f.poll_interval_ms);
   ro.max_message_bytes = f.max_message_bytes;
+  ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_interval_ms);
+  ro.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   WorkerRegistry registry(endpoints, ro, RealClock::instance());
   registry.poll_once();
   registry.start();
 
   RouterOptions opts;
   opts.kv_mode = f.aggregated.empty() ? f.kv_mode : "aggregated";
+  std::vector<std::string> model_names = {model.name};
+  model_names.insert(model_names.end(), model.aliases.begin(), model.aliases.end());
   opts.max_running = f.max_running;
   opts.max_waiting = f.max_waiting;
   opts.request_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.request_timeout_s));
@@ -83,6 +93,7 @@ int run(const Flags& f) {
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance());
   GenerationService service(router);
+  RegistryService registry_service(registry, model_names, opts.kv_mode);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -91,6 +102,7 @@ int run(const Flags& f) {
   builder.AddListeningPort(f.host + ":" + std::to_string(f.port), grpc::InsecureServerCredentials(), &grpc_port);
   builder.SetMaxReceiveMessageSize(f.max_message_bytes);
   builder.RegisterService(&service);
+  builder.RegisterService(&registry_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || grpc_port == 0) {
     std::cerr << "error: cannot listen on " << f.host << ":" << f.port << "\n";
@@ -106,7 +118,7 @@ int run(const Flags& f) {
   http.start();
   std::cout << "READY grpc=" << f.host << ":" << grpc_port << " http=" << f.host << ":" << *http_port << std::endl;
   std::cerr << "router: model " << router.model_info().name() << ", mode " << opts.kv_mode << ", " << endpoints.size()
-            << " workers\n";
+            << " workers listed; workers may register (heartbeat timeout " << f.heartbeat_timeout_ms << " ms)\n";
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   const timespec tick{0, 200'000'000};
@@ -137,14 +149,20 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", f.prefill, "Prefill worker HOST:PORT (repeatable)");
   app.add_option("--decode", f.decode, "Decode worker HOST:PORT (repeatable)");
   app.add_option("--aggregated", f.aggregated, "Aggregated worker HOST:PORT (repeatable)");
-  app.add_option("--kv-mode", f.kv_mode, "KV transfer mode between prefill and decode")
-      ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  app.add_option("--kv-mode", f.kv_mode,
+                 "KV transfer mode between prefill and decode; aggregated: serve aggregated workers (implied by "
+                 "--aggregated)")
+      ->check(CLI::IsMember({"push", "pull", "aggregated"}))->capture_default_str();
   app.add_option("--max-running", f.max_running, "Requests out at the workers at once")->capture_default_str();
   app.add_option("--max-waiting", f.max_waiting, "Requests queued at the router before refusing (overloaded)")->capture_default_str();
   app.add_option("--request-timeout", f.request_timeout_s, "Per-request timeout in seconds")->capture_default_str();
   app.add_option("--poll-interval-ms", f.poll_interval_ms, "Worker Info poll interval")->capture_default_str();
   app.add_option("--max-message-bytes", f.max_message_bytes, "Largest request accepted (gRPC and HTTP)")->capture_default_str();
   app.add_option("--max-attempts", f.max_attempts, "Placements tried when workers fail before the first token")->capture_default_str();
+  app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "How often registered workers are asked to heartbeat")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout-ms", f.heartbeat_timeout_ms, "A registered worker is dropped after this long without a heartbeat")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return run(f);
 }

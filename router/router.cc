@@ -58,9 +58,23 @@ struct Router::Active {
   Duration timeout;
   std::function<bool()> client_gone;
   std::atomic<int> stop{kNone};
+  // client_gone reads the front end's per-call state (the gRPC ServerContext, the HTTP sink),
+  // which dies when generate() returns: the watchdog asks it only under probe_mu, and
+  // generate() sets probes_ended under the same lock before it returns.
+  std::mutex probe_mu;
+  bool probes_ended = false;
   std::mutex mu;
   std::vector<grpc::ClientContext*> contexts;  // Worker calls to cancel when stopped.
 
+  // Whether the client went away; false once generate() is returning.
+  bool client_is_gone() {
+    std::lock_guard lock(probe_mu);
+    return !probes_ended && client_gone && client_gone();
+  }
+  void end_probes() {
+    std::lock_guard lock(probe_mu);
+    probes_ended = true;
+  }
   void cancel(Stop why) {
     int expected = kNone;
     if (!stop.compare_exchange_strong(expected, why)) return;
@@ -156,7 +170,7 @@ void Router::watchdog_loop() {
     }
     const TimePoint now = clock_.now();
     for (auto& a : active) {
-      if (a->client_gone && a->client_gone()) a->cancel(Active::kClientGone);
+      if (a->client_is_gone()) a->cancel(Active::kClientGone);
       else if (now >= a->deadline) a->cancel(Active::kDeadline);
     }
   }
@@ -520,12 +534,16 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   }
   struct Unregister {
     Router* r;
-    const std::string& id;
+    Active* act;
     ~Unregister() {
-      std::lock_guard lock(r->active_mu_);
-      r->active_.erase(id);
+      {
+        std::lock_guard lock(r->active_mu_);
+        r->active_.erase(act->id);
+      }
+      // The watchdog may still hold `act`; it must not probe the client after we return.
+      act->end_probes();
     }
-  } unregister{this, act->id};
+  } unregister{this, act.get()};
 
   Flow f;
   f.act = act.get();

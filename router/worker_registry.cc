@@ -15,17 +15,21 @@ std::string role_name(worker::Role role) {
   }
 }
 
-WorkerRegistry::WorkerRegistry(std::vector<Endpoint> endpoints, const RegistryOptions& options, const Clock& clock)
-    : options_(options), clock_(clock) {
+std::unique_ptr<worker::Worker::Stub> WorkerRegistry::make_stub(const std::string& address) const {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
-  args.SetMaxSendMessageSize(options.max_message_bytes);
+  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  args.SetMaxSendMessageSize(options_.max_message_bytes);
   // Reconnect quickly after a worker restarts instead of gRPC's default back-off of up to 2 min.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return worker::Worker::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+WorkerRegistry::WorkerRegistry(std::vector<Endpoint> endpoints, const RegistryOptions& options, const Clock& clock)
+    : options_(options), clock_(clock) {
   for (Endpoint& e : endpoints) {
-    Worker w;
-    w.stub = worker::Worker::NewStub(grpc::CreateCustomChannel(e.address, grpc::InsecureChannelCredentials(), args));
-    w.endpoint = std::move(e);
+    auto w = std::make_unique<Worker>();
+    w->stub = make_stub(e.address);
+    w->endpoint = std::move(e);
     workers_.push_back(std::move(w));
   }
 }
@@ -34,7 +38,8 @@ WorkerRegistry::~WorkerRegistry() { stop(); }
 
 void WorkerRegistry::apply_poll(int index, const Status& status, const worker::WorkerInfo& info) {
   std::lock_guard lock(mu_);
-  Worker& w = workers_[index];
+  Worker& w = *workers_[index];
+  if (!w.listed) return;  // Expired while the poll was out.
   const bool was_up = w.up;
   const TimePoint now = clock_.now();
   Status s = status;
@@ -60,6 +65,7 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
 void WorkerRegistry::poll_once() {
   struct Call {
     int index;
+    worker::Worker::Stub* stub;
     grpc::ClientContext ctx;
     worker::InfoRequest request;
     worker::WorkerInfo info;
@@ -70,9 +76,11 @@ void WorkerRegistry::poll_once() {
     std::lock_guard lock(mu_);
     const TimePoint now = clock_.now();
     for (size_t i = 0; i < workers_.size(); ++i) {
-      if (workers_[i].ever_polled && workers_[i].next_poll > now) continue;
+      const Worker& w = *workers_[i];
+      if (!w.listed || (w.ever_polled && w.next_poll > now)) continue;
       auto c = std::make_unique<Call>();
       c->index = int(i);
+      c->stub = w.stub.get();
       c->ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
       calls.push_back(std::move(c));
     }
@@ -83,7 +91,7 @@ void WorkerRegistry::poll_once() {
   size_t done = 0;
   for (auto& c : calls) {
     Call* call = c.get();
-    workers_[call->index].stub->async()->Info(&call->ctx, &call->request, &call->info,
+    call->stub->async()->Info(&call->ctx, &call->request, &call->info,
                                                [&, call](grpc::Status s) {
                                                  call->status = std::move(s);
                                                  std::lock_guard l(done_mu);
@@ -120,10 +128,13 @@ void WorkerRegistry::stop() {
 
 void WorkerRegistry::poll_loop() {
   while (true) {
+    expire();
     poll_once();
     std::unique_lock lock(mu_);
     // Real time here: this paces the loop; which workers are due is decided on clock_.
-    if (cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_; })) return;
+    if (cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stopping_ || poll_now_; }) && stopping_)
+      return;
+    poll_now_ = false;
   }
 }
 
@@ -131,8 +142,8 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
   std::lock_guard lock(mu_);
   std::vector<WorkerLoad> out;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    const Worker& w = workers_[i];
-    if (w.endpoint.role != role) continue;
+    const Worker& w = *workers_[i];
+    if (!w.listed || w.endpoint.role != role) continue;
     WorkerLoad l;
     l.index = int(i);
     l.up = w.up;
@@ -147,24 +158,32 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
 }
 
 bool WorkerRegistry::has_role(worker::Role role) const {
-  for (const Worker& w : workers_)
-    if (w.endpoint.role == role) return true;
+  std::lock_guard lock(mu_);
+  for (const auto& w : workers_)
+    if (w->listed && w->endpoint.role == role) return true;
   return false;
 }
 
-worker::Worker::Stub* WorkerRegistry::stub(int index) const { return workers_[index].stub.get(); }
+worker::Worker::Stub* WorkerRegistry::stub(int index) const {
+  std::lock_guard lock(mu_);
+  return workers_[index]->stub.get();
+}
 
-const std::string& WorkerRegistry::address(int index) const { return workers_[index].endpoint.address; }
+const std::string& WorkerRegistry::address(int index) const {
+  std::lock_guard lock(mu_);
+  return workers_[index]->endpoint.address;  // Never changes for a slot.
+}
 
 std::optional<worker::WorkerInfo> WorkerRegistry::info(int index) const {
   std::lock_guard lock(mu_);
-  if (!workers_[index].ever_polled || workers_[index].info.block_size() <= 0) return std::nullopt;
-  return workers_[index].info;
+  const Worker& w = *workers_[index];
+  if (!w.ever_polled || w.info.block_size() <= 0) return std::nullopt;
+  return w.info;
 }
 
 void WorkerRegistry::note_assigned(int index, int blocks, int64_t prefill_tokens) {
   std::lock_guard lock(mu_);
-  Worker& w = workers_[index];
+  Worker& w = *workers_[index];
   ++w.assigned_requests;
   w.assigned_blocks += blocks;
   w.assigned_prefill_tokens += prefill_tokens;
@@ -172,7 +191,7 @@ void WorkerRegistry::note_assigned(int index, int blocks, int64_t prefill_tokens
 
 void WorkerRegistry::mark_down(int index, const Status& why) {
   std::lock_guard lock(mu_);
-  Worker& w = workers_[index];
+  Worker& w = *workers_[index];
   if (w.up) PD_LOG_WARN("worker {} marked down: {}", w.endpoint.address, std::string(why.message()));
   w.up = false;
   w.next_poll = clock_.now() + options_.retry_interval;
@@ -181,7 +200,9 @@ void WorkerRegistry::mark_down(int index, const Status& why) {
 std::vector<WorkerGauges> WorkerRegistry::gauges() const {
   std::lock_guard lock(mu_);
   std::vector<WorkerGauges> out;
-  for (const Worker& w : workers_) {
+  for (const auto& wp : workers_) {
+    const Worker& w = *wp;
+    if (!w.listed) continue;
     WorkerGauges g;
     g.worker = w.endpoint.address;
     g.role = role_name(w.endpoint.role);
@@ -193,6 +214,95 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.queued_prefill_tokens = w.info.queued_prefill_tokens();
     out.push_back(g);
   }
+  return out;
+}
+
+WorkerRegistry::Worker* WorkerRegistry::find(const std::string& address) {
+  for (auto& w : workers_)
+    if (w->endpoint.address == address) return w.get();
+  return nullptr;
+}
+
+Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::string& worker_id) {
+  if (endpoint.address.empty()) return absl::InvalidArgumentError("a registering worker must give its address");
+  if (endpoint.role == worker::ROLE_UNSPECIFIED) return absl::InvalidArgumentError("a registering worker must give its role");
+  {
+    std::lock_guard lock(mu_);
+    const TimePoint now = clock_.now();
+    Worker* w = find(endpoint.address);
+    if (w && !w->registered) {
+      if (w->endpoint.role != endpoint.role)
+        return absl::FailedPreconditionError(absl::StrCat(endpoint.address, " is configured as ",
+                                                          role_name(w->endpoint.role), ", not ",
+                                                          role_name(endpoint.role)));
+      return absl::OkStatus();  // A static worker: listed for good already.
+    }
+    if (!w) {
+      workers_.push_back(std::make_unique<Worker>());
+      w = workers_.back().get();
+      w->endpoint.address = endpoint.address;
+      w->stub = make_stub(endpoint.address);
+      w->registered = true;
+      w->listed = false;
+    }
+    const bool fresh = !w->listed || w->endpoint.role != endpoint.role || w->worker_id != worker_id;
+    if (fresh) {
+      // A new worker (or a restarted one at the same address): forget what the slot knew.
+      w->endpoint.role = endpoint.role;
+      w->worker_id = worker_id;
+      w->listed = true;
+      w->up = false;
+      w->ever_polled = false;
+      w->info.Clear();
+      w->assigned_requests = w->assigned_blocks = 0;
+      w->assigned_prefill_tokens = 0;
+      PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
+    }
+    w->last_heartbeat = now;
+    if (fresh) poll_now_ = true;
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+bool WorkerRegistry::heartbeat(const std::string& address) {
+  std::lock_guard lock(mu_);
+  Worker* w = find(address);
+  if (!w || !w->listed) return false;
+  if (w->registered) w->last_heartbeat = clock_.now();
+  return true;
+}
+
+bool WorkerRegistry::deregister(const std::string& address) {
+  std::lock_guard lock(mu_);
+  Worker* w = find(address);
+  if (!w || !w->registered || !w->listed) return false;
+  w->listed = false;
+  w->up = false;
+  PD_LOG_INFO("worker {} deregistered", address);
+  return true;
+}
+
+std::vector<std::string> WorkerRegistry::expire() {
+  std::lock_guard lock(mu_);
+  const TimePoint now = clock_.now();
+  std::vector<std::string> out;
+  for (auto& w : workers_) {
+    if (!w->registered || !w->listed || now - w->last_heartbeat <= options_.heartbeat_timeout) continue;
+    w->listed = false;
+    w->up = false;
+    PD_LOG_WARN("worker {} ({}) dropped: no heartbeat for {} ms", w->endpoint.address, role_name(w->endpoint.role),
+                std::chrono::duration_cast<std::chrono::milliseconds>(now - w->last_heartbeat).count());
+    out.push_back(w->endpoint.address);
+  }
+  return out;
+}
+
+std::vector<WorkerRegistry::Endpoint> WorkerRegistry::listed() const {
+  std::lock_guard lock(mu_);
+  std::vector<Endpoint> out;
+  for (const auto& w : workers_)
+    if (w->listed) out.push_back(w->endpoint);
   return out;
 }
 

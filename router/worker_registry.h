@@ -1,7 +1,10 @@
-// The workers a router drives, from static address lists: one gRPC channel each, polled with
-// Worker.Info for health and load. A worker that fails a poll or an RPC is marked down and
-// probed again after a back-off; placement sees a snapshot of the last poll plus what this
-// router sent each worker since, so back-to-back requests do not all land on one worker.
+// The workers a router drives: static address lists, plus workers that register themselves
+// (Registry service) and stay listed while their heartbeats arrive. One gRPC channel each,
+// polled with Worker.Info for health and load. A worker that fails a poll or an RPC is marked
+// down and probed again after a back-off; placement sees a snapshot of the last poll plus what
+// this router sent each worker since, so back-to-back requests do not all land on one worker.
+// Indices are stable: a registered worker that expires keeps its slot (unlisted), and
+// registering the same address again reuses it.
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +28,9 @@ struct RegistryOptions {
   Duration retry_interval = std::chrono::seconds(1);  // Back-off before probing a down worker.
   Duration rpc_timeout = std::chrono::seconds(2);     // For each Info call.
   int max_message_bytes = 64 << 20;
+  // Registered workers: how often they should heartbeat, and how long without one drops them.
+  Duration heartbeat_interval = std::chrono::seconds(1);
+  Duration heartbeat_timeout = std::chrono::seconds(3);
 };
 
 // "prefill", "decode", "aggregated" or "unspecified".
@@ -60,13 +66,33 @@ class WorkerRegistry {
   void note_assigned(int index, int blocks, int64_t prefill_tokens);
   // Marks `index` down after a failed RPC; it is probed again after retry_interval.
   void mark_down(int index, const Status& why);
+  const RegistryOptions& options() const { return options_; }
   // Per-worker gauges for /metrics.
   std::vector<WorkerGauges> gauges() const;
+
+  // Lists a worker that registered itself (or renews it), to be polled at once and kept while
+  // heartbeats arrive within heartbeat_timeout. Registering a static worker's address with its
+  // role is accepted (it never expires); with another role, FailedPrecondition.
+  Status register_worker(const Endpoint& endpoint, const std::string& worker_id);
+  // Renews a registration; false when `address` is not listed (never registered, expired,
+  // deregistered), which tells the worker to register again.
+  bool heartbeat(const std::string& address);
+  // Unlists a registered worker at once; false when it is not a listed registered worker.
+  bool deregister(const std::string& address);
+  // Unlists the registered workers whose last heartbeat is older than heartbeat_timeout on the
+  // clock (the poller runs it; tests call it on a FakeClock); returns their addresses.
+  std::vector<std::string> expire();
+  // The workers listed now, static and registered.
+  std::vector<Endpoint> listed() const;
 
  private:
   struct Worker {
     Endpoint endpoint;
     std::unique_ptr<worker::Worker::Stub> stub;
+    bool registered = false;  // Came through register_worker (expires), not a static list.
+    bool listed = true;       // False once a registered worker expired or deregistered.
+    std::string worker_id;
+    TimePoint last_heartbeat{};
     bool up = false;
     bool ever_polled = false;
     TimePoint next_poll{};
@@ -78,13 +104,17 @@ class WorkerRegistry {
   };
   void apply_poll(int index, const Status& status, const worker::WorkerInfo& info);
   void poll_loop();
+  std::unique_ptr<worker::Worker::Stub> make_stub(const std::string& address) const;
+  Worker* find(const std::string& address);  // Under mu_.
 
   const RegistryOptions options_;
   const Clock& clock_;
   mutable std::mutex mu_;
-  std::vector<Worker> workers_;
+  // Never shrinks and never moves a Worker, so indices, stubs and addresses stay valid.
+  std::vector<std::unique_ptr<Worker>> workers_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool poll_now_ = false;  // A worker registered: poll without waiting for the next round.
   std::thread poller_;
 };
 

@@ -130,8 +130,8 @@ std::string describe_exit(const Child& c) {
 }
 
 // Waits until every child in `wanted` printed READY; false (with a message) when one exits or
-// the time runs out, or a signal asks us to stop.
-bool wait_ready(std::vector<Child*> wanted, const sigset_t& signals, Steady::time_point deadline) {
+// the time runs out, or (setting *signalled) a signal asks us to stop.
+bool wait_ready(std::vector<Child*> wanted, const sigset_t& signals, Steady::time_point deadline, bool* signalled) {
   while (true) {
     bool all = true;
     for (Child* c : wanted) {
@@ -149,7 +149,11 @@ bool wait_ready(std::vector<Child*> wanted, const sigset_t& signals, Steady::tim
       return false;
     }
     const timespec tick{0, 20'000'000};
-    if (sigtimedwait(&signals, nullptr, &tick) > 0) return false;
+    if (int sig = sigtimedwait(&signals, nullptr, &tick); sig > 0) {
+      std::cerr << "up: signal " << sig << " before the cluster was ready, stopping\n";
+      *signalled = true;
+      return false;
+    }
   }
 }
 
@@ -205,9 +209,10 @@ int run_up(const UpFlags& f) {
   const auto deadline = Steady::now() + std::chrono::milliseconds(int64_t(f.startup_timeout_s * 1000));
   std::vector<Child*> workers;
   for (auto& c : children) workers.push_back(c.get());
-  if (!wait_ready(workers, signals, deadline)) {
+  bool signalled = false;
+  if (!wait_ready(workers, signals, deadline, &signalled)) {
     stop_all(children);
-    return 1;
+    return signalled ? 0 : 1;
   }
   for (Child* c : workers) std::cerr << "up: " << c->ready_line.substr(6) << "\n";
 
@@ -221,9 +226,9 @@ int run_up(const UpFlags& f) {
   if (f.request_timeout_s > 0) ra.insert(ra.end(), {"--request-timeout", std::to_string(f.request_timeout_s)});
   children.push_back(spawn("router", ra, signals));
   Child* router = children.back().get();
-  if (!wait_ready({router}, signals, deadline)) {
+  if (!wait_ready({router}, signals, deadline, &signalled)) {
     stop_all(children);
-    return 1;
+    return signalled ? 0 : 1;
   }
   std::cout << router->ready_line << std::endl;
   std::cerr << "up: serving " << f.model << " ("

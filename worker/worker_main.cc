@@ -18,6 +18,7 @@
 #include "engine/engine_loop.h"
 #include "worker/decode_role.h"
 #include "worker/prefill_role.h"
+#include "worker/registration.h"
 #include "worker/worker_service.h"
 
 namespace pdserve::worker {
@@ -33,6 +34,9 @@ struct WorkerFlags {
   engine::EngineOptions engine;
   int64_t kv_lease_ms = 30000;
   int64_t kv_peer_timeout_ms = 10000;
+  std::string router;     // Register with this router (HOST:PORT) and heartbeat.
+  std::string advertise;  // The address the router dials (default: --host and the bound port).
+  int64_t heartbeat_ms = 0;  // 0: the router's advice.
 };
 
 int fail(const std::string& what, const Status& s) {
@@ -112,9 +116,38 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
             << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
+  std::unique_ptr<RouterRegistration> registration;
+  if (!f.router.empty() && f.advertise.empty() && (f.host == "0.0.0.0" || f.host == "::" || f.host == "[::]"))
+    PD_LOG_WARN("listening on {} without --advertise: registering as {}, which only this machine can dial", f.host,
+                address);
+  if (!f.router.empty()) {
+    RegistrationOptions ro;
+    ro.router = f.router;
+    ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
+    const std::string advertised = f.advertise.empty() ? address : f.advertise;
+    registration = std::make_unique<RouterRegistration>(ro, [&service, advertised, worker_id] {
+      WorkerInfo info;
+      InfoRequest none;
+      (void)service.Info(nullptr, &none, &info);
+      RegisterRequest r;
+      r.set_address(advertised);
+      r.set_role(info.role());
+      r.set_worker_id(worker_id);
+      r.set_tp(info.tp());
+      r.set_model(info.model().name());
+      r.set_num_blocks(info.num_blocks());
+      r.set_block_size(info.block_size());
+      r.set_compat_hash(info.compat_hash());
+      return r;
+    });
+    registration->start();
+  }
+
   int sig = 0;
   sigwait(&signals, &sig);
   PD_LOG_INFO("{}: signal {}, shutting down", worker_id, sig);
+  // Leave the router first, so that it sends nothing new while we drain.
+  if (registration) registration->stop();
   // In-flight RPCs get a moment to finish, then are cancelled (their handlers abort).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (prefill) prefill->shutdown(std::chrono::seconds(2));
@@ -146,6 +179,9 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long KV transfers and reservations may take")->capture_default_str();
   app.add_option("--kv-peer-timeout-ms", f.kv_peer_timeout_ms, "A silent kvtransfer peer is lost after this")
       ->capture_default_str();
+  app.add_option("--router", f.router, "Register with the router at HOST:PORT and heartbeat to it");
+  app.add_option("--advertise", f.advertise, "HOST:PORT the router should dial (default: --host and the bound port)");
+  app.add_option("--heartbeat-ms", f.heartbeat_ms, "Heartbeat interval (0: as the router asks)")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

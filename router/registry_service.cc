@@ -1,0 +1,45 @@
+#include "router/registry_service.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "router/router.h"
+
+namespace pdserve::router {
+
+RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, std::string kv_mode)
+    : registry_(registry), model_names_(std::move(model_names)), kv_mode_(std::move(kv_mode)) {}
+
+grpc::Status RegistryService::Register(grpc::ServerContext*, const worker::RegisterRequest* request,
+                                       worker::RegisterResponse* response) {
+  const bool aggregated = kv_mode_ == "aggregated";
+  const worker::Role role = request->role();
+  if (aggregated ? role != worker::ROLE_AGGREGATED : role != worker::ROLE_PREFILL && role != worker::ROLE_DECODE)
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this router (mode " + kv_mode_ + ") does not use " + role_name(role) + " workers");
+  if (!request->model().empty() &&
+      std::find(model_names_.begin(), model_names_.end(), request->model()) == model_names_.end())
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this router serves " + (model_names_.empty() ? std::string("?") : model_names_.front()) +
+                            ", not " + request->model());
+  const Status s = registry_.register_worker({request->address(), role}, request->worker_id());
+  if (!s.ok()) return to_grpc(s);
+  const RegistryOptions& o = registry_.options();
+  response->set_heartbeat_interval_ms(std::chrono::duration_cast<std::chrono::milliseconds>(o.heartbeat_interval).count());
+  response->set_expiry_ms(std::chrono::duration_cast<std::chrono::milliseconds>(o.heartbeat_timeout).count());
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const worker::HeartbeatRequest* request,
+                                        worker::HeartbeatResponse* response) {
+  response->set_known(registry_.heartbeat(request->address()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Deregister(grpc::ServerContext*, const worker::DeregisterRequest* request,
+                                         worker::DeregisterResponse* response) {
+  response->set_found(registry_.deregister(request->address()));
+  return grpc::Status::OK;
+}
+
+}  // namespace pdserve::router

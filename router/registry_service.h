@@ -1,0 +1,33 @@
+// The gRPC Registry service (proto/worker.proto) a router serves for workers started with
+// --router: Register checks the worker against what this router serves (its model, and a role
+// the mode uses) and lists it in the WorkerRegistry; Heartbeat renews it; Deregister unlists it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "proto/worker.grpc.pb.h"
+#include "router/worker_registry.h"
+
+namespace pdserve::router {
+
+class RegistryService final : public worker::Registry::Service {
+ public:
+  // `model_names`: the served model's name and accepted aliases; `kv_mode`: "push", "pull" (prefill
+  // and decode workers) or "aggregated".
+  RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, std::string kv_mode);
+
+  grpc::Status Register(grpc::ServerContext* ctx, const worker::RegisterRequest* request,
+                        worker::RegisterResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* ctx, const worker::HeartbeatRequest* request,
+                         worker::HeartbeatResponse* response) override;
+  grpc::Status Deregister(grpc::ServerContext* ctx, const worker::DeregisterRequest* request,
+                          worker::DeregisterResponse* response) override;
+
+ private:
+  WorkerRegistry& registry_;
+  const std::vector<std::string> model_names_;
+  const std::string kv_mode_;
+};
+
+}  // namespace pdserve::router

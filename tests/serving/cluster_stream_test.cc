@@ -1,0 +1,215 @@
+// A P/D cluster under concurrent streaming load: `pdserve up` (stories260K, one prefill and one
+// decode worker at TP 2) gets 64 streamed gRPC Generate requests at once, with random token-id
+// prompts and random output lengths (fixed seed), greedy. Every request's streamed token ids and
+// text must equal the in-process engine's result for the same prompt, and afterwards every
+// worker's KV cache must be wholly free again, as the router's /metrics reports it.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+#include "proto/pdserve.grpc.pb.h"
+#include "tests/engine/test_model.h"
+#include "tests/serving/cluster_process.h"
+
+namespace pdserve {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+
+constexpr int kRequests = 64;
+constexpr uint32_t kSeed = 20240604;
+
+struct Case {
+  std::vector<int> prompt;  // BOS, then random ids.
+  int max_tokens = 0;
+  bool ignore_eos = true;
+};
+
+struct Outcome {
+  std::vector<int> prompt_ids;  // As the first message reports them.
+  std::vector<int> tokens;
+  std::string text;
+  std::string finish_reason;
+  int messages = 0;
+  bool finished = false;
+  bool ids_consistent = true;  // Every message carries the same request id.
+  std::string error;
+};
+
+// Random prompts of 1-160 tokens and outputs of 1-96 tokens (within the context); one request in
+// four stops at EOS, the rest ignore it.
+std::vector<Case> make_cases(const engine::ModelConfig& config) {
+  std::mt19937 rng(kSeed);
+  std::vector<Case> cases(kRequests);
+  for (Case& c : cases) {
+    const int prompt_len = 1 + int(rng() % 160);
+    c.prompt.push_back(config.bos_id);
+    for (int i = 1; i < prompt_len; ++i) c.prompt.push_back(int(rng() % uint32_t(config.vocab_size)));
+    c.max_tokens = std::min(1 + int(rng() % 96), config.max_seq_len - prompt_len);
+    c.ignore_eos = rng() % 4 != 0;
+  }
+  return cases;
+}
+
+engine::SamplingParams params_of(const Case& c) {
+  engine::SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = c.max_tokens;
+  p.ignore_eos = c.ignore_eos;
+  return p;
+}
+
+// The in-process engine's answer for each case, one request at a time (as `pdserve generate`).
+std::vector<engine::GenerationResult> reference(engine::Engine& e, const std::vector<Case>& cases) {
+  std::vector<engine::GenerationResult> out;
+  for (const Case& c : cases) {
+    auto r = e.generate(c.prompt, params_of(c));
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    out.push_back(r.ok() ? *r : engine::GenerationResult{});
+  }
+  return out;
+}
+
+Outcome stream(v1::Generation::Stub& stub, const Case& c) {
+  v1::GenerateRequest req;
+  for (int t : c.prompt) req.mutable_token_ids()->add_ids(t);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(c.max_tokens);
+  req.mutable_sampling()->set_ignore_eos(c.ignore_eos);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 80s);
+  Outcome o;
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse r;
+  std::string id;
+  while (reader->Read(&r)) {
+    if (o.messages++ == 0) id = r.request_id();
+    if (r.request_id() != id) o.ids_consistent = false;
+    o.prompt_ids.insert(o.prompt_ids.end(), r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+    o.tokens.insert(o.tokens.end(), r.token_ids().begin(), r.token_ids().end());
+    o.text += r.text();
+    if (r.finished()) {
+      o.finished = true;
+      o.finish_reason = r.finish_reason();
+    }
+  }
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) o.error = std::to_string(int(s.error_code())) + " " + s.error_message();
+  return o;
+}
+
+// Per worker (its address) the value of a `name{worker="...",role="..."} value` gauge.
+std::map<std::string, double> worker_gauge(const std::string& metrics, const std::string& name) {
+  std::map<std::string, double> out;
+  std::istringstream lines(metrics);
+  std::string line;
+  const std::string prefix = name + "{worker=\"";
+  while (std::getline(lines, line)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const size_t end = line.find('"', prefix.size());
+    const size_t space = line.rfind(' ');
+    if (end == std::string::npos || space == std::string::npos) continue;
+    out[line.substr(prefix.size(), end - prefix.size())] = std::stod(line.substr(space + 1));
+  }
+  return out;
+}
+
+class ClusterStream : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
+  Cluster c({"--prefill", "1", "--prefill-tp", "2", "--decode", "1", "--decode-tp", "2", "--kv-mode", GetParam()});
+
+  // The reference while the cluster starts.
+  auto loaded = engine::load_model({testing::stories_bin(), ""});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  auto created = engine::Engine::create(std::move(*loaded), {});
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  const std::vector<Case> cases = make_cases((*created)->config());
+  const std::vector<engine::GenerationResult> want = reference(**created, cases);
+  created->reset();
+
+  ASSERT_TRUE(c.wait_ready(90s)) << c.log();
+  auto channel = grpc::CreateChannel(c.grpc(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+  auto stub = v1::Generation::NewStub(channel);
+
+  // All at once: each thread waits for the others to exist before it sends.
+  std::vector<Outcome> got(kRequests);
+  std::atomic<int> started{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kRequests; ++i)
+    threads.emplace_back([&, i] {
+      ++started;
+      while (started.load() < kRequests) std::this_thread::sleep_for(1ms);
+      got[i] = stream(*stub, cases[i]);
+    });
+  for (auto& t : threads) t.join();
+
+  int streamed_in_pieces = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    const Outcome& o = got[i];
+    const engine::GenerationResult& w = want[i];
+    SCOPED_TRACE("request " + std::to_string(i) + ": prompt " + std::to_string(cases[i].prompt.size()) +
+                 " tokens, max_tokens " + std::to_string(cases[i].max_tokens) +
+                 (cases[i].ignore_eos ? ", ignore_eos" : ""));
+    ASSERT_EQ(o.error, "") << c.log();
+    EXPECT_TRUE(o.finished);
+    EXPECT_TRUE(o.ids_consistent);
+    EXPECT_EQ(o.prompt_ids, cases[i].prompt);
+    EXPECT_EQ(o.tokens, w.token_ids);
+    EXPECT_EQ(o.text, w.text);
+    EXPECT_EQ(o.finish_reason, engine::finish_reason_name(w.finish_reason));
+    if (cases[i].ignore_eos) {
+      EXPECT_EQ(int(o.tokens.size()), cases[i].max_tokens);
+    }
+    if (o.messages > 2) ++streamed_in_pieces;
+  }
+  // Streamed, not answered in one piece: most requests arrive in several messages.
+  EXPECT_GT(streamed_in_pieces, kRequests / 2);
+
+  // Every block back: the router's gauges follow the workers' Info polls (every 200 ms), so
+  // wait for a poll that sees both workers idle, then check that free == total on each.
+  httplib::Client http("127.0.0.1", c.http_port());
+  http.set_read_timeout(10, 0);
+  std::string metrics;
+  std::map<std::string, double> free, total, running;
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (true) {
+    auto m = http.Get("/metrics");
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->status, 200);
+    metrics = m->body;
+    free = worker_gauge(metrics, "pdserve:kv_cache_free_blocks");
+    total = worker_gauge(metrics, "pdserve:kv_cache_total_blocks");
+    running = worker_gauge(metrics, "pdserve:worker_num_requests_running");
+    bool settled = free.size() == 2 && total == free && metrics.find("\npdserve:num_requests_running 0\n") != std::string::npos;
+    for (const auto& [w, n] : running) settled = settled && n == 0;
+    if (settled || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(total.size(), 2u) << metrics;
+  for (const auto& [worker, n] : total) {
+    EXPECT_GT(n, 0) << worker;
+    EXPECT_EQ(free[worker], n) << "blocks leaked on " << worker << "\n" << metrics;
+    EXPECT_EQ(running[worker], 0) << worker;
+  }
+  for (const auto& [worker, usage] : worker_gauge(metrics, "pdserve:kv_cache_usage_perc")) EXPECT_EQ(usage, 0) << worker;
+  EXPECT_NE(metrics.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(kRequests) + "\n"),
+            std::string::npos)
+      << metrics;
+}
+
+INSTANTIATE_TEST_SUITE_P(KvModes, ClusterStream, ::testing::Values("push", "pull"));
+
+}  // namespace
+}  // namespace pdserve

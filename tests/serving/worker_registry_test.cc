@@ -1,0 +1,122 @@
+// The router's worker registry with self-registered workers: registration, heartbeats and expiry
+// on a FakeClock (no sleeping, no worker processes: nothing here is polled), and the Registry
+// service's checks of a registering worker.
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "router/registry_service.h"
+#include "router/worker_registry.h"
+
+namespace pdserve::router {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::string> addresses(const WorkerRegistry& r) {
+  std::vector<std::string> out;
+  for (const auto& e : r.listed()) out.push_back(e.address);
+  return out;
+}
+
+RegistryOptions options() {
+  RegistryOptions o;
+  o.heartbeat_interval = 1s;
+  o.heartbeat_timeout = 3s;
+  return o;
+}
+
+TEST(WorkerRegistryExpiry, ARegisteredWorkerStaysWhileItHeartbeatsAndGoesAfterTheTimeout) {
+  FakeClock clock;
+  WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_PREFILL}}, options(), clock);
+  ASSERT_TRUE(reg.register_worker({"127.0.0.1:1002", worker::ROLE_DECODE}, "d0").ok());
+  EXPECT_EQ(addresses(reg), (std::vector<std::string>{"127.0.0.1:1001", "127.0.0.1:1002"}));
+  EXPECT_TRUE(reg.has_role(worker::ROLE_DECODE));
+  ASSERT_EQ(reg.loads(worker::ROLE_DECODE).size(), 1u);
+  const int index = reg.loads(worker::ROLE_DECODE)[0].index;
+  EXPECT_EQ(reg.address(index), "127.0.0.1:1002");
+  EXPECT_FALSE(reg.loads(worker::ROLE_DECODE)[0].up);  // Up only once an Info poll answers.
+  EXPECT_EQ(reg.gauges().size(), 2u);
+
+  // Heartbeats within the timeout keep it.
+  for (int i = 0; i < 5; ++i) {
+    clock.advance(2900ms);
+    EXPECT_TRUE(reg.heartbeat("127.0.0.1:1002"));
+    EXPECT_TRUE(reg.expire().empty());
+  }
+  // Exactly the timeout since the last heartbeat is still in time; past it, dropped.
+  clock.advance(3s);
+  EXPECT_TRUE(reg.expire().empty());
+  clock.advance(1ms);
+  EXPECT_EQ(reg.expire(), std::vector<std::string>{"127.0.0.1:1002"});
+  EXPECT_EQ(addresses(reg), std::vector<std::string>{"127.0.0.1:1001"});
+  EXPECT_TRUE(reg.loads(worker::ROLE_DECODE).empty());
+  EXPECT_FALSE(reg.has_role(worker::ROLE_DECODE));
+  EXPECT_EQ(reg.gauges().size(), 1u);
+  EXPECT_TRUE(reg.expire().empty());  // Dropped once.
+  // A late heartbeat is told to register again.
+  EXPECT_FALSE(reg.heartbeat("127.0.0.1:1002"));
+
+  // Static workers never expire (and their heartbeats are accepted).
+  clock.advance(1h);
+  EXPECT_TRUE(reg.expire().empty());
+  EXPECT_TRUE(reg.heartbeat("127.0.0.1:1001"));
+
+  // Registering again reuses the slot, so indices held by requests in flight stay valid.
+  ASSERT_TRUE(reg.register_worker({"127.0.0.1:1002", worker::ROLE_DECODE}, "d0").ok());
+  ASSERT_EQ(reg.loads(worker::ROLE_DECODE).size(), 1u);
+  EXPECT_EQ(reg.loads(worker::ROLE_DECODE)[0].index, index);
+  // Deregistering drops it at once.
+  EXPECT_TRUE(reg.deregister("127.0.0.1:1002"));
+  EXPECT_FALSE(reg.deregister("127.0.0.1:1002"));
+  EXPECT_FALSE(reg.deregister("127.0.0.1:1001"));  // Static: not removable.
+  EXPECT_EQ(addresses(reg), std::vector<std::string>{"127.0.0.1:1001"});
+}
+
+TEST(WorkerRegistryExpiry, RegistrationIsChecked) {
+  FakeClock clock;
+  WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_PREFILL}}, options(), clock);
+  EXPECT_TRUE(absl::IsInvalidArgument(reg.register_worker({"", worker::ROLE_DECODE}, "x")));
+  EXPECT_TRUE(absl::IsInvalidArgument(reg.register_worker({"127.0.0.1:1003", worker::ROLE_UNSPECIFIED}, "x")));
+  EXPECT_TRUE(absl::IsFailedPrecondition(reg.register_worker({"127.0.0.1:1001", worker::ROLE_DECODE}, "x")));
+  EXPECT_TRUE(reg.register_worker({"127.0.0.1:1001", worker::ROLE_PREFILL}, "p0").ok());
+  EXPECT_EQ(addresses(reg), std::vector<std::string>{"127.0.0.1:1001"});
+}
+
+TEST(RegistryService, RefusesWorkersTheRouterDoesNotUseAndAnswersItsTimings) {
+  FakeClock clock;
+  WorkerRegistry reg({}, options(), clock);
+  RegistryService pd(reg, {"stories260K", "/models/stories260K.bin"}, "push");
+  worker::RegisterRequest req;
+  req.set_address("127.0.0.1:1010");
+  req.set_role(worker::ROLE_AGGREGATED);
+  req.set_model("stories260K");
+  worker::RegisterResponse resp;
+  EXPECT_EQ(pd.Register(nullptr, &req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  req.set_role(worker::ROLE_DECODE);
+  req.set_model("llama-70b");
+  const grpc::Status other = pd.Register(nullptr, &req, &resp);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(other.error_message().find("llama-70b"), std::string::npos);
+  EXPECT_TRUE(reg.listed().empty());
+
+  req.set_model("/models/stories260K.bin");
+  ASSERT_TRUE(pd.Register(nullptr, &req, &resp).ok());
+  EXPECT_EQ(resp.heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(resp.expiry_ms(), 3000);
+  worker::HeartbeatRequest hb;
+  hb.set_address("127.0.0.1:1010");
+  worker::HeartbeatResponse known;
+  ASSERT_TRUE(pd.Heartbeat(nullptr, &hb, &known).ok());
+  EXPECT_TRUE(known.known());
+  clock.advance(4s);
+  reg.expire();
+  ASSERT_TRUE(pd.Heartbeat(nullptr, &hb, &known).ok());
+  EXPECT_FALSE(known.known());
+
+  RegistryService agg(reg, {"stories260K"}, "aggregated");
+  req.set_role(worker::ROLE_PREFILL);
+  EXPECT_EQ(agg.Register(nullptr, &req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace pdserve::router
