@@ -20,7 +20,13 @@ if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
 fi
 # Share ccache hits between checkouts in different folders (CI builds a fresh clone).
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# The CUDA backend is built (and its tests registered; they skip without a GPU) wherever nvcc
+# is installed, for sm_90 only to keep the build short (PDSERVE_CUDA=0 turns it off).
+gpu=(-DPDSERVE_WITH_CUDA=OFF)
+if [ "${PDSERVE_CUDA:-1}" != 0 ] && { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  gpu=(-DPDSERVE_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+fi
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${gpu[@]}" >/dev/null
 
 case "${1:-}" in
   run)

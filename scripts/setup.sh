@@ -10,6 +10,9 @@ PACKAGES=(
   libucx-dev ucx-utils libzmq3-dev cppzmq-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+# CI also compile-checks the GPU kernels as HIP with Debian's hipcc (a large toolchain, so only
+# when asked: .ci/run sets PDSERVE_GPU_CHECKS=1).
+if [ "${PDSERVE_GPU_CHECKS:-0}" = 1 ]; then PACKAGES+=(hipcc); fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 
+#include "absl/strings/str_split.h"
 #include "engine/cuda_backend.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
@@ -432,6 +435,29 @@ TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
   gpu::pack_blocks(packed.get(), src.dev_view(), Storage::kF32, dids.get(), ids.size(), 0, kv_heads, nullptr);
   gpu::unpack_blocks(dst.dev_view(), Storage::kF32, packed.get(), dids.get(), ids.size(), 0, kv_heads, nullptr);
   EXPECT_EQ(dst.dev_as_host_layout(), dst.host_arena);
+}
+
+// Runs without a device. Each kernel object embeds a fat binary whose cubins are ELF files for
+// the CUDA machine (e_machine 190) with the SM version in bits 8-15 of e_flags; every
+// configured architecture must have one, or the build silently shipped no code for that GPU.
+TEST(GpuArtifacts, KernelLibraryHoldsCodeForEveryConfiguredArch) {
+  std::ifstream in(PDSERVE_GPU_KERNELS_LIB, std::ios::binary);
+  ASSERT_TRUE(in) << PDSERVE_GPU_KERNELS_LIB;
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::set<int> sm;
+  for (size_t at = bytes.find("\x7f" "ELF"); at != std::string::npos; at = bytes.find("\x7f" "ELF", at + 4)) {
+    if (at + 0x34 > bytes.size() || bytes[at + 4] != 2) continue;  // ELF64 only.
+    uint16_t machine = 0;
+    uint32_t flags = 0;
+    std::memcpy(&machine, bytes.data() + at + 0x12, sizeof(machine));
+    std::memcpy(&flags, bytes.data() + at + 0x30, sizeof(flags));
+    if (machine == 190) sm.insert(int((flags >> 8) & 0xff));
+  }
+  for (const std::string& arch : std::vector<std::string>(absl::StrSplit(PDSERVE_CUDA_ARCHS, ';'))) {
+    const int want = std::atoi(arch.c_str());  // "90", "100", or "90-real".
+    EXPECT_TRUE(sm.count(want)) << "no sm_" << want << " code in " << PDSERVE_GPU_KERNELS_LIB;
+  }
+  EXPECT_FALSE(sm.empty());
 }
 
 }  // namespace
