@@ -9,13 +9,11 @@
 #include "common/logging.h"
 #include "kvtransfer/control/compat.h"
 #include "kvtransfer/ucx/ucx_transport.h"
-#include "proto/kvtransfer_session.pb.h"
 
 namespace pdserve::kvtransfer {
 namespace {
 
 constexpr const char* kArenaRegion = "kv_arena";
-constexpr const char* kArenaInfoRegion = "kv_arena_info";
 // An Abort whose reason starts with this answers another Abort; it is never answered itself.
 constexpr const char* kAbortAckPrefix = "ack: ";
 constexpr size_t kFinishedMemory = 4096;
@@ -90,13 +88,10 @@ Status KvRankEndpoint::init() {
   auto* arena = local.add_regions();
   arena->set_name(kArenaRegion);
   arena->set_blob(region.descriptor);
-  proto::ArenaInfo info;
+  proto::ArenaInfo& info = *local.mutable_arena();
   info.set_num_blocks(layout_.num_blocks());
   info.set_arena_bytes(layout_.total_bytes());
   info.set_spec_fingerprint(options_.spec.fingerprint());
-  auto* info_region = local.add_regions();
-  info_region->set_name(kArenaInfoRegion);
-  info_region->set_blob(info.SerializeAsString());
   PD_ASSIGN_OR_RETURN(control_, ControlChannel::create(std::move(copts)));
   PD_LOG_INFO("kvtransfer {}.{}: {} rank {}/{} on {}, {} blocks ({} bytes), control {}",
               options_.name, options_.rank,
@@ -128,15 +123,11 @@ StatusOr<const RankMap*> KvRankEndpoint::map_for(int producer_tp, int consumer_t
 }
 
 Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
-  auto info_it = peer.regions.find(kArenaInfoRegion);
   auto arena_it = peer.regions.find(kArenaRegion);
-  if (info_it == peer.regions.end() || arena_it == peer.regions.end()) {
+  const proto::ArenaInfo& info = peer.arena;
+  if (arena_it == peer.regions.end() || info.num_blocks() == 0) {
     return absl::InvalidArgumentError(absl::StrCat("peer rank ", peer.rank, "/", peer.tp_size,
                                                    " announced no KV arena"));
-  }
-  proto::ArenaInfo info;
-  if (!info.ParseFromString(info_it->second)) {
-    return absl::InvalidArgumentError("malformed kv_arena_info from peer");
   }
   if (info.spec_fingerprint() != options_.spec.fingerprint()) {
     return absl::FailedPreconditionError("peer KV spec fingerprint differs");
@@ -195,7 +186,8 @@ Status KvRankEndpoint::ensure_transport(Remote& remote) {
 }
 
 StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank,
-                                            const Remote& remote, const Request& request) {
+                                            const Remote& remote, const Request& request,
+                                            const std::vector<int>& consumer_blocks) {
   PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(request.producer_tp, request.consumer_tp));
   const bool producer = options_.side == SessionSide::kProducer;
   if (options_.test_faults.planning_spec) {
@@ -205,12 +197,11 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
     PD_ASSIGN_OR_RETURN(auto other, engine::KvCacheLayout::create(spec, remote.rank, remote.tp,
                                                                   remote.layout->num_blocks()));
     return plan_for_pair(producer_rank, consumer_rank, *map, producer ? local : other,
-                         producer ? other : local, request.producer_blocks,
-                         request.consumer_blocks);
+                         producer ? other : local, request.producer_blocks, consumer_blocks);
   }
   return plan_for_pair(producer_rank, consumer_rank, *map, producer ? layout_ : *remote.layout,
                        producer ? *remote.layout : layout_, request.producer_blocks,
-                       request.consumer_blocks);
+                       consumer_blocks);
 }
 
 Status KvRankEndpoint::check_blocks(const std::vector<int>& blocks, int num_blocks,
@@ -317,7 +308,7 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
     leg.remote = remote.address;
     Status status = ensure_transport(remote);
     if (status.ok()) {
-      StatusOr<TransferPlan> p = plan(options_.rank, c, remote, request);
+      StatusOr<TransferPlan> p = plan(options_.rank, c, remote, request, request.consumer_blocks);
       status = p.status();
       if (p.ok()) leg.plan = std::move(*p);
     }
@@ -483,15 +474,13 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
     session.leg_quiet(p);  // It flushed before notifying: it no longer writes.
     return;
   }
-  proto::WriteDoneSession extra;
-  extra.ParseFromString(done.SerializeAsString());
-  request.producer_blocks.assign(extra.producer_blocks().begin(), extra.producer_blocks().end());
+  request.producer_blocks.assign(done.producer_blocks().begin(), done.producer_blocks().end());
   Status status = request.producer_blocks.size() == request.consumer_blocks.size()
                       ? check_blocks(request.producer_blocks, from.layout->num_blocks(), "producer")
                       : absl::InvalidArgumentError("write_done without the producer's block ids");
   StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
   if (status.ok()) {
-    planned = plan(p, options_.rank, from, request);
+    planned = plan(p, options_.rank, from, request, request.consumer_blocks);
     status = planned.status();
   }
   session.leg_quiet(p);
@@ -503,13 +492,13 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
     return;
   }
   leg.plan = std::move(*planned);
-  if (options_.checksums && extra.block_checksums_size() > 0) {
-    const std::vector<uint64_t> mine = checksums(request, leg, /*source=*/false);
-    if (!std::equal(mine.begin(), mine.end(), extra.block_checksums().begin(),
-                    extra.block_checksums().end())) {
-      fail(request, absl::DataLossError(absl::StrCat("request ", done.request_id(),
-                                                     ": block checksums from producer rank ", p,
-                                                     " do not match the received bytes")));
+  corrupt_if_asked(leg.plan);
+  if (options_.checksums && done.block_checksums_size() > 0) {
+    const Status verified = verify_checksums(done.request_id(), request, p, leg,
+                                             {done.block_checksums().begin(),
+                                              done.block_checksums().end()});
+    if (!verified.ok()) {
+      fail(request, verified);
       return;
     }
   }
@@ -590,7 +579,7 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
     Status status = ensure_transport(remote);
     StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
     if (status.ok()) {
-      planned = plan(p, options_.rank, remote, request);
+      planned = plan(p, options_.rank, remote, request, request.consumer_blocks);
       status = planned.status();
     }
     if (status.ok()) {
@@ -613,6 +602,17 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
           request.ops += batch.ops.size();
         }
       }
+    }
+    if (status.ok() && options_.checksums) {
+      // Asked now, so that the answer usually arrives while the gets still run.
+      proto::Envelope message;
+      proto::ChecksumRequest& ask = *message.mutable_checksum_request();
+      ask.set_request_id(in.request_id);
+      ask.set_consumer_rank(options_.rank);
+      ask.set_consumer_tp(options_.tp);
+      ask.set_producer_rank(p);
+      for (int b : in.consumer_blocks) ask.add_consumer_blocks(b);
+      status = send(remote, message);
     }
     if (!status.ok()) {
       const Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id,
@@ -644,15 +644,9 @@ void KvRankEndpoint::on_release(Remote& from, const proto::Release& release) {
                 options_.rank, release.request_id(), from.rank, from.tp);
     return;
   }
-  if (!session.peers_known()) {
-    StatusOr<const RankMap*> map = map_for(options_.tp, consumer_tp);
-    if (!map.ok()) {
-      ++counters_.refused;
-      return;
-    }
-    request.consumer_tp = consumer_tp;
-    (void)session.set_peers((*map)->fan_out[options_.rank]);
-    for (int q : session.peers()) request.legs[q];
+  if (!learn_fan_out(request, consumer_tp).ok()) {
+    ++counters_.refused;
+    return;
   }
   switch (session.leg_done(c, 0, 0)) {
     case LegResult::kDuplicate: ++counters_.duplicates_ignored; break;
@@ -663,6 +657,100 @@ void KvRankEndpoint::on_release(Remote& from, const proto::Release& release) {
       break;
     default: break;
   }
+}
+
+Status KvRankEndpoint::learn_fan_out(Request& request, int consumer_tp) {
+  Session& session = *request.session;
+  if (session.peers_known()) return absl::OkStatus();
+  PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(options_.tp, consumer_tp));
+  request.consumer_tp = consumer_tp;
+  PD_RETURN_IF_ERROR(session.set_peers(map->fan_out[options_.rank]));
+  for (int q : session.peers()) request.legs[q];
+  return absl::OkStatus();
+}
+
+void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequest& ask) {
+  auto it = requests_.find(ask.request_id());
+  if (it == requests_.end()) {
+    ++counters_.stale_ignored;
+    return;
+  }
+  Request& request = it->second;
+  Session& session = *request.session;
+  const int c = static_cast<int>(ask.consumer_rank());
+  const int consumer_tp = static_cast<int>(ask.consumer_tp());
+  auto refuse = [&](const std::string& why) {
+    ++counters_.refused;
+    PD_LOG_WARN("kvtransfer {}.{}: refused checksum request for {} from rank {}/{}: {}",
+                options_.name, options_.rank, ask.request_id(), from.rank, from.tp, why);
+  };
+  if (session.side() != SessionSide::kProducer || session.mode() != TransferMode::kPull ||
+      from.role != proto::ROLE_DECODE || from.rank != c || from.tp != consumer_tp ||
+      static_cast<int>(ask.producer_rank()) != options_.rank ||
+      (request.consumer_tp != 0 && request.consumer_tp != consumer_tp)) {
+    return refuse("sender or ranks do not match");
+  }
+  if (!session.active()) {
+    ++counters_.stale_ignored;
+    return;
+  }
+  const Status learnt = learn_fan_out(request, consumer_tp);
+  if (!learnt.ok()) return refuse(learnt.ToString());
+  if (!request.legs.count(c)) return refuse("consumer rank not in the fan-out");
+  proto::Envelope message;
+  proto::BlockChecksums& reply = *message.mutable_block_checksums();
+  reply.set_request_id(ask.request_id());
+  reply.set_producer_rank(options_.rank);
+  reply.set_consumer_rank(c);
+  // Without checksums on this side the answer is empty, and the consumer does not verify.
+  if (options_.checksums) {
+    const std::vector<int> consumer_blocks(ask.consumer_blocks().begin(),
+                                           ask.consumer_blocks().end());
+    Status status = consumer_blocks.size() == request.producer_blocks.size()
+                        ? check_blocks(consumer_blocks, from.layout->num_blocks(), "consumer")
+                        : absl::InvalidArgumentError("producer and consumer block counts differ");
+    StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
+    if (status.ok()) {
+      planned = plan(options_.rank, c, from, request, consumer_blocks);
+      status = planned.status();
+    }
+    if (!status.ok()) return refuse(status.ToString());
+    for (uint64_t sum : checksums(consumer_blocks, *planned, from, /*source=*/true)) {
+      reply.add_checksums(sum);
+    }
+  }
+  const Status sent = send(from, message);
+  if (!sent.ok()) {
+    PD_LOG_WARN("kvtransfer {}.{}: checksums of {} to consumer rank {}: {}", options_.name,
+                options_.rank, ask.request_id(), c, sent.ToString());
+  }
+}
+
+void KvRankEndpoint::on_block_checksums(Remote& from, const proto::BlockChecksums& sums) {
+  auto it = requests_.find(sums.request_id());
+  if (it == requests_.end()) {
+    ++counters_.stale_ignored;
+    return;
+  }
+  Request& request = it->second;
+  Session& session = *request.session;
+  const int p = static_cast<int>(sums.producer_rank());
+  auto leg_it = request.legs.find(p);
+  if (session.side() != SessionSide::kConsumer || session.mode() != TransferMode::kPull ||
+      from.role != proto::ROLE_PREFILL || from.rank != p || from.tp != request.producer_tp ||
+      static_cast<int>(sums.consumer_rank()) != options_.rank || leg_it == request.legs.end() ||
+      leg_it->second.remote != from.address) {
+    ++counters_.refused;
+    PD_LOG_WARN("kvtransfer {}.{}: refused block checksums of {} from rank {}/{}", options_.name,
+                options_.rank, sums.request_id(), from.rank, from.tp);
+    return;
+  }
+  Leg& leg = leg_it->second;
+  if (leg.expected_checksums) {
+    ++counters_.duplicates_ignored;
+    return;
+  }
+  leg.expected_checksums.emplace(sums.checksums().begin(), sums.checksums().end());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -811,12 +899,13 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
     done.set_consumer_rank(c);
     done.set_sealed_count(session.scheduled(c));
     if (request.first_token) done.set_first_token(*request.first_token);
-    proto::WriteDoneSession extra;
-    for (int b : request.producer_blocks) extra.add_producer_blocks(b);
+    for (int b : request.producer_blocks) done.add_producer_blocks(b);
     if (options_.checksums) {
-      for (uint64_t sum : checksums(request, leg, /*source=*/true)) extra.add_block_checksums(sum);
+      for (uint64_t sum : checksums(request.consumer_blocks, leg.plan, remotes_.at(leg.remote),
+                                    /*source=*/true)) {
+        done.add_block_checksums(sum);
+      }
     }
-    done.MergeFromString(extra.SerializeAsString());
     const Status sent = options_.test_faults.drop_notifications
                             ? absl::OkStatus()
                             : send(remotes_.at(leg.remote), message);
@@ -847,6 +936,18 @@ void KvRankEndpoint::step_pull_consumer(const std::string& id, Request& request)
       return;
     }
     if (pending) continue;
+    if (options_.checksums) {
+      // The producer's checksums come over the control channel, maybe after the gets ended.
+      if (!leg.expected_checksums) continue;
+      corrupt_if_asked(leg.plan);
+      if (!leg.expected_checksums->empty()) {
+        const Status verified = verify_checksums(id, request, p, leg, *leg.expected_checksums);
+        if (!verified.ok()) {
+          fail(request, verified);
+          return;
+        }
+      }
+    }
     proto::Envelope message;
     proto::Release& release = *message.mutable_release();
     release.set_request_id(id);
@@ -995,6 +1096,10 @@ void KvRankEndpoint::on_control_event(const ControlEvent& event) {
         on_release(from, event.message.release());
       } else if (event.message.has_abort()) {
         on_abort(from, event.message.abort());
+      } else if (event.message.has_checksum_request()) {
+        on_checksum_request(from, event.message.checksum_request());
+      } else if (event.message.has_block_checksums()) {
+        on_block_checksums(from, event.message.block_checksums());
       }
       return;
     }
@@ -1063,27 +1168,27 @@ void KvRankEndpoint::remember_finished(const std::string& id) {
 // Debug checksums: one per request block position, over the bytes the pair's ops move into
 // that consumer block, in op order. Both sides attribute bytes by the consumer's offsets.
 
-std::vector<uint64_t> KvRankEndpoint::checksums(const Request& request, const Leg& leg,
+std::vector<uint64_t> KvRankEndpoint::checksums(const std::vector<int>& consumer_blocks,
+                                                const TransferPlan& plan, const Remote& remote,
                                                 bool source) const {
-  const Remote& remote = remotes_.at(leg.remote);
   const engine::KvCacheLayout& consumer =
       options_.side == SessionSide::kConsumer ? layout_ : *remote.layout;
   const uint8_t* arena = static_cast<const uint8_t*>(options_.arena);
-  std::vector<uint64_t> sums(request.consumer_blocks.size(), kFnvSeed);
-  for (size_t l = 0; l < leg.plan.layers.size(); ++l) {
+  std::vector<uint64_t> sums(consumer_blocks.size(), kFnvSeed);
+  for (size_t l = 0; l < plan.layers.size(); ++l) {
     const int layer = static_cast<int>(l);
     // (start, end, position) of every consumer block part of the request in this layer.
     std::vector<std::tuple<uint64_t, uint64_t, size_t>> parts;
     const bool has_v = options_.spec.layers[l].has_v();
-    for (size_t i = 0; i < request.consumer_blocks.size(); ++i) {
+    for (size_t i = 0; i < consumer_blocks.size(); ++i) {
       for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
         if (part == engine::KvPart::kV && !has_v) continue;
-        const uint64_t start = consumer.offset(layer, part, request.consumer_blocks[i], 0, 0);
+        const uint64_t start = consumer.offset(layer, part, consumer_blocks[i], 0, 0);
         parts.emplace_back(start, start + consumer.part_bytes(layer, part), i);
       }
     }
     std::sort(parts.begin(), parts.end());
-    for (const CopyOp& op : leg.plan.layers[l].ops) {
+    for (const CopyOp& op : plan.layers[l].ops) {
       uint64_t done = 0;
       while (done < op.length) {
         const uint64_t dst = op.dst_offset + done;
@@ -1099,6 +1204,36 @@ std::vector<uint64_t> KvRankEndpoint::checksums(const Request& request, const Le
     }
   }
   return sums;
+}
+
+Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& request,
+                                        int producer_rank, const Leg& leg,
+                                        const std::vector<uint64_t>& expected) const {
+  const std::vector<uint64_t> mine =
+      checksums(request.consumer_blocks, leg.plan, remotes_.at(leg.remote), /*source=*/false);
+  if (expected.size() != mine.size()) {
+    return absl::DataLossError(absl::StrCat("request ", id, ": producer rank ", producer_rank,
+                                            " sent ", expected.size(), " block checksums for ",
+                                            mine.size(), " blocks"));
+  }
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (mine[i] != expected[i]) {
+      return absl::DataLossError(absl::StrCat(
+          "request ", id, ": checksum mismatch in consumer block ", request.consumer_blocks[i],
+          " (producer block ", request.producer_blocks[i], ", request block ", i,
+          ") between producer rank ", producer_rank, " and consumer rank ", options_.rank));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KvRankEndpoint::corrupt_if_asked(const TransferPlan& plan) {
+  if (!options_.test_faults.corrupt_received) return;
+  for (const LayerCopies& layer : plan.layers) {
+    if (layer.ops.empty()) continue;
+    arena()[layer.ops.front().dst_offset] ^= 0x5a;
+    return;
+  }
 }
 
 }  // namespace pdserve::kvtransfer

@@ -47,6 +47,9 @@ struct TestFaults {
   std::optional<engine::KvCacheSpec> planning_spec;  // Plan with this spec's layouts and map.
   std::function<void(RankMap&)> mutate_map;
   bool drop_notifications = false;  // WRITE_DONE / RELEASE are "sent" but never leave.
+  // Consumer: flips one received byte of each producer rank's share before the debug checksums
+  // are verified, as a transfer that corrupted data would.
+  bool corrupt_received = false;
 };
 
 struct KvEndpointOptions {
@@ -77,7 +80,9 @@ struct KvEndpointOptions {
   // control poll: lower latency, and the speed of transports that emulate one-sided ops with
   // the target's help (UCX over shared memory it did not allocate, tcp). Costs a core per rank.
   bool busy_poll = false;
-  // Debug: push-mode producers send a checksum per request block; consumers verify them.
+  // Debug: producers send a checksum per request block of what each consumer rank receives
+  // (push: in WRITE_DONE; pull: answering the consumer's CHECKSUM_REQUEST); consumers verify
+  // them before they are ready, and fail the request with DATA_LOSS on a mismatch.
   bool checksums = false;
   // Called exactly once per request whose blocks this rank gives back (see session.h).
   BlockReleaseFn on_release;
@@ -187,7 +192,8 @@ class KvRankEndpoint {
   Status expect_push(const ExpectPushRequest& request);
   // Producer, pull: holds the request's blocks until the fan-out released them or the lease.
   Status hold(const HoldRequest& request);
-  // Consumer, pull: reads this rank's share from the producer group, then releases it.
+  // Consumer, pull: reads this rank's share from the producer group (with checksums, verifies
+  // it against the producer's), then releases it.
   Status pull(const PullRequest& request);
   // Gives up on a request (either side); its peers are told.
   Status abort(const std::string& request_id, const std::string& reason);
@@ -222,6 +228,8 @@ class KvRankEndpoint {
     std::vector<BatchId> batches;
     std::optional<BatchId> flush;
     uint64_t posted = 0;
+    // Pull consumer with checksums: the producer rank's, once received.
+    std::optional<std::vector<uint64_t>> expected_checksums;
     bool abort_sent = false;
     bool disconnected = false;
   };
@@ -246,7 +254,7 @@ class KvRankEndpoint {
   Status record_remote(const ControlPeer& peer, Remote** out);
   Status ensure_transport(Remote& remote);
   StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
-                              const Request& request);
+                              const Request& request, const std::vector<int>& consumer_blocks);
   Status check_blocks(const std::vector<int>& blocks, int num_blocks, const char* what) const;
   Status check_new_request(const std::string& request_id) const;
   Request& add_request(const std::string& id, TransferMode mode, std::vector<int> blocks,
@@ -256,6 +264,10 @@ class KvRankEndpoint {
   void on_write_done(Remote& from, const proto::Envelope& envelope);
   void on_release(Remote& from, const proto::Release& release);
   void on_abort(Remote& from, const proto::Abort& abort);
+  void on_checksum_request(Remote& from, const proto::ChecksumRequest& ask);
+  void on_block_checksums(Remote& from, const proto::BlockChecksums& sums);
+  // Pull producer held without the consumer TP: the first consumer message supplies it.
+  Status learn_fan_out(Request& request, int consumer_tp);
   void on_remote_lost(const std::string& address, const Status& why);
   // Advances one request; true when it finished and can be forgotten.
   bool step(const std::string& id, Request& request, std::vector<KvTransferEvent>& events);
@@ -268,7 +280,15 @@ class KvRankEndpoint {
   // State of a batch: in progress, done, or failed (with the error).
   BatchState batch_state(BatchId batch, std::string* error);
   bool leg_ops_ended(Leg& leg, std::string* error);
-  std::vector<uint64_t> checksums(const Request& request, const Leg& leg, bool source) const;
+  // Debug checksums of a pair's plan, over the local arena at the ops' source (producer) or
+  // destination (consumer) offsets.
+  std::vector<uint64_t> checksums(const std::vector<int>& consumer_blocks,
+                                  const TransferPlan& plan, const Remote& remote,
+                                  bool source) const;
+  // DATA_LOSS naming the block and ranks unless the received bytes match `expected`.
+  Status verify_checksums(const std::string& id, const Request& request, int producer_rank,
+                          const Leg& leg, const std::vector<uint64_t>& expected) const;
+  void corrupt_if_asked(const TransferPlan& plan);
   void remember_finished(const std::string& id);
   bool any_transfer_in_flight() const;
 

@@ -49,6 +49,19 @@ Status validate_body(const proto::Envelope& e) {
       return absl::OkStatus();
     case proto::Envelope::kHeartbeat:
       return absl::OkStatus();
+    case proto::Envelope::kChecksumRequest: {
+      const auto& m = e.checksum_request();
+      if (m.request_id().empty()) return invalid("checksum_request", "no request id");
+      if (m.consumer_tp() == 0 || m.consumer_rank() >= m.consumer_tp()) {
+        return invalid("checksum_request", "consumer rank is not below consumer_tp");
+      }
+      return absl::OkStatus();
+    }
+    case proto::Envelope::kBlockChecksums:
+      if (e.block_checksums().request_id().empty()) {
+        return invalid("block_checksums", "no request id");
+      }
+      return absl::OkStatus();
     case proto::Envelope::BODY_NOT_SET:
       break;
   }
@@ -89,6 +102,8 @@ const char* message_type_name(const proto::Envelope& envelope) {
     case proto::Envelope::kRelease: return "release";
     case proto::Envelope::kAbort: return "abort";
     case proto::Envelope::kHeartbeat: return "heartbeat";
+    case proto::Envelope::kChecksumRequest: return "checksum_request";
+    case proto::Envelope::kBlockChecksums: return "block_checksums";
     case proto::Envelope::BODY_NOT_SET: break;
   }
   return "unknown";

@@ -15,7 +15,7 @@
 namespace pdserve::kvtransfer {
 
 // Bumped on any incompatible change of proto/kvtransfer.proto.
-inline constexpr uint32_t kControlProtocolVersion = 1;
+inline constexpr uint32_t kControlProtocolVersion = 2;
 // Handshakes carry a few region descriptors of a few hundred bytes each; 1 MiB leaves room
 // for many regions while bounding what a bad peer can make us allocate.
 inline constexpr size_t kDefaultMaxMessageBytes = 1 << 20;

@@ -34,6 +34,7 @@ void copy_identity(const Message& m, ControlPeer& peer) {
   peer.rank = m.rank();
   peer.worker_address = m.worker_address();
   for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
+  peer.arena = m.arena();
 }
 
 }  // namespace
@@ -252,6 +253,7 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       ack.set_rank(local.rank());
       ack.set_worker_address(local.worker_address());
       *ack.mutable_regions() = local.regions();
+      *ack.mutable_arena() = local.arena();
     }
     if (!ack.accepted()) {
       PD_LOG_WARN("control: refusing handshake from rank {}/{}: {}", hello.rank(),

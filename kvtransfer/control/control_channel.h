@@ -3,7 +3,8 @@
 // socket per peer it dials itself. A dialing side first sends a Handshake; the listener checks
 // the compat hash before anything else and answers HandshakeAck (refusing mismatched KV
 // geometry with both geometries in the error). Afterwards either side sends notifications
-// (WriteDone, Release, Abort) and heartbeats. Every received frame goes through the strict
+// (WriteDone, Release, Abort, and in pull mode with debug checksums ChecksumRequest and
+// BlockChecksums) and heartbeats. Every received frame goes through the strict
 // decoder; refused frames are logged and counted, never fatal.
 //
 // Threading: a ControlChannel is used from one thread (ZeroMQ sockets are not thread-safe).
@@ -28,8 +29,9 @@ namespace pdserve::kvtransfer {
 struct ControlChannelOptions {
   // Where the ROUTER binds, e.g. "tcp://127.0.0.1:*" (the port is chosen by the system).
   std::string bind_endpoint = "tcp://127.0.0.1:*";
-  // This rank's identity: compat hash, role, tp size, rank, worker address, regions, geometry.
-  // Sent as the Handshake when dialing, and returned in the HandshakeAck when accepting.
+  // This rank's identity: compat hash, role, tp size, rank, worker address, regions, arena,
+  // geometry. Sent as the Handshake when dialing, and returned in the HandshakeAck when
+  // accepting.
   proto::Handshake local;
   // Heartbeats and peer-loss deadlines are measured with this clock.
   const Clock* clock = &RealClock::instance();
@@ -53,6 +55,7 @@ struct ControlPeer {
   uint32_t rank = 0;
   std::string worker_address;
   std::map<std::string, std::string> regions;  // Region name → transport descriptor.
+  proto::ArenaInfo arena;  // Unset (all zero) when the peer announced no KV arena.
 };
 
 // What receive() hands to its caller.
@@ -60,7 +63,7 @@ struct ControlEvent {
   enum class Kind { kPeerJoined, kMessage, kPeerLost };
   Kind kind = Kind::kMessage;
   uint64_t peer = 0;
-  proto::Envelope message;  // kMessage: a WriteDone, Release or Abort.
+  proto::Envelope message;  // kMessage: anything but a handshake or heartbeat.
   Status error;             // kPeerLost: why.
 };
 

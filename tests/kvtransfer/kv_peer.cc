@@ -42,7 +42,7 @@ struct Args {
   // the fault tests pass short timeouts explicitly.
   int peer_timeout_ms = 15000, heartbeat_ms = 100, connect_timeout_ms = 10000;
   int quarantine_ms = 500, layer_delay_ms = 0;
-  bool checksums = false, drop_notifications = false;
+  bool checksums = false, drop_notifications = false, corrupt = false;
   std::string mutate;
 };
 
@@ -108,6 +108,7 @@ class Rank {
       say("RELEASED %s %d %d %zu", id.c_str(), tp_, rank_, blocks.size());
     };
     o.test_faults.drop_notifications = args.drop_notifications;
+    o.test_faults.corrupt_received = args.corrupt;
     if (args.mutate == "order" || args.mutate == "layer0") {
       o.test_faults.planning_spec = mutated(spec, args.mutate);
     } else if (args.mutate == "rotate") {
@@ -170,7 +171,8 @@ class Rank {
       }
       const std::string first = e.first_token ? std::to_string(*e.first_token) : "-";
       say("EVENT %s %d %d %s wrong=%lld first=%s error=%s", e.request_id.c_str(), tp_, rank_,
-          kind, (long long)wrong, first.c_str(), std::string(e.error.message()).c_str());
+          kind, (long long)wrong, first.c_str(),
+          e.error.ok() ? "" : e.error.ToString().c_str());
     }
   }
 
@@ -257,6 +259,7 @@ int run(int argc, char** argv) {
     else if (k == "--layer-delay-ms") args.layer_delay_ms = std::atoi(v.c_str());
     else if (k == "--checksums") args.checksums = v == "1";
     else if (k == "--drop-notifications") args.drop_notifications = v == "1";
+    else if (k == "--corrupt") args.corrupt = v == "1";
     else if (k == "--mutate") args.mutate = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tests/kvtransfer/kv_process.h"
@@ -170,6 +171,85 @@ TEST_F(SessionProcessTest, DebugChecksumsVerifyInPushMode) {
   auto consumer = spawn("consumer", {"--checksums", "1"});
   for (auto [P, C] : {std::pair{2, 4}, {8, 2}, {1, 1}}) {
     expect_verified(push(*producer, *consumer, absl::StrCat("ck", P, C), P, C), P, C, "push");
+  }
+}
+
+TEST_F(SessionProcessTest, DebugChecksumsVerifyInPullMode) {
+  auto producer = spawn("producer", {"--checksums", "1"});
+  auto consumer = spawn("consumer", {"--checksums", "1"});
+  for (auto [P, C] : {std::pair{2, 4}, {8, 2}, {4, 8}, {1, 1}}) {
+    const std::string id = absl::StrCat("ckpull", P, C);
+    expect_verified(pull(*producer, *consumer, id, P, C), P, C, "pull");
+    EXPECT_TRUE(producer->wait_until(
+        [&] { return producer->count("RELEASED " + id + " ") == static_cast<size_t>(P); }, 5s))
+        << producer->output();
+  }
+  EXPECT_EQ(producer->quit(10s), 0) << producer->log();
+  EXPECT_EQ(consumer->quit(10s), 0) << consumer->log();
+  for (PeerProcess* p : {producer.get(), consumer.get()}) {
+    for (const auto& l : p->lines("COUNTERS ")) {
+      EXPECT_NE(l.find("refused=0 "), std::string::npos) << l;
+      EXPECT_NE(l.find("open=0"), std::string::npos) << l;
+    }
+  }
+}
+
+// Every consumer rank fails because of a checksum mismatch: its own (DATA_LOSS), or another
+// rank's that reached it as an abort through a producer rank, whichever came first.
+void expect_checksum_failures(const std::vector<std::string>& events) {
+  bool data_loss = false;
+  for (const auto& l : events) {
+    EXPECT_NE(l.find(" failed "), std::string::npos) << l;
+    EXPECT_NE(l.find("checksum mismatch in consumer block"), std::string::npos) << l;
+    EXPECT_NE(l.find("between producer rank"), std::string::npos) << l;
+    data_loss |= l.find("error=DATA_LOSS: ") != std::string::npos;
+  }
+  EXPECT_TRUE(data_loss);
+}
+
+TEST_F(SessionProcessTest, CorruptedByteFailsThePushWithDataLoss) {
+  auto producer = spawn("producer", {"--checksums", "1"});
+  auto consumer = spawn("consumer", {"--checksums", "1", "--corrupt", "1"});
+  const Outcome o = push(*producer, *consumer, "ckbadpush", 2, 4);
+  EXPECT_EQ(o.consumer_failed, 4) << o.text;
+  expect_checksum_failures(consumer->lines("EVENT ckbadpush "));
+  // The producers had finished writing: they complete; the failed consumers give theirs back.
+  EXPECT_TRUE(consumer->wait_until([&] { return consumer->count("RELEASED ckbadpush ") == 4u; },
+                                   10s))
+      << consumer->output();
+  EXPECT_TRUE(producer->wait_until([&] { return producer->count("RELEASED ckbadpush ") == 2u; },
+                                   10s))
+      << producer->output();
+}
+
+// A byte corrupted on the way (flipped by the consumer after its reads, before the check) fails
+// the pull with DATA_LOSS naming the block and ranks, and every block still comes back on both
+// sides: the producer frees on the consumer's abort, well inside the lease.
+TEST_F(SessionProcessTest, CorruptedByteFailsThePullWithDataLoss) {
+  auto producer = spawn("producer", {"--checksums", "1"});
+  auto consumer = spawn("consumer", {"--checksums", "1", "--corrupt", "1"});
+  for (auto [P, C] : {std::pair{2, 4}, {8, 2}, {1, 1}}) {
+    const std::string id = absl::StrCat("ckbad", P, C);
+    const auto start = std::chrono::steady_clock::now();
+    const Outcome o = pull(*producer, *consumer, id, P, C);
+    EXPECT_EQ(o.consumer_failed, C) << o.text;
+    EXPECT_EQ(o.producer_complete, 0) << o.text;
+    expect_checksum_failures(consumer->lines("EVENT " + id + " "));
+    EXPECT_TRUE(producer->wait_until(
+        [&] { return producer->count("RELEASED " + id + " ") == static_cast<size_t>(P); }, 10s))
+        << producer->output();
+    EXPECT_TRUE(consumer->wait_until(
+        [&] { return consumer->count("RELEASED " + id + " ") == static_cast<size_t>(C); }, 10s))
+        << consumer->output();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "freed only at the lease";
+  }
+  EXPECT_EQ(producer->quit(10s), 0) << producer->log();
+  EXPECT_EQ(consumer->quit(10s), 0) << consumer->log();
+  for (PeerProcess* p : {producer.get(), consumer.get()}) {
+    for (const auto& l : p->lines("COUNTERS ")) {
+      EXPECT_NE(l.find("expired=0 "), std::string::npos) << l;
+      EXPECT_NE(l.find("open=0"), std::string::npos) << l;
+    }
   }
 }
 

@@ -24,6 +24,9 @@ proto::Envelope handshake_envelope() {
   r->set_name("kv");
   r->set_blob(std::string(64, 'k'));
   h->set_geometry("2 layers");
+  h->mutable_arena()->set_num_blocks(8);
+  h->mutable_arena()->set_arena_bytes(1 << 20);
+  h->mutable_arena()->set_spec_fingerprint(0xfeedULL);
   return e;
 }
 
@@ -57,6 +60,29 @@ TEST(CodecTest, RoundTripsEveryMessageType) {
     w->set_consumer_rank(5);
     w->set_sealed_count(96);
     w->set_first_token(7);
+    w->add_producer_blocks(3);
+    w->add_producer_blocks(1);
+    w->add_block_checksums(0xcbf29ce484222325ULL);
+    w->add_block_checksums(1);
+    all.push_back(e);
+  }
+  {
+    proto::Envelope e;
+    auto* c = e.mutable_checksum_request();
+    c->set_request_id("r1");
+    c->set_consumer_rank(1);
+    c->set_consumer_tp(2);
+    c->set_producer_rank(0);
+    c->add_consumer_blocks(6);
+    all.push_back(e);
+  }
+  {
+    proto::Envelope e;
+    auto* b = e.mutable_block_checksums();
+    b->set_request_id("r1");
+    b->set_producer_rank(0);
+    b->set_consumer_rank(1);
+    b->add_checksums(42);
     all.push_back(e);
   }
   {
@@ -151,12 +177,13 @@ TEST(CodecTest, RefusesUnknownVersion) {
 }
 
 TEST(CodecTest, RefusesUnknownMessageType) {
-  // version = 1, then field 99 (varint 1): a message type from a newer build.
-  const std::string bytes("\x08\x01\x98\x06\x01", 5);
+  // The current version, then field 99 (varint 1): a message type from a newer build.
+  const char version = static_cast<char>(kControlProtocolVersion);
+  const std::string bytes{'\x08', version, '\x98', '\x06', '\x01'};
   auto decoded = decode_envelope(bytes);
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(decoded.status().message().find("unknown"), absl::string_view::npos);
-  EXPECT_FALSE(decode_envelope(std::string("\x08\x01", 2)).ok());  // No body at all.
+  EXPECT_FALSE(decode_envelope(std::string{'\x08', version}).ok());  // No body at all.
 }
 
 TEST(CodecTest, RefusesMessagesMissingRequiredFields) {
@@ -181,6 +208,14 @@ TEST(CodecTest, RefusesMessagesMissingRequiredFields) {
   proto::Envelope abort;
   abort.mutable_abort()->set_reason("x");
   EXPECT_FALSE(decode_envelope(encode_envelope(abort)).ok());
+  proto::Envelope ask;
+  ask.mutable_checksum_request()->set_request_id("r");
+  ask.mutable_checksum_request()->set_consumer_tp(2);
+  ask.mutable_checksum_request()->set_consumer_rank(2);
+  EXPECT_FALSE(decode_envelope(encode_envelope(ask)).ok());  // Rank not below the TP.
+  proto::Envelope sums;
+  sums.mutable_block_checksums()->add_checksums(1);
+  EXPECT_FALSE(decode_envelope(encode_envelope(sums)).ok());  // No request id.
 }
 
 TEST(CodecTest, RandomBytesNeverCrash) {
