@@ -21,6 +21,7 @@ using nlohmann::json;
 
 struct BenchFlags {
   std::string router;
+  std::string worker;  // Instead of router: one aggregated worker, directly.
   int num_prompts = 100;
   int input_len = 128;
   int output_len = 64;
@@ -144,7 +145,12 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
 }
 
 int run_bench(const BenchFlags& f) {
-  auto client = RouterClient::connect(f.router, std::chrono::seconds(10));
+  if (f.router.empty() == f.worker.empty()) {
+    std::cerr << "error: give --router, or --worker to bypass the router\n";
+    return 2;
+  }
+  auto client = f.worker.empty() ? RouterClient::connect(f.router, std::chrono::seconds(10))
+                                 : RouterClient::connect_worker(f.worker, std::chrono::seconds(10));
   if (!client.ok()) {
     std::cerr << "error: " << client.status().message() << "\n";
     return 1;
@@ -160,7 +166,9 @@ int run_bench(const BenchFlags& f) {
                  "[0, 1), --burstiness > 0, --request-rate > 0\n";
     return 2;
   }
-  std::cerr << "bench: " << info->name() << " via " << f.router << " (" << info->kv_mode() << "), " << f.num_prompts
+  std::cerr << "bench: " << info->name() << " via "
+            << (f.worker.empty() ? f.router + " (" + info->kv_mode() + ")" : f.worker + " (worker, no router)") << ", "
+            << f.num_prompts
             << " prompts, input " << f.input_len << ", output " << f.output_len << ", concurrency "
             << (f.max_concurrency > 0 ? std::to_string(f.max_concurrency) : "unlimited") << ", rate "
             << f.request_rate << "/s\n";
@@ -204,7 +212,7 @@ int run_bench(const BenchFlags& f) {
   result["backend"] = "pdserve";
   result["label"] = f.label;
   result["model_id"] = info->name();
-  result["kv_mode"] = info->kv_mode();
+  result["kv_mode"] = f.worker.empty() ? info->kv_mode() : "direct-worker";
   result["num_prompts"] = f.num_prompts;
   result["random_input_len"] = f.input_len;
   result["random_output_len"] = f.output_len;
@@ -317,7 +325,9 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
 void add_bench_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark a running router (like `vllm bench serve`)");
-  cmd->add_option("--router", f->router, "Router gRPC HOST:PORT")->required();
+  cmd->add_option("--router", f->router, "Router gRPC HOST:PORT");
+  cmd->add_option("--worker", f->worker,
+                  "Instead of --router: one aggregated worker's gRPC HOST:PORT, to measure what the router adds");
   cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->capture_default_str();
   cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens")->capture_default_str();
   cmd->add_option("--random-output-len,--output-len", f->output_len, "Tokens to generate (max_tokens)")->capture_default_str();

@@ -8,21 +8,44 @@ Status from_grpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   return Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
 }
-}  // namespace
 
-StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect(const std::string& address, Duration wait) {
+StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address, Duration wait, const char* what) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(wait)))
-    return absl::UnavailableError(absl::StrCat("router ", address, " did not answer"));
-  return std::unique_ptr<RouterClient>(new RouterClient(v1::Generation::NewStub(channel)));
+    return absl::UnavailableError(absl::StrCat(what, " ", address, " did not answer"));
+  return channel;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect(const std::string& address, Duration wait) {
+  PD_ASSIGN_OR_RETURN(auto channel, open_channel(address, wait, "router"));
+  std::unique_ptr<RouterClient> client(new RouterClient());
+  client->stub_ = v1::Generation::NewStub(channel);
+  return client;
+}
+
+StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect_worker(const std::string& address, Duration wait) {
+  PD_ASSIGN_OR_RETURN(auto channel, open_channel(address, wait, "worker"));
+  std::unique_ptr<RouterClient> client(new RouterClient());
+  client->worker_ = worker::Worker::NewStub(channel);
+  return client;
 }
 
 StatusOr<v1::ModelInfo> RouterClient::model_info() {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (worker_) {
+    worker::WorkerInfo info;
+    PD_RETURN_IF_ERROR(from_grpc(worker_->Info(&ctx, worker::InfoRequest(), &info), "Info"));
+    if (info.role() != worker::ROLE_AGGREGATED) {
+      return absl::FailedPreconditionError("a direct worker client needs an aggregated worker");
+    }
+    return info.model();
+  }
   v1::ModelInfo info;
   PD_RETURN_IF_ERROR(from_grpc(stub_->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info), "GetModelInfo"));
   return info;
@@ -31,6 +54,22 @@ StatusOr<v1::ModelInfo> RouterClient::model_info() {
 Status RouterClient::generate(const v1::GenerateRequest& request,
                               const std::function<void(const v1::GenerateResponse&)>& on_response) {
   grpc::ClientContext ctx;
+  if (worker_) {
+    if (!request.has_token_ids()) return absl::InvalidArgumentError("a direct worker request needs token ids");
+    worker::WorkerGenerateRequest w;
+    w.set_request_id(absl::StrCat("direct-", next_id_++));
+    w.mutable_prompt()->CopyFrom(request.token_ids().ids());
+    *w.mutable_sampling() = request.sampling();
+    auto reader = worker_->Generate(&ctx, w);
+    worker::WorkerEvent e;
+    while (reader->Read(&e)) {
+      v1::GenerateResponse r;
+      r.mutable_token_ids()->CopyFrom(e.token_ids());
+      r.set_text(e.text());
+      on_response(r);
+    }
+    return from_grpc(reader->Finish(), "Worker.Generate");
+  }
   auto reader = stub_->Generate(&ctx, request);
   v1::GenerateResponse r;
   while (reader->Read(&r)) on_response(r);

@@ -1,8 +1,11 @@
 // A client of a router's Generation API, shared by `pdserve generate --router` and `pdserve
 // bench`: connects with a bounded wait, streams a request's responses to a callback, and
-// converts the engine's SamplingParams (the CLI's flags) to the API's.
+// converts the engine's SamplingParams (the CLI's flags) to the API's. It can also talk to one
+// aggregated worker's Worker API directly, through the same calls, so that `pdserve bench` can
+// measure what the router adds to a request.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +14,7 @@
 #include "common/status.h"
 #include "engine/sampling/sampler.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 
 namespace pdserve::tools {
 
@@ -19,6 +23,9 @@ class RouterClient {
   // A client of the router at `address` (HOST:PORT); Unavailable when it does not answer
   // within `wait`.
   static StatusOr<std::unique_ptr<RouterClient>> connect(const std::string& address, Duration wait);
+  // A client of the aggregated worker at `address` instead of a router (no placement, no
+  // queue, no retries: requests go straight to its Worker.Generate).
+  static StatusOr<std::unique_ptr<RouterClient>> connect_worker(const std::string& address, Duration wait);
 
   // The served model.
   StatusOr<v1::ModelInfo> model_info();
@@ -26,8 +33,10 @@ class RouterClient {
   Status generate(const v1::GenerateRequest& request, const std::function<void(const v1::GenerateResponse&)>& on_response);
 
  private:
-  explicit RouterClient(std::unique_ptr<v1::Generation::Stub> stub) : stub_(std::move(stub)) {}
+  RouterClient() = default;
   std::unique_ptr<v1::Generation::Stub> stub_;
+  std::unique_ptr<worker::Worker::Stub> worker_;  // Set instead of stub_ for a direct worker client.
+  std::atomic<uint64_t> next_id_{0};      // Worker requests need ids; the router makes its own.
 };
 
 // The API's sampling parameters for the CLI's (seed -1, "random", is left unset).

@@ -189,6 +189,22 @@ TEST_F(RouterAggregated, GreedyThroughGrpcAndHttpEqualsInProcessAndHealthIsServi
   EXPECT_NE(cs->body.find("\"finish_reason\":\"length\""), std::string::npos);
   EXPECT_NE(cs->body.find("data: [DONE]"), std::string::npos);
 
+  // Chat, not streamed: stories260K (llama2.c, no chat template) gets the plain format, so the
+  // answer is the completion of that prompt.
+  chat["stream"] = false;
+  auto cj = http_->Post("/v1/chat/completions", chat.dump(), "application/json");
+  ASSERT_TRUE(cj);
+  ASSERT_EQ(cj->status, 200) << cj->body;
+  json chat_reply = json::parse(cj->body);
+  EXPECT_EQ(chat_reply["object"], "chat.completion");
+  EXPECT_EQ(chat_reply["choices"][0]["message"]["role"], "assistant");
+  json plain = {{"prompt", "user: Tell a story\nassistant:"}, {"max_tokens", 8}, {"temperature", 0}};
+  auto pj = http_->Post("/v1/completions", plain.dump(), "application/json");
+  ASSERT_TRUE(pj);
+  ASSERT_EQ(pj->status, 200) << pj->body;
+  EXPECT_EQ(chat_reply["choices"][0]["message"]["content"], json::parse(pj->body)["choices"][0]["text"]);
+  EXPECT_EQ(chat_reply["usage"]["completion_tokens"], 8);
+
   auto models = http_->Get("/v1/models");
   ASSERT_TRUE(models);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "stories260K");
@@ -292,6 +308,24 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_LE(j["peak_concurrency"].get<int>(), 2);
   for (const char* key : {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "output_throughput"})
     EXPECT_GT(j[key].get<double>(), 0) << key;
+}
+
+// --worker bypasses the router (to measure what it adds): the same requests, straight to the
+// aggregated worker's Worker.Generate; a router address there is refused as not a worker.
+TEST_F(RouterAggregated, BenchCanTalkToTheWorkerDirectly) {
+  const std::string log = cluster_->log();
+  const size_t at = log.find("up: grpc=");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string worker = log.substr(at + 9, log.find(' ', at + 9) - (at + 9));
+  CliRun r = pdserve({"bench", "--worker", worker, "--num-prompts", "4", "--random-input-len", "16",
+                      "--random-output-len", "8", "--max-concurrency", "1", "--ignore-eos"});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("Successful requests:                    4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Total generated tokens:                 32"), std::string::npos) << r.out;
+  CliRun both = pdserve({"bench", "--worker", worker, "--router", cluster_->grpc()});
+  EXPECT_EQ(both.exit_code, 2) << both.out;
+  CliRun not_worker = pdserve({"bench", "--worker", cluster_->grpc(), "--num-prompts", "1"});
+  EXPECT_EQ(not_worker.exit_code, 1) << not_worker.out;
 }
 
 TEST_F(RouterAggregated, UpStopsEverythingWhenOneProcessDies) {
