@@ -52,12 +52,17 @@ inline int free_port_pair() {
 }
 
 // A child process that prints "READY grpc=..." when it serves (`pdserve up`, a worker, the
-// router): waits for that line; stops it (SIGTERM, then SIGKILL).
+// router): waits for that line; stops it (SIGTERM, then SIGKILL). Its stderr goes to `log`, kept
+// afterwards, or when none is given to a temporary file removed with the process.
 class Process {
  public:
-  explicit Process(std::vector<std::string> args) {
+  explicit Process(std::vector<std::string> args, std::filesystem::path log = {})
+      : log_(std::move(log)), keep_log_(!log_.empty()) {
     static int counter = 0;
-    log_ = std::filesystem::temp_directory_path() / ("pdserve_proc_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".log");
+    if (log_.empty()) {
+      log_ = std::filesystem::temp_directory_path() /
+             ("pdserve_proc_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".log");
+    }
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -80,8 +85,10 @@ class Process {
   ~Process() {
     stop(10s);
     if (out_ >= 0) close(out_);
-    std::filesystem::remove(log_);
+    if (!keep_log_) std::filesystem::remove(log_);
   }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
 
   // Waits for "READY grpc=... [http=...]"; false on timeout or exit.
   bool wait_ready(std::chrono::milliseconds timeout) {
@@ -125,6 +132,13 @@ class Process {
     reaped_ = true;
     return -1;
   }
+  // SIGKILL at once (a crash, for the fault tests).
+  void kill9() {
+    if (pid_ <= 0 || reaped_) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    reaped_ = true;
+  }
   bool exited() {
     if (reaped_) return true;
     int st = 0;
@@ -134,6 +148,7 @@ class Process {
     }
     return reaped_;
   }
+  const std::filesystem::path& log_path() const { return log_; }
   std::string log() const {
     std::ifstream in(log_);
     std::stringstream ss;
@@ -154,6 +169,7 @@ class Process {
 
  private:
   std::filesystem::path log_;
+  bool keep_log_ = false;
   pid_t pid_ = -1;
   int out_ = -1;
   bool reaped_ = false;

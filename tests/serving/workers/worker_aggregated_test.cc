@@ -29,7 +29,7 @@ class AggregatedWorker : public ::testing::Test {
         std::vector<std::string>{"--role", "aggregated", "--model", stories_bin(), "--tp", "2", "--kv-cache-bytes",
                                  "4194304"},
         log_path("aggregated"));
-    ASSERT_TRUE(worker_->wait_ready(30s)) << "see " << worker_->log();
+    ASSERT_TRUE(worker_->wait_ready(30s)) << "see " << worker_->log_path();
     stub_ = connect(worker_->address());
   }
   std::unique_ptr<WorkerProcess> worker_;

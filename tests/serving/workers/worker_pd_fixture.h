@@ -50,7 +50,7 @@ class PdPair {
   }
 
   bool ready() const { return ready_; }
-  std::string logs() const { return prefill_->log().string() + ", " + decode_->log().string(); }
+  std::string logs() const { return prefill_->log_path().string() + ", " + decode_->log_path().string(); }
   worker::Worker::Stub& prefill() { return *prefill_stub_; }
   worker::Worker::Stub& decode() { return *decode_stub_; }
   WorkerProcess& prefill_process() { return *prefill_; }
