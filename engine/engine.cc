@@ -73,6 +73,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
+  engine->publish_stats();
   PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {})", num_blocks,
               options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp);
   return engine;
@@ -86,12 +87,23 @@ Engine::~Engine() = default;
 int64_t Engine::kv_capacity_tokens() const { return int64_t(stats_.num_blocks) * options_.block_size; }
 
 EngineStats Engine::stats() const {
-  std::lock_guard lock(mu_);
-  EngineStats s = stats_;
+  // Only stats_mu_, never mu_: a token callback may run under mu_ (aborts in admit) and read
+  // stats on that same thread.
+  EngineStats s;
+  {
+    std::lock_guard lock(stats_mu_);
+    s = published_;
+  }
   s.free_blocks = blocks_->num_free();
-  s.waiting = int(waiting_.size());
-  s.running = int(running_.size());
   return s;
+}
+
+void Engine::publish_stats(std::optional<int> waiting) {
+  std::lock_guard lock(stats_mu_);
+  const int published_waiting = published_.waiting;
+  published_ = stats_;
+  published_.running = int(running_.size());
+  published_.waiting = waiting.value_or(published_waiting);
 }
 
 Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
@@ -124,6 +136,8 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
                                                      stats_.num_blocks, " in all"));
   std::lock_guard lock(mu_);
   waiting_.push_back(std::make_unique<Sequence>(std::move(request), std::move(callback), c));
+  std::lock_guard published(stats_mu_);
+  published_.waiting = int(waiting_.size());
   return absl::OkStatus();
 }
 
@@ -196,6 +210,8 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  // Both counts at once, so that a request moving from waiting to running is counted once.
+  publish_stats(int(waiting_.size()));
 }
 
 Status Engine::step() {
@@ -204,7 +220,10 @@ Status Engine::step() {
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
   for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
-  if (running_.empty()) return absl::OkStatus();
+  if (running_.empty()) {
+    publish_stats();
+    return absl::OkStatus();
+  }
 
   // Decoding sequences (one token each) first, so that prefills never stall them; then
   // prompt chunks in arrival order under the remaining budget.
@@ -247,6 +266,7 @@ Status Engine::step() {
     accept_token(*sampled[i], sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
+  publish_stats();
   return absl::OkStatus();
 }
 

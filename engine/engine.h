@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,10 @@ class Engine {
   const LoadedModel& model() const { return model_; }
   // Tokens the KV cache holds (blocks × block size).
   int64_t kv_capacity_tokens() const;
+  // Safe from any thread, also while another thread is inside step() and from token
+  // callbacks: free blocks and waiting requests are live; running and the step/token counters
+  // are as the scheduler last published them (at admission and at the end of each step), so at
+  // most one step old.
   EngineStats stats() const;
 
  private:
@@ -155,6 +160,9 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   void accept_token(Sequence& seq, int token);
+  // Copies the scheduler's counters and running count for stats() (scheduler thread), and
+  // `waiting` when the caller holds mu_, which guards waiting_.
+  void publish_stats(std::optional<int> waiting = std::nullopt);
 
   LoadedModel model_;
   EngineOptions options_;
@@ -166,7 +174,10 @@ class Engine {
   std::vector<std::string> aborts_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
-  EngineStats stats_;
+  EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
+  // Taken after mu_ when both are held (add_request and admit publish under mu_).
+  mutable std::mutex stats_mu_;
+  EngineStats published_;  // Guarded by stats_mu_.
   LayerHook layer_hook_;
 };
 

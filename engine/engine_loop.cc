@@ -7,7 +7,6 @@
 namespace pdserve::engine {
 
 EngineLoop::EngineLoop(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {
-  snapshot_ = engine_->stats();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -74,16 +73,12 @@ bool EngineLoop::active(const std::string& id) const {
   return active_.count(id) > 0;
 }
 
-EngineStats EngineLoop::engine_stats_locked() const {
-  // While the loop thread is parked it cannot enter the engine (it needs mu_ to leave the
-  // wait), so reading the engine directly is safe and picks up reserve/release at once.
-  return stepping_ ? snapshot_ : engine_->stats();
-}
-
 EngineLoopStats EngineLoop::stats() const {
-  std::lock_guard lock(mu_);
   EngineLoopStats s;
-  s.engine = engine_stats_locked();
+  // Safe while the loop thread steps (see Engine::stats), and not under mu_: the engine holds
+  // its lock while it calls a sink, which takes mu_.
+  s.engine = engine_->stats();
+  std::lock_guard lock(mu_);
   s.queued_prefill_tokens = queued_prefill_tokens_;
   s.active_requests = int(active_.size());
   return s;
@@ -114,22 +109,15 @@ void EngineLoop::run() {
       continue;
     }
     work_ = false;
-    // Readers see this while the step runs: at most one step old, never from an earlier busy spell.
-    snapshot_ = engine_->stats();
-    stepping_ = true;
     lock.unlock();
     // One step per round, so that shutdown is noticed between steps.
     Status s = engine_->step();
-    EngineStats st = engine_->stats();
     lock.lock();
     if (!s.ok()) {
       PD_LOG_ERROR("engine step failed: {}; aborting its requests", s.ToString());
       for (const auto& [id, a] : active_) engine_->abort(id);
     }
-    snapshot_ = st;
-    stepping_ = false;
   }
-  snapshot_ = engine_->stats();
 }
 
 }  // namespace pdserve::engine

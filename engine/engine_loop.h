@@ -40,13 +40,14 @@ class EngineLoop {
   void abort(const std::string& id);
   // Whether a request of this id is queued or running.
   bool active(const std::string& id) const;
-  // A snapshot: live while the loop is idle, else as of the last step's end.
+  // A snapshot, safe from any thread (Engine::stats: free blocks live, counters at most one
+  // step old).
   EngineLoopStats stats() const;
   // Aborts every request, waits until each finished, and stops the thread. Idempotent.
   void shutdown();
 
   // The engine, for its thread-safe members only: config, tokenizer, reserve_blocks,
-  // release_blocks, blocks_needed, kv_arena, kv_layout, tp.
+  // release_blocks, blocks_needed, kv_arena, kv_layout, tp, stats.
   Engine& engine() { return *engine_; }
   const Engine& engine() const { return *engine_; }
 
@@ -57,18 +58,15 @@ class EngineLoop {
   void run();
   // Wraps a sink with the loop's bookkeeping (runs on the loop thread).
   void on_event(const TokenCallback& sink, const TokenEvent& event);
-  EngineStats engine_stats_locked() const;
 
   std::unique_ptr<Engine> engine_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   bool work_ = false;      // Something was submitted or aborted since the loop last looked.
-  bool stepping_ = false;  // The loop thread is inside the engine.
   bool stopping_ = false;
   bool stopped_ = false;
   std::map<std::string, Active> active_;
   int64_t queued_prefill_tokens_ = 0;
-  EngineStats snapshot_;
   std::thread thread_;
 };
 

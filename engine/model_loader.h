@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/weights.h"
 
 namespace pdserve::engine {
@@ -20,6 +21,7 @@ struct LoadedModel {
   std::string path;    // The resolved file or directory.
   std::string format;  // "llama2c" or "hf".
   std::string name;    // Short name for APIs (e.g. "stories260K").
+  ChatFormat chat_format = ChatFormat::kPlain;  // From tokenizer_config.json's chat_template.
 };
 
 struct ModelLoadOptions {

@@ -1,8 +1,12 @@
 #include "router/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
+#include <filesystem>
 
 #include "common/logging.h"
 #include "router/openai_api.h"
@@ -20,6 +24,43 @@ void send_error(httplib::Response& res, const Status& s) {
   HttpError e = http_error(s);
   res.status = e.status;
   res.set_content(e.body.dump(), "application/json");
+}
+
+// The numeric host and port of a socket address, as cpp-httplib writes Request::remote_addr.
+std::pair<std::string, int> numeric_address(const sockaddr_storage& addr, socklen_t len) {
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, port, sizeof port,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return {"", -1};
+  return {host, std::atoi(port)};
+}
+
+// The socket of the connection `req` arrived on, or -1. cpp-httplib 0.11 (Debian 12) gives a
+// handler neither the socket nor Request::is_connection_closed(), so it is found by its
+// addresses among this process's descriptors: a TCP connection's address pair is unique, and
+// the server keeps the descriptor open until the handler returns, so it cannot be reused meanwhile.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+      continue;
+    if (numeric_address(local, local_len).second == req.local_port &&
+        numeric_address(peer, peer_len) == std::make_pair(req.remote_addr, req.remote_port))
+      return fd;
+  }
+  return -1;
+}
+
+// Whether the client closed (or reset) its connection. Bytes it may have sent meanwhile do not
+// count; a client that half-closes its side after the request looks gone too (HTTP clients
+// keep it open while they wait for the answer).
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 }  // namespace
@@ -40,10 +81,10 @@ HttpServer::HttpServer(Router& router, size_t max_body_bytes) : router_(router),
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
   });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req.body, /*chat=*/false, res);
+    handle_generate(req, /*chat=*/false, res);
   });
   server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req.body, /*chat=*/true, res);
+    handle_generate(req, /*chat=*/true, res);
   });
   server_->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -70,8 +111,8 @@ void HttpServer::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HttpServer::handle_generate(const std::string& body, bool chat, httplib::Response& res) {
-  auto parsed = parse_openai_request(body, chat);
+void HttpServer::handle_generate(const httplib::Request& http_request, bool chat, httplib::Response& res) {
+  auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_format);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
   if (chat && !req->max_tokens_given) {
@@ -89,9 +130,14 @@ void HttpServer::handle_generate(const std::string& body, bool chat, httplib::Re
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created) + "-" + std::to_string(reinterpret_cast<uintptr_t>(req.get()) & 0xffffff);
 
   if (!req->stream) {
+    // Nothing is written until the end, so a gone client shows only on its socket; the router's
+    // watchdog polls this and aborts the request on every worker it touched.
+    const int socket = connection_socket(http_request);
+    std::function<bool()> client_gone;
+    if (socket >= 0) client_gone = [socket] { return peer_closed(socket); };
     std::string text, finish;
     int prompt_tokens = 0, completion_tokens = 0;
-    Status s = router_.generate(req->request, nullptr, [&](const v1::GenerateResponse& r) {
+    Status s = router_.generate(req->request, client_gone, [&](const v1::GenerateResponse& r) {
       text += r.text();
       completion_tokens += r.token_ids_size();
       prompt_tokens += r.prompt_token_ids_size();

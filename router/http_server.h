@@ -12,6 +12,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -31,7 +32,7 @@ class HttpServer {
 
  private:
   // Serves /v1/completions (chat = false) and /v1/chat/completions.
-  void handle_generate(const std::string& body, bool chat, httplib::Response& res);
+  void handle_generate(const httplib::Request& http_request, bool chat, httplib::Response& res);
 
   Router& router_;
   std::unique_ptr<httplib::Server> server_;

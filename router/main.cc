@@ -67,6 +67,7 @@ int run(const Flags& f) {
   model.name = loaded->name;
   model.aliases = {f.model, loaded->path};
   model.config = loaded->config;
+  model.chat_format = loaded->chat_format;
   model.tokenizer = std::move(loaded->tokenizer);
 
   std::vector<WorkerRegistry::Endpoint> endpoints;

@@ -60,15 +60,15 @@ Status parse_prompt(const json& j, v1::GenerateRequest* r) {
   return absl::OkStatus();
 }
 
-Status parse_messages(const json& j, v1::GenerateRequest* r) {
+Status parse_messages(const json& j, engine::ChatFormat chat_format, v1::GenerateRequest* r) {
   auto it = j.find("messages");
   if (it == j.end() || !it->is_array() || it->empty()) return field_error("messages", "must be a non-empty array");
-  std::vector<ChatMessage> messages;
+  std::vector<engine::ChatMessage> messages;
   for (const json& m : *it) {
     if (!m.is_object()) return field_error("messages", "must hold objects");
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return field_error("messages[].role", "must be a string");
-    ChatMessage msg{role->get<std::string>(), ""};
+    engine::ChatMessage msg{role->get<std::string>(), ""};
     auto content = m.find("content");
     if (content != m.end() && content->is_string()) {
       msg.content = content->get<std::string>();
@@ -84,19 +84,13 @@ Status parse_messages(const json& j, v1::GenerateRequest* r) {
     }
     messages.push_back(std::move(msg));
   }
-  r->set_text(render_chat(messages));
+  r->set_text(engine::render_chat(chat_format, messages));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::string render_chat(const std::vector<ChatMessage>& messages) {
-  std::string out;
-  for (const ChatMessage& m : messages) out += m.role + ": " + m.content + "\n";
-  return out + "assistant:";
-}
-
-StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat) {
+StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat, engine::ChatFormat chat_format) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
@@ -107,7 +101,7 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat)
     if (!it->is_string()) return field_error("model", "must be a string");
     r.set_model(it->get<std::string>());
   }
-  PD_RETURN_IF_ERROR(chat ? parse_messages(j, &r) : parse_prompt(j, &r));
+  PD_RETURN_IF_ERROR(chat ? parse_messages(j, chat_format, &r) : parse_prompt(j, &r));
 
   v1::SamplingParams* s = r.mutable_sampling();
   int max_tokens = 16;

@@ -11,19 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "engine/tokenizer/chat_template.h"
 #include "proto/pdserve.pb.h"
 
 namespace pdserve::router {
-
-struct ChatMessage {
-  std::string role;
-  std::string content;
-};
-
-// The chat template for models without their own (pdserve does not run Jinja templates):
-// each message as "<role>: <content>\n" (role lowercased as given), then "assistant:" to
-// prompt the reply. E.g. [{system, "Be brief."}, {user, "Hi"}] → "system: Be brief.\nuser: Hi\nassistant:".
-std::string render_chat(const std::vector<ChatMessage>& messages);
 
 // A parsed completion or chat request.
 struct OpenAiRequest {
@@ -34,9 +25,11 @@ struct OpenAiRequest {
   bool max_tokens_given = false;       // Else: completions 16 (OpenAI's default), chat the rest of the context.
 };
 
-// Parses a request body. InvalidArgument (naming the field) for malformed JSON, wrong types,
-// and unsupported options (n != 1, logprobs, echo, best_of).
-StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat);
+// Parses a request body; chat messages become the prompt text in the served model's
+// `chat_format` (engine/tokenizer/chat_template.h). InvalidArgument (naming the field) for
+// malformed JSON, wrong types, and unsupported options (n != 1, logprobs, echo, best_of).
+StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
+                                             engine::ChatFormat chat_format = engine::ChatFormat::kPlain);
 
 // An HTTP status and OpenAI error body for a failed request.
 struct HttpError {

@@ -186,6 +186,7 @@ v1::ModelInfo Router::model_info() const {
   m.set_bos_id(model_.config.bos_id);
   for (int e : model_.config.eos_ids) m.add_eos_ids(e);
   m.set_kv_mode(options_.kv_mode);
+  m.set_chat_format(engine::chat_format_name(model_.chat_format));
   return m;
 }
 

@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
+#include "engine/tokenizer/chat_template.h"
 #include "proto/pdserve.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "router/admission_queue.h"
@@ -41,6 +42,9 @@ struct ServedModel {
   std::vector<std::string> aliases;  // Other accepted `model` values (e.g. the path given).
   std::shared_ptr<const engine::Tokenizer> tokenizer;
   engine::ModelConfig config;
+  // The router renders chat prompts itself, with the format of the model it loaded (the same
+  // files as the workers', whose Worker.Info reports theirs).
+  engine::ChatFormat chat_format = engine::ChatFormat::kPlain;
 };
 
 class Router {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "common/logging.h"
+#include "engine/tokenizer/chat_template.h"
 #include "worker/sampling_params.h"
 #include "worker/token_stream.h"
 
@@ -41,6 +42,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
   m->set_bos_id(e.config().bos_id);
   for (int id : e.config().eos_ids) m->add_eos_ids(id);
   if (role_ == ROLE_AGGREGATED) m->set_kv_mode("aggregated");
+  m->set_chat_format(engine::chat_format_name(e.model().chat_format));
   reply->set_num_blocks(st.engine.num_blocks);
   reply->set_free_blocks(st.engine.free_blocks);
   reply->set_block_size(st.engine.block_size);

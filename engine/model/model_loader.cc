@@ -12,6 +12,7 @@
 #include "engine/model/model_resolver.h"
 #include "engine/model/safetensors.h"
 #include "engine/model_tensors.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/weights.h"
 
 namespace pdserve::engine {
@@ -49,6 +50,14 @@ Status attach_tokenizer(LoadedModel& m, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer ", path, " has ", (*tok)->vocab_size(),
                                                    " tokens but the model only ", m.config.vocab_size));
   m.tokenizer = *std::move(tok);
+  // The chat template travels with the tokenizer (tokenizer_config.json beside it); llama2.c
+  // tokenizers have none and keep the plain format.
+  std::ifstream config(fs::path(path).parent_path() / "tokenizer_config.json", std::ios::binary);
+  if (config) {
+    std::ostringstream text;
+    text << config.rdbuf();
+    m.chat_format = detect_chat_format(chat_template_from_tokenizer_config(text.str()));
+  }
   return absl::OkStatus();
 }
 

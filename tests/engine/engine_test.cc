@@ -1,12 +1,15 @@
 // The engine end to end on the bundled model: the published greedy text at every TP size, an
-// independent reference implementation on unseen prompts, batch independence, bad input.
+// independent reference implementation on unseen prompts, batch independence, bad input, and
+// stats read from another thread while stepping.
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "tests/engine/reference_llama.h"
 #include "tests/engine/test_model.h"
@@ -130,6 +133,53 @@ TEST(Engine, AbortFreesBlocksAtOnce) {
   EXPECT_EQ(engine->stats().free_blocks, engine->stats().num_blocks);
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_EQ(reasons[0], FinishReason::kAbort);
+}
+
+// stats() is read by servers' threads while the scheduler steps: every snapshot must be
+// coherent (no request counted twice, counters never going back) and the last one exact.
+TEST(Engine, StatsAreSafeToReadWhileStepping) {
+  auto engine = make_engine(2);
+  constexpr int kRequests = 16;
+  SamplingParams params = greedy(30);
+  params.ignore_eos = true;  // Exactly 30 tokens each, for the final count.
+  // Callbacks read stats too, the abort's one while admission holds the engine's lock.
+  std::atomic<int> callback_reads{0};
+  for (int i = 0; i < kRequests; ++i)
+    ASSERT_TRUE(engine->add_request({std::to_string(i), {1, 3 + i, 40 + i}, params}, [&](const TokenEvent&) {
+      if (engine->stats().num_blocks > 0) ++callback_reads;
+    }).ok());
+  engine->abort("0");
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0};
+  auto hammer = [&] {
+    EngineStats last;
+    while (!done) {
+      const EngineStats s = engine->stats();
+      EXPECT_GE(s.free_blocks, 0);
+      EXPECT_LE(s.free_blocks, s.num_blocks);
+      EXPECT_LE(s.running + s.waiting, kRequests);
+      EXPECT_GE(s.steps, last.steps);
+      EXPECT_GE(s.decode_tokens, last.decode_tokens);
+      EXPECT_GE(s.prefill_tokens, last.prefill_tokens);
+      last = s;
+      ++reads;
+    }
+  };
+  std::thread a(hammer), b(hammer);
+  Status stepped = engine->run_until_idle();
+  done = true;
+  a.join();
+  b.join();
+  ASSERT_TRUE(stepped.ok()) << stepped;
+  EXPECT_GT(reads, 0);
+  const EngineStats s = engine->stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
+  // Request 0 was aborted before it ran; the first token of the others comes from the prefill.
+  EXPECT_EQ(s.decode_tokens, uint64_t((kRequests - 1) * 29));
+  EXPECT_GE(callback_reads, 1 + (kRequests - 1) * 30);  // The abort, and at least every token.
+  EXPECT_GT(s.steps, 0u);
 }
 
 TEST(Engine, AdmissionWaitsForFreeBlocks) {

@@ -79,6 +79,28 @@ TEST(ModelLoader, LoadsExportedStories) {
   EXPECT_EQ(m->weights->tensor("lm_head.weight")->data, m->weights->tensor("model.embed_tokens.weight")->data);
 }
 
+// The chat format comes from tokenizer_config.json's chat_template; llama2.c models and HF
+// directories without a template get the plain one.
+TEST(ModelLoader, ReadsTheChatFormatFromTokenizerConfig) {
+  auto stories = load_model({.model = (bundled_model_dir() / "stories260K.bin").string()});
+  ASSERT_TRUE(stories.ok()) << stories.status();
+  EXPECT_EQ(stories->chat_format, ChatFormat::kPlain);
+
+  TempDir dir;
+  ASSERT_TRUE(make_model({.preset = "tiny-qwen2", .seed = 3, .out_dir = dir.str()}).ok());
+  auto plain = load_model({.model = dir.str()});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->chat_format, ChatFormat::kPlain);
+
+  const fs::path config_path = dir.path() / "tokenizer_config.json";
+  nlohmann::json config = nlohmann::json::parse(read_file(config_path));
+  config["chat_template"] = "{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>'}}{% endfor %}";
+  write_file(config_path, config.dump());
+  auto chatml = load_model({.model = dir.str()});
+  ASSERT_TRUE(chatml.ok()) << chatml.status();
+  EXPECT_EQ(chatml->chat_format, ChatFormat::kChatMl);
+}
+
 TEST(ModelLoader, ShapeMismatchNamesTheTensor) {
   TempDir dir;
   ASSERT_TRUE(make_model({.preset = "tiny", .out_dir = dir.str()}).ok());

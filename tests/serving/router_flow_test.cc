@@ -1,14 +1,20 @@
 // The router's request flows against fake workers (in-process gRPC services on loopback that
 // script their answers): aggregated streaming, push ordering (the decode stream opens before
-// the prefill reply), pull hand-over, prefill retry, overload, Abort, timeout and validation.
+// the prefill reply), pull hand-over, prefill retry, overload, Abort, timeout, validation, and
+// a non-streaming HTTP client that hangs up.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <mutex>
 #include <thread>
 
 #include "engine/model_loader.h"
+#include "router/http_server.h"
 #include "router/router.h"
 #include "tests/engine/test_model.h"
 
@@ -330,6 +336,48 @@ TEST_F(RouterFlow, ClientCancellationStopsTheWorker) {
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
   const auto calls = w.calls();
   EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:c"), calls.end());
+}
+
+// Whether `worker` was sent a Worker.Abort within `timeout`.
+bool aborted(FakeWorker& worker, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  do {
+    for (const std::string& call : worker.calls())
+      if (call.rfind("Abort:", 0) == 0) return true;
+    std::this_thread::sleep_for(5ms);
+  } while (std::chrono::steady_clock::now() < end);
+  return false;
+}
+
+// A non-streaming HTTP request writes nothing until its end, so only the socket shows that the
+// client hung up: the watchdog must still notice and free the request on both workers.
+TEST_F(RouterFlow, NonStreamingHttpClientHangingUpAbortsBothWorkers) {
+  FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+  p.peer_decode = &d;
+  d.hang = true;
+  start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, RouterOptions{});
+  HttpServer http(*router_);
+  auto port = http.bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  http.start();
+
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(*port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string body = R"({"prompt":"Once upon","max_tokens":400})";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(write(fd, request.data(), request.size()), ssize_t(request.size()));
+  ASSERT_TRUE(wait_for(d.generate_started, 5s));
+  EXPECT_FALSE(aborted(d, 100ms)) << "aborted while the client still waits";
+  close(fd);
+  EXPECT_TRUE(aborted(d, 5s)) << "decode worker not aborted";
+  EXPECT_TRUE(aborted(p, 5s)) << "prefill worker not aborted";
+  http.stop();
+  EXPECT_EQ(router_->running(), 0);
 }
 
 TEST_F(RouterFlow, NoWorkerUpIsUnavailable) {

@@ -173,9 +173,18 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
 }
 
-TEST(OpenAiApi, ChatTemplate) {
-  EXPECT_EQ(render_chat({{"system", "Be brief."}, {"user", "Hi"}}), "system: Be brief.\nuser: Hi\nassistant:");
-  EXPECT_EQ(render_chat({{"user", ""}}), "user: \nassistant:");
+TEST(OpenAiApi, ChatMessagesUseTheModelsChatFormat) {
+  const std::string body = R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]})";
+  auto plain = parse_openai_request(body, true);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->request.text(), "system: Be brief.\nuser: Hi\nassistant:");
+  auto chatml = parse_openai_request(body, true, engine::ChatFormat::kChatMl);
+  ASSERT_TRUE(chatml.ok()) << chatml.status();
+  EXPECT_EQ(chatml->request.text(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  auto empty = parse_openai_request(R"({"messages":[{"role":"user","content":""}]})", true);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->request.text(), "user: \nassistant:");
 }
 
 TEST(OpenAiApi, ParsesCompletionFields) {

@@ -26,7 +26,7 @@ TEST_P(PdTopology, PushAndPullEqualInProcess) {
   const Reference ref = reference("Once upon a time, there was a little dog named Max. Max liked to run in the park", 48);
   ASSERT_GT(ref.prompt.size(), 17u);
   const std::string tag = std::to_string(ptp) + "x" + std::to_string(dtp);
-  for (const std::string& mode : {"push", "pull"}) {
+  for (const std::string mode : {"push", "pull"}) {
     const PdResult r = mode == "push" ? pd.push(mode + tag, ref.prompt, 48) : pd.pull(mode + tag, ref.prompt, 48);
     ASSERT_TRUE(r.prefill.ok()) << mode << ": " << r.prefill.error_message() << " (see " << pd.logs() << ")";
     ASSERT_TRUE(r.decode.status.ok()) << mode << ": " << r.decode.status.error_message() << " (see " << pd.logs() << ")";
