@@ -17,6 +17,7 @@ struct WorkerLoad {
   int running = 0;
   int waiting = 0;
   int64_t queued_prefill_tokens = 0;
+  int tp = 0;  // The worker's ranks.
 };
 
 // The up prefill worker with the fewest queued prefill tokens (then fewest running, then lowest

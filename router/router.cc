@@ -187,6 +187,11 @@ v1::ModelInfo Router::model_info() const {
   for (int e : model_.config.eos_ids) m.add_eos_ids(e);
   m.set_kv_mode(options_.kv_mode);
   m.set_chat_format(engine::chat_format_name(model_.chat_format));
+  int ranks = 0;
+  for (worker::Role role : {worker::ROLE_AGGREGATED, worker::ROLE_PREFILL, worker::ROLE_DECODE}) {
+    for (const WorkerLoad& l : registry_.loads(role)) ranks += l.up ? l.tp : 0;
+  }
+  m.set_num_ranks(ranks);
   return m;
 }
 

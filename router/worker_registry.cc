@@ -152,6 +152,7 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.running = w.info.running() + w.assigned_requests;
     l.waiting = w.info.waiting();
     l.queued_prefill_tokens = w.info.queued_prefill_tokens() + w.assigned_prefill_tokens;
+    l.tp = w.info.tp();
     out.push_back(l);
   }
   return out;

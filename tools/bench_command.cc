@@ -124,6 +124,11 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
   line("Request throughput (req/s):", fmt(r["request_throughput"].get<double>()));
   line("Output token throughput (tok/s):", fmt(r["output_throughput"].get<double>()));
   line("Total token throughput (tok/s):", fmt(r["total_token_throughput"].get<double>()));
+  if (r["num_ranks"].get<int>() > 0) {
+    line("Ranks serving:", std::to_string(r["num_ranks"].get<int>()));
+    line("Output token throughput per rank (tok/s):", fmt(r["output_throughput_per_rank"].get<double>()));
+    line("Total token throughput per rank (tok/s):", fmt(r["total_token_throughput_per_rank"].get<double>()));
+  }
   const std::pair<const char*, const char*> sections[] = {
       {"ttft", "Time to First Token"}, {"tpot", "Time per Output Token (excl. 1st token)"},
       {"itl", "Inter-token Latency"}, {"e2el", "End-to-end Latency"}};
@@ -221,6 +226,12 @@ int run_bench(const BenchFlags& f) {
   result["burstiness"] = f.burstiness;
   result["max_concurrency"] = f.max_concurrency > 0 ? json(f.max_concurrency) : json(nullptr);
   result["ignore_eos"] = f.ignore_eos;
+  // Per rank, so that setups with different rank counts compare (0 ranks: the router has none up).
+  const int ranks = info->num_ranks();
+  result["num_ranks"] = ranks;
+  result["output_throughput_per_rank"] = ranks > 0 ? result["output_throughput"].get<double>() / ranks : 0.0;
+  result["total_token_throughput_per_rank"] =
+      ranks > 0 ? result["total_token_throughput"].get<double>() / ranks : 0.0;
   print_table(result, f.percentiles);
   for (const RequestRecord& r : records)
     if (!r.ok) {

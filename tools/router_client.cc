@@ -44,7 +44,9 @@ StatusOr<v1::ModelInfo> RouterClient::model_info() {
     if (info.role() != worker::ROLE_AGGREGATED) {
       return absl::FailedPreconditionError("a direct worker client needs an aggregated worker");
     }
-    return info.model();
+    v1::ModelInfo model = info.model();
+    model.set_num_ranks(info.tp());
+    return model;
   }
   v1::ModelInfo info;
   PD_RETURN_IF_ERROR(from_grpc(stub_->GetModelInfo(&ctx, v1::ModelInfoRequest(), &info), "GetModelInfo"));

@@ -308,6 +308,8 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_LE(j["peak_concurrency"].get<int>(), 2);
   for (const char* key : {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "output_throughput"})
     EXPECT_GT(j[key].get<double>(), 0) << key;
+  EXPECT_EQ(j["num_ranks"], 1);  // One aggregated worker at TP 1.
+  EXPECT_DOUBLE_EQ(j["output_throughput_per_rank"].get<double>(), j["output_throughput"].get<double>());
 }
 
 // --worker bypasses the router (to measure what it adds): the same requests, straight to the
