@@ -189,19 +189,7 @@ StatusOr<std::unique_ptr<ByteLevelBpe>> ByteLevelBpe::from_hf(const HfTokenizerJ
     }
     tok->byte_ids_[byte] = it->second;
   }
-  for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
-    const auto& [left, right] = spec.merges[rank];
-    const auto left_it = spec.vocab.find(left);
-    const auto right_it = spec.vocab.find(right);
-    const auto merged_it = spec.vocab.find(left + right);
-    if (left_it == spec.vocab.end() || right_it == spec.vocab.end() ||
-        merged_it == spec.vocab.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": merge ", rank, " (", left, " ", right, ") uses unknown pieces"));
-    }
-    const uint64_t key = (static_cast<uint64_t>(left_it->second) << 32) | right_it->second;
-    tok->merges_.emplace(key, MergeCandidate{-static_cast<double>(rank), merged_it->second});
-  }
+  PD_ASSIGN_OR_RETURN(tok->merges_, ranked_merge_table(name, spec.vocab, spec.merges));
   tok->ignore_merges_ = spec.ignore_merges;
   tok->bos_id_ = spec.bos_id;
   tok->eos_id_ = spec.eos_id;

@@ -135,20 +135,7 @@ StatusOr<std::unique_ptr<SentencePieceBpe>> SentencePieceBpe::from_hf(const HfTo
     tok->pieces_[added.id] = added.content;
     tok->special_[added.id] = added.special;
   }
-  for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
-    const auto& [left, right] = spec.merges[rank];
-    const auto left_it = spec.vocab.find(left);
-    const auto right_it = spec.vocab.find(right);
-    const auto merged_it = spec.vocab.find(left + right);
-    if (left_it == spec.vocab.end() || right_it == spec.vocab.end() ||
-        merged_it == spec.vocab.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": merge ", rank, " (", left, " ", right, ") uses unknown pieces"));
-    }
-    const uint64_t key = (static_cast<uint64_t>(left_it->second) << 32) | right_it->second;
-    // An earlier (better-ranked) duplicate wins.
-    tok->ranked_merges_.emplace(key, MergeCandidate{-static_cast<double>(rank), merged_it->second});
-  }
+  PD_ASSIGN_OR_RETURN(tok->ranked_merges_, ranked_merge_table(name, spec.vocab, spec.merges));
   if (!spec.added_tokens.empty()) tok->added_tokens_.emplace(spec.added_tokens);
   tok->unk_id_ = spec.unk_id;
   tok->bos_id_ = spec.bos_id;
