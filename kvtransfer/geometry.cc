@@ -94,14 +94,13 @@ Status append_copy_ops(const KvCacheLayout& producer, const KvCacheLayout& consu
   // each block; head-outer stores each head's blocks together, so its runs go head by head.
   const bool has_v = s.has_v();
   if (s.order == KvOrder::kHeadOuter) {
-    const uint64_t run = uint64_t(block_size) * engine::dtype_size(s.dtype);
     for (KvPart part : {KvPart::kK, KvPart::kV}) {
       if (part == KvPart::kV && !has_v) break;
+      const uint64_t run = producer.block_stride(layer, part);  // One head of one block.
       for (int h = 0; h < heads; ++h) {
         for (size_t i = 0; i < producer_blocks.size(); ++i) {
           append_merged(out, producer.offset(layer, part, producer_blocks[i], 0, src_head + h),
-                        consumer.offset(layer, part, consumer_blocks[i], 0, dst_head + h),
-                        run * producer.part_head_dim(layer, part));
+                        consumer.offset(layer, part, consumer_blocks[i], 0, dst_head + h), run);
         }
       }
     }

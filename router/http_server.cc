@@ -131,10 +131,14 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
 
   if (!req->stream) {
     // Nothing is written until the end, so a gone client shows only on its socket; the router's
-    // watchdog polls this and aborts the request on every worker it touched.
-    const int socket = connection_socket(http_request);
-    std::function<bool()> client_gone;
-    if (socket >= 0) client_gone = [socket] { return peer_closed(socket); };
+    // watchdog polls this and aborts the request on every worker it touched. The socket is
+    // looked up at the first poll (one scan of our descriptors), not per request: most requests
+    // end before the watchdog ever asks. Only the watchdog calls this, one call at a time.
+    auto socket = std::make_shared<int>(-2);  // -2: not looked up yet; -1: not found.
+    std::function<bool()> client_gone = [&http_request, socket] {
+      if (*socket == -2) *socket = connection_socket(http_request);
+      return *socket >= 0 && peer_closed(*socket);
+    };
     std::string text, finish;
     int prompt_tokens = 0, completion_tokens = 0;
     Status s = router_.generate(req->request, client_gone, [&](const v1::GenerateResponse& r) {

@@ -154,17 +154,13 @@ int run_bench(const BenchFlags& f) {
     std::cerr << "error: give --router, or --worker to bypass the router\n";
     return 2;
   }
-  auto client = f.worker.empty() ? RouterClient::connect(f.router, std::chrono::seconds(10))
-                                 : RouterClient::connect_worker(f.worker, std::chrono::seconds(10));
-  if (!client.ok()) {
-    std::cerr << "error: " << client.status().message() << "\n";
+  auto connected = connect_and_describe(f.router, f.worker);
+  if (!connected.ok()) {
+    std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
   }
-  auto info = (*client)->model_info();
-  if (!info.ok()) {
-    std::cerr << "error: " << info.status().message() << "\n";
-    return 1;
-  }
+  RouterClient* client = connected->client.get();
+  const v1::ModelInfo* info = &connected->model;
   if (f.num_prompts <= 0 || f.input_len <= 0 || f.output_len <= 0 || f.range_ratio < 0 || f.range_ratio >= 1 ||
       f.burstiness <= 0 || !(f.request_rate > 0)) {
     std::cerr << "error: need --num-prompts, --random-input-len, --random-output-len > 0, --random-range-ratio in "
@@ -181,7 +177,7 @@ int run_bench(const BenchFlags& f) {
   if (f.num_warmups > 0) {
     std::cerr << "bench: " << f.num_warmups << " warm-up requests\n";
     for (const auto& r : make_requests(f, *info, f.num_warmups, f.seed + 1'000'003)) {
-      RequestRecord rec = run_one(**client, r);
+      RequestRecord rec = run_one(*client, r);
       if (!rec.ok) {
         std::cerr << "error: warm-up failed: " << rec.error << "\n";
         return 1;
@@ -203,7 +199,7 @@ int run_bench(const BenchFlags& f) {
     slots.acquire();
     const double offset = seconds_since(start);
     threads.emplace_back([&, i, offset] {
-      records[i] = run_one(**client, requests[i]);
+      records[i] = run_one(*client, requests[i]);
       records[i].start_s = offset;
       slots.release();
       std::lock_guard lock(mu);

@@ -30,23 +30,20 @@ int run_generate_remote(const GenerateFlags& f) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
-  auto client = RouterClient::connect(f.router, std::chrono::seconds(10));
-  if (!client.ok()) {
-    std::cerr << "error: " << client.status().message() << "\n";
+  auto connected = connect_and_describe(f.router);
+  if (!connected.ok()) {
+    std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
   }
-  auto info = (*client)->model_info();
-  if (!info.ok()) {
-    std::cerr << "error: " << info.status().message() << "\n";
-    return 1;
-  }
+  RouterClient* client = connected->client.get();
+  const v1::ModelInfo* info = &connected->model;
   v1::GenerateRequest req;
   req.set_text(f.prompt);
   *req.mutable_sampling() = to_proto(f.params);
   std::vector<int> prompt_ids, token_ids;
   std::string text, finish;
   v1::GenerateResponse last;
-  Status s = (*client)->generate(req, [&](const v1::GenerateResponse& r) {
+  Status s = client->generate(req, [&](const v1::GenerateResponse& r) {
     prompt_ids.insert(prompt_ids.end(), r.prompt_token_ids().begin(), r.prompt_token_ids().end());
     token_ids.insert(token_ids.end(), r.token_ids().begin(), r.token_ids().end());
     text += r.text();

@@ -78,6 +78,15 @@ Status RouterClient::generate(const v1::GenerateRequest& request,
   return from_grpc(reader->Finish(), "Generate");
 }
 
+StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker) {
+  constexpr Duration kWait = std::chrono::seconds(10);
+  ConnectedClient c;
+  PD_ASSIGN_OR_RETURN(c.client, worker.empty() ? RouterClient::connect(router, kWait)
+                                               : RouterClient::connect_worker(worker, kWait));
+  PD_ASSIGN_OR_RETURN(c.model, c.client->model_info());
+  return c;
+}
+
 v1::SamplingParams to_proto(const engine::SamplingParams& p) {
   v1::SamplingParams s;
   s.set_temperature(p.temperature);

@@ -39,6 +39,15 @@ class RouterClient {
   std::atomic<uint64_t> next_id_{0};      // Worker requests need ids; the router makes its own.
 };
 
+// A connected client and the model it serves, for the CLI commands.
+struct ConnectedClient {
+  std::unique_ptr<RouterClient> client;
+  v1::ModelInfo model;
+};
+// Connects to the router at `router`, or — when `worker` is set instead — to that aggregated
+// worker directly, and asks for the model; the first failure's status.
+StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker = "");
+
 // The API's sampling parameters for the CLI's (seed -1, "random", is left unset).
 v1::SamplingParams to_proto(const engine::SamplingParams& p);
 

@@ -29,19 +29,9 @@ std::unique_ptr<Engine> make_engine(int tp, int max_batch_tokens = EngineOptions
   return std::move(*e);
 }
 
-// Decodes `prompt` on `decode` from KV already in `blocks`, starting with `first_token`.
-std::vector<int> decode_preloaded(Engine& decode, const std::vector<int>& prompt, const SamplingParams& params,
-                                  const std::vector<int>& blocks, int first_token) {
-  GenerationRequest req{"r", prompt, params};
-  req.handoff.preloaded_blocks = blocks;
-  req.handoff.first_token = first_token;
-  std::vector<int> tokens;
-  EXPECT_TRUE(decode.add_request(req, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) tokens.push_back(ev.token);
-  }).ok());
-  EXPECT_TRUE(decode.run_until_idle().ok());
-  return tokens;
-}
+using pdserve::testing::copy_kv;
+using pdserve::testing::decode_preloaded;
+using pdserve::testing::run_prefill_only;
 
 TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
   for (int tp : {1, 2}) {
@@ -58,15 +48,7 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
       for (const std::string& id : done)
         if (id == "r") hooked.insert({rank, layer});
     });
-    int first = -1;
-    std::vector<int> handed;
-    GenerationRequest req{"r", prompt, params};
-    req.handoff.prefill_only = true;
-    ASSERT_TRUE(prefill->add_request(req, [&](const TokenEvent& ev) {
-      if (ev.token >= 0) first = ev.token;
-      if (ev.finished) handed = ev.blocks;
-    }).ok());
-    ASSERT_TRUE(prefill->run_until_idle().ok());
+    const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
     ASSERT_GE(first, 0);
     EXPECT_EQ(hooked.size(), size_t(tp * prefill->config().n_layers));
     const int prompt_blocks = int((prompt.size() + 15) / 16);
@@ -75,7 +57,7 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
 
     auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
     ASSERT_TRUE(reserved.ok());
-    pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
+    copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
 
@@ -206,18 +188,10 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   params.temperature = 0.9f;
   params.seed = 1234;
   const std::vector<int> whole = make_engine(1)->generate(prompt, params)->token_ids;
-  GenerationRequest req{"r", prompt, params};
-  req.handoff.prefill_only = true;
-  int first = -1;
-  std::vector<int> handed;
-  ASSERT_TRUE(prefill->add_request(req, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) first = ev.token;
-    if (ev.finished) handed = ev.blocks;
-  }).ok());
-  ASSERT_TRUE(prefill->run_until_idle().ok());
+  const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
   auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
   ASSERT_TRUE(reserved.ok());
-  pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, 1);
+  copy_kv(*prefill, handed, *decode, *reserved, 1);
   ASSERT_TRUE(prefill->release_blocks(handed).ok());
   EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
 }

@@ -1,6 +1,7 @@
-// The P/D hand-off done by hand in one process: copies the KV of a prefill engine's blocks into
-// a decode engine's blocks, layer by layer through each side's layout, as kvtransfer would.
-// Shared by the hand-off tests; a layer can be copied from the wrong blocks on purpose.
+// The P/D hand-off done by hand in one process, for the hand-off tests: a prefill-only run, the
+// copy of its blocks' KV into a decode engine's blocks (layer by layer through each side's
+// layout, as kvtransfer would; a layer can be copied from the wrong blocks on purpose), and the
+// preloaded decode.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -39,6 +40,41 @@ inline void copy_kv(const engine::Engine& src, const std::vector<int>& src_block
       }
     }
   }
+}
+
+// What a prefill-only request hands over.
+struct PrefillHandoff {
+  int first_token = -1;
+  std::vector<int> blocks;
+};
+
+// Runs `prompt` as a prefill-only request "r" on `prefill` to completion.
+inline PrefillHandoff run_prefill_only(engine::Engine& prefill, const std::vector<int>& prompt,
+                                       const engine::SamplingParams& params) {
+  engine::GenerationRequest req{"r", prompt, params};
+  req.handoff.prefill_only = true;
+  PrefillHandoff out;
+  EXPECT_TRUE(prefill.add_request(req, [&](const engine::TokenEvent& ev) {
+    if (ev.token >= 0) out.first_token = ev.token;
+    if (ev.finished) out.blocks = ev.blocks;
+  }).ok());
+  EXPECT_TRUE(prefill.run_until_idle().ok());
+  return out;
+}
+
+// Decodes `prompt` on `decode` from KV already in `blocks`, starting with `first_token`.
+inline std::vector<int> decode_preloaded(engine::Engine& decode, const std::vector<int>& prompt,
+                                         const engine::SamplingParams& params, const std::vector<int>& blocks,
+                                         int first_token) {
+  engine::GenerationRequest req{"r", prompt, params};
+  req.handoff.preloaded_blocks = blocks;
+  req.handoff.first_token = first_token;
+  std::vector<int> tokens;
+  EXPECT_TRUE(decode.add_request(req, [&](const engine::TokenEvent& ev) {
+    if (ev.token >= 0) tokens.push_back(ev.token);
+  }).ok());
+  EXPECT_TRUE(decode.run_until_idle().ok());
+  return tokens;
 }
 
 }  // namespace pdserve::testing

@@ -70,29 +70,13 @@ TEST_F(MixedGeometry, SameTokensAtEveryTp) {
 // shifted by one block, then decode.
 std::vector<int> handoff_with(Engine& prefill, Engine& decode, const std::vector<int>& prompt,
                               const SamplingParams& params, int corrupt) {
-  GenerationRequest r{"r", prompt, params};
-  r.handoff.prefill_only = true;
-  int first = -1;
-  std::vector<int> handed;
-  EXPECT_TRUE(prefill.add_request(r, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) first = ev.token;
-    if (ev.finished) handed = ev.blocks;
-  }).ok());
-  EXPECT_TRUE(prefill.run_until_idle().ok());
+  const auto [first, handed] = pdserve::testing::run_prefill_only(prefill, prompt, params);
   auto reserved = decode.reserve_blocks(int(prompt.size()) + params.max_tokens);
   EXPECT_TRUE(reserved.ok());
-  const int blocks = int(prompt.size() + 15) / 16;
-  pdserve::testing::copy_kv(prefill, handed, decode, *reserved, blocks, corrupt);
+  if (!reserved.ok()) return {};
+  pdserve::testing::copy_kv(prefill, handed, decode, *reserved, int(prompt.size() + 15) / 16, corrupt);
   EXPECT_TRUE(prefill.release_blocks(handed).ok());
-  GenerationRequest d{"r", prompt, params};
-  d.handoff.preloaded_blocks = *reserved;
-  d.handoff.first_token = first;
-  std::vector<int> tokens;
-  EXPECT_TRUE(decode.add_request(d, [&](const TokenEvent& ev) {
-    if (ev.token >= 0) tokens.push_back(ev.token);
-  }).ok());
-  EXPECT_TRUE(decode.run_until_idle().ok());
-  return tokens;
+  return pdserve::testing::decode_preloaded(decode, prompt, params, *reserved, first);
 }
 
 TEST_F(MixedGeometry, AnyWrongCacheLayerChangesTheOutput) {
