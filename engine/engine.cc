@@ -28,7 +28,6 @@ struct Engine::Sequence {
   std::vector<int> tokens;  // Prompt, then generated tokens.
   int num_computed = 0;     // Leading tokens whose KV is in the cache.
   std::vector<int> blocks;
-  bool admitted = false;  // Blocks allocated by admit() (not preloaded).
   bool finished = false;
 };
 
@@ -157,8 +156,8 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   TokenEvent ev;
   ev.id = seq.request.id;
   const KvHandoff& handoff = seq.request.handoff;
-  const bool hand_over = handoff.prefill_only &&
-                         ((handoff.on_admitted && seq.admitted) || (error.ok() && reason != FinishReason::kAbort));
+  // With on_admitted the caller owns the blocks whatever the outcome (none before admission).
+  const bool hand_over = handoff.prefill_only && (handoff.on_admitted || (error.ok() && reason != FinishReason::kAbort));
   if (hand_over) {
     ev.blocks = std::move(seq.blocks);
   } else if (!seq.blocks.empty()) {
@@ -205,7 +204,6 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     const int need = blocks_needed(int(seq.request.prompt.size()), seq.request.params.max_tokens);
     if (blocks_->num_free() < need) break;
     seq.blocks = *blocks_->allocate(need);
-    seq.admitted = true;
     if (seq.request.handoff.on_admitted) admitted->push_back(&seq);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
