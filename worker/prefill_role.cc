@@ -183,17 +183,20 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
                                ev.blocks.end());
   if (!extra.empty()) (void)engine_.release_blocks(extra);
   const bool finished_here = ev.reason == engine::FinishReason::kStop || job.request_ends_at_first_token;
+  if (job.error.ok() && !job.aborting && job.push && !job.transfer_started) {
+    job.error = absl::InternalError("the push did not start at admission");
+  }
   if (!job.error.ok() || job.aborting) {
-    // A started push gives its blocks back through the endpoints' abort; otherwise nobody
+    // A started transfer gives its blocks back through the endpoints' abort; otherwise nobody
     // reads them.
-    if (job.transfer_started) (void)abort_locked(id, job);
-    if (!job.transfer_started && !job.kv_blocks.empty()) {
+    if (job.transfer_started) {
+      (void)abort_locked(id, job);
+    } else if (!job.kv_blocks.empty()) {
       (void)engine_.release_blocks(job.kv_blocks);
       job.kv_blocks.clear();
     }
   } else if (job.push) {
-    if (job.transfer_started) seal_push(id, job);
-    else job.error = absl::InternalError("the push did not start at admission");
+    seal_push(id, job);
   } else if (finished_here) {
     // A pull request that already ended needs no decode: nobody will read these blocks.
     (void)engine_.release_blocks(job.kv_blocks);
