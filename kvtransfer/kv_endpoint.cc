@@ -673,6 +673,14 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
   auto it = requests_.find(ask.request_id());
   if (it == requests_.end()) {
     ++counters_.stale_ignored;
+    if (finished_.count(ask.request_id())) {
+      // It ended here (another consumer rank aborted it) before this rank asked: without an
+      // answer the asker would wait for its checksums until its lease.
+      proto::Envelope reply;
+      reply.mutable_abort()->set_request_id(ask.request_id());
+      reply.mutable_abort()->set_reason("the producer no longer holds the request (aborted)");
+      (void)send(from, reply);
+    }
     return;
   }
   Request& request = it->second;

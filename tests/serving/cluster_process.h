@@ -41,11 +41,12 @@ inline bool port_free(int port) {
   return ok;
 }
 
-// A port p with p and p+1 free (the router's gRPC and HTTP ports).
+// A port p with p and p+1 free (the router's gRPC and HTTP ports), below Linux's ephemeral
+// range (32768+), where the many client sockets of parallel tests would take it meanwhile.
 inline int free_port_pair() {
   std::mt19937 rng(std::random_device{}() ^ unsigned(getpid()));
   for (int i = 0; i < 200; ++i) {
-    const int p = 20000 + int(rng() % 20000) * 2;
+    const int p = 20000 + int(rng() % 6000) * 2;
     if (port_free(p) && port_free(p + 1)) return p;
   }
   return 0;
