@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -21,8 +22,10 @@
 #include "engine/cuda_backend.h"
 #include "engine/model/make_model.h"
 #include "engine/model_tensors.h"
+#include "engine/model_weights.h"
 #include "kernels/gpu/ops.h"
-#include "tests/gpu/device_runner.h"
+#include "engine/backend_buffer.h"
+#include "engine/rank_runner.h"
 
 namespace pdserve {
 namespace {
@@ -50,6 +53,38 @@ std::vector<int> parse_list(const std::string& s) {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Tensors by name whose data is already in device memory (the synthetic weights).
+class DeviceTensorSource final : public WeightSource {
+ public:
+  StatusOr<TensorView> tensor(std::string_view name) const override {
+    auto it = tensors_.find(std::string(name));
+    if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat("no tensor ", std::string(name)));
+    return it->second;
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [name, view] : tensors_) out.push_back(name);
+    return out;
+  }
+  void add(const std::string& name, std::vector<int64_t> shape, const float* data) {
+    tensors_[name] = TensorView{DType::kF32, std::move(shape), data};
+  }
+
+ private:
+  std::map<std::string, TensorView> tensors_;
+};
+
+// One device pointer per model_tensors entry (nullptr for an absent optional one), as the
+// ModelWeightsF32 that shard_weights slices.
+StatusOr<std::unique_ptr<ModelWeightsF32>> wrap_device_tensors(const ModelConfig& config,
+                                                              const std::vector<const float*>& tensors) {
+  const std::vector<TensorShape> shapes = model_tensors(config);
+  DeviceTensorSource source;
+  for (size_t i = 0; i < shapes.size(); ++i)
+    if (tensors[i] != nullptr) source.add(shapes[i].name, shapes[i].shape, tensors[i]);
+  return ModelWeightsF32::create(config, source);
 }
 
 struct Report {
@@ -92,7 +127,7 @@ int run(const Options& o) {
 
   // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
   std::vector<const float*> tensors;
-  std::vector<std::unique_ptr<testing::BackendBuffer>> buffers;
+  std::vector<std::unique_ptr<BackendBuffer>> buffers;
   double weight_bytes = 0;
   uint64_t seed = 1;
   for (const TensorShape& t : model_tensors(c)) {
@@ -102,7 +137,7 @@ int run(const Options& o) {
     }
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    auto buf = std::make_unique<testing::BackendBuffer>();
+    auto buf = std::make_unique<BackendBuffer>();
     if (Status s = buf->reserve(backend, size_t(n) * 4); !s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
       return 1;
@@ -114,7 +149,7 @@ int run(const Options& o) {
     buffers.push_back(std::move(buf));
   }
   cudaDeviceSynchronize();
-  auto weights = testing::wrap_device_tensors(c, tensors);
+  auto weights = wrap_device_tensors(c, tensors);
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
     return 1;
@@ -123,8 +158,9 @@ int run(const Options& o) {
   const int block = 16;
   const int per_seq = (std::max(o.context + 1, max_prefill) + block - 1) / block;
   const int blocks = per_seq * std::max(max_batch, 1);
-  auto comm = testing::make_single_rank_communicator(backend);
-  auto runner = testing::DeviceRankRunner::create(c, *shard, c.kv_cache_spec(block), blocks, backend, comm.get());
+  auto comm = make_shared_memory_group(1);  // One rank: no collective touches memory.
+  auto runner = RankRunner::create(c, *shard, c.kv_cache_spec(block), blocks, std::max(max_batch, max_prefill),
+                                   backend, comm[0].get());
   if (!runner.ok()) {
     std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
     return 1;
@@ -145,7 +181,9 @@ int run(const Options& o) {
     double t0 = 0;
     for (int i = 0; i < iters + 2; ++i) {
       if (i == 2) t0 = now_s();  // After two warm-up steps.
-      if (Status s = (*runner)->forward(batch, logits.data()); !s.ok()) {
+      Status s = (*runner)->prepare(batch);
+      if (s.ok()) s = (*runner)->forward(batch, logits.data());
+      if (!s.ok()) {
         std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());
         return -1;
       }

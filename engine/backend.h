@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/cpu/paged_attention.h"
@@ -28,6 +30,22 @@ class Backend {
   virtual Status synchronize() = 0;
   // Total memory of the device (physical RAM for the CPU backend).
   virtual uint64_t memory_bytes() const = 0;
+  // Copies of KV between this backend's memory and host memory outside the forward pass
+  // (kvtransfer staging through a host mirror of the arena), queued on a channel of their own:
+  // ordered among themselves only, and safe from any thread. Callers order them with the
+  // forward pass: a layer hook runs once its layer is written; blocks being filled belong to
+  // no running sequence.
+  virtual Status staging_copy(void* dst, const void* src, size_t bytes) = 0;
+  // Waits until every staging copy queued so far has finished.
+  virtual Status staging_wait() = 0;
+  // Page-locks host memory that staging copies use, for full-speed DMA (a no-op where host
+  // memory needs no pinning); unpin_host_memory undoes it.
+  virtual Status pin_host_memory(void* ptr, size_t bytes) = 0;
+  virtual void unpin_host_memory(void* ptr) = 0;
+  // Whether the backend's memory is host memory the CPU may use directly (the CPU backend).
+  // A device backend's is not: weights are uploaded, and the KV arena is reached through copies
+  // or a transport that understands device memory.
+  virtual bool host_memory() const = 0;
 
   virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
@@ -52,5 +70,11 @@ class Backend {
 
 // The fp32 CPU backend (OpenBLAS GEMM, kernels/cpu).
 std::unique_ptr<Backend> make_cpu_backend();
+
+// The backend named `kind` on device `device`: "cpu" (device ignored), or "cuda" in builds with
+// PDSERVE_WITH_CUDA. Unimplemented for a kind this build lacks, Unavailable without the device.
+StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device);
+// The kinds make_backend knows in this build.
+std::vector<std::string> backend_kinds();
 
 }  // namespace pdserve::engine

@@ -30,6 +30,14 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   Status synchronize() override { return absl::OkStatus(); }
+  bool host_memory() const override { return true; }
+  Status staging_copy(void* dst, const void* src, size_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  Status staging_wait() override { return absl::OkStatus(); }
+  Status pin_host_memory(void*, size_t) override { return absl::OkStatus(); }
+  void unpin_host_memory(void*) override {}
   uint64_t memory_bytes() const override {
     return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
   }

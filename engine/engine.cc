@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "engine/model_weights.h"
 #include "engine/rank_pool.h"
+#include "engine/shard_upload.h"
 
 namespace pdserve::engine {
 
@@ -53,7 +54,15 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   if (budget == 0 && options.memory_utilization > 0) {
     if (options.memory_utilization > 1.0)
       return absl::InvalidArgumentError("--memory-utilization must be in (0, 1]");
-    budget = uint64_t(double(make_cpu_backend()->memory_bytes()) * options.memory_utilization);
+    PD_ASSIGN_OR_RETURN(auto device, make_backend(options.backend, 0));
+    const uint64_t share = uint64_t(double(device->memory_bytes()) * options.memory_utilization);
+    // A device holds the rank's weights too; the CPU backend maps them from the page cache.
+    const uint64_t weights = device->host_memory() ? 0 : shard_bytes(config, options.tp);
+    if (share <= weights)
+      return absl::InvalidArgumentError(absl::StrCat("--memory-utilization leaves ", share >> 20, " MiB of ",
+                                                     device->name(), ", less than the ", weights >> 20,
+                                                     " MiB of weights per rank"));
+    budget = share - weights;
   }
   if (budget == 0) {
     const uint64_t full = uint64_t(options.max_running) * blocks_for(config.max_seq_len, options.block_size);
@@ -65,16 +74,21 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                                                    " bytes holds no block (a block takes ", block_bytes, ")"));
   if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("KV cache budget too large");
   PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
-  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options.tp,
-                                                                options.kv_arena_allocator));
+  RankPoolOptions pool;
+  pool.tp = options.tp;
+  pool.backend = options.backend;
+  pool.max_tokens = options.max_batch_tokens;
+  pool.arena_allocator = options.kv_arena_allocator;
+  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), pool));
   engine->weights_ = std::move(weights);
   engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
   engine->publish_stats();
-  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {})", num_blocks,
-              options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp);
+  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {}, {} backend)", num_blocks,
+              options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp,
+              options.backend);
   return engine;
 }
 
@@ -256,7 +270,13 @@ Status Engine::step() {
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
   logits_.resize(size_t(batch.logit_rows.size()) * vocab);
-  ranks_->forward(batch, logits_.data());
+  if (Status s = ranks_->forward(batch, logits_.data()); !s.ok()) {
+    // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
+    for (auto& [seq, n] : fed) finish(*seq, FinishReason::kAbort, s);
+    std::erase_if(running_, [](const auto& seq) { return seq->finished; });
+    publish_stats();
+    return s;
+  }
   ++stats_.steps;
 
   for (auto& [s, n] : fed) s->num_computed += n;
@@ -302,6 +322,8 @@ void Engine::set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 uint8_t* Engine::kv_arena(int rank) const { return ranks_->rank(rank).kv_arena(); }
 
 const KvCacheLayout& Engine::kv_layout(int rank) const { return ranks_->rank(rank).kv_layout(); }
+
+Backend& Engine::backend(int rank) const { return ranks_->rank(rank).backend(); }
 
 Status Engine::run_until_idle() {
   while (has_work()) PD_RETURN_IF_ERROR(step());

@@ -23,14 +23,19 @@
 
 namespace pdserve::engine {
 
+class Backend;
 class RankPool;
 class ModelWeightsF32;
 
 struct EngineOptions {
   int tp = 1;
+  // The ranks' compute backend (make_backend's kind): "cpu", or "cuda" (rank r on CUDA device
+  // r of those CUDA_VISIBLE_DEVICES shows; NCCL between ranks).
+  std::string backend = "cpu";
   int block_size = 16;
-  // KV cache size per rank: bytes, or else a fraction of the device's memory, or else enough
-  // for max_running full-length sequences capped at 512 MiB.
+  // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
+  // weights on a device backend, as vLLM's gpu_memory_utilization), or else enough for
+  // max_running full-length sequences capped at 512 MiB.
   uint64_t kv_cache_bytes = 0;
   double memory_utilization = 0.0;
   int max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
@@ -40,7 +45,8 @@ struct EngineOptions {
   // and returns at least that many bytes, which the engine zero-fills and never frees: they
   // belong to the allocator's owner and must outlive the engine. Used to compute straight into
   // memory a kvtransfer transport allocated (KvRankEndpoint with allocate_arena), which UCX's
-  // shared-memory transports let peers copy into directly (docs/kvtransfer.md).
+  // shared-memory transports let peers copy into directly (docs/kvtransfer.md). Host memory:
+  // for the CPU backend only.
   KvArenaAllocator kv_arena_allocator;
 };
 
@@ -138,6 +144,8 @@ class Engine {
   // The KV arena and its layout on `rank` (for registering with kvtransfer).
   uint8_t* kv_arena(int rank) const;
   const KvCacheLayout& kv_layout(int rank) const;
+  // Rank `rank`'s backend (whose memory kv_arena(rank) is).
+  Backend& backend(int rank) const;
   int tp() const { return options_.tp; }
 
   const ModelConfig& config() const { return model_.config; }

@@ -107,6 +107,7 @@ StatusOr<RankShard> shard_weights(const ModelConfig& c, const ModelWeightsF32& w
     ls.wk = get("self_attn.k_proj.weight") + ls.kv_heads.begin * hd * c.dim;
     ls.wv = get("self_attn.v_proj.weight") + ls.kv_heads.begin * hd * c.dim;
     ls.wo = get("self_attn.o_proj.weight") + s.q_heads.begin * hd;
+    ls.wo_stride = c.q_dim(l);
     if (c.qkv_bias) {
       ls.bq = get("self_attn.q_proj.bias") + s.q_heads.begin * hd;
       ls.bk = get("self_attn.k_proj.bias") + ls.kv_heads.begin * hd;
@@ -115,6 +116,7 @@ StatusOr<RankShard> shard_weights(const ModelConfig& c, const ModelWeightsF32& w
     ls.w_gate = get("mlp.gate_proj.weight") + int64_t(s.hidden.begin) * c.dim;
     ls.w_up = get("mlp.up_proj.weight") + int64_t(s.hidden.begin) * c.dim;
     ls.w_down = get("mlp.down_proj.weight") + s.hidden.begin;
+    ls.w_down_stride = c.hidden_dim;
     s.layers.push_back(ls);
   }
   return s;

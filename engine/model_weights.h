@@ -43,13 +43,15 @@ struct LayerShard {
   const float* bq = nullptr;  // Biases (Qwen2) or nullptr.
   const float* bk = nullptr;
   const float* bv = nullptr;
-  const float* wo = nullptr;  // [dim][q_local] columns, rows q_dim apart.
+  const float* wo = nullptr;  // [dim][q_local] columns, rows wo_stride apart.
+  int64_t wo_stride = 0;      // q_dim in the full tensor; q_local once uploaded compact.
   const float* w_index_q = nullptr;  // [index_head_dim][dim], whole on every rank; or nullptr.
   const float* w_index_k = nullptr;
   const float* ffn_norm = nullptr;
   const float* w_gate = nullptr;  // [hidden_local][dim] rows.
   const float* w_up = nullptr;
-  const float* w_down = nullptr;  // [dim][hidden_local] columns, rows hidden_dim apart.
+  const float* w_down = nullptr;  // [dim][hidden_local] columns, rows w_down_stride apart.
+  int64_t w_down_stride = 0;      // hidden_dim in the full tensor; hidden_local once compact.
 };
 
 // What rank `rank` of `tp` computes.

@@ -2,23 +2,50 @@
 
 #include <cblas.h>
 
+#if defined(PDSERVE_HAVE_CUDA_BACKEND)
+#include "engine/cuda_backend.h"
+#endif
+
 namespace pdserve::engine {
+namespace {
+
+// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers, NCCL
+// between GPUs. One rank needs none, whatever its memory.
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend, int tp) {
+  if (backend == "cpu" || tp == 1) return make_shared_memory_group(tp);
+#if defined(PDSERVE_HAVE_CUDA_BACKEND)
+  if (backend == "cuda") return make_nccl_group(tp);
+#endif
+  return absl::UnimplementedError(absl::StrCat("no collectives for TP ", tp, " on the ", backend, " backend"));
+}
+
+}  // namespace
 
 StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                      const ModelWeightsF32& weights,
-                                                     const KvCacheSpec& kv_spec, int num_blocks, int tp,
-                                                     const KvArenaAllocator& arena_allocator) {
+                                                     const KvCacheSpec& kv_spec, int num_blocks,
+                                                     const RankPoolOptions& options) {
+  const int tp = options.tp;
   PD_RETURN_IF_ERROR(config.validate_tp(tp));
   auto pool = std::unique_ptr<RankPool>(new RankPool());
-  // Ranks are the parallelism when there are several; BLAS threads would only contend.
-  if (tp > 1) openblas_set_num_threads(1);
-  pool->comms_ = make_shared_memory_group(tp);
   for (int r = 0; r < tp; ++r) {
-    pool->backends_.push_back(make_cpu_backend());
+    PD_ASSIGN_OR_RETURN(auto backend, make_backend(options.backend, r));
+    pool->backends_.push_back(std::move(backend));
+  }
+  // Ranks are the parallelism when there are several; BLAS threads would only contend.
+  if (tp > 1 && pool->backends_[0]->host_memory()) openblas_set_num_threads(1);
+  PD_ASSIGN_OR_RETURN(pool->comms_, make_group(options.backend, tp));
+  for (int r = 0; r < tp; ++r) {
+    Backend* backend = pool->backends_[r].get();
     PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(config, weights, r, tp));
+    if (!backend->host_memory()) {
+      PD_ASSIGN_OR_RETURN(auto uploaded, upload_shard(config, shard, backend));
+      shard = uploaded->shard;
+      pool->uploaded_.push_back(std::move(uploaded));
+    }
     PD_ASSIGN_OR_RETURN(auto runner, RankRunner::create(config, std::move(shard), kv_spec, num_blocks,
-                                                        pool->backends_[r].get(), pool->comms_[r].get(),
-                                                        arena_allocator));
+                                                        options.max_tokens, backend, pool->comms_[r].get(),
+                                                        options.arena_allocator));
     pool->runners_.push_back(std::move(runner));
   }
   for (int r = 1; r < tp; ++r) pool->threads_.emplace_back(&RankPool::worker, pool.get(), r);
@@ -32,17 +59,28 @@ RankPool::~RankPool() {
   }
   cv_.notify_all();
   for (std::thread& t : threads_) t.join();
+  runners_.clear();  // Before the shards and backends they use.
+  uploaded_.clear();
 }
 
-void RankPool::forward(const ForwardBatch& batch, float* logits) {
+Status RankPool::forward(const ForwardBatch& batch, float* logits) {
+  // Every rank prepared before any enters a collective: a rank that could not would leave the
+  // others waiting in it.
+  for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch));
   {
     std::lock_guard lock(mu_);
     batch_ = &batch;
     logits_ = logits;
+    finished_ = 0;
+    status_ = absl::OkStatus();
     ++generation_;
   }
   cv_.notify_all();
-  runners_[0]->forward(batch, logits);
+  Status status = runners_[0]->forward(batch, logits);
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return finished_ == size() - 1; });
+  status.Update(status_);
+  return status;
 }
 
 void RankPool::worker(int rank) {
@@ -58,7 +96,13 @@ void RankPool::worker(int rank) {
       batch = batch_;
       logits = logits_;
     }
-    runners_[rank]->forward(*batch, logits);
+    Status s = runners_[rank]->forward(*batch, logits);
+    {
+      std::lock_guard lock(mu_);
+      status_.Update(s);
+      ++finished_;
+    }
+    done_cv_.notify_one();
   }
 }
 

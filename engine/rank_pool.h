@@ -1,47 +1,64 @@
 // The threads of an engine's tensor-parallel ranks. The caller's thread is rank 0; ranks 1..N-1
 // have a thread each that waits for the next batch. A forward pass returns once every rank has
-// finished it (the ranks meet in a final barrier), so batches never overlap.
+// finished it (the ranks meet in a final barrier), so batches never overlap. Each rank has its
+// own backend (rank r on device r for a device backend) and its shard of the weights in it.
 #pragma once
 
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "engine/backend.h"
 #include "engine/communicator.h"
 #include "engine/rank_runner.h"
+#include "engine/shard_upload.h"
 
 namespace pdserve::engine {
 
+struct RankPoolOptions {
+  int tp = 1;
+  std::string backend = "cpu";  // make_backend's kind.
+  int max_tokens = 512;         // Tokens per forward pass.
+  KvArenaAllocator arena_allocator;  // See EngineOptions::kv_arena_allocator.
+};
+
 class RankPool {
  public:
+  // `weights` are host tensors; a device backend gets each rank's shard uploaded.
   static StatusOr<std::unique_ptr<RankPool>> create(const ModelConfig& config,
                                                     const ModelWeightsF32& weights,
-                                                    const KvCacheSpec& kv_spec, int num_blocks, int tp,
-                                                    const KvArenaAllocator& arena_allocator = {});
+                                                    const KvCacheSpec& kv_spec, int num_blocks,
+                                                    const RankPoolOptions& options);
   ~RankPool();
 
-  // Runs `batch` on every rank; logits as RankRunner::forward.
-  void forward(const ForwardBatch& batch, float* logits);
+  // Runs `batch` on every rank; logits as RankRunner::forward. On an error no logits are valid.
+  Status forward(const ForwardBatch& batch, float* logits);
   int size() const { return int(runners_.size()); }
   RankRunner& rank(int r) { return *runners_[r]; }
+  // Weight bytes in device memory per rank (0 on a host-memory backend, which uses them in place).
+  uint64_t uploaded_weight_bytes() const { return uploaded_.empty() ? 0 : uploaded_[0]->bytes; }
 
  private:
   RankPool() = default;
   void worker(int rank);
 
   std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<UploadedShard>> uploaded_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<RankRunner>> runners_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;       // Wakes the rank threads for the next batch.
+  std::condition_variable done_cv_;  // Tells rank 0 another rank finished the batch.
   uint64_t generation_ = 0;
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
   float* logits_ = nullptr;
+  int finished_ = 0;  // Ranks 1..N-1 done with the current batch.
+  Status status_;     // Their first error.
 };
 
 }  // namespace pdserve::engine

@@ -3,20 +3,25 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 namespace pdserve::engine {
 
 StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& config, RankShard shard,
                                                          const KvCacheSpec& kv_spec, int num_blocks,
-                                                         Backend* backend, Communicator* comm,
+                                                         int max_tokens, Backend* backend,
+                                                         Communicator* comm,
                                                          const KvArenaAllocator& arena_allocator) {
   for (const LayerKvSpec& s : kv_spec.layers)
-    if (s.dtype != DType::kF32)
-      return absl::UnimplementedError("the CPU backend keeps its KV cache in f32");
+    if (s.dtype != DType::kF32) return absl::UnimplementedError("the forward pass keeps its KV cache in f32");
+  if (max_tokens <= 0) return absl::InvalidArgumentError("a rank needs room for at least one token per step");
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));
   const size_t arena_bytes = runner->layout_.total_bytes();
   if (arena_allocator) {
+    if (!backend->host_memory())
+      return absl::InvalidArgumentError(absl::StrCat("a KV arena from an allocator is host memory; the ",
+                                                     backend->name(), " backend computes in its own"));
     PD_ASSIGN_OR_RETURN(void* arena, arena_allocator(runner->shard_.rank, arena_bytes));
     if (arena == nullptr) return absl::InternalError("KV arena allocator returned null");
     std::memset(arena, 0, arena_bytes);  // Backend memory is zeroed; the allocator's may not be.
@@ -44,6 +49,7 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
     }
     runner->views_.push_back(v);
   }
+  PD_RETURN_IF_ERROR(runner->reserve(max_tokens));
   return runner;
 }
 
@@ -55,100 +61,162 @@ RankRunner::~RankRunner() {
   if (owns_arena_) backend_->deallocate(arena_);
 }
 
-void RankRunner::resize_scratch(int n) {
+Status RankRunner::reserve(int n) {
   const ModelConfig& c = config_;
-  auto fit = [](auto& v, size_t size) {
-    if (v.size() < size) v.resize(size);
-  };
-  fit(x_, size_t(n) * c.dim);
-  fit(xn_, size_t(n) * c.dim);
-  fit(out_, size_t(n) * c.dim);
-  fit(gate_, size_t(n) * shard_.hidden.size());
-  fit(up_, size_t(n) * shard_.hidden.size());
+  const size_t f = sizeof(float);
+  size_t q = 0, kv = 0, index = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerShard& w = shard_.layers[l];
-    fit(q_, size_t(n) * shard_.q_heads.size() * w.head_dim);
-    fit(attn_, size_t(n) * shard_.q_heads.size() * w.head_dim);
-    fit(k_, size_t(n) * w.kv_heads.size() * w.head_dim);
-    fit(v_, size_t(n) * w.kv_heads.size() * w.head_dim);
-    const int index_dim = c.attention(l).index_head_dim;
-    if (index_dim > 0) {
-      fit(q_index_, size_t(n) * index_dim);
-      fit(k_index_, size_t(n) * index_dim);
-      fit(block_mask_, size_t(n) * ((c.max_seq_len + layout_.block_size() - 1) / layout_.block_size()));
-    }
+    q = std::max(q, size_t(shard_.q_heads.size()) * w.head_dim);
+    kv = std::max(kv, size_t(w.kv_heads.size()) * w.head_dim);
+    index = std::max(index, size_t(c.attention(l).index_head_dim));
   }
+  max_tokens_ = n;
+  mask_stride_ = (c.max_seq_len + layout_.block_size() - 1) / layout_.block_size();
+  Backend* b = backend_;
+  const size_t tokens = size_t(n);
+  PD_RETURN_IF_ERROR(x_.reserve(b, tokens * c.dim * f));
+  PD_RETURN_IF_ERROR(xn_.reserve(b, tokens * c.dim * f));
+  PD_RETURN_IF_ERROR(out_.reserve(b, tokens * c.dim * f));
+  PD_RETURN_IF_ERROR(gate_.reserve(b, tokens * shard_.hidden.size() * f));
+  PD_RETURN_IF_ERROR(up_.reserve(b, tokens * shard_.hidden.size() * f));
+  PD_RETURN_IF_ERROR(q_.reserve(b, tokens * q * f));
+  PD_RETURN_IF_ERROR(attn_.reserve(b, tokens * q * f));
+  PD_RETURN_IF_ERROR(k_.reserve(b, tokens * kv * f));
+  PD_RETURN_IF_ERROR(v_.reserve(b, tokens * kv * f));
+  if (index > 0) {
+    PD_RETURN_IF_ERROR(q_index_.reserve(b, tokens * index * f));
+    PD_RETURN_IF_ERROR(k_index_.reserve(b, tokens * index * f));
+    PD_RETURN_IF_ERROR(block_mask_.reserve(b, tokens * mask_stride_));
+  }
+  return absl::OkStatus();
 }
 
-void RankRunner::forward(const ForwardBatch& batch, float* logits) {
+Status RankRunner::prepare(const ForwardBatch& batch) {
+  const int n = int(batch.tokens.size()), bs = layout_.block_size();
+  if (n > max_tokens_)
+    return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
+  // The logits rows: as many as the step samples, fewer than its tokens, grown on demand.
+  const int rows = int(batch.logit_rows.size());
+  if (rows > 0) {
+    PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(rows) * config_.dim * sizeof(float)));
+    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(rows) * shard_.vocab.size() * sizeof(float)));
+  }
+  // [tokens][positions][each distinct block table, as far as this step's tokens reach].
+  meta_host_.assign(batch.tokens.begin(), batch.tokens.end());
+  meta_host_.insert(meta_host_.end(), batch.positions.begin(), batch.positions.end());
+  std::map<const int*, int> reach;  // Blocks needed per table.
+  for (int t = 0; t < n; ++t) {
+    int& r = reach[batch.block_tables[t]];
+    r = std::max(r, batch.positions[t] / bs + 1);
+  }
+  std::map<const int*, size_t> offset;
+  for (const auto& [table, blocks] : reach) {
+    offset[table] = meta_host_.size();
+    meta_host_.insert(meta_host_.end(), table, table + blocks);
+  }
+  PD_RETURN_IF_ERROR(meta_.reserve(backend_, std::max<size_t>(meta_host_.size(), 1) * sizeof(int)));
+  PD_RETURN_IF_ERROR(table_ptrs_.reserve(backend_, std::max(n, 1) * sizeof(const int*)));
+  const int* base = meta_.as<int>();
+  table_ptrs_host_.resize(n);
+  for (int t = 0; t < n; ++t) table_ptrs_host_[t] = base + offset[batch.block_tables[t]];
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(meta_.as<void>(), meta_host_.data(), meta_host_.size() * sizeof(int)));
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
+                                              size_t(n) * sizeof(const int*)));
+  placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
+  return absl::OkStatus();
+}
+
+Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
   const ModelConfig& c = config_;
-  const int n = int(batch.tokens.size());
-  resize_scratch(n);
+  const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
+  const int* tokens = meta_.as<int>();
+  const int* positions = placement_.positions;
   const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
   const bool rotate_half = c.rope_style == RopeStyle::kRotateHalf;
-  const int mask_stride = (c.max_seq_len + layout_.block_size() - 1) / layout_.block_size();
+  float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
+        *v = v_.as<float>(), *attn = attn_.as<float>(), *out = out_.as<float>(),
+        *gate = gate_.as<float>(), *up = up_.as<float>();
+  Status status;
+  // A layer hook may hand the layer's KV to a transport: on a device the writes must be done.
+  auto layer_written = [&](int layer) {
+    if (!batch.layer_hook) return;
+    if (!backend_->host_memory()) status.Update(backend_->synchronize());
+    (*batch.layer_hook)(shard_.rank, layer, batch.completed_prefills);
+  };
 
-  backend_->embed(x_.data(), shard_.embed, batch.tokens.data(), n, c.dim);
+  backend_->embed(x, shard_.embed, tokens, n, c.dim);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerShard& w = shard_.layers[l];
     const int nkv = w.kv_heads.size(), hd = w.head_dim;
     const int q_local = nq * hd, kv_local = nkv * hd;
     const float scale = 1.0f / std::sqrt(float(hd));
-    kernels::cpu::TokenPlacement place{n, batch.positions.data(), batch.block_tables.data()};
-    backend_->rms_norm(xn_.data(), x_.data(), w.attn_norm, n, c.dim, c.rms_eps);
-    backend_->matmul_xwt(q_.data(), xn_.data(), w.wq, n, q_local, c.dim, c.dim);
-    backend_->matmul_xwt(k_.data(), xn_.data(), w.wk, n, kv_local, c.dim, c.dim);
-    backend_->matmul_xwt(v_.data(), xn_.data(), w.wv, n, kv_local, c.dim, c.dim);
+    kernels::cpu::TokenPlacement place = placement_;
+    backend_->rms_norm(xn, x, w.attn_norm, n, c.dim, c.rms_eps);
+    backend_->matmul_xwt(q, xn, w.wq, n, q_local, c.dim, c.dim);
+    backend_->matmul_xwt(k, xn, w.wk, n, kv_local, c.dim, c.dim);
+    backend_->matmul_xwt(v, xn, w.wv, n, kv_local, c.dim, c.dim);
     if (w.bq) {
-      backend_->add_bias(q_.data(), w.bq, n, q_local);
-      backend_->add_bias(k_.data(), w.bk, n, kv_local);
-      backend_->add_bias(v_.data(), w.bv, n, kv_local);
+      backend_->add_bias(q, w.bq, n, q_local);
+      backend_->add_bias(k, w.bk, n, kv_local);
+      backend_->add_bias(v, w.bv, n, kv_local);
     }
-    backend_->rope(q_.data(), n, q_local, nq, hd, batch.positions.data(), c.rope_theta, rotate_half);
-    backend_->rope(k_.data(), n, kv_local, nkv, hd, batch.positions.data(), c.rope_theta, rotate_half);
-    backend_->paged_kv_write(views_[l], place, k_.data(), kv_local, v_.data(), kv_local, nkv);
+    backend_->rope(q, n, q_local, nq, hd, positions, c.rope_theta, rotate_half);
+    backend_->rope(k, n, kv_local, nkv, hd, positions, c.rope_theta, rotate_half);
+    backend_->paged_kv_write(views_[l], place, k, kv_local, v, kv_local, nkv);
     const int index_layer = c.index_cache_layer(l);
     if (index_layer >= 0) {
       const int index_dim = c.attention(l).index_head_dim;
-      backend_->matmul_xwt(q_index_.data(), xn_.data(), w.w_index_q, n, index_dim, c.dim, c.dim);
-      backend_->matmul_xwt(k_index_.data(), xn_.data(), w.w_index_k, n, index_dim, c.dim, c.dim);
-      backend_->paged_kv_write(views_[index_layer], place, k_index_.data(), index_dim, nullptr, 0, 1);
-      backend_->index_select_blocks(block_mask_.data(), mask_stride, q_index_.data(), views_[index_layer],
-                                    place, c.attention(l).index_top_k);
-      if (batch.layer_hook) (*batch.layer_hook)(shard_.rank, index_layer, batch.completed_prefills);
-      place.block_mask = block_mask_.data();
-      place.mask_stride = mask_stride;
+      float *qi = q_index_.as<float>(), *ki = k_index_.as<float>();
+      backend_->matmul_xwt(qi, xn, w.w_index_q, n, index_dim, c.dim, c.dim);
+      backend_->matmul_xwt(ki, xn, w.w_index_k, n, index_dim, c.dim, c.dim);
+      backend_->paged_kv_write(views_[index_layer], place, ki, index_dim, nullptr, 0, 1);
+      backend_->index_select_blocks(block_mask_.as<uint8_t>(), mask_stride_, qi, views_[index_layer], place,
+                                    c.attention(l).index_top_k);
+      layer_written(index_layer);
+      place.block_mask = block_mask_.as<uint8_t>();
+      place.mask_stride = mask_stride_;
     }
-    if (batch.layer_hook) (*batch.layer_hook)(shard_.rank, l, batch.completed_prefills);
-    backend_->paged_attention(attn_.data(), q_.data(), views_[l], place, nq, nq / nkv,
-                              layout_.spec().layers[l].window, scale);
-    backend_->matmul_xwt(out_.data(), attn_.data(), w.wo, n, c.dim, q_local, c.q_dim(l));
-    comm_->all_reduce_sum(out_.data(), int64_t(n) * c.dim);
-    backend_->add_inplace(x_.data(), out_.data(), int64_t(n) * c.dim);
+    layer_written(l);
+    backend_->paged_attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
+    backend_->matmul_xwt(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
+    comm_->all_reduce_sum(out, int64_t(n) * c.dim);
+    backend_->add_inplace(x, out, int64_t(n) * c.dim);
 
-    backend_->rms_norm(xn_.data(), x_.data(), w.ffn_norm, n, c.dim, c.rms_eps);
-    backend_->matmul_xwt(gate_.data(), xn_.data(), w.w_gate, n, hidden, c.dim, c.dim);
-    backend_->matmul_xwt(up_.data(), xn_.data(), w.w_up, n, hidden, c.dim, c.dim);
-    backend_->silu_mul(gate_.data(), up_.data(), int64_t(n) * hidden);
-    backend_->matmul_xwt(out_.data(), gate_.data(), w.w_down, n, c.dim, hidden, c.hidden_dim);
-    comm_->all_reduce_sum(out_.data(), int64_t(n) * c.dim);
-    backend_->add_inplace(x_.data(), out_.data(), int64_t(n) * c.dim);
+    backend_->rms_norm(xn, x, w.ffn_norm, n, c.dim, c.rms_eps);
+    backend_->matmul_xwt(gate, xn, w.w_gate, n, hidden, c.dim, c.dim);
+    backend_->matmul_xwt(up, xn, w.w_up, n, hidden, c.dim, c.dim);
+    backend_->silu_mul(gate, up, int64_t(n) * hidden);
+    backend_->matmul_xwt(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
+    comm_->all_reduce_sum(out, int64_t(n) * c.dim);
+    backend_->add_inplace(x, out, int64_t(n) * c.dim);
   }
 
-  const int rows = int(batch.logit_rows.size());
   if (rows > 0) {
     const int vocab_local = shard_.vocab.size();
-    if (last_.size() < size_t(rows) * c.dim) last_.resize(size_t(rows) * c.dim);
-    if (logits_local_.size() < size_t(rows) * vocab_local) logits_local_.resize(size_t(rows) * vocab_local);
+    float* last = last_.as<float>();
+    // Backend-to-backend copies (copy_to_device accepts backend memory on both sides).
     for (int r = 0; r < rows; ++r)
-      std::copy_n(x_.data() + int64_t(batch.logit_rows[r]) * c.dim, c.dim, last_.data() + int64_t(r) * c.dim);
-    backend_->rms_norm(last_.data(), last_.data(), shard_.final_norm, rows, c.dim, c.rms_eps);
-    backend_->matmul_xwt(logits_local_.data(), last_.data(), shard_.lm_head, rows, vocab_local, c.dim, c.dim);
-    for (int r = 0; r < rows; ++r)
-      std::copy_n(logits_local_.data() + int64_t(r) * vocab_local, vocab_local,
-                  logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);
+      status.Update(backend_->copy_to_device(last + int64_t(r) * c.dim, x + int64_t(batch.logit_rows[r]) * c.dim,
+                                             c.dim * sizeof(float)));
+    backend_->rms_norm(last, last, shard_.final_norm, rows, c.dim, c.rms_eps);
+    backend_->matmul_xwt(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
+    if (backend_->host_memory()) {
+      for (int r = 0; r < rows; ++r)
+        std::copy_n(logits_local_.as<float>() + int64_t(r) * vocab_local, vocab_local,
+                    logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);
+    } else {
+      logits_host_.resize(size_t(rows) * vocab_local);
+      status.Update(backend_->copy_to_host(logits_host_.data(), logits_local_.as<void>(),
+                                           logits_host_.size() * sizeof(float)));
+      for (int r = 0; r < rows; ++r)
+        std::copy_n(logits_host_.data() + int64_t(r) * vocab_local, vocab_local,
+                    logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);
+    }
   }
+  status.Update(backend_->synchronize());
   comm_->barrier();
+  return status;
 }
 
 }  // namespace pdserve::engine

@@ -1,6 +1,9 @@
 // One tensor-parallel rank: its weight shard, its slice of the paged KV cache (one arena laid
 // out by KvCacheLayout), and the forward pass over a batch of tokens from many sequences.
 // Ranks of one engine run the same batch on their own threads and meet in the Communicator.
+// Every buffer the kernels touch is the backend's memory (weights, KV arena, activations, the
+// step's tokens, positions and block tables), so one forward pass serves the CPU backend, where
+// that memory is host memory, and device backends, where only the wanted logits come back.
 #pragma once
 
 #include <functional>
@@ -10,6 +13,7 @@
 
 #include "common/status.h"
 #include "engine/backend.h"
+#include "engine/backend_buffer.h"
 #include "engine/communicator.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_weights.h"
@@ -31,24 +35,34 @@ struct ForwardBatch {
 class RankRunner {
  public:
   // Allocates the rank's KV arena (`num_blocks` blocks) on `backend`, or takes it from
-  // `arena_allocator` when set (then zero-filled here and never freed by the runner).
+  // `arena_allocator` when set (host memory, so for a host-memory backend only; zero-filled
+  // here and never freed by the runner). `shard`'s tensors are in `backend`'s memory. Scratch
+  // for batches of up to `max_tokens` tokens is allocated here, so forward() never allocates.
   static StatusOr<std::unique_ptr<RankRunner>> create(const ModelConfig& config, RankShard shard,
                                                       const KvCacheSpec& kv_spec, int num_blocks,
-                                                      Backend* backend, Communicator* comm,
+                                                      int max_tokens, Backend* backend,
+                                                      Communicator* comm,
                                                       const KvArenaAllocator& arena_allocator = {});
   ~RankRunner();
 
-  // Runs the model over `batch`. Writes this rank's vocabulary columns of each wanted row into
-  // `logits` ([logit_rows][vocab], shared by all ranks) and returns after every rank has.
-  void forward(const ForwardBatch& batch, float* logits);
+  // Copies `batch`'s tokens, positions and block tables (host memory) into the backend for the
+  // next forward(). Fails, touching nothing any rank shares, for a batch over max_tokens or a
+  // failed copy; so a pool prepares every rank before any enters the collectives.
+  Status prepare(const ForwardBatch& batch);
+  // Runs the model over the prepared `batch`. Writes this rank's vocabulary columns of each
+  // wanted row into `logits` (host [logit_rows][vocab], shared by all ranks) and returns after
+  // every rank has. An error (a failed copy or kernel) still takes the rank through every
+  // collective, so the other ranks never wait for it.
+  Status forward(const ForwardBatch& batch, float* logits);
 
   const KvCacheLayout& kv_layout() const { return layout_; }
   uint8_t* kv_arena() const { return arena_; }
+  Backend& backend() const { return *backend_; }
 
  private:
   RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout layout, Backend* backend,
              Communicator* comm);
-  void resize_scratch(int tokens);
+  Status reserve(int max_tokens);
 
   ModelConfig config_;
   RankShard shard_;
@@ -58,9 +72,15 @@ class RankRunner {
   uint8_t* arena_ = nullptr;
   bool owns_arena_ = false;  // From backend_ (freed here), not from a KvArenaAllocator.
   std::vector<kernels::cpu::PagedLayerView> views_;
-  // Activations, resized to the largest batch seen.
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_;
-  std::vector<uint8_t> block_mask_;
+  int max_tokens_ = 0;
+  int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
+  // Backend memory: activations for max_tokens_, the step's metadata, the logits rows.
+  BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
+      block_mask_, meta_, table_ptrs_;
+  kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
+  std::vector<int> meta_host_;
+  std::vector<const int*> table_ptrs_host_;
+  std::vector<float> logits_host_;
 };
 
 }  // namespace pdserve::engine

@@ -159,6 +159,21 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
     append_header(out, g.name, g.help, "gauge");
     for (const WorkerGauges& w : workers) append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}}, g.value(w));
   }
+  append_header(out, "pdserve:worker_info",
+                "1 per worker; its compute backend and where kvtransfer moves its KV (kv_memory: host or staged).",
+                "gauge");
+  for (const WorkerGauges& w : workers)
+    append_sample(out, "pdserve:worker_info",
+                  {{"worker", w.worker}, {"role", w.role}, {"backend", w.backend}, {"kv_memory", w.kv_memory}}, 1.0);
+  append_header(out, "pdserve:kv_staged_bytes_total",
+                "KV bytes a worker copied between device memory and its transfer mirror (staged kv_memory).", "counter");
+  for (const WorkerGauges& w : workers) {
+    if (w.kv_memory != "staged") continue;
+    append_sample(out, "pdserve:kv_staged_bytes_total", {{"worker", w.worker}, {"role", w.role}, {"direction", "to_host"}},
+                  double(w.kv_staged_to_host_bytes));
+    append_sample(out, "pdserve:kv_staged_bytes_total",
+                  {{"worker", w.worker}, {"role", w.role}, {"direction", "to_device"}}, double(w.kv_staged_to_device_bytes));
+  }
   return out;
 }
 

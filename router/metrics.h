@@ -46,6 +46,10 @@ struct WorkerGauges {
   int running = 0;
   int waiting = 0;
   int64_t queued_prefill_tokens = 0;
+  std::string backend;    // "cpu", "cuda:0", ... (empty until the worker answered).
+  std::string kv_memory;  // "host", "staged", or empty (no kvtransfer).
+  uint64_t kv_staged_to_host_bytes = 0;
+  uint64_t kv_staged_to_device_bytes = 0;
 };
 
 // Thread-safe live metrics of one router.

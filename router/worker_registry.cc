@@ -213,6 +213,10 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.running = w.info.running();
     g.waiting = w.info.waiting();
     g.queued_prefill_tokens = w.info.queued_prefill_tokens();
+    g.backend = w.info.backend();
+    g.kv_memory = w.info.kv_memory();
+    g.kv_staged_to_host_bytes = w.info.kv_staged_to_host_bytes();
+    g.kv_staged_to_device_bytes = w.info.kv_staged_to_device_bytes();
     out.push_back(g);
   }
   return out;

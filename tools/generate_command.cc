@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "engine/backend.h"
 #include "engine/engine.h"
 #include "tools/router_client.h"
 
@@ -102,7 +103,7 @@ int run_generate(const GenerateFlags& f) {
   }
   const auto stats = e.stats();
   std::cerr << "model " << name << " (" << e.config().n_layers << " layers, dim " << e.config().dim
-            << "), TP " << f.engine.tp << ", KV cache " << e.kv_capacity_tokens() << " tokens ("
+            << "), TP " << f.engine.tp << " on " << e.backend(0).name() << ", KV cache " << e.kv_capacity_tokens() << " tokens ("
             << (stats.kv_bytes_per_rank >> 20) << " MiB per rank), load "
             << std::chrono::duration<double>(Clock::now() - t0).count() << " s\n";
 
@@ -164,6 +165,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
   cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
+  cmd->add_option("--device", flags->engine.backend, "Compute backend: cpu, or cuda (rank r on GPU r)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
   cmd->add_option("--memory-utilization", flags->engine.memory_utilization,

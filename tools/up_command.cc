@@ -24,6 +24,8 @@ struct UpFlags {
   int decode = 0, decode_tp = 1;
   int aggregated = 0, tp = 1;
   std::string kv_mode = "push";
+  std::string device = "cpu", prefill_device, decode_device;
+  std::string kv_memory = "auto";
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -186,8 +188,12 @@ int run_up(const UpFlags& f) {
   sigprocmask(SIG_BLOCK, &signals, nullptr);
 
   auto worker_args = [&](const std::string& bin, const std::string& role, int tp) {
+    const std::string& device = role == "prefill" && !f.prefill_device.empty() ? f.prefill_device
+                                : role == "decode" && !f.decode_device.empty() ? f.decode_device
+                                                                                : f.device;
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
-                                  "--host", f.host, "--port", "0"};
+                                  "--device", device, "--host", f.host, "--port", "0"};
+    if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     return a;
@@ -275,6 +281,16 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
   cmd->add_option("--kv-mode", f->kv_mode, "KV transfer: push (prefill writes) or pull (decode reads)")
       ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  cmd->add_option("--device", f->device, "Workers' compute backend: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-device", f->prefill_device, "Prefill workers' backend (default: --device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--decode-device", f->decode_device, "Decode workers' backend (default: --device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--kv-memory", f->kv_memory, "P/D workers' KV for transfers: auto or staged (see the workers)")
+      ->check(CLI::IsMember({"auto", "staged"}))
+      ->capture_default_str();
   cmd->add_option("--host", f->host, "Address every process listens on")->capture_default_str();
   cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1)")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");

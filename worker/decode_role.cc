@@ -229,9 +229,28 @@ void DecodeRole::post_transfer(const std::string& id,
 }
 
 void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(ev.request_id);
   if (it == jobs_.end()) return;
+  kvtransfer::KvStaging* staging = kv_->staging(rank);
+  if (ev.kind == KvTransferEvent::Kind::kReady && staging != nullptr) {
+    // The rank's share is complete in the host mirror: on to the device before the engine may
+    // decode from it. The blocks stay reserved for this request meanwhile (a failure or abort
+    // frees them only once every rank reported, and this rank has not yet).
+    const std::vector<int> blocks = it->second.kv_blocks;
+    lock.unlock();
+    Status staged = staging->to_device(blocks);
+    lock.lock();
+    it = jobs_.find(ev.request_id);
+    if (it == jobs_.end()) return;
+    if (!staged.ok()) {
+      it->second.released[rank] = 1;  // The rank finished with its blocks; they are ours again.
+      fail_locked(ev.request_id, it->second, staged);
+      changed_.notify_all();
+      maybe_free(ev.request_id);
+      return;
+    }
+  }
   Job& job = it->second;
   if (ev.kind == KvTransferEvent::Kind::kReady) {
     job.ready[rank] = 1;

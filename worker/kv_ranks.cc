@@ -53,6 +53,7 @@ class KvRanks::Rank {
   }
 
   const std::string& endpoint() const { return endpoint_; }
+  void* arena() const { return arena_; }
 
  private:
   void run(kvtransfer::KvEndpointOptions options, std::promise<Status>& started) {
@@ -63,6 +64,7 @@ class KvRanks::Rank {
     }
     std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint = std::move(*created);
     endpoint_ = endpoint->control_endpoint();
+    arena_ = endpoint->arena();
     PD_LOG_INFO("kvtransfer rank {}: {}", rank_, endpoint->describe());
     started.set_value(absl::OkStatus());
     std::optional<TimePoint> drain_until;
@@ -95,6 +97,7 @@ class KvRanks::Rank {
   KvEventFn on_event_;
   const Clock* clock_ = nullptr;
   std::string endpoint_;
+  void* arena_ = nullptr;  // The registered arena (the engine's, or a transport-made mirror).
   std::mutex mu_;
   std::condition_variable wake_;
   std::vector<KvCommand> queue_;
@@ -116,7 +119,13 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.side = options.side;
     o.tp = engine.tp();
     o.rank = r;
-    o.arena = engine.kv_arena(r);
+    // A device arena is out of the transport's reach: it registers a host mirror instead.
+    const bool staged = options.memory == KvMemory::kStaged || !engine.backend(r).host_memory();
+    if (staged) {
+      o.allocate_arena = true;
+    } else {
+      o.arena = engine.kv_arena(r);
+    }
     o.num_blocks = engine.kv_layout(r).num_blocks();
     o.clock = options.clock;
     o.default_lease = options.default_lease;
@@ -128,8 +137,15 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
     auto rank = std::make_unique<Rank>(r, on_event);
     PD_RETURN_IF_ERROR(rank->start(std::move(o)));
+    if (staged) {
+      PD_ASSIGN_OR_RETURN(auto staging, kvtransfer::KvStaging::create(engine.kv_layout(r), engine.kv_arena(r),
+                                                                      rank->arena(), &engine.backend(r)));
+      ranks->staged_.push_back(std::move(staging));
+    }
     ranks->ranks_.push_back(std::move(rank));
   }
+  PD_LOG_INFO("kvtransfer: {} backend, KV moves through {}", engine.backend(0).name(),
+              ranks->staged_.empty() ? "the engine's arena" : "a pinned host mirror of each rank's arena (staged)");
   return ranks;
 }
 
@@ -149,6 +165,22 @@ void KvRanks::post_all(const std::function<void(int, kvtransfer::KvRankEndpoint&
 }
 
 void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(command)); }
+
+kvtransfer::KvStaging* KvRanks::staging(int rank) const {
+  return staged_.empty() ? nullptr : staged_[rank].get();
+}
+
+uint64_t KvRanks::staged_bytes_to_host() const {
+  uint64_t n = 0;
+  for (const auto& s : staged_) n += s->bytes_to_host();
+  return n;
+}
+
+uint64_t KvRanks::staged_bytes_to_device() const {
+  uint64_t n = 0;
+  for (const auto& s : staged_) n += s->bytes_to_device();
+  return n;
+}
 
 void KvRanks::stop(Duration drain) {
   for (auto& r : ranks_) r->request_stop(drain);

@@ -18,12 +18,20 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "kvtransfer/kv_endpoint.h"
+#include "kvtransfer/kv_staging.h"
 #include "proto/worker.pb.h"
 
 namespace pdserve::worker {
 
+// Where the transport reads and writes a rank's KV.
+enum class KvMemory {
+  kAuto,    // The engine's arena when it is host memory, else a staged host mirror.
+  kStaged,  // Always a host mirror the worker copies through (forced: tests, debugging).
+};
+
 struct KvRanksOptions {
   kvtransfer::SessionSide side = kvtransfer::SessionSide::kProducer;
+  KvMemory memory = KvMemory::kAuto;
   std::string model_id;  // With the engine's KV spec, the compat hash.
   const Clock* clock = &RealClock::instance();
   Duration default_lease = std::chrono::seconds(30);
@@ -56,11 +64,20 @@ class KvRanks {
   void post(int rank, KvCommand command);
   // Keeps progressing until no rank has open requests or `drain` passed, then joins. Idempotent.
   void stop(Duration drain);
+  // Rank `rank`'s host mirror of a device arena, or nullptr when the transport uses the
+  // engine's arena itself.
+  kvtransfer::KvStaging* staging(int rank) const;
+  // "host" (the transport reads and writes the engine's arena) or "staged" (a host mirror).
+  std::string memory_path() const { return staged_.empty() ? "host" : "staged"; }
+  // Bytes copied device → host and host → device by the staging, over every rank.
+  uint64_t staged_bytes_to_host() const;
+  uint64_t staged_bytes_to_device() const;
 
  private:
   class Rank;
   KvRanks() = default;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::vector<std::unique_ptr<kvtransfer::KvStaging>> staged_;  // Per rank, when staged.
   uint64_t compat_hash_ = 0;
 };
 

@@ -232,12 +232,32 @@ void PrefillRole::post_layer(int rank, const std::string& id, Job& job, int laye
 }
 
 void PrefillRole::on_layer(int rank, int layer, const std::vector<std::string>& completed) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  std::vector<std::pair<std::string, std::vector<int>>> pushes;
   for (const std::string& id : completed) {
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     Job& job = it->second;
-    if (job.push && job.transfer_started && !job.aborting) post_layer(rank, id, job, layer);
+    if (job.push && job.transfer_started && !job.aborting) pushes.emplace_back(id, job.kv_blocks);
+  }
+  if (kvtransfer::KvStaging* staging = kv_->staging(rank); staging != nullptr && !pushes.empty()) {
+    // The layer goes to the host mirror before any put reads it. The blocks stay ours until
+    // every rank gave them back, which an abort cannot complete before this hook returns.
+    lock.unlock();
+    std::vector<Status> staged;
+    for (const auto& [id, blocks] : pushes) staged.push_back(staging->to_host(blocks, layer));
+    lock.lock();
+    for (size_t i = 0; i < pushes.size(); ++i) {
+      if (staged[i].ok()) continue;
+      auto it = jobs_.find(pushes[i].first);
+      if (it != jobs_.end() && it->second.error.ok()) it->second.error = staged[i];
+    }
+  }
+  for (const auto& [id, blocks] : pushes) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    Job& job = it->second;
+    if (job.error.ok() && !job.aborting) post_layer(rank, id, job, layer);
   }
 }
 
@@ -274,6 +294,14 @@ void PrefillRole::start_hold(const std::string& id, Job& job) {
   hold.producer_blocks = job.kv_blocks;
   hold.lease = lease_;
   kv_->post_all([this, hold](int rank, kvtransfer::KvRankEndpoint& ep) {
+    // The prefill's steps have finished on every rank (a forward pass ends synchronized), so its
+    // KV is complete on the device: the consumers may read the mirror once it holds it.
+    if (kvtransfer::KvStaging* staging = kv_->staging(rank)) {
+      if (Status s = staging->to_host(hold.producer_blocks); !s.ok()) {
+        on_command_failed(rank, hold.request_id, s, /*registered=*/false);
+        return;
+      }
+    }
     if (Status s = ep.hold(hold); !s.ok()) {
       command_failed(rank, ep, hold.request_id, s);
       return;

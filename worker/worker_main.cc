@@ -37,6 +37,7 @@ struct WorkerFlags {
   std::string router;     // Register with this router (HOST:PORT) and heartbeat.
   std::string advertise;  // The address the router dials (default: --host and the bound port).
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
+  std::string kv_memory = "auto";
 };
 
 int fail(const std::string& what, const Status& s) {
@@ -76,6 +77,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
 
   KvRanksOptions kv;
   kv.model_id = model_name;
+  kv.memory = f.kv_memory == "staged" ? KvMemory::kStaged : KvMemory::kAuto;
   kv.default_lease = std::chrono::milliseconds(f.kv_lease_ms);
   kv.peer_timeout = std::chrono::milliseconds(f.kv_peer_timeout_ms);
   kv.heartbeat_interval = std::min<Duration>(std::chrono::seconds(1), kv.peer_timeout / 4);
@@ -171,6 +173,14 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--port", f.port, "gRPC port (0: pick one; see the READY line)")->capture_default_str();
   app.add_option("--id", f.id, "Worker id (default: role@host:port)");
   app.add_option("--tp", f.engine.tp, "Tensor-parallel ranks")->capture_default_str();
+  app.add_option("--device", f.engine.backend, "Compute backend: cpu, or cuda (rank r on GPU r)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--kv-memory", f.kv_memory,
+                 "KV for transfers: auto (the engine's arena when it is host memory, else a staged host "
+                 "mirror) or staged (always the mirror)")
+      ->check(CLI::IsMember({"auto", "staged"}))
+      ->capture_default_str();
   app.add_option("--block-size", f.engine.block_size, "Tokens per KV block")->capture_default_str();
   app.add_option("--kv-cache-bytes", f.engine.kv_cache_bytes, "KV cache bytes per rank");
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");

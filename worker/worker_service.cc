@@ -1,9 +1,12 @@
 #include "worker/worker_service.h"
 
+#include "engine/backend.h"
+
 #include <chrono>
 #include <memory>
 
 #include "common/logging.h"
+#include "engine/backend.h"
 #include "engine/tokenizer/chat_template.h"
 #include "worker/sampling_params.h"
 #include "worker/token_stream.h"
@@ -50,9 +53,13 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
   reply->set_waiting(st.engine.waiting);
   reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
   const KvRanks* kv = prefill_ ? &prefill_->kv() : decode_ ? &decode_->kv() : nullptr;
+  reply->set_backend(e.backend(0).name());
   if (kv) {
     reply->set_compat_hash(kv->compat_hash());
     reply->set_kv_endpoint(kv->group().SerializeAsString());
+    reply->set_kv_memory(kv->memory_path());
+    reply->set_kv_staged_to_host_bytes(kv->staged_bytes_to_host());
+    reply->set_kv_staged_to_device_bytes(kv->staged_bytes_to_device());
   }
   return grpc::Status::OK;
 }

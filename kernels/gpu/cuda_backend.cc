@@ -25,6 +25,8 @@ class CudaBackend final : public Backend {
     auto b = std::unique_ptr<CudaBackend>(new CudaBackend(device));
     PD_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device), "cudaSetDevice"));
     PD_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    PD_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&b->staging_stream_, cudaStreamNonBlocking),
+                                   "cudaStreamCreate"));
     if (cublasCreate(&b->cublas_) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
     cublasSetStream(b->cublas_, b->stream_);
     // Full fp32: the CPU backend is the reference and TF32 would differ from it by ~1e-3.
@@ -38,6 +40,7 @@ class CudaBackend final : public Backend {
     bind();
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (staging_stream_) cudaStreamDestroy(staging_stream_);
   }
 
   std::string name() const override { return absl::StrCat("cuda:", device_); }
@@ -76,6 +79,23 @@ class CudaBackend final : public Backend {
     return cuda_status(cudaStreamSynchronize(stream_), "synchronize");
   }
   uint64_t memory_bytes() const override { return total_bytes_; }
+  bool host_memory() const override { return false; }
+  Status staging_copy(void* dst, const void* src, size_t bytes) override {
+    bind();
+    return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, staging_stream_), "staging copy");
+  }
+  Status staging_wait() override {
+    bind();
+    return cuda_status(cudaStreamSynchronize(staging_stream_), "staging copy");
+  }
+  Status pin_host_memory(void* ptr, size_t bytes) override {
+    bind();
+    return cuda_status(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  }
+  void unpin_host_memory(void* ptr) override {
+    bind();
+    cudaHostUnregister(ptr);
+  }
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
     bind();
@@ -143,6 +163,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t staging_stream_ = nullptr;  // kvtransfer staging copies, beside the forward pass.
   cublasHandle_t cublas_ = nullptr;
   size_t total_bytes_ = 0;
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next

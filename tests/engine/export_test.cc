@@ -17,7 +17,10 @@ std::vector<float> logits_of(const LoadedModel& m, const std::vector<int>& promp
   auto weights = ModelWeightsF32::create(m.config, *m.weights);
   EXPECT_TRUE(weights.ok()) << weights.status();
   const KvCacheSpec spec = m.config.kv_cache_spec(16);
-  auto pool = RankPool::create(m.config, **weights, spec, 64, tp);
+  RankPoolOptions options;
+  options.tp = tp;
+  options.max_tokens = int(prompt.size());
+  auto pool = RankPool::create(m.config, **weights, spec, 64, options);
   EXPECT_TRUE(pool.ok()) << pool.status();
   std::vector<int> table(64);
   for (int i = 0; i < 64; ++i) table[i] = i;
@@ -29,7 +32,7 @@ std::vector<float> logits_of(const LoadedModel& m, const std::vector<int>& promp
     batch.logit_rows.push_back(int(i));  // Every position's logits.
   }
   std::vector<float> logits(prompt.size() * m.config.vocab_size);
-  (*pool)->forward(batch, logits.data());
+  EXPECT_TRUE((*pool)->forward(batch, logits.data()).ok());
   return logits;
 }
 

@@ -1,9 +1,9 @@
 // The GPU kernels against the CPU reference kernels on the same random inputs, in the manner of
 // llama.cpp's test-backend-ops, and the whole forward pass of the bundled model on the CUDA
-// backend against the published greedy text. Tolerances: f32 results within 1e-5 of the CPU's
+// engine against the published greedy text. Tolerances: f32 results within 1e-5 of the CPU's
 // relative to the larger of 1 and the output's magnitude (RoPE 1e-4: the device's powf/sinf/cosf
 // are not glibc's); bf16/f16 KV storage within 1e-2 (8 and 11 bit mantissas). Tests needing a
-// device skip when there is none; the harness tests run on the CPU backend anywhere.
+// device skip when there is none.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_split.h"
 #include "engine/cuda_backend.h"
+#include "engine/engine.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
 #include "engine/model_weights.h"
@@ -24,7 +25,6 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/gpu/ops.h"
 #include "tests/engine/test_model.h"
-#include "tests/gpu/device_runner.h"
 
 namespace pdserve::kernels {
 namespace {
@@ -468,46 +468,6 @@ namespace {
 
 using namespace pdserve::engine;
 
-struct Generated {
-  std::vector<int> tokens;
-  std::string text;
-};
-
-// Greedy decoding from BOS through DeviceRankRunner on `backend`: one prefill step of the
-// prompt, then one token per step, as the engine does (stop at an EOS id or after max_new).
-StatusOr<Generated> greedy(const LoadedModel& model, const ModelWeightsF32& host_weights, Backend* backend,
-                           const std::vector<int>& prompt, int max_new) {
-  const ModelConfig& c = model.config;
-  PD_ASSIGN_OR_RETURN(auto dev, upload_weights(c, host_weights, backend));
-  PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(c, *dev->weights, 0, 1));
-  const int block = 16, blocks = (c.max_seq_len + block - 1) / block;
-  auto comm = make_single_rank_communicator(backend);
-  PD_ASSIGN_OR_RETURN(auto runner, DeviceRankRunner::create(c, shard, c.kv_cache_spec(block), blocks, backend, comm.get()));
-  std::vector<int> table(blocks);
-  std::iota(table.begin(), table.end(), 0);
-  std::vector<float> logits(c.vocab_size);
-  Generated out;
-  std::vector<int> feed = prompt;
-  int pos = 0, prev = prompt.back();
-  while (int(out.tokens.size()) < max_new && pos + int(feed.size()) <= c.max_seq_len) {
-    ForwardBatch batch;
-    for (int t : feed) {
-      batch.tokens.push_back(t);
-      batch.positions.push_back(pos++);
-      batch.block_tables.push_back(table.data());
-    }
-    batch.logit_rows = {int(feed.size()) - 1};
-    PD_RETURN_IF_ERROR(runner->forward(batch, logits.data()));
-    const int next = kernels::cpu::argmax(logits.data(), c.vocab_size);
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) break;
-    out.tokens.push_back(next);
-    out.text += model.tokenizer->decode_token(prev, next);
-    prev = next;
-    feed = {next};
-  }
-  return out;
-}
-
 std::string trimmed(std::string s) {
   while (!s.empty() && s.back() == '\n') s.pop_back();
   return s;
@@ -520,52 +480,103 @@ std::string published_text() {
   return trimmed(ss.str());
 }
 
-class Stories : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto m = load_model({stories_bin()});
-    ASSERT_TRUE(m.ok()) << m.status();
-    model_ = std::make_unique<LoadedModel>(std::move(*m));
-    auto w = ModelWeightsF32::create(model_->config, *model_->weights);
-    ASSERT_TRUE(w.ok()) << w.status();
-    weights_ = std::move(*w);
-  }
-  std::unique_ptr<LoadedModel> model_;
-  std::unique_ptr<ModelWeightsF32> weights_;
-};
+// The bundled model in an engine on `backend` (EngineOptions::backend), as the workers make it.
+std::unique_ptr<Engine> stories_engine(const std::string& backend, int tp = 1) {
+  auto model = load_model({stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.backend = backend;
+  options.tp = tp;
+  auto engine = Engine::create(std::move(*model), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
 
-TEST_F(Stories, HarnessOnCpuBackendReproducesPublishedText) {
-  auto cpu = make_cpu_backend();
-  auto got = greedy(*model_, *weights_, cpu.get(), {model_->config.bos_id}, 256);
+SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.max_tokens = max_tokens;
+  return p;
+}
+
+// Runs `prompts` as concurrent requests (mixed prefill chunks and decodes in one step) and
+// returns each one's tokens.
+std::vector<std::vector<int>> run_batch(Engine& engine, const std::vector<std::vector<int>>& prompts, int max_tokens) {
+  std::vector<std::vector<int>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest r;
+    r.id = std::to_string(i);
+    r.prompt = prompts[i];
+    r.params = greedy(max_tokens);
+    EXPECT_TRUE(engine.add_request(std::move(r), [&out, i](const TokenEvent& ev) {
+      if (ev.token >= 0) out[i].push_back(ev.token);
+      EXPECT_TRUE(ev.error.ok()) << ev.error;
+    }).ok());
+  }
+  EXPECT_TRUE(engine.run_until_idle().ok());
+  return out;
+}
+
+TEST(Stories, UnknownOrMissingBackendIsAClearError) {
+  auto model = load_model({stories_bin()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.backend = "tpu";
+  auto engine = Engine::create(std::move(*model), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("unknown backend"), std::string_view::npos) << engine.status();
+}
+
+TEST(Stories, CudaEngineGreedyFromBosEqualsPublishedText) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto engine = stories_engine("cuda");
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->backend(0).name(), "cuda:0");
+  auto got = engine->generate({engine->config().bos_id}, greedy(256));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(trimmed(got->text), published_text());
 }
 
-TEST_F(Stories, CudaBackendGreedyEqualsCpuAndPublishedText) {
+TEST(Stories, CudaEngineLongPromptPrefillEqualsCpu) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto cuda = make_cuda_backend(0);
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  auto cpu = make_cpu_backend();
-  auto want = greedy(*model_, *weights_, cpu.get(), {model_->config.bos_id}, 256);
-  auto got = greedy(*model_, *weights_, cuda->get(), {model_->config.bos_id}, 256);
-  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
-  EXPECT_EQ(got->tokens, want->tokens);
-  EXPECT_EQ(trimmed(got->text), published_text());
-}
-
-TEST_F(Stories, CudaPrefillOfLongPromptEqualsCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto cuda = make_cuda_backend(0);
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  auto cpu = make_cpu_backend();
+  auto cuda = stories_engine("cuda");
+  auto cpu = stories_engine("cpu");
+  ASSERT_TRUE(cuda && cpu);
   // A 60-token prompt in one step takes the prefill attention kernel.
-  auto prompt = model_->tokenizer->encode(published_text().substr(0, 250), true);
+  auto prompt = cpu->tokenizer().encode(published_text().substr(0, 250), true);
   ASSERT_TRUE(prompt.ok());
   prompt->resize(std::min<size_t>(prompt->size(), 60));
-  auto want = greedy(*model_, *weights_, cpu.get(), *prompt, 60);
-  auto got = greedy(*model_, *weights_, cuda->get(), *prompt, 60);
+  auto want = cpu->generate(*prompt, greedy(60));
+  auto got = cuda->generate(*prompt, greedy(60));
   ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
-  EXPECT_EQ(got->tokens, want->tokens);
+  EXPECT_EQ(got->token_ids, want->token_ids);
+}
+
+// Sixteen requests at once: decode tokens and prefill chunks of many sequences share steps,
+// and the per-step token budget splits long prompts across steps.
+TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto cuda = stories_engine("cuda");
+  auto cpu = stories_engine("cpu");
+  ASSERT_TRUE(cuda && cpu);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 16; ++i) {
+    std::vector<int> p = {cpu->config().bos_id};
+    const int len = 1 + int(rng() % 120);
+    for (int t = 0; t < len; ++t) p.push_back(3 + int(rng() % (cpu->config().vocab_size - 3)));
+    prompts.push_back(p);
+  }
+  EXPECT_EQ(run_batch(*cuda, prompts, 48), run_batch(*cpu, prompts, 48));
+}
+
+TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "TP 2 needs two CUDA devices";
+  auto cuda = stories_engine("cuda", 2);
+  auto cpu = stories_engine("cpu", 2);
+  ASSERT_TRUE(cuda && cpu);
+  auto got = cuda->generate({cuda->config().bos_id}, greedy(256));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(trimmed(got->text), published_text());
 }
 
 }  // namespace

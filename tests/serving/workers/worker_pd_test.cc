@@ -46,6 +46,60 @@ INSTANTIATE_TEST_SUITE_P(TpPairs, PdTopology,
                            return "P" + std::to_string(info.param.first) + "D" + std::to_string(info.param.second);
                          });
 
+// A worker whose KV the transport cannot reach (a GPU's arena over a UCX without device
+// memory support) moves it through a pinned host mirror. --kv-memory staged forces that path on
+// the CPU backend, whose copies are the calls a GPU backend queues: on the prefill side, the
+// decode side or both, tokens stay equal in push and pull, the copies show in Info, and every
+// block comes back.
+struct StagedCase {
+  int prefill_tp, decode_tp;
+  bool prefill_staged, decode_staged;
+};
+class PdStaged : public ::testing::TestWithParam<StagedCase> {};
+
+TEST_P(PdStaged, PushAndPullThroughHostMirrorsEqualInProcess) {
+  const StagedCase c = GetParam();
+  auto args = [](bool staged) { return std::vector<std::string>{"--kv-memory", staged ? "staged" : "auto"}; };
+  PdPair pd(c.prefill_tp, c.decode_tp, args(c.prefill_staged), args(c.decode_staged));
+  ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
+  EXPECT_EQ(info(pd.prefill()).kv_memory(), c.prefill_staged ? "staged" : "host");
+  EXPECT_EQ(info(pd.decode()).kv_memory(), c.decode_staged ? "staged" : "host");
+  EXPECT_EQ(info(pd.decode()).backend(), "cpu");
+
+  const std::vector<std::string> prompts = {"Once upon a time, there was a little dog named Max. Max liked to run",
+                                            "Lily had a cat", "The sun was hot"};
+  std::vector<Reference> refs;
+  for (const std::string& p : prompts) refs.push_back(reference(p, 32));
+  std::vector<PdResult> results(2 * prompts.size());
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    calls.emplace_back([&, i] { results[2 * i] = pd.push("sp" + std::to_string(i), refs[i].prompt, 32); });
+    calls.emplace_back([&, i] { results[2 * i + 1] = pd.pull("sl" + std::to_string(i), refs[i].prompt, 32); });
+  }
+  for (auto& t : calls) t.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].prefill.ok()) << i << ": " << results[i].prefill.error_message() << " (see " << pd.logs() << ")";
+    ASSERT_TRUE(results[i].decode.status.ok()) << i << ": " << results[i].decode.status.error_message();
+    EXPECT_EQ(results[i].decode.tokens, refs[i / 2].tokens) << "request " << i;
+  }
+  const worker::WorkerInfo p = info(pd.prefill()), d = info(pd.decode());
+  EXPECT_EQ(p.kv_staged_to_host_bytes() > 0, c.prefill_staged);
+  EXPECT_EQ(p.kv_staged_to_device_bytes(), 0u);
+  EXPECT_EQ(d.kv_staged_to_device_bytes() > 0, c.decode_staged);
+  EXPECT_EQ(d.kv_staged_to_host_bytes(), 0u);
+  EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+  EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sides, PdStaged,
+                         ::testing::Values(StagedCase{2, 1, true, false}, StagedCase{1, 2, false, true},
+                                           StagedCase{2, 4, true, true}),
+                         [](const auto& info) {
+                           const StagedCase& c = info.param;
+                           return "P" + std::to_string(c.prefill_tp) + (c.prefill_staged ? "staged" : "host") + "D" +
+                                  std::to_string(c.decode_tp) + (c.decode_staged ? "staged" : "host");
+                         });
+
 TEST(PdWorkers, ConcurrentRequestsBatchAndStayEqual) {
   PdPair pd(2, 1);
   ASSERT_TRUE(pd.ready()) << "see " << pd.logs();

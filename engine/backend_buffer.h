@@ -1,0 +1,43 @@
+// BackendBuffer: one allocation of a backend's memory, freed with it. The forward pass keeps its
+// activations, per-step metadata and (on device backends) weights in these.
+#pragma once
+
+#include <cstddef>
+
+#include "common/status.h"
+#include "engine/backend.h"
+
+namespace pdserve::engine {
+
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() { reset(); }
+
+  // Makes room for at least `bytes` on `backend` (zeroed when it grows; contents are lost then).
+  Status reserve(Backend* backend, size_t bytes) {
+    if (ptr_ != nullptr && bytes <= bytes_) return absl::OkStatus();
+    reset();
+    PD_ASSIGN_OR_RETURN(ptr_, backend->allocate(bytes));
+    backend_ = backend;
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  void reset() {
+    if (ptr_ != nullptr) backend_->deallocate(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace pdserve::engine

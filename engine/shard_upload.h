@@ -1,0 +1,33 @@
+// upload_shard: a rank's weight shard copied into a device backend's memory. Only what the rank
+// computes with travels (its head, column and vocabulary slices, compacted), so a GPU holds
+// 1/TP of the sharded tensors rather than the whole model.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/backend_buffer.h"
+#include "engine/model_config.h"
+#include "engine/model_weights.h"
+
+namespace pdserve::engine {
+
+// A RankShard whose pointers are backend memory, and the buffers that hold it.
+struct UploadedShard {
+  RankShard shard;
+  std::vector<std::unique_ptr<BackendBuffer>> buffers;
+  uint64_t bytes = 0;
+};
+
+// Copies `host` (pointers into host tensors, as shard_weights makes them) to `backend`. A tied
+// classifier's rows stay a view into the uploaded embedding table.
+StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& config, const RankShard& host,
+                                                      Backend* backend);
+
+// Bytes of the tensors one rank of `tp` holds once uploaded (an estimate of the weights' share
+// of device memory, for sizing the KV cache).
+uint64_t shard_bytes(const ModelConfig& config, int tp);
+
+}  // namespace pdserve::engine
