@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cuda_backend.h"
+#include "engine/gpu_backend.h"
 #include "engine/model/make_model.h"
 #include "engine/model_tensors.h"
 #include "engine/model_weights.h"
@@ -116,7 +116,7 @@ int run(const Options& o) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
   c.max_seq_len = std::max({c.max_seq_len, o.context + 1, max_prefill});
-  auto backend_or = make_cuda_backend(0);
+  auto backend_or = make_gpu_backend(0);
   if (!backend_or.ok()) {
     std::fprintf(stderr, "%s\n", std::string(backend_or.status().message()).c_str());
     return 1;

@@ -71,8 +71,9 @@ class Backend {
 // The fp32 CPU backend (OpenBLAS GEMM, kernels/cpu).
 std::unique_ptr<Backend> make_cpu_backend();
 
-// The backend named `kind` on device `device`: "cpu" (device ignored), or "cuda" in builds with
-// PDSERVE_WITH_CUDA. Unimplemented for a kind this build lacks, Unavailable without the device.
+// The backend named `kind` on device `device`: "cpu" (device ignored), "cuda" in builds with
+// PDSERVE_WITH_CUDA, "hip" in builds with PDSERVE_WITH_HIP. Unimplemented for a kind this build
+// lacks, Unavailable without the device.
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device);
 // The kinds make_backend knows in this build.
 std::vector<std::string> backend_kinds();

@@ -4,15 +4,15 @@
 
 #include "absl/strings/str_join.h"
 
-#if defined(PDSERVE_HAVE_CUDA_BACKEND)
-#include "engine/cuda_backend.h"
+#if defined(PDSERVE_HAVE_GPU_BACKEND)
+#include "engine/gpu_backend.h"
 #endif
 
 namespace pdserve::engine {
 
 std::vector<std::string> backend_kinds() {
-#if defined(PDSERVE_HAVE_CUDA_BACKEND)
-  return {"cpu", "cuda"};
+#if defined(PDSERVE_HAVE_GPU_BACKEND)
+  return {"cpu", std::string(gpu_backend_kind())};
 #else
   return {"cpu"};
 #endif
@@ -20,13 +20,12 @@ std::vector<std::string> backend_kinds() {
 
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device) {
   if (kind == "cpu") return make_cpu_backend();
-  if (kind == "cuda") {
-#if defined(PDSERVE_HAVE_CUDA_BACKEND)
-    return make_cuda_backend(device);
-#else
-    return absl::UnimplementedError("this build has no CUDA backend (configure with -DPDSERVE_WITH_CUDA=ON)");
+#if defined(PDSERVE_HAVE_GPU_BACKEND)
+  if (kind == gpu_backend_kind()) return make_gpu_backend(device);
 #endif
-  }
+  if (kind == "cuda" || kind == "hip")
+    return absl::UnimplementedError(absl::StrCat("this build has no ", std::string(kind), " backend (configure with -DPDSERVE_WITH_",
+                                                 kind == "cuda" ? "CUDA" : "HIP", "=ON)"));
   return absl::InvalidArgumentError(absl::StrCat("unknown backend \"", std::string(kind), "\" (known: ",
                                                  absl::StrJoin(backend_kinds(), ", "), ")"));
 }

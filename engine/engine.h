@@ -29,8 +29,8 @@ class ModelWeightsF32;
 
 struct EngineOptions {
   int tp = 1;
-  // The ranks' compute backend (make_backend's kind): "cpu", or "cuda" (rank r on CUDA device
-  // r of those CUDA_VISIBLE_DEVICES shows; NCCL between ranks).
+  // The ranks' compute backend (make_backend's kind): "cpu", or "cuda" / "hip" (rank r on GPU r
+  // of those CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES show; NCCL / RCCL between ranks).
   std::string backend = "cpu";
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's

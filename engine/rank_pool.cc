@@ -2,19 +2,19 @@
 
 #include <cblas.h>
 
-#if defined(PDSERVE_HAVE_CUDA_BACKEND)
-#include "engine/cuda_backend.h"
+#if defined(PDSERVE_HAVE_GPU_BACKEND)
+#include "engine/gpu_backend.h"
 #endif
 
 namespace pdserve::engine {
 namespace {
 
-// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers, NCCL
-// between GPUs. One rank needs none, whatever its memory.
+// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers,
+// NCCL/RCCL between GPUs. One rank needs none, whatever its memory.
 StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend, int tp) {
   if (backend == "cpu" || tp == 1) return make_shared_memory_group(tp);
-#if defined(PDSERVE_HAVE_CUDA_BACKEND)
-  if (backend == "cuda") return make_nccl_group(tp);
+#if defined(PDSERVE_HAVE_GPU_BACKEND)
+  if (backend == gpu_backend_kind()) return make_gpu_group(tp);
 #endif
   return absl::UnimplementedError(absl::StrCat("no collectives for TP ", tp, " on the ", backend, " backend"));
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Compiles every kernel source of kernels/gpu as HIP (the same .cu files nvcc builds), to show
-# that the single-source kernels stay portable. Needs hipcc (Debian: apt-get install -y hipcc,
-# whose clang targets gfx90a and gfx940 at most; ROCm 6+ hipcc also takes gfx942/gfx950).
+# Compiles every kernel source of kernels/gpu and the GPU backend and collectives as HIP (the
+# same files nvcc builds), warnings as errors, to show that the single source stays portable.
+# Needs hipcc (Debian: apt-get install -y hipcc, whose clang targets gfx90a and gfx940 at most;
+# ROCm 6+ hipcc also takes gfx942/gfx950).
 #   scripts/check-hip.sh [offload-arch ...]     (default: gfx90a)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +14,9 @@ trap 'rm -rf "$out"' EXIT
 flags=()
 for a in "${archs[@]}"; do flags+=("--offload-arch=$a"); done
 status=0
-for src in kernels/gpu/*.cu; do
-  if hipcc "${flags[@]}" -x hip -std=c++17 -O2 -Wall -I. -c "$src" -o "$out/$(basename "$src").o"; then
+# The kernels, and the backend and collectives (host code that includes the HIP runtime).
+for src in kernels/gpu/*.cu kernels/gpu/gpu_backend.cc kernels/gpu/gpu_communicator.cc; do
+  if hipcc "${flags[@]}" -x hip -std=c++17 -O2 -Wall -Werror -I. -c "$src" -o "$out/$(basename "$src").o"; then
     echo "ok    $src (${archs[*]})"
   else
     echo "FAIL  $src" >&2

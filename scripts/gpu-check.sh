@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
 # The GPU checks as one command: gpu_backend_tests (every kernel against the CPU reference, and
-# stories260K's greedy text on the CUDA backend) and gpu_bench (8B-shape decode and prefill
-# against H200 rooflines), results written to a directory.
+# stories260K's greedy text on the CUDA engine), scripts/cluster-check.sh (the CUDA engine in
+# process and a prefill + decode worker on the GPU behind the router give the CPU's tokens) and
+# gpu_bench (8B-shape decode and prefill against H200 rooflines), results written to a directory.
 #
 # The GPU machine has the CUDA toolkit and a driver but none of the project's Debian packages
 # (abseil, OpenBLAS, GTest, ...), so the programs are built here and travel as a bundle:
 #   scripts/gpu-check.sh bundle        on the dev machine (Debian 12 + CUDA toolkit): builds the
-#                                      two programs for sm_90 and sm_100 and packs them, with the
-#                                      shared libraries they need and the bundled model, into
-#                                      build-gpu-bundle/bundle.tar.gz (about 20 MB, gzip: the GPU
-#                                      machine may lack xz)
+#                                      programs for sm_90 and sm_100 and packs them, with the
+#                                      shared libraries they need (UCX's transport modules too)
+#                                      and the bundled model, into build-gpu-bundle/bundle.tar.gz
+#                                      (gzip: the GPU machine may lack xz)
 #   scripts/gpu-check.sh run OUT       on the GPU machine: unpacks the bundle (or, without one,
 #                                      builds from source, which needs the packages) and writes
-#                                      summary.txt, gpu_backend_tests.{log,xml}, gpu_bench.{log,jsonl}
-#                                      into OUT; exits non-zero if a test failed
+#                                      summary.txt, gpu_backend_tests.{log,xml}, cluster/ and
+#                                      gpu_bench.{log,jsonl} into OUT; exits non-zero if a check failed
 # Through the device tool: run(command="scripts/gpu-check.sh run $OUT", carry=["build-gpu-bundle"]).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
 bundle_dir=$root/build-gpu-bundle
-targets=(gpu_backend_tests gpu_bench)
+targets=(gpu_backend_tests gpu_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
 
 configure_and_build() {
   cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_CUDA=ON \
@@ -36,9 +37,16 @@ cmd_bundle() {
   mkdir -p "$stage/bin" "$stage/lib" "$stage/root" "$stage/shared/models"
   strip --strip-debug -o "$stage/bin/gpu_backend_tests" "$build/tests/gpu/gpu_backend_tests"
   strip --strip-debug -o "$stage/bin/gpu_bench" "$build/bench/gpu_bench"
+  local program
+  for program in pdserve pdserve-prefill pdserve-decode pdserve-router; do
+    strip --strip-debug -o "$stage/bin/$program" "$(find "$build" -name "$program" -type f -perm -u+x | head -1)"
+  done
+  # UCX loads its transports (cma, ib, rdmacm) as modules at run time.
+  mkdir -p "$stage/lib/ucx"
+  cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so.0 "$stage/lib/ucx/"
   # Every shared library except the C/C++ runtime (newer on the GPU machine) and CUDA's own
   # (the GPU machine's toolkit and driver provide those).
-  ldd "$stage/bin/"* | awk '/=> \//{print $3}' | sort -u |
+  ldd "$stage/bin/"* "$stage/lib/ucx/"* | awk '/=> \//{print $3}' | sort -u |
     grep -v -E '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so|ld-linux|libcuda|libcudart|libcublas|libnccl' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
   cp -r "$root/../shared/models/stories260K" "$stage/shared/models/"
@@ -69,11 +77,13 @@ cmd_run() {
     bin=$unpacked/bin
     src_dir=$unpacked/root  # Tests read $PDSERVE_SOURCE_DIR/../shared/models.
     export LD_LIBRARY_PATH="$unpacked/lib:$(cuda_lib_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export UCX_MODULE_DIR=$unpacked/lib/ucx MODEL=$unpacked/shared/models/stories260K
   else
     echo "no bundle: building from source (needs the project's packages)"
     configure_and_build || return 1
     bin=$build/bin-links && mkdir -p "$bin"
-    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$bin/"
+    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/tools/pdserve" \
+      "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router" "$bin/"
     src_dir=$root
   fi
   {
@@ -88,8 +98,10 @@ cmd_run() {
   local status=0
   PDSERVE_SOURCE_DIR=$src_dir timeout 300 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
     2>&1 | tee "$out/gpu_backend_tests.log" || status=1
+  timeout 240 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" cuda 2>&1 || status=1
   timeout 180 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
   echo "tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_backend_tests.log" | tr '\n' ' ')" >>"$out/summary.txt"
+  echo "cluster: $(tr '\n' ' ' <"$out/cluster/cluster_check.txt")" >>"$out/summary.txt"
   return $status
 }
 

@@ -165,8 +165,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
   cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
-  cmd->add_option("--device", flags->engine.backend, "Compute backend: cpu, or cuda (rank r on GPU r)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd->add_option("--device", flags->engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
       ->capture_default_str();
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");

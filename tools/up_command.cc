@@ -281,13 +281,13 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
   cmd->add_option("--kv-mode", f->kv_mode, "KV transfer: push (prefill writes) or pull (decode reads)")
       ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
-  cmd->add_option("--device", f->device, "Workers' compute backend: cpu or cuda")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  cmd->add_option("--device", f->device, "Workers' compute backend: cpu, cuda or hip")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
       ->capture_default_str();
   cmd->add_option("--prefill-device", f->prefill_device, "Prefill workers' backend (default: --device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
   cmd->add_option("--decode-device", f->decode_device, "Decode workers' backend (default: --device)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+      ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
   cmd->add_option("--kv-memory", f->kv_memory, "P/D workers' KV for transfers: auto or staged (see the workers)")
       ->check(CLI::IsMember({"auto", "staged"}))
       ->capture_default_str();

@@ -173,8 +173,8 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--port", f.port, "gRPC port (0: pick one; see the READY line)")->capture_default_str();
   app.add_option("--id", f.id, "Worker id (default: role@host:port)");
   app.add_option("--tp", f.engine.tp, "Tensor-parallel ranks")->capture_default_str();
-  app.add_option("--device", f.engine.backend, "Compute backend: cpu, or cuda (rank r on GPU r)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
+  app.add_option("--device", f.engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
       ->capture_default_str();
   app.add_option("--kv-memory", f.kv_memory,
                  "KV for transfers: auto (the engine's arena when it is host memory, else a staged host "

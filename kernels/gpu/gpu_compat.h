@@ -52,6 +52,9 @@
 #define gpuEventElapsedTime hipEventElapsedTime
 #define gpuHostAlloc hipHostMalloc
 #define gpuFreeHost hipHostFree
+#define gpuHostRegister hipHostRegister
+#define gpuHostRegisterDefault hipHostRegisterDefault
+#define gpuHostUnregister hipHostUnregister
 #if defined(PDSERVE_HIP_NATIVE_BF16)
 using gpu_bf16 = __hip_bfloat16;
 #else
@@ -96,6 +99,9 @@ using gpu_f16 = __half;
 #define gpuEventElapsedTime cudaEventElapsedTime
 #define gpuHostAlloc cudaMallocHost
 #define gpuFreeHost cudaFreeHost
+#define gpuHostRegister cudaHostRegister
+#define gpuHostRegisterDefault cudaHostRegisterDefault
+#define gpuHostUnregister cudaHostUnregister
 using gpu_bf16 = __nv_bfloat16;
 using gpu_f16 = __half;
 #endif

@@ -33,6 +33,12 @@ void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream);
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
 void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream);
 
+// y[rows][out] = x[rows][in] · wᵀ, w's rows `ldw` elements apart and stored as `w_type`;
+// accumulated in f32. The portable tiled kernel (kernels/gpu/gemm.cu): backends use the vendor
+// BLAS where there is one.
+void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
+                int64_t ldw, gpuStream_t stream);
+
 // out[r] = index of the largest of x[r][0..n), lowest index on ties.
 void argmax(int* out, const float* x, int rows, int n, gpuStream_t stream);
 

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/str_split.h"
-#include "engine/cuda_backend.h"
+#include "engine/gpu_backend.h"
 #include "engine/engine.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
@@ -41,7 +41,7 @@ constexpr double kF32Tol = 1e-5;
 constexpr double kRopeTol = 1e-4;
 constexpr double kHalfTol = 1e-2;
 
-bool have_gpu() { return engine::cuda_device_count() > 0; }
+bool have_gpu() { return engine::gpu_device_count() > 0; }
 #define REQUIRE_GPU() \
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
@@ -178,7 +178,7 @@ TEST(GpuKernels, ArgmaxLowestIndexOnTies) {
 
 TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
   REQUIRE_GPU();
-  auto backend = engine::make_cuda_backend(0);
+  auto backend = engine::make_gpu_backend(0);
   ASSERT_TRUE(backend.ok()) << backend.status();
   const int rows = 7, out = 33, in = 64, ldw = 80;
   std::vector<float> w = random_vec(out * ldw, 10), x = random_vec(rows * in, 11), want(rows * out);
@@ -187,6 +187,46 @@ TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
   (*backend)->matmul_xwt(dy.get(), dx.get(), dw.get() + 5, rows, out, in, ldw);
   ASSERT_TRUE((*backend)->synchronize().ok());
   EXPECT_LE(rel_error(dy.host(), want), kF32Tol);
+}
+
+// The portable tiled GEMM (the HIP backend's fallback): odd shapes that leave partial tiles in
+// every dimension, a column slice (ldw > in, offset start), and f16/bf16 weights against the CPU
+// on the same rounded values.
+TEST(GpuKernels, TiledGemmMatchesCpuForEveryWeightStorage) {
+  REQUIRE_GPU();
+  struct Shape {
+    int rows, out, in, ldw, offset;
+  };
+  for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{70, 65, 17, 17, 0},
+                          Shape{130, 129, 300, 310, 3}}) {
+    std::vector<float> w = random_vec(size_t(sh.out) * sh.ldw + sh.offset, 20 + sh.rows);
+    const std::vector<float> x = random_vec(size_t(sh.rows) * sh.in, 30 + sh.rows);
+    for (Storage st : {Storage::kF32, Storage::kF16, Storage::kBF16}) {
+      std::vector<float> rounded = w;
+      std::vector<uint16_t> half(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (st == Storage::kF16) {
+          const __half h = __float2half(w[i]);
+          std::memcpy(&half[i], &h, 2);
+          rounded[i] = __half2float(h);
+        } else if (st == Storage::kBF16) {
+          const __nv_bfloat16 b = __float2bfloat16(w[i]);
+          std::memcpy(&half[i], &b, 2);
+          rounded[i] = __bfloat162float(b);
+        }
+      }
+      std::vector<float> want(size_t(sh.rows) * sh.out);
+      cpu::matmul_xwt(want.data(), x.data(), rounded.data() + sh.offset, sh.rows, sh.out, sh.in, sh.ldw);
+      Dev<float> dw32(w), dx(x), dy(want.size());
+      Dev<uint16_t> dw16(half);
+      const void* dw = st == Storage::kF32 ? static_cast<const void*>(dw32.get() + sh.offset)
+                                           : static_cast<const void*>(dw16.get() + sh.offset);
+      gpu::matmul_xwt(dy.get(), dx.get(), dw, st, sh.rows, sh.out, sh.in, sh.ldw, nullptr);
+      ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+      EXPECT_LE(rel_error(dy.host(), want), kF32Tol)
+          << "rows " << sh.rows << " out " << sh.out << " in " << sh.in << " storage " << int(st);
+    }
+  }
 }
 
 // A paged cache of one layer on the host (f32, the reference) and on the device (`storage`),
@@ -492,6 +532,8 @@ std::unique_ptr<Engine> stories_engine(const std::string& backend, int tp = 1) {
   return engine.ok() ? std::move(*engine) : nullptr;
 }
 
+std::string gpu_kind() { return std::string(gpu_backend_kind()); }
+
 SamplingParams greedy(int max_tokens) {
   SamplingParams p;
   p.max_tokens = max_tokens;
@@ -527,18 +569,18 @@ TEST(Stories, UnknownOrMissingBackendIsAClearError) {
 }
 
 TEST(Stories, CudaEngineGreedyFromBosEqualsPublishedText) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto engine = stories_engine("cuda");
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto engine = stories_engine(gpu_kind());
   ASSERT_NE(engine, nullptr);
-  EXPECT_EQ(engine->backend(0).name(), "cuda:0");
+  EXPECT_EQ(engine->backend(0).name(), gpu_kind() + ":0");
   auto got = engine->generate({engine->config().bos_id}, greedy(256));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(trimmed(got->text), published_text());
 }
 
 TEST(Stories, CudaEngineLongPromptPrefillEqualsCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto cuda = stories_engine("cuda");
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto cuda = stories_engine(gpu_kind());
   auto cpu = stories_engine("cpu");
   ASSERT_TRUE(cuda && cpu);
   // A 60-token prompt in one step takes the prefill attention kernel.
@@ -554,8 +596,8 @@ TEST(Stories, CudaEngineLongPromptPrefillEqualsCpu) {
 // Sixteen requests at once: decode tokens and prefill chunks of many sequences share steps,
 // and the per-step token budget splits long prompts across steps.
 TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  auto cuda = stories_engine("cuda");
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto cuda = stories_engine(gpu_kind());
   auto cpu = stories_engine("cpu");
   ASSERT_TRUE(cuda && cpu);
   std::mt19937 rng(7);
@@ -570,8 +612,8 @@ TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
 }
 
 TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {
-  if (cuda_device_count() < 2) GTEST_SKIP() << "TP 2 needs two CUDA devices";
-  auto cuda = stories_engine("cuda", 2);
+  if (gpu_device_count() < 2) GTEST_SKIP() << "TP 2 needs two CUDA devices";
+  auto cuda = stories_engine(gpu_kind(), 2);
   auto cpu = stories_engine("cpu", 2);
   ASSERT_TRUE(cuda && cpu);
   auto got = cuda->generate({cuda->config().bos_id}, greedy(256));

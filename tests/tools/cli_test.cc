@@ -116,6 +116,19 @@ TEST(Cli, TruncatedAndCorruptModelFiles) {
     expect_clean_failure(pdserve({"generate", "--model", (dir.path() / f).string()}), f);
 }
 
+// A GPU backend asked for where this build has none, or this machine has no device, is refused
+// with the reason (never a crash); an unknown one is a flag error.
+TEST(Cli, DeviceThatIsNotThereIsAClearError) {
+  if (fs::exists("/dev/nvidia0") || fs::exists("/dev/kfd")) GTEST_SKIP() << "this machine has a GPU";
+  for (const char* device : {"cuda", "hip"}) {
+    const auto r = pdserve({"generate", "--model", kModel, "--device", device, "--max-tokens", "3"});
+    expect_clean_failure(r, device);
+  }
+  const auto r = pdserve({"generate", "--model", kModel, "--device", "tpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
+}
+
 TEST(Cli, CorruptTokenizer) {
   TempDir dir;
   fs::copy(kModel, dir.path() / "stories260K.bin");

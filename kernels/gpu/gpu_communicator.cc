@@ -1,9 +1,14 @@
-// engine::Communicator over NCCL for ranks that are GPUs of one process (ncclCommInitAll).
-#include "engine/cuda_backend.h"
+// engine::Communicator over NCCL (CUDA) or RCCL (HIP, the same API) for ranks that are GPUs of
+// one process (ncclCommInitAll).
+#include "engine/gpu_backend.h"
+#include "kernels/gpu/gpu_compat.h"
 
 #if defined(PDSERVE_HAVE_NCCL)
-#include <cuda_runtime.h>
+#if defined(PDSERVE_GPU_HIP)
+#include <rccl/rccl.h>
+#else
 #include <nccl.h>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,24 +23,24 @@ namespace {
 // nothing can repair, so it ends the process with the reason.
 void check(bool ok, const char* what, const char* reason) {
   if (ok) return;
-  std::fprintf(stderr, "pdserve NCCL %s failed: %s\n", what, reason);
+  std::fprintf(stderr, "pdserve collective %s failed: %s\n", what, reason);
   std::abort();
 }
 void check_nccl(ncclResult_t r, const char* what) { check(r == ncclSuccess, what, ncclGetErrorString(r)); }
-void check_cuda(cudaError_t e, const char* what) { check(e == cudaSuccess, what, cudaGetErrorString(e)); }
+void check_gpu(gpuError_t e, const char* what) { check(e == gpuSuccess, what, gpuGetErrorString(e)); }
 
-class NcclCommunicator final : public Communicator {
+class GpuCommunicator final : public Communicator {
  public:
-  NcclCommunicator(int rank, int size, ncclComm_t comm) : rank_(rank), size_(size), comm_(comm) {
-    check_cuda(cudaSetDevice(rank_), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cuda(cudaMalloc(&token_, sizeof(float)), "cudaMalloc");
+  GpuCommunicator(int rank, int size, ncclComm_t comm) : rank_(rank), size_(size), comm_(comm) {
+    check_gpu(gpuSetDevice(rank_), "set device");
+    check_gpu(gpuStreamCreateWithFlags(&stream_, gpuStreamNonBlocking), "stream create");
+    check_gpu(gpuMalloc(reinterpret_cast<void**>(&token_), sizeof(float)), "device allocation");
   }
-  ~NcclCommunicator() override {
-    cudaSetDevice(rank_);
+  ~GpuCommunicator() override {
+    (void)gpuSetDevice(rank_);
     ncclCommDestroy(comm_);
-    cudaFree(token_);
-    cudaStreamDestroy(stream_);
+    (void)gpuFree(token_);
+    (void)gpuStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -56,37 +61,38 @@ class NcclCommunicator final : public Communicator {
   // The producer of the buffer may be any stream of the device (the backend's is not known
   // here): wait for the whole device before, and for the collective after.
   void begin() {
-    check_cuda(cudaSetDevice(rank_), "cudaSetDevice");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check_gpu(gpuSetDevice(rank_), "set device");
+    check_gpu(gpuDeviceSynchronize(), "device synchronize");
   }
-  void end() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void end() { check_gpu(gpuStreamSynchronize(stream_), "stream synchronize"); }
 
   int rank_, size_;
   ncclComm_t comm_;
-  cudaStream_t stream_ = nullptr;
+  gpuStream_t stream_ = nullptr;
   float* token_ = nullptr;
 };
 
 }  // namespace
 
-StatusOr<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(int size) {
-  const int devices = cuda_device_count();
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size) {
+  const int devices = gpu_device_count();
   if (size <= 0 || size > devices)
-    return absl::InvalidArgumentError(absl::StrCat("NCCL group of ", size, " ranks on ", devices, " CUDA devices"));
+    return absl::InvalidArgumentError(absl::StrCat("a collective group of ", size, " ranks on ", devices, " GPUs"));
   std::vector<ncclComm_t> comms(size);
   std::vector<int> device_list(size);
   for (int r = 0; r < size; ++r) device_list[r] = r;
   const ncclResult_t r = ncclCommInitAll(comms.data(), size, device_list.data());
   if (r != ncclSuccess) return absl::InternalError(absl::StrCat("ncclCommInitAll: ", ncclGetErrorString(r)));
   std::vector<std::unique_ptr<Communicator>> group;
-  for (int i = 0; i < size; ++i) group.push_back(std::make_unique<NcclCommunicator>(i, size, comms[i]));
+  for (int i = 0; i < size; ++i) group.push_back(std::make_unique<GpuCommunicator>(i, size, comms[i]));
   return group;
 }
 
 #else
 
-StatusOr<std::vector<std::unique_ptr<Communicator>>> make_nccl_group(int size) {
-  return absl::UnimplementedError("pdserve was built without NCCL (nccl.h not found)");
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size) {
+  return absl::UnimplementedError(absl::StrCat("pdserve was built without NCCL/RCCL: TP ", size,
+                                               " needs collectives between GPUs"));
 }
 
 #endif

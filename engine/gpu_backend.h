@@ -1,0 +1,40 @@
+// The GPU backend (kernels/gpu through engine::Backend, the vendor BLAS for the GEMMs) and the
+// vendor collectives for tensor-parallel ranks on GPUs, from one source for NVIDIA (CUDA,
+// cuBLAS, NCCL) and AMD (HIP, hipBLAS, RCCL). Declared here without any vendor header so that
+// engine code can select the backend by name; defined in pdserve_gpu_backend, which exists only
+// in builds with PDSERVE_WITH_CUDA or PDSERVE_WITH_HIP.
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/backend.h"
+#include "engine/communicator.h"
+
+namespace pdserve::engine {
+
+// make_backend's name for this build's GPU backend: "cuda" or "hip".
+std::string_view gpu_backend_kind();
+
+// Number of GPUs this process can use (0 when there is no driver or no device).
+int gpu_device_count();
+
+// A backend on GPU `device`: zeroed device memory, work queued on a stream of its own
+// (non-blocking), f32 GEMMs through cuBLAS or hipBLAS in full fp32 (no TF32), or the portable
+// tiled kernel where the build has no hipBLAS. Every pointer given to its kernels must be
+// device memory, including TokenPlacement's positions, block tables (an array of device
+// pointers) and block mask, and embed's tokens and rope's positions. The backend may be used
+// from any thread; it makes its device current on each call.
+StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device);
+
+// One communicator per rank for `size` ranks on devices 0..size-1 of this process
+// (ncclCommInitAll; RCCL's is the same API). Buffers are device memory. Each collective waits
+// for the rank's device to be idle before it starts and returns when it has finished, so it is
+// ordered with any stream. Unimplemented in builds without nccl.h / rccl.h. Unlike the
+// shared-memory group, sums are in the library's order (identical on every rank, not
+// necessarily run to run across versions).
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size);
+
+}  // namespace pdserve::engine

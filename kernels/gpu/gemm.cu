@@ -1,0 +1,73 @@
+// The portable GEMM: y = x · wᵀ for the projections, where no vendor BLAS is available (a ROCm
+// image without hipBLASLt) and as the reference the vendor paths are checked against on the
+// device. Classic shared-memory tiling: a block computes a 64×64 tile of y, 256 threads 4×4
+// outputs each, stepping through the inner dimension 16 at a time; weights f32, f16 or bf16,
+// accumulation always f32. No tensor cores: the vendor GEMMs are the fast path.
+#include "kernels/gpu/kernel_util.h"
+
+namespace pdserve::kernels::gpu {
+namespace {
+
+constexpr int kTile = 64;      // Rows of y (tokens) and columns (outputs) per block.
+constexpr int kStep = 16;      // Inner-dimension slice held in shared memory.
+constexpr int kThreads = 256;  // 16×16 threads; each computes 4×4 outputs, 16 apart.
+
+template <typename W>
+__global__ void __launch_bounds__(kThreads)
+    gemm_xwt_kernel(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw) {
+  // Transposed tiles ([k][row]) so that the inner loop reads along rows; +1 breaks bank conflicts.
+  __shared__ float xs[kStep][kTile + 1];
+  __shared__ float ws[kStep][kTile + 1];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < in; k0 += kStep) {
+    // 64×16 of x and of w each: four elements per thread, consecutive k for coalesced reads.
+    for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
+      const int r = i / kStep, k = i % kStep, gk = k0 + k;
+      const int gr = row0 + r, gc = col0 + r;
+      xs[k][r] = gr < rows && gk < in ? x[int64_t(gr) * in + gk] : 0.0f;
+      ws[k][r] = gc < out && gk < in ? to_f32(w[int64_t(gc) * ldw + gk]) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kStep; ++k) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = xs[k][ty + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = ws[k][tx + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = row0 + ty + 16 * i;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = col0 + tx + 16 * j;
+      if (c < out) y[int64_t(r) * out + c] = acc[i][j];
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
+                int64_t ldw, gpuStream_t stream) {
+  if (rows <= 0 || out <= 0) return;
+  if ((int64_t(rows) + kTile - 1) / kTile > 65535)
+    kernel_limit_exceeded("matmul_xwt", "more than 65535 row tiles (4M rows)");
+  const dim3 grid((out + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
+  dispatch_storage(w_type, [&](auto* tag) {
+    using W = std::remove_pointer_t<decltype(tag)>;
+    gemm_xwt_kernel<W><<<grid, kThreads, 0, stream>>>(y, x, static_cast<const W*>(w), rows, out, in, ldw);
+  });
+}
+
+}  // namespace pdserve::kernels::gpu

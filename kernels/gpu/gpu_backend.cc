@@ -1,0 +1,231 @@
+// engine::Backend on one GPU, from one source for CUDA and HIP: kernels/gpu launches and the
+// vendor SGEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable tiled kernel) on
+// a per-backend stream, staging copies on a second one.
+#include "engine/gpu_backend.h"
+#include "kernels/gpu/ops.h"
+
+#if defined(PDSERVE_GPU_CUDA)
+#include <cublas_v2.h>
+#define PDSERVE_GPU_BLAS 1
+using gpublasHandle_t = cublasHandle_t;
+#define gpublasCreate cublasCreate
+#define gpublasDestroy cublasDestroy
+#define gpublasSetStream cublasSetStream
+#define gpublasSgemm cublasSgemm
+#define GPUBLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
+#define GPUBLAS_OP_N CUBLAS_OP_N
+#define GPUBLAS_OP_T CUBLAS_OP_T
+#elif defined(PDSERVE_HAVE_HIPBLAS)
+#include <hipblas/hipblas.h>
+#define PDSERVE_GPU_BLAS 1
+using gpublasHandle_t = hipblasHandle_t;
+#define gpublasCreate hipblasCreate
+#define gpublasDestroy hipblasDestroy
+#define gpublasSetStream hipblasSetStream
+#define gpublasSgemm hipblasSgemm
+#define GPUBLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
+#define GPUBLAS_OP_N HIPBLAS_OP_N
+#define GPUBLAS_OP_T HIPBLAS_OP_T
+#endif
+
+namespace pdserve::engine {
+namespace {
+
+namespace g = kernels::gpu;
+namespace k = kernels::cpu;
+
+// Prefill kernel pays off once a call carries tiles of several query tokens.
+constexpr int kPrefillKernelMinTokens = 16;
+
+#if defined(PDSERVE_GPU_HIP)
+constexpr const char* kKind = "hip";
+#else
+constexpr const char* kKind = "cuda";
+#endif
+
+Status gpu_status(gpuError_t e, const char* what) {
+  if (e == gpuSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", gpuGetErrorString(e)));
+}
+
+class GpuBackend final : public Backend {
+ public:
+  static StatusOr<std::unique_ptr<Backend>> create(int device) {
+    auto b = std::unique_ptr<GpuBackend>(new GpuBackend(device));
+    PD_RETURN_IF_ERROR(gpu_status(gpuSetDevice(device), "set device"));
+    PD_RETURN_IF_ERROR(gpu_status(gpuStreamCreateWithFlags(&b->stream_, gpuStreamNonBlocking), "stream create"));
+    PD_RETURN_IF_ERROR(gpu_status(gpuStreamCreateWithFlags(&b->staging_stream_, gpuStreamNonBlocking),
+                                  "stream create"));
+#if defined(PDSERVE_GPU_BLAS)
+    if (gpublasCreate(&b->blas_) != GPUBLAS_STATUS_SUCCESS) return absl::InternalError("BLAS handle create failed");
+    gpublasSetStream(b->blas_, b->stream_);
+#if defined(PDSERVE_GPU_CUDA)
+    // Full fp32: the CPU backend is the reference and TF32 would differ from it by ~1e-3.
+    cublasSetMathMode(b->blas_, CUBLAS_DEFAULT_MATH);
+#endif
+#endif
+    size_t free_bytes = 0;
+    PD_RETURN_IF_ERROR(gpu_status(gpuMemGetInfo(&free_bytes, &b->total_bytes_), "memory info"));
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+
+  ~GpuBackend() override {
+    bind();
+#if defined(PDSERVE_GPU_BLAS)
+    if (blas_) gpublasDestroy(blas_);
+#endif
+    if (stream_) (void)gpuStreamDestroy(stream_);
+    if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
+  }
+
+  std::string name() const override { return absl::StrCat(kKind, ":", device_); }
+
+  StatusOr<void*> allocate(size_t bytes) override {
+    bind();
+    void* p = nullptr;
+    PD_RETURN_IF_ERROR(gpu_status(gpuMalloc(&p, bytes ? bytes : 1),
+                                  absl::StrCat("device allocation of ", bytes, " bytes").c_str()));
+    // Synchronous so that the zeros are there for any stream that uses the memory next.
+    PD_RETURN_IF_ERROR(gpu_status(gpuMemset(p, 0, bytes), "memset"));
+    return p;
+  }
+  void deallocate(void* ptr) override {
+    bind();
+    (void)gpuFree(ptr);
+  }
+  // gpuMemcpyDefault: either side may be host or device memory (unified addressing).
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    bind();
+    return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_device");
+  }
+  // Waits for the copy, so that the host may read `dst` when it returns, as on the CPU.
+  Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    bind();
+    PD_RETURN_IF_ERROR(gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host"));
+    return gpu_status(gpuStreamSynchronize(stream_), "copy_to_host");
+  }
+  Status synchronize() override {
+    bind();
+    PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
+    if (gemm_failed_) {
+      gemm_failed_ = false;
+      return absl::InternalError("SGEMM failed");
+    }
+    return gpu_status(gpuStreamSynchronize(stream_), "synchronize");
+  }
+  uint64_t memory_bytes() const override { return total_bytes_; }
+  bool host_memory() const override { return false; }
+  Status staging_copy(void* dst, const void* src, size_t bytes) override {
+    bind();
+    return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, staging_stream_), "staging copy");
+  }
+  Status staging_wait() override {
+    bind();
+    return gpu_status(gpuStreamSynchronize(staging_stream_), "staging copy");
+  }
+  Status pin_host_memory(void* ptr, size_t bytes) override {
+    bind();
+    return gpu_status(gpuHostRegister(ptr, bytes, gpuHostRegisterDefault), "host register");
+  }
+  void unpin_host_memory(void* ptr) override {
+    bind();
+    (void)gpuHostUnregister(ptr);
+  }
+
+  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
+    bind();
+    g::embed(out, table, g::Storage::kF32, tokens, n, dim, stream_);
+  }
+  void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
+    bind();
+    g::rms_norm(out, in, w, rows, dim, eps, stream_);
+  }
+  void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
+                  int64_t ldw) override {
+    bind();
+    if (rows <= 0 || out <= 0) return;
+#if defined(PDSERVE_GPU_BLAS)
+    // Row-major y = x · wᵀ is column-major yᵀ = w' ᵀ · xᵀ where w' (w read column-major) is
+    // [in][out] with leading dimension ldw: hence op(A) = T on w, op(B) = N on x.
+    const float alpha = 1.0f, beta = 0.0f;
+    if (gpublasSgemm(blas_, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w, int(ldw), x, in, &beta, y,
+                     out) != GPUBLAS_STATUS_SUCCESS)
+      gemm_failed_ = true;
+#else
+    g::matmul_xwt(y, x, w, g::Storage::kF32, rows, out, in, ldw, stream_);
+#endif
+  }
+  void add_bias(float* y, const float* bias, int rows, int out) override {
+    bind();
+    g::add_bias(y, bias, rows, out, stream_);
+  }
+  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+            float theta, bool rotate_half) override {
+    bind();
+    g::rope(x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half, stream_);
+  }
+  void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
+                      int64_t k_row_stride, const float* vp, int64_t v_row_stride,
+                      int n_kv_heads) override {
+    bind();
+    g::paged_kv_write(kv, g::Storage::kF32, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads, stream_);
+  }
+  void paged_attention(float* out, const float* q, const k::PagedLayerView& kv,
+                       const k::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                       float scale) override {
+    bind();
+    if (tokens.num_tokens >= kPrefillKernelMinTokens) {
+      g::prefill_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+    } else {
+      g::paged_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+    }
+  }
+  void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                           const k::PagedLayerView& index_view, const k::TokenPlacement& tokens,
+                           int top_k) override {
+    bind();
+    g::index_select_blocks(block_mask, mask_stride, q_index, index_view, g::Storage::kF32, tokens, top_k, stream_);
+  }
+  void silu_mul(float* gate, const float* up, int64_t n) override {
+    bind();
+    g::silu_mul(gate, up, n, stream_);
+  }
+  void add_inplace(float* x, const float* y, int64_t n) override {
+    bind();
+    g::add_inplace(x, y, n, stream_);
+  }
+
+ private:
+  explicit GpuBackend(int device) : device_(device) {}
+  // The current device is per thread, and rank threads may call any backend.
+  void bind() const { (void)gpuSetDevice(device_); }
+
+  int device_;
+  gpuStream_t stream_ = nullptr;
+  gpuStream_t staging_stream_ = nullptr;  // kvtransfer staging copies, beside the forward pass.
+#if defined(PDSERVE_GPU_BLAS)
+  gpublasHandle_t blas_ = nullptr;
+#endif
+  size_t total_bytes_ = 0;
+  // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
+  // synchronize().
+  bool gemm_failed_ = false;
+};
+
+}  // namespace
+
+std::string_view gpu_backend_kind() { return kKind; }
+
+int gpu_device_count() {
+  int n = 0;
+  return gpuGetDeviceCount(&n) == gpuSuccess ? n : 0;
+}
+
+StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {
+  const int n = gpu_device_count();
+  if (device < 0 || device >= n)
+    return absl::UnavailableError(absl::StrCat(kKind, " device ", device, " requested, ", n, " available"));
+  return GpuBackend::create(device);
+}
+
+}  // namespace pdserve::engine
