@@ -635,10 +635,7 @@ void KvRankEndpoint::on_release(Remote& from, const proto::Release& release) {
   Session& session = *request.session;
   const int c = static_cast<int>(release.consumer_rank());
   const int consumer_tp = static_cast<int>(release.consumer_tp());
-  if (session.side() != SessionSide::kProducer || session.mode() != TransferMode::kPull ||
-      from.role != proto::ROLE_DECODE || from.rank != c || from.tp != consumer_tp ||
-      static_cast<int>(release.producer_rank()) != options_.rank ||
-      (request.consumer_tp != 0 && request.consumer_tp != consumer_tp)) {
+  if (!from_pull_consumer(from, request, c, consumer_tp, static_cast<int>(release.producer_rank()))) {
     ++counters_.refused;
     PD_LOG_WARN("kvtransfer {}.{}: refused release of {} from rank {}/{}", options_.name,
                 options_.rank, release.request_id(), from.rank, from.tp);
@@ -659,6 +656,14 @@ void KvRankEndpoint::on_release(Remote& from, const proto::Release& release) {
   }
 }
 
+bool KvRankEndpoint::from_pull_consumer(const Remote& from, const Request& request, int consumer_rank,
+                                        int consumer_tp, int producer_rank) const {
+  const Session& session = *request.session;
+  return session.side() == SessionSide::kProducer && session.mode() == TransferMode::kPull &&
+         from.role == proto::ROLE_DECODE && from.rank == consumer_rank && from.tp == consumer_tp &&
+         producer_rank == options_.rank && (request.consumer_tp == 0 || request.consumer_tp == consumer_tp);
+}
+
 Status KvRankEndpoint::learn_fan_out(Request& request, int consumer_tp) {
   Session& session = *request.session;
   if (session.peers_known()) return absl::OkStatus();
@@ -673,12 +678,13 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
   auto it = requests_.find(ask.request_id());
   if (it == requests_.end()) {
     ++counters_.stale_ignored;
-    if (finished_.count(ask.request_id())) {
+    if (auto ended = finished_.find(ask.request_id()); ended != finished_.end()) {
       // It ended here (another consumer rank aborted it) before this rank asked: without an
-      // answer the asker would wait for its checksums until its lease.
+      // answer the asker would wait for its checksums until its lease. The reason travels on,
+      // so every consumer rank reports the first failure, not only that there was one.
       proto::Envelope reply;
       reply.mutable_abort()->set_request_id(ask.request_id());
-      reply.mutable_abort()->set_reason("the producer no longer holds the request (aborted)");
+      reply.mutable_abort()->set_reason(absl::StrCat("the producer no longer holds the request: ", ended->second));
       (void)send(from, reply);
     }
     return;
@@ -692,12 +698,8 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
     PD_LOG_WARN("kvtransfer {}.{}: refused checksum request for {} from rank {}/{}: {}",
                 options_.name, options_.rank, ask.request_id(), from.rank, from.tp, why);
   };
-  if (session.side() != SessionSide::kProducer || session.mode() != TransferMode::kPull ||
-      from.role != proto::ROLE_DECODE || from.rank != c || from.tp != consumer_tp ||
-      static_cast<int>(ask.producer_rank()) != options_.rank ||
-      (request.consumer_tp != 0 && request.consumer_tp != consumer_tp)) {
+  if (!from_pull_consumer(from, request, c, consumer_tp, static_cast<int>(ask.producer_rank())))
     return refuse("sender or ranks do not match");
-  }
   if (!session.active()) {
     ++counters_.stale_ignored;
     return;
@@ -784,7 +786,7 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
     ++counters_.stale_ignored;
     if (!is_ack) {
       // Answering lets the peer free at once; remembering the id refuses a late start of it.
-      remember_finished(abort.request_id());
+      remember_finished(abort.request_id(), abort.reason());
       proto::Envelope reply;
       reply.mutable_abort()->set_request_id(abort.request_id());
       reply.mutable_abort()->set_reason(absl::StrCat(kAbortAckPrefix, "request not active"));
@@ -1154,7 +1156,8 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
         for (BatchId b : leg.batches) (void)transport_->release_batch(b);
         if (leg.flush) (void)transport_->release_batch(*leg.flush);
       }
-      remember_finished(it->first);
+      const Session& ended = *it->second.session;
+      remember_finished(it->first, ended.error().ok() ? "finished" : ended.error().ToString());
       it = requests_.erase(it);
     } else {
       ++it;
@@ -1163,8 +1166,8 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
   return events;
 }
 
-void KvRankEndpoint::remember_finished(const std::string& id) {
-  if (!finished_.insert(id).second) return;
+void KvRankEndpoint::remember_finished(const std::string& id, const std::string& why) {
+  if (!finished_.emplace(id, why).second) return;
   finished_order_.push_back(id);
   if (finished_order_.size() > kFinishedMemory) {
     finished_.erase(finished_order_.front());

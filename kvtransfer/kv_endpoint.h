@@ -266,6 +266,10 @@ class KvRankEndpoint {
   void on_abort(Remote& from, const proto::Abort& abort);
   void on_checksum_request(Remote& from, const proto::ChecksumRequest& ask);
   void on_block_checksums(Remote& from, const proto::BlockChecksums& sums);
+  // Whether a pull message (RELEASE, CHECKSUM_REQUEST) for `request` may come from `from`: a
+  // decode rank naming itself, this producer rank, and the request's consumer TP if known.
+  bool from_pull_consumer(const Remote& from, const Request& request, int consumer_rank, int consumer_tp,
+                          int producer_rank) const;
   // Pull producer held without the consumer TP: the first consumer message supplies it.
   Status learn_fan_out(Request& request, int consumer_tp);
   void on_remote_lost(const std::string& address, const Status& why);
@@ -289,7 +293,7 @@ class KvRankEndpoint {
   Status verify_checksums(const std::string& id, const Request& request, int producer_rank,
                           const Leg& leg, const std::vector<uint64_t>& expected) const;
   void corrupt_if_asked(const TransferPlan& plan);
-  void remember_finished(const std::string& id);
+  void remember_finished(const std::string& id, const std::string& why);
   bool any_transfer_in_flight() const;
 
   KvEndpointOptions options_;
@@ -301,7 +305,8 @@ class KvRankEndpoint {
   std::map<std::string, Remote> remotes_;             // By address.
   std::map<uint64_t, std::string> remote_by_control_;  // Control peer id → address.
   std::map<std::string, Request> requests_;
-  std::set<std::string> finished_;  // Recently finished or aborted ids, for stale messages.
+  // Recently finished or aborted ids and why they ended, for stale messages.
+  std::map<std::string, std::string> finished_;
   std::deque<std::string> finished_order_;
   std::mutex transport_errors_mu_;  // Transport callbacks run on its progress thread.
   std::vector<std::pair<PeerId, Status>> transport_errors_;

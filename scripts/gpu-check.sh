@@ -62,8 +62,9 @@ cuda_lib_path() {
   for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64; do
     [ -d "$d" ] && dirs+=("$d")
   done
+  # cuBLAS, and NCCL (which the toolkit may lack; PyTorch's nvidia-nccl wheel has it).
   while read -r lib; do dirs+=("$(dirname "$lib")"); done < <(
-    find /usr/local /opt /usr/lib -name 'libcublas.so.13' 2>/dev/null | head -3)
+    find /usr/local /opt /usr/lib \( -name 'libcublas.so.13' -o -name 'libnccl.so.2' \) 2>/dev/null | head -6)
   (IFS=:; echo "${dirs[*]}")
 }
 
@@ -93,13 +94,13 @@ cmd_run() {
     echo "--- device code in gpu_backend_tests (cuobjdump --list-elf)"
     if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$bin/gpu_backend_tests" 2>&1; else echo "cuobjdump not found"; fi
     echo "--- shared libraries"
-    ldd "$bin/gpu_backend_tests" 2>&1 | grep -E 'not found|cublas|cudart' || true
+    ldd "$bin/gpu_backend_tests" "$bin/pdserve" 2>&1 | grep -E 'not found|cublas|nccl|cudart' || true
   } >"$out/summary.txt" 2>&1
   local status=0
-  PDSERVE_SOURCE_DIR=$src_dir timeout 300 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
+  PDSERVE_SOURCE_DIR=$src_dir timeout 240 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
     2>&1 | tee "$out/gpu_backend_tests.log" || status=1
-  timeout 240 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" cuda 2>&1 || status=1
-  timeout 180 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  timeout 180 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" cuda 2>&1 || status=1
+  timeout 150 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
   echo "tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_backend_tests.log" | tr '\n' ' ')" >>"$out/summary.txt"
   echo "cluster: $(tr '\n' ' ' <"$out/cluster/cluster_check.txt")" >>"$out/summary.txt"
   return $status

@@ -186,6 +186,17 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
   if (job.error.ok() && !job.aborting && job.push && !job.transfer_started) {
     job.error = absl::InternalError("the push did not start at admission");
   }
+  if (job.error.ok() && !job.aborting && job.push) {
+    // The layer hook reports every layer of the step that completes a prompt, after the layer
+    // is written (and staged): a layer it missed is a bug, and sending it now could send bytes
+    // nobody staged, so the request fails instead.
+    for (int rank = 0; rank < kv_->tp() && job.error.ok(); ++rank)
+      for (int l = 0; l < int(job.layer_posted[rank].size()); ++l)
+        if (!job.layer_posted[rank][l]) {
+          job.error = absl::InternalError(absl::StrCat("layer ", l, " of rank ", rank, " was never reported written"));
+          break;
+        }
+  }
   if (!job.error.ok() || job.aborting) {
     // A started transfer gives its blocks back through the endpoints' abort; otherwise nobody
     // reads them.
@@ -266,14 +277,6 @@ void PrefillRole::seal_push(const std::string& id, Job& job) {
   // producer ranks its fan-in holds. Unset: the first token was a stop token.
   const std::optional<int32_t> first = job.first_token;
   for (int rank = 0; rank < kv_->tp(); ++rank) {
-    // Layers the hook did not report (it reports every layer of the step that completes a
-    // prompt, so none are expected) still go before the seal rather than fail the request.
-    for (int l = 0; l < int(job.layer_posted[rank].size()); ++l) {
-      if (!job.layer_posted[rank][l]) {
-        PD_LOG_WARN("prefill {}: layer {} of rank {} was not posted by the layer hook", id, l, rank);
-        post_layer(rank, id, job, l);
-      }
-    }
     kv_->post(rank, [this, rank, id, first](kvtransfer::KvRankEndpoint& ep) {
       if (!transfer_live(id)) return;
       if (Status s = ep.seal(id, first); !s.ok()) {

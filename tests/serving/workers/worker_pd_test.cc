@@ -46,6 +46,25 @@ INSTANTIATE_TEST_SUITE_P(TpPairs, PdTopology,
                            return "P" + std::to_string(info.param.first) + "D" + std::to_string(info.param.second);
                          });
 
+// Every prompt as a push and as a pull request at once (concurrent RPCs batch in both engines);
+// each must give the in-process greedy tokens.
+void expect_concurrent_push_and_pull_equal(PdPair& pd, const std::vector<std::string>& prompts, const std::string& tag) {
+  std::vector<Reference> refs;
+  for (const std::string& p : prompts) refs.push_back(reference(p, 32));
+  std::vector<PdResult> results(2 * prompts.size());
+  std::vector<std::thread> calls;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    calls.emplace_back([&, i] { results[2 * i] = pd.push(tag + "p" + std::to_string(i), refs[i].prompt, 32); });
+    calls.emplace_back([&, i] { results[2 * i + 1] = pd.pull(tag + "l" + std::to_string(i), refs[i].prompt, 32); });
+  }
+  for (auto& t : calls) t.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].prefill.ok()) << i << ": " << results[i].prefill.error_message() << " (see " << pd.logs() << ")";
+    ASSERT_TRUE(results[i].decode.status.ok()) << i << ": " << results[i].decode.status.error_message();
+    EXPECT_EQ(results[i].decode.tokens, refs[i / 2].tokens) << "request " << i;
+  }
+}
+
 // A worker whose KV the transport cannot reach (a GPU's arena over a UCX without device
 // memory support) moves it through a pinned host mirror. --kv-memory staged forces that path on
 // the CPU backend, whose copies are the calls a GPU backend queues: on the prefill side, the
@@ -66,22 +85,9 @@ TEST_P(PdStaged, PushAndPullThroughHostMirrorsEqualInProcess) {
   EXPECT_EQ(info(pd.decode()).kv_memory(), c.decode_staged ? "staged" : "host");
   EXPECT_EQ(info(pd.decode()).backend(), "cpu");
 
-  const std::vector<std::string> prompts = {"Once upon a time, there was a little dog named Max. Max liked to run",
-                                            "Lily had a cat", "The sun was hot"};
-  std::vector<Reference> refs;
-  for (const std::string& p : prompts) refs.push_back(reference(p, 32));
-  std::vector<PdResult> results(2 * prompts.size());
-  std::vector<std::thread> calls;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    calls.emplace_back([&, i] { results[2 * i] = pd.push("sp" + std::to_string(i), refs[i].prompt, 32); });
-    calls.emplace_back([&, i] { results[2 * i + 1] = pd.pull("sl" + std::to_string(i), refs[i].prompt, 32); });
-  }
-  for (auto& t : calls) t.join();
-  for (size_t i = 0; i < results.size(); ++i) {
-    ASSERT_TRUE(results[i].prefill.ok()) << i << ": " << results[i].prefill.error_message() << " (see " << pd.logs() << ")";
-    ASSERT_TRUE(results[i].decode.status.ok()) << i << ": " << results[i].decode.status.error_message();
-    EXPECT_EQ(results[i].decode.tokens, refs[i / 2].tokens) << "request " << i;
-  }
+  expect_concurrent_push_and_pull_equal(
+      pd, {"Once upon a time, there was a little dog named Max. Max liked to run", "Lily had a cat", "The sun was hot"},
+      "s");
   const worker::WorkerInfo p = info(pd.prefill()), d = info(pd.decode());
   EXPECT_EQ(p.kv_staged_to_host_bytes() > 0, c.prefill_staged);
   EXPECT_EQ(p.kv_staged_to_device_bytes(), 0u);
@@ -103,21 +109,7 @@ INSTANTIATE_TEST_SUITE_P(Sides, PdStaged,
 TEST(PdWorkers, ConcurrentRequestsBatchAndStayEqual) {
   PdPair pd(2, 1);
   ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
-  const std::vector<std::string> prompts = {"Lily had a cat", "The sun was hot", "Tom and Sue went to the sea"};
-  std::vector<Reference> refs;
-  for (const std::string& p : prompts) refs.push_back(reference(p, 32));
-  std::vector<PdResult> results(2 * prompts.size());
-  std::vector<std::thread> calls;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    calls.emplace_back([&, i] { results[2 * i] = pd.push("cp" + std::to_string(i), refs[i].prompt, 32); });
-    calls.emplace_back([&, i] { results[2 * i + 1] = pd.pull("cl" + std::to_string(i), refs[i].prompt, 32); });
-  }
-  for (auto& t : calls) t.join();
-  for (size_t i = 0; i < results.size(); ++i) {
-    ASSERT_TRUE(results[i].prefill.ok()) << i << ": " << results[i].prefill.error_message();
-    ASSERT_TRUE(results[i].decode.status.ok()) << i << ": " << results[i].decode.status.error_message();
-    EXPECT_EQ(results[i].decode.tokens, refs[i / 2].tokens) << "request " << i;
-  }
+  expect_concurrent_push_and_pull_equal(pd, {"Lily had a cat", "The sun was hot", "Tom and Sue went to the sea"}, "c");
   EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
   EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
 }
