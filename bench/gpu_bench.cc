@@ -185,7 +185,9 @@ int run(const Options& o) {
     double t0 = 0;
     for (int i = 0; i < iters + 2; ++i) {
       if (i == 2) t0 = now_s();  // After two warm-up steps.
-      Status s = (*runner)->prepare(batch);
+      StepMetadata meta;
+      meta.pack(batch, block);
+      Status s = (*runner)->prepare(batch, meta);
       if (s.ok()) s = (*runner)->forward(batch, logits.data());
       if (!s.ok()) {
         std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());

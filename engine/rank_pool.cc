@@ -66,20 +66,18 @@ RankPool::~RankPool() {
 Status RankPool::forward(const ForwardBatch& batch, float* logits) {
   // Every rank prepared before any enters a collective: a rank that could not would leave the
   // others waiting in it.
-  for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch));
+  meta_.pack(batch, runners_[0]->kv_layout().block_size());
+  for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch, meta_));
   {
     std::lock_guard lock(mu_);
     batch_ = &batch;
     logits_ = logits;
-    finished_ = 0;
-    status_ = absl::OkStatus();
     ++generation_;
   }
   cv_.notify_all();
   Status status = runners_[0]->forward(batch, logits);
-  std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [&] { return finished_ == size() - 1; });
-  status.Update(status_);
+  // Every rank set its status before the final barrier that rank 0 has passed.
+  for (int r = 1; r < size(); ++r) status.Update(runners_[r]->status());
   return status;
 }
 
@@ -96,13 +94,7 @@ void RankPool::worker(int rank) {
       batch = batch_;
       logits = logits_;
     }
-    Status s = runners_[rank]->forward(*batch, logits);
-    {
-      std::lock_guard lock(mu_);
-      status_.Update(s);
-      ++finished_;
-    }
-    done_cv_.notify_one();
+    (void)runners_[rank]->forward(*batch, logits);  // Its status is read through status().
   }
 }
 

@@ -51,14 +51,12 @@ class RankPool {
   std::vector<std::unique_ptr<RankRunner>> runners_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
-  std::condition_variable cv_;       // Wakes the rank threads for the next batch.
-  std::condition_variable done_cv_;  // Tells rank 0 another rank finished the batch.
+  std::condition_variable cv_;  // Wakes the rank threads for the next batch.
   uint64_t generation_ = 0;
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
   float* logits_ = nullptr;
-  int finished_ = 0;  // Ranks 1..N-1 done with the current batch.
-  Status status_;     // Their first error.
+  StepMetadata meta_;  // The current batch's, packed once for every rank.
 };
 
 }  // namespace pdserve::engine

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 
 namespace pdserve::engine {
 
@@ -92,8 +91,37 @@ Status RankRunner::reserve(int n) {
   return absl::OkStatus();
 }
 
-Status RankRunner::prepare(const ForwardBatch& batch) {
-  const int n = int(batch.tokens.size()), bs = layout_.block_size();
+void StepMetadata::pack(const ForwardBatch& batch, int block_size) {
+  const int n = int(batch.tokens.size());
+  ints.assign(batch.tokens.begin(), batch.tokens.end());
+  ints.insert(ints.end(), batch.positions.begin(), batch.positions.end());
+  // The distinct tables and how far the step reaches into each. A sequence's tokens are
+  // usually consecutive, so the previous token's table is tried first.
+  std::vector<std::pair<const int*, int>> tables;  // (table, blocks reached)
+  std::vector<int> index(n);
+  for (int t = 0; t < n; ++t) {
+    const int* table = batch.block_tables[t];
+    int i = t > 0 && batch.block_tables[t - 1] == table ? index[t - 1] : -1;
+    for (int j = 0; i < 0 && j < int(tables.size()); ++j)
+      if (tables[j].first == table) i = j;
+    if (i < 0) {
+      i = int(tables.size());
+      tables.push_back({table, 0});
+    }
+    index[t] = i;
+    tables[i].second = std::max(tables[i].second, batch.positions[t] / block_size + 1);
+  }
+  std::vector<int64_t> start(tables.size());
+  for (size_t i = 0; i < tables.size(); ++i) {
+    start[i] = int64_t(ints.size());
+    ints.insert(ints.end(), tables[i].first, tables[i].first + tables[i].second);
+  }
+  table_at.resize(n);
+  for (int t = 0; t < n; ++t) table_at[t] = start[index[t]];
+}
+
+Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) {
+  const int n = int(batch.tokens.size());
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
   // The logits rows: as many as the step samples, fewer than its tokens, grown on demand.
@@ -102,25 +130,12 @@ Status RankRunner::prepare(const ForwardBatch& batch) {
     PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(rows) * config_.dim * sizeof(float)));
     PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(rows) * shard_.vocab.size() * sizeof(float)));
   }
-  // [tokens][positions][each distinct block table, as far as this step's tokens reach].
-  meta_host_.assign(batch.tokens.begin(), batch.tokens.end());
-  meta_host_.insert(meta_host_.end(), batch.positions.begin(), batch.positions.end());
-  std::map<const int*, int> reach;  // Blocks needed per table.
-  for (int t = 0; t < n; ++t) {
-    int& r = reach[batch.block_tables[t]];
-    r = std::max(r, batch.positions[t] / bs + 1);
-  }
-  std::map<const int*, size_t> offset;
-  for (const auto& [table, blocks] : reach) {
-    offset[table] = meta_host_.size();
-    meta_host_.insert(meta_host_.end(), table, table + blocks);
-  }
-  PD_RETURN_IF_ERROR(meta_.reserve(backend_, std::max<size_t>(meta_host_.size(), 1) * sizeof(int)));
+  PD_RETURN_IF_ERROR(meta_.reserve(backend_, std::max<size_t>(meta.ints.size(), 1) * sizeof(int)));
   PD_RETURN_IF_ERROR(table_ptrs_.reserve(backend_, std::max(n, 1) * sizeof(const int*)));
   const int* base = meta_.as<int>();
   table_ptrs_host_.resize(n);
-  for (int t = 0; t < n; ++t) table_ptrs_host_[t] = base + offset[batch.block_tables[t]];
-  PD_RETURN_IF_ERROR(backend_->copy_to_device(meta_.as<void>(), meta_host_.data(), meta_host_.size() * sizeof(int)));
+  for (int t = 0; t < n; ++t) table_ptrs_host_[t] = base + meta.table_at[t];
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(meta_.as<void>(), meta.ints.data(), meta.ints.size() * sizeof(int)));
   PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
                                               size_t(n) * sizeof(const int*)));
   placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
@@ -215,8 +230,17 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
     }
   }
   status.Update(backend_->synchronize());
+  {
+    std::lock_guard lock(status_mu_);
+    status_ = status;
+  }
   comm_->barrier();
   return status;
+}
+
+Status RankRunner::status() const {
+  std::lock_guard lock(status_mu_);
+  return status_;
 }
 
 }  // namespace pdserve::engine

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,15 @@ struct ForwardBatch {
   std::vector<std::string> completed_prefills;
 };
 
+// A step's metadata packed once for all ranks: [tokens][positions][each distinct block table,
+// as far as the step's tokens reach], and per token the index of its table's first entry.
+struct StepMetadata {
+  std::vector<int> ints;
+  std::vector<int64_t> table_at;
+  // Packs `batch` for a cache of `block_size`-token blocks.
+  void pack(const ForwardBatch& batch, int block_size);
+};
+
 class RankRunner {
  public:
   // Allocates the rank's KV arena (`num_blocks` blocks) on `backend`, or takes it from
@@ -45,15 +55,18 @@ class RankRunner {
                                                       const KvArenaAllocator& arena_allocator = {});
   ~RankRunner();
 
-  // Copies `batch`'s tokens, positions and block tables (host memory) into the backend for the
-  // next forward(). Fails, touching nothing any rank shares, for a batch over max_tokens or a
-  // failed copy; so a pool prepares every rank before any enters the collectives.
-  Status prepare(const ForwardBatch& batch);
+  // Copies `batch`'s tokens, positions and block tables (`meta`, packed from it) into the
+  // backend for the next forward(). Fails, touching nothing any rank shares, for a batch over
+  // max_tokens or a failed copy; so a pool prepares every rank before any enters the
+  // collectives.
+  Status prepare(const ForwardBatch& batch, const StepMetadata& meta);
   // Runs the model over the prepared `batch`. Writes this rank's vocabulary columns of each
   // wanted row into `logits` (host [logit_rows][vocab], shared by all ranks) and returns after
   // every rank has. An error (a failed copy or kernel) still takes the rank through every
-  // collective, so the other ranks never wait for it.
+  // collective, so the other ranks never wait for it. The result is also kept for status(),
+  // set before the final barrier: once any rank returned, every rank's is there.
   Status forward(const ForwardBatch& batch, float* logits);
+  Status status() const;
 
   const KvCacheLayout& kv_layout() const { return layout_; }
   uint8_t* kv_arena() const { return arena_; }
@@ -78,8 +91,9 @@ class RankRunner {
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
       block_mask_, meta_, table_ptrs_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
-  std::vector<int> meta_host_;
   std::vector<const int*> table_ptrs_host_;
+  mutable std::mutex status_mu_;
+  Status status_;  // Of the last forward(), guarded by status_mu_.
   std::vector<float> logits_host_;
 };
 
