@@ -77,6 +77,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   RankPoolOptions pool;
   pool.tp = options.tp;
   pool.backend = options.backend;
+  pool.backend_factory = options.backend_factory;
   pool.max_tokens = options.max_batch_tokens;
   pool.arena_allocator = options.kv_arena_allocator;
   PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), pool));
@@ -86,9 +87,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
   engine->publish_stats();
-  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {}, {} backend)", num_blocks,
+  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {})", num_blocks,
               options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp,
-              options.backend);
+              engine->ranks_->rank(0).backend().name());
   return engine;
 }
 

@@ -32,6 +32,9 @@ struct EngineOptions {
   // The ranks' compute backend (make_backend's kind): "cpu", or "cuda" / "hip" (rank r on GPU r
   // of those CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES show; NCCL / RCCL between ranks).
   std::string backend = "cpu";
+  // Tests: makes rank r's backend instead of make_backend(backend, r) (collectives and the
+  // memory budget still follow `backend`'s kind).
+  std::function<StatusOr<std::unique_ptr<Backend>>(int rank)> backend_factory;
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
   // weights on a device backend, as vLLM's gpu_memory_utilization), or else enough for

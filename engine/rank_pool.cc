@@ -29,7 +29,8 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
   PD_RETURN_IF_ERROR(config.validate_tp(tp));
   auto pool = std::unique_ptr<RankPool>(new RankPool());
   for (int r = 0; r < tp; ++r) {
-    PD_ASSIGN_OR_RETURN(auto backend, make_backend(options.backend, r));
+    PD_ASSIGN_OR_RETURN(auto backend, options.backend_factory ? options.backend_factory(r)
+                                                              : make_backend(options.backend, r));
     pool->backends_.push_back(std::move(backend));
   }
   // Ranks are the parallelism when there are several; BLAS threads would only contend.

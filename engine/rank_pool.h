@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,7 @@ namespace pdserve::engine {
 struct RankPoolOptions {
   int tp = 1;
   std::string backend = "cpu";  // make_backend's kind.
+  std::function<StatusOr<std::unique_ptr<Backend>>(int rank)> backend_factory;  // Tests: instead.
   int max_tokens = 512;         // Tokens per forward pass.
   KvArenaAllocator arena_allocator;  // See EngineOptions::kv_arena_allocator.
 };

@@ -5,6 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "engine/engine.h"
+#include "tests/engine/guarded_backend.h"
+#include "tests/engine/kv_copy.h"
+#include "tests/engine/test_model.h"
 #include "tests/kvtransfer/kv_sim.h"
 
 namespace pdserve::kvtransfer {
@@ -82,6 +88,104 @@ TEST_F(KvStagingTest, BlocksOrLayersOutsideTheArenaAreRefusedUntouched) {
   EXPECT_EQ(staging_->to_device({40}).code(), absl::StatusCode::kOutOfRange);
   EXPECT_EQ(host_, before);
   EXPECT_EQ(staging_->bytes_to_host(), 0u);
+}
+
+}  // namespace
+}  // namespace pdserve::kvtransfer
+
+// The hand-off through host mirrors with a "device" that the host cannot touch (the guarded
+// backend): a prefill on it stages each layer of its request to a mirror from the layer hook,
+// as the prefill worker does, and a CPU engine decodes from the copy; the other way, a CPU
+// prefill lands in a device engine's mirror and is staged in before the device decodes. Both
+// give the undivided run's tokens.
+namespace pdserve::kvtransfer {
+namespace {
+
+std::unique_ptr<engine::Engine> stories_engine(bool device) {
+  auto model = engine::load_model({pdserve::testing::stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  engine::EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.max_batch_tokens = 32;  // The prompt prefills in chunks over several steps.
+  if (device)
+    o.backend_factory = [](int) -> StatusOr<std::unique_ptr<engine::Backend>> {
+      return pdserve::testing::make_guarded_backend();
+    };
+  auto e = engine::Engine::create(std::move(*model), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return std::move(*e);
+}
+
+struct HandoffCase {
+  std::vector<int> prompt;
+  engine::SamplingParams params;
+  std::vector<int> whole;  // The undivided run's tokens.
+};
+
+HandoffCase handoff_case() {
+  HandoffCase c;
+  c.prompt = {1};
+  for (int i = 0; i < 70; ++i) c.prompt.push_back(3 + (i * 37) % 500);
+  c.params.max_tokens = 40;
+  c.params.ignore_eos = true;
+  c.whole = stories_engine(false)->generate(c.prompt, c.params)->token_ids;
+  return c;
+}
+
+TEST(KvStagingEngine, DevicePrefillStagedLayerByLayerDecodesOnTheCpu) {
+  const HandoffCase c = handoff_case();
+  auto prefill = stories_engine(true), decode = stories_engine(false);
+  const engine::KvCacheLayout& layout = prefill->kv_layout(0);
+  std::vector<uint8_t> mirror(layout.total_bytes());
+  auto staging = KvStaging::create(layout, prefill->kv_arena(0), mirror.data(), &prefill->backend(0));
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  std::vector<int> blocks;
+  int staged_layers = 0;
+  prefill->set_layer_hook([&](int, int layer, const std::vector<std::string>& completed) {
+    if (std::find(completed.begin(), completed.end(), "r") == completed.end()) return;
+    EXPECT_TRUE((*staging)->to_host(blocks, layer).ok());
+    ++staged_layers;
+  });
+  engine::GenerationRequest req{"r", c.prompt, c.params};
+  req.handoff.prefill_only = true;
+  req.handoff.on_admitted = [&](const std::vector<int>& b) { blocks = b; };
+  int first = -1;
+  std::vector<int> handed;
+  ASSERT_TRUE(prefill->add_request(req, [&](const engine::TokenEvent& ev) {
+    if (ev.token >= 0) first = ev.token;
+    if (ev.finished) handed = ev.blocks;
+  }).ok());
+  ASSERT_TRUE(prefill->run_until_idle().ok());
+  EXPECT_EQ(staged_layers, layout.num_layers());
+  ASSERT_EQ(handed, blocks);
+  const int prompt_blocks = int((c.prompt.size() + 15) / 16);
+  auto reserved = decode->reserve_blocks(int(c.prompt.size()) + c.params.max_tokens);
+  ASSERT_TRUE(reserved.ok());
+  pdserve::testing::copy_kv_arena(layout, mirror.data(), handed, decode->kv_layout(0), decode->kv_arena(0), *reserved,
+                                  prompt_blocks);
+  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, *reserved, first), c.whole);
+  EXPECT_TRUE(prefill->release_blocks(handed).ok());
+}
+
+TEST(KvStagingEngine, CpuPrefillStagedIntoADeviceDecodes) {
+  const HandoffCase c = handoff_case();
+  auto prefill = stories_engine(false), decode = stories_engine(true);
+  const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, c.prompt, c.params);
+  ASSERT_GE(first, 0);
+  const engine::KvCacheLayout& layout = decode->kv_layout(0);
+  std::vector<uint8_t> mirror(layout.total_bytes());
+  auto staging = KvStaging::create(layout, decode->kv_arena(0), mirror.data(), &decode->backend(0));
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  const int prompt_blocks = int((c.prompt.size() + 15) / 16);
+  auto reserved = decode->reserve_blocks(int(c.prompt.size()) + c.params.max_tokens);
+  ASSERT_TRUE(reserved.ok());
+  pdserve::testing::copy_kv_arena(prefill->kv_layout(0), prefill->kv_arena(0), handed, layout, mirror.data(),
+                                  *reserved, prompt_blocks);
+  const std::vector<int> prompt_part(reserved->begin(), reserved->begin() + prompt_blocks);
+  ASSERT_TRUE((*staging)->to_device(prompt_part).ok());
+  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, *reserved, first), c.whole);
+  EXPECT_TRUE(prefill->release_blocks(handed).ok());
+  EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
 }
 
 }  // namespace

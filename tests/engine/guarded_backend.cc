@@ -1,0 +1,122 @@
+#include "tests/engine/guarded_backend.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace pdserve::testing {
+namespace {
+
+namespace k = kernels::cpu;
+using engine::Backend;
+
+class GuardedBackend final : public Backend {
+ public:
+  explicit GuardedBackend(size_t capacity) : capacity_(capacity), inner_(engine::make_cpu_backend()) {
+    void* p = mmap(nullptr, capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~GuardedBackend() override {
+    if (base_ != nullptr) munmap(base_, capacity_);
+  }
+
+  std::string name() const override { return "guarded:0"; }
+  StatusOr<void*> allocate(size_t bytes) override {
+    std::lock_guard lock(mu_);
+    const size_t at = (used_ + 255) / 256 * 256;
+    if (base_ == nullptr || at + bytes > capacity_)
+      return absl::ResourceExhaustedError(absl::StrCat("guarded backend: ", bytes, " bytes do not fit"));
+    used_ = at + bytes;
+    return base_ + at;  // Fresh anonymous pages: zero.
+  }
+  void deallocate(void*) override {}
+  Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    Open open(this);
+    std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  Status copy_to_host(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
+  Status synchronize() override { return absl::OkStatus(); }
+  uint64_t memory_bytes() const override { return capacity_; }
+  bool host_memory() const override { return false; }
+  Status staging_copy(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
+  Status staging_wait() override { return absl::OkStatus(); }
+  Status pin_host_memory(void*, size_t) override { return absl::OkStatus(); }
+  void unpin_host_memory(void*) override {}
+
+  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
+    Open open(this);
+    inner_->embed(out, table, tokens, n, dim);
+  }
+  void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
+    Open open(this);
+    inner_->rms_norm(out, in, w, rows, dim, eps);
+  }
+  void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override {
+    Open open(this);
+    inner_->matmul_xwt(y, x, w, rows, out, in, ldw);
+  }
+  void add_bias(float* y, const float* bias, int rows, int out) override {
+    Open open(this);
+    inner_->add_bias(y, bias, rows, out);
+  }
+  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions, float theta,
+            bool rotate_half) override {
+    Open open(this);
+    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half);
+  }
+  void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
+                      int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {
+    Open open(this);
+    inner_->paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads);
+  }
+  void paged_attention(float* out, const float* q, const k::PagedLayerView& kv, const k::TokenPlacement& tokens,
+                       int n_q_heads, int q_per_kv, int window, float scale) override {
+    Open open(this);
+    inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+  }
+  void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                           const k::PagedLayerView& index_view, const k::TokenPlacement& tokens,
+                           int top_k) override {
+    Open open(this);
+    inner_->index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
+  }
+  void silu_mul(float* gate, const float* up, int64_t n) override {
+    Open open(this);
+    inner_->silu_mul(gate, up, n);
+  }
+  void add_inplace(float* x, const float* y, int64_t n) override {
+    Open open(this);
+    inner_->add_inplace(x, y, n);
+  }
+
+ private:
+  // The memory is readable and writable while one of the backend's own calls runs.
+  class Open {
+   public:
+    explicit Open(GuardedBackend* b) : b_(b), lock_(b->mu_) { b_->protect(PROT_READ | PROT_WRITE); }
+    ~Open() { b_->protect(PROT_NONE); }
+
+   private:
+    GuardedBackend* b_;
+    std::lock_guard<std::mutex> lock_;
+  };
+  void protect(int prot) {
+    if (used_ > 0) mprotect(base_, (used_ + 4095) / 4096 * 4096, prot);
+  }
+
+  const size_t capacity_;
+  std::unique_ptr<Backend> inner_;
+  uint8_t* base_ = nullptr;
+  std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.
+  size_t used_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity) {
+  return std::make_unique<GuardedBackend>(capacity);
+}
+
+}  // namespace pdserve::testing

@@ -1,0 +1,19 @@
+// A stand-in for a GPU on machines without one: the CPU backend's kernels over memory the host
+// cannot touch. All of its memory is one mapping kept PROT_NONE except while one of its own
+// calls runs (calls are serialized), so any code that reads or writes backend memory other than
+// through the Backend interface — which a GPU would not allow — faults at once. The engine's
+// device path (weight upload, per-step metadata, logits, layer hooks, kvtransfer staging) runs
+// on it exactly as on a GPU backend, host_memory() false.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "engine/backend.h"
+
+namespace pdserve::testing {
+
+// `capacity` bytes of address space; allocations are never reused (tests are short).
+std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity = size_t(1) << 30);
+
+}  // namespace pdserve::testing
