@@ -3,8 +3,9 @@
 // tokens/s, cuBLAS bf16 GEMM rates at the model's shapes and the portable tiled GEMM's (bf16
 // weights) against them, each as a fraction of H200
 // rooflines (4.8 TB/s HBM; 990 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor, datasheet).
-// The forward pass is the f32 path the engine's backend interface has today (weights, KV and
-// activations in f32); the bf16 GEMM rows show what a bf16 weight path would reach.
+// The forward pass runs twice: f32 weights (cuBLAS SGEMM), then bf16 GEMM weights (the tiled
+// kernel, as --weight-dtype bf16 runs); KV and activations are f32. The bf16 GEMM rows show
+// what the vendor GEMM reaches with bf16 activations too.
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--out results.jsonl]
@@ -156,89 +157,127 @@ int run(const Options& o) {
     return 1;
   }
   auto shard = shard_weights(c, **weights, 0, 1);
+  if (!shard.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(shard.status().message()).c_str());
+    return 1;
+  }
   const int block = 16;
   const int per_seq = (std::max(o.context + 1, max_prefill) + block - 1) / block;
   const int blocks = per_seq * std::max(max_batch, 1);
   auto comm = make_shared_memory_group(1);  // One rank: no collective touches memory.
-  auto runner = RankRunner::create(c, *shard, c.kv_cache_spec(block), blocks, std::max(max_batch, max_prefill),
-                                   backend, comm[0].get());
-  if (!runner.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
-    return 1;
-  }
-  // The context's KV "already in place": random, never zeros.
-  kernels::gpu::fill_random(reinterpret_cast<float*>((*runner)->kv_arena()),
-                            int64_t((*runner)->kv_layout().total_bytes() / 4), 99, 1.0f, 0.0f, nullptr);
   std::vector<std::vector<int>> tables(max_batch, std::vector<int>(per_seq));
   for (int s = 0; s < max_batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * per_seq);
   const double params = matmul_params(c);
-  const double embed_bytes = double(c.vocab_size) * c.dim * 4;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f,\"kv_dtype\":\"f32\"}",
                 o.preset.c_str(), weight_bytes / 1e9, params);
   report.line(buf);
 
-  std::vector<float> logits;
-  auto time_step = [&](const ForwardBatch& batch, int iters) -> double {
-    logits.resize(size_t(batch.logit_rows.size()) * c.vocab_size);
-    double t0 = 0;
-    for (int i = 0; i < iters + 2; ++i) {
-      if (i == 2) t0 = now_s();  // After two warm-up steps.
-      StepMetadata meta;
-      meta.pack(batch, block);
-      Status s = (*runner)->prepare(batch, meta);
-      if (s.ok()) s = (*runner)->forward(batch, logits.data());
-      if (!s.ok()) {
-        std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());
-        return -1;
+  // Decode against batch size and prefill tokens/s for one shard (f32 or bf16 GEMM weights); a
+  // runner of its own, freed before the next (the KV cache is the largest allocation).
+  auto measure = [&](const RankShard& rank_shard) -> bool {
+    const char* weights_name = dtype_name(rank_shard.weight_dtype);
+    auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block), blocks, std::max(max_batch, max_prefill),
+                                     backend, comm[0].get());
+    if (!runner.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
+      return false;
+    }
+    // The context's KV "already in place": random, never zeros.
+    kernels::gpu::fill_random(reinterpret_cast<float*>((*runner)->kv_arena()),
+                              int64_t((*runner)->kv_layout().total_bytes() / 4), 99, 1.0f, 0.0f, nullptr);
+    std::vector<float> logits;
+    auto time_step = [&](const ForwardBatch& batch, int iters) -> double {
+      logits.resize(size_t(batch.logit_rows.size()) * c.vocab_size);
+      double t0 = 0;
+      for (int i = 0; i < iters + 2; ++i) {
+        if (i == 2) t0 = now_s();  // After two warm-up steps.
+        StepMetadata meta;
+        meta.pack(batch, block);
+        Status s = (*runner)->prepare(batch, meta);
+        if (s.ok()) s = (*runner)->forward(batch, logits.data());
+        if (!s.ok()) {
+          std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());
+          return -1;
+        }
       }
+      return (now_s() - t0) / iters;
+    };
+    // Decode: every sequence at position `context` (its earlier KV already in place).
+    for (int b : o.batches) {
+      ForwardBatch batch;
+      for (int s = 0; s < b; ++s) {
+        batch.tokens.push_back(s % c.vocab_size);
+        batch.positions.push_back(o.context);
+        batch.block_tables.push_back(tables[s].data());
+        batch.logit_rows.push_back(s);
+      }
+      const double t = time_step(batch, 10);
+      if (t < 0) return false;
+      double kv_bytes = 0;
+      for (int l = 0; l < c.n_layers; ++l) kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * 4;
+      const double bytes = params * dtype_size(rank_shard.weight_dtype) + kv_bytes;
+      const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"decode\",\"weights\":\"%s\",\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,"
+                    "\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
+                    "\"bf16_compute_fraction\":%.4f}",
+                    weights_name, b, o.context, t * 1e3, b / t, bytes / t / kHbmBytesPerS, flops / t / kF32FlopPerS,
+                    flops / t / kBf16FlopPerS);
+      report.line(buf);
     }
-    return (now_s() - t0) / iters;
+    // Prefill: one sequence's prompt in one step, logits for its last token.
+    for (int p : o.prefill) {
+      ForwardBatch batch;
+      for (int i = 0; i < p; ++i) {
+        batch.tokens.push_back(i % c.vocab_size);
+        batch.positions.push_back(i);
+        batch.block_tables.push_back(tables[0].data());
+      }
+      batch.logit_rows = {p - 1};
+      const double t = time_step(batch, 3);
+      if (t < 0) return false;
+      const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"prefill\",\"weights\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
+                    "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
+                    weights_name, p, t * 1e3, p / t, flops / t / kF32FlopPerS, flops / t / kBf16FlopPerS);
+      report.line(buf);
+    }
+    return true;
   };
+  if (!measure(*shard)) return 1;
 
-  // Decode: every sequence at position `context` (its earlier KV already in place).
-  for (int b : o.batches) {
-    ForwardBatch batch;
-    for (int s = 0; s < b; ++s) {
-      batch.tokens.push_back(s % c.vocab_size);
-      batch.positions.push_back(o.context);
-      batch.block_tables.push_back(tables[s].data());
-      batch.logit_rows.push_back(s);
-    }
-    const double t = time_step(batch, 10);
-    if (t < 0) return 1;
-    double kv_bytes = 0;
-    for (int l = 0; l < c.n_layers; ++l) kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * 4;
-    const double bytes = weight_bytes - embed_bytes + (c.tie_embeddings ? embed_bytes : 0) + kv_bytes;
-    const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
-    std::snprintf(buf, sizeof buf,
-                  "{\"kind\":\"decode\",\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,\"tokens_per_s\":%.1f,"
-                  "\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                  b, o.context, t * 1e3, b / t, bytes / t / kHbmBytesPerS, flops / t / kF32FlopPerS,
-                  flops / t / kBf16FlopPerS);
-    report.line(buf);
+  // The same model with bf16 GEMM weights (--weight-dtype bf16): each GEMM tensor truncated to
+  // bf16 in a buffer of its own (TP 1: every shard pointer is its tensor's start).
+  std::vector<std::unique_ptr<BackendBuffer>> half_buffers;
+  RankShard half = *shard;
+  half.weight_dtype = DType::kBF16;
+  auto to_bf16 = [&](const float*& w, int64_t n) -> bool {
+    auto b = std::make_unique<BackendBuffer>();
+    if (!b->reserve(backend, size_t(n) * 2).ok()) return false;
+    cudaMemcpy2D(b->as<void>(), 2, reinterpret_cast<const char*>(w) + 2, 4, 2, size_t(n), cudaMemcpyDeviceToDevice);
+    w = b->as<const float>();
+    half_buffers.push_back(std::move(b));
+    return true;
+  };
+  bool converted = to_bf16(half.lm_head, int64_t(c.vocab_size) * c.dim);
+  for (int l = 0; l < c.n_layers && converted; ++l) {
+    LayerShard& w = half.layers[l];
+    const int64_t q = c.q_dim(l), kv = c.kv_dim(l), d = c.dim, h = c.hidden_dim;
+    converted = to_bf16(w.wq, q * d) && to_bf16(w.wk, kv * d) && to_bf16(w.wv, kv * d) && to_bf16(w.wo, d * q) &&
+                to_bf16(w.w_gate, h * d) && to_bf16(w.w_up, h * d) && to_bf16(w.w_down, d * h);
+    const int64_t index_dim = c.attention(l).index_head_dim;
+    if (converted && w.w_index_q != nullptr)
+      converted = to_bf16(w.w_index_q, index_dim * d) && to_bf16(w.w_index_k, index_dim * d);
   }
-
-  // Prefill: one sequence's prompt in one step, logits for its last token.
-  for (int p : o.prefill) {
-    ForwardBatch batch;
-    for (int i = 0; i < p; ++i) {
-      batch.tokens.push_back(i % c.vocab_size);
-      batch.positions.push_back(i);
-      batch.block_tables.push_back(tables[0].data());
-    }
-    batch.logit_rows = {p - 1};
-    const double t = time_step(batch, 3);
-    if (t < 0) return 1;
-    const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
-    std::snprintf(buf, sizeof buf,
-                  "{\"kind\":\"prefill\",\"tokens\":%d,\"step_ms\":%.2f,\"tokens_per_s\":%.0f,"
-                  "\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                  p, t * 1e3, p / t, flops / t / kF32FlopPerS, flops / t / kBf16FlopPerS);
-    report.line(buf);
+  if (!converted || cudaDeviceSynchronize() != cudaSuccess) {
+    std::fprintf(stderr, "bf16 copies of the weights failed\n");
+    return 1;
   }
-  runner->reset();
+  if (!measure(half)) return 1;
+  half_buffers.clear();
   buffers.clear();
 
   // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes, and the portable tiled

@@ -51,6 +51,13 @@ class Backend {
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
   virtual void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                           int64_t ldw) = 0;
+  // Whether the backend keeps GEMM weights as bf16 (half the bytes a decode step reads), with
+  // matmul_xwt_bf16; the CPU backend computes with f32 weights only.
+  virtual bool bf16_weights() const = 0;
+  // matmul_xwt with w's elements bf16 (raw bits), products accumulated in f32. Only on backends
+  // whose bf16_weights() is true.
+  virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
+                               int64_t ldw) = 0;
   virtual void add_bias(float* y, const float* bias, int rows, int out) = 0;
   virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
                     const int* positions, float theta, bool rotate_half) = 0;

@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -52,6 +53,11 @@ class CpuBackend final : public Backend {
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                   int64_t ldw) override {
     k::matmul_xwt(y, x, w, rows, out, in, ldw);
+  }
+  bool bf16_weights() const override { return false; }
+  void matmul_xwt_bf16(float*, const float*, const uint16_t*, int, int, int, int64_t) override {
+    std::fprintf(stderr, "pdserve: the CPU backend computes with f32 weights (bf16_weights() is false)\n");
+    std::abort();
   }
   void add_bias(float* y, const float* bias, int rows, int out) override { k::add_bias(y, bias, rows, out); }
   void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 
 namespace pdserve::engine {
@@ -19,6 +21,13 @@ constexpr const char* dtype_name(DType t) {
     case DType::kBF16: return "bf16";
   }
   return "?";
+}
+
+// The DType dtype_name() calls `name`, or nullopt.
+inline std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
+    if (name == dtype_name(t)) return t;
+  return std::nullopt;
 }
 
 }  // namespace pdserve::engine

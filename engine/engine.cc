@@ -57,7 +57,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     PD_ASSIGN_OR_RETURN(auto device, make_backend(options.backend, 0));
     const uint64_t share = uint64_t(double(device->memory_bytes()) * options.memory_utilization);
     // A device holds the rank's weights too; the CPU backend maps them from the page cache.
-    const uint64_t weights = device->host_memory() ? 0 : shard_bytes(config, options.tp);
+    const uint64_t weights = device->host_memory() ? 0 : shard_bytes(config, options.tp, options.weight_dtype);
     if (share <= weights)
       return absl::InvalidArgumentError(absl::StrCat("--memory-utilization leaves ", share >> 20, " MiB of ",
                                                      device->name(), ", less than the ", weights >> 20,
@@ -78,6 +78,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   pool.tp = options.tp;
   pool.backend = options.backend;
   pool.backend_factory = options.backend_factory;
+  pool.weight_dtype = options.weight_dtype;
   pool.max_tokens = options.max_batch_tokens;
   pool.arena_allocator = options.kv_arena_allocator;
   PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), pool));

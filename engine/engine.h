@@ -35,6 +35,9 @@ struct EngineOptions {
   // Tests: makes rank r's backend instead of make_backend(backend, r) (collectives and the
   // memory budget still follow `backend`'s kind).
   std::function<StatusOr<std::unique_ptr<Backend>>(int rank)> backend_factory;
+  // GEMM weights in device memory: f32, or bf16 (half the memory and the bytes a decode step
+  // reads; exact for bf16 checkpoints, a rounding of f32 ones). The CPU backend takes f32 only.
+  DType weight_dtype = DType::kF32;
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
   // weights on a device backend, as vLLM's gpu_memory_utilization), or else enough for

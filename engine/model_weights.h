@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/dtype.h"
 #include "engine/model_config.h"
 #include "engine/tp_shard.h"
 #include "engine/weights.h"
@@ -57,6 +58,10 @@ struct LayerShard {
 // What rank `rank` of `tp` computes.
 struct RankShard {
   int rank = 0, tp = 1;
+  // Element type of the GEMM weights (wq, wk, wv, wo, the MLP's, the index projections and
+  // lm_head): f32, or bf16 bits behind the same pointers once uploaded to a backend whose
+  // bf16_weights() is true. Embedding table, norms and biases are always f32.
+  DType weight_dtype = DType::kF32;
   Range q_heads;    // Global attention heads.
   Range hidden;     // MLP columns.
   Range vocab;      // Rows of the output classifier.

@@ -39,8 +39,11 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
   for (int r = 0; r < tp; ++r) {
     Backend* backend = pool->backends_[r].get();
     PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(config, weights, r, tp));
-    if (!backend->host_memory()) {
-      PD_ASSIGN_OR_RETURN(auto uploaded, upload_shard(config, shard, backend));
+    if (!backend->host_memory() || options.weight_dtype != DType::kF32) {
+      if (backend->host_memory())
+        return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend computes with f32 weights, not ",
+                                                       dtype_name(options.weight_dtype)));
+      PD_ASSIGN_OR_RETURN(auto uploaded, upload_shard(config, shard, backend, options.weight_dtype));
       shard = uploaded->shard;
       pool->uploaded_.push_back(std::move(uploaded));
     }

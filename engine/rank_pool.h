@@ -24,6 +24,7 @@ struct RankPoolOptions {
   std::string backend = "cpu";  // make_backend's kind.
   std::function<StatusOr<std::unique_ptr<Backend>>(int rank)> backend_factory;  // Tests: instead.
   int max_tokens = 512;         // Tokens per forward pass.
+  DType weight_dtype = DType::kF32;  // GEMM weights on a device backend (EngineOptions).
   KvArenaAllocator arena_allocator;  // See EngineOptions::kv_arena_allocator.
 };
 

@@ -153,6 +153,15 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
         *v = v_.as<float>(), *attn = attn_.as<float>(), *out = out_.as<float>(),
         *gate = gate_.as<float>(), *up = up_.as<float>();
   Status status;
+  // The shard's GEMM weights are f32 or bf16 (RankShard::weight_dtype), behind the same pointers.
+  const bool bf16 = shard_.weight_dtype == DType::kBF16;
+  auto matmul = [&](float* y, const float* in_x, const float* w, int rows, int out, int in, int64_t ldw) {
+    if (bf16) {
+      backend_->matmul_xwt_bf16(y, in_x, reinterpret_cast<const uint16_t*>(w), rows, out, in, ldw);
+    } else {
+      backend_->matmul_xwt(y, in_x, w, rows, out, in, ldw);
+    }
+  };
   // A layer hook may hand the layer's KV to a transport: on a device the writes must be done.
   auto layer_written = [&](int layer) {
     if (!batch.layer_hook) return;
@@ -168,9 +177,9 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
     const float scale = 1.0f / std::sqrt(float(hd));
     kernels::cpu::TokenPlacement place = placement_;
     backend_->rms_norm(xn, x, w.attn_norm, n, c.dim, c.rms_eps);
-    backend_->matmul_xwt(q, xn, w.wq, n, q_local, c.dim, c.dim);
-    backend_->matmul_xwt(k, xn, w.wk, n, kv_local, c.dim, c.dim);
-    backend_->matmul_xwt(v, xn, w.wv, n, kv_local, c.dim, c.dim);
+    matmul(q, xn, w.wq, n, q_local, c.dim, c.dim);
+    matmul(k, xn, w.wk, n, kv_local, c.dim, c.dim);
+    matmul(v, xn, w.wv, n, kv_local, c.dim, c.dim);
     if (w.bq) {
       backend_->add_bias(q, w.bq, n, q_local);
       backend_->add_bias(k, w.bk, n, kv_local);
@@ -183,8 +192,8 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
     if (index_layer >= 0) {
       const int index_dim = c.attention(l).index_head_dim;
       float *qi = q_index_.as<float>(), *ki = k_index_.as<float>();
-      backend_->matmul_xwt(qi, xn, w.w_index_q, n, index_dim, c.dim, c.dim);
-      backend_->matmul_xwt(ki, xn, w.w_index_k, n, index_dim, c.dim, c.dim);
+      matmul(qi, xn, w.w_index_q, n, index_dim, c.dim, c.dim);
+      matmul(ki, xn, w.w_index_k, n, index_dim, c.dim, c.dim);
       backend_->paged_kv_write(views_[index_layer], place, ki, index_dim, nullptr, 0, 1);
       backend_->index_select_blocks(block_mask_.as<uint8_t>(), mask_stride_, qi, views_[index_layer], place,
                                     c.attention(l).index_top_k);
@@ -194,15 +203,15 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
     }
     layer_written(l);
     backend_->paged_attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
-    backend_->matmul_xwt(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
+    matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_inplace(x, out, int64_t(n) * c.dim);
 
     backend_->rms_norm(xn, x, w.ffn_norm, n, c.dim, c.rms_eps);
-    backend_->matmul_xwt(gate, xn, w.w_gate, n, hidden, c.dim, c.dim);
-    backend_->matmul_xwt(up, xn, w.w_up, n, hidden, c.dim, c.dim);
+    matmul(gate, xn, w.w_gate, n, hidden, c.dim, c.dim);
+    matmul(up, xn, w.w_up, n, hidden, c.dim, c.dim);
     backend_->silu_mul(gate, up, int64_t(n) * hidden);
-    backend_->matmul_xwt(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
+    matmul(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_inplace(x, out, int64_t(n) * c.dim);
   }
@@ -215,7 +224,7 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
       status.Update(backend_->copy_to_device(last + int64_t(r) * c.dim, x + int64_t(batch.logit_rows[r]) * c.dim,
                                              c.dim * sizeof(float)));
     backend_->rms_norm(last, last, shard_.final_norm, rows, c.dim, c.rms_eps);
-    backend_->matmul_xwt(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
+    matmul(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
     if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)
         std::copy_n(logits_local_.as<float>() + int64_t(r) * vocab_local, vocab_local,

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "engine/model/float_convert.h"
+
 namespace pdserve::engine {
 namespace {
 
@@ -10,21 +12,28 @@ class Uploader {
  public:
   Uploader(Backend* backend, UploadedShard* out) : backend_(backend), out_(out) {}
 
-  // `rows` rows of `cols` floats, `stride` apart in `src`; stored compact (stride = cols).
-  StatusOr<const float*> rows(const float* src, int64_t rows, int64_t cols, int64_t stride) {
+  // `rows` rows of `cols` floats, `stride` apart in `src`; stored compact (stride = cols), as
+  // f32 or as bf16.
+  StatusOr<const float*> rows(const float* src, int64_t rows, int64_t cols, int64_t stride,
+                              DType type = DType::kF32) {
     if (src == nullptr) return nullptr;
-    const float* data = src;
-    if (stride != cols) {
-      compact_.resize(size_t(rows * cols));
+    const void* data = src;
+    const size_t n = size_t(rows * cols);
+    if (type == DType::kBF16) {
+      half_.resize(n);
       for (int64_t r = 0; r < rows; ++r)
-        std::copy_n(src + r * stride, cols, compact_.data() + r * cols);
+        for (int64_t c = 0; c < cols; ++c) half_[size_t(r * cols + c)] = f32_to_bf16(src[r * stride + c]);
+      data = half_.data();
+    } else if (stride != cols) {
+      compact_.resize(n);
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * stride, cols, compact_.data() + r * cols);
       data = compact_.data();
     }
-    const size_t bytes = size_t(rows * cols) * sizeof(float);
+    const size_t bytes = n * dtype_size(type);
     auto buf = std::make_unique<BackendBuffer>();
     PD_RETURN_IF_ERROR(buf->reserve(backend_, bytes));
     PD_RETURN_IF_ERROR(backend_->copy_to_device(buf->as<void>(), data, bytes));
-    // The compact copy is reused by the next tensor: wait until this one has left it.
+    // The staging vector is reused by the next tensor: wait until this one has left it.
     if (data != src) PD_RETURN_IF_ERROR(backend_->synchronize());
     const float* dst = buf->as<float>();
     out_->bytes += bytes;
@@ -37,24 +46,31 @@ class Uploader {
   Backend* backend_;
   UploadedShard* out_;
   std::vector<float> compact_;
+  std::vector<uint16_t> half_;
 };
 
 }  // namespace
 
 StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& c, const RankShard& host,
-                                                      Backend* backend) {
+                                                      Backend* backend, DType weight_dtype) {
+  if (host.weight_dtype != DType::kF32) return absl::InvalidArgumentError("upload_shard takes f32 host weights");
+  if (weight_dtype != DType::kF32 && (weight_dtype != DType::kBF16 || !backend->bf16_weights()))
+    return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot compute with ",
+                                                   dtype_name(weight_dtype), " weights"));
   auto out = std::make_unique<UploadedShard>();
   Uploader up(backend, out.get());
   RankShard& s = out->shard;
   s = host;
+  s.weight_dtype = weight_dtype;
+  const DType w = weight_dtype;
   const int64_t dim = c.dim, nq = host.q_heads.size(), hidden = host.hidden.size();
   PD_ASSIGN_OR_RETURN(s.embed, up.rows(host.embed, c.vocab_size, dim, dim));
   PD_ASSIGN_OR_RETURN(s.final_norm, up.vector(host.final_norm, dim));
   const int64_t lm_offset = host.lm_head - host.embed;
-  if (lm_offset >= 0 && lm_offset < int64_t(c.vocab_size) * dim) {
+  if (w == DType::kF32 && lm_offset >= 0 && lm_offset < int64_t(c.vocab_size) * dim) {
     s.lm_head = s.embed + lm_offset;  // Tied to the embedding.
   } else {
-    PD_ASSIGN_OR_RETURN(s.lm_head, up.rows(host.lm_head, host.vocab.size(), dim, dim));
+    PD_ASSIGN_OR_RETURN(s.lm_head, up.rows(host.lm_head, host.vocab.size(), dim, dim, w));
   }
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerShard& h = host.layers[l];
@@ -63,36 +79,38 @@ StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& c, cons
     const int64_t index_dim = c.attention(l).index_head_dim;
     PD_ASSIGN_OR_RETURN(d.attn_norm, up.vector(h.attn_norm, dim));
     PD_ASSIGN_OR_RETURN(d.ffn_norm, up.vector(h.ffn_norm, dim));
-    PD_ASSIGN_OR_RETURN(d.wq, up.rows(h.wq, q_local, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.wk, up.rows(h.wk, kv_local, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.wv, up.rows(h.wv, kv_local, dim, dim));
+    PD_ASSIGN_OR_RETURN(d.wq, up.rows(h.wq, q_local, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.wk, up.rows(h.wk, kv_local, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.wv, up.rows(h.wv, kv_local, dim, dim, w));
     PD_ASSIGN_OR_RETURN(d.bq, up.vector(h.bq, q_local));
     PD_ASSIGN_OR_RETURN(d.bk, up.vector(h.bk, kv_local));
     PD_ASSIGN_OR_RETURN(d.bv, up.vector(h.bv, kv_local));
-    PD_ASSIGN_OR_RETURN(d.wo, up.rows(h.wo, dim, q_local, h.wo_stride));
+    PD_ASSIGN_OR_RETURN(d.wo, up.rows(h.wo, dim, q_local, h.wo_stride, w));
     d.wo_stride = q_local;
-    PD_ASSIGN_OR_RETURN(d.w_index_q, up.rows(h.w_index_q, index_dim, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.w_index_k, up.rows(h.w_index_k, index_dim, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.w_gate, up.rows(h.w_gate, hidden, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.w_up, up.rows(h.w_up, hidden, dim, dim));
-    PD_ASSIGN_OR_RETURN(d.w_down, up.rows(h.w_down, dim, hidden, h.w_down_stride));
+    PD_ASSIGN_OR_RETURN(d.w_index_q, up.rows(h.w_index_q, index_dim, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.w_index_k, up.rows(h.w_index_k, index_dim, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.w_gate, up.rows(h.w_gate, hidden, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.w_up, up.rows(h.w_up, hidden, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(d.w_down, up.rows(h.w_down, dim, hidden, h.w_down_stride, w));
     d.w_down_stride = hidden;
   }
   PD_RETURN_IF_ERROR(backend->synchronize());
   return out;
 }
 
-uint64_t shard_bytes(const ModelConfig& c, int tp) {
-  // Sharded tensors split over the ranks; the embedding, norms and index projections do not.
-  uint64_t sharded = uint64_t(c.vocab_size) * c.dim;  // lm_head (an upper bound when tied)
-  uint64_t whole = uint64_t(c.vocab_size) * c.dim + c.dim;
+uint64_t shard_bytes(const ModelConfig& c, int tp, DType weight_dtype) {
+  // GEMM weights split over the ranks (lm_head: an upper bound when tied), except the index
+  // projections; the embedding table and norms are f32 and whole on every rank.
+  uint64_t sharded = uint64_t(c.vocab_size) * c.dim, index = 0;
+  uint64_t f32_whole = uint64_t(c.vocab_size) * c.dim + c.dim;
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerAttention a = c.attention(l);
     const uint64_t q = uint64_t(c.n_heads) * a.head_dim, kv = uint64_t(a.n_kv_heads) * a.head_dim;
     sharded += (2 * q + 2 * kv) * c.dim + 3ull * c.hidden_dim * c.dim;
-    whole += 2ull * c.dim + 2ull * a.index_head_dim * c.dim;
+    index += 2ull * a.index_head_dim * c.dim;
+    f32_whole += 2ull * c.dim;
   }
-  return (sharded / tp + whole) * sizeof(float);
+  return (sharded / tp + index) * dtype_size(weight_dtype) + f32_whole * sizeof(float);
 }
 
 }  // namespace pdserve::engine

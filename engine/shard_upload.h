@@ -21,13 +21,14 @@ struct UploadedShard {
   uint64_t bytes = 0;
 };
 
-// Copies `host` (pointers into host tensors, as shard_weights makes them) to `backend`. A tied
-// classifier's rows stay a view into the uploaded embedding table.
+// Copies `host` (pointers into f32 host tensors, as shard_weights makes them) to `backend`, the
+// GEMM weights as `weight_dtype` (f32, or bf16 rounded to nearest even). A tied classifier's
+// rows stay a view into the uploaded embedding table when both are f32.
 StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& config, const RankShard& host,
-                                                      Backend* backend);
+                                                      Backend* backend, DType weight_dtype = DType::kF32);
 
-// Bytes of the tensors one rank of `tp` holds once uploaded (an estimate of the weights' share
-// of device memory, for sizing the KV cache).
-uint64_t shard_bytes(const ModelConfig& config, int tp);
+// Bytes of the tensors one rank of `tp` holds once uploaded with `weight_dtype` GEMM weights
+// (an estimate of the weights' share of device memory, for sizing the KV cache).
+uint64_t shard_bytes(const ModelConfig& config, int tp, DType weight_dtype = DType::kF32);
 
 }  // namespace pdserve::engine

@@ -21,6 +21,7 @@ struct GenerateFlags {
   std::string prompt;
   engine::SamplingParams params;
   engine::EngineOptions engine;
+  std::string weight_dtype = "f32";
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
 };
@@ -90,7 +91,9 @@ int run_generate(const GenerateFlags& f) {
     return 1;
   }
   const std::string name = model->name;
-  auto eng = engine::Engine::create(std::move(*model), f.engine);
+  engine::EngineOptions options = f.engine;
+  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
+  auto eng = engine::Engine::create(std::move(*model), options);
   if (!eng.ok()) {
     std::cerr << "error: " << eng.status().message() << "\n";
     return 1;
@@ -167,6 +170,10 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--device", flags->engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", flags->weight_dtype,
+                 "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");

@@ -19,7 +19,7 @@ void add_make_model_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--from", opts->from, "llama2.c checkpoint to export instead of a preset");
   cmd->add_option("--dtype", *dtype, "f32, bf16 or f16")->check(CLI::IsMember({"f32", "bf16", "f16"}))->capture_default_str();
   cmd->callback([opts, dtype, exit_code] {
-    opts->dtype = *dtype == "bf16" ? engine::DType::kBF16 : *dtype == "f16" ? engine::DType::kF16 : engine::DType::kF32;
+    opts->dtype = *engine::dtype_from_name(*dtype);  // Checked by the flag.
     Status s = engine::make_model(*opts);
     if (!s.ok()) {
       std::cerr << "error: " << s.message() << "\n";

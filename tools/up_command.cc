@@ -26,6 +26,7 @@ struct UpFlags {
   std::string kv_mode = "push";
   std::string device = "cpu", prefill_device, decode_device;
   std::string kv_memory = "auto";
+  std::string weight_dtype = "f32";
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -194,6 +195,7 @@ int run_up(const UpFlags& f) {
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
+    if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     return a;
@@ -288,6 +290,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
   cmd->add_option("--decode-device", f->decode_device, "Decode workers' backend (default: --device)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
+  cmd->add_option("--weight-dtype", f->weight_dtype, "GPU workers' GEMM weights: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--kv-memory", f->kv_memory, "P/D workers' KV for transfers: auto or staged (see the workers)")
       ->check(CLI::IsMember({"auto", "staged"}))
       ->capture_default_str();

@@ -38,6 +38,7 @@ struct WorkerFlags {
   std::string advertise;  // The address the router dials (default: --host and the bound port).
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
   std::string kv_memory = "auto";
+  std::string weight_dtype = "f32";
 };
 
 int fail(const std::string& what, const Status& s) {
@@ -71,7 +72,9 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   auto model = engine::load_model({f.model, f.tokenizer});
   if (!model.ok()) return fail("model", model.status());
   const std::string model_name = model->name;
-  auto created = engine::Engine::create(std::move(*model), f.engine);
+  engine::EngineOptions options = f.engine;
+  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
+  auto created = engine::Engine::create(std::move(*model), options);
   if (!created.ok()) return fail("engine", created.status());
   std::unique_ptr<engine::Engine> eng = std::move(*created);
 
@@ -175,6 +178,10 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--tp", f.engine.tp, "Tensor-parallel ranks")->capture_default_str();
   app.add_option("--device", f.engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
+      ->capture_default_str();
+  app.add_option("--weight-dtype", f.weight_dtype,
+                 "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   app.add_option("--kv-memory", f.kv_memory,
                  "KV for transfers: auto (the engine's arena when it is host memory, else a staged host "

@@ -155,6 +155,15 @@ class GpuBackend final : public Backend {
     g::matmul_xwt(y, x, w, g::Storage::kF32, rows, out, in, ldw, stream_);
 #endif
   }
+  // bf16 weights with f32 activations: the tiled kernel, which reads the weights as stored and
+  // accumulates in f32, so a bf16 checkpoint computes what the CPU computes from it. (The vendor
+  // GEMMs take both operands in one type; rounding activations to bf16 would not.)
+  bool bf16_weights() const override { return true; }
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
+                       int64_t ldw) override {
+    bind();
+    g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_);
+  }
   void add_bias(float* y, const float* bias, int rows, int out) override {
     bind();
     g::add_bias(y, bias, rows, out, stream_);

@@ -4,27 +4,61 @@
 // memory outside the Backend interface would fault, as on a GPU.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/model/make_model.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::engine {
 namespace {
 
-std::unique_ptr<Engine> make_engine(bool guarded) {
-  auto model = load_model({pdserve::testing::stories_bin()});
+std::unique_ptr<Engine> make_engine(bool guarded, const std::string& model_path = pdserve::testing::stories_bin(),
+                                    DType weight_dtype = DType::kF32) {
+  auto model = load_model({model_path});
   EXPECT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.kv_cache_bytes = 8 << 20;
   o.max_batch_tokens = 96;  // Long prompts take several chunked steps.
+  o.weight_dtype = weight_dtype;
   if (guarded) o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> { return pdserve::testing::make_guarded_backend(); };
   auto e = Engine::create(std::move(*model), o);
   EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+// Each prompt as a concurrent greedy request of 40 tokens (EOS ignored); their tokens.
+std::vector<std::vector<int>> run_all(Engine& e, const std::vector<std::vector<int>>& prompts) {
+  std::vector<std::vector<int>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplingParams p;
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    EXPECT_TRUE(e.add_request({std::to_string(i), prompts[i], p}, [&out, i](const TokenEvent& ev) {
+      EXPECT_TRUE(ev.error.ok()) << ev.error;
+      if (ev.token >= 0) out[i].push_back(ev.token);
+    }).ok());
+  }
+  EXPECT_TRUE(e.run_until_idle().ok());
+  return out;
+}
+
+std::vector<std::vector<int>> random_prompts(int count, int max_len, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < count; ++i) {
+    std::vector<int> p = {1};
+    const int len = 1 + int(rng() % uint32_t(max_len));
+    for (int t = 0; t < len; ++t) p.push_back(3 + int(rng() % uint32_t(vocab - 3)));
+    prompts.push_back(p);
+  }
+  return prompts;
 }
 
 std::string trimmed(std::string s) {
@@ -56,31 +90,38 @@ TEST(DevicePath, GreedyFromBosEqualsPublishedText) {
 // reach the kernels only through the device copy of the step's metadata.
 TEST(DevicePath, ConcurrentRequestsEqualTheCpuEngine) {
   auto device = make_engine(true), cpu = make_engine(false);
-  std::mt19937 rng(11);
-  auto run = [](Engine& e, const std::vector<std::vector<int>>& prompts) {
-    std::vector<std::vector<int>> out(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      SamplingParams p;
-      p.max_tokens = 40;
-      p.ignore_eos = true;
-      EXPECT_TRUE(e.add_request({std::to_string(i), prompts[i], p}, [&out, i](const TokenEvent& ev) {
-        EXPECT_TRUE(ev.error.ok()) << ev.error;
-        if (ev.token >= 0) out[i].push_back(ev.token);
-      }).ok());
-    }
-    EXPECT_TRUE(e.run_until_idle().ok());
-    return out;
-  };
-  std::vector<std::vector<int>> prompts;
-  for (int i = 0; i < 12; ++i) {
-    std::vector<int> p = {1};
-    const int len = 1 + int(rng() % 150);
-    for (int t = 0; t < len; ++t) p.push_back(3 + int(rng() % 500));
-    prompts.push_back(p);
-  }
-  const auto want = run(*cpu, prompts);
-  EXPECT_EQ(run(*device, prompts), want);
+  const auto prompts = random_prompts(12, 150, 512, 11);
+  EXPECT_EQ(run_all(*device, prompts), run_all(*cpu, prompts));
   EXPECT_EQ(device->stats().free_blocks, device->stats().num_blocks);
+}
+
+// A bf16 checkpoint: the CPU widens its weights to f32 exactly; a device keeping them bf16
+// (--weight-dtype bf16) multiplies the same values, so the tokens are the CPU's.
+TEST(DevicePath, Bf16WeightsOfABf16CheckpointEqualTheCpuEngine) {
+  const auto dir = std::filesystem::temp_directory_path() / ("pdserve_bf16w_" + std::to_string(getpid()));
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 5;
+  o.dtype = DType::kBF16;
+  o.out_dir = dir.string();
+  ASSERT_TRUE(make_model(o).ok());
+  auto device = make_engine(true, dir.string(), DType::kBF16), cpu = make_engine(false, dir.string());
+  ASSERT_TRUE(device && cpu);
+  const auto prompts = random_prompts(6, 120, cpu->config().vocab_size, 12);
+  const uint64_t bf16_before = pdserve::testing::guarded_bf16_gemms();
+  EXPECT_EQ(run_all(*device, prompts), run_all(*cpu, prompts));
+  EXPECT_GT(pdserve::testing::guarded_bf16_gemms(), bf16_before);  // The bf16 path ran.
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DevicePath, TheCpuBackendRefusesBf16Weights) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions o;
+  o.weight_dtype = DType::kBF16;
+  auto e = Engine::create(std::move(*model), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("f32 weights"), std::string_view::npos) << e.status();
 }
 
 }  // namespace

@@ -2,14 +2,20 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
+#include <vector>
+
+#include "engine/model/float_convert.h"
 
 namespace pdserve::testing {
 namespace {
 
 namespace k = kernels::cpu;
 using engine::Backend;
+
+std::atomic<uint64_t> bf16_gemms{0};
 
 class GuardedBackend final : public Backend {
  public:
@@ -56,6 +62,17 @@ class GuardedBackend final : public Backend {
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override {
     Open open(this);
     inner_->matmul_xwt(y, x, w, rows, out, in, ldw);
+  }
+  bool bf16_weights() const override { return true; }
+  // Widening bf16 is exact, so this is the CPU's GEMM on the same values a GPU would read.
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
+                       int64_t ldw) override {
+    Open open(this);
+    ++bf16_gemms;
+    widened_.resize(size_t(out) * in);
+    for (int o = 0; o < out; ++o)
+      for (int i = 0; i < in; ++i) widened_[size_t(o) * in + i] = engine::bf16_to_f32(w[int64_t(o) * ldw + i]);
+    inner_->matmul_xwt(y, x, widened_.data(), rows, out, in, in);
   }
   void add_bias(float* y, const float* bias, int rows, int out) override {
     Open open(this);
@@ -111,9 +128,12 @@ class GuardedBackend final : public Backend {
   uint8_t* base_ = nullptr;
   std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.
   size_t used_ = 0;
+  std::vector<float> widened_;  // matmul_xwt_bf16's weights as f32 (host memory).
 };
 
 }  // namespace
+
+uint64_t guarded_bf16_gemms() { return bf16_gemms.load(); }
 
 std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity) {
   return std::make_unique<GuardedBackend>(capacity);

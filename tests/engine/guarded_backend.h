@@ -16,4 +16,7 @@ namespace pdserve::testing {
 // `capacity` bytes of address space; allocations are never reused (tests are short).
 std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity = size_t(1) << 30);
 
+// GEMMs with bf16 weights that guarded backends ran, process-wide (proof that a bf16 path ran).
+uint64_t guarded_bf16_gemms();
+
 }  // namespace pdserve::testing

@@ -5,10 +5,12 @@
 // are not glibc's); bf16/f16 KV storage within 1e-2 (8 and 11 bit mantissas). Tests needing a
 // device skip when there is none.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/gpu_backend.h"
 #include "engine/engine.h"
+#include "engine/model/make_model.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
 #include "engine/model_weights.h"
@@ -609,6 +612,40 @@ TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
     prompts.push_back(p);
   }
   EXPECT_EQ(run_batch(*cuda, prompts, 48), run_batch(*cpu, prompts, 48));
+}
+
+// --weight-dtype bf16 on a bf16 checkpoint: the GPU multiplies the checkpoint's own values (the
+// tiled kernel, f32 accumulation), as the CPU does after widening them.
+TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  const auto dir = std::filesystem::temp_directory_path() / ("pdserve_gpu_bf16w_" + std::to_string(getpid()));
+  MakeModelOptions o;
+  o.preset = "tiny";
+  o.seed = 5;
+  o.dtype = DType::kBF16;
+  o.out_dir = dir.string();
+  ASSERT_TRUE(make_model(o).ok());
+  auto make = [&](const std::string& backend, DType weights) {
+    auto model = load_model({dir.string()});
+    EXPECT_TRUE(model.ok()) << model.status();
+    EngineOptions options;
+    options.backend = backend;
+    options.weight_dtype = weights;
+    auto engine = Engine::create(std::move(*model), options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  };
+  auto gpu = make(gpu_kind(), DType::kBF16), cpu = make("cpu", DType::kF32);
+  ASSERT_TRUE(gpu && cpu);
+  std::mt19937 rng(3);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> p = {1};
+    for (int t = 0, len = 1 + int(rng() % 100); t < len; ++t) p.push_back(3 + int(rng() % 250));
+    prompts.push_back(p);
+  }
+  EXPECT_EQ(run_batch(*gpu, prompts, 32), run_batch(*cpu, prompts, 32));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {
