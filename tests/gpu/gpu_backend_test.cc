@@ -523,16 +523,22 @@ std::string published_text() {
   return trimmed(ss.str());
 }
 
-// The bundled model in an engine on `backend` (EngineOptions::backend), as the workers make it.
-std::unique_ptr<Engine> stories_engine(const std::string& backend, int tp = 1) {
-  auto model = load_model({stories_bin()});
+// `model` in an engine on `backend` (EngineOptions::backend), as the workers make it.
+std::unique_ptr<Engine> engine_on(const std::string& model_path, const std::string& backend, int tp = 1,
+                                  DType weights = DType::kF32) {
+  auto model = load_model({model_path});
   EXPECT_TRUE(model.ok()) << model.status();
   EngineOptions options;
   options.backend = backend;
   options.tp = tp;
+  options.weight_dtype = weights;
   auto engine = Engine::create(std::move(*model), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+std::unique_ptr<Engine> stories_engine(const std::string& backend, int tp = 1) {
+  return engine_on(stories_bin(), backend, tp);
 }
 
 std::string gpu_kind() { return std::string(gpu_backend_kind()); }
@@ -625,17 +631,7 @@ TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
   o.dtype = DType::kBF16;
   o.out_dir = dir.string();
   ASSERT_TRUE(make_model(o).ok());
-  auto make = [&](const std::string& backend, DType weights) {
-    auto model = load_model({dir.string()});
-    EXPECT_TRUE(model.ok()) << model.status();
-    EngineOptions options;
-    options.backend = backend;
-    options.weight_dtype = weights;
-    auto engine = Engine::create(std::move(*model), options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    return engine.ok() ? std::move(*engine) : nullptr;
-  };
-  auto gpu = make(gpu_kind(), DType::kBF16), cpu = make("cpu", DType::kF32);
+  auto gpu = engine_on(dir.string(), gpu_kind(), 1, DType::kBF16), cpu = engine_on(dir.string(), "cpu");
   ASSERT_TRUE(gpu && cpu);
   std::mt19937 rng(3);
   std::vector<std::vector<int>> prompts;
