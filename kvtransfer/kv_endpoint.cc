@@ -33,6 +33,9 @@ StatusOr<std::unique_ptr<KvRankEndpoint>> KvRankEndpoint::create(KvEndpointOptio
                                           ? "allocate_arena needs a null arena"
                                           : "no KV arena given");
   }
+  if (options.arena_memory != MemoryKind::kHost && (options.allocate_arena || options.checksums))
+    return absl::InvalidArgumentError(absl::StrCat("a ", memory_kind_name(options.arena_memory),
+                                                   " arena is the engine's own, without debug checksums"));
   PD_ASSIGN_OR_RETURN(engine::KvCacheLayout layout,
                       engine::KvCacheLayout::create(options.spec, options.rank, options.tp,
                                                     options.num_blocks));
@@ -67,8 +70,8 @@ Status KvRankEndpoint::init() {
     options_.arena = allocated.addr;
     region = {allocated.id, std::move(allocated.descriptor)};
   } else {
-    PD_ASSIGN_OR_RETURN(region,
-                        transport_->register_region({options_.arena, layout_.total_bytes()}));
+    PD_ASSIGN_OR_RETURN(region, transport_->register_region({options_.arena, layout_.total_bytes(),
+                                                             options_.arena_memory, options_.arena_device}));
   }
   region_ = region.id;
 

@@ -66,6 +66,11 @@ struct KvEndpointOptions {
   // (docs/kvtransfer.md, Transport findings). It lives as long as the endpoint, so an engine
   // computing into it (EngineOptions::kv_arena_allocator) must be destroyed first.
   bool allocate_arena = false;
+  // What `arena` is: host memory, or GPU memory (device `arena_device`) that the transport
+  // registers as such — Unimplemented from create() when its UCX build cannot (then the worker
+  // stages through a host mirror: KvStaging). Debug checksums need host memory.
+  MemoryKind arena_memory = MemoryKind::kHost;
+  int arena_device = 0;
   int num_blocks = 0;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   const Clock* clock = &RealClock::instance();

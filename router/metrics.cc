@@ -160,7 +160,7 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
     for (const WorkerGauges& w : workers) append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}}, g.value(w));
   }
   append_header(out, "pdserve:worker_info",
-                "1 per worker; its compute backend and where kvtransfer moves its KV (kv_memory: host or staged).",
+                "1 per worker; its compute backend and where kvtransfer moves its KV (kv_memory: host, device or staged).",
                 "gauge");
   for (const WorkerGauges& w : workers)
     append_sample(out, "pdserve:worker_info",

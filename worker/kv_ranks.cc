@@ -3,6 +3,7 @@
 #include <future>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "common/logging.h"
 #include "kvtransfer/control/compat.h"
 
@@ -106,6 +107,20 @@ class KvRanks::Rank {
   std::thread thread_;
 };
 
+namespace {
+
+// The transport's name for a GPU backend's memory; nullopt for host memory or a backend the
+// transport has no name for.
+std::optional<kvtransfer::MemoryKind> device_memory_kind(const engine::Backend& backend) {
+  if (backend.host_memory()) return std::nullopt;
+  const std::string name = backend.name();
+  if (absl::StartsWith(name, "cuda:")) return kvtransfer::MemoryKind::kCuda;
+  if (absl::StartsWith(name, "hip:")) return kvtransfer::MemoryKind::kRocm;
+  return std::nullopt;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
                                                    KvEventFn on_event, KvReleaseFn on_release) {
@@ -119,13 +134,6 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.side = options.side;
     o.tp = engine.tp();
     o.rank = r;
-    // A device arena is out of the transport's reach: it registers a host mirror instead.
-    const bool staged = options.memory == KvMemory::kStaged || !engine.backend(r).host_memory();
-    if (staged) {
-      o.allocate_arena = true;
-    } else {
-      o.arena = engine.kv_arena(r);
-    }
     o.num_blocks = engine.kv_layout(r).num_blocks();
     o.clock = options.clock;
     o.default_lease = options.default_lease;
@@ -135,17 +143,43 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
       on_release(r, id, std::move(blocks));
     };
     o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
+    const engine::Backend& backend = engine.backend(r);
     auto rank = std::make_unique<Rank>(r, on_event);
-    PD_RETURN_IF_ERROR(rank->start(std::move(o)));
-    if (staged) {
+    // A GPU arena is registered as device memory where the UCX build can; otherwise (or when
+    // forced) the transport gets a host mirror that the worker stages through.
+    std::string path = backend.host_memory() && options.memory == KvMemory::kAuto ? "host" : "staged";
+    if (const auto kind = device_memory_kind(backend); kind && options.memory == KvMemory::kAuto) {
+      kvtransfer::KvEndpointOptions direct = o;
+      direct.arena = engine.kv_arena(r);
+      direct.arena_memory = *kind;
+      direct.arena_device = r;
+      const Status started = rank->start(std::move(direct));
+      if (started.ok()) {
+        path = "device";
+      } else if (started.code() != absl::StatusCode::kUnimplemented) {
+        return started;
+      } else {
+        PD_LOG_INFO("kvtransfer rank {}: {}; staging through host memory", r, std::string(started.message()));
+        rank = std::make_unique<Rank>(r, on_event);
+      }
+    }
+    if (path == "host") {
+      o.arena = engine.kv_arena(r);
+      PD_RETURN_IF_ERROR(rank->start(std::move(o)));
+    } else if (path == "staged") {
+      o.allocate_arena = true;
+      PD_RETURN_IF_ERROR(rank->start(std::move(o)));
       PD_ASSIGN_OR_RETURN(auto staging, kvtransfer::KvStaging::create(engine.kv_layout(r), engine.kv_arena(r),
                                                                       rank->arena(), &engine.backend(r)));
       ranks->staged_.push_back(std::move(staging));
     }
+    ranks->memory_path_ = path;
     ranks->ranks_.push_back(std::move(rank));
   }
   PD_LOG_INFO("kvtransfer: {} backend, KV moves through {}", engine.backend(0).name(),
-              ranks->staged_.empty() ? "the engine's arena" : "a pinned host mirror of each rank's arena (staged)");
+              ranks->memory_path_ == "host"     ? "the engine's arena"
+              : ranks->memory_path_ == "device" ? "the engine's arena, registered as device memory"
+                                                : "a pinned host mirror of each rank's arena (staged)");
   return ranks;
 }
 

@@ -25,7 +25,8 @@ namespace pdserve::worker {
 
 // Where the transport reads and writes a rank's KV.
 enum class KvMemory {
-  kAuto,    // The engine's arena when it is host memory, else a staged host mirror.
+  kAuto,    // The engine's arena when it is host memory, or GPU memory the transport can
+            // register as such; else a staged host mirror.
   kStaged,  // Always a host mirror the worker copies through (forced: tests, debugging).
 };
 
@@ -67,8 +68,9 @@ class KvRanks {
   // Rank `rank`'s host mirror of a device arena, or nullptr when the transport uses the
   // engine's arena itself.
   kvtransfer::KvStaging* staging(int rank) const;
-  // "host" (the transport reads and writes the engine's arena) or "staged" (a host mirror).
-  std::string memory_path() const { return staged_.empty() ? "host" : "staged"; }
+  // Where the transport reads and writes KV: "host" (the engine's arena, host memory),
+  // "device" (the engine's GPU arena, registered as device memory) or "staged" (a host mirror).
+  const std::string& memory_path() const { return memory_path_; }
   // Bytes copied device → host and host → device by the staging, over every rank.
   uint64_t staged_bytes_to_host() const;
   uint64_t staged_bytes_to_device() const;
@@ -78,6 +80,7 @@ class KvRanks {
   KvRanks() = default;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::vector<std::unique_ptr<kvtransfer::KvStaging>> staged_;  // Per rank, when staged.
+  std::string memory_path_ = "host";
   uint64_t compat_hash_ = 0;
 };
 

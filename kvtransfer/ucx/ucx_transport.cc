@@ -181,11 +181,9 @@ Status UcxTransport::check_memory_kind(MemoryKind kind) {
   const ucs_status_t st = ucp_context_query(context_, &attr);
   if (st != UCS_OK) return ucs_error("ucp_context_query", st);
   if ((attr.memory_types & UCS_BIT(to_ucs_memory_type(kind))) == 0) {
-    // This is where host staging plugs in: register a host bounce buffer instead and copy
-    // through it with the backend's async copies.
-    return absl::UnimplementedError(absl::StrCat(
-        "this UCX build cannot register ", memory_kind_name(kind),
-        " memory and host staging is not implemented yet"));
+    // Callers stage through host memory instead (worker/kv_ranks.cc, kvtransfer/kv_staging.h).
+    return absl::UnimplementedError(
+        absl::StrCat("this UCX build cannot register ", memory_kind_name(kind), " memory"));
   }
   return absl::OkStatus();
 }

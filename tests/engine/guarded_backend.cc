@@ -19,7 +19,8 @@ std::atomic<uint64_t> bf16_gemms{0};
 
 class GuardedBackend final : public Backend {
  public:
-  explicit GuardedBackend(size_t capacity) : capacity_(capacity), inner_(engine::make_cpu_backend()) {
+  GuardedBackend(size_t capacity, std::string name)
+      : capacity_(capacity), name_(std::move(name)), inner_(engine::make_cpu_backend()) {
     void* p = mmap(nullptr, capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
@@ -27,7 +28,7 @@ class GuardedBackend final : public Backend {
     if (base_ != nullptr) munmap(base_, capacity_);
   }
 
-  std::string name() const override { return "guarded:0"; }
+  std::string name() const override { return name_; }
   StatusOr<void*> allocate(size_t bytes) override {
     std::lock_guard lock(mu_);
     const size_t at = (used_ + 255) / 256 * 256;
@@ -124,6 +125,7 @@ class GuardedBackend final : public Backend {
   }
 
   const size_t capacity_;
+  const std::string name_;
   std::unique_ptr<Backend> inner_;
   uint8_t* base_ = nullptr;
   std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.
@@ -135,8 +137,8 @@ class GuardedBackend final : public Backend {
 
 uint64_t guarded_bf16_gemms() { return bf16_gemms.load(); }
 
-std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity) {
-  return std::make_unique<GuardedBackend>(capacity);
+std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity, const std::string& name) {
+  return std::make_unique<GuardedBackend>(capacity, name);
 }
 
 }  // namespace pdserve::testing
