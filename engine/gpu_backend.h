@@ -1,8 +1,9 @@
 // The GPU backend (kernels/gpu through engine::Backend, the vendor BLAS for the GEMMs) and the
 // vendor collectives for tensor-parallel ranks on GPUs, from one source for NVIDIA (CUDA,
-// cuBLAS, NCCL) and AMD (HIP, hipBLAS, RCCL). Declared here without any vendor header so that
-// engine code can select the backend by name; defined in pdserve_gpu_backend, which exists only
-// in builds with PDSERVE_WITH_CUDA or PDSERVE_WITH_HIP.
+// cuBLAS, NCCL) and AMD (HIP, hipBLAS, RCCL). Declared here without any vendor header; defined
+// in the shared library pdserve_gpu_backend (builds with PDSERVE_WITH_CUDA or PDSERVE_WITH_HIP),
+// which the engine loads only when a GPU backend is asked for (engine/gpu_module.h): the vendor
+// libraries take half a second to load, which every process would otherwise pay.
 #pragma once
 
 #include <memory>
@@ -36,5 +37,22 @@ StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device);
 // shared-memory group, sums are in the library's order (identical on every rank, not
 // necessarily run to run across versions).
 StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size);
+
+// The library's entry points, as the engine finds them after dlopen.
+struct GpuBackendApi {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  std::string_view (*kind)() = nullptr;
+  int (*device_count)() = nullptr;
+  StatusOr<std::unique_ptr<Backend>> (*make_backend)(int device) = nullptr;
+  StatusOr<std::vector<std::unique_ptr<Communicator>>> (*make_group)(int size) = nullptr;
+};
+
+}  // namespace pdserve::engine
+
+// The one symbol the engine looks up in the library.
+extern "C" const pdserve::engine::GpuBackendApi* pdserve_gpu_backend_api();
+
+namespace pdserve::engine {
 
 }  // namespace pdserve::engine

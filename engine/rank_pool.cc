@@ -2,8 +2,8 @@
 
 #include <cblas.h>
 
-#if defined(PDSERVE_HAVE_GPU_BACKEND)
-#include "engine/gpu_backend.h"
+#if defined(PDSERVE_GPU_KIND)
+#include "engine/gpu_module.h"
 #endif
 
 namespace pdserve::engine {
@@ -13,8 +13,11 @@ namespace {
 // NCCL/RCCL between GPUs. One rank needs none, whatever its memory.
 StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend, int tp) {
   if (backend == "cpu" || tp == 1) return make_shared_memory_group(tp);
-#if defined(PDSERVE_HAVE_GPU_BACKEND)
-  if (backend == gpu_backend_kind()) return make_gpu_group(tp);
+#if defined(PDSERVE_GPU_KIND)
+  if (backend == PDSERVE_GPU_KIND) {
+    PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module());
+    return gpu->make_group(tp);
+  }
 #endif
   return absl::UnimplementedError(absl::StrCat("no collectives for TP ", tp, " on the ", backend, " backend"));
 }

@@ -41,6 +41,9 @@ cmd_bundle() {
   for program in pdserve pdserve-prefill pdserve-decode pdserve-router; do
     strip --strip-debug -o "$stage/bin/$program" "$(find "$build" -name "$program" -type f -perm -u+x | head -1)"
   done
+  # The GPU backend library, which the engine loads when asked for a GPU (gpu_backend_tests
+  # links it too).
+  cp -L "$build/kernels/gpu/libpdserve_gpu_backend.so" "$stage/lib/"
   # UCX loads its transports (cma, ib, rdmacm) as modules at run time.
   mkdir -p "$stage/lib/ucx"
   cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so.0 "$stage/lib/ucx/"

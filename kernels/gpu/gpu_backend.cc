@@ -238,3 +238,10 @@ StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {
 }
 
 }  // namespace pdserve::engine
+
+extern "C" const pdserve::engine::GpuBackendApi* pdserve_gpu_backend_api() {
+  using namespace pdserve::engine;
+  static const GpuBackendApi api = {GpuBackendApi::kVersion, &gpu_backend_kind, &gpu_device_count,
+                                    &make_gpu_backend, &make_gpu_group};
+  return &api;
+}
