@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/logging.h"
+
 namespace pdserve::kvtransfer {
 
 using engine::ByteRange;
@@ -13,8 +15,14 @@ StatusOr<std::unique_ptr<KvStaging>> KvStaging::create(const engine::KvCacheLayo
     return absl::InvalidArgumentError("KV staging needs a device arena, a host mirror and a backend");
   std::unique_ptr<KvStaging> s(
       new KvStaging(layout, static_cast<uint8_t*>(device), static_cast<uint8_t*>(host), backend));
-  PD_RETURN_IF_ERROR(backend->pin_host_memory(host, layout.total_bytes()));
-  s->pinned_ = true;
+  // Pinning is for speed only: memory the driver will not pin (some shared mappings) still
+  // stages, through its pageable path.
+  if (Status pinned = backend->pin_host_memory(host, layout.total_bytes()); pinned.ok()) {
+    s->pinned_ = true;
+  } else {
+    PD_LOG_WARN("KV staging on {}: host mirror not pinned ({}); copies take the pageable path", backend->name(),
+                pinned.ToString());
+  }
   return s;
 }
 

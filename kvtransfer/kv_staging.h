@@ -21,7 +21,8 @@ namespace pdserve::kvtransfer {
 class KvStaging {
  public:
   // `device` is the rank's arena in `backend`'s memory, laid out by `layout`; `host` a mirror
-  // of layout.total_bytes() bytes, which is pinned here for the staging's lifetime.
+  // of layout.total_bytes() bytes, pinned here for the staging's lifetime where the driver
+  // allows (else copies run from pageable memory, with a warning).
   static StatusOr<std::unique_ptr<KvStaging>> create(const engine::KvCacheLayout& layout, void* device,
                                                      void* host, engine::Backend* backend);
   ~KvStaging();
@@ -31,6 +32,7 @@ class KvStaging {
   // Copies every layer of `blocks` from host to device and waits.
   Status to_device(const std::vector<int>& blocks);
 
+  bool pinned() const { return pinned_; }
   uint64_t bytes_to_host() const { return bytes_to_host_.load(); }
   uint64_t bytes_to_device() const { return bytes_to_device_.load(); }
 

@@ -19,8 +19,8 @@ std::atomic<uint64_t> bf16_gemms{0};
 
 class GuardedBackend final : public Backend {
  public:
-  GuardedBackend(size_t capacity, std::string name)
-      : capacity_(capacity), name_(std::move(name)), inner_(engine::make_cpu_backend()) {
+  GuardedBackend(size_t capacity, std::string name, bool pinnable)
+      : capacity_(capacity), name_(std::move(name)), pinnable_(pinnable), inner_(engine::make_cpu_backend()) {
     void* p = mmap(nullptr, capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
@@ -49,7 +49,9 @@ class GuardedBackend final : public Backend {
   bool host_memory() const override { return false; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
   Status staging_wait() override { return absl::OkStatus(); }
-  Status pin_host_memory(void*, size_t) override { return absl::OkStatus(); }
+  Status pin_host_memory(void*, size_t) override {
+    return pinnable_ ? absl::OkStatus() : absl::InternalError("host register: operation not supported");
+  }
   void unpin_host_memory(void*) override {}
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
@@ -126,6 +128,7 @@ class GuardedBackend final : public Backend {
 
   const size_t capacity_;
   const std::string name_;
+  const bool pinnable_;
   std::unique_ptr<Backend> inner_;
   uint8_t* base_ = nullptr;
   std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.
@@ -137,8 +140,8 @@ class GuardedBackend final : public Backend {
 
 uint64_t guarded_bf16_gemms() { return bf16_gemms.load(); }
 
-std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity, const std::string& name) {
-  return std::make_unique<GuardedBackend>(capacity, name);
+std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity, const std::string& name, bool pinnable) {
+  return std::make_unique<GuardedBackend>(capacity, name, pinnable);
 }
 
 }  // namespace pdserve::testing

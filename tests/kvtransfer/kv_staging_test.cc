@@ -101,15 +101,15 @@ TEST_F(KvStagingTest, BlocksOrLayersOutsideTheArenaAreRefusedUntouched) {
 namespace pdserve::kvtransfer {
 namespace {
 
-std::unique_ptr<engine::Engine> stories_engine(bool device) {
+std::unique_ptr<engine::Engine> stories_engine(bool device, bool pinnable = true) {
   auto model = engine::load_model({pdserve::testing::stories_bin()});
   EXPECT_TRUE(model.ok()) << model.status();
   engine::EngineOptions o;
   o.kv_cache_bytes = 8 << 20;
   o.max_batch_tokens = 32;  // The prompt prefills in chunks over several steps.
   if (device)
-    o.backend_factory = [](int) -> StatusOr<std::unique_ptr<engine::Backend>> {
-      return pdserve::testing::make_guarded_backend();
+    o.backend_factory = [pinnable](int) -> StatusOr<std::unique_ptr<engine::Backend>> {
+      return pdserve::testing::make_guarded_backend(size_t(1) << 30, "guarded:0", pinnable);
     };
   auto e = engine::Engine::create(std::move(*model), o);
   EXPECT_TRUE(e.ok()) << e.status();
@@ -139,6 +139,7 @@ TEST(KvStagingEngine, DevicePrefillStagedLayerByLayerDecodesOnTheCpu) {
   std::vector<uint8_t> mirror(layout.total_bytes());
   auto staging = KvStaging::create(layout, prefill->kv_arena(0), mirror.data(), &prefill->backend(0));
   ASSERT_TRUE(staging.ok()) << staging.status();
+  EXPECT_TRUE((*staging)->pinned());
   std::vector<int> blocks;
   int staged_layers = 0;
   prefill->set_layer_hook([&](int, int layer, const std::vector<std::string>& completed) {
@@ -167,15 +168,17 @@ TEST(KvStagingEngine, DevicePrefillStagedLayerByLayerDecodesOnTheCpu) {
   EXPECT_TRUE(prefill->release_blocks(handed).ok());
 }
 
+// The device's driver will not pin this mirror: staging still works, unpinned.
 TEST(KvStagingEngine, CpuPrefillStagedIntoADeviceDecodes) {
   const HandoffCase c = handoff_case();
-  auto prefill = stories_engine(false), decode = stories_engine(true);
+  auto prefill = stories_engine(false), decode = stories_engine(true, /*pinnable=*/false);
   const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, c.prompt, c.params);
   ASSERT_GE(first, 0);
   const engine::KvCacheLayout& layout = decode->kv_layout(0);
   std::vector<uint8_t> mirror(layout.total_bytes());
   auto staging = KvStaging::create(layout, decode->kv_arena(0), mirror.data(), &decode->backend(0));
   ASSERT_TRUE(staging.ok()) << staging.status();
+  EXPECT_FALSE((*staging)->pinned());
   const int prompt_blocks = int((c.prompt.size() + 15) / 16);
   auto reserved = decode->reserve_blocks(int(c.prompt.size()) + c.params.max_tokens);
   ASSERT_TRUE(reserved.ok());
