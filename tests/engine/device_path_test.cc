@@ -4,15 +4,12 @@
 // memory outside the Backend interface would fault, as on a GPU.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
 
 #include "engine/engine.h"
-#include "engine/model/make_model.h"
+#include "tests/engine/bf16_checkpoint.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_model.h"
 
@@ -98,20 +95,14 @@ TEST(DevicePath, ConcurrentRequestsEqualTheCpuEngine) {
 // A bf16 checkpoint: the CPU widens its weights to f32 exactly; a device keeping them bf16
 // (--weight-dtype bf16) multiplies the same values, so the tokens are the CPU's.
 TEST(DevicePath, Bf16WeightsOfABf16CheckpointEqualTheCpuEngine) {
-  const auto dir = std::filesystem::temp_directory_path() / ("pdserve_bf16w_" + std::to_string(getpid()));
-  MakeModelOptions o;
-  o.preset = "tiny";
-  o.seed = 5;
-  o.dtype = DType::kBF16;
-  o.out_dir = dir.string();
-  ASSERT_TRUE(make_model(o).ok());
-  auto device = make_engine(true, dir.string(), DType::kBF16), cpu = make_engine(false, dir.string());
+  const pdserve::testing::Bf16Checkpoint checkpoint("pdserve_bf16w");
+  ASSERT_TRUE(checkpoint.status().ok()) << checkpoint.status();
+  auto device = make_engine(true, checkpoint.path(), DType::kBF16), cpu = make_engine(false, checkpoint.path());
   ASSERT_TRUE(device && cpu);
   const auto prompts = random_prompts(6, 120, cpu->config().vocab_size, 12);
   const uint64_t bf16_before = pdserve::testing::guarded_bf16_gemms();
   EXPECT_EQ(run_all(*device, prompts), run_all(*cpu, prompts));
   EXPECT_GT(pdserve::testing::guarded_bf16_gemms(), bf16_before);  // The bf16 path ran.
-  std::filesystem::remove_all(dir);
 }
 
 TEST(DevicePath, TheCpuBackendRefusesBf16Weights) {

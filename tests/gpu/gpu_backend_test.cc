@@ -5,12 +5,10 @@
 // are not glibc's); bf16/f16 KV storage within 1e-2 (8 and 11 bit mantissas). Tests needing a
 // device skip when there is none.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -20,13 +18,13 @@
 #include "absl/strings/str_split.h"
 #include "engine/gpu_backend.h"
 #include "engine/engine.h"
-#include "engine/model/make_model.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
 #include "engine/model_weights.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/gpu/ops.h"
+#include "tests/engine/bf16_checkpoint.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::kernels {
@@ -624,14 +622,9 @@ TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
 // tiled kernel, f32 accumulation), as the CPU does after widening them.
 TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
-  const auto dir = std::filesystem::temp_directory_path() / ("pdserve_gpu_bf16w_" + std::to_string(getpid()));
-  MakeModelOptions o;
-  o.preset = "tiny";
-  o.seed = 5;
-  o.dtype = DType::kBF16;
-  o.out_dir = dir.string();
-  ASSERT_TRUE(make_model(o).ok());
-  auto gpu = engine_on(dir.string(), gpu_kind(), 1, DType::kBF16), cpu = engine_on(dir.string(), "cpu");
+  const Bf16Checkpoint checkpoint("pdserve_gpu_bf16w");
+  ASSERT_TRUE(checkpoint.status().ok()) << checkpoint.status();
+  auto gpu = engine_on(checkpoint.path(), gpu_kind(), 1, DType::kBF16), cpu = engine_on(checkpoint.path(), "cpu");
   ASSERT_TRUE(gpu && cpu);
   std::mt19937 rng(3);
   std::vector<std::vector<int>> prompts;
@@ -641,7 +634,6 @@ TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
     prompts.push_back(p);
   }
   EXPECT_EQ(run_batch(*gpu, prompts, 32), run_batch(*cpu, prompts, 32));
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {
