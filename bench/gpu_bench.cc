@@ -89,11 +89,13 @@ StatusOr<std::unique_ptr<ModelWeightsF32>> wrap_device_tensors(const ModelConfig
   return ModelWeightsF32::create(config, source);
 }
 
+// Each line is flushed as it is written: a run stopped at its time limit keeps what it measured.
 struct Report {
   std::ofstream file;
   void line(const std::string& json) {
     std::printf("%s\n", json.c_str());
-    if (file.is_open()) file << json << "\n";
+    std::fflush(stdout);
+    if (file.is_open()) file << json << std::endl;
   }
 };
 
