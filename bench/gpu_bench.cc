@@ -282,8 +282,9 @@ int run(const Options& o) {
   half_buffers.clear();
   buffers.clear();
 
-  // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes, and the portable tiled
-  // kernel (the HIP fallback) with bf16 weights and f32 activations. Inputs are random, never
+  // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes, and the portable GEMM
+  // (GEMV up to 8 rows, tiled beyond) with bf16 weights and f32 activations, as
+  // --weight-dtype bf16 and the HIP fallback run it. Inputs are random, never
   // zeros: bf16 values are the upper halves of N(0, 0.02) floats (a truncation), copied out
   // with a strided 2D copy.
   auto random_bf16 = [](void* dst, int64_t n, uint64_t seed) {
@@ -341,7 +342,7 @@ int run(const Options& o) {
         const double tt = (now_s() - t1) / iters;
         const double tbytes = 2.0 * double(out) * in + 4.0 * double(rows) * (in + out);
         std::snprintf(buf, sizeof buf,
-                      "{\"kind\":\"tiled_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
+                      "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
                       "\"tflops\":%.2f,\"vs_cublas_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
                       names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, t / tt, tbytes / tt / kHbmBytesPerS,
                       e == cudaSuccess ? "" : cudaGetErrorString(e));

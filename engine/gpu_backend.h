@@ -24,8 +24,8 @@ int gpu_device_count();
 
 // A backend on GPU `device`: zeroed device memory, work queued on a stream of its own
 // (non-blocking), f32 GEMMs through cuBLAS or hipBLAS in full fp32 (no TF32), or the portable
-// tiled kernel where the build has no hipBLAS. Every pointer given to its kernels must be
-// device memory, including TokenPlacement's positions, block tables (an array of device
+// GEMM (kernels/gpu/gemm.cu) where the build has no hipBLAS. Every pointer given to its kernels
+// must be device memory, including TokenPlacement's positions, block tables (an array of device
 // pointers) and block mask, and embed's tokens and rope's positions. The backend may be used
 // from any thread; it makes its device current on each call.
 StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device);

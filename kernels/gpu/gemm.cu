@@ -1,8 +1,11 @@
 // The portable GEMM: y = x · wᵀ for the projections, where no vendor BLAS is available (a ROCm
-// image without hipBLASLt) and as the reference the vendor paths are checked against on the
-// device. Classic shared-memory tiling: a block computes a 64×64 tile of y, 256 threads 4×4
-// outputs each, stepping through the inner dimension 16 at a time; weights f32, f16 or bf16,
-// accumulation always f32. No tensor cores: the vendor GEMMs are the fast path.
+// image without hipBLASLt) or the weights are 16-bit and the activations f32 (--weight-dtype
+// bf16). Weights f32, f16 or bf16, accumulation always f32. No tensor cores: the vendor GEMMs
+// are the fast path for same-type operands.
+// - Up to kGemvRows rows (decode steps): a GEMV, one warp per output column streaming its
+//   weight row once for every token, as decode is bound by reading the weights.
+// - More rows: classic shared-memory tiling, a block computing a 64×64 tile of y with 256
+//   threads of 4×4 outputs each, stepping through the inner dimension 16 at a time.
 #include "kernels/gpu/kernel_util.h"
 
 namespace pdserve::kernels::gpu {
@@ -56,11 +59,67 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kGemvRows = 8;
+
+// One warp per output column (grid-stride over columns): each lane reads every kWarpSize-th
+// weight of the column's row (coalesced) and multiplies it into all R rows of x; the lanes'
+// sums meet in a warp reduction.
+template <typename W, int R>
+__global__ void __launch_bounds__(kThreads)
+    gemv_xwt_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = kThreads / kWarpSize;
+  for (int o = blockIdx.x * warps + warp; o < out; o += gridDim.x * warps) {
+    const W* row = w + int64_t(o) * ldw;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int i = lane; i < in; i += kWarpSize) {
+      const float wi = to_f32(row[i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(x[int64_t(r) * in + i], wi, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float sum = warp_sum(acc[r]);
+      if (lane == 0) y[int64_t(r) * out + o] = sum;
+    }
+  }
+}
+
+template <typename W, int R>
+void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t ldw, gpuStream_t stream) {
+  constexpr int warps = kThreads / kWarpSize;
+  const unsigned blocks = grid_for(out, warps);
+  gemv_xwt_kernel<W, R><<<blocks, kThreads, 0, stream>>>(y, x, w, out, in, ldw);
+}
+
+template <typename W>
+void gemv(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw, gpuStream_t stream) {
+  switch (rows) {
+    case 1: return launch_gemv<W, 1>(y, x, w, out, in, ldw, stream);
+    case 2: return launch_gemv<W, 2>(y, x, w, out, in, ldw, stream);
+    case 3: return launch_gemv<W, 3>(y, x, w, out, in, ldw, stream);
+    case 4: return launch_gemv<W, 4>(y, x, w, out, in, ldw, stream);
+    case 5: return launch_gemv<W, 5>(y, x, w, out, in, ldw, stream);
+    case 6: return launch_gemv<W, 6>(y, x, w, out, in, ldw, stream);
+    case 7: return launch_gemv<W, 7>(y, x, w, out, in, ldw, stream);
+    default: return launch_gemv<W, kGemvRows>(y, x, w, out, in, ldw, stream);
+  }
+}
+
 }  // namespace
 
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
                 int64_t ldw, gpuStream_t stream) {
   if (rows <= 0 || out <= 0) return;
+  if (rows <= kGemvRows) {
+    dispatch_storage(w_type, [&](auto* tag) {
+      using W = std::remove_pointer_t<decltype(tag)>;
+      gemv(y, x, static_cast<const W*>(w), rows, out, in, ldw, stream);
+    });
+    return;
+  }
   if ((int64_t(rows) + kTile - 1) / kTile > 65535)
     kernel_limit_exceeded("matmul_xwt", "more than 65535 row tiles (4M rows)");
   const dim3 grid((out + kTile - 1) / kTile, (rows + kTile - 1) / kTile);

@@ -1,5 +1,5 @@
 // engine::Backend on one GPU, from one source for CUDA and HIP: kernels/gpu launches and the
-// vendor SGEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable tiled kernel) on
+// vendor SGEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable GEMM) on
 // a per-backend stream, staging copies on a second one.
 #include "engine/gpu_backend.h"
 #include "kernels/gpu/ops.h"
@@ -155,7 +155,7 @@ class GpuBackend final : public Backend {
     g::matmul_xwt(y, x, w, g::Storage::kF32, rows, out, in, ldw, stream_);
 #endif
   }
-  // bf16 weights with f32 activations: the tiled kernel, which reads the weights as stored and
+  // bf16 weights with f32 activations: the portable GEMM, which reads the weights as stored and
   // accumulates in f32, so a bf16 checkpoint computes what the CPU computes from it. (The vendor
   // GEMMs take both operands in one type; rounding activations to bf16 would not.)
   bool bf16_weights() const override { return true; }

@@ -190,16 +190,16 @@ TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
   EXPECT_LE(rel_error(dy.host(), want), kF32Tol);
 }
 
-// The portable tiled GEMM (the HIP backend's fallback): odd shapes that leave partial tiles in
-// every dimension, a column slice (ldw > in, offset start), and f16/bf16 weights against the CPU
-// on the same rounded values.
-TEST(GpuKernels, TiledGemmMatchesCpuForEveryWeightStorage) {
+// The portable GEMM (bf16 weights; the HIP backend's fallback): the GEMV for up to 8 rows and
+// the tiled kernel beyond, on odd shapes that leave partial tiles in every dimension, a column
+// slice (ldw > in, offset start), and f16/bf16 weights against the CPU on the same rounded values.
+TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
   REQUIRE_GPU();
   struct Shape {
     int rows, out, in, ldw, offset;
   };
-  for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{70, 65, 17, 17, 0},
-                          Shape{130, 129, 300, 310, 3}}) {
+  for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{8, 1000, 4100, 4100, 1},
+                          Shape{9, 70, 33, 40, 0}, Shape{70, 65, 17, 17, 0}, Shape{130, 129, 300, 310, 3}}) {
     std::vector<float> w = random_vec(size_t(sh.out) * sh.ldw + sh.offset, 20 + sh.rows);
     const std::vector<float> x = random_vec(size_t(sh.rows) * sh.in, 30 + sh.rows);
     for (Storage st : {Storage::kF32, Storage::kF16, Storage::kBF16}) {
@@ -619,7 +619,7 @@ TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
 }
 
 // --weight-dtype bf16 on a bf16 checkpoint: the GPU multiplies the checkpoint's own values (the
-// tiled kernel, f32 accumulation), as the CPU does after widening them.
+// portable GEMM, f32 accumulation), as the CPU does after widening them.
 TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   const Bf16Checkpoint checkpoint("pdserve_gpu_bf16w");
