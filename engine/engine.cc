@@ -74,14 +74,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                                                    " bytes holds no block (a block takes ", block_bytes, ")"));
   if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("KV cache budget too large");
   PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
-  RankPoolOptions pool;
-  pool.tp = options.tp;
-  pool.backend = options.backend;
-  pool.backend_factory = options.backend_factory;
-  pool.weight_dtype = options.weight_dtype;
-  pool.max_tokens = options.max_batch_tokens;
-  pool.arena_allocator = options.kv_arena_allocator;
-  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), pool));
+  PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options));
   engine->weights_ = std::move(weights);
   engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
   engine->stats_.num_blocks = int(num_blocks);

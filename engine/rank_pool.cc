@@ -27,7 +27,7 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::strin
 StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                      const ModelWeightsF32& weights,
                                                      const KvCacheSpec& kv_spec, int num_blocks,
-                                                     const RankPoolOptions& options) {
+                                                     const EngineOptions& options) {
   const int tp = options.tp;
   PD_RETURN_IF_ERROR(config.validate_tp(tp));
   auto pool = std::unique_ptr<RankPool>(new RankPool());
@@ -51,8 +51,8 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
       pool->uploaded_.push_back(std::move(uploaded));
     }
     PD_ASSIGN_OR_RETURN(auto runner, RankRunner::create(config, std::move(shard), kv_spec, num_blocks,
-                                                        options.max_tokens, backend, pool->comms_[r].get(),
-                                                        options.arena_allocator));
+                                                        options.max_batch_tokens, backend, pool->comms_[r].get(),
+                                                        options.kv_arena_allocator));
     pool->runners_.push_back(std::move(runner));
   }
   for (int r = 1; r < tp; ++r) pool->threads_.emplace_back(&RankPool::worker, pool.get(), r);

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <condition_variable>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,27 +13,21 @@
 
 #include "engine/backend.h"
 #include "engine/communicator.h"
+#include "engine/engine.h"
 #include "engine/rank_runner.h"
 #include "engine/shard_upload.h"
 
 namespace pdserve::engine {
 
-struct RankPoolOptions {
-  int tp = 1;
-  std::string backend = "cpu";  // make_backend's kind.
-  std::function<StatusOr<std::unique_ptr<Backend>>(int rank)> backend_factory;  // Tests: instead.
-  int max_tokens = 512;         // Tokens per forward pass.
-  DType weight_dtype = DType::kF32;  // GEMM weights on a device backend (EngineOptions).
-  KvArenaAllocator arena_allocator;  // See EngineOptions::kv_arena_allocator.
-};
-
 class RankPool {
  public:
-  // `weights` are host tensors; a device backend gets each rank's shard uploaded.
+  // `weights` are host tensors; a device backend gets each rank's shard uploaded. Of `options`,
+  // the ranks take tp, backend, backend_factory, weight_dtype, max_batch_tokens (the most
+  // tokens of a forward pass) and kv_arena_allocator.
   static StatusOr<std::unique_ptr<RankPool>> create(const ModelConfig& config,
                                                     const ModelWeightsF32& weights,
                                                     const KvCacheSpec& kv_spec, int num_blocks,
-                                                    const RankPoolOptions& options);
+                                                    const EngineOptions& options);
   ~RankPool();
 
   // Runs `batch` on every rank; logits as RankRunner::forward. On an error no logits are valid.

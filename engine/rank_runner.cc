@@ -155,17 +155,19 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
   Status status;
   // The shard's GEMM weights are f32 or bf16 (RankShard::weight_dtype), behind the same pointers.
   const bool bf16 = shard_.weight_dtype == DType::kBF16;
-  auto matmul = [&](float* y, const float* in_x, const float* w, int rows, int out, int in, int64_t ldw) {
+  auto matmul = [&](float* y, const float* a, const float* w, int m, int n_out, int k, int64_t ldw) {
     if (bf16) {
-      backend_->matmul_xwt_bf16(y, in_x, reinterpret_cast<const uint16_t*>(w), rows, out, in, ldw);
+      backend_->matmul_xwt_bf16(y, a, reinterpret_cast<const uint16_t*>(w), m, n_out, k, ldw);
     } else {
-      backend_->matmul_xwt(y, in_x, w, rows, out, in, ldw);
+      backend_->matmul_xwt(y, a, w, m, n_out, k, ldw);
     }
   };
-  // A layer hook may hand the layer's KV to a transport: on a device the writes must be done.
+  // A layer hook may hand a completed prompt's KV to a transport: on a device the layer's writes
+  // must be done first. Steps that complete no prompt have nothing to hand, and do not wait.
+  const bool sync_for_hook = batch.layer_hook && !batch.completed_prefills.empty() && !backend_->host_memory();
   auto layer_written = [&](int layer) {
     if (!batch.layer_hook) return;
-    if (!backend_->host_memory()) status.Update(backend_->synchronize());
+    if (sync_for_hook) status.Update(backend_->synchronize());
     (*batch.layer_hook)(shard_.rank, layer, batch.completed_prefills);
   };
 

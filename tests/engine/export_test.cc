@@ -17,9 +17,9 @@ std::vector<float> logits_of(const LoadedModel& m, const std::vector<int>& promp
   auto weights = ModelWeightsF32::create(m.config, *m.weights);
   EXPECT_TRUE(weights.ok()) << weights.status();
   const KvCacheSpec spec = m.config.kv_cache_spec(16);
-  RankPoolOptions options;
+  EngineOptions options;
   options.tp = tp;
-  options.max_tokens = int(prompt.size());
+  options.max_batch_tokens = int(prompt.size());
   auto pool = RankPool::create(m.config, **weights, spec, 64, options);
   EXPECT_TRUE(pool.ok()) << pool.status();
   std::vector<int> table(64);
