@@ -1194,11 +1194,14 @@ std::vector<uint64_t> KvRankEndpoint::checksums(const std::vector<int>& consumer
     // (start, end, position) of every consumer block part of the request in this layer.
     std::vector<std::tuple<uint64_t, uint64_t, size_t>> parts;
     const bool has_v = options_.spec.layers[l].has_v();
+    std::vector<engine::ByteRange> ranges;
     for (size_t i = 0; i < consumer_blocks.size(); ++i) {
       for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
         if (part == engine::KvPart::kV && !has_v) continue;
-        const uint64_t start = consumer.offset(layer, part, consumer_blocks[i], 0, 0);
-        parts.emplace_back(start, start + consumer.part_bytes(layer, part), i);
+        // A block's part is one range, or one per head in head-outer order: the layout says.
+        ranges.clear();
+        consumer.ranges(layer, consumer_blocks[i], part, 0, consumer.num_local_heads(layer), &ranges);
+        for (const engine::ByteRange& r : ranges) parts.emplace_back(r.offset, r.offset + r.length, i);
       }
     }
     std::sort(parts.begin(), parts.end());
