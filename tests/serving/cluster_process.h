@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/command_output.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::testing {
@@ -191,23 +192,10 @@ class Cluster : public Process {
   }
 };
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-};
-
-inline CliRun pdserve(const std::vector<std::string>& args) {
+inline CommandOutput pdserve(const std::vector<std::string>& args) {
   std::string cmd = "timeout 60 " + kBin;
   for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>/dev/null";
-  CliRun run;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
-  const int st = pclose(p);
-  run.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return run;
+  return run_command(cmd + " 2>/dev/null");
 }
 
 

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-using testing::CliRun;
+using testing::CommandOutput;
 using testing::Cluster;
 using testing::free_port_pair;
 using testing::kBin;
@@ -38,7 +38,7 @@ constexpr int kMaxTokens = 60;
 // In-process greedy reference, computed once per test process.
 const json& reference() {
   static const json ref = [] {
-    CliRun r = pdserve({"generate", "--model", testing::stories_bin(), "--prompt", kPrompt, "--max-tokens",
+    CommandOutput r = pdserve({"generate", "--model", testing::stories_bin(), "--prompt", kPrompt, "--max-tokens",
                         std::to_string(kMaxTokens), "--json"});
     EXPECT_EQ(r.exit_code, 0);
     return json::parse(r.out, nullptr, false);
@@ -107,7 +107,7 @@ v1::GenerateRequest greedy_request(const std::string& text, int max_tokens) {
 void expect_greedy_equal(const Cluster& c) {
   const json& ref = reference();
   ASSERT_FALSE(ref.is_discarded());
-  CliRun r = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens", std::to_string(kMaxTokens), "--json"});
+  CommandOutput r = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens", std::to_string(kMaxTokens), "--json"});
   ASSERT_EQ(r.exit_code, 0);
   json j = json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -292,7 +292,7 @@ TEST_F(RouterAggregated, OverloadIsRefusedAndMetricsShowTheTraffic) {
 
 TEST_F(RouterAggregated, BenchWritesItsResult) {
   const fs::path out = fs::temp_directory_path() / ("pdserve_bench_" + std::to_string(getpid()) + ".json");
-  CliRun r = pdserve({"bench", "--router", cluster_->grpc(), "--num-prompts", "6", "--random-input-len", "16",
+  CommandOutput r = pdserve({"bench", "--router", cluster_->grpc(), "--num-prompts", "6", "--random-input-len", "16",
                       "--random-output-len", "8", "--max-concurrency", "2", "--ignore-eos", "--num-warmups", "1",
                       "--request-rate", "200", "--result-file", out.string()});
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -319,14 +319,14 @@ TEST_F(RouterAggregated, BenchCanTalkToTheWorkerDirectly) {
   const size_t at = log.find("up: grpc=");
   ASSERT_NE(at, std::string::npos) << log;
   const std::string worker = log.substr(at + 9, log.find(' ', at + 9) - (at + 9));
-  CliRun r = pdserve({"bench", "--worker", worker, "--num-prompts", "4", "--random-input-len", "16",
+  CommandOutput r = pdserve({"bench", "--worker", worker, "--num-prompts", "4", "--random-input-len", "16",
                       "--random-output-len", "8", "--max-concurrency", "1", "--ignore-eos"});
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("Successful requests:                    4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Total generated tokens:                 32"), std::string::npos) << r.out;
-  CliRun both = pdserve({"bench", "--worker", worker, "--router", cluster_->grpc()});
+  CommandOutput both = pdserve({"bench", "--worker", worker, "--router", cluster_->grpc()});
   EXPECT_EQ(both.exit_code, 2) << both.out;
-  CliRun not_worker = pdserve({"bench", "--worker", cluster_->grpc(), "--num-prompts", "1"});
+  CommandOutput not_worker = pdserve({"bench", "--worker", cluster_->grpc(), "--num-prompts", "1"});
   EXPECT_EQ(not_worker.exit_code, 1) << not_worker.out;
 }
 
@@ -421,14 +421,14 @@ TEST_P(RouterPd, MixedGeometryModelEqualsInProcess) {
   const std::vector<std::string> gen = {"--prompt", prompt, "--max-tokens", "40", "--ignore-eos", "--json"};
   std::vector<std::string> local = {"generate", "--model", dir.string()};
   local.insert(local.end(), gen.begin(), gen.end());
-  CliRun ref = pdserve(local);
+  CommandOutput ref = pdserve(local);
   ASSERT_EQ(ref.exit_code, 0);
   Process c({kBin, "up", "--model", dir.string(), "--port", std::to_string(free_port_pair()), "--prefill", "1",
              "--prefill-tp", "4", "--decode", "1", "--decode-tp", "2", "--kv-mode", GetParam()});
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
   std::vector<std::string> remote = {"generate", "--router", c.grpc()};
   remote.insert(remote.end(), gen.begin(), gen.end());
-  CliRun got = pdserve(remote);
+  CommandOutput got = pdserve(remote);
   ASSERT_EQ(got.exit_code, 0);
   const json want = json::parse(ref.out, nullptr, false), have = json::parse(got.out, nullptr, false);
   ASSERT_FALSE(want.is_discarded() || have.is_discarded()) << ref.out << got.out;
@@ -448,7 +448,7 @@ TEST_P(RouterPdMatrix, GreedyEqualsInProcess) {
   Cluster c({"--prefill", "1", "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp",
              std::to_string(dtp), "--kv-mode", mode});
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
-  CliRun r = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens",
+  CommandOutput r = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens",
                       std::to_string(kMaxTokens), "--json"});
   ASSERT_EQ(r.exit_code, 0) << c.log();
   const json j = json::parse(r.out, nullptr, false);
@@ -463,7 +463,7 @@ class RouterPdMixedMatrix : public ::testing::TestWithParam<std::tuple<int, int,
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("pdserve_router_mixed_matrix_" + std::to_string(getpid()));
     ASSERT_EQ(pdserve({"make-model", "--preset", "mixed-geometry", "--seed", "7", "--out", dir_.string()}).exit_code, 0);
-    CliRun r = pdserve({"generate", "--model", dir_.string(), "--prompt", kMixedPrompt, "--max-tokens", "32",
+    CommandOutput r = pdserve({"generate", "--model", dir_.string(), "--prompt", kMixedPrompt, "--max-tokens", "32",
                         "--ignore-eos", "--json"});
     ASSERT_EQ(r.exit_code, 0);
     reference_ = json::parse(r.out, nullptr, false);
@@ -480,7 +480,7 @@ TEST_P(RouterPdMixedMatrix, GreedyEqualsInProcess) {
   Process c({kBin, "up", "--model", dir_.string(), "--port", std::to_string(free_port_pair()), "--prefill", "1",
              "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp", std::to_string(dtp), "--kv-mode", mode});
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
-  CliRun r = pdserve({"generate", "--router", c.grpc(), "--prompt", kMixedPrompt, "--max-tokens", "32",
+  CommandOutput r = pdserve({"generate", "--router", c.grpc(), "--prompt", kMixedPrompt, "--max-tokens", "32",
                       "--ignore-eos", "--json"});
   ASSERT_EQ(r.exit_code, 0) << c.log();
   const json j = json::parse(r.out, nullptr, false);

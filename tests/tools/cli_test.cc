@@ -10,12 +10,15 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/command_output.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::CommandOutput;
+using testing::run_command;
 using testing::stories_dir;
 
 struct CliRun {
@@ -36,13 +39,10 @@ CliRun pdserve(const std::vector<std::string>& args, const std::string& env = ""
   std::string cmd = env + " " + std::string(PDSERVE_BINARY_DIR) + "/tools/pdserve";
   for (const std::string& a : args) cmd += " " + quote(a);
   cmd += " 2>" + err.string();
+  const CommandOutput output = run_command(cmd);
   CliRun run;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) run.out.append(buf.data(), n);
-  const int status = pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  run.exit_code = output.exit_code;
+  run.out = output.out;
   std::ifstream e(err);
   std::stringstream ss;
   ss << e.rdbuf();
