@@ -5,7 +5,9 @@
 // rooflines (4.8 TB/s HBM; 990 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor, datasheet).
 // The forward pass runs twice: f32 weights (cuBLAS SGEMM), then bf16 GEMM weights (the tiled
 // kernel, as --weight-dtype bf16 runs); KV and activations are f32. The bf16 GEMM rows show
-// what the vendor GEMM reaches with bf16 activations too.
+// what the vendor GEMM reaches with bf16 activations too. Steps sample on the device (temperature
+// 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
+// copy of the logits to the host that sampling there would take.
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--out results.jsonl]
@@ -189,16 +191,17 @@ int run(const Options& o) {
     // The context's KV "already in place": random, never zeros.
     kernels::gpu::fill_random(reinterpret_cast<float*>((*runner)->kv_arena()),
                               int64_t((*runner)->kv_layout().total_bytes() / 4), 99, 1.0f, 0.0f, nullptr);
-    std::vector<float> logits;
-    auto time_step = [&](const ForwardBatch& batch, int iters) -> double {
-      logits.resize(size_t(batch.logit_rows.size()) * c.vocab_size);
+    std::vector<int> tokens;
+    auto time_step = [&](ForwardBatch& batch, int iters) -> double {
+      batch.samples.assign(batch.logit_rows.size(), kernels::cpu::SampleRow{1.0f, 0, 0.95f, 0.5});
+      tokens.resize(batch.logit_rows.size());
       double t0 = 0;
       for (int i = 0; i < iters + 2; ++i) {
         if (i == 2) t0 = now_s();  // After two warm-up steps.
         StepMetadata meta;
         meta.pack(batch, block);
         Status s = (*runner)->prepare(batch, meta);
-        if (s.ok()) s = (*runner)->forward(batch, logits.data());
+        if (s.ok()) s = (*runner)->forward(batch, {.tokens = tokens.data()});
         if (!s.ok()) {
           std::fprintf(stderr, "forward of %zu tokens: %s\n", batch.tokens.size(), std::string(s.message()).c_str());
           return -1;
@@ -281,6 +284,51 @@ int run(const Options& o) {
   if (!measure(half)) return 1;
   half_buffers.clear();
   buffers.clear();
+
+  // Sampling rows of the model's vocabulary on the device against copying them to the host.
+  for (int rows : {1, 32, 128}) {
+    BackendBuffer logits, scratch, params, tokens;
+    const size_t n = size_t(rows) * c.vocab_size;
+    if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
+        !params.reserve(backend, rows * sizeof(kernels::cpu::SampleRow)).ok() || !tokens.reserve(backend, rows * 4).ok()) {
+      std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
+      return 1;
+    }
+    kernels::gpu::fill_random(logits.as<float>(), int64_t(n), 400 + rows, 3.0f, 0.0f, nullptr);
+    std::vector<float> host(n);
+    auto time_it = [&](auto&& body) {
+      body();
+      cudaDeviceSynchronize();
+      const int iters = 20;
+      const double t0 = now_s();
+      for (int i = 0; i < iters; ++i) body();
+      cudaDeviceSynchronize();
+      return (now_s() - t0) / iters;
+    };
+    const double copy = time_it([&] { (void)backend->copy_to_host(host.data(), logits.as<void>(), n * 4); });
+    const struct {
+      const char* name;
+      kernels::cpu::SampleRow row;
+    } modes[] = {{"greedy", {0.0f, 0, 1.0f, 0.0}},
+                 {"top_p_0.95", {1.0f, 0, 0.95f, 0.5}},
+                 {"top_k_50", {1.0f, 50, 1.0f, 0.5}},
+                 {"top_k_50_top_p_0.9", {1.0f, 50, 0.9f, 0.5}},
+                 {"temperature_only", {1.0f, 0, 1.0f, 0.5}}};
+    for (const auto& m : modes) {
+      const std::vector<kernels::cpu::SampleRow> rows_params(rows, m.row);
+      cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
+      const kernels::cpu::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
+      const double t = time_it([&] {
+        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), scratch.as<float>(), nullptr);
+      });
+      const cudaError_t e = cudaGetLastError();
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"sampling\",\"mode\":\"%s\",\"rows\":%d,\"vocab\":%d,\"device_us\":%.1f,"
+                    "\"logits_to_host_us\":%.1f,\"vs_copy\":%.3f,\"error\":\"%s\"}",
+                    m.name, rows, c.vocab_size, t * 1e6, copy * 1e6, t / copy, e == cudaSuccess ? "" : cudaGetErrorString(e));
+      report.line(buf);
+    }
+  }
 
   // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes, and the portable GEMM
   // (GEMV up to 8 rows, tiled beyond) with bf16 weights and f32 activations, as

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/sampling.h"
 
 namespace pdserve::engine {
 
@@ -71,6 +72,11 @@ class Backend {
   virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                                    const kernels::cpu::PagedLayerView& index_view,
                                    const kernels::cpu::TokenPlacement& tokens, int top_k) = 0;
+  // tokens[r] = the token kernels::cpu::sample_rows picks from row r of `logits` with params[r],
+  // so that only the tokens leave the device. Every pointer (logits.data too) is backend
+  // memory; `scratch` holds logits.rows * logits.vocab floats.
+  virtual void sample(int* tokens, const kernels::cpu::ShardedLogits& logits, const kernels::cpu::SampleRow* params,
+                      float* scratch) = 0;
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };

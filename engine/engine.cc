@@ -76,14 +76,17 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
   PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options));
   engine->weights_ = std::move(weights);
+  using SampleOn = EngineOptions::SampleOn;
+  engine->sample_on_backend_ = options.sample_on == SampleOn::kBackend ||
+                               (options.sample_on == SampleOn::kAuto && !engine->ranks_->rank(0).backend().host_memory());
   engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
   engine->publish_stats();
-  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {})", num_blocks,
-              options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp,
-              engine->ranks_->rank(0).backend().name());
+  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {}, sampling on the {})",
+              num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20,
+              options.tp, engine->ranks_->rank(0).backend().name(), engine->sample_on_backend_ ? "backend" : "host");
   return engine;
 }
 
@@ -264,8 +267,16 @@ Status Engine::step() {
   }
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
-  logits_.resize(size_t(batch.logit_rows.size()) * vocab);
-  if (Status s = ranks_->forward(batch, logits_.data()); !s.ok()) {
+  StepOutput out;
+  if (sample_on_backend_) {
+    for (Sequence* s : sampled) batch.samples.push_back(s->sampler.next_row());
+    sampled_tokens_.resize(sampled.size());
+    out.tokens = sampled_tokens_.data();
+  } else {
+    logits_.resize(size_t(batch.logit_rows.size()) * vocab);
+    out.logits = logits_.data();
+  }
+  if (Status s = ranks_->forward(batch, out); !s.ok()) {
     // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
     for (auto& [seq, n] : fed) finish(*seq, FinishReason::kAbort, s);
     std::erase_if(running_, [](const auto& seq) { return seq->finished; });
@@ -276,7 +287,8 @@ Status Engine::step() {
 
   for (auto& [s, n] : fed) s->num_computed += n;
   for (size_t i = 0; i < sampled.size(); ++i) {
-    accept_token(*sampled[i], sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
+    accept_token(*sampled[i], sample_on_backend_ ? sampled_tokens_[i]
+                                                 : sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   publish_stats();

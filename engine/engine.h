@@ -38,6 +38,11 @@ struct EngineOptions {
   // GEMM weights in device memory: f32, or bf16 (half the memory and the bytes a decode step
   // reads; exact for bf16 checkpoints, a rounding of f32 ones). The CPU backend takes f32 only.
   DType weight_dtype = DType::kF32;
+  // Where tokens are sampled: kAuto samples on the backend when its memory is not the host's
+  // (only the tokens cross, not [batch][vocab] logits), else on the host; kHost and kBackend
+  // force one (tests compare them). The tokens are the same either way (kernels/cpu/sampling.h).
+  enum class SampleOn { kAuto, kHost, kBackend };
+  SampleOn sample_on = SampleOn::kAuto;
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
   // weights on a device backend, as vLLM's gpu_memory_utilization), or else enough for
@@ -188,6 +193,8 @@ class Engine {
   std::vector<std::string> aborts_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
+  bool sample_on_backend_ = false;
+  std::vector<int> sampled_tokens_;  // A step's tokens, when the backend samples.
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).
   mutable std::mutex stats_mu_;

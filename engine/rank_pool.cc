@@ -70,7 +70,7 @@ RankPool::~RankPool() {
   uploaded_.clear();
 }
 
-Status RankPool::forward(const ForwardBatch& batch, float* logits) {
+Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
   // Every rank prepared before any enters a collective: a rank that could not would leave the
   // others waiting in it.
   meta_.pack(batch, runners_[0]->kv_layout().block_size());
@@ -78,11 +78,11 @@ Status RankPool::forward(const ForwardBatch& batch, float* logits) {
   {
     std::lock_guard lock(mu_);
     batch_ = &batch;
-    logits_ = logits;
+    out_ = out;
     ++generation_;
   }
   cv_.notify_all();
-  Status status = runners_[0]->forward(batch, logits);
+  Status status = runners_[0]->forward(batch, out);
   // Every rank set its status before the final barrier that rank 0 has passed.
   for (int r = 1; r < size(); ++r) status.Update(runners_[r]->status());
   return status;
@@ -92,16 +92,16 @@ void RankPool::worker(int rank) {
   uint64_t seen = 0;
   for (;;) {
     const ForwardBatch* batch;
-    float* logits;
+    StepOutput out;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
       batch = batch_;
-      logits = logits_;
+      out = out_;
     }
-    (void)runners_[rank]->forward(*batch, logits);  // Its status is read through status().
+    (void)runners_[rank]->forward(*batch, out);  // Its status is read through status().
   }
 }
 

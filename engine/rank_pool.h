@@ -30,8 +30,8 @@ class RankPool {
                                                     const EngineOptions& options);
   ~RankPool();
 
-  // Runs `batch` on every rank; logits as RankRunner::forward. On an error no logits are valid.
-  Status forward(const ForwardBatch& batch, float* logits);
+  // Runs `batch` on every rank; results as RankRunner::forward. On an error none are valid.
+  Status forward(const ForwardBatch& batch, const StepOutput& out);
   int size() const { return int(runners_.size()); }
   RankRunner& rank(int r) { return *runners_[r]; }
   // Weight bytes in device memory per rank (0 on a host-memory backend, which uses them in place).
@@ -51,7 +51,7 @@ class RankPool {
   uint64_t generation_ = 0;
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
-  float* logits_ = nullptr;
+  StepOutput out_;
   StepMetadata meta_;  // The current batch's, packed once for every rank.
 };
 

@@ -128,7 +128,22 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   const int rows = int(batch.logit_rows.size());
   if (rows > 0) {
     PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(rows) * config_.dim * sizeof(float)));
-    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(rows) * shard_.vocab.size() * sizeof(float)));
+    // Padded to the widest shard: the all-gather of sampling on the backend takes equal parts.
+    const kernels::cpu::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
+    const size_t local = size_t(rows) * shards.shard_stride() * sizeof(float);
+    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, local));
+    if (!batch.samples.empty()) {
+      if (batch.samples.size() != size_t(rows))
+        return absl::InvalidArgumentError(absl::StrCat(batch.samples.size(), " samples for ", rows, " logit rows"));
+      if (shard_.tp > 1) PD_RETURN_IF_ERROR(logits_gathered_.reserve(backend_, local * shard_.tp));
+      if (shard_.rank == 0) {
+        PD_RETURN_IF_ERROR(sample_rows_.reserve(backend_, rows * sizeof(kernels::cpu::SampleRow)));
+        PD_RETURN_IF_ERROR(sample_scratch_.reserve(backend_, size_t(rows) * config_.vocab_size * sizeof(float)));
+        PD_RETURN_IF_ERROR(tokens_.reserve(backend_, rows * sizeof(int)));
+        PD_RETURN_IF_ERROR(backend_->copy_to_device(sample_rows_.as<void>(), batch.samples.data(),
+                                                    rows * sizeof(kernels::cpu::SampleRow)));
+      }
+    }
   }
   PD_RETURN_IF_ERROR(meta_.reserve(backend_, std::max<size_t>(meta.ints.size(), 1) * sizeof(int)));
   PD_RETURN_IF_ERROR(table_ptrs_.reserve(backend_, std::max(n, 1) * sizeof(const int*)));
@@ -142,7 +157,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   return absl::OkStatus();
 }
 
-Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
+Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
   const ModelConfig& c = config_;
   const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
   const int* tokens = meta_.as<int>();
@@ -227,7 +242,20 @@ Status RankRunner::forward(const ForwardBatch& batch, float* logits) {
                                              c.dim * sizeof(float)));
     backend_->rms_norm(last, last, shard_.final_norm, rows, c.dim, c.rms_eps);
     matmul(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
-    if (backend_->host_memory()) {
+    float* logits = result.logits;
+    if (!batch.samples.empty()) {
+      kernels::cpu::ShardedLogits gathered{logits_local_.as<float>(), rows, c.vocab_size, shard_.tp};
+      if (shard_.tp > 1) {
+        comm_->all_gather(logits_local_.as<float>(), int64_t(rows) * gathered.shard_stride(),
+                          logits_gathered_.as<float>());
+        gathered.data = logits_gathered_.as<float>();
+      }
+      if (shard_.rank == 0) {
+        backend_->sample(tokens_.as<int>(), gathered, sample_rows_.as<kernels::cpu::SampleRow>(),
+                         sample_scratch_.as<float>());
+        status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
+      }
+    } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)
         std::copy_n(logits_local_.as<float>() + int64_t(r) * vocab_local, vocab_local,
                     logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);

@@ -27,10 +27,20 @@ struct ForwardBatch {
   std::vector<int> positions;
   std::vector<const int*> block_tables;  // Per token: its sequence's block table.
   std::vector<int> logit_rows;           // Tokens whose next-token logits are wanted.
+  // Empty, or how to sample each logit row: then the ranks sample on the backend (the LM head's
+  // shards gathered on rank 0) and only the tokens come back.
+  std::vector<kernels::cpu::SampleRow> samples;
   // Called after each layer's KV is written (see Engine::set_layer_hook), with
   // `completed_prefills` — the requests whose whole prompt is in the cache after this step.
   const std::function<void(int, int, const std::vector<std::string>&)>* layer_hook = nullptr;
   std::vector<std::string> completed_prefills;
+};
+
+// Where a forward pass leaves its result, in host memory: [logit_rows][vocab] logits, or for a
+// batch with samples one token per logit row.
+struct StepOutput {
+  float* logits = nullptr;
+  int* tokens = nullptr;
 };
 
 // A step's metadata packed once for all ranks: [tokens][positions][each distinct block table,
@@ -61,11 +71,11 @@ class RankRunner {
   // collectives.
   Status prepare(const ForwardBatch& batch, const StepMetadata& meta);
   // Runs the model over the prepared `batch`. Writes this rank's vocabulary columns of each
-  // wanted row into `logits` (host [logit_rows][vocab], shared by all ranks) and returns after
-  // every rank has. An error (a failed copy or kernel) still takes the rank through every
+  // wanted row into out.logits (shared by all ranks) — or, for a batch with samples, rank 0
+  // writes the tokens — and returns after every rank has. An error (a failed copy or kernel) still takes the rank through every
   // collective, so the other ranks never wait for it. The result is also kept for status(),
   // set before the final barrier: once any rank returned, every rank's is there.
-  Status forward(const ForwardBatch& batch, float* logits);
+  Status forward(const ForwardBatch& batch, const StepOutput& out);
   Status status() const;
 
   const KvCacheLayout& kv_layout() const { return layout_; }
@@ -87,9 +97,10 @@ class RankRunner {
   std::vector<kernels::cpu::PagedLayerView> views_;
   int max_tokens_ = 0;
   int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
-  // Backend memory: activations for max_tokens_, the step's metadata, the logits rows.
+  // Backend memory: activations for max_tokens_, the step's metadata, the logits rows, and for
+  // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens.
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
-      block_mask_, meta_, table_ptrs_;
+      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;

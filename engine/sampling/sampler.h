@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/cpu/sampling.h"
 
 namespace pdserve::engine {
 
@@ -33,18 +34,20 @@ class Sampler {
   // `params` should have passed validate().
   explicit Sampler(const SamplingParams& params);
 
-  // The next token given `vocab` logits. Greedy: the argmax, lowest index on ties. Otherwise:
-  // softmax at the temperature, keep the top_k most likely, then the smallest most-likely
-  // prefix holding at least top_p of the mass, and draw from what is left. NaN logits are
-  // never chosen (unless nothing else is left).
+  // The next token given `vocab` logits (kernels::cpu::sample_token at next_row()): greedy, the
+  // argmax, lowest index on ties; otherwise softmax at the temperature, keep the top_k most
+  // likely, then the smallest most-likely prefix holding at least top_p of the mass, and draw
+  // from what is left. NaN logits are never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);
+  // How to sample the next token, taking its random draw: for a backend that samples on the
+  // device, with the same result as sample() on the same logits.
+  kernels::cpu::SampleRow next_row();
   // Consumes the random draw that sampling one token takes, without sampling: the decode side
   // of a P/D split calls it for the first token, drawn on the prefill side, so that a seeded
   // request continues with the same draws as an undivided run.
-  void skip_draw();
+  void skip_draw() { next_row(); }
 
  private:
-  static int argmax(const float* logits, int vocab);
   // Uniform in [0, 1) from 53 random bits: the same on every platform, unlike
   // std::uniform_real_distribution whose algorithm the standard leaves open.
   double uniform();
@@ -53,9 +56,7 @@ class Sampler {
   int top_k_;
   float top_p_;
   std::mt19937_64 rng_;
-  // Reused across calls to avoid a vocabulary-sized allocation per token.
-  std::vector<float> probs_;
-  std::vector<int> candidates_;
+  kernels::cpu::SampleScratch scratch_;
 };
 
 }  // namespace pdserve::engine

@@ -60,11 +60,4 @@ void add_bias(float* y, const float* bias, int rows, int out) {
   for (int r = 0; r < rows; ++r) add_inplace(y + int64_t(r) * out, bias, out);
 }
 
-int argmax(const float* x, int n) {
-  int best = 0;
-  for (int i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
-
 }  // namespace pdserve::kernels::cpu

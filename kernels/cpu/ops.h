@@ -30,7 +30,4 @@ void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int
 // y[r][o] += bias[o].
 void add_bias(float* y, const float* bias, int rows, int out);
 
-// Index of the largest value; the lowest index on ties.
-int argmax(const float* x, int n);
-
 }  // namespace pdserve::kernels::cpu

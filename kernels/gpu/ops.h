@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/sampling.h"
 #include "kernels/gpu/gpu_compat.h"
 
 namespace pdserve::kernels::gpu {
@@ -39,8 +40,10 @@ void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
                 int64_t ldw, gpuStream_t stream);
 
-// out[r] = index of the largest of x[r][0..n), lowest index on ties.
-void argmax(int* out, const float* x, int rows, int n, gpuStream_t stream);
+// As cpu::sample_rows: tokens[r] from row r of `logits` with params[r] (greedy, or temperature,
+// top_k, top_p and the row's draw). `scratch` holds logits.rows * logits.vocab floats.
+void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, float* scratch,
+            gpuStream_t stream);
 
 // `kv` as the CPU kernel's, its k/v pointers holding `storage` elements (strides in elements).
 void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::TokenPlacement& tokens,

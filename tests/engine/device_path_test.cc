@@ -4,7 +4,9 @@
 // memory outside the Backend interface would fault, as on a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -17,7 +19,8 @@ namespace pdserve::engine {
 namespace {
 
 std::unique_ptr<Engine> make_engine(bool guarded, const std::string& model_path = pdserve::testing::stories_bin(),
-                                    DType weight_dtype = DType::kF32) {
+                                    DType weight_dtype = DType::kF32,
+                                    const std::function<void(EngineOptions&)>& adjust = {}) {
   auto model = load_model({model_path});
   EXPECT_TRUE(model.ok()) << model.status();
   EngineOptions o;
@@ -25,16 +28,29 @@ std::unique_ptr<Engine> make_engine(bool guarded, const std::string& model_path 
   o.max_batch_tokens = 96;  // Long prompts take several chunked steps.
   o.weight_dtype = weight_dtype;
   if (guarded) o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> { return pdserve::testing::make_guarded_backend(); };
+  if (adjust) adjust(o);
   auto e = Engine::create(std::move(*model), o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-// Each prompt as a concurrent greedy request of 40 tokens (EOS ignored); their tokens.
-std::vector<std::vector<int>> run_all(Engine& e, const std::vector<std::vector<int>>& prompts) {
+// Greedy, or for request i seeded sampling with temperature, top-k and top-p varying with i.
+SamplingParams greedy(int) { return {}; }
+SamplingParams seeded(int i) {
+  SamplingParams p;
+  p.temperature = 0.6f + 0.2f * float(i % 4);
+  p.top_k = std::array{0, 5, 40}[i % 3];
+  p.top_p = std::array{1.0f, 0.9f, 0.6f, 0.95f}[i % 4];
+  p.seed = 1000 + i;
+  return p;
+}
+
+// Each prompt as a concurrent request of 40 tokens (EOS ignored) with `params(i)`; their tokens.
+std::vector<std::vector<int>> run_all(Engine& e, const std::vector<std::vector<int>>& prompts,
+                                      SamplingParams (*params)(int) = greedy) {
   std::vector<std::vector<int>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    SamplingParams p;
+    SamplingParams p = params(int(i));
     p.max_tokens = 40;
     p.ignore_eos = true;
     EXPECT_TRUE(e.add_request({std::to_string(i), prompts[i], p}, [&out, i](const TokenEvent& ev) {
@@ -90,6 +106,35 @@ TEST(DevicePath, ConcurrentRequestsEqualTheCpuEngine) {
   const auto prompts = random_prompts(12, 150, 512, 11);
   EXPECT_EQ(run_all(*device, prompts), run_all(*cpu, prompts));
   EXPECT_EQ(device->stats().free_blocks, device->stats().num_blocks);
+}
+
+// Seeded sampling: the guarded backend samples on the device (only tokens come back), the CPU
+// engine on the host from the logits, each request drawing from its own generator; the tokens
+// must be the same.
+TEST(DevicePath, SeededSamplingOnTheBackendEqualsTheHost) {
+  auto device = make_engine(true), cpu = make_engine(false);
+  const auto prompts = random_prompts(12, 60, 512, 13);
+  const auto got = run_all(*device, prompts, seeded);
+  EXPECT_EQ(got, run_all(*cpu, prompts, seeded));
+  EXPECT_NE(got, run_all(*cpu, prompts));  // Sampling, not greedy.
+  EXPECT_EQ(device->stats().free_blocks, device->stats().num_blocks);
+}
+
+// At TP 2 the vocabulary is split over the ranks' LM head shards; sampling on the backend
+// gathers them on rank 0. Against the same TP 2 engine sampling on the host.
+TEST(DevicePath, SamplingOnTheBackendGathersTheVocabularyShards) {
+  const auto tp2 = [](EngineOptions::SampleOn on) {
+    return [on](EngineOptions& o) {
+      o.tp = 2;
+      o.sample_on = on;
+    };
+  };
+  auto backend = make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kBackend));
+  auto host = make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kHost));
+  ASSERT_TRUE(backend && host);
+  const auto prompts = random_prompts(8, 60, 512, 14);
+  EXPECT_EQ(run_all(*backend, prompts, seeded), run_all(*host, prompts, seeded));
+  EXPECT_EQ(run_all(*backend, prompts), run_all(*host, prompts));
 }
 
 // A bf16 checkpoint: the CPU widens its weights to f32 exactly; a device keeping them bf16

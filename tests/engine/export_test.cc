@@ -32,7 +32,7 @@ std::vector<float> logits_of(const LoadedModel& m, const std::vector<int>& promp
     batch.logit_rows.push_back(int(i));  // Every position's logits.
   }
   std::vector<float> logits(prompt.size() * m.config.vocab_size);
-  EXPECT_TRUE((*pool)->forward(batch, logits.data()).ok());
+  EXPECT_TRUE((*pool)->forward(batch, {.logits = logits.data()}).ok());
   return logits;
 }
 

@@ -1,15 +1,19 @@
-// CPU kernels against naive formulas, and paged attention through every block layout against
-// dense attention over the same K/V.
+// CPU kernels against naive formulas, paged attention through every block layout against dense
+// attention over the same K/V, and sampling from logits gathered over TP ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include "engine/communicator.h"
 #include "engine/kv_cache_layout.h"
+#include "engine/tp_shard.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/sampling.h"
 
 namespace pdserve::kernels::cpu {
 namespace {
@@ -125,6 +129,50 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kHeadOuter, 4},
                       LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kTokenMajor, 3},
                       LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 5}));
+
+// The gathered logits of sampling on the backend: shard s is the LM head's even_split slice of
+// rank s, so the shard layout must split the vocabulary exactly as the engine does.
+TEST(ShardedLogits, ShardsAreTheEnginesVocabularySplit) {
+  for (int vocab : {1, 7, 512, 32000, 128256})
+    for (int shards = 1; shards <= 8; ++shards) {
+      const ShardedLogits logits{nullptr, 3, vocab, shards};
+      int widest = 0;
+      for (int s = 0; s < shards; ++s) {
+        const engine::Range r = engine::even_split(vocab, shards, s);
+        EXPECT_EQ(logits.shard_begin(s), r.begin) << vocab << "/" << shards;
+        EXPECT_EQ(logits.shard_begin(s + 1), r.end) << vocab << "/" << shards;
+        widest = std::max(widest, r.size());
+      }
+      EXPECT_EQ(logits.shard_stride(), widest);
+    }
+}
+
+// Rows gathered from `shards` ranks (each slice padded to the widest) sample as the plain rows.
+TEST(ShardedLogits, SamplingGatheredRowsEqualsSamplingPlainRows) {
+  const int rows = 6, vocab = 1001;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> plain(size_t(rows) * vocab);
+  for (float& x : plain) x = normal(rng);
+  std::vector<SampleRow> params;
+  for (int r = 0; r < rows; ++r) params.push_back({r == 0 ? 0.0f : 0.8f, r % 3 == 1 ? 40 : 0, r % 2 ? 0.9f : 1.0f,
+                                                   (r + 0.5) / rows});
+  SampleScratch scratch;
+  std::vector<int> want(rows);
+  for (int r = 0; r < rows; ++r) want[r] = sample_token(plain.data() + r * vocab, vocab, params[r], &scratch);
+  for (int shards = 1; shards <= 4; ++shards) {
+    ShardedLogits logits{nullptr, rows, vocab, shards};
+    std::vector<float> gathered(size_t(shards) * rows * logits.shard_stride(), std::nanf(""));
+    logits.data = gathered.data();
+    for (int s = 0; s < shards; ++s)
+      for (int r = 0; r < rows; ++r)
+        for (int c = logits.shard_begin(s); c < logits.shard_begin(s + 1); ++c)
+          const_cast<float*>(logits.row_of_shard(s, r))[c - logits.shard_begin(s)] = plain[r * vocab + c];
+    std::vector<int> got(rows);
+    sample_rows(got.data(), logits, params.data(), &scratch);
+    EXPECT_EQ(got, want) << shards << " shards";
+  }
+}
 
 TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {
   const int n = 4, count = 1000;

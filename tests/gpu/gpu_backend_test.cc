@@ -163,18 +163,54 @@ TEST(GpuKernels, EmbedF32AndBf16Tables) {
   EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
 }
 
-TEST(GpuKernels, ArgmaxLowestIndexOnTies) {
+// Sampling on the device picks the reference's token (kernels/cpu/sampling.h) for greedy rows
+// (ties, NaN, -inf), temperatures, top-k, top-p and both, on rows with many equal logits, from
+// plain rows and rows gathered over TP shards, at random draws.
+TEST(GpuKernels, SamplingMatchesCpuReference) {
   REQUIRE_GPU();
-  const int rows = 3, n = 32000;
-  std::vector<float> x = random_vec(rows * n, 9);
-  x[1 * n + 700] = x[1 * n + 20000] = 50.0f;  // Tie: 700 wins.
-  x[2 * n + n - 1] = 60.0f;
-  Dev<float> dx(x);
-  Dev<int> dout(rows);
-  gpu::argmax(dout.get(), dx.get(), rows, n, nullptr);
-  const std::vector<int> got = dout.host();
-  for (int r = 0; r < rows; ++r) EXPECT_EQ(got[r], cpu::argmax(x.data() + r * n, n)) << "row " << r;
-  EXPECT_EQ(got[1], 700);
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int vocab : {1000, 32000, 128256})
+    for (int shards : {1, 3}) {
+      std::vector<cpu::SampleRow> params;
+      for (float t : {0.0f, 0.5f, 1.0f, 1.7f})
+        for (int k : {0, 1, 5, 50, 2000})
+          for (float p : {1.0f, 0.95f, 0.5f, 0.05f}) params.push_back({t, k, p, uniform(rng)});
+      params.push_back({1.0f, 0, 1.0f, 0.999999999});  // The last of the walk.
+      params.push_back({1.0f, 0, 1.0f, 0.0});
+      const int rows = int(params.size());
+      std::vector<float> plain = random_vec(size_t(rows) * vocab, 22 + vocab + shards, 3.0f);
+      for (int r = 0; r < rows; ++r) {
+        float* row = plain.data() + int64_t(r) * vocab;
+        // Every third row in steps of 0.5: ties everywhere, at every cut.
+        if (r % 3 == 0)
+          for (int i = 0; i < vocab; ++i) row[i] = std::round(row[i] * 2.0f) / 2.0f;
+        if (r % 5 == 1) row[r % vocab] = std::nanf("");
+        if (r % 7 == 2)
+          for (int i = 0; i < vocab; i += 2) row[i] = -INFINITY;
+      }
+      cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+      std::vector<float> gathered(size_t(shards) * rows * logits.shard_stride(), 0.0f);
+      logits.data = gathered.data();
+      for (int s = 0; s < shards; ++s)
+        for (int r = 0; r < rows; ++r)
+          for (int c = logits.shard_begin(s); c < logits.shard_begin(s + 1); ++c)
+            const_cast<float*>(logits.row_of_shard(s, r))[c - logits.shard_begin(s)] = plain[int64_t(r) * vocab + c];
+      std::vector<int> want(rows);
+      cpu::SampleScratch scratch;
+      cpu::sample_rows(want.data(), logits, params.data(), &scratch);
+
+      Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+      Dev<cpu::SampleRow> dparams(params);
+      Dev<int> dtokens(rows);
+      logits.data = dlogits.get();
+      gpu::sample(dtokens.get(), logits, dparams.get(), dscratch.get(), nullptr);
+      const std::vector<int> got = dtokens.host();
+      for (int r = 0; r < rows; ++r)
+        EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, row " << r << ": temperature "
+                                   << params[r].temperature << " top_k " << params[r].top_k << " top_p "
+                                   << params[r].top_p << " u " << params[r].u;
+    }
 }
 
 TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
@@ -634,6 +670,35 @@ TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
     prompts.push_back(p);
   }
   EXPECT_EQ(run_batch(*gpu, prompts, 32), run_batch(*cpu, prompts, 32));
+}
+
+// Seeded sampling through the engine: the GPU samples on the device, the CPU from its logits on
+// the host, each request drawing from its own generator. The logits differ in their last bits,
+// which moves a token only for a draw at a boundary's edge.
+TEST(Stories, CudaEngineSeededSamplingEqualsCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto gpu = stories_engine(gpu_kind());
+  auto cpu = stories_engine("cpu");
+  ASSERT_TRUE(gpu && cpu);
+  const auto run = [](Engine& engine) {
+    std::vector<std::vector<int>> out(8);
+    for (int i = 0; i < 8; ++i) {
+      GenerationRequest r;
+      r.id = std::to_string(i);
+      r.prompt = {engine.config().bos_id, 3 + 17 * i};
+      r.params.temperature = 0.7f + 0.1f * float(i % 3);
+      r.params.top_k = i % 2 ? 40 : 0;
+      r.params.top_p = i % 4 < 2 ? 0.9f : 1.0f;
+      r.params.seed = 100 + i;
+      r.params.max_tokens = 48;
+      EXPECT_TRUE(engine.add_request(std::move(r), [&out, i](const TokenEvent& ev) {
+        if (ev.token >= 0) out[i].push_back(ev.token);
+      }).ok());
+    }
+    EXPECT_TRUE(engine.run_until_idle().ok());
+    return out;
+  };
+  EXPECT_EQ(run(*gpu), run(*cpu));
 }
 
 TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {

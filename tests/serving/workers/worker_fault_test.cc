@@ -37,7 +37,9 @@ TEST(PdWorkerFaults, DecodeKilledPrefillFreesWithinLease) {
   const auto start = std::chrono::steady_clock::now();
   const grpc::Status s = pd.prefill().Prefill(&pctx, preq, &presp);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  // The worker's own verdict (a failed put, or no handshake answer within its timeout, which is
+  // DEADLINE_EXCEEDED too), not the client's deadline, which gRPC reports as below.
+  EXPECT_NE(s.error_message(), "Deadline Exceeded");
   EXPECT_TRUE(wait_all_free(pd.prefill(), 6s));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
 }
