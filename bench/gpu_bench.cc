@@ -290,7 +290,8 @@ int run(const Options& o) {
     BackendBuffer logits, scratch, params, tokens;
     const size_t n = size_t(rows) * c.vocab_size;
     if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
-        !params.reserve(backend, rows * sizeof(kernels::cpu::SampleRow)).ok() || !tokens.reserve(backend, rows * 4).ok()) {
+        !params.reserve(backend, rows * sizeof(kernels::cpu::SampleRow)).ok() ||
+        !tokens.reserve(backend, rows * 4).ok()) {
       std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
       return 1;
     }
@@ -319,13 +320,15 @@ int run(const Options& o) {
       cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
       const kernels::cpu::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
       const double t = time_it([&] {
-        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), scratch.as<float>(), nullptr);
+        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), scratch.as<float>(),
+                             nullptr);
       });
       const cudaError_t e = cudaGetLastError();
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"sampling\",\"mode\":\"%s\",\"rows\":%d,\"vocab\":%d,\"device_us\":%.1f,"
                     "\"logits_to_host_us\":%.1f,\"vs_copy\":%.3f,\"error\":\"%s\"}",
-                    m.name, rows, c.vocab_size, t * 1e6, copy * 1e6, t / copy, e == cudaSuccess ? "" : cudaGetErrorString(e));
+                    m.name, rows, c.vocab_size, t * 1e6, copy * 1e6, t / copy,
+                    e == cudaSuccess ? "" : cudaGetErrorString(e));
       report.line(buf);
     }
   }

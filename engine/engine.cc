@@ -77,8 +77,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options));
   engine->weights_ = std::move(weights);
   using SampleOn = EngineOptions::SampleOn;
-  engine->sample_on_backend_ = options.sample_on == SampleOn::kBackend ||
-                               (options.sample_on == SampleOn::kAuto && !engine->ranks_->rank(0).backend().host_memory());
+  engine->sample_on_backend_ =
+      options.sample_on == SampleOn::kBackend ||
+      (options.sample_on == SampleOn::kAuto && !engine->ranks_->rank(0).backend().host_memory());
   engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;

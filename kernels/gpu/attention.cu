@@ -200,8 +200,8 @@ void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, 
   check_dims("paged_attention", kv);
   dispatch_storage(storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    decode_attention_kernel<T><<<dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream>>>(
-        out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    gpu_launch(decode_attention_kernel<T>, dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream, out, q, kv,
+               tokens, n_q_heads, q_per_kv, window, scale);
   });
 }
 
@@ -215,7 +215,7 @@ void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv
   const dim3 grid((tokens.num_tokens + tq - 1) / tq, n_q_heads / q_per_kv, (q_per_kv + gq - 1) / gq);
   dispatch_storage(storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    prefill_attention_kernel<T><<<grid, kAttnThreads, 0, stream>>>(out, q, kv, tokens, n_q_heads,
+    gpu_launch(prefill_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, q, kv, tokens, n_q_heads,
                                                                    q_per_kv, gq, tq, window, scale);
   });
 }

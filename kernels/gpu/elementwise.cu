@@ -47,23 +47,23 @@ __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed, float std
 
 void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream) {
   if (n <= 0) return;
-  silu_mul_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(gate, up, n);
+  gpu_launch(silu_mul_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, gate, up, n);
 }
 
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream) {
   if (n <= 0) return;
-  add_inplace_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(x, y, n);
+  gpu_launch(add_inplace_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, x, y, n);
 }
 
 void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream) {
   const int64_t n = int64_t(rows) * out;
   if (n <= 0) return;
-  add_bias_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(y, bias, n, out);
+  gpu_launch(add_bias_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, y, bias, n, out);
 }
 
 void fill_random(float* x, int64_t n, uint64_t seed, float stddev, float value, gpuStream_t stream) {
   if (n <= 0) return;
-  fill_random_kernel<<<grid_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(x, n, seed, stddev, value);
+  gpu_launch(fill_random_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, x, n, seed, stddev, value);
 }
 
 }  // namespace pdserve::kernels::gpu

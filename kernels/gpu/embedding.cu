@@ -18,7 +18,7 @@ void embed(float* out, const void* table, Storage table_type, const int* tokens,
   if (n <= 0) return;
   dispatch_storage(table_type, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    embed_kernel<T><<<n, kBlockThreads, 0, stream>>>(out, static_cast<const T*>(table), tokens, dim);
+    gpu_launch(embed_kernel<T>, n, kBlockThreads, 0, stream, out, static_cast<const T*>(table), tokens, dim);
   });
 }
 

@@ -91,7 +91,7 @@ template <typename W, int R>
 void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t ldw, gpuStream_t stream) {
   constexpr int warps = kThreads / kWarpSize;
   const unsigned blocks = grid_for(out, warps);
-  gemv_xwt_kernel<W, R><<<blocks, kThreads, 0, stream>>>(y, x, w, out, in, ldw);
+  gpu_launch(gemv_xwt_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
 }
 
 template <typename W>
@@ -125,7 +125,7 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
   const dim3 grid((out + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
   dispatch_storage(w_type, [&](auto* tag) {
     using W = std::remove_pointer_t<decltype(tag)>;
-    gemm_xwt_kernel<W><<<grid, kThreads, 0, stream>>>(y, x, static_cast<const W*>(w), rows, out, in, ldw);
+    gpu_launch(gemm_xwt_kernel<W>, grid, kThreads, 0, stream, y, x, static_cast<const W*>(w), rows, out, in, ldw);
   });
 }
 

@@ -1,13 +1,20 @@
 // One spelling of the GPU runtime for CUDA and HIP, so that every kernel source in kernels/gpu
 // compiles unchanged with nvcc (CUDA) and with hipcc -x hip (ROCm): runtime names (gpu* for
 // cuda*/hip*), the warp (32 lanes) or wavefront (64 lanes on the CDNA parts we target) as a
-// constexpr, warp shuffles, and the 16-bit float storage types. No build-time source rewriting:
-// the vendor is chosen by the compiler's own macros.
+// constexpr, warp shuffles, the 16-bit float storage types, kernel launches (gpu_launch) and
+// dynamic shared memory. No build-time source rewriting: the vendor is chosen by the compiler's
+// own macros. With PDSERVE_GPU_EMULATION the same names come from a CPU emulation
+// (kernels/gpu/emulation/simt.h), so that tests run the kernels on machines without a GPU.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
-#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#if defined(PDSERVE_GPU_EMULATION)
+#include "kernels/gpu/emulation/simt.h"
+using gpu_bf16 = gpu_emulated_bf16;
+using gpu_f16 = gpu_emulated_f16;
+#elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
 #define PDSERVE_GPU_HIP 1
 // ROCm 5.7+ spells bf16 as CUDA does (__hip_bfloat16); older ROCm (Debian's 5.2 hipcc, used for
 // compile checks) has only the hip_bfloat16 class.
@@ -121,6 +128,21 @@ inline constexpr int kBlockThreads = 256;
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), spelled as a call so that the
+// emulation can provide it too.
+template <typename... Params, typename... Args>
+void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
+                Args&&... args) {
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+}
+
+// Shared memory sized at launch (gpu_launch's shared_bytes).
+#define PDSERVE_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+
+#endif
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(PDSERVE_GPU_EMULATION)
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int m = kWarpSize / 2; m > 0; m >>= 1) {
@@ -181,6 +203,6 @@ __device__ __forceinline__ gpu_bf16 from_f32<gpu_bf16>(float x) { return __float
 template <>
 __device__ __forceinline__ gpu_f16 from_f32<gpu_f16>(float x) { return __float2half(x); }
 
-#endif  // __CUDACC__ || __HIPCC__
+#endif  // __CUDACC__ || __HIPCC__ || PDSERVE_GPU_EMULATION
 
 }  // namespace pdserve::kernels::gpu

@@ -10,7 +10,7 @@ template <typename T>
 __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const float* q_index,
                                     cpu::PagedLayerView view, const int* positions,
                                     const int* const* block_tables, int top_k) {
-  extern __shared__ float scores[];
+  PDSERVE_DYNAMIC_SHARED(float, scores);
   const int t = blockIdx.x, bs = view.block_size, hd = view.head_dim;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
@@ -52,8 +52,8 @@ void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_in
   if (smem > 48 * 1024) kernel_limit_exceeded("index_select_blocks", "more than 12288 blocks per sequence");
   dispatch_storage(storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    index_select_kernel<T><<<tokens.num_tokens, kBlockThreads, smem, stream>>>(
-        block_mask, mask_stride, q_index, index_view, tokens.positions, tokens.block_tables, top_k);
+    gpu_launch(index_select_kernel<T>, tokens.num_tokens, kBlockThreads, smem, stream, block_mask, mask_stride, q_index,
+               index_view, tokens.positions, tokens.block_tables, top_k);
   });
 }
 

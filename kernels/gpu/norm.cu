@@ -31,14 +31,14 @@ void rms_norm(float* out, const float* in, const float* weight, int rows, int di
               gpuStream_t stream) {
   if (rows <= 0) return;
   // The kernel only writes `x` when given a residual; in-place (out == in) is fine.
-  rms_norm_kernel<<<rows, kBlockThreads, 0, stream>>>(out, const_cast<float*>(in), nullptr, weight,
+  gpu_launch(rms_norm_kernel, rows, kBlockThreads, 0, stream, out, const_cast<float*>(in), nullptr, weight,
                                                       dim, eps);
 }
 
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows,
                   int dim, float eps, gpuStream_t stream) {
   if (rows <= 0) return;
-  rms_norm_kernel<<<rows, kBlockThreads, 0, stream>>>(out, x, residual, weight, dim, eps);
+  gpu_launch(rms_norm_kernel, rows, kBlockThreads, 0, stream, out, x, residual, weight, dim, eps);
 }
 
 }  // namespace pdserve::kernels::gpu

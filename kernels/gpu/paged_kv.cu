@@ -57,8 +57,8 @@ void block_copy(void* packed, const cpu::PagedLayerView& kv, Storage storage, co
   const int64_t elems = packed_block_bytes(kv, storage, n_heads) / storage_bytes(storage);
   dispatch_storage(storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    block_copy_kernel<T><<<dim3(n_blocks, kv.block_size), kBlockThreads, 0, stream>>>(
-        static_cast<T*>(packed), kv, block_ids, head_begin, n_heads, elems, to_packed);
+    gpu_launch(block_copy_kernel<T>, dim3(n_blocks, kv.block_size), kBlockThreads, 0, stream, static_cast<T*>(packed),
+               kv, block_ids, head_begin, n_heads, elems, to_packed);
   });
 }
 
@@ -72,8 +72,8 @@ void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::T
   const int threads = dims <= 64 ? 64 : (dims <= 128 ? 128 : 256);
   dispatch_storage(storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    paged_kv_write_kernel<T><<<dim3(tokens.num_tokens, n_kv_heads), threads, 0, stream>>>(
-        kv, tokens.positions, tokens.block_tables, k, k_row_stride, v, v_row_stride);
+    gpu_launch(paged_kv_write_kernel<T>, dim3(tokens.num_tokens, n_kv_heads), threads, 0, stream, kv, tokens.positions,
+               tokens.block_tables, k, k_row_stride, v, v_row_stride);
   });
 }
 

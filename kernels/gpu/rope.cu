@@ -33,8 +33,8 @@ void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, con
           float theta, bool rotate_half, gpuStream_t stream) {
   const int64_t total = int64_t(rows) * n_heads * (head_dim / 2);
   if (total <= 0) return;
-  rope_kernel<<<grid_for(total, kBlockThreads), kBlockThreads, 0, stream>>>(
-      x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half);
+  gpu_launch(rope_kernel, grid_for(total, kBlockThreads), kBlockThreads, 0, stream, x, rows, row_stride, n_heads,
+             head_dim, positions, theta, rotate_half);
 }
 
 }  // namespace pdserve::kernels::gpu

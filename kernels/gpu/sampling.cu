@@ -11,16 +11,209 @@
 // a row samples the same token on every run; they can differ from the reference's sequential
 // sums in the last bits of a double, which can move a token only for a draw within ~1e-16 of a
 // boundary.
+#include <cmath>
+
+#include "kernels/cpu/sampling.h"
 #include "kernels/gpu/kernel_util.h"
-#include "kernels/gpu/sampling_kernel.h"
 
 namespace pdserve::kernels::gpu {
+namespace {
+
+using cpu::SampleRow;
+using cpu::ShardedLogits;
+
+constexpr int kSampleThreads = 512;  // A block on the GPU: a multiple of both warp sizes.
+constexpr uint32_t kOneBits = 0x3F800000u;  // 1.0f: no probability is larger.
+
+// The prefix of the sorted order ending at (v, c); (0, -1) is every positive probability.
+struct Cut {
+  float v;
+  int c;
+  __device__ bool holds(float p, int i) const { return p > v || (p == v && i <= c); }
+};
+
+// Sum over the block in a fixed order, every thread getting it.
+__device__ double block_sum(double x, double* shared) {
+  __syncthreads();  // `shared` may still be read by a previous call.
+  shared[threadIdx.x] = x;
+  __syncthreads();
+  for (int s = int(blockDim.x) / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+// Count (mass == false) or mass of the elements of `cut` with probability >= at_least.
+__device__ double measure(const float* probs, int n, Cut cut, float at_least, bool mass, double* shared) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float p = probs[i];
+    if (p >= at_least && cut.holds(p, i)) sum += mass ? double(p) : 1.0;
+  }
+  return block_sum(sum, shared);
+}
+
+__device__ bool reaches(double f, double target, bool strict) { return strict ? f > target : f >= target; }
+
+// In index order, the first element satisfying `pred` at which base + the running count or mass
+// of such elements reaches `target`; the last such element if none does (the caller's sums, in
+// another order, reached it), -1 if there is none. Each thread sums a contiguous chunk, one thread scans the
+// chunk sums, and the thread of the chunk where the target is reached walks it.
+template <typename Pred>
+__device__ int walk(const float* probs, int n, Pred pred, bool mass, double base, double target, bool strict,
+                    double* shared, int* result) {
+  const int threads = blockDim.x, chunk = (n + threads - 1) / threads;
+  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+  double sum = 0.0;
+  int last = -1;
+  for (int i = begin; i < end; ++i) {
+    const float p = probs[i];
+    if (pred(p, i)) {
+      sum += mass ? double(p) : 1.0;
+      last = i;
+    }
+  }
+  __syncthreads();  // `shared` and `result` may still be read by a previous call.
+  shared[threadIdx.x] = sum;
+  if (threadIdx.x == 0) result[0] = result[2] = -1;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double running = base;
+    int owner = -1;
+    for (int t = 0; t < threads && owner < 0; ++t) {
+      if (reaches(running + shared[t], target, strict)) owner = t;
+      else running += shared[t];
+    }
+    result[1] = owner;
+    shared[threads] = running;  // The total before the owner's chunk.
+  }
+  atomicMax(&result[2], last);
+  __syncthreads();
+  if (int(threadIdx.x) == result[1]) {
+    // Where the running total reaches the target, or else (added from another start, it rounds
+    // differently) the chunk's last element, with which its own sum did.
+    double running = shared[threads];
+    int at = -1;
+    for (int i = begin; i < end; ++i) {
+      const float p = probs[i];
+      if (!pred(p, i)) continue;
+      at = i;
+      running += mass ? double(p) : 1.0;
+      if (reaches(running, target, strict)) break;
+    }
+    result[0] = at;
+  }
+  __syncthreads();
+  return result[0] >= 0 ? result[0] : result[2];
+}
+
+// The shortest prefix of `cut` in sorted order whose count or mass reaches `target` (strictly
+// when `strict`); `cut` itself must reach it.
+__device__ Cut select(const float* probs, int n, Cut cut, bool mass, double target, bool strict, double* shared,
+                      int* result) {
+  // The largest v whose elements >= v reach the target: v = 0 (all of `cut`) does; above 1 none.
+  uint32_t lo = 0, hi = kOneBits + 1;
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (reaches(measure(probs, n, cut, __uint_as_float(mid), mass, shared), target, strict)) lo = mid;
+    else hi = mid;
+  }
+  const float v = __uint_as_float(lo);
+  const double above = measure(probs, n, cut, __uint_as_float(lo + 1), mass, shared);  // Elements > v.
+  const auto equal = [cut, v](float p, int i) { return p == v && cut.holds(p, i); };
+  return Cut{v, walk(probs, n, equal, mass, above, target, strict, shared, result)};
+}
+
+__global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow* params, float* scratch) {
+  __shared__ double shared[kSampleThreads + 1];
+  __shared__ float best_v[kSampleThreads];
+  __shared__ int best_i[kSampleThreads];
+  __shared__ int result[3];
+  const int row = blockIdx.x, n = logits.vocab;
+  const SampleRow P = params[row];
+
+  // The argmax, NaN skipped, lowest index on ties (n: none yet).
+  float v = -INFINITY;
+  int idx = n;
+  for (int s = 0; s < logits.shards; ++s) {
+    const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
+    const float* src = logits.row_of_shard(s, row);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float x = src[j];
+      if (!isnan(x) && (idx == n || x > v)) {
+        v = x;
+        idx = begin + j;
+      }
+    }
+  }
+  best_v[threadIdx.x] = v;
+  best_i[threadIdx.x] = idx;
+  __syncthreads();
+  for (int s = int(blockDim.x) / 2; s > 0; s >>= 1) {
+    if (int(threadIdx.x) < s) {
+      const float ov = best_v[threadIdx.x + s];
+      const int oi = best_i[threadIdx.x + s];
+      const int mi = best_i[threadIdx.x];
+      if (oi < n && (mi == n || ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < mi))) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  const int best = best_i[0] < n ? best_i[0] : 0;
+  const float max_logit = best_v[0];
+  if (P.temperature == 0.0f || P.top_k == 1 || best_i[0] == n || !isfinite(max_logit)) {
+    if (threadIdx.x == 0) tokens[row] = best;
+    return;
+  }
+
+  float* probs = scratch + int64_t(row) * n;
+  const double inv_temperature = 1.0 / double(P.temperature);
+  for (int s = 0; s < logits.shards; ++s) {
+    const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
+    const float* src = logits.row_of_shard(s, row);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+      const float x = src[j];
+      probs[begin + j] = isnan(x) ? 0.0f : float(exp(double(x - max_logit) * inv_temperature));
+    }
+  }
+  __syncthreads();  // Each thread reads every thread's probabilities from here on.
+
+  Cut cut{0.0f, -1};
+  bool sorted = false;  // Whether the reference walks the candidates most likely first.
+  if (P.top_k > 0 && double(P.top_k) < measure(probs, n, cut, 0.0f, false, shared)) {
+    cut = select(probs, n, cut, false, double(P.top_k), false, shared, result);
+    sorted = true;
+  }
+  double total = measure(probs, n, cut, 0.0f, true, shared);
+  if (P.top_p < 1.0f) {
+    cut = select(probs, n, cut, true, double(P.top_p) * total, false, shared, result);
+    total = measure(probs, n, cut, 0.0f, true, shared);
+    sorted = true;
+  }
+  const double target = P.u * total;
+  int token;
+  if (!sorted) {
+    // Every positive probability, walked in index order.
+    const auto candidate = [cut](float p, int i) { return cut.holds(p, i); };
+    token = walk(probs, n, candidate, true, 0.0, target, true, shared, result);
+  } else if (reaches(total, target, true)) {
+    token = select(probs, n, cut, true, target, true, shared, result).c;
+  } else {
+    // Rounding left a sliver past the last candidate: the last in sorted order.
+    token = select(probs, n, cut, false, measure(probs, n, cut, 0.0f, false, shared), false, shared, result).c;
+  }
+  if (threadIdx.x == 0) tokens[row] = token >= 0 ? token : best;
+}
+
+}  // namespace
 
 void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, float* scratch,
             gpuStream_t stream) {
   if (logits.rows <= 0) return;
-  sampling_detail::sample_kernel<<<logits.rows, sampling_detail::kSampleThreads, 0, stream>>>(tokens, logits, params,
-                                                                                             scratch);
+  gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logits, params, scratch);
 }
 
 }  // namespace pdserve::kernels::gpu

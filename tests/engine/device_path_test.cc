@@ -27,7 +27,10 @@ std::unique_ptr<Engine> make_engine(bool guarded, const std::string& model_path 
   o.kv_cache_bytes = 8 << 20;
   o.max_batch_tokens = 96;  // Long prompts take several chunked steps.
   o.weight_dtype = weight_dtype;
-  if (guarded) o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> { return pdserve::testing::make_guarded_backend(); };
+  if (guarded)
+    o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> {
+      return pdserve::testing::make_guarded_backend();
+    };
   if (adjust) adjust(o);
   auto e = Engine::create(std::move(*model), o);
   EXPECT_TRUE(e.ok()) << e.status();
@@ -129,7 +132,8 @@ TEST(DevicePath, SamplingOnTheBackendGathersTheVocabularyShards) {
       o.sample_on = on;
     };
   };
-  auto backend = make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kBackend));
+  auto backend =
+      make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kBackend));
   auto host = make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kHost));
   ASSERT_TRUE(backend && host);
   const auto prompts = random_prompts(8, 60, 512, 14);

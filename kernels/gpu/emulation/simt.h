@@ -1,0 +1,155 @@
+// A CPU emulation of the CUDA names the kernels of kernels/gpu use, so that machines without a GPU
+// (CI) run the kernels' own code against the CPU reference. gpu_compat.h includes it instead of a
+// vendor runtime when PDSERVE_GPU_EMULATION is defined; nothing in a product build does.
+//
+// A block's threads are coroutines that one host thread runs in turn, each until its next
+// synchronization point: __syncthreads (the block), or a warp shuffle (its 32 lanes exchange
+// values). Blocks run one after another, so __shared__ variables are function statics. Memory is
+// host memory and streams are empty: every launch completes before it returns.
+//
+// It also checks what a GPU leaves undefined: a __syncthreads or shuffle that some of the threads
+// it waits for never reach (they returned) aborts the run with a message. And with the
+// environment variable PDSERVE_SIMT_REVERSE set, threads run last to first within every phase
+// between barriers: a kernel whose threads read what another writes in the same phase (a missing
+// barrier) computes something else in one of the two orders, which its tests see.
+#pragma once
+
+// Fortify's checked longjmp refuses jumps to another stack, which is what switching coroutines is.
+#undef _FORTIFY_SOURCE
+
+#include <math.h>
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define PDSERVE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::pdserve::kernels::gpu::simt::dynamic_shared())
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+inline dim3 threadIdx{0, 0, 0}, blockIdx{0, 0, 0}, blockDim, gridDim;
+
+namespace pdserve::kernels::gpu::simt {
+
+inline constexpr unsigned kWarpLanes = 32;
+
+// Runs `body` as a grid of `grid` blocks of `block` threads with `shared_bytes` of dynamic shared
+// memory (kernels/gpu/emulation/simt.cc).
+void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// This block's dynamic shared memory.
+void* dynamic_shared();
+// Waits until every lane of the calling thread's warp is here.
+void warp_barrier();
+// Waits until every thread of the block is here.
+void block_barrier();
+// The calling thread's index in its block, x fastest.
+unsigned linear_thread();
+// Lane values for shuffles, one slot per thread of the running block.
+uint64_t* lane_slots();
+
+}  // namespace pdserve::kernels::gpu::simt
+
+inline void __syncthreads() { pdserve::kernels::gpu::simt::block_barrier(); }
+
+// CUDA's __shfl_xor_sync: the value of lane (lane ^ lane_mask) within groups of `width` lanes.
+template <typename T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
+  namespace simt = pdserve::kernels::gpu::simt;
+  static_assert(sizeof(T) <= sizeof(uint64_t));
+  const unsigned t = simt::linear_thread(), lane = t % simt::kWarpLanes, base = t - lane;
+  std::memcpy(&simt::lane_slots()[t], &value, sizeof(T));
+  simt::warp_barrier();
+  unsigned source = lane ^ unsigned(lane_mask);
+  if (source / unsigned(width) != lane / unsigned(width)) source = lane;
+  T out;
+  std::memcpy(&out, &simt::lane_slots()[base + source], sizeof(T));
+  simt::warp_barrier();  // Every lane has read before any lane's next shuffle writes.
+  return out;
+}
+
+inline int atomicMax(int* address, int value) {
+  std::atomic_ref<int> a(*address);
+  int old = a.load();
+  while (old < value && !a.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;  // One thread runs at a time.
+  *address = old + value;
+  return old;
+}
+inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+template <typename T>
+T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+T max(T a, T b) {
+  return a < b ? b : a;
+}
+
+// 16-bit storage types with CUDA's conversion functions (round to nearest even).
+struct gpu_emulated_bf16 {
+  uint16_t bits;
+};
+struct gpu_emulated_f16 {
+  _Float16 value;
+};
+inline float __bfloat162float(gpu_emulated_bf16 b) { return std::bit_cast<float>(uint32_t(b.bits) << 16); }
+inline gpu_emulated_bf16 __float2bfloat16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) return {uint16_t((u >> 16) | 0x40)};
+  return {uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16)};
+}
+inline float __half2float(gpu_emulated_f16 h) { return float(h.value); }
+inline gpu_emulated_f16 __float2half(float f) { return {_Float16(f)}; }
+
+// The runtime calls kernels/gpu's tests and launchers use, over host memory.
+enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2 };
+enum gpuMemcpyKind { gpuMemcpyHostToDevice, gpuMemcpyDeviceToHost, gpuMemcpyDeviceToDevice, gpuMemcpyDefault };
+using gpuStream_t = struct gpu_emulated_stream*;
+inline const char* gpuGetErrorString(gpuError_t e) { return e == gpuSuccess ? "no error" : "out of memory"; }
+inline gpuError_t gpuGetLastError() { return gpuSuccess; }
+inline gpuError_t gpuDeviceSynchronize() { return gpuSuccess; }
+template <typename T>
+gpuError_t gpuMalloc(T** ptr, size_t bytes) {
+  *ptr = static_cast<T*>(std::calloc(1, bytes > 0 ? bytes : 1));
+  return *ptr != nullptr ? gpuSuccess : gpuErrorMemoryAllocation;
+}
+inline gpuError_t gpuFree(void* ptr) {
+  std::free(ptr);
+  return gpuSuccess;
+}
+inline gpuError_t gpuMemset(void* ptr, int value, size_t bytes) {
+  std::memset(ptr, value, bytes);
+  return gpuSuccess;
+}
+inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyKind) {
+  std::memmove(dst, src, bytes);
+  return gpuSuccess;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...).
+template <typename... Params, typename... Args>
+void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t,
+                Args&&... args) {
+  pdserve::kernels::gpu::simt::launch(grid, block, shared_bytes, [&] { kernel(args...); });
+}

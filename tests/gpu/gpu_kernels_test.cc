@@ -1,0 +1,455 @@
+// The GPU kernels against the CPU reference kernels on the same random inputs, in the manner of
+// llama.cpp's test-backend-ops (tolerances in kernel_test_util.h). The same file builds for a GPU
+// (gpu_backend_tests) and for the CPU emulation of the kernels (gpu_kernels_emulated_tests,
+// every build), where shapes are smaller.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "engine/kv_cache_layout.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/sampling.h"
+#include "kernels/gpu/ops.h"
+#include "tests/gpu/kernel_test_util.h"
+
+namespace pdserve::kernels {
+namespace {
+
+using engine::DType;
+using engine::KvCacheLayout;
+using engine::KvCacheSpec;
+using engine::KvLayout;
+using engine::KvOrder;
+using engine::KvPart;
+using gpu::Storage;
+
+TEST(GpuKernels, RmsNormAndFusedResidual) {
+  REQUIRE_GPU();
+  for (int dim : {288, 4096}) {
+    const int rows = 5;
+    std::vector<float> x = random_vec(rows * dim, 1), r = random_vec(rows * dim, 2), w = random_vec(dim, 3);
+    std::vector<float> want(rows * dim);
+    cpu::rms_norm(want.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    Dev<float> dx(x), dr(r), dw(w), dout(rows * dim);
+    gpu::rms_norm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+    EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << "dim " << dim;
+
+    std::vector<float> xr = x;
+    cpu::add_inplace(xr.data(), r.data(), rows * dim);
+    cpu::rms_norm(want.data(), xr.data(), w.data(), rows, dim, 1e-5f);
+    gpu::add_rms_norm(dout.get(), dx.get(), dr.get(), dw.get(), rows, dim, 1e-5f, nullptr);
+    EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+    EXPECT_LE(rel_error(dx.host(), xr), kF32Tol) << "residual sum written back";
+  }
+}
+
+TEST(GpuKernels, RopeBothPairLayoutsOnStridedRows) {
+  REQUIRE_GPU();
+  const int rows = 6, heads = 3, hd = 64;
+  const int64_t stride = heads * hd + 40;  // Rows of a wider buffer.
+  std::vector<int> pos = {0, 1, 17, 255, 256, 300};
+  for (bool half : {false, true}) {
+    std::vector<float> x = random_vec(rows * stride, 4), want = x;
+    cpu::rope(want.data(), rows, stride, heads, hd, pos.data(), 10000.0f, half);
+    Dev<float> dx(x);
+    Dev<int> dpos(pos);
+    gpu::rope(dx.get(), rows, stride, heads, hd, dpos.get(), 10000.0f, half, nullptr);
+    EXPECT_LE(rel_error(dx.host(), want), kRopeTol) << "rotate_half " << half;
+  }
+}
+
+TEST(GpuKernels, ElementwiseSwiGluResidualBias) {
+  REQUIRE_GPU();
+  const int rows = 7, out = 333;
+  const int64_t n = int64_t(rows) * out;
+  std::vector<float> g = random_vec(n, 5), u = random_vec(n, 6), b = random_vec(out, 7);
+  Dev<float> dg(g), du(u), db(b);
+  std::vector<float> want = g;
+  cpu::silu_mul(want.data(), u.data(), n);
+  gpu::silu_mul(dg.get(), du.get(), n, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+  cpu::add_inplace(want.data(), u.data(), n);
+  gpu::add_inplace(dg.get(), du.get(), n, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+  cpu::add_bias(want.data(), b.data(), rows, out);
+  gpu::add_bias(dg.get(), db.get(), rows, out, nullptr);
+  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
+}
+
+TEST(GpuKernels, EmbedF32AndBf16Tables) {
+  REQUIRE_GPU();
+  const int vocab = 50, dim = 96;
+  std::vector<float> table = random_vec(vocab * dim, 8);
+  std::vector<int> tokens = {3, 0, 49, 3, 17};
+  std::vector<float> want;
+  for (int t : tokens) want.insert(want.end(), table.begin() + t * dim, table.begin() + (t + 1) * dim);
+  Dev<float> dt(table), dout(tokens.size() * dim);
+  Dev<int> dtok(tokens);
+  gpu::embed(dout.get(), dt.get(), Storage::kF32, dtok.get(), tokens.size(), dim, nullptr);
+  EXPECT_EQ(dout.host(), want);
+  std::vector<gpu_bf16> t16(table.size());
+  for (size_t i = 0; i < table.size(); ++i) t16[i] = __float2bfloat16(table[i]);
+  Dev<gpu_bf16> dt16(t16);
+  gpu::embed(dout.get(), dt16.get(), Storage::kBF16, dtok.get(), tokens.size(), dim, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
+}
+
+// Sampling on the device picks the reference's token (kernels/cpu/sampling.h) for greedy rows
+// (ties, NaN, -inf), temperatures, top-k, top-p and both, on rows with many equal logits, from
+// plain rows and rows gathered over TP shards, at random draws.
+TEST(GpuKernels, SamplingMatchesCpuReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const std::vector<int> vocabs =
+      kEmulated ? std::vector<int>{1, 7, 1000, 3001} : std::vector<int>{1000, 32000, 128256};
+  for (int vocab : vocabs)
+    for (int shards : {1, 3}) {
+      std::vector<cpu::SampleRow> params;
+      for (float t : {0.0f, 0.5f, 1.0f, 1.7f})
+        for (int k : {0, 1, 5, 50, 2000})
+          for (float p : {1.0f, 0.95f, 0.5f, 0.05f}) params.push_back({t, k, p, uniform(rng)});
+      params.push_back({1.0f, 0, 1.0f, 1.0 - 1e-12});  // The last candidate of the walk.
+      params.push_back({1.0f, 4, 1.0f, 1.0 - 1e-12});  // The last of the sorted top 4.
+      params.push_back({1.0f, 0, 1.0f, 0.0});          // The first candidate,
+      const int leading_gap = int(params.size());
+      params.push_back({1.0f, 0, 1.0f, 0.0});  // after a run of -inf.
+      const int all_nan = int(params.size());
+      params.push_back({1.0f, 0, 0.9f, 0.5});
+      const int rows = int(params.size());
+      std::vector<float> plain = random_vec(size_t(rows) * vocab, 22 + vocab + shards, 3.0f);
+      for (int r = 0; r < rows; ++r) {
+        float* row = plain.data() + int64_t(r) * vocab;
+        // Every third row in steps of 0.5: ties everywhere, at every cut.
+        if (r % 3 == 0)
+          for (int i = 0; i < vocab; ++i) row[i] = std::round(row[i] * 2.0f) / 2.0f;
+        if (r % 5 == 1) row[r % vocab] = std::nanf("");
+        if (r % 7 == 2)
+          for (int i = 0; i < vocab; i += 2) row[i] = -INFINITY;
+        if (r == leading_gap)
+          for (int i = 0; i < vocab * 3 / 5; ++i) row[i] = -INFINITY;
+        if (r == all_nan)  // But one -inf: the reference takes index 0.
+          for (int i = 0; i < vocab; ++i) row[i] = i == vocab / 2 ? -INFINITY : std::nanf("");
+      }
+      cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+      std::vector<float> gathered(size_t(shards) * rows * logits.shard_stride(), 0.0f);
+      logits.data = gathered.data();
+      for (int s = 0; s < shards; ++s)
+        for (int r = 0; r < rows; ++r)
+          for (int c = logits.shard_begin(s); c < logits.shard_begin(s + 1); ++c)
+            const_cast<float*>(logits.row_of_shard(s, r))[c - logits.shard_begin(s)] = plain[int64_t(r) * vocab + c];
+      std::vector<int> want(rows);
+      cpu::SampleScratch scratch;
+      cpu::sample_rows(want.data(), logits, params.data(), &scratch);
+
+      Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+      Dev<cpu::SampleRow> dparams(params);
+      Dev<int> dtokens(rows);
+      logits.data = dlogits.get();
+      gpu::sample(dtokens.get(), logits, dparams.get(), dscratch.get(), nullptr);
+      const std::vector<int> got = dtokens.host();
+      for (int r = 0; r < rows; ++r)
+        EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, row " << r << ": temperature "
+                                   << params[r].temperature << " top_k " << params[r].top_k << " top_p "
+                                   << params[r].top_p << " u " << params[r].u;
+    }
+}
+
+// The portable GEMM (bf16 weights; the HIP backend's fallback): the GEMV for up to 8 rows and
+// the tiled kernel beyond, on odd shapes that leave partial tiles in every dimension, a column
+// slice (ldw > in, offset start), and f16/bf16 weights against the CPU on the same rounded values.
+TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
+  REQUIRE_GPU();
+  struct Shape {
+    int rows, out, in, ldw, offset;
+  };
+  for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{8, 1000, 4100, 4100, 1},
+                          Shape{9, 70, 33, 40, 0}, Shape{70, 65, 17, 17, 0}, Shape{130, 129, 300, 310, 3}}) {
+    std::vector<float> w = random_vec(size_t(sh.out) * sh.ldw + sh.offset, 20 + sh.rows);
+    const std::vector<float> x = random_vec(size_t(sh.rows) * sh.in, 30 + sh.rows);
+    for (Storage st : {Storage::kF32, Storage::kF16, Storage::kBF16}) {
+      std::vector<float> rounded = w;
+      std::vector<uint16_t> half(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        if (st == Storage::kF16) {
+          const gpu_f16 h = __float2half(w[i]);
+          std::memcpy(&half[i], &h, 2);
+          rounded[i] = __half2float(h);
+        } else if (st == Storage::kBF16) {
+          const gpu_bf16 b = __float2bfloat16(w[i]);
+          std::memcpy(&half[i], &b, 2);
+          rounded[i] = __bfloat162float(b);
+        }
+      }
+      std::vector<float> want(size_t(sh.rows) * sh.out);
+      cpu::matmul_xwt(want.data(), x.data(), rounded.data() + sh.offset, sh.rows, sh.out, sh.in, sh.ldw);
+      Dev<float> dw32(w), dx(x), dy(want.size());
+      Dev<uint16_t> dw16(half);
+      const void* dw = st == Storage::kF32 ? static_cast<const void*>(dw32.get() + sh.offset)
+                                           : static_cast<const void*>(dw16.get() + sh.offset);
+      gpu::matmul_xwt(dy.get(), dx.get(), dw, st, sh.rows, sh.out, sh.in, sh.ldw, nullptr);
+      ASSERT_EQ(gpuGetLastError(), gpuSuccess);
+      EXPECT_LE(rel_error(dy.host(), want), kF32Tol)
+          << "rows " << sh.rows << " out " << sh.out << " in " << sh.in << " storage " << int(st);
+    }
+  }
+}
+
+// A paged cache of one layer on the host (f32, the reference) and on the device (`storage`),
+// the same blocks handed to three sequences in shuffled order.
+struct PagedCase {
+  static constexpr int kBlock = 16, kBlocks = 24;
+  int kv_heads, hd;
+  Storage storage;
+  KvCacheLayout host_layout, dev_layout;
+  std::vector<float> host_arena;
+  std::unique_ptr<Dev<uint8_t>> dev_arena;
+  std::vector<std::vector<int>> tables;
+
+  static KvCacheLayout make_layout(int kv_heads, int hd, int v_hd, KvLayout layout, KvOrder order, DType dtype) {
+    KvCacheSpec spec;
+    spec.block_size = kBlock;
+    spec.layers = {{v_hd ? engine::KvKind::kKv : engine::KvKind::kKeyOnly, engine::KvSharding::kByHead,
+                    kv_heads, hd, v_hd, dtype, layout, order, 0}};
+    return *KvCacheLayout::create(spec, 0, 1, kBlocks);
+  }
+  static DType dtype_of(Storage s) {
+    return s == Storage::kF32 ? DType::kF32 : (s == Storage::kBF16 ? DType::kBF16 : DType::kF16);
+  }
+
+  PagedCase(int kv_heads, int hd, bool key_only, KvLayout layout, KvOrder order, Storage storage)
+      : kv_heads(kv_heads), hd(hd), storage(storage),
+        host_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, DType::kF32)),
+        dev_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, dtype_of(storage))) {
+    host_arena.assign(host_layout.total_bytes() / 4, 0.0f);
+    dev_arena = std::make_unique<Dev<uint8_t>>(dev_layout.total_bytes());
+    std::vector<int> ids(kBlocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937(12));
+    tables = {{ids.begin(), ids.begin() + 8}, {ids.begin() + 8, ids.begin() + 16}, {ids.begin() + 16, ids.end()}};
+  }
+
+  static cpu::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) {
+    const int elem = int(engine::dtype_size(L.spec().layers[0].dtype));
+    cpu::PagedLayerView v;
+    v.block_size = kBlock;
+    v.head_dim = L.part_head_dim(0, KvPart::kK);
+    v.k = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kK, 0, 0, 0));
+    v.k_block_stride = int64_t(L.block_stride(0, KvPart::kK)) / elem;
+    v.k_token_stride = L.token_stride(0, KvPart::kK);
+    v.k_head_stride = L.head_stride(0, KvPart::kK);
+    if (L.spec().layers[0].has_v()) {
+      v.v_head_dim = L.part_head_dim(0, KvPart::kV);
+      v.v = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kV, 0, 0, 0));
+      v.v_block_stride = int64_t(L.block_stride(0, KvPart::kV)) / elem;
+      v.v_token_stride = L.token_stride(0, KvPart::kV);
+      v.v_head_stride = L.head_stride(0, KvPart::kV);
+    }
+    return v;
+  }
+  cpu::PagedLayerView host_view() { return view(host_layout, reinterpret_cast<uint8_t*>(host_arena.data())); }
+  cpu::PagedLayerView dev_view() { return view(dev_layout, dev_arena->get()); }
+
+  // The device cache read back as f32 in the host layout, for comparison.
+  std::vector<float> dev_as_host_layout() {
+    const std::vector<uint8_t> raw = dev_arena->host();
+    cpu::PagedLayerView d = view(dev_layout, const_cast<uint8_t*>(raw.data())), h = host_view();
+    std::vector<float> out(host_arena.size());
+    auto read = [&](const float* base, int64_t off) -> float {
+      if (storage == Storage::kF32) return base[off];
+      const auto* p = reinterpret_cast<const uint16_t*>(base) + off;
+      if (storage == Storage::kBF16) return __bfloat162float(*reinterpret_cast<const gpu_bf16*>(p));
+      return __half2float(*reinterpret_cast<const gpu_f16*>(p));
+    };
+    auto* out_base = reinterpret_cast<uint8_t*>(out.data());
+    const auto* host_base = reinterpret_cast<const uint8_t*>(host_arena.data());
+    for (int b = 0; b < kBlocks; ++b)
+      for (int s = 0; s < kBlock; ++s)
+        for (int hh = 0; hh < kv_heads; ++hh)
+          for (int e = 0; e < hd; ++e) {
+            const int64_t kh = b * h.k_block_stride + s * h.k_token_stride + hh * h.k_head_stride + e;
+            const int64_t kd = b * d.k_block_stride + s * d.k_token_stride + hh * d.k_head_stride + e;
+            reinterpret_cast<float*>(out_base + (reinterpret_cast<const uint8_t*>(h.k) - host_base))[kh] = read(d.k, kd);
+            if (!h.v) continue;
+            const int64_t vh = b * h.v_block_stride + s * h.v_token_stride + hh * h.v_head_stride + e;
+            const int64_t vd = b * d.v_block_stride + s * d.v_token_stride + hh * d.v_head_stride + e;
+            reinterpret_cast<float*>(out_base + (reinterpret_cast<const uint8_t*>(h.v) - host_base))[vh] = read(d.v, vd);
+          }
+    return out;
+  }
+};
+
+// Tokens of one step on host and device: positions, and per token its sequence's table.
+struct Placement {
+  std::vector<int> positions, seq;
+  std::vector<const int*> host_tables;
+  std::vector<int> flat;
+  std::unique_ptr<Dev<int>> d_positions, d_flat;
+  std::unique_ptr<Dev<const int*>> d_tables;
+
+  Placement(const std::vector<std::pair<int, int>>& seq_pos, const std::vector<std::vector<int>>& tables) {
+    std::vector<size_t> offset;
+    for (const auto& t : tables) {
+      offset.push_back(flat.size());
+      flat.insert(flat.end(), t.begin(), t.end());
+    }
+    d_flat = std::make_unique<Dev<int>>(flat);
+    std::vector<const int*> dev_tables;
+    for (const auto& [s, p] : seq_pos) {
+      positions.push_back(p);
+      seq.push_back(s);
+      host_tables.push_back(tables[s].data());
+      dev_tables.push_back(d_flat->get() + offset[s]);
+    }
+    d_positions = std::make_unique<Dev<int>>(positions);
+    d_tables = std::make_unique<Dev<const int*>>(dev_tables);
+  }
+  int n() const { return int(positions.size()); }
+  cpu::TokenPlacement host() const { return {n(), positions.data(), host_tables.data()}; }
+  cpu::TokenPlacement dev() const { return {n(), d_positions->get(), d_tables->get()}; }
+};
+
+// Every position of three sequences (lengths 70, 128, 9), written in one call.
+std::vector<std::pair<int, int>> all_positions() {
+  std::vector<std::pair<int, int>> sp;
+  const int lens[3] = {70, 128, 9};
+  for (int s = 0; s < 3; ++s)
+    for (int p = 0; p < lens[s]; ++p) sp.push_back({s, p});
+  return sp;
+}
+
+struct LayoutParam {
+  KvLayout layout;
+  KvOrder order;
+  Storage storage;
+};
+
+class GpuPaged : public ::testing::TestWithParam<LayoutParam> {};
+
+TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
+  REQUIRE_GPU();
+  const LayoutParam P = GetParam();
+  const double tol = P.storage == Storage::kF32 ? kF32Tol : kHalfTol;
+  const int kv_heads = 2, q_per_kv = 3, hd = 64, nq = kv_heads * q_per_kv;
+  PagedCase c(kv_heads, hd, false, P.layout, P.order, P.storage);
+  Placement all(all_positions(), c.tables);
+  const int64_t kv_row = kv_heads * hd;
+  std::vector<float> k = random_vec(all.n() * kv_row, 20), v = random_vec(all.n() * kv_row, 21);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), kv_row, v.data(), kv_row, kv_heads);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), P.storage, all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
+  EXPECT_LE(rel_error(c.dev_as_host_layout(), c.host_arena), P.storage == Storage::kF32 ? 0.0 : kHalfTol);
+
+  // A mixed step: a decode token, a 40-token prefill chunk from position 30, another decode.
+  std::vector<std::pair<int, int>> step = {{0, 69}};
+  for (int p = 30; p < 70; ++p) step.push_back({1, p});
+  step.push_back({2, 8});
+  Placement pl(step, c.tables);
+  std::vector<float> q = random_vec(pl.n() * nq * hd, 22);
+  Dev<float> dq(q), dout(pl.n() * nq * hd);
+  const float scale = 1.0f / std::sqrt(float(hd));
+  // Block mask as the index cache would set it: drop block 1 of every sequence where visible.
+  const int mask_stride = 8;
+  std::vector<uint8_t> mask(pl.n() * mask_stride, 1);
+  for (int t = 0; t < pl.n(); ++t)
+    if (pl.positions[t] / PagedCase::kBlock > 1) mask[t * mask_stride + 1] = 0;
+  Dev<uint8_t> dmask(mask);
+  for (int window : {0, 20})
+    for (bool masked : {false, true}) {
+      cpu::TokenPlacement hp = pl.host(), dp = pl.dev();
+      if (masked) {
+        hp.block_mask = mask.data();
+        dp.block_mask = dmask.get();
+        hp.mask_stride = dp.mask_stride = mask_stride;
+      }
+      std::vector<float> want(pl.n() * nq * hd);
+      cpu::paged_attention(want.data(), q.data(), c.host_view(), hp, nq, q_per_kv, window, scale);
+      gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
+      gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, GpuPaged,
+    ::testing::Values(LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kBF16},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kTokenMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32},
+                      LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16},
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF16}));
+
+TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
+  REQUIRE_GPU();
+  // 20 query heads per KV head (more than one prefill tile of rows) at head dim 256.
+  const int kv_heads = 1, q_per_kv = 20, hd = 256, nq = kv_heads * q_per_kv;
+  PagedCase c(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  Placement all(all_positions(), c.tables);
+  std::vector<float> k = random_vec(all.n() * hd, 30), v = random_vec(all.n() * hd, 31);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, v.data(), hd, kv_heads);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, dv.get(), hd, kv_heads, nullptr);
+  std::vector<float> q = random_vec(all.n() * nq * hd, 32), want(all.n() * nq * hd);
+  Dev<float> dq(q), dout(want.size());
+  cpu::paged_attention(want.data(), q.data(), c.host_view(), all.host(), nq, q_per_kv, 0, 0.0625f);
+  gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+  gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+}
+
+TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
+  REQUIRE_GPU();
+  const int hd = 32;
+  PagedCase c(1, hd, true, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  Placement all(all_positions(), c.tables);
+  std::vector<float> k = random_vec(all.n() * hd, 40);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, nullptr, 0, 1);
+  Dev<float> dk(k);
+  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, nullptr, 0, 1, nullptr);
+  std::vector<float> qi = random_vec(all.n() * hd, 41);
+  Dev<float> dqi(qi);
+  const int mask_stride = 8;
+  for (int top_k : {1, 3, 100}) {
+    std::vector<uint8_t> want(all.n() * mask_stride);
+    cpu::index_select_blocks(want.data(), mask_stride, qi.data(), c.host_view(), all.host(), top_k);
+    Dev<uint8_t> dmask(all.n() * mask_stride);
+    gpu::index_select_blocks(dmask.get(), mask_stride, dqi.get(), c.dev_view(), Storage::kF32, all.dev(), top_k, nullptr);
+    EXPECT_EQ(dmask.host(), want) << "top_k " << top_k;
+  }
+}
+
+TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
+  REQUIRE_GPU();
+  const int kv_heads = 2, hd = 32;
+  PagedCase src(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  PagedCase dst(kv_heads, hd, false, KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32);
+  Placement all(all_positions(), src.tables);
+  std::vector<float> k = random_vec(all.n() * kv_heads * hd, 50), v = random_vec(all.n() * kv_heads * hd, 51);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(src.dev_view(), Storage::kF32, all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd,
+                      kv_heads, nullptr);
+  // The destination holds the reference: the same tokens written straight into its layout.
+  cpu::paged_kv_write(dst.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
+  std::vector<int> ids(PagedCase::kBlocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  Dev<int> dids(ids);
+  Dev<uint8_t> packed(gpu::packed_block_bytes(src.dev_view(), Storage::kF32, kv_heads) * ids.size());
+  gpu::pack_blocks(packed.get(), src.dev_view(), Storage::kF32, dids.get(), ids.size(), 0, kv_heads, nullptr);
+  gpu::unpack_blocks(dst.dev_view(), Storage::kF32, packed.get(), dids.get(), ids.size(), 0, kv_heads, nullptr);
+  EXPECT_EQ(dst.dev_as_host_layout(), dst.host_arena);
+}
+
+// Runs without a device. Each kernel object embeds a fat binary whose cubins are ELF files for
+// the CUDA machine (e_machine 190) with the SM version in bits 8-15 of e_flags; every
+// configured architecture must have one, or the build silently shipped no code for that GPU.
+}  // namespace
+}  // namespace pdserve::kernels
