@@ -16,7 +16,8 @@
 
 namespace pdserve::engine {
 
-// make_backend's name for this build's GPU backend: "cuda" or "hip".
+// make_backend's name for this build's GPU backend: "cuda" or "hip" ("emulated" in the CPU
+// emulation of the GPU that tests link, kernels/gpu/emulation/simt.h).
 std::string_view gpu_backend_kind();
 
 // Number of GPUs this process can use (0 when there is no driver or no device).
@@ -52,7 +53,3 @@ struct GpuBackendApi {
 
 // The one symbol the engine looks up in the library.
 extern "C" const pdserve::engine::GpuBackendApi* pdserve_gpu_backend_api();
-
-namespace pdserve::engine {
-
-}  // namespace pdserve::engine

@@ -39,6 +39,8 @@ constexpr int kPrefillKernelMinTokens = 16;
 
 #if defined(PDSERVE_GPU_HIP)
 constexpr const char* kKind = "hip";
+#elif defined(PDSERVE_GPU_EMULATION)
+constexpr const char* kKind = "emulated";
 #else
 constexpr const char* kKind = "cuda";
 #endif

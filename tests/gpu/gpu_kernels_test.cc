@@ -448,8 +448,5 @@ TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
   EXPECT_EQ(dst.dev_as_host_layout(), dst.host_arena);
 }
 
-// Runs without a device. Each kernel object embeds a fat binary whose cubins are ELF files for
-// the CUDA machine (e_machine 190) with the SM version in bits 8-15 of e_flags; every
-// configured architecture must have one, or the build silently shipped no code for that GPU.
 }  // namespace
 }  // namespace pdserve::kernels

@@ -306,8 +306,11 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_EQ(j["total_output_tokens"], 48);  // --ignore-eos: exactly the output length.
   EXPECT_EQ(j["total_input_tokens"], 96);
   EXPECT_LE(j["peak_concurrency"].get<int>(), 2);
-  for (const char* key : {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p90_e2el_ms", "output_throughput"})
+  for (const char* key : {"mean_ttft_ms", "median_tpot_ms", "p90_e2el_ms", "output_throughput"})
     EXPECT_GT(j[key].get<double>(), 0) << key;
+  // Inter-token latencies are between stream messages; on a loaded machine a request's tokens can
+  // all come in one message, leaving none to measure.
+  EXPECT_GE(j["p99_itl_ms"].get<double>(), 0);
   EXPECT_EQ(j["num_ranks"], 1);  // One aggregated worker at TP 1.
   EXPECT_DOUBLE_EQ(j["output_throughput_per_rank"].get<double>(), j["output_throughput"].get<double>());
 }

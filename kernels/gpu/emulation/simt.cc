@@ -1,7 +1,9 @@
 #include "kernels/gpu/emulation/simt.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace pdserve::kernels::gpu::simt {
@@ -9,16 +11,17 @@ namespace {
 
 constexpr size_t kStackBytes = 128 << 10;
 
-// The threads of a launch's blocks: one coroutine per thread of a block, made once per launch and
-// reused by every block (a thread that finishes a block waits to run the next). Each starts
-// through its ucontext; after that, switches use _setjmp/_longjmp, which unlike swapcontext make
-// no system call.
-struct Block {
+// The coroutines that play a block's threads on one host thread, kept for the thread's later
+// launches (making them costs system calls; switching between them does not). Each starts through
+// its ucontext; after that, switches use GCC's __builtin_setjmp/__builtin_longjmp, which save and
+// restore only the frame and stack pointers — no signal mask, no unwinding. A coroutine that has
+// finished a block waits at the end of its loop to run the next one.
+struct Threads {
   enum State { kNew, kRunnable, kAtBlockBarrier, kAtWarpBarrier, kDone };
   struct Jump {
-    jmp_buf at;
+    void* at[5];
   };
-  jmp_buf scheduler;
+  Jump scheduler;
   ucontext_t start_from;
   std::vector<ucontext_t> start;
   std::vector<Jump> resume;
@@ -27,10 +30,12 @@ struct Block {
   std::vector<uint64_t> lanes;
   std::vector<unsigned char> shared;
   const std::function<void()>* body = nullptr;
+  unsigned count = 0;  // Threads of the running launch's blocks (a prefix of the vectors).
   unsigned current = 0;
 };
 
-Block* running = nullptr;
+thread_local Threads* threads_here = nullptr;  // This host thread's coroutines.
+thread_local Threads* running = nullptr;       // Set while this host thread runs a launch.
 const bool reverse_order = std::getenv("PDSERVE_SIMT_REVERSE") != nullptr;
 
 [[noreturn]] void fail(const char* what) {
@@ -41,100 +46,112 @@ const bool reverse_order = std::getenv("PDSERVE_SIMT_REVERSE") != nullptr;
 void thread_entry() {
   for (;;) {
     (*running->body)();
-    Block* b = running;
-    b->state[b->current] = Block::kDone;
-    if (_setjmp(b->resume[b->current].at) == 0) _longjmp(b->scheduler, 1);
+    Threads* b = running;
+    b->state[b->current] = Threads::kDone;
+    if (__builtin_setjmp(b->resume[b->current].at) == 0) __builtin_longjmp(b->scheduler.at, 1);
   }
 }
 
-void wait(Block::State why) {
-  Block* b = running;
+[[gnu::noinline]] void wait(Threads::State why) {
+  Threads* b = running;
   if (b == nullptr) fail("a barrier outside a kernel");
   b->state[b->current] = why;
-  if (_setjmp(b->resume[b->current].at) == 0) _longjmp(b->scheduler, 1);
+  if (__builtin_setjmp(b->resume[b->current].at) == 0) __builtin_longjmp(b->scheduler.at, 1);
 }
 
 void set_thread_index(unsigned t) {
   threadIdx = dim3(t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y));
 }
 
-// Runs thread t until its next barrier or its end. A frame of its own, whose locals no thread's
-// _longjmp back can clobber.
-[[gnu::noinline]] void run_until_barrier(Block& b, unsigned t) {
+// Runs thread t until its next barrier or the end of its block. A frame of its own, whose locals
+// no jump back can clobber.
+[[gnu::noinline]] void run_until_barrier(Threads& b, unsigned t) {
   b.current = t;
   set_thread_index(t);
-  if (_setjmp(b.scheduler) != 0) return;
-  if (b.state[t] == Block::kNew) {
-    b.state[t] = Block::kRunnable;
+  if (__builtin_setjmp(b.scheduler.at) != 0) return;
+  if (b.state[t] == Threads::kNew) {
+    b.state[t] = Threads::kRunnable;
     swapcontext(&b.start_from, &b.start[t]);
   } else {
-    _longjmp(b.resume[t].at, 1);
+    __builtin_longjmp(b.resume[t].at, 1);
   }
 }
 
-// Makes runnable the threads whose barrier every participant reached; false if none could go on.
-bool release(Block& b) {
-  const unsigned n = unsigned(b.state.size());
+// Makes runnable the threads whose barrier every participant reached; false when the block is
+// done. Aborts when threads wait for others that cannot come.
+bool release(Threads& b) {
+  const unsigned n = b.count;
   bool released = false;
   for (unsigned w = 0; w < n; w += kWarpLanes) {
     const unsigned end = std::min(n, w + kWarpLanes);
     unsigned at_warp = 0;
-    for (unsigned t = w; t < end; ++t) at_warp += b.state[t] == Block::kAtWarpBarrier;
-    if (at_warp == 0) continue;
-    if (at_warp != end - w) continue;  // Some lanes are still elsewhere (checked below).
-    for (unsigned t = w; t < end; ++t) b.state[t] = Block::kRunnable;
+    for (unsigned t = w; t < end; ++t) at_warp += b.state[t] == Threads::kAtWarpBarrier;
+    if (at_warp == 0 || at_warp != end - w) continue;  // Lanes still elsewhere: checked below.
+    for (unsigned t = w; t < end; ++t) b.state[t] = Threads::kRunnable;
     released = true;
   }
   if (released) return true;
   unsigned at_block = 0, done = 0;
-  for (Block::State s : b.state) {
-    at_block += s == Block::kAtBlockBarrier;
-    done += s == Block::kDone;
+  for (unsigned t = 0; t < n; ++t) {
+    at_block += b.state[t] == Threads::kAtBlockBarrier;
+    done += b.state[t] == Threads::kDone;
   }
   if (done == n) return false;
   if (at_block == n) {
-    for (Block::State& s : b.state) s = Block::kRunnable;
+    for (unsigned t = 0; t < n; ++t) b.state[t] = Threads::kRunnable;
     return true;
   }
   fail(done > 0 ? "threads wait at a barrier that returned threads never reach"
                 : "a warp's lanes wait at different barriers (a shuffle in divergent code)");
 }
 
-// Runs the block blockIdx names on `b`'s threads.
-void run_block(Block& b) {
-  const unsigned threads = unsigned(b.state.size());
-  for (Block::State& s : b.state)
-    if (s == Block::kDone) s = Block::kRunnable;  // On to this block from the end of the last.
+// Runs the block blockIdx names.
+void run_block(Threads& b) {
+  for (unsigned t = 0; t < b.count; ++t)
+    if (b.state[t] == Threads::kDone) b.state[t] = Threads::kRunnable;  // From the end of the last block.
   do {
-    for (unsigned i = 0; i < threads; ++i) {
-      const unsigned t = reverse_order ? threads - 1 - i : i;
-      if (b.state[t] == Block::kNew || b.state[t] == Block::kRunnable) run_until_barrier(b, t);
+    for (unsigned i = 0; i < b.count; ++i) {
+      const unsigned t = reverse_order ? b.count - 1 - i : i;
+      if (b.state[t] == Threads::kNew || b.state[t] == Threads::kRunnable) run_until_barrier(b, t);
     }
   } while (release(b));
+}
+
+// This host thread's coroutines, at least `count` of them.
+Threads& threads_for(unsigned count) {
+  if (threads_here == nullptr) threads_here = new Threads();  // Kept for the thread's life.
+  Threads& b = *threads_here;
+  const unsigned had = unsigned(b.state.size());
+  if (count > had) {
+    // Grown in place: coroutines already made keep their stacks and jump buffers.
+    b.start.resize(count);
+    b.resume.resize(count);
+    b.state.resize(count, Threads::kNew);
+    b.lanes.resize(count, 0);
+    for (unsigned t = had; t < count; ++t) {
+      b.stacks.emplace_back(new char[kStackBytes]);
+      getcontext(&b.start[t]);
+      b.start[t].uc_stack.ss_sp = b.stacks.back().get();
+      b.start[t].uc_stack.ss_size = kStackBytes;
+      b.start[t].uc_link = nullptr;  // thread_entry never returns.
+      makecontext(&b.start[t], thread_entry, 0);
+    }
+  }
+  return b;
 }
 
 }  // namespace
 
 void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
   if (running != nullptr) fail("a launch from inside a kernel");
+  static std::mutex one_at_a_time;
+  std::lock_guard lock(one_at_a_time);
   gridDim = grid;
   blockDim = block;
-  const unsigned threads = block.x * block.y * block.z;
-  Block b;
+  Threads& b = threads_for(block.x * block.y * block.z);
+  b.count = block.x * block.y * block.z;
   b.body = &body;
-  b.start.resize(threads);
-  b.resume.resize(threads);
-  b.state.assign(threads, Block::kNew);
-  b.lanes.assign(threads, 0);
   b.shared.assign(shared_bytes, 0);
-  for (unsigned t = 0; t < threads; ++t) {
-    b.stacks.emplace_back(new char[kStackBytes]);
-    getcontext(&b.start[t]);
-    b.start[t].uc_stack.ss_sp = b.stacks.back().get();
-    b.start[t].uc_stack.ss_size = kStackBytes;
-    b.start[t].uc_link = nullptr;  // thread_entry never returns.
-    makecontext(&b.start[t], thread_entry, 0);
-  }
   running = &b;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -146,8 +163,8 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
 }
 
 void* dynamic_shared() { return running->shared.data(); }
-void warp_barrier() { wait(Block::kAtWarpBarrier); }
-void block_barrier() { wait(Block::kAtBlockBarrier); }
+void warp_barrier() { wait(Threads::kAtWarpBarrier); }
+void block_barrier() { wait(Threads::kAtBlockBarrier); }
 unsigned linear_thread() { return running->current; }
 uint64_t* lane_slots() { return running->lanes.data(); }
 

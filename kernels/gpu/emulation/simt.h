@@ -50,7 +50,8 @@ namespace pdserve::kernels::gpu::simt {
 inline constexpr unsigned kWarpLanes = 32;
 
 // Runs `body` as a grid of `grid` blocks of `block` threads with `shared_bytes` of dynamic shared
-// memory (kernels/gpu/emulation/simt.cc).
+// memory (kernels/gpu/emulation/simt.cc). Launches from several host threads (an engine's rank
+// and staging threads) take turns: kernels' __shared__ statics are one per process.
 void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 // This block's dynamic shared memory.
 void* dynamic_shared();
@@ -122,13 +123,36 @@ inline gpu_emulated_bf16 __float2bfloat16(float f) {
 inline float __half2float(gpu_emulated_f16 h) { return float(h.value); }
 inline gpu_emulated_f16 __float2half(float f) { return {_Float16(f)}; }
 
-// The runtime calls kernels/gpu's tests and launchers use, over host memory.
-enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2 };
+// The runtime calls the kernels' launchers, tests and the GPU backend (kernels/gpu/gpu_backend.cc)
+// use, for one emulated device: host memory, streams on which everything has completed already.
+enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2, gpuErrorInvalidDevice = 101 };
 enum gpuMemcpyKind { gpuMemcpyHostToDevice, gpuMemcpyDeviceToHost, gpuMemcpyDeviceToDevice, gpuMemcpyDefault };
 using gpuStream_t = struct gpu_emulated_stream*;
-inline const char* gpuGetErrorString(gpuError_t e) { return e == gpuSuccess ? "no error" : "out of memory"; }
+inline constexpr unsigned gpuStreamNonBlocking = 1;
+inline constexpr unsigned gpuHostRegisterDefault = 0;
+inline constexpr size_t kEmulatedDeviceBytes = size_t(16) << 30;
+inline const char* gpuGetErrorString(gpuError_t e) {
+  return e == gpuSuccess ? "no error" : e == gpuErrorInvalidDevice ? "invalid device" : "out of memory";
+}
 inline gpuError_t gpuGetLastError() { return gpuSuccess; }
 inline gpuError_t gpuDeviceSynchronize() { return gpuSuccess; }
+inline gpuError_t gpuGetDeviceCount(int* count) {
+  *count = 1;
+  return gpuSuccess;
+}
+inline gpuError_t gpuSetDevice(int device) { return device == 0 ? gpuSuccess : gpuErrorInvalidDevice; }
+inline gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  *free_bytes = *total_bytes = kEmulatedDeviceBytes;
+  return gpuSuccess;
+}
+inline gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
+  *stream = nullptr;
+  return gpuSuccess;
+}
+inline gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
+inline gpuError_t gpuStreamSynchronize(gpuStream_t) { return gpuSuccess; }
+inline gpuError_t gpuHostRegister(void*, size_t, unsigned) { return gpuSuccess; }
+inline gpuError_t gpuHostUnregister(void*) { return gpuSuccess; }
 template <typename T>
 gpuError_t gpuMalloc(T** ptr, size_t bytes) {
   *ptr = static_cast<T*>(std::calloc(1, bytes > 0 ? bytes : 1));
@@ -145,6 +169,9 @@ inline gpuError_t gpuMemset(void* ptr, int value, size_t bytes) {
 inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyKind) {
   std::memmove(dst, src, bytes);
   return gpuSuccess;
+}
+inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
+  return gpuMemcpy(dst, src, bytes, kind);
 }
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...).
