@@ -85,8 +85,10 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 
 // The backend named `kind` on device `device`: "cpu" (device ignored), "cuda" in builds with
-// PDSERVE_WITH_CUDA, "hip" in builds with PDSERVE_WITH_HIP. Unimplemented for a kind this build
-// lacks, Unavailable without the device.
+// PDSERVE_WITH_CUDA, "hip" in builds with PDSERVE_WITH_HIP, and in every build "emulated": the GPU
+// backend's code on a CPU emulation of a GPU (kernels/gpu/emulation/simt.h), eight devices of
+// host memory, for tests — orders of magnitude slower than the CPU backend. Unimplemented for a
+// kind this build lacks, Unavailable without the device.
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device);
 // The kinds make_backend knows in this build.
 std::vector<std::string> backend_kinds();

@@ -1,32 +1,32 @@
 // make_backend: the engine selects its ranks' backend by name, so that workers and tools take a
-// --device flag without knowing which backends this build has. GPU backends come from the
-// library engine/gpu_module.h loads on first use.
+// --device flag without knowing which backends this build has. GPU backends (and the emulated
+// one) come from the library engine/gpu_module.h loads on first use.
 #include "engine/backend.h"
 
 #include "absl/strings/str_join.h"
-
-#if defined(PDSERVE_GPU_KIND)
 #include "engine/gpu_module.h"
-#endif
 
 namespace pdserve::engine {
 
 std::vector<std::string> backend_kinds() {
 #if defined(PDSERVE_GPU_KIND)
-  return {"cpu", PDSERVE_GPU_KIND};
+  return {"cpu", PDSERVE_GPU_KIND, "emulated"};
 #else
-  return {"cpu"};
+  return {"cpu", "emulated"};
 #endif
 }
 
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device) {
   if (kind == "cpu") return make_cpu_backend();
 #if defined(PDSERVE_GPU_KIND)
-  if (kind == PDSERVE_GPU_KIND) {
-    PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module());
+  const bool from_module = kind == PDSERVE_GPU_KIND || kind == "emulated";
+#else
+  const bool from_module = kind == "emulated";
+#endif
+  if (from_module) {
+    PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module(kind));
     return gpu->make_backend(device);
   }
-#endif
   if (kind == "cuda" || kind == "hip")
     return absl::UnimplementedError(absl::StrCat("this build has no ", std::string(kind), " backend (configure with -DPDSERVE_WITH_",
                                                  kind == "cuda" ? "CUDA" : "HIP", "=ON)"));

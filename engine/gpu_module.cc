@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -14,27 +15,31 @@
 namespace pdserve::engine {
 namespace {
 
-constexpr const char* kLibrary = "libpdserve_gpu_backend.so";
-
-std::vector<std::string> candidates() {
+std::vector<std::string> candidates(std::string_view kind) {
+  const bool emulated = kind == "emulated";
+  const std::string library = emulated ? "libpdserve_gpu_backend_emulated.so" : "libpdserve_gpu_backend.so";
   std::vector<std::string> out;
-  if (const char* env = std::getenv("PDSERVE_GPU_BACKEND"); env != nullptr && *env != '\0') out.push_back(env);
-  out.push_back(kLibrary);
+  if (const char* env = std::getenv("PDSERVE_GPU_BACKEND"); !emulated && env != nullptr && *env != '\0')
+    out.push_back(env);
+  out.push_back(library);
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    out.push_back((exe.parent_path() / kLibrary).string());
-    out.push_back((exe.parent_path().parent_path() / "lib" / kLibrary).string());
+    out.push_back((exe.parent_path() / library).string());
+    out.push_back((exe.parent_path().parent_path() / "lib" / library).string());
   }
 #if defined(PDSERVE_GPU_BACKEND_BUILD_PATH)
-  out.push_back(PDSERVE_GPU_BACKEND_BUILD_PATH);
+  if (!emulated) out.push_back(PDSERVE_GPU_BACKEND_BUILD_PATH);
+#endif
+#if defined(PDSERVE_EMULATED_GPU_BACKEND_BUILD_PATH)
+  if (emulated) out.push_back(PDSERVE_EMULATED_GPU_BACKEND_BUILD_PATH);
 #endif
   return out;
 }
 
-StatusOr<const GpuBackendApi*> load() {
+StatusOr<const GpuBackendApi*> load(std::string_view kind) {
   std::vector<std::string> failures;
-  for (const std::string& path : candidates()) {
+  for (const std::string& path : candidates(kind)) {
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {
       const char* why = dlerror();  // Names the path.
@@ -47,19 +52,24 @@ StatusOr<const GpuBackendApi*> load() {
     const GpuBackendApi* api = api_fn != nullptr ? api_fn() : nullptr;
     if (api == nullptr || api->version != GpuBackendApi::kVersion)
       return absl::FailedPreconditionError(absl::StrCat(path, " is not a pdserve GPU backend of this version"));
+    if (api->kind() != kind)
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is the ", std::string(api->kind()), " backend, not ", std::string(kind)));
     return api;
   }
-  return absl::UnavailableError(
-      absl::StrCat("cannot load the GPU backend library: ", absl::StrJoin(failures, "; ")));
+  return absl::UnavailableError(absl::StrCat("cannot load the ", std::string(kind),
+                                             " backend library: ", absl::StrJoin(failures, "; ")));
 }
 
 }  // namespace
 
-StatusOr<const GpuBackendApi*> load_gpu_module() {
-  static std::once_flag once;
-  static StatusOr<const GpuBackendApi*> loaded = absl::UnknownError("not loaded");
-  std::call_once(once, [] { loaded = load(); });
-  return loaded;
+StatusOr<const GpuBackendApi*> load_gpu_module(std::string_view kind) {
+  static std::mutex mu;
+  static std::map<std::string, StatusOr<const GpuBackendApi*>, std::less<>> loaded;
+  std::lock_guard lock(mu);
+  auto it = loaded.find(kind);
+  if (it == loaded.end()) it = loaded.emplace(std::string(kind), load(kind)).first;
+  return it->second;
 }
 
 }  // namespace pdserve::engine

@@ -2,20 +2,19 @@
 
 #include <cblas.h>
 
-#if defined(PDSERVE_GPU_KIND)
 #include "engine/gpu_module.h"
-#endif
 
 namespace pdserve::engine {
 namespace {
 
-// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers,
-// NCCL/RCCL between GPUs. One rank needs none, whatever its memory.
+// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers (the
+// emulated GPU's memory is host memory), NCCL/RCCL between GPUs. One rank needs none, whatever
+// its memory.
 StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend, int tp) {
-  if (backend == "cpu" || tp == 1) return make_shared_memory_group(tp);
+  if (backend == "cpu" || backend == "emulated" || tp == 1) return make_shared_memory_group(tp);
 #if defined(PDSERVE_GPU_KIND)
   if (backend == PDSERVE_GPU_KIND) {
-    PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module());
+    PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module(backend));
     return gpu->make_group(tp);
   }
 #endif

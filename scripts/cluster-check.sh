@@ -9,8 +9,9 @@
 #   push, pull 1 prefill + 1 decode worker on DEVICE behind the router give the CPU's tokens
 #   mixed      prefill on DEVICE, decode on the CPU (a device arena meets a host one)
 # and records each cluster's pdserve:worker_info lines (backend, kv_memory). Exits non-zero if
-# any check failed. CI runs it with DEVICE=cpu (ctest cluster_check_script); the GPU machine
-# with cuda (scripts/gpu-check.sh run).
+# any check failed. CI runs it with DEVICE=cpu (ctest cluster_check_script) and emulated (the GPU
+# backend on the CPU emulation of the GPU, ctest cluster_check_emulated); the GPU machine with
+# cuda (scripts/gpu-check.sh run).
 set -uo pipefail
 bin=${1:?usage: cluster-check.sh BIN_DIR OUT [DEVICE]}
 out=${2:?usage: cluster-check.sh BIN_DIR OUT [DEVICE]}

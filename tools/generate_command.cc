@@ -168,8 +168,10 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
   cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
-  cmd->add_option("--device", flags->engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
-      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
+  cmd->add_option("--device", flags->engine.backend,
+      "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
+      "emulation of the GPU (tests)")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
       ->capture_default_str();
   cmd->add_option("--weight-dtype", flags->weight_dtype,
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")

@@ -283,13 +283,13 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
   cmd->add_option("--kv-mode", f->kv_mode, "KV transfer: push (prefill writes) or pull (decode reads)")
       ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
-  cmd->add_option("--device", f->device, "Workers' compute backend: cpu, cuda or hip")
-      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
+  cmd->add_option("--device", f->device, "Workers' compute backend: cpu, cuda or hip (emulated: tests)")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
       ->capture_default_str();
   cmd->add_option("--prefill-device", f->prefill_device, "Prefill workers' backend (default: --device)")
-      ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
+      ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}));
   cmd->add_option("--decode-device", f->decode_device, "Decode workers' backend (default: --device)")
-      ->check(CLI::IsMember({"cpu", "cuda", "hip"}));
+      ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}));
   cmd->add_option("--weight-dtype", f->weight_dtype, "GPU workers' GEMM weights: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

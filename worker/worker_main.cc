@@ -176,8 +176,10 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--port", f.port, "gRPC port (0: pick one; see the READY line)")->capture_default_str();
   app.add_option("--id", f.id, "Worker id (default: role@host:port)");
   app.add_option("--tp", f.engine.tp, "Tensor-parallel ranks")->capture_default_str();
-  app.add_option("--device", f.engine.backend, "Compute backend: cpu, or cuda / hip (rank r on GPU r)")
-      ->check(CLI::IsMember({"cpu", "cuda", "hip"}))
+  app.add_option("--device", f.engine.backend,
+      "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
+      "emulation of the GPU (tests)")
+      ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
       ->capture_default_str();
   app.add_option("--weight-dtype", f.weight_dtype,
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")

@@ -124,12 +124,14 @@ inline float __half2float(gpu_emulated_f16 h) { return float(h.value); }
 inline gpu_emulated_f16 __float2half(float f) { return {_Float16(f)}; }
 
 // The runtime calls the kernels' launchers, tests and the GPU backend (kernels/gpu/gpu_backend.cc)
-// use, for one emulated device: host memory, streams on which everything has completed already.
+// use, for kEmulatedDevices devices of host memory (so the engine's shared-memory collectives
+// serve their TP ranks) whose streams have always completed everything already.
 enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2, gpuErrorInvalidDevice = 101 };
 enum gpuMemcpyKind { gpuMemcpyHostToDevice, gpuMemcpyDeviceToHost, gpuMemcpyDeviceToDevice, gpuMemcpyDefault };
 using gpuStream_t = struct gpu_emulated_stream*;
 inline constexpr unsigned gpuStreamNonBlocking = 1;
 inline constexpr unsigned gpuHostRegisterDefault = 0;
+inline constexpr int kEmulatedDevices = 8;
 inline constexpr size_t kEmulatedDeviceBytes = size_t(16) << 30;
 inline const char* gpuGetErrorString(gpuError_t e) {
   return e == gpuSuccess ? "no error" : e == gpuErrorInvalidDevice ? "invalid device" : "out of memory";
@@ -137,10 +139,12 @@ inline const char* gpuGetErrorString(gpuError_t e) {
 inline gpuError_t gpuGetLastError() { return gpuSuccess; }
 inline gpuError_t gpuDeviceSynchronize() { return gpuSuccess; }
 inline gpuError_t gpuGetDeviceCount(int* count) {
-  *count = 1;
+  *count = kEmulatedDevices;
   return gpuSuccess;
 }
-inline gpuError_t gpuSetDevice(int device) { return device == 0 ? gpuSuccess : gpuErrorInvalidDevice; }
+inline gpuError_t gpuSetDevice(int device) {
+  return device >= 0 && device < kEmulatedDevices ? gpuSuccess : gpuErrorInvalidDevice;
+}
 inline gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes = kEmulatedDeviceBytes;
   return gpuSuccess;
