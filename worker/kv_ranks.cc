@@ -53,7 +53,7 @@ class KvRanks::Rank {
     if (thread_.joinable()) thread_.join();
   }
 
-  const std::string& endpoint() const { return endpoint_; }
+  const std::string& endpoint() const { return control_endpoint_; }
   void* arena() const { return arena_; }
 
  private:
@@ -63,8 +63,11 @@ class KvRanks::Rank {
       started.set_value(created.status());
       return;
     }
-    std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint = std::move(*created);
-    endpoint_ = endpoint->control_endpoint();
+    // Outlives the thread: a staging mirror the transport allocated stays until KvRanks, which
+    // unpins it first, lets go of this rank.
+    endpoint_ = std::move(*created);
+    kvtransfer::KvRankEndpoint* endpoint = endpoint_.get();
+    control_endpoint_ = endpoint->control_endpoint();
     arena_ = endpoint->arena();
     PD_LOG_INFO("kvtransfer rank {}: {}", rank_, endpoint->describe());
     started.set_value(absl::OkStatus());
@@ -97,7 +100,8 @@ class KvRanks::Rank {
   const int rank_;
   KvEventFn on_event_;
   const Clock* clock_ = nullptr;
-  std::string endpoint_;
+  std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;  // Used by the rank's thread only.
+  std::string control_endpoint_;
   void* arena_ = nullptr;  // The registered arena (the engine's, or a transport-made mirror).
   std::mutex mu_;
   std::condition_variable wake_;

@@ -79,7 +79,9 @@ class KvRanks {
   class Rank;
   KvRanks() = default;
   std::vector<std::unique_ptr<Rank>> ranks_;
-  std::vector<std::unique_ptr<kvtransfer::KvStaging>> staged_;  // Per rank, when staged.
+  // Per rank, when staged. Declared after ranks_ so that it goes first: each staging unpins its
+  // mirror while the endpoint that allocated it (kept by its Rank past stop()) still holds it.
+  std::vector<std::unique_ptr<kvtransfer::KvStaging>> staged_;
   std::string memory_path_ = "host";
   uint64_t compat_hash_ = 0;
 };
