@@ -1,6 +1,6 @@
 // The GPU kernels against the CPU reference kernels on the same random inputs, in the manner of
 // llama.cpp's test-backend-ops (tolerances in kernel_test_util.h). The same file builds for a GPU
-// (gpu_backend_tests) and for the CPU emulation of the kernels (gpu_kernels_emulated_tests,
+// (gpu_backend_tests) and for the CPU emulation of the kernels (gpu_emulated_tests,
 // every build), where shapes are smaller.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,7 @@
 #include "kernels/gpu/emulation/simt.h"
 
+#include <ucontext.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>

@@ -14,12 +14,7 @@
 // barrier) computes something else in one of the two orders, which its tests see.
 #pragma once
 
-// Fortify's checked longjmp refuses jumps to another stack, which is what switching coroutines is.
-#undef _FORTIFY_SOURCE
-
 #include <math.h>
-#include <setjmp.h>
-#include <ucontext.h>
 
 #include <atomic>
 #include <bit>
@@ -29,7 +24,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <utility>
 
 #define __global__
 #define __device__
@@ -37,7 +31,8 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
-#define PDSERVE_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::pdserve::kernels::gpu::simt::dynamic_shared())
+#define PDSERVE_DYNAMIC_SHARED(type, name) \
+  type* name = static_cast<type*>(::pdserve::kernels::gpu::simt::dynamic_shared())
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
