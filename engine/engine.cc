@@ -36,7 +36,6 @@ namespace {
 
 int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
 
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const EngineOptions& options) {
@@ -50,19 +49,25 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   const ModelConfig& config = engine->model_.config;
   const KvCacheSpec spec = config.kv_cache_spec(options.block_size);
   PD_ASSIGN_OR_RETURN(uint64_t block_bytes, KvCacheLayout::bytes_per_block(spec, options.tp));
+  PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
   uint64_t budget = options.kv_cache_bytes;
   if (budget == 0 && options.memory_utilization > 0) {
     if (options.memory_utilization > 1.0)
       return absl::InvalidArgumentError("--memory-utilization must be in (0, 1]");
     PD_ASSIGN_OR_RETURN(auto device, make_backend(options.backend, 0));
     const uint64_t share = uint64_t(double(device->memory_bytes()) * options.memory_utilization);
-    // A device holds the rank's weights too; the CPU backend maps them from the page cache.
-    const uint64_t weights = device->host_memory() ? 0 : shard_bytes(config, options.tp, options.weight_dtype);
-    if (share <= weights)
+    // A device holds the rank's weights too (rank 0's shard is the largest: uneven splits give
+    // the first ranks the extra rows); the CPU backend maps them from the page cache.
+    uint64_t weight_bytes = 0;
+    if (!device->host_memory()) {
+      PD_ASSIGN_OR_RETURN(const RankShard shard, shard_weights(config, *weights, 0, options.tp));
+      PD_ASSIGN_OR_RETURN(weight_bytes, uploaded_bytes(config, shard, options.weight_dtype));
+    }
+    if (share <= weight_bytes)
       return absl::InvalidArgumentError(absl::StrCat("--memory-utilization leaves ", share >> 20, " MiB of ",
-                                                     device->name(), ", less than the ", weights >> 20,
+                                                     device->name(), ", less than the ", weight_bytes >> 20,
                                                      " MiB of weights per rank"));
-    budget = share - weights;
+    budget = share - weight_bytes;
   }
   if (budget == 0) {
     const uint64_t full = uint64_t(options.max_running) * blocks_for(config.max_seq_len, options.block_size);
@@ -73,7 +78,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", budget,
                                                    " bytes holds no block (a block takes ", block_bytes, ")"));
   if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("KV cache budget too large");
-  PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
   PD_ASSIGN_OR_RETURN(engine->ranks_, RankPool::create(config, *weights, spec, int(num_blocks), options));
   engine->weights_ = std::move(weights);
   using SampleOn = EngineOptions::SampleOn;
@@ -85,9 +89,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
   engine->publish_stats();
-  PD_LOG_INFO("KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {}, sampling on the {})",
-              num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20,
-              options.tp, engine->ranks_->rank(0).backend().name(), engine->sample_on_backend_ ? "backend" : "host");
+  PD_LOG_INFO(
+      "KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {}, weights uploaded {:.1f} MiB per "
+      "rank, sampling on the {})",
+      num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp,
+      engine->ranks_->rank(0).backend().name(), double(engine->ranks_->uploaded_weight_bytes()) / (1 << 20),
+      engine->sample_on_backend_ ? "backend" : "host");
   return engine;
 }
 

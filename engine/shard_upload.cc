@@ -8,6 +8,7 @@
 namespace pdserve::engine {
 namespace {
 
+// Copies tensors into `backend` (or, with none, only counts the bytes they would take).
 class Uploader {
  public:
   Uploader(Backend* backend, UploadedShard* out) : backend_(backend), out_(out) {}
@@ -17,8 +18,12 @@ class Uploader {
   StatusOr<const float*> rows(const float* src, int64_t rows, int64_t cols, int64_t stride,
                               DType type = DType::kF32) {
     if (src == nullptr) return nullptr;
-    const void* data = src;
     const size_t n = size_t(rows * cols);
+    if (backend_ == nullptr) {
+      out_->bytes += n * dtype_size(type);
+      return src;
+    }
+    const void* data = src;
     if (type == DType::kBF16) {
       half_.resize(n);
       for (int64_t r = 0; r < rows; ++r)
@@ -49,14 +54,10 @@ class Uploader {
   std::vector<uint16_t> half_;
 };
 
-}  // namespace
-
-StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& c, const RankShard& host,
-                                                      Backend* backend, DType weight_dtype) {
+// upload_shard's work; with no backend, only the byte count (the shard's pointers stay host ones).
+StatusOr<std::unique_ptr<UploadedShard>> upload(const ModelConfig& c, const RankShard& host, Backend* backend,
+                                                DType weight_dtype) {
   if (host.weight_dtype != DType::kF32) return absl::InvalidArgumentError("upload_shard takes f32 host weights");
-  if (weight_dtype != DType::kF32 && (weight_dtype != DType::kBF16 || !backend->bf16_weights()))
-    return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot compute with ",
-                                                   dtype_name(weight_dtype), " weights"));
   auto out = std::make_unique<UploadedShard>();
   Uploader up(backend, out.get());
   RankShard& s = out->shard;
@@ -94,23 +95,23 @@ StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& c, cons
     PD_ASSIGN_OR_RETURN(d.w_down, up.rows(h.w_down, dim, hidden, h.w_down_stride, w));
     d.w_down_stride = hidden;
   }
-  PD_RETURN_IF_ERROR(backend->synchronize());
+  if (backend != nullptr) PD_RETURN_IF_ERROR(backend->synchronize());
   return out;
 }
 
-uint64_t shard_bytes(const ModelConfig& c, int tp, DType weight_dtype) {
-  // GEMM weights split over the ranks (lm_head: an upper bound when tied), except the index
-  // projections; the embedding table and norms are f32 and whole on every rank.
-  uint64_t sharded = uint64_t(c.vocab_size) * c.dim, index = 0;
-  uint64_t f32_whole = uint64_t(c.vocab_size) * c.dim + c.dim;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerAttention a = c.attention(l);
-    const uint64_t q = uint64_t(c.n_heads) * a.head_dim, kv = uint64_t(a.n_kv_heads) * a.head_dim;
-    sharded += (2 * q + 2 * kv) * c.dim + 3ull * c.hidden_dim * c.dim;
-    index += 2ull * a.index_head_dim * c.dim;
-    f32_whole += 2ull * c.dim;
-  }
-  return (sharded / tp + index) * dtype_size(weight_dtype) + f32_whole * sizeof(float);
+}  // namespace
+
+StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& c, const RankShard& host,
+                                                      Backend* backend, DType weight_dtype) {
+  if (weight_dtype != DType::kF32 && (weight_dtype != DType::kBF16 || !backend->bf16_weights()))
+    return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot compute with ",
+                                                   dtype_name(weight_dtype), " weights"));
+  return upload(c, host, backend, weight_dtype);
+}
+
+StatusOr<uint64_t> uploaded_bytes(const ModelConfig& config, const RankShard& host, DType weight_dtype) {
+  PD_ASSIGN_OR_RETURN(auto counted, upload(config, host, nullptr, weight_dtype));
+  return counted->bytes;
 }
 
 }  // namespace pdserve::engine

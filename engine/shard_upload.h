@@ -27,8 +27,9 @@ struct UploadedShard {
 StatusOr<std::unique_ptr<UploadedShard>> upload_shard(const ModelConfig& config, const RankShard& host,
                                                       Backend* backend, DType weight_dtype = DType::kF32);
 
-// Bytes of the tensors one rank of `tp` holds once uploaded with `weight_dtype` GEMM weights
-// (an estimate of the weights' share of device memory, for sizing the KV cache).
-uint64_t shard_bytes(const ModelConfig& config, int tp, DType weight_dtype = DType::kF32);
+// The bytes upload_shard(config, host, backend, weight_dtype) places in device memory, counted
+// by the same code without copying anything: the weights' share of a device, for sizing the KV
+// cache beside them.
+StatusOr<uint64_t> uploaded_bytes(const ModelConfig& config, const RankShard& host, DType weight_dtype);
 
 }  // namespace pdserve::engine

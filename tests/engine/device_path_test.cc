@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/model_weights.h"
+#include "engine/shard_upload.h"
 #include "tests/engine/bf16_checkpoint.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_model.h"
@@ -152,6 +154,29 @@ TEST(DevicePath, Bf16WeightsOfABf16CheckpointEqualTheCpuEngine) {
   const uint64_t bf16_before = pdserve::testing::guarded_bf16_gemms();
   EXPECT_EQ(run_all(*device, prompts), run_all(*cpu, prompts));
   EXPECT_GT(pdserve::testing::guarded_bf16_gemms(), bf16_before);  // The bf16 path ran.
+}
+
+// What the KV budget sets aside for a device's weights (--memory-utilization) is what the upload
+// puts there: at TP 1, 2 and 8 (where stories260K's 4 KV heads are replicated) and for f32 and
+// bf16 GEMM weights.
+TEST(DevicePath, UploadedBytesCountWhatTheUploadPlaces) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig& config = model->config;
+  auto weights = ModelWeightsF32::create(config, *model->weights);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto backend = pdserve::testing::make_guarded_backend();
+  for (int tp : {1, 2, 8})
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      auto shard = shard_weights(config, **weights, 0, tp);
+      ASSERT_TRUE(shard.ok()) << shard.status();
+      auto uploaded = upload_shard(config, *shard, backend.get(), dtype);
+      ASSERT_TRUE(uploaded.ok()) << uploaded.status();
+      auto counted = uploaded_bytes(config, *shard, dtype);
+      ASSERT_TRUE(counted.ok()) << counted.status();
+      EXPECT_EQ(*counted, (*uploaded)->bytes) << "TP " << tp << " " << dtype_name(dtype);
+      EXPECT_GT(*counted, 0u);
+    }
 }
 
 TEST(DevicePath, TheCpuBackendRefusesBf16Weights) {
