@@ -110,7 +110,10 @@ int run(const Flags& f) {
     return 1;
   }
   HttpServer http(router, size_t(f.max_message_bytes));
-  auto http_port = http.bind(f.host, f.http_port >= 0 ? f.http_port : grpc_port + 1);
+  // Default: gRPC port + 1; but a gRPC port the system chose (--port 0) says nothing about the
+  // next one, which may be another process's, so then any free one (READY names it).
+  const int want_http = f.http_port >= 0 ? f.http_port : (f.port == 0 ? 0 : grpc_port + 1);
+  auto http_port = http.bind(f.host, want_http);
   if (!http_port.ok()) {
     std::cerr << "error: " << http_port.status().message() << "\n";
     server->Shutdown();
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", f.tokenizer, "Tokenizer file (default: found beside the model)");
   app.add_option("--host", f.host, "Address to listen on")->capture_default_str();
   app.add_option("--port", f.port, "gRPC port (0: any free one)")->capture_default_str();
-  app.add_option("--http-port", f.http_port, "HTTP port (default: gRPC port + 1; 0: any free one)");
+  app.add_option("--http-port", f.http_port, "HTTP port (default: gRPC port + 1, or any free one with --port 0; 0: any free one)");
   app.add_option("--prefill", f.prefill, "Prefill worker HOST:PORT (repeatable)");
   app.add_option("--decode", f.decode, "Decode worker HOST:PORT (repeatable)");
   app.add_option("--aggregated", f.aggregated, "Aggregated worker HOST:PORT (repeatable)");

@@ -297,7 +297,7 @@ void add_up_command(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "staged"}))
       ->capture_default_str();
   cmd->add_option("--host", f->host, "Address every process listens on")->capture_default_str();
-  cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1)")->capture_default_str();
+  cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1; with 0, both any free ports)")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");
   cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
   cmd->add_option("--max-running", f->max_running, "Router: requests out at the workers at once");
