@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "engine/kv_cache_layout.h"
 #include "kernels/cpu/ops.h"
@@ -385,7 +386,15 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutParam{KvLayout::kInterleaved, KvOrder::kTokenMajor, Storage::kF32},
                       LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF32},
                       LayoutParam{KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16},
-                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF16}));
+                      LayoutParam{KvLayout::kInterleaved, KvOrder::kHeadMajor, Storage::kF16}),
+    [](const ::testing::TestParamInfo<LayoutParam>& info) {
+      const LayoutParam& p = info.param;
+      std::string name = std::string(p.layout == KvLayout::kSeparate ? "separate_" : "interleaved_") +
+                         engine::kv_order_name(p.order) + "_" +
+                         (p.storage == Storage::kF32 ? "f32" : p.storage == Storage::kBF16 ? "bf16" : "f16");
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   REQUIRE_GPU();
