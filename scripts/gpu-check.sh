@@ -94,8 +94,10 @@ cmd_run() {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
     command -v nvcc >/dev/null && nvcc --version | tail -1
-    echo "--- device code in gpu_backend_tests (cuobjdump --list-elf)"
-    if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$bin/gpu_backend_tests" 2>&1; else echo "cuobjdump not found"; fi
+    echo "--- device code in the GPU backend library (cuobjdump --list-elf)"
+    local lib=${unpacked:+$unpacked/lib/}libpdserve_gpu_backend.so
+    [ -n "${unpacked:-}" ] || lib=$build/kernels/gpu/libpdserve_gpu_backend.so
+    if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$lib" 2>&1; else echo "cuobjdump not found"; fi
     echo "--- shared libraries"
     ldd "$bin/gpu_backend_tests" "$bin/pdserve" 2>&1 | grep -E 'not found|cublas|nccl|cudart' || true
   } >"$out/summary.txt" 2>&1

@@ -87,8 +87,11 @@ class GpuBackend final : public Backend {
     void* p = nullptr;
     PD_RETURN_IF_ERROR(gpu_status(gpuMalloc(&p, bytes ? bytes : 1),
                                   absl::StrCat("device allocation of ", bytes, " bytes").c_str()));
-    // Synchronous so that the zeros are there for any stream that uses the memory next.
-    PD_RETURN_IF_ERROR(gpu_status(gpuMemset(p, 0, bytes), "memset"));
+    // Zeroed on this backend's stream, then waited for: a plain memset runs on the legacy default
+    // stream, which does not order with our non-blocking streams, and could land after the first
+    // writes queued here (the first GPU run showed it: zeroed block tables and sampled tokens).
+    PD_RETURN_IF_ERROR(gpu_status(gpuMemsetAsync(p, 0, bytes, stream_), "memset"));
+    PD_RETURN_IF_ERROR(gpu_status(gpuStreamSynchronize(stream_), "memset"));
     return p;
   }
   void deallocate(void* ptr) override {

@@ -169,6 +169,9 @@ inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyK
   std::memmove(dst, src, bytes);
   return gpuSuccess;
 }
+inline gpuError_t gpuMemsetAsync(void* ptr, int value, size_t bytes, gpuStream_t) {
+  return gpuMemset(ptr, value, bytes);
+}
 inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
   return gpuMemcpy(dst, src, bytes, kind);
 }
