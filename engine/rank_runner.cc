@@ -154,7 +154,32 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
                                               size_t(n) * sizeof(const int*)));
   placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
+  const auto& tables = batch.block_tables;
+  single_tokens_ = 0;
+  while (single_tokens_ < n && (single_tokens_ + 1 == n || tables[single_tokens_ + 1] != tables[single_tokens_]))
+    ++single_tokens_;
   return absl::OkStatus();
+}
+
+void RankRunner::attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
+                           const kernels::cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                           float scale) {
+  const int d = single_tokens_, n = tokens.num_tokens;
+  const int64_t q_row = int64_t(n_q_heads) * kv.head_dim, out_row = int64_t(n_q_heads) * kv.v_head_dim;
+  if (d > 0) {
+    kernels::cpu::TokenPlacement decode = tokens;
+    decode.num_tokens = d;
+    decode.single_tokens = true;
+    backend_->paged_attention(out, q, kv, decode, n_q_heads, q_per_kv, window, scale);
+  }
+  if (d < n) {
+    kernels::cpu::TokenPlacement rest = tokens;
+    rest.num_tokens = n - d;
+    rest.positions += d;
+    rest.block_tables += d;
+    if (rest.block_mask) rest.block_mask += int64_t(d) * rest.mask_stride;
+    backend_->paged_attention(out + d * out_row, q + d * q_row, kv, rest, n_q_heads, q_per_kv, window, scale);
+  }
 }
 
 Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
@@ -219,7 +244,7 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
       place.mask_stride = mask_stride_;
     }
     layer_written(l);
-    backend_->paged_attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
+    attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_inplace(x, out, int64_t(n) * c.dim);

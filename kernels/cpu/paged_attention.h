@@ -30,6 +30,9 @@ struct TokenPlacement {
   // has block_mask[t * mask_stride + b] != 0 (set by index_select_blocks).
   const uint8_t* block_mask = nullptr;
   int mask_stride = 0;
+  // A hint: every token is the only one of its sequence here (decode tokens), so a backend's
+  // one-query-per-sequence attention kernel fits however many there are.
+  bool single_tokens = false;
 };
 
 // Stores K (and V) rows of `n_kv_heads` heads for each token into its block and slot.

@@ -188,7 +188,7 @@ class GpuBackend final : public Backend {
                        const k::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale) override {
     bind();
-    if (tokens.num_tokens >= kPrefillKernelMinTokens) {
+    if (tokens.num_tokens >= kPrefillKernelMinTokens && !tokens.single_tokens) {
       g::prefill_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     } else {
       g::paged_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
