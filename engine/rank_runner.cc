@@ -118,6 +118,9 @@ void StepMetadata::pack(const ForwardBatch& batch, int block_size) {
   }
   table_at.resize(n);
   for (int t = 0; t < n; ++t) table_at[t] = start[index[t]];
+  single_tokens = 0;
+  while (single_tokens < n && (single_tokens + 1 == n || index[single_tokens + 1] != index[single_tokens]))
+    ++single_tokens;
 }
 
 Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) {
@@ -154,10 +157,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
                                               size_t(n) * sizeof(const int*)));
   placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
-  const auto& tables = batch.block_tables;
-  single_tokens_ = 0;
-  while (single_tokens_ < n && (single_tokens_ + 1 == n || tables[single_tokens_ + 1] != tables[single_tokens_]))
-    ++single_tokens_;
+  single_tokens_ = meta.single_tokens;
   return absl::OkStatus();
 }
 

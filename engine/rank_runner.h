@@ -48,6 +48,9 @@ struct StepOutput {
 struct StepMetadata {
   std::vector<int> ints;
   std::vector<int64_t> table_at;
+  // The leading tokens that are each their sequence's only one (the engine puts decode tokens
+  // first): attention runs them apart from the prompt chunks that follow.
+  int single_tokens = 0;
   // Packs `batch` for a cache of `block_size`-token blocks.
   void pack(const ForwardBatch& batch, int block_size);
 };
@@ -86,7 +89,7 @@ class RankRunner {
   RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout layout, Backend* backend,
              Communicator* comm);
   Status reserve(int max_tokens);
-  // paged_attention over `tokens`, its leading single tokens (single_tokens_) in a call of their
+  // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their
   // own, marked so, and the rest in another.
   void attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
                  const kernels::cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale);
@@ -106,9 +109,7 @@ class RankRunner {
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
       block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
-  // The step's leading tokens that are each their sequence's only one (the engine puts decode
-  // tokens first): attention runs them apart from the prompt chunks that follow.
-  int single_tokens_ = 0;
+  int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.

@@ -14,6 +14,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/sampling.h"
+#include "tests/engine/gathered_logits.h"
 
 namespace pdserve::kernels::cpu {
 namespace {
@@ -162,12 +163,8 @@ TEST(ShardedLogits, SamplingGatheredRowsEqualsSamplingPlainRows) {
   for (int r = 0; r < rows; ++r) want[r] = sample_token(plain.data() + r * vocab, vocab, params[r], &scratch);
   for (int shards = 1; shards <= 4; ++shards) {
     ShardedLogits logits{nullptr, rows, vocab, shards};
-    std::vector<float> gathered(size_t(shards) * rows * logits.shard_stride(), std::nanf(""));
+    const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, std::nanf(""));
     logits.data = gathered.data();
-    for (int s = 0; s < shards; ++s)
-      for (int r = 0; r < rows; ++r)
-        for (int c = logits.shard_begin(s); c < logits.shard_begin(s + 1); ++c)
-          const_cast<float*>(logits.row_of_shard(s, r))[c - logits.shard_begin(s)] = plain[r * vocab + c];
     std::vector<int> got(rows);
     sample_rows(got.data(), logits, params.data(), &scratch);
     EXPECT_EQ(got, want) << shards << " shards";

@@ -16,6 +16,7 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/sampling.h"
 #include "kernels/gpu/ops.h"
+#include "tests/engine/gathered_logits.h"
 #include "tests/gpu/kernel_test_util.h"
 
 namespace pdserve::kernels {
@@ -138,12 +139,8 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
           for (int i = 0; i < vocab; ++i) row[i] = i == vocab / 2 ? -INFINITY : std::nanf("");
       }
       cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
-      std::vector<float> gathered(size_t(shards) * rows * logits.shard_stride(), 0.0f);
+      const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
       logits.data = gathered.data();
-      for (int s = 0; s < shards; ++s)
-        for (int r = 0; r < rows; ++r)
-          for (int c = logits.shard_begin(s); c < logits.shard_begin(s + 1); ++c)
-            const_cast<float*>(logits.row_of_shard(s, r))[c - logits.shard_begin(s)] = plain[int64_t(r) * vocab + c];
       std::vector<int> want(rows);
       cpu::SampleScratch scratch;
       cpu::sample_rows(want.data(), logits, params.data(), &scratch);

@@ -86,13 +86,7 @@ inline int atomicMax(int* address, int value) {
   }
   return old;
 }
-inline float atomicAdd(float* address, float value) {
-  const float old = *address;  // One thread runs at a time.
-  *address = old + value;
-  return old;
-}
 inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
-inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
 template <typename T>
 T min(T a, T b) {
   return b < a ? b : a;
