@@ -1,6 +1,7 @@
 #include "router/policy.h"
 
 #include <algorithm>
+#include <functional>
 #include <tuple>
 
 namespace pdserve::router {
@@ -8,12 +9,12 @@ namespace {
 bool excluded(const std::vector<int>& exclude, int index) {
   return std::find(exclude.begin(), exclude.end(), index) != exclude.end();
 }
-}  // namespace
 
-int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude) {
+int pick_prefill_if(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude,
+                    const std::function<bool(const WorkerLoad&)>& eligible) {
   const WorkerLoad* best = nullptr;
   for (const WorkerLoad& w : workers) {
-    if (!w.up || excluded(exclude, w.index)) continue;
+    if (!w.up || excluded(exclude, w.index) || !eligible(w)) continue;
     if (!best || std::tie(w.queued_prefill_tokens, w.running, w.index) <
                      std::tie(best->queued_prefill_tokens, best->running, best->index))
       best = &w;
@@ -21,11 +22,32 @@ int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>&
   return best ? best->index : -1;
 }
 
-int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude) {
+}  // namespace
+
+bool kv_pairable(const WorkerLoad& p, const WorkerLoad& d) {
+  return p.compat_hash == d.compat_hash && p.kv_compat == d.kv_compat;
+}
+
+int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude) {
+  return pick_prefill_if(workers, exclude, [](const WorkerLoad&) { return true; });
+}
+
+int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude,
+                 const std::vector<WorkerLoad>& decode, int blocks_needed, const std::vector<int>& exclude_decode) {
+  return pick_prefill_if(workers, exclude, [&](const WorkerLoad& p) {
+    return std::any_of(decode.begin(), decode.end(), [&](const WorkerLoad& d) {
+      return d.up && !excluded(exclude_decode, d.index) && d.num_blocks >= blocks_needed && kv_pairable(p, d);
+    });
+  });
+}
+
+int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude,
+                const WorkerLoad* paired_with) {
   const WorkerLoad* with_room = nullptr;
   const WorkerLoad* fallback = nullptr;
   for (const WorkerLoad& w : workers) {
     if (!w.up || excluded(exclude, w.index) || w.num_blocks < blocks_needed) continue;
+    if (paired_with && !kv_pairable(*paired_with, w)) continue;
     if (w.free_blocks >= blocks_needed) {
       if (!with_room || std::tie(w.running, w.waiting, w.index) < std::tie(with_room->running, with_room->waiting, with_room->index))
         with_room = &w;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace pdserve::router {
@@ -18,17 +19,30 @@ struct WorkerLoad {
   int waiting = 0;
   int64_t queued_prefill_tokens = 0;
   int tp = 0;  // The worker's ranks.
+  uint64_t compat_hash = 0;  // KV geometry fingerprint (model, layout, dtype, block size).
+  std::string kv_compat;     // The deployment's KV-compatibility label (--kv-compat).
 };
+
+// Whether prefill worker `p` may hand KV to decode worker `d`: the same KV geometry and the
+// same deployment label, so the old and new generations of a rolling upgrade never pair.
+bool kv_pairable(const WorkerLoad& p, const WorkerLoad& d);
 
 // The up prefill worker with the fewest queued prefill tokens (then fewest running, then lowest
 // index), skipping indices in `exclude`; -1 when there is none.
 int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude);
 
+// The same, among prefill workers that some decode worker in `decode` (up, not in
+// `exclude_decode`, whose cache could ever hold `blocks_needed`) is kv_pairable with.
+int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude,
+                 const std::vector<WorkerLoad>& decode, int blocks_needed, const std::vector<int>& exclude_decode);
+
 // The decode (or aggregated) worker for a request needing `blocks_needed` KV blocks: among up
 // workers with that many free blocks, the one running the fewest sequences; when none has room
 // now, the one with the most free blocks whose cache could ever hold the request (its engine
 // queues it). Skips `exclude`; -1 when no worker could ever serve it.
-int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude);
+// With `paired_with` (the chosen prefill worker), only decode workers kv_pairable with it.
+int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude,
+                const WorkerLoad* paired_with = nullptr);
 
 // KV blocks a request occupies on a decode worker: its whole length, capped to the context.
 int blocks_needed(int prompt_len, int max_tokens, int max_context, int block_size);

@@ -12,6 +12,13 @@
 namespace pdserve::router {
 namespace {
 
+// The load of worker `index` in `loads` (which holds it).
+WorkerLoad load_of(const std::vector<WorkerLoad>& loads, int index) {
+  for (const WorkerLoad& l : loads)
+    if (l.index == index) return l;
+  return {};
+}
+
 double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 
 std::chrono::system_clock::time_point grpc_deadline(const Clock& clock, TimePoint deadline) {
@@ -307,6 +314,18 @@ Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, 
   return s;
 }
 
+// Why no prefill worker was chosen for a P/D request: none up, no decode worker up with room,
+// or none of the up decode workers may take KV from an up prefill worker.
+Status Router::no_pair(const std::vector<WorkerLoad>& prefill, const std::vector<int>& exclude_prefill,
+                       const std::vector<int>& exclude_decode, int blocks_needed) const {
+  if (pick_prefill(prefill, exclude_prefill) < 0) return absl::UnavailableError("no prefill worker is up");
+  if (pick_decode(registry_.loads(worker::ROLE_DECODE), blocks_needed, exclude_decode) < 0)
+    return absl::UnavailableError("no decode worker is up with room for this request");
+  return absl::UnavailableError(
+      "no up decode worker is KV-compatible with an up prefill worker (their --kv-compat labels or KV geometry "
+      "differ)");
+}
+
 Router::Attempt Router::run_aggregated(Flow& f, std::vector<int>& exclude) {
   const auto loads = registry_.loads(worker::ROLE_AGGREGATED);
   const int w = pick_decode(loads, f.blocks_per_worker, exclude);
@@ -340,15 +359,18 @@ Router::Attempt Router::run_aggregated(Flow& f, std::vector<int>& exclude) {
 Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode) {
   // The prefill worker is chosen first: the decode side binds the transfer to its producer
   // group (TP and endpoints) at Reserve time, before any write can arrive.
-  const int p = pick_prefill(registry_.loads(worker::ROLE_PREFILL), exclude_prefill);
-  if (p < 0) return {absl::UnavailableError("no prefill worker is up"), false};
+  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const int p = pick_prefill(prefill_loads, exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
+                             exclude_decode);
+  if (p < 0) return {no_pair(prefill_loads, exclude_prefill, exclude_decode, f.blocks_per_worker), false};
+  const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   // Reserve on a decode worker; a full one is retried (its requests free blocks as they end).
   int d = -1;
   worker::ReserveResponse reserved;
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
-    d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, exclude_decode);
+    d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, exclude_decode, &producer_load);
     if (d < 0) return {absl::UnavailableError("no decode worker is up with room for this request"), false};
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
@@ -437,8 +459,11 @@ Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std
 }
 
 Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode) {
-  const int p = pick_prefill(registry_.loads(worker::ROLE_PREFILL), exclude_prefill);
-  if (p < 0) return {absl::UnavailableError("no prefill worker is up"), false};
+  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const int p = pick_prefill(prefill_loads, exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
+                             exclude_decode);
+  if (p < 0) return {no_pair(prefill_loads, exclude_prefill, exclude_decode, f.blocks_per_worker), false};
+  const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
   registry_.note_assigned(p, 0, int64_t(f.prompt.size()));
   worker::PrefillRequest preq;
@@ -487,7 +512,7 @@ Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std
     f.prefill_s = presp.prefill_s();
     return {absl::OkStatus(), false};
   }
-  const int d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, exclude_decode);
+  const int d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, exclude_decode, &producer_load);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
     return {absl::UnavailableError("no decode worker is up with room for this request"), false};

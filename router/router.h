@@ -79,6 +79,8 @@ class Router {
   struct Flow;
   struct Attempt;
   Attempt run_aggregated(Flow& f, std::vector<int>& exclude_decode);
+  Status no_pair(const std::vector<WorkerLoad>& prefill, const std::vector<int>& exclude_prefill,
+                 const std::vector<int>& exclude_decode, int blocks_needed) const;
   Attempt run_push(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
   Attempt run_pull(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
   // Reads a worker's Generate stream, forwarding events; ends at the stream's end.

@@ -153,6 +153,8 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.waiting = w.info.waiting();
     l.queued_prefill_tokens = w.info.queued_prefill_tokens() + w.assigned_prefill_tokens;
     l.tp = w.info.tp();
+    l.compat_hash = w.info.compat_hash();
+    l.kv_compat = w.info.kv_compat();
     out.push_back(l);
   }
   return out;

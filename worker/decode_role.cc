@@ -316,6 +316,11 @@ void DecodeRole::sweep() {
   }
 }
 
+size_t DecodeRole::open_jobs() const {
+  std::lock_guard lock(mu_);
+  return jobs_.size();
+}
+
 void DecodeRole::shutdown(Duration drain) {
   {
     std::lock_guard lock(mu_);

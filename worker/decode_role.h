@@ -46,6 +46,8 @@ class DecodeRole {
   // Worker.Abort for a request still waiting for its KV; false if none is.
   bool abort(const std::string& id);
   const KvRanks& kv() const { return *kv_; }
+  // Requests with a transfer or hold not yet finished (a drain waits for none).
+  size_t open_jobs() const;
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);
 

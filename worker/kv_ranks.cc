@@ -1,9 +1,11 @@
 #include "worker/kv_ranks.h"
 
+#include <atomic>
 #include <future>
 #include <optional>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "kvtransfer/control/compat.h"
 
@@ -18,7 +20,8 @@ constexpr auto kIdleNap = std::chrono::milliseconds(5);
 
 class KvRanks::Rank {
  public:
-  Rank(int rank, KvEventFn on_event) : rank_(rank), on_event_(std::move(on_event)) {}
+  Rank(int rank, KvEventFn on_event, std::string advertise_host)
+      : rank_(rank), on_event_(std::move(on_event)), advertise_host_(std::move(advertise_host)) {}
   ~Rank() {
     request_stop(Duration(0));
     join();
@@ -55,6 +58,7 @@ class KvRanks::Rank {
 
   const std::string& endpoint() const { return control_endpoint_; }
   void* arena() const { return arena_; }
+  uint64_t failures() const { return failures_.load(); }
 
  private:
   void run(kvtransfer::KvEndpointOptions options, std::promise<Status>& started) {
@@ -67,7 +71,7 @@ class KvRanks::Rank {
     // unpins it first, lets go of this rank.
     endpoint_ = std::move(*created);
     kvtransfer::KvRankEndpoint* endpoint = endpoint_.get();
-    control_endpoint_ = endpoint->control_endpoint();
+    control_endpoint_ = advertised_endpoint(endpoint->control_endpoint(), advertise_host_);
     arena_ = endpoint->arena();
     PD_LOG_INFO("kvtransfer rank {}: {}", rank_, endpoint->describe());
     started.set_value(absl::OkStatus());
@@ -88,7 +92,10 @@ class KvRanks::Rank {
       // The control channel polls in whole milliseconds and spins through any shorter wait, so
       // progress() gets one short non-blocking round and the thread sleeps here instead, where
       // post() can wake it. Open requests wait on peers' notifications: poll them more often.
-      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(kProgressRound)) on_event_(rank_, ev);
+      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(kProgressRound)) {
+        if (ev.kind == kvtransfer::KvTransferEvent::Kind::kFailed && !absl::IsCancelled(ev.error)) ++failures_;
+        on_event_(rank_, ev);
+      }
       std::unique_lock lock(mu_);
       wake_.wait_for(lock, endpoint->open_requests() > 0 ? kBusyNap : kIdleNap,
                      [&] { return !queue_.empty() || stopping_; });
@@ -99,6 +106,8 @@ class KvRanks::Rank {
 
   const int rank_;
   KvEventFn on_event_;
+  const std::string advertise_host_;
+  std::atomic<uint64_t> failures_{0};
   const Clock* clock_ = nullptr;
   std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;  // Used by the rank's thread only.
   std::string control_endpoint_;
@@ -123,7 +132,20 @@ std::optional<kvtransfer::MemoryKind> device_memory_kind(const engine::Backend& 
   return std::nullopt;
 }
 
+// A host as ZeroMQ's tcp:// endpoints spell it: IPv6 in brackets.
+std::string bind_host(const std::string& host) {
+  return host.find(':') != std::string::npos && host.front() != '[' ? absl::StrCat("[", host, "]") : host;
+}
+
 }  // namespace
+
+std::string advertised_endpoint(const std::string& bound, const std::string& host) {
+  if (host.empty()) return bound;
+  const size_t scheme = bound.find("://");
+  const size_t colon = bound.rfind(':');
+  if (scheme == std::string::npos || colon == std::string::npos || colon <= scheme + 2) return bound;
+  return absl::StrCat(bound.substr(0, scheme + 3), bind_host(host), bound.substr(colon));
+}
 
 StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
@@ -147,8 +169,11 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
       on_release(r, id, std::move(blocks));
     };
     o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
+    o.bind_endpoint = absl::StrCat("tcp://", bind_host(options.bind_host), ":",
+                                   options.port_base > 0 ? std::to_string(options.port_base + r) : std::string("*"));
+    const std::string advertise = options.advertise_host.empty() ? options.bind_host : options.advertise_host;
     const engine::Backend& backend = engine.backend(r);
-    auto rank = std::make_unique<Rank>(r, on_event);
+    auto rank = std::make_unique<Rank>(r, on_event, advertise);
     // A GPU arena is registered as device memory where the UCX build can; otherwise (or when
     // forced) the transport gets a host mirror that the worker stages through.
     std::string path = backend.host_memory() && options.memory == KvMemory::kAuto ? "host" : "staged";
@@ -164,7 +189,7 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
         return started;
       } else {
         PD_LOG_INFO("kvtransfer rank {}: {}; staging through host memory", r, std::string(started.message()));
-        rank = std::make_unique<Rank>(r, on_event);
+        rank = std::make_unique<Rank>(r, on_event, advertise);
       }
     }
     if (path == "host") {
@@ -206,6 +231,12 @@ void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(c
 
 kvtransfer::KvStaging* KvRanks::staging(int rank) const {
   return staged_.empty() ? nullptr : staged_[rank].get();
+}
+
+uint64_t KvRanks::transfer_failures() const {
+  uint64_t n = 0;
+  for (const auto& r : ranks_) n += r->failures();
+  return n;
 }
 
 uint64_t KvRanks::staged_bytes_to_host() const {

@@ -38,7 +38,17 @@ struct KvRanksOptions {
   Duration default_lease = std::chrono::seconds(30);
   Duration peer_timeout = std::chrono::seconds(10);
   Duration heartbeat_interval = std::chrono::seconds(1);
+  // Where rank r's control channel listens: bind_host, port port_base + r (0: any free port),
+  // and the host peers are told to dial (empty: bind_host), for a worker that binds a wildcard
+  // address behind a pod IP.
+  std::string bind_host = "127.0.0.1";
+  int port_base = 0;
+  std::string advertise_host;
 };
+
+// `bound` (a ZeroMQ "tcp://HOST:PORT" endpoint) with its host replaced by `host` (brackets
+// added for IPv6); `bound` itself when `host` is empty.
+std::string advertised_endpoint(const std::string& bound, const std::string& host);
 
 // A finished transfer on one rank (called on that rank's thread).
 using KvEventFn = std::function<void(int rank, const kvtransfer::KvTransferEvent& event)>;
@@ -48,7 +58,7 @@ using KvCommand = std::function<void(kvtransfer::KvRankEndpoint& endpoint)>;
 
 class KvRanks {
  public:
-  // One endpoint per engine rank over its KV arena; binds on 127.0.0.1.
+  // One endpoint per engine rank over its KV arena, bound as the options say.
   static StatusOr<std::unique_ptr<KvRanks>> create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
                                                    KvEventFn on_event, KvReleaseFn on_release);
@@ -74,6 +84,8 @@ class KvRanks {
   // Bytes copied device → host and host → device by the staging, over every rank.
   uint64_t staged_bytes_to_host() const;
   uint64_t staged_bytes_to_device() const;
+  // Transfer events that failed (not counting aborts), over every rank.
+  uint64_t transfer_failures() const;
 
  private:
   class Rank;

@@ -416,6 +416,11 @@ bool PrefillRole::abort(const std::string& id) {
   return true;
 }
 
+size_t PrefillRole::open_jobs() const {
+  std::lock_guard lock(mu_);
+  return jobs_.size();
+}
+
 void PrefillRole::shutdown(Duration drain) {
   std::vector<std::string> in_engine;
   {

@@ -40,6 +40,8 @@ class PrefillRole {
   // Worker.Abort: stops the request's prefill or transfer; its blocks come back once safe.
   bool abort(const std::string& id);
   const KvRanks& kv() const { return *kv_; }
+  // Requests with a transfer or hold not yet finished (a drain waits for none).
+  size_t open_jobs() const;
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);
 

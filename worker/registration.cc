@@ -53,6 +53,7 @@ void RouterRegistration::run() {
       const grpc::Status s = stub_->Register(&ctx, req, &resp);
       if (s.ok()) {
         registered = true;
+        registered_ = true;
         warned = false;
         interval = options_.heartbeat_interval.count() > 0 ? options_.heartbeat_interval
                    : resp.heartbeat_interval_ms() > 0       ? Duration(std::chrono::milliseconds(resp.heartbeat_interval_ms()))
@@ -80,9 +81,11 @@ void RouterRegistration::run() {
       if (!s.ok() && !warned) PD_LOG_WARN("heartbeat to router {} failed: {}", options_.router, s.error_message());
       warned = !s.ok();
     }
+    registered_ = registered;
     std::unique_lock lock(mu_);
     if (cv_.wait_for(lock, interval, [this] { return stopping_; })) break;
   }
+  registered_ = false;
   if (registered) {
     DeregisterRequest req;
     req.set_address(address);

@@ -6,6 +6,7 @@
 // serves whether or not it is registered.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -36,6 +37,8 @@ class RouterRegistration {
   void start();
   // Stops heartbeating and deregisters (best effort, bounded by rpc_timeout).
   void stop();
+  // Whether the router has this worker registered (its last Register or Heartbeat said so).
+  bool registered() const { return registered_.load(); }
 
  private:
   void run();
@@ -46,6 +49,7 @@ class RouterRegistration {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::atomic<bool> registered_{false};
   std::thread thread_;
 };
 

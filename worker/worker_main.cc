@@ -2,12 +2,14 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -16,9 +18,12 @@
 
 #include "common/logging.h"
 #include "engine/engine_loop.h"
+#include "kvtransfer/ucx/ucx_resources.h"
 #include "worker/decode_role.h"
 #include "worker/prefill_role.h"
-#include "worker/registration.h"
+#include "worker/probe_server.h"
+#include "worker/router_set.h"
+#include "worker/worker_health.h"
 #include "worker/worker_service.h"
 
 namespace pdserve::worker {
@@ -39,11 +44,62 @@ struct WorkerFlags {
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
   std::string kv_memory = "auto";
   std::string weight_dtype = "f32";
+  int probe_port = -1;  // -1: no probe server; 0: any free port.
+  int kv_port = 0;      // Rank r's control channel on kv_port + r; 0: any free port.
+  bool require_rdma = false;
+  double drain_timeout_s = 30;
+  std::string kv_compat;
 };
 
 int fail(const std::string& what, const Status& s) {
   std::cerr << "error: " << what << ": " << s.message() << "\n";
   return 1;
+}
+
+// The host part of HOST:PORT, without IPv6 brackets.
+std::string host_of(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+std::string memlock_limit() {
+  rlimit l{};
+  if (getrlimit(RLIMIT_MEMLOCK, &l) != 0) return "unknown";
+  if (l.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(l.rlim_cur / 1024) + " KiB";
+}
+
+// Logs what UCX offers this process and RLIMIT_MEMLOCK (RDMA registers memory by pinning it),
+// and tells `health` whether an RDMA transport is among them.
+void check_ucx(WorkerHealth& health, bool require_rdma) {
+  StatusOr<std::vector<kvtransfer::UcxResource>> found = kvtransfer::query_ucx_resources();
+  if (!found.ok()) {
+    PD_LOG_WARN("cannot list UCX transports: {}", std::string(found.status().message()));
+    health.set_rdma(false, "unknown (" + std::string(found.status().message()) + ")");
+    return;
+  }
+  bool rdma = false;
+  for (const kvtransfer::UcxResource& r : *found) rdma = rdma || kvtransfer::is_rdma_transport(r.transport);
+  const std::string names = kvtransfer::describe_ucx_resources(*found);
+  PD_LOG_INFO("UCX transports: {}; RDMA: {}; RLIMIT_MEMLOCK: {}", names, rdma ? "yes" : "no", memlock_limit());
+  if (require_rdma && !rdma)
+    PD_LOG_WARN("--require-rdma: UCX offers no RDMA transport (only {}); staying not ready", names);
+  health.set_rdma(rdma, names);
+}
+
+// Waits until nothing is in flight (RPCs, transfers, held KV) or `timeout` passed; whether idle.
+bool drain(const WorkerService& service, const PrefillRole* prefill, const DecodeRole* decode,
+           std::chrono::duration<double> timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto busy = [&] {
+    return service.in_flight() > 0 || (prefill && prefill->open_jobs() > 0) || (decode && decode->open_jobs() > 0);
+  };
+  while (busy()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 int serve(WorkerProgram program, const WorkerFlags& f) {
@@ -61,6 +117,16 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     std::cerr << "error: pdserve-prefill serves --role prefill only\n";
     return 2;
   }
+  if (role == ROLE_AGGREGATED && (f.require_rdma || f.kv_port != 0)) {
+    std::cerr << "error: --require-rdma and --kv-port apply to the prefill and decode roles (an aggregated worker "
+                 "moves no KV)\n";
+    return 2;
+  }
+  if (f.drain_timeout_s < 0) {
+    std::cerr << "error: --drain-timeout-s must be >= 0\n";
+    return 2;
+  }
+  const std::string role_name = role == ROLE_PREFILL ? "prefill" : role == ROLE_DECODE ? "decode" : "aggregated";
   // Signals are taken by sigwait() on the main thread; every thread started later inherits
   // the mask, so none of them is interrupted.
   sigset_t signals;
@@ -68,6 +134,16 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  // The probes answer from before the model loads (start-up: not yet) to the end of the drain.
+  WorkerHealth health(role_name, {.router = !f.router.empty(), .rdma = f.require_rdma});
+  std::unique_ptr<ProbeServer> probes;
+  if (f.probe_port >= 0) {
+    auto started = ProbeServer::start(f.host, f.probe_port, health);
+    if (!started.ok()) return fail("probes", started.status());
+    probes = std::move(*started);
+  }
+  if (role != ROLE_AGGREGATED) check_ucx(health, f.require_rdma);
 
   auto model = engine::load_model({f.model, f.tokenizer});
   if (!model.ok()) return fail("model", model.status());
@@ -84,6 +160,9 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   kv.default_lease = std::chrono::milliseconds(f.kv_lease_ms);
   kv.peer_timeout = std::chrono::milliseconds(f.kv_peer_timeout_ms);
   kv.heartbeat_interval = std::min<Duration>(std::chrono::seconds(1), kv.peer_timeout / 4);
+  kv.bind_host = f.host;
+  kv.port_base = f.kv_port;
+  kv.advertise_host = f.advertise.empty() ? f.host : host_of(f.advertise);
   // Declared first so that it is destroyed last: the roles use its engine.
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<PrefillRole> prefill;
@@ -99,10 +178,14 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   }
   loop = std::make_unique<engine::EngineLoop>(std::move(eng));
   if (prefill) prefill->attach(loop.get());
+  health.set_started([&loop, kv_ranks = prefill ? &prefill->kv() : decode ? &decode->kv() : nullptr] {
+    const engine::EngineLoopStats st = loop->stats();
+    return WorkerLoadGauges{st.engine.num_blocks, st.engine.free_blocks, st.engine.running, st.engine.waiting,
+                            kv_ranks ? kv_ranks->transfer_failures() : 0};
+  });
 
-  const std::string role_name = role == ROLE_PREFILL ? "prefill" : role == ROLE_DECODE ? "decode" : "aggregated";
   std::string worker_id = f.id;
-  WorkerService service(role, "", *loop, prefill.get(), decode.get());
+  WorkerService service(role, "", *loop, prefill.get(), decode.get(), f.kv_compat);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -117,11 +200,13 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   const std::string address = f.host + ":" + std::to_string(port);
   if (worker_id.empty()) worker_id = role_name + "@" + address;
   service.set_worker_id(worker_id);
-  std::cout << "READY grpc=" << address << " role=" << role_name << " tp=" << f.engine.tp << " model=" << model_name
-            << std::endl;
+  health.set_serving();
+  std::cout << "READY grpc=" << address << " role=" << role_name << " tp=" << f.engine.tp << " model=" << model_name;
+  if (probes) std::cout << " probe=" << f.host << ":" << probes->port();
+  std::cout << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
-  std::unique_ptr<RouterRegistration> registration;
+  std::unique_ptr<RouterSet> registration;
   if (!f.router.empty() && f.advertise.empty() && (f.host == "0.0.0.0" || f.host == "::" || f.host == "[::]"))
     PD_LOG_WARN("listening on {} without --advertise: registering as {}, which only this machine can dial", f.host,
                 address);
@@ -130,7 +215,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     ro.router = f.router;
     ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
     const std::string advertised = f.advertise.empty() ? address : f.advertise;
-    registration = std::make_unique<RouterRegistration>(ro, [&service, advertised, worker_id] {
+    registration = std::make_unique<RouterSet>(ro, [&service, advertised, worker_id] {
       WorkerInfo info;
       InfoRequest none;
       (void)service.Info(nullptr, &none, &info);
@@ -143,16 +228,25 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
       r.set_num_blocks(info.num_blocks());
       r.set_block_size(info.block_size());
       r.set_compat_hash(info.compat_hash());
+      r.set_kv_compat(info.kv_compat());
       return r;
     });
     registration->start();
+    health.set_registration([set = registration.get()] { return set->registered(); });
   }
 
   int sig = 0;
   sigwait(&signals, &sig);
-  PD_LOG_INFO("{}: signal {}, shutting down", worker_id, sig);
-  // Leave the router first, so that it sends nothing new while we drain.
+  PD_LOG_INFO("{}: signal {}, draining (up to {} s)", worker_id, sig, f.drain_timeout_s);
+  // Not ready and out of the routers first, so that nothing new is sent while we drain; what
+  // still arrives is refused (the router places it elsewhere), what is in flight finishes.
+  health.set_draining();
+  service.set_draining();
   if (registration) registration->stop();
+  if (drain(service, prefill.get(), decode.get(), std::chrono::duration<double>(f.drain_timeout_s)))
+    PD_LOG_INFO("{}: drained", worker_id);
+  else
+    PD_LOG_WARN("{}: drain timeout: cancelling what is still in flight", worker_id);
   // In-flight RPCs get a moment to finish, then are cancelled (their handlers abort).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (prefill) prefill->shutdown(std::chrono::seconds(2));
@@ -201,6 +295,20 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--router", f.router, "Register with the router at HOST:PORT and heartbeat to it");
   app.add_option("--advertise", f.advertise, "HOST:PORT the router should dial (default: --host and the bound port)");
   app.add_option("--heartbeat-ms", f.heartbeat_ms, "Heartbeat interval (0: as the router asks)")->capture_default_str();
+  app.add_option("--probe-port", f.probe_port,
+                 "HTTP probes on --host: /livez, /startupz, /readyz, /metrics (-1: none; 0: any free port)")
+      ->capture_default_str();
+  app.add_option("--kv-port", f.kv_port,
+                 "Rank r's kvtransfer control channel listens on --host, port N + r (0: any free port)")
+      ->capture_default_str();
+  app.add_flag("--require-rdma", f.require_rdma,
+               "Stay not ready (/readyz 503) while UCX offers no RDMA transport (only tcp, shared memory, self)");
+  app.add_option("--drain-timeout-s", f.drain_timeout_s,
+                 "On SIGTERM: seconds for in-flight streams and KV transfers to finish before they are cancelled")
+      ->capture_default_str();
+  app.add_option("--kv-compat", f.kv_compat,
+                 "KV-compatibility label; the router pairs prefill and decode workers only when theirs are equal")
+      ->envname("PDSERVE_KV_COMPAT");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

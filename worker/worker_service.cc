@@ -23,11 +23,29 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+grpc::Status draining_error() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is draining (shutting down): it takes no new work");
+}
+
 }  // namespace
 
+class WorkerService::InFlight {
+ public:
+  explicit InFlight(std::atomic<int>& n) : n_(n) { ++n_; }
+  ~InFlight() { --n_; }
+
+ private:
+  std::atomic<int>& n_;
+};
+
 WorkerService::WorkerService(Role role, std::string worker_id, engine::EngineLoop& loop, PrefillRole* prefill,
-                             DecodeRole* decode)
-    : role_(role), worker_id_(std::move(worker_id)), loop_(loop), prefill_(prefill), decode_(decode) {}
+                             DecodeRole* decode, std::string kv_compat)
+    : role_(role),
+      kv_compat_(std::move(kv_compat)),
+      worker_id_(std::move(worker_id)),
+      loop_(loop),
+      prefill_(prefill),
+      decode_(decode) {}
 
 grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, WorkerInfo* reply) {
   const engine::Engine& e = loop_.engine();
@@ -54,6 +72,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
   reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
   const KvRanks* kv = prefill_ ? &prefill_->kv() : decode_ ? &decode_->kv() : nullptr;
   reply->set_backend(e.backend(0).name());
+  reply->set_kv_compat(kv_compat_);
   if (kv) {
     reply->set_compat_hash(kv->compat_hash());
     reply->set_kv_endpoint(kv->group().SerializeAsString());
@@ -66,6 +85,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
 
 grpc::Status WorkerService::Reserve(grpc::ServerContext*, const ReserveRequest* request, ReserveResponse* reply) {
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Reserve is served by decode workers");
+  InFlight counted(in_flight_);
+  if (draining_) return draining_error();
   StatusOr<ReserveResponse> r = decode_->reserve(*request);
   if (!r.ok()) return to_grpc(r.status());
   *reply = std::move(*r);
@@ -75,6 +96,8 @@ grpc::Status WorkerService::Reserve(grpc::ServerContext*, const ReserveRequest* 
 grpc::Status WorkerService::Prefill(grpc::ServerContext* context, const PrefillRequest* request,
                                     PrefillResponse* reply) {
   if (!prefill_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Prefill is served by prefill workers");
+  InFlight counted(in_flight_);
+  if (draining_) return draining_error();
   StatusOr<PrefillResponse> r = prefill_->prefill(*request, [context] { return context->IsCancelled(); });
   if (!r.ok()) return to_grpc(r.status());
   *reply = std::move(*r);
@@ -84,6 +107,9 @@ grpc::Status WorkerService::Prefill(grpc::ServerContext* context, const PrefillR
 grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerGenerateRequest* request,
                                      grpc::ServerWriter<WorkerEvent>* writer) {
   if (request->request_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty request id");
+  InFlight counted(in_flight_);
+  // A push Generate claims blocks reserved before the drain began: refusing it would strand them.
+  if (draining_ && request->kv_mode() != "push") return draining_error();
   StatusOr<engine::SamplingParams> params = to_engine_params(request->sampling());
   if (!params.ok()) return to_grpc(params.status());
   const std::string& mode = request->kv_mode();

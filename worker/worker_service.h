@@ -4,6 +4,7 @@
 // a stream that can no longer be written, aborts the request in the engine.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -17,8 +18,16 @@ namespace pdserve::worker {
 class WorkerService final : public Worker::Service {
  public:
   // `prefill` is set for the prefill role, `decode` for the decode role, neither for aggregated.
+  // `kv_compat` is the deployment's KV-compatibility label Info reports (--kv-compat).
   WorkerService(Role role, std::string worker_id, engine::EngineLoop& loop, PrefillRole* prefill,
-                DecodeRole* decode);
+                DecodeRole* decode, std::string kv_compat = "");
+
+  // Draining (SIGTERM): new work (Reserve, Prefill, Generate other than the claim of a push
+  // reservation made before) is refused with UNAVAILABLE, which the router places elsewhere;
+  // what is in flight goes on.
+  void set_draining() { draining_ = true; }
+  // Reserve, Prefill and Generate calls running now.
+  int in_flight() const { return in_flight_.load(); }
 
   // The id Info reports (known once the server has its port).
   void set_worker_id(std::string id) {
@@ -41,7 +50,13 @@ class WorkerService final : public Worker::Service {
   grpc::Status stream(grpc::ServerContext* context, engine::GenerationRequest request, double kv_transfer_s,
                       grpc::ServerWriter<WorkerEvent>* writer);
 
+  // Counts a handler as in flight for its lifetime.
+  class InFlight;
+
   const Role role_;
+  const std::string kv_compat_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
   std::mutex id_mu_;
   std::string worker_id_;
   engine::EngineLoop& loop_;

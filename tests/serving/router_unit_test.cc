@@ -65,6 +65,41 @@ TEST(RouterPolicy, PickDecodeTable) {
   for (const Case& c : cases) EXPECT_EQ(pick_decode(c.workers, c.need, c.exclude), c.want) << c.name;
 }
 
+WorkerLoad labelled(WorkerLoad l, std::string kv_compat, uint64_t compat_hash = 7) {
+  l.kv_compat = std::move(kv_compat);
+  l.compat_hash = compat_hash;
+  return l;
+}
+
+// A rolling upgrade: generation "old" and "new" workers side by side pair only within their own
+// generation, and a label or geometry no decode worker shares leaves the prefill worker unused.
+TEST(RouterPolicy, PairsPrefillAndDecodeOnlyWithinAKvCompatGeneration) {
+  const WorkerLoad p_old = labelled(load(0, true, 0, 0, /*queued=*/0), "old");
+  const WorkerLoad p_new = labelled(load(1, true, 0, 0, /*queued=*/500), "new");
+  const WorkerLoad d_old = labelled(load(5, true, 90, 0), "old");
+  const WorkerLoad d_new = labelled(load(6, true, 50, 0), "new");
+  EXPECT_TRUE(kv_pairable(p_old, d_old));
+  EXPECT_FALSE(kv_pairable(p_old, d_new));
+  EXPECT_FALSE(kv_pairable(labelled(p_old, "old", 8), d_old)) << "same label, other KV geometry";
+  EXPECT_TRUE(kv_pairable(labelled(p_old, ""), labelled(d_old, ""))) << "unlabelled workers pair";
+
+  // Both generations have a decode worker: the least loaded prefill worker wins, as without labels.
+  EXPECT_EQ(pick_prefill({p_old, p_new}, {}, {d_old, d_new}, 10, {}), 0);
+  // The old decode worker is gone (excluded, down, or too small): only the new prefill worker can be paired.
+  EXPECT_EQ(pick_prefill({p_old, p_new}, {}, {d_old, d_new}, 10, {5}), 1);
+  EXPECT_EQ(pick_prefill({p_old, p_new}, {}, {load(5, false, 90, 0), d_new}, 10, {}), 1);
+  EXPECT_EQ(pick_prefill({p_old, p_new}, {}, {labelled(load(5, true, 90, 0, 0, /*num_blocks=*/5), "old"), d_new}, 10, {}),
+            1);
+  // No decode worker shares any prefill worker's label.
+  EXPECT_EQ(pick_prefill({p_old}, {}, {d_new}, 10, {}), -1);
+
+  // The decode worker chosen is of the prefill worker's generation even when another has more room.
+  EXPECT_EQ(pick_decode({d_old, d_new}, 10, {}, &p_new), 6);
+  EXPECT_EQ(pick_decode({d_old, d_new}, 10, {}, &p_old), 5);
+  EXPECT_EQ(pick_decode({d_new}, 10, {}, &p_old), -1);
+  EXPECT_EQ(pick_decode({d_old, d_new}, 10, {}), 5) << "without a pair, any decode worker";
+}
+
 TEST(RouterPolicy, BlocksNeeded) {
   EXPECT_EQ(blocks_needed(10, 6, 512, 16), 1);
   EXPECT_EQ(blocks_needed(10, 7, 512, 16), 2);
