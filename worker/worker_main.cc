@@ -82,7 +82,9 @@ void check_ucx(WorkerHealth& health, bool require_rdma) {
   bool rdma = false;
   for (const kvtransfer::UcxResource& r : *found) rdma = rdma || kvtransfer::is_rdma_transport(r.transport);
   const std::string names = kvtransfer::describe_ucx_resources(*found);
-  PD_LOG_INFO("UCX transports: {}; RDMA: {}; RLIMIT_MEMLOCK: {}", names, rdma ? "yes" : "no", memlock_limit());
+  // Printed whatever the log level: the first thing to look at when KV transfers are slow.
+  std::cerr << "UCX transports: " << names << "; RDMA: " << (rdma ? "yes" : "no")
+            << "; RLIMIT_MEMLOCK: " << memlock_limit() << std::endl;
   if (require_rdma && !rdma)
     PD_LOG_WARN("--require-rdma: UCX offers no RDMA transport (only {}); staying not ready", names);
   health.set_rdma(rdma, names);

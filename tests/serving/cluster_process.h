@@ -108,6 +108,7 @@ class Process {
         while (line >> word) {
           if (word.rfind("grpc=", 0) == 0) grpc_ = word.substr(5);
           if (word.rfind("http=", 0) == 0) http_port_ = std::stoi(word.substr(word.rfind(':') + 1));
+          if (word.rfind("probe=", 0) == 0) probe_port_ = std::stoi(word.substr(word.rfind(':') + 1));
         }
         return true;
       }
@@ -167,6 +168,7 @@ class Process {
   }
   const std::string& grpc() const { return grpc_; }
   int http_port() const { return http_port_; }
+  int probe_port() const { return probe_port_; }  // A worker's --probe-port, from its READY line.
   pid_t pid() const { return pid_; }
 
  private:
@@ -178,6 +180,7 @@ class Process {
   int status_ = -1;
   std::string grpc_;
   int http_port_ = 0;
+  int probe_port_ = 0;
 };
 
 // `pdserve up --model stories260K --port P <args>`.
