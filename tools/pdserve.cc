@@ -3,6 +3,7 @@
 
 #include "common/logging.h"
 #include "tools/bench_command.h"
+#include "tools/check_command.h"
 #include "tools/generate_command.h"
 #include "tools/make_model_command.h"
 #include "tools/up_command.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   pdserve::tools::add_make_model_command(app, &exit_code);
   pdserve::tools::add_up_command(app, &exit_code);
   pdserve::tools::add_bench_command(app, &exit_code);
+  pdserve::tools::add_check_command(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -403,6 +403,15 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("pdserve:kv_transfer_bytes_total{prefill=\"127.0.0.1:"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("pdserve:kv_transfer_seconds_count{prefill="), std::string::npos);
+
+  // `pdserve check` (the Helm chart's test pod) passes on it, and fails on a port with no router.
+  CommandOutput check = pdserve({"check", "--router", c.grpc(), "--http", "127.0.0.1:" + std::to_string(c.http_port())});
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  EXPECT_NE(check.out.find("ok    HTTP 1-token completion"), std::string::npos) << check.out;
+  EXPECT_NE(check.out.find("all checks passed"), std::string::npos) << check.out;
+  CommandOutput nothing = pdserve({"check", "--router", "127.0.0.1:1"});
+  EXPECT_EQ(nothing.exit_code, 1) << nothing.out;
+  EXPECT_NE(nothing.out.find("FAIL  gRPC health"), std::string::npos) << nothing.out;
 }
 
 // Two prefill workers at TP 2 feeding one decode worker at TP 4: fan-out on the producers,

@@ -1,0 +1,147 @@
+#include "tools/check_command.h"
+
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "tools/router_client.h"
+
+namespace pdserve::tools {
+namespace {
+
+using json = nlohmann::json;
+
+struct CheckFlags {
+  std::string router;  // gRPC HOST:PORT.
+  std::string http;    // HTTP HOST:PORT (optional).
+  std::string prompt = "Once upon a time";
+  double wait_s = 0;
+};
+
+// grpc.health.v1.Health/Check of the whole server through the generic stub (Debian ships no
+// health.proto): an empty request; SERVING is a response whose field 1 is 1.
+Status grpc_health(const std::string& address) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::CompletionQueue cq;
+  grpc::Slice nothing;
+  grpc::ByteBuffer request(&nothing, 1), response;
+  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return absl::UnavailableError(absl::StrCat("health check: ", status.error_message()));
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (bytes != std::string("\x08\x01", 2)) return absl::UnavailableError("health: NOT_SERVING (no worker of some needed role is up)");
+  return absl::OkStatus();
+}
+
+// host and port of HOST:PORT.
+std::pair<std::string, int> split(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return {host_port, 80};
+  return {host_port.substr(0, colon), std::atoi(host_port.c_str() + colon + 1)};
+}
+
+// Runs every check once; prints each; the first failure.
+Status run_checks(const CheckFlags& f, bool print) {
+  auto report = [print](const std::string& what, const Status& s) {
+    if (print) std::cout << (s.ok() ? "ok    " : "FAIL  ") << what << (s.ok() ? "" : ": " + std::string(s.message())) << "\n";
+    return s;
+  };
+  PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health(f.router)));
+  auto connected = connect_and_describe(f.router);
+  PD_RETURN_IF_ERROR(report("gRPC GetModelInfo", connected.status()));
+  const std::string model = connected->model.name();
+  v1::GenerateRequest req;
+  req.set_text(f.prompt);
+  req.mutable_sampling()->set_max_tokens(1);
+  req.mutable_sampling()->set_temperature(0);
+  int tokens = 0;
+  bool finished = false;
+  Status generated = connected->client->generate(req, [&](const v1::GenerateResponse& r) {
+    tokens += r.token_ids_size();
+    finished = finished || r.finished();
+  });
+  if (generated.ok() && (tokens != 1 || !finished))
+    generated = absl::InternalError(absl::StrCat("expected 1 token and a finish, got ", tokens));
+  PD_RETURN_IF_ERROR(report("gRPC 1-token completion (model " + model + ")", generated));
+  if (f.http.empty()) return absl::OkStatus();
+
+  const auto [host, port] = split(f.http);
+  httplib::Client http(host, port);
+  http.set_connection_timeout(5, 0);
+  http.set_read_timeout(30, 0);
+  Status listed = absl::OkStatus();
+  if (auto r = http.Get("/v1/models"); !r) {
+    listed = absl::UnavailableError(absl::StrCat("GET /v1/models: ", httplib::to_string(r.error())));
+  } else if (r->status != 200) {
+    listed = absl::UnavailableError(absl::StrCat("GET /v1/models: HTTP ", r->status, ": ", r->body));
+  } else {
+    const json body = json::parse(r->body, nullptr, false);
+    bool found = false;
+    if (body.is_object() && body.contains("data") && body["data"].is_array())
+      for (const json& m : body["data"]) found = found || (m.is_object() && m.value("id", "") == model);
+    if (!found) listed = absl::NotFoundError(absl::StrCat("GET /v1/models does not list ", model, ": ", r->body));
+  }
+  PD_RETURN_IF_ERROR(report("HTTP GET /v1/models " + f.http, listed));
+  const json completion = {{"model", model}, {"prompt", f.prompt}, {"max_tokens", 1}, {"temperature", 0}};
+  Status completed = absl::OkStatus();
+  if (auto r = http.Post("/v1/completions", completion.dump(), "application/json"); !r) {
+    completed = absl::UnavailableError(absl::StrCat("POST /v1/completions: ", httplib::to_string(r.error())));
+  } else if (r->status != 200) {
+    completed = absl::UnavailableError(absl::StrCat("POST /v1/completions: HTTP ", r->status, ": ", r->body));
+  } else {
+    const json body = json::parse(r->body, nullptr, false);
+    const bool one = body.is_object() && body.contains("usage") && body["usage"].value("completion_tokens", -1) == 1;
+    if (!one) completed = absl::InternalError(absl::StrCat("POST /v1/completions: expected 1 completion token: ", r->body));
+  }
+  return report("HTTP 1-token completion", completed);
+}
+
+int run_check(const CheckFlags& f) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.wait_s);
+  while (true) {
+    const bool last = std::chrono::steady_clock::now() >= deadline;
+    // Failures are printed only on the last try, so a cluster still starting is not noise.
+    const Status s = run_checks(f, last);
+    if (s.ok()) {
+      if (!last) (void)run_checks(f, true);  // Print the passing checks.
+      std::cout << "all checks passed\n";
+      return 0;
+    }
+    if (last) return 1;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app, int* exit_code) {
+  auto f = std::make_shared<CheckFlags>();
+  CLI::App* cmd = app.add_subcommand("check", "Smoke-test a running cluster through its router (gRPC, and HTTP with --http)");
+  cmd->add_option("--router", f->router, "The router's gRPC HOST:PORT")->required();
+  cmd->add_option("--http", f->http, "The router's HTTP HOST:PORT (OpenAI API checks)");
+  cmd->add_option("--prompt", f->prompt, "Prompt of the 1-token completions")->capture_default_str();
+  cmd->add_option("--wait-s", f->wait_s, "Retry for up to this many seconds until every check passes")
+      ->capture_default_str();
+  cmd->callback([f, exit_code] { *exit_code = run_check(*f); });
+}
+
+}  // namespace pdserve::tools
