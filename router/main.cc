@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "common/logging.h"
 #include "engine/model_loader.h"
@@ -31,6 +32,7 @@ struct Flags {
   int max_running = 64;
   int max_waiting = 256;
   double request_timeout_s = 600;
+  double drain_timeout_s = 30;  // On SIGTERM, for requests in flight.
   int poll_interval_ms = 200;
   int max_message_bytes = 16 << 20;
   int max_attempts = 3;
@@ -132,7 +134,17 @@ int run(const Flags& f) {
     health->SetServingStatus("pdserve.v1.Generation", ready);
     if (sigtimedwait(&signals, nullptr, &tick) > 0) break;
   }
-  std::cerr << "router: shutting down\n";
+  // Drain: not serving (readiness fails, so the Service stops sending), new requests refused,
+  // those in flight finish for up to --drain-timeout-s.
+  std::cerr << "router: draining (up to " << f.drain_timeout_s << " s)\n";
+  router.set_draining();
+  health->SetServingStatus(false);
+  health->SetServingStatus("pdserve.v1.Generation", false);
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.drain_timeout_s);
+  while (router.in_flight() > 0 && std::chrono::steady_clock::now() < drain_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::cerr << "router: " << (router.in_flight() == 0 ? "drained" : "drain timeout: cancelling what is in flight")
+            << "; shutting down\n";
   http.stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   registry.stop();
@@ -162,6 +174,9 @@ int main(int argc, char** argv) {
   app.add_option("--request-timeout", f.request_timeout_s, "Per-request timeout in seconds")->capture_default_str();
   app.add_option("--poll-interval-ms", f.poll_interval_ms, "Worker Info poll interval")->capture_default_str();
   app.add_option("--max-message-bytes", f.max_message_bytes, "Largest request accepted (gRPC and HTTP)")->capture_default_str();
+  app.add_option("--drain-timeout-s", f.drain_timeout_s,
+                 "On SIGTERM: seconds for requests in flight to finish (new ones are refused) before shutdown")
+      ->capture_default_str();
   app.add_option("--max-attempts", f.max_attempts, "Placements tried when workers fail before the first token")->capture_default_str();
   app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "How often registered workers are asked to heartbeat")
       ->capture_default_str();

@@ -202,7 +202,13 @@ v1::ModelInfo Router::model_info() const {
   return m;
 }
 
+int Router::in_flight() const {
+  std::lock_guard lock(active_mu_);
+  return int(active_.size());
+}
+
 bool Router::ready() const {
+  if (draining_) return false;
   auto any_up = [&](worker::Role role) {
     for (const WorkerLoad& l : registry_.loads(role))
       if (l.up) return true;
@@ -548,6 +554,10 @@ Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std
 
 Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit) {
   const TimePoint arrival = clock_.now();
+  if (draining_) {
+    metrics_.count_failure(absl::StatusCodeToString(absl::StatusCode::kUnavailable));
+    return absl::UnavailableError("the router is draining (shutting down): retry on another router");
+  }
   auto prompt = validate(request);
   if (!prompt.ok()) {
     metrics_.count_failure(absl::StatusCodeToString(prompt.status().code()));

@@ -73,6 +73,11 @@ class Router {
   std::string metrics_text() const;
   int running() const { return admission_.running(); }
   int waiting() const { return admission_.waiting(); }
+  // Draining (SIGTERM): new requests are refused with UNAVAILABLE (a client retries on another
+  // router replica) and ready() turns false; requests already in go on.
+  void set_draining() { draining_ = true; }
+  // Requests between arrival and their end (queued at the router or out at the workers).
+  int in_flight() const;
 
  private:
   struct Active;
@@ -100,7 +105,8 @@ class Router {
   mutable AdmissionQueue admission_;
   uint64_t kv_bytes_per_token_ = 0;
 
-  std::mutex active_mu_;
+  std::atomic<bool> draining_{false};
+  mutable std::mutex active_mu_;
   std::map<std::string, std::shared_ptr<Active>> active_;
   std::atomic<uint64_t> next_id_{0};
   const std::string id_prefix_;

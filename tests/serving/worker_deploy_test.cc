@@ -198,6 +198,64 @@ TEST(WorkerDeploy, SigtermDuringAStreamFinishesTheStreamBeforeExit) {
   EXPECT_EQ(decode->log().find("drain timeout"), std::string::npos) << decode->log();
 }
 
+// The same for the router: SIGTERM stops new requests (UNAVAILABLE, so a client tries another
+// replica) while the streams in flight finish whole, then it exits 0.
+TEST(WorkerDeploy, SigtermToTheRouterFinishesItsStreamsAndRefusesNewOnes) {
+  constexpr int kMaxTokens = 16;
+  constexpr int kStreams = 2;
+  auto router = start_router();
+  ASSERT_TRUE(router->wait_ready(30s)) << router->log();
+  auto prefill = start_worker("prefill", {"--router", router->grpc()});
+  auto decode = start_worker("decode", {"--router", router->grpc(), "--device", "emulated"});
+  const std::vector<int> want = reference_tokens(kMaxTokens, /*ignore_eos=*/true);
+  ASSERT_TRUE(prefill->wait_ready(60s)) << prefill->log();
+  ASSERT_TRUE(decode->wait_ready(120s)) << decode->log();
+  ASSERT_EQ(wait_probe(decode->probe_port(), "/readyz", 200, 30s).status, 200);
+  httplib::Client http("127.0.0.1", router->http_port());
+  for (int i = 0; i < 200; ++i) {
+    auto h = http.Get("/health");
+    if (h && h->status == 200) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(router->grpc(), grpc::InsecureChannelCredentials()));
+  Stream streams[kStreams];
+  for (Stream& s : streams) start_stream(s, *stub, kMaxTokens);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  auto begun = [&] {
+    for (const Stream& s : streams)
+      if (s.seen == 0) return false;
+    return true;
+  };
+  while (!begun() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(begun());
+  ::kill(router->pid(), SIGTERM);
+  // A request arriving during the drain is refused, and says why.
+  grpc::Status refused;
+  for (int i = 0; i < 100; ++i) {
+    v1::GenerateRequest req;
+    req.set_text(kPrompt);
+    req.mutable_sampling()->set_max_tokens(1);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+    }
+    refused = reader->Finish();
+    if (!refused.ok()) break;
+    std::this_thread::sleep_for(20ms);  // The signal may not have been taken yet.
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("draining"), std::string::npos) << refused.error_message();
+  for (Stream& s : streams) {
+    s.reader.join();
+    EXPECT_TRUE(s.status.ok()) << s.status.error_message() << router->log();
+    EXPECT_EQ(s.tokens, want);
+  }
+  EXPECT_EQ(router->wait_exit(60s), 0) << router->log();
+  EXPECT_NE(router->log().find("router: drained"), std::string::npos) << router->log();
+}
+
 // Waits until the router's /metrics lists `address` up in `role`.
 bool wait_up(int router_http, const std::string& address, const std::string& role) {
   httplib::Client http("127.0.0.1", router_http);
