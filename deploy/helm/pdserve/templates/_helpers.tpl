@@ -1,0 +1,340 @@
+{{/* Names ------------------------------------------------------------------------------------ */}}
+
+{{- define "pdserve.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Kept short: "-router-registry" and the role suffixes must still fit in 63 characters. */}}
+{{- define "pdserve.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pdserve.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pdserve.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pdserve.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels ------------------------------------------------------------------------------------ */}}
+
+{{- define "pdserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "pdserve.labels" -}}
+helm.sh/chart: {{ include "pdserve.chart" . }}
+{{ include "pdserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pdserve
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A component's selector: the release's plus app.kubernetes.io/component. ctx: {root, component} */}}
+{{- define "pdserve.componentSelectorLabels" -}}
+{{ include "pdserve.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "pdserve.componentLabels" -}}
+{{ include "pdserve.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Image ------------------------------------------------------------------------------------- */}}
+
+{{- define "pdserve.imageTag" -}}
+{{- if .Values.image.tag -}}
+{{- .Values.image.tag -}}
+{{- else -}}
+{{- get (dict "cpu" "cpu" "nvidia" "cuda" "amd" "rocm") .Values.accelerator.vendor -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest (a digest names one build whatever the tag says). */}}
+{{- define "pdserve.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (include "pdserve.imageTag" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Accelerator ------------------------------------------------------------------------------- */}}
+
+{{/* The GPU resource name, or "" on CPU. */}}
+{{- define "pdserve.gpuResource" -}}
+{{- if ne .Values.accelerator.vendor "cpu" -}}
+{{- default (get (dict "nvidia" "nvidia.com/gpu" "amd" "amd.com/gpu") .Values.accelerator.vendor) .Values.accelerator.resourceName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* KV compatibility ---------------------------------------------------------------------------
+One value for prefill and decode, computed from everything that decides whether a prefill worker's
+KV blocks mean the same thing to a decode worker. */}}
+{{- define "pdserve.kvCompat" -}}
+{{- if .Values.kvCompat.override -}}
+{{- .Values.kvCompat.override -}}
+{{- else -}}
+{{- $fields := list
+      (printf "model=%s" .Values.model.name)
+      (printf "revision=%s" (.Values.model.revision | toString))
+      (printf "dtype=%s" .Values.engine.weightDtype)
+      (printf "block=%d" (.Values.engine.blockSize | int))
+      (printf "layout=%s" (.Values.engine.kvLayoutVersion | toString))
+      (printf "image=%s" (include "pdserve.image" .)) -}}
+{{- join "\n" $fields | sha256sum | trunc 16 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Router addresses ---------------------------------------------------------------------------- */}}
+
+{{- define "pdserve.routerServiceName" -}}
+{{- printf "%s-router" (include "pdserve.fullname" .) -}}
+{{- end -}}
+
+{{/* Headless, publishNotReadyAddresses: workers must register while the router is still not ready
+(it is not ready until workers exist), and they register with every address the name resolves to. */}}
+{{- define "pdserve.routerRegistryName" -}}
+{{- printf "%s-router-registry" (include "pdserve.fullname" .) -}}
+{{- end -}}
+
+{{- define "pdserve.routerRegistryAddress" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "pdserve.routerRegistryName" .) .Release.Namespace .Values.clusterDomain (.Values.router.ports.grpc | int) -}}
+{{- end -}}
+
+{{/* Probes, shutdown ---------------------------------------------------------------------------- */}}
+
+{{/* ceil(startupMaxSeconds / periodSeconds). ctx: a probes block */}}
+{{- define "pdserve.startupFailureThreshold" -}}
+{{- $max := .startupMaxSeconds | int -}}
+{{- $period := .periodSeconds | int -}}
+{{- div (add $max (sub $period 1)) $period -}}
+{{- end -}}
+
+{{/* preStop + drain + margin, unless set. ctx: a role block (workers) */}}
+{{- define "pdserve.workerGracePeriod" -}}
+{{- if kindIs "invalid" .terminationGracePeriodSeconds -}}
+{{- add (.drain.preStopSeconds | int) (.drain.drainTimeoutSeconds | int) (.drain.marginSeconds | int) -}}
+{{- else -}}
+{{- .terminationGracePeriodSeconds | int -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pdserve.routerGracePeriod" -}}
+{{- if kindIs "invalid" .terminationGracePeriodSeconds -}}
+{{- add (.drain.preStopSeconds | int) (.drain.drainTimeoutSeconds | int) (.drain.marginSeconds | int) -}}
+{{- else -}}
+{{- .terminationGracePeriodSeconds | int -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kubelet's own sleep handler: the image has no shell or /bin/sleep. Omitted at 0 (a 0 s sleep
+needs Kubernetes 1.32). ctx: seconds */}}
+{{- define "pdserve.preStop" -}}
+{{- if gt (. | int) 0 -}}
+lifecycle:
+  preStop:
+    sleep:
+      seconds: {{ . | int }}
+{{- end }}
+{{- end -}}
+
+{{/* Memory ------------------------------------------------------------------------------------- */}}
+
+{{/* /dev/shm size. ctx: a role block */}}
+{{- define "pdserve.shmSize" -}}
+{{- if .shm.sizeLimit -}}
+{{- .shm.sizeLimit -}}
+{{- else -}}
+{{- $mib := mul (.shm.perRankMiB | int) (.tensorParallel | int) -}}
+{{- if eq (mod $mib 1024) 0 -}}
+{{- printf "%dGi" (div $mib 1024) -}}
+{{- else -}}
+{{- printf "%dMi" $mib -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Security ----------------------------------------------------------------------------------- */}}
+
+{{- define "pdserve.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .Values.security.runAsUser | int }}
+runAsGroup: {{ .Values.security.runAsGroup | int }}
+fsGroup: {{ .Values.security.fsGroup | int }}
+seccompProfile:
+  type: RuntimeDefault
+{{- with .Values.accelerator.supplementalGroups }}
+supplementalGroups:
+{{- range . }}
+  - {{ . | int }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* ctx: {rdma: bool} — IPC_LOCK only when RDMA pins memory. */}}
+{{- define "pdserve.containerSecurityContext" -}}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- if .rdma }}
+  add: [IPC_LOCK]
+{{- end }}
+{{- end -}}
+
+{{/* Model ---------------------------------------------------------------------------------------- */}}
+
+{{/* The settings every pdserve container shares, as a dict: the ConfigMap's data. PDSERVE_MODEL_PATH /
+XDG_CACHE_HOME make `--model NAME` resolve to the mounted copy; UCX_* only matter to the workers. */}}
+{{- define "pdserve.sharedEnv" -}}
+{{- $m := .Values.model -}}
+{{- $env := dict "PDSERVE_LOG_LEVEL" .Values.logLevel -}}
+{{- if or (eq $m.source "pvc") (eq $m.source "hostPath") -}}
+{{- $_ := set $env "PDSERVE_MODEL_PATH" "/models" -}}
+{{- else if eq $m.source "image" -}}
+{{- $_ := set $env "PDSERVE_MODEL_PATH" $m.image.path -}}
+{{- else if eq $m.source "download" -}}
+{{- /* The resolver's cache is $XDG_CACHE_HOME/pdserve/models; naming it in PDSERVE_MODEL_PATH too
+keeps the image's own PDSERVE_MODEL_PATH from being searched first. */ -}}
+{{- $_ := set $env "XDG_CACHE_HOME" "/models" -}}
+{{- $_ := set $env "PDSERVE_MODEL_PATH" "/models/pdserve/models" -}}
+{{- end -}}
+{{- $env = merge $env (include "pdserve.ucxEnv" . | fromYaml) -}}
+{{- toYaml $env -}}
+{{- end -}}
+
+{{- define "pdserve.modelVolumes" -}}
+{{- $m := .Values.model -}}
+{{- if eq $m.source "pvc" -}}
+- name: model
+  persistentVolumeClaim:
+    claimName: {{ $m.pvc.claimName }}
+    readOnly: true
+{{- else if eq $m.source "hostPath" -}}
+- name: model
+  hostPath:
+    path: {{ $m.hostPath.path }}
+    type: {{ $m.hostPath.type }}
+{{- else if eq $m.source "download" -}}
+- name: model
+  emptyDir:
+    sizeLimit: {{ $m.download.sizeLimit }}
+{{- end }}
+{{- end -}}
+
+{{- define "pdserve.modelMounts" -}}
+{{- $m := .Values.model -}}
+{{- if ne $m.source "image" -}}
+- name: model
+  mountPath: /models
+  readOnly: true
+{{- if and (eq $m.source "pvc") $m.pvc.subPath }}
+  subPath: {{ $m.pvc.subPath }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The CLI's resolver fetches a registered model and checks each file's sha256; generating one token
+then proves the files load. It runs on CPU, which is only sensible for small registered models. */}}
+{{- define "pdserve.modelInitContainers" -}}
+{{- $m := .Values.model -}}
+{{- if eq $m.source "download" -}}
+- name: fetch-model
+  image: {{ include "pdserve.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [/opt/pdserve/bin/pdserve]
+  args: [generate, --model, {{ $m.name | quote }}, --device, cpu, --max-tokens, "1", --prompt, x]
+  env:
+    - name: XDG_CACHE_HOME
+      value: /models
+    - name: PDSERVE_MODEL_PATH
+      value: /models/pdserve/models
+    - name: PDSERVE_LOG_LEVEL
+      value: {{ .Values.logLevel | quote }}
+{{- with $m.download.baseUrl }}
+    - name: PDSERVE_MODEL_BASE_URL
+      value: {{ . | quote }}
+{{- end }}
+  securityContext:
+    {{- include "pdserve.containerSecurityContext" (dict "rdma" false) | nindent 4 }}
+  resources:
+    {{- toYaml $m.download.resources | nindent 4 }}
+  volumeMounts:
+    - name: model
+      mountPath: /models
+    - name: tmp
+      mountPath: /tmp
+{{- end }}
+{{- end -}}
+
+{{/* UCX ------------------------------------------------------------------------------------------ */}}
+
+{{/* The preset's variables as a dict (name -> value). GPU memory types come from the vendor: UCX must
+be told it may move cuda/rocm memory, or it treats device pointers as host memory. */}}
+{{- define "pdserve.ucxEnv" -}}
+{{- $u := .Values.ucx -}}
+{{- $vendor := .Values.accelerator.vendor -}}
+{{- $mem := get (dict "nvidia" ",cuda_copy,cuda_ipc" "amd" ",rocm_copy,rocm_ipc" "cpu" "") $vendor -}}
+{{- $env := dict -}}
+{{- if eq $u.preset "ib" -}}
+{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,dc_x,dc,sm,self%s" $mem) -}}
+{{- $_ := set $env "UCX_RNDV_SCHEME" "get_zcopy" -}}
+{{- else if or (eq $u.preset "roce") (eq $u.preset "amd-ionic") -}}
+{{- /* Ethernet link layer: the GID, not a LID, addresses the peer. */ -}}
+{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,sm,self%s" $mem) -}}
+{{- $_ := set $env "UCX_RNDV_SCHEME" "get_zcopy" -}}
+{{- $_ := set $env "UCX_IB_ADDR_TYPE" "eth" -}}
+{{- $_ := set $env "UCX_IB_GID_INDEX" ($u.gidIndex | int | toString) -}}
+{{- else if eq $u.preset "tcp" -}}
+{{- $_ := set $env "UCX_TLS" (printf "tcp,sm,self%s" (get (dict "nvidia" ",cuda_copy" "amd" ",rocm_copy" "cpu" "") $vendor)) -}}
+{{- end -}}
+{{- if $u.netDevices -}}
+{{- $_ := set $env "UCX_NET_DEVICES" $u.netDevices -}}
+{{- end -}}
+{{- range $k, $v := $u.env -}}
+{{- $_ := set $env $k ($v | toString) -}}
+{{- end -}}
+{{- toYaml $env -}}
+{{- end -}}
+
+{{/* Monitoring ----------------------------------------------------------------------------------- */}}
+
+{{/* "true" when a monitoring object of this kind renders. ctx: {root, enabled, key} */}}
+{{- define "pdserve.monitoringOn" -}}
+{{- $has := .root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}
+{{- if eq (toString .enabled) "auto" -}}
+{{- if $has }}true{{ end -}}
+{{- else if eq (toString .enabled) "true" -}}
+{{- if not $has -}}
+{{- fail (printf "%s is true but the cluster serves no monitoring.coreos.com/v1 API: install the prometheus-operator CRDs, pass --api-versions monitoring.coreos.com/v1 to helm template, or set it to auto" .key) -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The label selector that picks this release's pdserve metrics in PromQL. ctx: root */}}
+{{- define "pdserve.promSelector" -}}
+namespace="{{ .Release.Namespace }}",app_kubernetes_io_instance="{{ .Release.Name }}"
+{{- end -}}

@@ -1,0 +1,153 @@
+{{/* Cross-field checks that values.schema.json cannot express. Each message starts with the key to fix.
+Called once, from validate.yaml. */}}
+{{- define "pdserve.validate" -}}
+{{- $v := .Values -}}
+{{- $errors := list -}}
+
+{{- /* Accelerator: the device each vendor's workers run. */ -}}
+{{- $devices := dict "cpu" (list "cpu" "emulated") "nvidia" (list "cuda") "amd" (list "hip") -}}
+{{- if not (has $v.accelerator.device (get $devices $v.accelerator.vendor)) -}}
+{{- $errors = append $errors (printf "accelerator.device %q does not match accelerator.vendor %q: vendor cpu runs device cpu (or emulated), nvidia runs cuda, amd runs hip" $v.accelerator.device $v.accelerator.vendor) -}}
+{{- end -}}
+{{- if and (eq $v.accelerator.vendor "cpu") $v.accelerator.resourceName -}}
+{{- $errors = append $errors (printf "accelerator.resourceName %q is set but accelerator.vendor is cpu: CPU workers request no GPU" $v.accelerator.resourceName) -}}
+{{- end -}}
+{{- if and (ne $v.accelerator.vendor "nvidia") $v.accelerator.runtimeClassName -}}
+{{- $errors = append $errors (printf "accelerator.runtimeClassName %q is for NVIDIA nodes; accelerator.vendor is %s" $v.accelerator.runtimeClassName $v.accelerator.vendor) -}}
+{{- end -}}
+{{- $gpu := include "pdserve.gpuResource" . -}}
+
+{{- /* Model source. */ -}}
+{{- $m := $v.model -}}
+{{- if or (contains "/" $m.name) (eq $m.name ".") (eq $m.name "..") -}}
+{{- $errors = append $errors (printf "model.name %q must be a name (a directory inside the model volume), not a path" $m.name) -}}
+{{- end -}}
+{{- if and (eq $m.source "pvc") (not $m.pvc.claimName) -}}
+{{- $errors = append $errors "model.pvc.claimName must be set when model.source is pvc" -}}
+{{- end -}}
+{{- if and (eq $m.source "hostPath") (not $m.hostPath.path) -}}
+{{- $errors = append $errors "model.hostPath.path must be set when model.source is hostPath" -}}
+{{- end -}}
+
+{{- /* RDMA and UCX. */ -}}
+{{- $preset := $v.ucx.preset -}}
+{{- if and (has $preset (list "ib" "roce" "amd-ionic")) (not $v.rdma.enabled) -}}
+{{- $errors = append $errors (printf "ucx.preset %s configures RDMA transports but rdma.enabled is false: enable rdma (device resource, IPC_LOCK) or use ucx.preset tcp/none" $preset) -}}
+{{- end -}}
+{{- if and (eq $preset "tcp") $v.rdma.enabled -}}
+{{- $errors = append $errors "ucx.preset tcp limits UCX to TCP but rdma.enabled is true: pick ib, roce or amd-ionic (or disable rdma)" -}}
+{{- end -}}
+{{- if and $v.rdma.required (not $v.rdma.enabled) -}}
+{{- $errors = append $errors "rdma.required is true but rdma.enabled is false: the workers could never become ready" -}}
+{{- end -}}
+
+{{- /* Router. */ -}}
+{{- $r := $v.router -}}
+{{- $rMin := ternary ($r.autoscaling.minReplicas | int) ($r.replicas | int) $r.autoscaling.enabled -}}
+{{- if and $r.pdb.enabled (ge ($r.pdb.minAvailable | int) $rMin) -}}
+{{- $errors = append $errors (printf "router.pdb.minAvailable (%d) must be lower than the router's replica count (%d), or no router could ever be evicted and node drains would hang; raise router.replicas or disable router.pdb" ($r.pdb.minAvailable | int) $rMin) -}}
+{{- end -}}
+{{- if and $r.autoscaling.enabled (gt ($r.autoscaling.minReplicas | int) ($r.autoscaling.maxReplicas | int)) -}}
+{{- $errors = append $errors "router.autoscaling.minReplicas must not exceed router.autoscaling.maxReplicas" -}}
+{{- end -}}
+{{- $rNeed := add ($r.drain.preStopSeconds | int) ($r.drain.drainTimeoutSeconds | int) ($r.drain.marginSeconds | int) -}}
+{{- if and (not (kindIs "invalid" $r.terminationGracePeriodSeconds)) (lt ($r.terminationGracePeriodSeconds | int) $rNeed) -}}
+{{- $errors = append $errors (printf "router.terminationGracePeriodSeconds (%d) is lower than router.drain.preStopSeconds + drainTimeoutSeconds + marginSeconds (%d + %d + %d = %d): the kubelet would kill streams mid-drain" ($r.terminationGracePeriodSeconds | int) ($r.drain.preStopSeconds | int) ($r.drain.drainTimeoutSeconds | int) ($r.drain.marginSeconds | int) $rNeed) -}}
+{{- end -}}
+{{- if gt ($r.probes.periodSeconds | int) ($r.probes.startupMaxSeconds | int) -}}
+{{- $errors = append $errors "router.probes.startupMaxSeconds must be at least router.probes.periodSeconds" -}}
+{{- end -}}
+{{- if eq ($r.ports.grpc | int) ($r.ports.http | int) -}}
+{{- $errors = append $errors "router.ports.http must differ from router.ports.grpc" -}}
+{{- end -}}
+
+{{- /* Prefill and decode. */ -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $w := get $v $role -}}
+{{- $tp := $w.tensorParallel | int -}}
+{{- if not (has $tp (list 1 2 4 8)) -}}
+{{- $errors = append $errors (printf "%s.tensorParallel must be 1, 2, 4 or 8 (got %d)" $role $tp) -}}
+{{- end -}}
+{{- range $kind := list "requests" "limits" -}}
+{{- $res := default (dict) (get $w.resources $kind) -}}
+{{- if and $gpu (hasKey $res $gpu) -}}
+{{- $errors = append $errors (printf "%s.resources.%s must not set %s: the chart requests %s.tensorParallel GPUs" $role $kind $gpu $role) -}}
+{{- end -}}
+{{- range $name := list "nvidia.com/gpu" "amd.com/gpu" -}}
+{{- if and (hasKey $res $name) (ne $name $gpu) -}}
+{{- $errors = append $errors (printf "%s.resources.%s requests %s but accelerator.vendor is %s" $role $kind $name $v.accelerator.vendor) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.rdma.enabled (hasKey $res $v.rdma.resourceName) -}}
+{{- $errors = append $errors (printf "%s.resources.%s must not set %s: the chart requests rdma.perGpu per rank" $role $kind $v.rdma.resourceName) -}}
+{{- end -}}
+{{- end -}}
+{{- $need := add ($w.drain.preStopSeconds | int) ($w.drain.drainTimeoutSeconds | int) ($w.drain.marginSeconds | int) -}}
+{{- if and (not (kindIs "invalid" $w.terminationGracePeriodSeconds)) (lt ($w.terminationGracePeriodSeconds | int) $need) -}}
+{{- $errors = append $errors (printf "%s.terminationGracePeriodSeconds (%d) is lower than %s.drain.preStopSeconds + drainTimeoutSeconds + marginSeconds (%d + %d + %d = %d): the kubelet would kill streams and KV transfers mid-drain" $role ($w.terminationGracePeriodSeconds | int) $role ($w.drain.preStopSeconds | int) ($w.drain.drainTimeoutSeconds | int) ($w.drain.marginSeconds | int) $need) -}}
+{{- end -}}
+{{- if gt ($w.probes.periodSeconds | int) ($w.probes.startupMaxSeconds | int) -}}
+{{- $errors = append $errors (printf "%s.probes.startupMaxSeconds must be at least %s.probes.periodSeconds" $role $role) -}}
+{{- end -}}
+{{- if and (eq (toString $w.rollout.maxSurge) "0") (eq (toString $w.rollout.maxUnavailable) "0") -}}
+{{- $errors = append $errors (printf "%s.rollout.maxSurge and %s.rollout.maxUnavailable are both 0: a rollout could never start" $role $role) -}}
+{{- end -}}
+{{- if and $w.hugepages.enabled (not (hasKey (default (dict) $w.resources.requests) "memory")) -}}
+{{- $errors = append $errors (printf "%s.hugepages.enabled needs %s.resources.requests.memory (Kubernetes requires a memory or CPU request beside hugepages)" $role $role) -}}
+{{- end -}}
+{{- /* As strings: int and int64 never compare equal. */ -}}
+{{- $ports := list ($w.ports.grpc | int | toString) ($w.ports.probe | int | toString) -}}
+{{- range $rank := until $tp -}}
+{{- $ports = append $ports (add ($w.ports.kv | int) $rank | toString) -}}
+{{- end -}}
+{{- if ne (len $ports) (len (uniq $ports)) -}}
+{{- $errors = append $errors (printf "%s.ports: grpc, probe and kv .. kv+tensorParallel-1 must not overlap" $role) -}}
+{{- end -}}
+{{- $a := $w.autoscaling -}}
+{{- if $a.enabled -}}
+{{- if gt ($a.minReplicas | int) ($a.maxReplicas | int) -}}
+{{- $errors = append $errors (printf "%s.autoscaling.minReplicas must not exceed %s.autoscaling.maxReplicas" $role $role) -}}
+{{- end -}}
+{{- if and (eq $a.kind "hpa") (lt ($a.minReplicas | int) 1) -}}
+{{- $errors = append $errors (printf "%s.autoscaling.minReplicas must be at least 1 with kind hpa (only KEDA scales to zero)" $role) -}}
+{{- end -}}
+{{- if and (eq $a.kind "hpa") (not $a.hpa.metrics) -}}
+{{- $errors = append $errors (printf "%s.autoscaling.hpa.metrics must list at least one metric (a GPU worker's CPU use says nothing about its load)" $role) -}}
+{{- end -}}
+{{- if and (eq $a.kind "keda") (not $a.keda.serverAddress) -}}
+{{- $errors = append $errors (printf "%s.autoscaling.keda.serverAddress must name the Prometheus KEDA queries" $role) -}}
+{{- end -}}
+{{- end -}}
+{{- with $w.placement.colocateWith.role -}}
+{{- if eq . $role -}}
+{{- $errors = append $errors (printf "%s.placement.colocateWith.role must name the other role, not %s itself" $role $role) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* P:D ratio, for static replica counts. */ -}}
+{{- $lo := $v.ratio.prefillPerDecodeMin -}}
+{{- $hi := $v.ratio.prefillPerDecodeMax -}}
+{{- if and (not (kindIs "invalid" $lo)) (not (kindIs "invalid" $hi)) (gt (float64 $lo) (float64 $hi)) -}}
+{{- $errors = append $errors "ratio.prefillPerDecodeMin must not exceed ratio.prefillPerDecodeMax" -}}
+{{- end -}}
+{{- if not (or $v.prefill.autoscaling.enabled $v.decode.autoscaling.enabled) -}}
+{{- $p := $v.prefill.replicas | int -}}
+{{- $d := $v.decode.replicas | int -}}
+{{- if and (not (kindIs "invalid" $lo)) (lt (float64 $p) (mulf (float64 $lo) (float64 $d))) -}}
+{{- $errors = append $errors (printf "prefill.replicas / decode.replicas = %d/%d is below ratio.prefillPerDecodeMin (%v)" $p $d $lo) -}}
+{{- end -}}
+{{- if and (not (kindIs "invalid" $hi)) (gt (float64 $p) (mulf (float64 $hi) (float64 $d))) -}}
+{{- $errors = append $errors (printf "prefill.replicas / decode.replicas = %d/%d is above ratio.prefillPerDecodeMax (%v)" $p $d $hi) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* NetworkPolicy default-deny without the allow-list would cut the release off. */ -}}
+{{- if and $v.networkPolicy.defaultDeny (not $v.networkPolicy.enabled) -}}
+{{- $errors = append $errors "networkPolicy.defaultDeny needs networkPolicy.enabled (the allow-list policies), or pdserve's own traffic is denied too" -}}
+{{- end -}}
+
+{{- if $errors -}}
+{{- fail (printf "\n\npdserve values are invalid:\n  - %s\n" (join "\n  - " $errors)) -}}
+{{- end -}}
+{{- end -}}

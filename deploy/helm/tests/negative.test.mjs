@@ -1,0 +1,96 @@
+// Bad values must fail the render with a message that names the key, with Helm 3 and Helm 4.
+// Schema errors are worded differently by the two (Helm 3: "prefill: Additional property x is not
+// allowed", Helm 4: "at '/prefill': additional properties 'x' not allowed"), so each case asserts
+// on the key's parts, not on either wording. _validate.tpl messages are the chart's own and are
+// matched exactly.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { renderError } from './lib.mjs';
+
+const CASES = [
+  // values.schema.json
+  { name: 'unknown top-level key', opts: { set: ['replica=2'] }, want: [/replica/] },
+  { name: 'typo in a role block', opts: { set: ['prefill.tensorParalel=2'] }, want: [/prefill/, /tensorParalel/] },
+  { name: 'typo in a nested block', opts: { set: ['decode.probes.startupMaxSecond=60'] }, want: [/probes/, /startupMaxSecond/] },
+  { name: 'wrong type', opts: { set: ['decode.replicas=two'] }, want: [/decode/, /replicas/] },
+  { name: 'unknown UCX preset', opts: { set: ['ucx.preset=infiniband'] }, want: [/ucx/, /preset/] },
+  { name: 'unknown vendor', opts: { set: ['accelerator.vendor=intel'] }, want: [/accelerator/, /vendor/] },
+  { name: 'router without replicas', opts: { set: ['router.replicas=0'] }, want: [/router/, /replicas/] },
+  { name: 'TP above 8', opts: { set: ['decode.tensorParallel=16'] }, want: [/decode/, /tensorParallel/] },
+  // _validate.tpl
+  { name: 'TP 3', opts: { set: ['prefill.tensorParallel=3'] }, want: ['prefill.tensorParallel must be 1, 2, 4 or 8 (got 3)'] },
+  { name: 'GPU vendor on the CPU preset', opts: { preset: 'cpu', set: ['accelerator.vendor=nvidia'] },
+    want: ['accelerator.device "cpu" does not match accelerator.vendor "nvidia"'] },
+  { name: 'GPU device on the CPU preset', opts: { preset: 'cpu', set: ['accelerator.device=cuda'] },
+    want: ['accelerator.device "cuda" does not match accelerator.vendor "cpu"'] },
+  { name: 'hip on NVIDIA', opts: { preset: 'nvidia-h200', set: ['accelerator.device=hip'] },
+    want: ['accelerator.device "hip" does not match accelerator.vendor "nvidia"'] },
+  { name: 'GPU resource name on CPU', opts: { preset: 'cpu', set: ['accelerator.resourceName=nvidia.com/gpu'] },
+    want: ['accelerator.resourceName "nvidia.com/gpu" is set but accelerator.vendor is cpu'] },
+  { name: 'router tGPS below preStop + drain + margin', opts: { set: ['router.terminationGracePeriodSeconds=20'] },
+    want: ['router.terminationGracePeriodSeconds (20) is lower than router.drain.preStopSeconds + drainTimeoutSeconds + marginSeconds (10 + 30 + 10 = 50)'] },
+  { name: 'tGPS below preStop + drain + margin', opts: { set: ['decode.terminationGracePeriodSeconds=30'] },
+    want: ['decode.terminationGracePeriodSeconds (30) is lower than decode.drain.preStopSeconds + drainTimeoutSeconds + marginSeconds (10 + 60 + 15 = 85)'] },
+  { name: 'router tGPS too low', opts: { set: ['router.terminationGracePeriodSeconds=5'] },
+    want: ['router.terminationGracePeriodSeconds (5) is lower than'] },
+  { name: 'RDMA preset without rdma.enabled', opts: { set: ['ucx.preset=ib'] }, want: ['ucx.preset ib configures RDMA transports but rdma.enabled is false'] },
+  { name: 'tcp preset with RDMA', opts: { preset: 'nvidia-h200', set: ['ucx.preset=tcp'] }, want: ['ucx.preset tcp limits UCX to TCP but rdma.enabled is true'] },
+  { name: 'rdma.required without rdma', opts: { set: ['rdma.required=true'] }, want: ['rdma.required is true but rdma.enabled is false'] },
+  { name: 'GPU set by hand', opts: { set: ['prefill.resources.limits.nvidia\\.com/gpu=2'] },
+    want: ['prefill.resources.limits must not set nvidia.com/gpu: the chart requests prefill.tensorParallel GPUs'] },
+  { name: 'other vendor GPU set by hand', opts: { preset: 'amd-mi355x', set: ['decode.resources.requests.nvidia\\.com/gpu=1'] },
+    want: ['decode.resources.requests requests nvidia.com/gpu but accelerator.vendor is amd'] },
+  { name: 'RDMA resource set by hand', opts: { preset: 'nvidia-h200', set: ['decode.resources.limits.rdma/ib=1'] },
+    want: ['decode.resources.limits must not set rdma/ib'] },
+  { name: 'P:D ratio above the bound', opts: { preset: 'amd-mi355x', set: ['prefill.replicas=5'] },
+    want: ['prefill.replicas / decode.replicas = 5/1 is above ratio.prefillPerDecodeMax (4)'] },
+  { name: 'P:D ratio below the bound', opts: { preset: 'amd-mi355x', set: ['decode.replicas=3'] },
+    want: ['prefill.replicas / decode.replicas = 2/3 is below ratio.prefillPerDecodeMin (1)'] },
+  { name: 'ratio bounds inverted', opts: { set: ['ratio.prefillPerDecodeMin=4', 'ratio.prefillPerDecodeMax=2'] },
+    want: ['ratio.prefillPerDecodeMin must not exceed ratio.prefillPerDecodeMax'] },
+  { name: 'monitoring required without the API', opts: { set: ['monitoring.prometheusRule.enabled=true'] },
+    want: ['monitoring.prometheusRule.enabled is true but the cluster serves no monitoring.coreos.com/v1 API'] },
+  { name: 'router PDB that blocks drains', opts: { set: ['router.replicas=1'] },
+    want: ['router.pdb.minAvailable (1) must be lower than the router\'s replica count (1)'] },
+  { name: 'pvc without a claim', opts: { set: ['model.source=pvc'] }, want: ['model.pvc.claimName must be set when model.source is pvc'] },
+  { name: 'hostPath without a path', opts: { set: ['model.source=hostPath'] }, want: ['model.hostPath.path must be set when model.source is hostPath'] },
+  { name: 'model name is a path', opts: { set: ['model.name=a/b'] }, want: ['model.name "a/b" must be a name'] },
+  { name: 'HPA without metrics', opts: { set: ['prefill.autoscaling.enabled=true', 'prefill.autoscaling.kind=hpa'] },
+    want: ['prefill.autoscaling.hpa.metrics must list at least one metric'] },
+  { name: 'HPA scaling to zero', opts: { set: ['prefill.autoscaling.enabled=true', 'prefill.autoscaling.kind=hpa', 'prefill.autoscaling.minReplicas=0'],
+    setJson: ['prefill.autoscaling.hpa.metrics=[{"type":"Pods","pods":{"metric":{"name":"x"},"target":{"type":"AverageValue","averageValue":"1"}}}]'] },
+    want: ['prefill.autoscaling.minReplicas must be at least 1 with kind hpa'] },
+  { name: 'autoscaling min above max', opts: { set: ['decode.autoscaling.enabled=true', 'decode.autoscaling.minReplicas=5'] },
+    want: ['decode.autoscaling.minReplicas must not exceed decode.autoscaling.maxReplicas'] },
+  { name: 'rollout that cannot start', opts: { set: ['decode.rollout.maxSurge=0'] },
+    want: ['decode.rollout.maxSurge and decode.rollout.maxUnavailable are both 0'] },
+  { name: 'co-location with itself', opts: { set: ['decode.placement.colocateWith.role=decode'] },
+    want: ['decode.placement.colocateWith.role must name the other role'] },
+  { name: 'startup window shorter than a period', opts: { set: ['prefill.probes.startupMaxSeconds=5'] },
+    want: ['prefill.probes.startupMaxSeconds must be at least prefill.probes.periodSeconds'] },
+  { name: 'overlapping worker ports', opts: { set: ['prefill.tensorParallel=4', 'prefill.ports.probe=50072'] },
+    want: ['prefill.ports: grpc, probe and kv .. kv+tensorParallel-1 must not overlap'] },
+  { name: 'hugepages without a memory request', opts: { set: ['prefill.hugepages.enabled=true', 'prefill.resources.requests.memory=null'] },
+    want: ['prefill.hugepages.enabled needs prefill.resources.requests.memory'] },
+  { name: 'default-deny without the allow-list', opts: { set: ['networkPolicy.defaultDeny=true'] },
+    want: ['networkPolicy.defaultDeny needs networkPolicy.enabled'] },
+  { name: 'runtime class on AMD', opts: { preset: 'amd-mi355x', set: ['accelerator.runtimeClassName=nvidia'] },
+    want: ['accelerator.runtimeClassName "nvidia" is for NVIDIA nodes'] },
+];
+
+for (const version of [3, 4]) {
+  for (const c of CASES) {
+    test(`helm ${version}: ${c.name}`, () => {
+      const err = renderError({ ...c.opts, helm: version });
+      for (const w of c.want) {
+        if (typeof w === 'string') assert.ok(err.includes(w), `expected ${JSON.stringify(w)} in:\n${err}`);
+        else assert.match(err, w);
+      }
+    });
+  }
+}
+
+test('several problems are reported together', () => {
+  const err = renderError({ set: ['prefill.tensorParallel=3', 'ucx.preset=roce', 'decode.terminationGracePeriodSeconds=1'] });
+  for (const w of ['prefill.tensorParallel', 'ucx.preset roce', 'decode.terminationGracePeriodSeconds']) assert.ok(err.includes(w), w);
+});

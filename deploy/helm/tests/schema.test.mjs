@@ -1,0 +1,99 @@
+// Every rendered object against the Kubernetes (and prometheus-operator, KEDA) schemas, for every
+// preset and for a render with every optional object on:
+//  1. kubernetes-models' ajv validation (types, required fields, enums, formats);
+//  2. a strict pass for what (1) lets through, unknown fields and nulls: each object becomes a typed
+//     object literal in a .ts file and `tsc --noEmit --strict` reports excess properties (TS2353).
+// A kind with no model fails: nothing rendered goes unchecked.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { PRESETS, TOOLS, render } from './lib.mjs';
+
+// apiVersion group -> [npm package, import path prefix]
+const PACKAGES = {
+  '': 'kubernetes-models',
+  'apps': 'kubernetes-models/apps',
+  'policy': 'kubernetes-models/policy',
+  'autoscaling': 'kubernetes-models/autoscaling',
+  'networking.k8s.io': 'kubernetes-models/networking.k8s.io',
+  'monitoring.coreos.com': '@kubernetes-models/prometheus-operator/monitoring.coreos.com',
+  'keda.sh': '@kubernetes-models/keda/keda.sh',
+};
+function modelPath(o) {
+  const [group, version] = o.apiVersion.includes('/') ? o.apiVersion.split('/') : ['', o.apiVersion];
+  const base = PACKAGES[group];
+  if (!base) return undefined;
+  return `${base}/${version}`;
+}
+
+const monitoring = ['monitoring.coreos.com/v1'];
+const CASES = [
+  ...PRESETS.map((preset) => ({ name: preset, opts: { preset, apiVersions: monitoring } })),
+  { name: 'everything-on', opts: { preset: 'nvidia-h200', apiVersions: monitoring, set: [
+    'networkPolicy.enabled=true', 'networkPolicy.defaultDeny=true', 'monitoring.dashboards.enabled=true',
+    'prefill.autoscaling.enabled=true', 'decode.autoscaling.enabled=true', 'decode.autoscaling.kind=hpa',
+    'router.autoscaling.enabled=true', 'prefill.hugepages.enabled=true',
+    'model.source=download', 'decode.placement.antiAffinity=hard', 'decode.placement.colocateWith.mode=required'],
+    setJson: ['decode.autoscaling.hpa.metrics=[{"type":"Pods","pods":{"metric":{"name":"pdserve_worker_num_requests_running"},"target":{"type":"AverageValue","averageValue":"64"}}}]',
+      'networkPolicy.clients=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"apps"}}}]'] } },
+  { name: 'cpu-hostpath', opts: { preset: 'cpu', set: ['model.source=hostPath', 'model.hostPath.path=/srv/models', 'ucx.preset=none'] } },
+];
+
+const rendered = CASES.map((c) => ({ ...c, docs: render(c.opts).docs }));
+
+for (const { name, docs } of rendered) {
+  test(`kubernetes-models validation: ${name}`, async () => {
+    const failures = [];
+    for (const o of docs) {
+      const mp = modelPath(o);
+      const where = `${o.kind}/${o.metadata?.name}`;
+      if (!mp) { failures.push(`${where}: no schema model for apiVersion ${o.apiVersion}`); continue; }
+      let Model;
+      try {
+        Model = (await import(pathToFileURL(join(TOOLS.nodeModules, mp, `${o.kind}.js`)).href))[o.kind];
+      } catch (e) {
+        failures.push(`${where}: no schema model ${mp}/${o.kind} (${e.code ?? e.message})`);
+        continue;
+      }
+      try { new Model(o).validate(); } catch (e) { failures.push(`${where}: ${e.message}`); }
+    }
+    assert.deepEqual(failures, [], failures.join('\n'));
+  });
+}
+
+test('strict pass: no unknown fields or nulls (tsc --noEmit --strict)', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'pdserve-chart-ts-'));
+  try {
+    symlinkSync(TOOLS.nodeModules, join(dir, 'node_modules'), 'dir');
+    writeFileSync(join(dir, 'package.json'), '{"type":"module","private":true}\n');
+    const imports = new Map();
+    const lines = [];
+    const where = [];  // line number (1-based, after the imports) -> object
+    for (const { name, docs } of rendered) {
+      for (const o of docs) {
+        const mp = modelPath(o);
+        assert.ok(mp, `${name}: ${o.kind}/${o.metadata?.name} has no schema model`);
+        const alias = `I${o.kind}_${mp.replace(/[^A-Za-z0-9]/g, '_')}`;
+        imports.set(alias, `import type { I${o.kind} as ${alias} } from "${mp}";`);
+        where.push(`${name}: ${o.kind}/${o.metadata?.name}`);
+        lines.push(`export const d${lines.length}: ${alias} = ${JSON.stringify(o)};`);
+      }
+    }
+    const head = [...imports.values()];
+    writeFileSync(join(dir, 'rendered.ts'), [...head, ...lines, ''].join('\n'));
+    const r = spawnSync(process.execPath, [TOOLS.tsc, '--noEmit', '--strict', '--module', 'nodenext',
+      '--moduleResolution', 'nodenext', '--skipLibCheck', '--target', 'es2022', 'rendered.ts'],
+    { cwd: dir, encoding: 'utf8' });
+    const out = `${r.stdout}${r.stderr}`;
+    // rendered.ts(LINE,COL): error TSxxxx: ... -> the object it came from.
+    const errors = [...out.matchAll(/rendered\.ts\((\d+),\d+\): (error TS\d+: .*)/g)]
+      .map((m) => `${where[Number(m[1]) - head.length - 1] ?? `line ${m[1]}`}: ${m[2]}`);
+    assert.equal(r.status, 0, errors.length ? errors.join('\n') : out);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
