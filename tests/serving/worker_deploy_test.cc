@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
 
@@ -30,8 +32,9 @@ std::string worker_bin(const std::string& role) {
 }
 
 std::unique_ptr<Process> start_worker(const std::string& role, std::vector<std::string> extra) {
-  std::vector<std::string> args = {worker_bin(role), "--role", role, "--model", testing::stories_bin(), "--port", "0",
-                                   "--probe-port", "0"};
+  std::vector<std::string> args = {worker_bin(role), "--role", role, "--model", testing::stories_bin(), "--probe-port",
+                                   "0"};
+  if (std::find(extra.begin(), extra.end(), "--port") == extra.end()) args.insert(args.end(), {"--port", "0"});
   args.insert(args.end(), extra.begin(), extra.end());
   return std::make_unique<Process>(args);
 }
@@ -308,6 +311,56 @@ TEST(WorkerDeploy, RouterPairsOnlyWorkersOfTheSameKvCompatLabel) {
     ASSERT_TRUE(s.ok()) << s.error_message() << router->log();
     EXPECT_EQ(used, new_decode->grpc()) << "paired across generations";
   }
+}
+
+// As in a pod: workers bound on the wildcard address, advertising another (here loopback, the
+// pod IP in Kubernetes) with fixed kvtransfer ports. The descriptors carry the advertised host and
+// the fixed ports, and KV moves through them: greedy through the router equals in process.
+TEST(WorkerDeploy, WildcardBoundWorkersAdvertiseTheirAddressAndFixedKvPorts) {
+  auto router = start_router();
+  ASSERT_TRUE(router->wait_ready(30s)) << router->log();
+  const int p_port = testing::free_port_pair(), d_port = testing::free_port_pair();
+  const int p_kv = testing::free_port_pair(), d_kv = testing::free_port_pair();
+  auto flags = [&](int port, int kv) {
+    return std::vector<std::string>{"--host", "0.0.0.0", "--port", std::to_string(port), "--advertise",
+                                    "127.0.0.1:" + std::to_string(port), "--kv-port", std::to_string(kv), "--tp", "2",
+                                    "--router", router->grpc()};
+  };
+  auto prefill = start_worker("prefill", flags(p_port, p_kv));
+  auto decode = start_worker("decode", flags(d_port, d_kv));
+  ASSERT_TRUE(prefill->wait_ready(60s)) << prefill->log();
+  ASSERT_TRUE(decode->wait_ready(60s)) << decode->log();
+  const std::string advertised = "127.0.0.1:" + std::to_string(d_port);
+  ASSERT_TRUE(wait_up(router->http_port(), "127.0.0.1:" + std::to_string(p_port), "prefill")) << router->log();
+  ASSERT_TRUE(wait_up(router->http_port(), advertised, "decode")) << router->log();
+
+  // The decode worker's kvtransfer group: rank r at the advertised host, port kv + r.
+  auto worker = worker::Worker::NewStub(grpc::CreateChannel(advertised, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  worker::InfoRequest none;
+  worker::WorkerInfo info;
+  ASSERT_TRUE(worker->Info(&ctx, none, &info).ok());
+  worker::KvGroup group;
+  ASSERT_TRUE(group.ParseFromString(info.kv_endpoint()));
+  ASSERT_EQ(group.rank_endpoints_size(), 2);
+  EXPECT_EQ(group.rank_endpoints(0), "tcp://127.0.0.1:" + std::to_string(d_kv));
+  EXPECT_EQ(group.rank_endpoints(1), "tcp://127.0.0.1:" + std::to_string(d_kv + 1));
+
+  const std::vector<int> want = reference_tokens(32, /*ignore_eos=*/false);
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(router->grpc(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.set_text(kPrompt);
+  req.mutable_sampling()->set_max_tokens(32);
+  grpc::ClientContext gctx;
+  gctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub->Generate(&gctx, req);
+  v1::GenerateResponse r;
+  std::vector<int> tokens;
+  while (reader->Read(&r)) tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
+  const grpc::Status s = reader->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message() << prefill->log() << decode->log();
+  EXPECT_EQ(tokens, want);
 }
 
 }  // namespace
