@@ -383,7 +383,7 @@ test('MI355X preset: 2 prefill TP4 : 1 decode TP4 on amd.com/gpu, RDMA, IPC_LOCK
   }
 });
 
-test('CPU preset: no GPU or RDMA requests, the bundled stories260K (sha256-checked by the resolver), device cpu', () => {
+test('CPU preset: no GPU or RDMA requests, the bundled stories260K (shipped in the CPU image), device cpu', () => {
   const docs = presets.cpu;
   const text = JSON.stringify(podSpecs(docs));
   for (const n of [...GPU_NAMES, 'rdma/', 'IPC_LOCK', 'runtimeClassName', '--require-rdma']) assert.ok(!text.includes(n), `cpu preset mentions ${n}`);
@@ -392,13 +392,12 @@ test('CPU preset: no GPU or RDMA requests, the bundled stories260K (sha256-check
     const main = mainContainer(d);
     assert.equal(flag(main, '--model'), 'stories260K');
     assert.equal(main.image, 'pdserve:cpu');
-    const init = d.spec.template.spec.initContainers.find((i) => i.name === 'fetch-model');
-    assert.deepEqual(init.args.slice(0, 5), ['generate', '--model', 'stories260K', '--device', 'cpu']);
+    assert.equal(d.spec.template.spec.initContainers, undefined, 'no download');
+    assert.equal(d.spec.template.spec.volumes.find((v) => v.name === 'model'), undefined, 'no model volume');
   }
   const data = find(docs, 'ConfigMap', 'pd-pdserve-shared').data;
-  assert.equal(data.XDG_CACHE_HOME, '/models');
-  assert.equal(data.PDSERVE_MODEL_PATH, '/models/pdserve/models');
-  assert.equal(data.UCX_TLS, 'tcp,sm,self');
+  assert.equal(data.PDSERVE_MODEL_PATH, '/opt/pdserve/share/models', 'where Dockerfile.cpu puts the bundled model');
+  assert.equal(data.UCX_TLS, 'tcp,self', 'no shared memory between pods');
   for (const role of ROLES) assert.equal(flag(mainContainer(deployment(docs, role)), '--device'), 'cpu');
 });
 

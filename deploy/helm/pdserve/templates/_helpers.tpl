@@ -292,23 +292,26 @@ then proves the files load. It runs on CPU, which is only sensible for small reg
 {{/* UCX ------------------------------------------------------------------------------------------ */}}
 
 {{/* The preset's variables as a dict (name -> value). GPU memory types come from the vendor: UCX must
-be told it may move cuda/rocm memory, or it treats device pointers as host memory. */}}
+be told it may move cuda/rocm memory, or it treats device pointers as host memory. KV only ever moves
+between pods (a prefill and a decode worker), so no shared-memory or GPU-IPC transport: pods on one
+node share the boot id UCX uses to judge sm/cuda_ipc reachable, but not /dev/shm or the IPC
+namespace, and such a lane fails at connect time. */}}
 {{- define "pdserve.ucxEnv" -}}
 {{- $u := .Values.ucx -}}
 {{- $vendor := .Values.accelerator.vendor -}}
-{{- $mem := get (dict "nvidia" ",cuda_copy,cuda_ipc" "amd" ",rocm_copy,rocm_ipc" "cpu" "") $vendor -}}
+{{- $mem := get (dict "nvidia" ",cuda_copy" "amd" ",rocm_copy" "cpu" "") $vendor -}}
 {{- $env := dict -}}
 {{- if eq $u.preset "ib" -}}
-{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,dc_x,dc,sm,self%s" $mem) -}}
+{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,dc_x,dc,self%s" $mem) -}}
 {{- $_ := set $env "UCX_RNDV_SCHEME" "get_zcopy" -}}
 {{- else if or (eq $u.preset "roce") (eq $u.preset "amd-ionic") -}}
 {{- /* Ethernet link layer: the GID, not a LID, addresses the peer. */ -}}
-{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,sm,self%s" $mem) -}}
+{{- $_ := set $env "UCX_TLS" (printf "rc_x,rc,self%s" $mem) -}}
 {{- $_ := set $env "UCX_RNDV_SCHEME" "get_zcopy" -}}
 {{- $_ := set $env "UCX_IB_ADDR_TYPE" "eth" -}}
 {{- $_ := set $env "UCX_IB_GID_INDEX" ($u.gidIndex | int | toString) -}}
 {{- else if eq $u.preset "tcp" -}}
-{{- $_ := set $env "UCX_TLS" (printf "tcp,sm,self%s" (get (dict "nvidia" ",cuda_copy" "amd" ",rocm_copy" "cpu" "") $vendor)) -}}
+{{- $_ := set $env "UCX_TLS" (printf "tcp,self%s" $mem) -}}
 {{- end -}}
 {{- if $u.netDevices -}}
 {{- $_ := set $env "UCX_NET_DEVICES" $u.netDevices -}}
