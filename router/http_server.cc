@@ -6,15 +6,23 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
 #include <filesystem>
 
 #include "common/logging.h"
+#include "router/bounded_task_queue.h"
 #include "router/openai_api.h"
 
 namespace pdserve::router {
 namespace {
 
 using nlohmann::json;
+
+// As the kernel allows (net.core.somaxconn caps it).
+constexpr int kListenBacklog = 4096;
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -65,8 +73,19 @@ bool peer_closed(int fd) {
 
 }  // namespace
 
-HttpServer::HttpServer(Router& router, size_t max_body_bytes) : router_(router), server_(std::make_unique<httplib::Server>()) {
-  server_->set_payload_max_length(max_body_bytes);
+HttpServer::HttpServer(Router& router, HttpServerOptions options)
+    : router_(router), server_(std::make_unique<httplib::Server>()), id_salt_(std::random_device{}()) {
+  server_->set_payload_max_length(options.max_body_bytes);
+  server_->new_task_queue = [options] { return new BoundedTaskQueue(options.threads, options.max_queued); };
+  server_->set_keep_alive_timeout(options.keep_alive_timeout_s);
+  server_->set_keep_alive_max_count(size_t(options.keep_alive_max_requests));
+  // Debian's cpp-httplib is built with a listen backlog of 5: a burst of clients overflows it and
+  // their SYNs are retried a second later. The hook sees the listening socket before bind();
+  // bind() raises its backlog once httplib has called listen().
+  server_->set_socket_options([this](int sock) {
+    httplib::default_socket_options(sock);
+    listen_socket_ = sock;
+  });
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool ok = router_.ready();
     res.status = ok ? 200 : 503;
@@ -99,6 +118,8 @@ HttpServer::~HttpServer() { stop(); }
 StatusOr<int> HttpServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return absl::UnavailableError(absl::StrCat("HTTP: cannot bind ", host, ":", port));
+  if (listen_socket_ >= 0 && ::listen(listen_socket_, kListenBacklog) != 0)
+    PD_LOG_WARN("HTTP: cannot raise the listen backlog to {}: {}", kListenBacklog, std::strerror(errno));
   return bound;
 }
 
@@ -112,6 +133,11 @@ void HttpServer::stop() {
 }
 
 void HttpServer::handle_generate(const httplib::Request& http_request, bool chat, httplib::Response& res) {
+  if (BoundedTaskQueue::in_overflow()) {
+    res.set_header("Connection", "close");
+    return send_error(res, absl::ResourceExhaustedError(
+                               "overloaded: every HTTP connection slot is busy (--max-running + --max-waiting)"));
+  }
   auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_format);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
@@ -127,7 +153,11 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   if (auto prompt = router_.validate(req->request); !prompt.ok()) return send_error(res, prompt.status());
   const std::string model = router_.model_info().name();
   const int64_t created = unix_now();
-  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created) + "-" + std::to_string(reinterpret_cast<uintptr_t>(req.get()) & 0xffffff);
+  // Unique within the process (a count) and across router processes (a random salt).
+  char suffix[40];
+  std::snprintf(suffix, sizeof suffix, "%08x%012llx", unsigned(id_salt_ & 0xffffffffu),
+                static_cast<unsigned long long>(next_id_++));
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::string(suffix);
 
   if (!req->stream) {
     // Nothing is written until the end, so a gone client shows only on its socket; the router's
@@ -155,14 +185,16 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model](size_t, httplib::DataSink& sink) {
-    bool first = true, gone = false;
+    bool first = true;
+    // Written here, read by the router's watchdog thread through client_gone.
+    std::atomic<bool> gone{false};
     int prompt_tokens = 0, completion_tokens = 0;
     auto write = [&](const std::string& s) {
       if (gone || !sink.is_writable() || !sink.write(s.data(), s.size())) gone = true;
-      return !gone;
+      return !gone.load();
     };
     Status s = router_.generate(
-        req->request, [&] { return gone; },
+        req->request, [&] { return gone.load(); },
         [&](const v1::GenerateResponse& r) {
           prompt_tokens += r.prompt_token_ids_size();
           completion_tokens += r.token_ids_size();

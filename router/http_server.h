@@ -1,8 +1,11 @@
 // The router's HTTP front end (cpp-httplib): the OpenAI-compatible /v1/completions,
 // /v1/chat/completions (with SSE streaming) and /v1/models, /health for load balancers, and
-// Prometheus /metrics. Every request is served by the same Router as the gRPC API.
+// Prometheus /metrics. Every request is served by the same Router as the gRPC API. Connections
+// are served by a bounded pool (bounded_task_queue.h): beyond it, 429 like a full admission queue.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,9 +21,22 @@ struct Response;
 
 namespace pdserve::router {
 
+struct HttpServerOptions {
+  size_t max_body_bytes = 16 << 20;
+  // Connections served at once; the router gives --max-running + --max-waiting + a few for
+  // /health and /metrics, so every request its admission could take has a thread.
+  size_t threads = 8;
+  // Connections waiting for a thread; beyond, generation requests get 429 at once.
+  size_t max_queued = 0;
+  // An idle keep-alive connection holds a thread: it is closed after this long, or after this
+  // many requests.
+  int keep_alive_timeout_s = 2;
+  int keep_alive_max_requests = 100;
+};
+
 class HttpServer {
  public:
-  explicit HttpServer(Router& router, size_t max_body_bytes = 16 << 20);
+  HttpServer(Router& router, HttpServerOptions options);
   ~HttpServer();
 
   // Binds host:port (port 0: any free one) and returns the bound port.
@@ -36,6 +52,9 @@ class HttpServer {
 
   Router& router_;
   std::unique_ptr<httplib::Server> server_;
+  std::atomic<uint64_t> next_id_{0};  // Response ids: a process-random prefix and this count.
+  const uint64_t id_salt_;
+  int listen_socket_ = -1;  // Seen by the socket-options hook, for the listen backlog.
   std::thread thread_;
 };
 

@@ -111,7 +111,11 @@ int run(const Flags& f) {
     std::cerr << "error: cannot listen on " << f.host << ":" << f.port << "\n";
     return 1;
   }
-  HttpServer http(router, size_t(f.max_message_bytes));
+  HttpServerOptions http_options;
+  http_options.max_body_bytes = size_t(f.max_message_bytes);
+  // A thread for every request admission could hold, plus a few for /health, /metrics, /v1/models.
+  http_options.threads = size_t(f.max_running) + size_t(f.max_waiting) + 4;
+  HttpServer http(router, http_options);
   // Default: gRPC port + 1; but a gRPC port the system chose (--port 0) says nothing about the
   // next one, which may be another process's, so then any free one (READY names it).
   const int want_http = f.http_port >= 0 ? f.http_port : (f.port == 0 ? 0 : grpc_port + 1);

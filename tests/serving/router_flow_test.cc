@@ -356,7 +356,7 @@ TEST_F(RouterFlow, NonStreamingHttpClientHangingUpAbortsBothWorkers) {
   p.peer_decode = &d;
   d.hang = true;
   start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, RouterOptions{});
-  HttpServer http(*router_);
+  HttpServer http(*router_, HttpServerOptions{});
   auto port = http.bind("127.0.0.1", 0);
   ASSERT_TRUE(port.ok()) << port.status();
   http.start();

@@ -8,7 +8,9 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <atomic>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -339,6 +341,66 @@ TEST_F(RouterAggregated, UpStopsEverythingWhenOneProcessDies) {
   ::kill(children.front(), SIGKILL);
   EXPECT_EQ(cluster_->wait_exit(20s), 1) << cluster_->log();
   for (pid_t p : children) EXPECT_NE(::kill(p, 0), 0) << "child " << p << " survived";
+}
+
+// HTTP clients get as many connections as the router admits: 48 SSE streams run at once with
+// --max-running 48 (cpp-httplib's default pool ran 8 and queued the rest invisibly), and one
+// more, beyond an empty waiting queue, is refused with 429 at once. Response ids are unique.
+TEST(RouterHttp, FortyEightStreamsRunAtOnceAndOneMoreIs429) {
+  constexpr int kStreams = 48;
+  Cluster c({"--aggregated", "1", "--max-running", std::to_string(kStreams), "--max-waiting", "0"});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  std::atomic<int> peak{0}, started{0};
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {  // The router's own count of requests out at the workers.
+    httplib::Client http("127.0.0.1", c.http_port());
+    while (!done) {
+      if (auto m = http.Get("/metrics"); m && m->status == 200) {
+        const std::string key = "\npdserve:num_requests_running ";
+        if (size_t at = m->body.find(key); at != std::string::npos)
+          peak = std::max(peak.load(), std::atoi(m->body.c_str() + at + key.size()));
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::vector<std::thread> clients;
+  std::vector<int> status(kStreams, -1);
+  std::vector<std::string> bodies(kStreams);
+  const json body = {{"prompt", kPrompt}, {"max_tokens", 400}, {"ignore_eos", true}, {"temperature", 0}, {"stream", true}};
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      httplib::Client http("127.0.0.1", c.http_port());
+      http.set_read_timeout(120, 0);
+      ++started;
+      auto r = http.Post("/v1/completions", body.dump(), "application/json");
+      if (r) {
+        status[i] = r->status;
+        bodies[i] = r->body;
+      } else {
+        bodies[i] = "client error: " + httplib::to_string(r.error());
+      }
+    });
+  }
+  // Once all are out at the worker, one more finds no room and no queue.
+  for (int i = 0; i < 2000 && peak < kStreams; ++i) std::this_thread::sleep_for(5ms);
+  httplib::Client extra("127.0.0.1", c.http_port());
+  auto refused = extra.Post("/v1/completions", json{{"prompt", kPrompt}, {"max_tokens", 4}}.dump(), "application/json");
+  for (std::thread& t : clients) t.join();
+  done = true;
+  sampler.join();
+  EXPECT_EQ(peak.load(), kStreams) << "HTTP streams were not all running at once";
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 429) << refused->body;
+  EXPECT_NE(refused->body.find("overloaded"), std::string::npos) << refused->body;
+  std::set<std::string> ids;
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_EQ(status[i], 200) << bodies[i];
+    EXPECT_NE(bodies[i].find("data: [DONE]"), std::string::npos);
+    const size_t at = bodies[i].find("\"id\":\"");
+    ASSERT_NE(at, std::string::npos) << bodies[i];
+    ids.insert(bodies[i].substr(at, bodies[i].find('"', at + 6) - at));
+  }
+  EXPECT_EQ(ids.size(), size_t(kStreams)) << "response ids repeat";
 }
 
 TEST(RouterUp, CtrlCStopsCleanly) {
