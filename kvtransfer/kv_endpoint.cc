@@ -1,5 +1,7 @@
 #include "kvtransfer/kv_endpoint.h"
 
+#include "kvtransfer/fault.h"
+
 #include <algorithm>
 #include <cstring>
 #include <tuple>
@@ -178,12 +180,15 @@ StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::dial(const std::string& endpoi
 }
 
 Status KvRankEndpoint::ensure_transport(Remote& remote) {
-  if (!remote.error.ok()) return remote.error;
+  // A lost peer, or one whose data path cannot be opened, is the peer's fault (fault.h).
+  if (!remote.error.ok()) return peer_fault(remote.error);
   if (remote.transport_ready) return absl::OkStatus();
-  PD_ASSIGN_OR_RETURN(remote.transport_peer, transport_->connect(remote.address));
-  PD_ASSIGN_OR_RETURN(remote.remote_region,
-                      transport_->load_remote_region(remote.transport_peer,
-                                                     remote.arena_descriptor));
+  StatusOr<PeerId> peer = transport_->connect(remote.address);
+  if (!peer.ok()) return peer_fault(peer.status());
+  remote.transport_peer = *peer;
+  StatusOr<RemoteRegionId> region = transport_->load_remote_region(remote.transport_peer, remote.arena_descriptor);
+  if (!region.ok()) return peer_fault(region.status());
+  remote.remote_region = *region;
   remote.transport_ready = true;
   return absl::OkStatus();
 }
@@ -290,9 +295,9 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
       consumers[c] = *remote;
       continue;
     }
-    unreachable = absl::Status(remote.status().code(),
+    unreachable = unreachable_peer(absl::Status(remote.status().code(),
                                absl::StrCat("request ", in.request_id, ": consumer rank ", c, ": ",
-                                            std::string(remote.status().message())));
+                                            std::string(remote.status().message()))));
     break;
   }
   Request& request = add_request(in.request_id, TransferMode::kPush, in.producer_blocks,
@@ -316,9 +321,9 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
       if (p.ok()) leg.plan = std::move(*p);
     }
     if (!status.ok()) {
-      const Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id,
-                                                                  ": consumer rank ", c, ": ",
-                                                                  std::string(status.message())));
+      Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id, ": consumer rank ", c, ": ",
+                                                            std::string(status.message())));
+      if (is_peer_fault(status)) why = peer_fault(std::move(why));
       fail(request, why);
       return why;
     }
@@ -421,10 +426,10 @@ Status KvRankEndpoint::expect_push(const ExpectPushRequest& in) {
   for (auto& [p, leg] : request.legs) {
     StatusOr<Remote*> remote = dial(in.producer_endpoints[p], in.producer_tp, p);
     if (!remote.ok()) {
-      const Status why = absl::Status(remote.status().code(),
+      const Status why = unreachable_peer(absl::Status(remote.status().code(),
                                       absl::StrCat("request ", in.request_id, ": producer rank ",
                                                    p, ": ",
-                                                   std::string(remote.status().message())));
+                                                   std::string(remote.status().message()))));
       // Nobody has written yet: the producer could not be reached, so it is quiet.
       for (auto& [q, l] : request.legs) request.session->leg_quiet(q);
       fail(request, why);
@@ -561,9 +566,9 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
       producers[p] = *remote;
       continue;
     }
-    unreachable = absl::Status(remote.status().code(),
+    unreachable = unreachable_peer(absl::Status(remote.status().code(),
                                absl::StrCat("request ", in.request_id, ": producer rank ", p, ": ",
-                                            std::string(remote.status().message())));
+                                            std::string(remote.status().message()))));
     break;
   }
   Request& request = add_request(in.request_id, TransferMode::kPull, in.consumer_blocks,
@@ -618,9 +623,9 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
       status = send(remote, message);
     }
     if (!status.ok()) {
-      const Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id,
-                                                                  ": producer rank ", p, ": ",
-                                                                  std::string(status.message())));
+      Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id, ": producer rank ", p, ": ",
+                                                            std::string(status.message())));
+      if (is_peer_fault(status)) why = peer_fault(std::move(why));
       fail(request, why);
       return why;
     }
@@ -827,9 +832,9 @@ void KvRankEndpoint::on_remote_lost(const std::string& address, const Status& wh
     for (auto& [rank, leg] : request.legs) {
       if (leg.remote != address) continue;
       if (request.session->leg_is_done(rank)) continue;
-      fail(request, absl::UnavailableError(absl::StrCat("request ", id, ": peer rank ",
+      fail(request, peer_fault(absl::UnavailableError(absl::StrCat("request ", id, ": peer rank ",
                                                         remote.rank, "/", remote.tp, " lost: ",
-                                                        std::string(why.message()))));
+                                                        std::string(why.message())))));
     }
   }
 }
@@ -900,8 +905,8 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
       pending |= s == BatchState::kInProgress;
     }
     if (failed) {
-      fail(request, absl::UnavailableError(absl::StrCat("request ", id, ": writes to consumer rank ",
-                                                        c, " failed: ", error)));
+      fail(request, peer_fault(absl::UnavailableError(absl::StrCat("request ", id, ": writes to consumer rank ",
+                                                        c, " failed: ", error))));
       return;
     }
     if (pending) continue;
@@ -923,8 +928,8 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
                             ? absl::OkStatus()
                             : send(remotes_.at(leg.remote), message);
     if (!sent.ok()) {
-      fail(request, absl::UnavailableError(absl::StrCat("request ", id, ": write_done to consumer rank ",
-                                                        c, ": ", std::string(sent.message()))));
+      fail(request, peer_fault(absl::UnavailableError(absl::StrCat("request ", id, ": write_done to consumer rank ",
+                                                        c, ": ", std::string(sent.message())))));
       return;
     }
     session.leg_done(c, session.scheduled(c), session.scheduled(c));
@@ -944,8 +949,8 @@ void KvRankEndpoint::step_pull_consumer(const std::string& id, Request& request)
       pending |= s == BatchState::kInProgress;
     }
     if (failed) {
-      fail(request, absl::UnavailableError(absl::StrCat("request ", id, ": reads from producer rank ",
-                                                        p, " failed: ", error)));
+      fail(request, peer_fault(absl::UnavailableError(absl::StrCat("request ", id, ": reads from producer rank ",
+                                                        p, " failed: ", error))));
       return;
     }
     if (pending) continue;

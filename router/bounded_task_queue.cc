@@ -8,8 +8,8 @@ thread_local bool overflow_thread = false;
 }  // namespace
 
 BoundedTaskQueue::BoundedTaskQueue(size_t threads, size_t max_queued, size_t overflow_threads)
-    : max_queued_(max_queued) {
-  for (size_t i = 0; i < std::max<size_t>(threads, 1); ++i) main_.threads.emplace_back([this] { run(main_, false); });
+    : threads_(std::max<size_t>(threads, 1)), max_queued_(max_queued) {
+  for (size_t i = 0; i < threads_; ++i) main_.threads.emplace_back([this] { run(main_, false); });
   for (size_t i = 0; i < std::max<size_t>(overflow_threads, 1); ++i)
     overflow_.threads.emplace_back([this] { run(overflow_, true); });
 }
@@ -21,9 +21,9 @@ bool BoundedTaskQueue::in_overflow() { return overflow_thread; }
 void BoundedTaskQueue::enqueue(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
-    // Tasks already queued will take the idle threads first.
-    const size_t free = idle_ > main_.tasks.size() ? idle_ - main_.tasks.size() : 0;
-    if (free > 0 || main_.tasks.size() < max_queued_)
+    // Counted by what is taken, not by threads seen waiting: a thread not yet scheduled (a
+    // loaded machine, a server just started) is still one that will serve the task.
+    if (busy_ + main_.tasks.size() < threads_ + max_queued_)
       main_.tasks.push_back(std::move(task));
     else
       overflow_.tasks.push_back(std::move(task));
@@ -51,15 +51,18 @@ void BoundedTaskQueue::run(Pool& pool, bool overflow) {
     std::function<void()> task;
     {
       std::unique_lock lock(mu_);
-      if (!overflow) ++idle_;
       cv_.wait(lock, [&] { return shutdown_ || !pool.tasks.empty(); });
-      if (!overflow) --idle_;
       // Like httplib's pool: finish what was accepted, then stop.
       if (pool.tasks.empty()) return;
       task = std::move(pool.tasks.front());
       pool.tasks.pop_front();
+      if (!overflow) ++busy_;
     }
     task();
+    if (!overflow) {
+      std::lock_guard lock(mu_);
+      --busy_;
+    }
   }
 }
 

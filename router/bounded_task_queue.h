@@ -39,11 +39,12 @@ class BoundedTaskQueue final : public httplib::TaskQueue {
   };
   void run(Pool& pool, bool overflow);
 
+  const size_t threads_;
   const size_t max_queued_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool shutdown_ = false;
-  size_t idle_ = 0;  // Main threads waiting for a task.
+  size_t busy_ = 0;  // Main threads running a task.
   Pool main_;
   Pool overflow_;
 };

@@ -1,5 +1,7 @@
 #include "router/router.h"
 
+#include "kvtransfer/fault.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <random>
@@ -24,6 +26,14 @@ double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
 std::chrono::system_clock::time_point grpc_deadline(const Clock& clock, TimePoint deadline) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - clock.now());
+}
+
+// Whether the worker answered that its failure was its KV peer's (kvtransfer/fault.h): then the
+// peer, not this worker, is the one to mark down.
+bool blames_peer(grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  const auto it = md.find(std::string(kvtransfer::kFaultMetadataKey));
+  return it != md.end() && std::string_view(it->second.data(), it->second.size()) == kvtransfer::kPeerFault;
 }
 
 bool worker_failure(const Status& s) {
@@ -451,15 +461,27 @@ Router::Attempt Router::run_push(Flow& f, std::vector<int>& exclude_prefill, std
   }
   abort_on_workers(f.worker_id, {d, p});
   if (Status st = f.act->status(); !st.ok()) return {st, false};
-  if (!prefill_status.ok()) {
-    if (worker_failure(prefill_status)) registry_.mark_down(p, prefill_status);
+  // Both sides fail when one dies; the survivor says its peer was at fault. The prefill RPC ended
+  // before the decode stream's cancellation could be mistaken for its cause, so judge it first.
+  const bool prefill_blames_decode = !prefill_status.ok() && blames_peer(pctx);
+  const bool prefill_at_fault = !prefill_status.ok() && worker_failure(prefill_status) && !prefill_blames_decode;
+  const bool decode_at_fault =
+      prefill_blames_decode || (!prefill_at_fault && !ds.ok() && worker_failure(ds) && !blames_peer(dctx));
+  const bool decode_blames_prefill = !prefill_at_fault && !ds.ok() && blames_peer(dctx);
+  if (prefill_at_fault || decode_blames_prefill) {
+    registry_.mark_down(p, prefill_status.ok() ? ds : prefill_status);
     exclude_prefill.push_back(p);
-    return {prefill_status, !f.emitted_tokens && worker_failure(prefill_status)};
+    return {prefill_status.ok() ? ds : prefill_status, !f.emitted_tokens};
   }
-  if (worker_failure(ds)) {
-    registry_.mark_down(d, ds);
+  if (decode_at_fault) {
+    const Status why = ds.ok() || absl::IsCancelled(ds) ? prefill_status : ds;
+    registry_.mark_down(d, why);
     exclude_decode.push_back(d);
-    return {ds, !f.emitted_tokens};
+    return {why, !f.emitted_tokens};
+  }
+  if (!prefill_status.ok()) {
+    exclude_prefill.push_back(p);
+    return {prefill_status, false};
   }
   return {ds, false};
 }
@@ -544,6 +566,12 @@ Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std
   }
   abort_on_workers(f.worker_id, {d, p});
   if (Status st = f.act->status(); !st.ok()) return {st, false};
+  if (!ds.ok() && blames_peer(dctx)) {
+    // The decode side could not read the held KV: the prefill worker (or its data path) failed.
+    registry_.mark_down(p, ds);
+    exclude_prefill.push_back(p);
+    return {ds, !f.emitted_tokens};
+  }
   if (worker_failure(ds)) {
     registry_.mark_down(d, ds);
     exclude_decode.push_back(d);

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "engine/backend.h"
 #include "engine/tokenizer/chat_template.h"
+#include "kvtransfer/fault.h"
 #include "worker/sampling_params.h"
 #include "worker/token_stream.h"
 
@@ -21,6 +22,14 @@ grpc::Status to_grpc(const Status& s) {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// As to_grpc, and when the failure is the KV peer's (kvtransfer/fault.h), says so in the
+// trailing metadata, so the router marks down that peer rather than this worker.
+grpc::Status to_grpc(grpc::ServerContext* context, const Status& s) {
+  if (context != nullptr && kvtransfer::is_peer_fault(s))
+    context->AddTrailingMetadata(std::string(kvtransfer::kFaultMetadataKey), std::string(kvtransfer::kPeerFault));
+  return to_grpc(s);
 }
 
 grpc::Status draining_error() {
@@ -99,7 +108,7 @@ grpc::Status WorkerService::Prefill(grpc::ServerContext* context, const PrefillR
   InFlight counted(in_flight_);
   if (draining_) return draining_error();
   StatusOr<PrefillResponse> r = prefill_->prefill(*request, [context] { return context->IsCancelled(); });
-  if (!r.ok()) return to_grpc(r.status());
+  if (!r.ok()) return to_grpc(context, r.status());
   *reply = std::move(*r);
   return grpc::Status::OK;
 }
@@ -123,7 +132,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
   if (mode != "push" && mode != "pull")
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a decode worker needs kv_mode push or pull");
   StatusOr<PreparedDecode> prepared = decode_->prepare(*request, *params, [context] { return context->IsCancelled(); });
-  if (!prepared.ok()) return to_grpc(prepared.status());
+  if (!prepared.ok()) return to_grpc(context, prepared.status());
   if (prepared->finished_by_prefill) {
     WorkerEvent ev;
     ev.set_finished(true);

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -45,6 +46,10 @@ class FakeWorker final : public worker::Worker::Service {
   std::string address;
   std::vector<int> tokens = {10, 11, 12};
   std::atomic<bool> fail_prefill{false};
+  std::atomic<bool> fail_generate{false};  // Generate fails UNAVAILABLE (the worker died).
+  // The first this-many Prefill / Generate calls fail UNAVAILABLE blaming the KV peer, as a
+  // worker whose transfer partner died answers (kvtransfer/fault.h).
+  std::atomic<int> blame_peer{0};
   std::atomic<bool> hang{false};  // Generate waits until cancelled.
   std::atomic<bool> generate_started{false};
   std::atomic<bool> prefill_done{false};
@@ -79,9 +84,10 @@ class FakeWorker final : public worker::Worker::Service {
     r->set_kv_target("target");
     return grpc::Status::OK;
   }
-  grpc::Status Prefill(grpc::ServerContext*, const worker::PrefillRequest* req, worker::PrefillResponse* r) override {
+  grpc::Status Prefill(grpc::ServerContext* ctx, const worker::PrefillRequest* req, worker::PrefillResponse* r) override {
     record("Prefill:" + req->request_id() + ":" + req->kv_mode() + ":" + req->kv_target());
     if (fail_prefill) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill rank died");
+    if (blame_peer.fetch_sub(1) > 0) return peer_lost(ctx);
     if (peer_decode) {
       peer_decode->prefill_done = true;
       if (!wait_for(peer_decode->generate_started, 3s))
@@ -102,6 +108,8 @@ class FakeWorker final : public worker::Worker::Service {
       last_generate_ = *req;
     }
     generate_started = true;
+    if (fail_generate) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
+    if (blame_peer.fetch_sub(1) > 0) return peer_lost(ctx);
     if (hang) {
       while (!ctx->IsCancelled()) std::this_thread::sleep_for(2ms);
       return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -130,6 +138,10 @@ class FakeWorker final : public worker::Worker::Service {
   }
 
  private:
+  static grpc::Status peer_lost(grpc::ServerContext* ctx) {
+    ctx->AddTrailingMetadata("pdserve-fault", "peer");
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "peer rank 0/1 lost");
+  }
   void record(const std::string& s) {
     std::lock_guard l(mu_);
     calls_.push_back(s);
@@ -272,6 +284,44 @@ TEST_F(RouterFlow, PushPrefillFailureAbortsTheDecodeSideAndRetries) {
   EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:r"), calls.end());
   EXPECT_NE(std::find(calls.begin(), calls.end(), "Reserve:r/retry1"), calls.end());
   EXPECT_EQ(r.responses.back().prefill_worker(), good.address);
+}
+
+// A decode worker that dies during a push fails its stream, and the prefill worker's transfer
+// to it fails too, saying the peer was lost: the decode worker is the one marked down, and the
+// request runs again on the same (only) prefill worker and the other decode worker.
+TEST_F(RouterFlow, PushFailureOfTheDecodeSideIsNotBlamedOnThePrefillWorker) {
+  FakeWorker p(worker::ROLE_PREFILL), dead(worker::ROLE_DECODE), alive(worker::ROLE_DECODE);
+  p.blame_peer = 1;
+  dead.fail_generate = true;
+  start({{&p, worker::ROLE_PREFILL}, {&dead, worker::ROLE_DECODE}, {&alive, worker::ROLE_DECODE}}, RouterOptions{});
+  v1::GenerateRequest req = request();
+  req.set_request_id("r");
+  Result r = run(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.responses.back().prefill_worker(), p.address);
+  EXPECT_EQ(r.responses.back().decode_worker(), alive.address);
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12}));
+  // Out of placement: a second request goes to the live decode worker at once.
+  Result again = run(request());
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.responses.back().decode_worker(), alive.address);
+  const auto calls = dead.calls();
+  EXPECT_EQ(std::count_if(calls.begin(), calls.end(), [](const std::string& c) { return c.rfind("Reserve:", 0) == 0; }), 1);
+}
+
+// Pull: the decode side cannot read the held KV because the prefill worker's side failed; the
+// prefill worker is marked down and the (only) decode worker serves the retry.
+TEST_F(RouterFlow, PullReadFailureIsBlamedOnThePrefillWorker) {
+  FakeWorker bad(worker::ROLE_PREFILL), good(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+  d.blame_peer = 1;
+  RouterOptions o;
+  o.kv_mode = "pull";
+  start({{&bad, worker::ROLE_PREFILL}, {&good, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
+  Result r = run(request());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.responses.back().prefill_worker(), good.address);
+  EXPECT_EQ(r.responses.back().decode_worker(), d.address);
+  EXPECT_EQ(bad.calls().size(), 2u) << "Prefill, then the Abort of the failed attempt";
 }
 
 TEST_F(RouterFlow, OverloadIsResourceExhausted) {

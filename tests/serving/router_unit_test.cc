@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <thread>
 
 #include "router/admission_queue.h"
+#include "router/bounded_task_queue.h"
 #include "router/metrics.h"
 #include "router/openai_api.h"
 #include "router/policy.h"
@@ -156,6 +159,41 @@ TEST(AdmissionQueue, AWaiterStopsWhenItsCheckFails) {
   EXPECT_TRUE(absl::IsCancelled(s));
   EXPECT_EQ(q.waiting(), 0);
   EXPECT_EQ(q.running(), 1);
+}
+
+// Two threads and one queue slot: two connections run, one waits, the fourth is served at once
+// on the overflow pool (where the handlers answer 429), and none is lost.
+TEST(BoundedTaskQueue, BeyondThreadsAndQueueTasksRunOnTheOverflowPool) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> ran{0}, overflowed{0};
+  auto blocking = [&] {
+    if (BoundedTaskQueue::in_overflow()) ++overflowed;
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return release; });
+    ++ran;
+  };
+  {
+    BoundedTaskQueue q(/*threads=*/2, /*max_queued=*/1);
+    for (int i = 0; i < 3; ++i) q.enqueue(blocking);
+    std::atomic<bool> overflow_seen{false};
+    q.enqueue([&] {
+      overflow_seen = BoundedTaskQueue::in_overflow();
+      ++ran;
+    });
+    for (int i = 0; i < 1000 && ran < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_EQ(ran.load(), 1) << "the fourth task waited behind the busy threads";
+    EXPECT_TRUE(overflow_seen);
+    {
+      std::lock_guard lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+    q.shutdown();
+  }
+  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(overflowed.load(), 0) << "tasks within threads + queue run on the main pool";
 }
 
 TEST(RouterMetricsFormat, LabelsAndValues) {
