@@ -147,8 +147,9 @@ int run(const Flags& f) {
   const auto drain_until = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.drain_timeout_s);
   while (router.in_flight() > 0 && std::chrono::steady_clock::now() < drain_until)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  std::cerr << "router: " << (router.in_flight() == 0 ? "drained" : "drain timeout: cancelling what is in flight")
+  std::cerr << "router: " << (router.in_flight() == 0 ? "drained" : "drain timeout: aborting what is in flight")
             << "; shutting down\n";
+  router.abort_all();
   http.stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   registry.stop();
@@ -180,6 +181,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-message-bytes", f.max_message_bytes, "Largest request accepted (gRPC and HTTP)")->capture_default_str();
   app.add_option("--drain-timeout-s", f.drain_timeout_s,
                  "On SIGTERM: seconds for requests in flight to finish (new ones are refused) before shutdown")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-attempts", f.max_attempts, "Placements tried when workers fail before the first token")->capture_default_str();
   app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "How often registered workers are asked to heartbeat")

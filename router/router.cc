@@ -285,6 +285,15 @@ bool Router::abort(const std::string& request_id) {
   return true;
 }
 
+void Router::abort_all() {
+  std::vector<std::shared_ptr<Active>> all;
+  {
+    std::lock_guard lock(active_mu_);
+    for (const auto& [id, a] : active_) all.push_back(a);
+  }
+  for (const auto& a : all) a->cancel(Active::kAborted);
+}
+
 void Router::abort_on_workers(const std::string& worker_request_id, const std::vector<int>& workers) {
   for (int w : workers) {
     if (w < 0) continue;
@@ -582,10 +591,6 @@ Router::Attempt Router::run_pull(Flow& f, std::vector<int>& exclude_prefill, std
 
 Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit) {
   const TimePoint arrival = clock_.now();
-  if (draining_) {
-    metrics_.count_failure(absl::StatusCodeToString(absl::StatusCode::kUnavailable));
-    return absl::UnavailableError("the router is draining (shutting down): retry on another router");
-  }
   auto prompt = validate(request);
   if (!prompt.ok()) {
     metrics_.count_failure(absl::StatusCodeToString(prompt.status().code()));
@@ -597,7 +602,12 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   act->deadline = arrival + options_.request_timeout;
   act->client_gone = client_gone;
   {
+    // Checked with the request's entry, so a drain that saw nothing in flight sees none later.
     std::lock_guard lock(active_mu_);
+    if (draining_) {
+      metrics_.count_failure(absl::StatusCodeToString(absl::StatusCode::kUnavailable));
+      return absl::UnavailableError("the router is draining (shutting down): retry on another router");
+    }
     if (!active_.emplace(act->id, act).second)
       return absl::AlreadyExistsError(absl::StrCat("request id '", act->id, "' is already running"));
   }

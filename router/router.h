@@ -75,9 +75,14 @@ class Router {
   int waiting() const { return admission_.waiting(); }
   // Draining (SIGTERM): new requests are refused with UNAVAILABLE (a client retries on another
   // router replica) and ready() turns false; requests already in go on.
-  void set_draining() { draining_ = true; }
+  void set_draining() {
+    std::lock_guard lock(active_mu_);
+    draining_ = true;
+  }
   // Requests between arrival and their end (queued at the router or out at the workers).
   int in_flight() const;
+  // Aborts every request in flight (the drain's end): each stream ends with "abort".
+  void abort_all();
 
  private:
   struct Active;

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <iostream>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -59,10 +60,10 @@ std::pair<std::string, int> split(const std::string& host_port) {
   return {host_port.substr(0, colon), std::atoi(host_port.c_str() + colon + 1)};
 }
 
-// Runs every check once; prints each; the first failure.
-Status run_checks(const CheckFlags& f, bool print) {
-  auto report = [print](const std::string& what, const Status& s) {
-    if (print) std::cout << (s.ok() ? "ok    " : "FAIL  ") << what << (s.ok() ? "" : ": " + std::string(s.message())) << "\n";
+// Runs every check once, appending one line per check to `lines`; the first failure.
+Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
+  auto report = [&lines](const std::string& what, const Status& s) {
+    lines.push_back((s.ok() ? "ok    " : "FAIL  ") + what + (s.ok() ? "" : ": " + std::string(s.message())));
     return s;
   };
   PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health(f.router)));
@@ -119,14 +120,14 @@ int run_check(const CheckFlags& f) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.wait_s);
   while (true) {
     const bool last = std::chrono::steady_clock::now() >= deadline;
-    // Failures are printed only on the last try, so a cluster still starting is not noise.
-    const Status s = run_checks(f, last);
-    if (s.ok()) {
-      if (!last) (void)run_checks(f, true);  // Print the passing checks.
-      std::cout << "all checks passed\n";
-      return 0;
+    // The lines of the passing run, or of the last try: a cluster still starting is not noise.
+    std::vector<std::string> lines;
+    const Status s = run_checks(f, lines);
+    if (s.ok() || last) {
+      for (const std::string& line : lines) std::cout << line << "\n";
+      if (s.ok()) std::cout << "all checks passed\n";
+      return s.ok() ? 0 : 1;
     }
-    if (last) return 1;
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 }

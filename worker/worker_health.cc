@@ -31,6 +31,13 @@ void WorkerHealth::set_registration(std::function<bool()> registered) {
 
 void WorkerHealth::set_draining() { draining_ = true; }
 
+void WorkerHealth::detach() {
+  std::lock_guard lock(mu_);
+  draining_ = true;
+  load_ = nullptr;
+  registered_ = nullptr;
+}
+
 ProbeAnswer WorkerHealth::live() const { return {true, "alive"}; }
 
 ProbeAnswer WorkerHealth::startup() const {
@@ -42,19 +49,16 @@ ProbeAnswer WorkerHealth::ready() const {
   if (draining_) return {false, "draining: shutting down"};
   if (ProbeAnswer s = startup(); !s.ok) return s;
   if (!serving_) return {false, "starting the gRPC server"};
-  std::function<bool()> registered;
-  {
-    std::lock_guard lock(mu_);
-    if (requirements_.rdma) {
-      if (!rdma_known_) return {false, "RDMA required: UCX transports not yet queried"};
-      if (!rdma_available_)
-        return {false, absl::StrCat("RDMA required (--require-rdma), but UCX offers no RDMA transport, only: ",
-                                    transports_, " (check the RDMA device resource, IPC_LOCK, UCX_TLS and that UCX "
-                                    "was built with verbs)")};
-    }
-    registered = registered_;
+  // Under the lock throughout: detach() waits for a probe that is asking the registration.
+  std::lock_guard lock(mu_);
+  if (requirements_.rdma) {
+    if (!rdma_known_) return {false, "RDMA required: UCX transports not yet queried"};
+    if (!rdma_available_)
+      return {false, absl::StrCat("RDMA required (--require-rdma), but UCX offers no RDMA transport, only: ",
+                                  transports_, " (check the RDMA device resource, IPC_LOCK, UCX_TLS and that UCX "
+                                  "was built with verbs)")};
   }
-  if (requirements_.router && (!registered || !registered()))
+  if (requirements_.router && (!registered_ || !registered_()))
     return {false, "not registered with the router yet"};
   return {true, "ready"};
 }
@@ -62,6 +66,7 @@ ProbeAnswer WorkerHealth::ready() const {
 std::string WorkerHealth::metrics_text() const {
   WorkerLoadGauges load;
   bool rdma_available;
+  const bool ready_now = ready().ok;  // Takes the lock itself.
   {
     std::lock_guard lock(mu_);
     if (load_) load = load_();
@@ -73,7 +78,7 @@ std::string WorkerHealth::metrics_text() const {
     absl::StrAppend(&out, "# HELP pdserve:", name, " ", help, "\n# TYPE pdserve:", name, " ", type, "\npdserve:", name,
                     labels, " ", value, "\n");
   };
-  gauge("worker_ready", "1 when the readiness probe passes.", "gauge", ready().ok ? 1 : 0);
+  gauge("worker_ready", "1 when the readiness probe passes.", "gauge", ready_now ? 1 : 0);
   gauge("worker_started", "1 once the weights are loaded and the KV pool allocated.", "gauge", started_ ? 1 : 0);
   gauge("worker_draining", "1 while shutting down.", "gauge", draining_ ? 1 : 0);
   gauge("worker_rdma_required", "1 when started with --require-rdma.", "gauge", requirements_.rdma ? 1 : 0);

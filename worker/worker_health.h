@@ -49,6 +49,9 @@ class WorkerHealth {
   void set_registration(std::function<bool()> registered);
   // SIGTERM: not ready from now on, so no new work is routed here.
   void set_draining();
+  // Forgets the load and registration callbacks (waiting for a scrape that runs one), before
+  // what they read is destroyed; readiness stays false from then on.
+  void detach();
   bool draining() const { return draining_.load(); }
 
   ProbeAnswer live() const;

@@ -90,10 +90,9 @@ void check_ucx(WorkerHealth& health, bool require_rdma) {
   health.set_rdma(rdma, names);
 }
 
-// Waits until nothing is in flight (RPCs, transfers, held KV) or `timeout` passed; whether idle.
+// Waits until nothing is in flight (RPCs, transfers, held KV) or `deadline`; whether idle.
 bool drain(const WorkerService& service, const PrefillRole* prefill, const DecodeRole* decode,
-           std::chrono::duration<double> timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+           std::chrono::steady_clock::time_point deadline) {
   auto busy = [&] {
     return service.in_flight() > 0 || (prefill && prefill->open_jobs() > 0) || (decode && decode->open_jobs() > 0);
   };
@@ -128,6 +127,19 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     std::cerr << "error: --drain-timeout-s must be >= 0\n";
     return 2;
   }
+  if (f.probe_port < -1 || f.probe_port > 65535) {
+    std::cerr << "error: --probe-port must be -1 (none), 0 (any free port) or a port\n";
+    return 2;
+  }
+  if (f.kv_port < 0 || (f.kv_port > 0 && f.kv_port + f.engine.tp - 1 > 65535)) {
+    std::cerr << "error: --kv-port must be 0 (any free port) or a port N with N + tp - 1 <= 65535\n";
+    return 2;
+  }
+  if (!f.advertise.empty() && (f.advertise.rfind(':') == std::string::npos || f.advertise.back() == ':' ||
+                               f.advertise.back() == ']')) {
+    std::cerr << "error: --advertise must be HOST:PORT\n";
+    return 2;
+  }
   const std::string role_name = role == ROLE_PREFILL ? "prefill" : role == ROLE_DECODE ? "decode" : "aggregated";
   // Signals are taken by sigwait() on the main thread; every thread started later inherits
   // the mask, so none of them is interrupted.
@@ -137,11 +149,19 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // ZeroMQ and cpp-httplib bind numeric addresses without brackets: a host name (`localhost`) or
+  // a bracketed IPv6 address (`[::]`) is made one here.
+  std::string numeric_host;
+  {
+    StatusOr<std::vector<std::string>> numeric = resolve_host_port(f.host + ":0");
+    if (!numeric.ok()) return fail("--host", numeric.status());
+    numeric_host = host_of(numeric->front());
+  }
   // The probes answer from before the model loads (start-up: not yet) to the end of the drain.
   WorkerHealth health(role_name, {.router = !f.router.empty(), .rdma = f.require_rdma});
   std::unique_ptr<ProbeServer> probes;
   if (f.probe_port >= 0) {
-    auto started = ProbeServer::start(f.host, f.probe_port, health);
+    auto started = ProbeServer::start(numeric_host, f.probe_port, health);
     if (!started.ok()) return fail("probes", started.status());
     probes = std::move(*started);
   }
@@ -162,7 +182,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   kv.default_lease = std::chrono::milliseconds(f.kv_lease_ms);
   kv.peer_timeout = std::chrono::milliseconds(f.kv_peer_timeout_ms);
   kv.heartbeat_interval = std::min<Duration>(std::chrono::seconds(1), kv.peer_timeout / 4);
-  kv.bind_host = f.host;
+  kv.bind_host = numeric_host;
   kv.port_base = f.kv_port;
   kv.advertise_host = f.advertise.empty() ? f.host : host_of(f.advertise);
   // Declared first so that it is destroyed last: the roles use its engine.
@@ -185,6 +205,13 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     return WorkerLoadGauges{st.engine.num_blocks, st.engine.free_blocks, st.engine.running, st.engine.waiting,
                             kv_ranks ? kv_ranks->transfer_failures() : 0};
   });
+  std::unique_ptr<RouterSet> registration;  // Set once serving, when --router is given.
+  // The probe threads outlive the engine (they answer until the end): from here on, every way
+  // out of this function first takes the engine and the routers away from them.
+  struct DetachHealth {
+    WorkerHealth& health;
+    ~DetachHealth() { health.detach(); }
+  } detach_health{health};
 
   std::string worker_id = f.id;
   WorkerService service(role, "", *loop, prefill.get(), decode.get(), f.kv_compat);
@@ -208,7 +235,6 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   std::cout << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
-  std::unique_ptr<RouterSet> registration;
   if (!f.router.empty() && f.advertise.empty() && (f.host == "0.0.0.0" || f.host == "::" || f.host == "[::]"))
     PD_LOG_WARN("listening on {} without --advertise: registering as {}, which only this machine can dial", f.host,
                 address);
@@ -230,7 +256,6 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
       r.set_num_blocks(info.num_blocks());
       r.set_block_size(info.block_size());
       r.set_compat_hash(info.compat_hash());
-      r.set_kv_compat(info.kv_compat());
       return r;
     });
     registration->start();
@@ -239,13 +264,16 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
 
   int sig = 0;
   sigwait(&signals, &sig);
+  // The drain's time counts from the signal: leaving the routers is part of it.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                  std::chrono::duration<double>(f.drain_timeout_s));
   PD_LOG_INFO("{}: signal {}, draining (up to {} s)", worker_id, sig, f.drain_timeout_s);
   // Not ready and out of the routers first, so that nothing new is sent while we drain; what
   // still arrives is refused (the router places it elsewhere), what is in flight finishes.
   health.set_draining();
   service.set_draining();
   if (registration) registration->stop();
-  if (drain(service, prefill.get(), decode.get(), std::chrono::duration<double>(f.drain_timeout_s)))
+  if (drain(service, prefill.get(), decode.get(), drain_until))
     PD_LOG_INFO("{}: drained", worker_id);
   else
     PD_LOG_WARN("{}: drain timeout: cancelling what is still in flight", worker_id);

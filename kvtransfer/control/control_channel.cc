@@ -64,6 +64,8 @@ Status ControlChannel::bind() {
   // ZeroMQ drops (and disconnects) far oversized frames before they are buffered whole; the
   // decoder refuses, with a log line, everything above the exact limit.
   router_.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
+  // IPv6 endpoints as well as IPv4 ones (ZeroMQ sockets are IPv4-only unless told).
+  router_.set(zmq::sockopt::ipv6, 1);
   try {
     router_.bind(options_.bind_endpoint);
   } catch (const zmq::error_t& e) {
@@ -82,6 +84,7 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
     auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
     dealer->set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
     dealer->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
+    dealer->set(zmq::sockopt::ipv6, 1);
     dealer->connect(endpoint);
     proto::Envelope hello;
     *hello.mutable_handshake() = options_.local;

@@ -34,7 +34,8 @@ std::vector<UcxResource> parse_ucx_resources(std::string_view context_info) {
 }
 
 bool is_rdma_transport(std::string_view transport) {
-  for (std::string_view prefix : {"rc", "dc", "ud", "srd", "gga"})
+  // UD is left out: it has no RDMA read or write, so UCX would emulate RMA over messages.
+  for (std::string_view prefix : {"rc", "dc", "srd", "gga"})
     if (transport.substr(0, prefix.size()) == prefix) return true;
   return false;
 }

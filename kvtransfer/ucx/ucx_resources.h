@@ -24,8 +24,9 @@ struct UcxResource {
 // tcp/eth0"); other lines are ignored.
 std::vector<UcxResource> parse_ucx_resources(std::string_view context_info);
 
-// RDMA transports: InfiniBand/RoCE verbs and mlx5 (rc, dc, ud and their variants), and AWS
-// EFA's srd. Shared memory, cma, tcp, self and GPU IPC are not.
+// RDMA transports: InfiniBand/RoCE reliable and dynamic connections (rc, dc: verbs and mlx5),
+// mlx5's gga and AWS EFA's srd. UD (datagrams, no RDMA read or write), shared memory, cma, tcp,
+// self and GPU IPC are not.
 bool is_rdma_transport(std::string_view transport);
 
 // "transport/device" for each resource, comma-separated (for logs and not-ready reasons).

@@ -44,9 +44,9 @@ TEST(UcxResources, ParsesTheResourceLines) {
 }
 
 TEST(UcxResources, RdmaTransportsTable) {
-  for (const char* t : {"rc_mlx5", "rc_verbs", "dc_mlx5", "ud_verbs", "ud_mlx5", "srd", "gga_mlx5"})
+  for (const char* t : {"rc_mlx5", "rc_verbs", "dc_mlx5", "srd", "gga_mlx5"})
     EXPECT_TRUE(is_rdma_transport(t)) << t;
-  for (const char* t : {"tcp", "self", "posix", "sysv", "cma", "knem", "xpmem", "cuda_ipc", "cuda_copy", "rocm_ipc",
+  for (const char* t : {"ud_verbs", "ud_mlx5", "tcp", "self", "posix", "sysv", "cma", "knem", "xpmem", "cuda_ipc", "cuda_copy", "rocm_ipc",
                         "rocm_copy", "gdr_copy", ""})
     EXPECT_FALSE(is_rdma_transport(t)) << t;
 }
