@@ -1,5 +1,7 @@
 #include "router/openai_api.h"
 
+#include <cmath>
+
 namespace pdserve::router {
 namespace {
 
@@ -17,11 +19,17 @@ Status read_number(const json& j, const std::string& field, T* out, bool* presen
   if (!it->is_number()) return field_error(field, "must be a number");
   if constexpr (std::is_integral_v<T>) {
     if (!it->is_number_integer() && !it->is_number_unsigned()) return field_error(field, "must be an integer");
+    // An unsigned value past int64 would wrap to a negative one that may look in range.
+    if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      return field_error(field, "is out of range");
     const int64_t v = it->get<int64_t>();
     if (v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max()) return field_error(field, "is out of range");
     *out = T(v);
   } else {
-    *out = it->get<T>();
+    const double v = it->get<double>();
+    // Beyond the type's range the value would become infinite (or a huge integer inexact).
+    if (!std::isfinite(v) || std::fabs(v) > double(std::numeric_limits<T>::max())) return field_error(field, "is out of range");
+    *out = T(v);
   }
   if (present) *present = true;
   return absl::OkStatus();
@@ -141,10 +149,17 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
     if (!it->is_array()) return field_error("stop_token_ids", "must be an array of integers");
     for (const json& x : *it) {
       if (!x.is_number_integer()) return field_error("stop_token_ids", "must be an array of integers");
-      s->add_stop_token_ids(x.get<int32_t>());
+      if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max())
+                                 : x.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+                                       x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        return field_error("stop_token_ids", "holds an id out of range");
+      s->add_stop_token_ids(int32_t(x.get<int64_t>()));
     }
   }
-  if (auto it = j.find("request_id"); it != j.end() && it->is_string()) r.set_request_id(it->get<std::string>());
+  if (auto it = j.find("request_id"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return field_error("request_id", "must be a string");
+    r.set_request_id(it->get<std::string>());
+  }
 
   PD_RETURN_IF_ERROR(read_bool(j, "stream", &out.stream));
   if (auto it = j.find("stream_options"); it != j.end() && it->is_object())

@@ -14,6 +14,13 @@
 namespace pdserve::router {
 namespace {
 
+// Limits on client-controlled request fields (Router::validate).
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
+constexpr int kMaxStopTokenIds = 256;
+// No token of a real vocabulary spans more bytes, so a longer text cannot fit the context.
+constexpr size_t kMaxBytesPerToken = 256;
+
 // The load of worker `index` in `loads` (which holds it).
 WorkerLoad load_of(const std::vector<WorkerLoad>& loads, int index) {
   for (const WorkerLoad& l : loads)
@@ -239,6 +246,27 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
                                             model_.name, "'"));
   if (r.request_id().size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
   const v1::SamplingParams& s = r.sampling();
+  // Limits on what a client controls, checked before any work: stop rules are checked on every
+  // token, and tokenizing is paid for the whole text.
+  if (s.stop_size() > kMaxStopStrings)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " stop strings (got ",
+                                                   s.stop_size(), ")"));
+  for (const std::string& stop : s.stop())
+    if (stop.size() > kMaxStopStringBytes)
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop: a stop string is longer than ", kMaxStopStringBytes,
+                                                     " bytes"));
+  if (s.stop_token_ids_size() > kMaxStopTokenIds)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: at most ", kMaxStopTokenIds, " ids (got ",
+                                                   s.stop_token_ids_size(), ")"));
+  const size_t max_prompt_bytes = size_t(model_.config.max_seq_len) * kMaxBytesPerToken;
+  if (r.prompt_case() == v1::GenerateRequest::kText && r.text().size() > max_prompt_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("prompt text of ", r.text().size(), " bytes cannot fit the context of ",
+                                                   model_.config.max_seq_len, " tokens (at most ", max_prompt_bytes,
+                                                   " bytes)"));
+  if (r.prompt_case() == v1::GenerateRequest::kTokenIds && r.token_ids().ids_size() > model_.config.max_seq_len)
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r.token_ids().ids_size(),
+                                                   " tokens is longer than the model's context of ",
+                                                   model_.config.max_seq_len, " tokens"));
   if (s.max_tokens() <= 0)
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be > 0 (got ", s.max_tokens(), ")"));
   const engine::SamplingParams p = to_engine(s);

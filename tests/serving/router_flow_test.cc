@@ -459,6 +459,16 @@ TEST_F(RouterFlow, ValidationStatuses) {
       {"top_p > 1", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_p(1.5); }, absl::StatusCode::kInvalidArgument},
       {"top_k < 0", [](v1::GenerateRequest& r) { r.mutable_sampling()->set_top_k(-3); }, absl::StatusCode::kInvalidArgument},
       {"unknown model", [](v1::GenerateRequest& r) { r.set_model("gpt-9"); }, absl::StatusCode::kNotFound},
+      {"17 stop strings", [](v1::GenerateRequest& r) { for (int i = 0; i < 17; ++i) r.mutable_sampling()->add_stop("s"); },
+       absl::StatusCode::kInvalidArgument},
+      {"a 257-byte stop string", [](v1::GenerateRequest& r) { r.mutable_sampling()->add_stop(std::string(257, 'x')); },
+       absl::StatusCode::kInvalidArgument},
+      {"257 stop ids", [](v1::GenerateRequest& r) { for (int i = 0; i < 257; ++i) r.mutable_sampling()->add_stop_token_ids(2); },
+       absl::StatusCode::kInvalidArgument},
+      {"text past context x 256 bytes", [](v1::GenerateRequest& r) { r.set_text(std::string(512 * 256 + 1, 'a')); },
+       absl::StatusCode::kInvalidArgument},
+      {"request id of 257 bytes", [](v1::GenerateRequest& r) { r.set_request_id(std::string(257, 'r')); },
+       absl::StatusCode::kInvalidArgument},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = request();
@@ -467,6 +477,7 @@ TEST_F(RouterFlow, ValidationStatuses) {
   }
   v1::GenerateRequest named = request();
   named.set_model("stories260K");
+  for (int i = 0; i < 16; ++i) named.mutable_sampling()->add_stop(std::string(256, 'z'));  // At the limits: served.
   EXPECT_TRUE(run(named).status.ok());
   EXPECT_TRUE(w.calls().size() == 1u);  // Only the valid one reached the worker.
 }

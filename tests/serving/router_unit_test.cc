@@ -314,6 +314,12 @@ TEST(OpenAiApi, RejectsBadBodiesNamingTheField) {
       {R"({"messages":[]})", true, "'messages'"},
       {R"({"messages":[{"content":"x"}]})", true, "role"},
       {R"({"messages":[{"role":"user","content":5}]})", true, "content"},
+      // Numbers out of their field's range are refused, never wrapped or made infinite.
+      {R"({"prompt":"x","max_tokens":18446744073709551615})", false, "'max_tokens' is out of range"},
+      {R"({"prompt":"x","max_tokens":4294967297})", false, "'max_tokens' is out of range"},
+      {R"({"prompt":"x","temperature":1e300})", false, "'temperature' is out of range"},
+      {R"({"prompt":"x","stop_token_ids":[4294967296]})", false, "'stop_token_ids'"},
+      {R"({"prompt":"x","request_id":7})", false, "'request_id'"},
   };
   for (const Case& c : cases) {
     auto r = parse_openai_request(c.body, c.chat);
