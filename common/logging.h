@@ -9,7 +9,9 @@ namespace pdserve {
 void init_logging();
 }  // namespace pdserve
 
-#define PD_LOG_DEBUG(...) SPDLOG_DEBUG(__VA_ARGS__)
+// A function, not SPDLOG_DEBUG: that macro compiles to nothing below SPDLOG_ACTIVE_LEVEL (info by
+// default), so PDSERVE_LOG_LEVEL=debug showed no debug line.
+#define PD_LOG_DEBUG(...) spdlog::debug(__VA_ARGS__)
 #define PD_LOG_INFO(...) spdlog::info(__VA_ARGS__)
 #define PD_LOG_WARN(...) spdlog::warn(__VA_ARGS__)
 #define PD_LOG_ERROR(...) spdlog::error(__VA_ARGS__)

@@ -1,4 +1,5 @@
 #include "worker/decode_role.h"
+#include "worker/block_release.h"
 
 #include <algorithm>
 #include <chrono>
@@ -88,7 +89,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   expect.lease = lease_;
   std::unique_lock lock(mu_);
   if (jobs_.count(id)) {
-    (void)engine_.release_blocks(blocks);
+    release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate reservation"));
     return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
   }
   Job& j = jobs_.emplace(id, std::move(job)).first->second;
@@ -162,7 +163,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     pull.lease = lease_;
     lock.lock();
     if (jobs_.count(id)) {
-      (void)engine_.release_blocks(blocks);
+      release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate pull"));
       return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
     }
     jobs_.emplace(id, std::move(job));
@@ -199,7 +200,7 @@ StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::uniq
   if (!job.first_token) {
     // WRITE_DONE without a first token: the prefill side's first token ended the request.
     prepared.finished_by_prefill = true;
-    (void)engine_.release_blocks(job.blocks);
+    release_blocks(engine_, job.blocks, absl::StrCat("decode ", id, ": ended by the prefill side"));
   } else {
     prepared.request.handoff.preloaded_blocks = job.blocks;
     prepared.request.handoff.first_token = *job.first_token;
@@ -285,8 +286,7 @@ void DecodeRole::maybe_free(const std::string& id) {
   if (it == jobs_.end()) return;
   Job& job = it->second;
   if (!job.handed && !job.freed && !job.error.ok() && job.quiet()) {
-    if (Status s = engine_.release_blocks(job.blocks); !s.ok())
-      PD_LOG_ERROR("decode {}: releasing blocks: {}", id, s.ToString());
+    release_blocks(engine_, job.blocks, absl::StrCat("decode ", id, ": failed transfer"));
     job.freed = true;
   }
   if ((job.handed || job.freed) && !job.waiting) jobs_.erase(it);

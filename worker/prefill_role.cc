@@ -1,4 +1,5 @@
 #include "worker/prefill_role.h"
+#include "worker/block_release.h"
 
 #include <chrono>
 
@@ -181,7 +182,7 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
   }
   const std::vector<int> extra(ev.blocks.begin() + std::min(job.kv_blocks.size(), ev.blocks.size()),
                                ev.blocks.end());
-  if (!extra.empty()) (void)engine_.release_blocks(extra);
+  if (!extra.empty()) release_blocks(engine_, extra, absl::StrCat("prefill ", id, ": blocks past the prompt"));
   const bool finished_here = ev.reason == engine::FinishReason::kStop || job.request_ends_at_first_token;
   if (job.error.ok() && !job.aborting && job.push && !job.transfer_started) {
     job.error = absl::InternalError("the push did not start at admission");
@@ -203,14 +204,14 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
     if (job.transfer_started) {
       (void)abort_locked(id, job);
     } else if (!job.kv_blocks.empty()) {
-      (void)engine_.release_blocks(job.kv_blocks);
+      release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": failed before its transfer"));
       job.kv_blocks.clear();
     }
   } else if (job.push) {
     seal_push(id, job);
   } else if (finished_here) {
     // A pull request that already ended needs no decode: nobody will read these blocks.
-    (void)engine_.release_blocks(job.kv_blocks);
+    release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": ended at its first token"));
     job.kv_blocks.clear();
   } else {
     start_hold(id, job);

@@ -1,4 +1,5 @@
 #include "worker/worker_service.h"
+#include "worker/block_release.h"
 
 #include "engine/backend.h"
 
@@ -154,7 +155,7 @@ grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::Generat
   Status submitted = loop_.submit(std::move(request), [events](const engine::TokenEvent& ev) { events->push(ev); });
   if (!submitted.ok()) {
     // The engine never took the preloaded blocks: they are still ours to free.
-    if (!preloaded.empty()) (void)loop_.engine().release_blocks(preloaded);
+    if (!preloaded.empty()) release_blocks(loop_.engine(), preloaded, "decode " + id + ": refused by the engine loop");
     return to_grpc(submitted);
   }
   double first_token_s = -1;
