@@ -5,12 +5,12 @@
 #include <thread>
 #include <vector>
 
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "tools/router_client.h"
 
 namespace pdserve::tools {
@@ -25,39 +25,11 @@ struct CheckFlags {
   double wait_s = 0;
 };
 
-// grpc.health.v1.Health/Check of the whole server through the generic stub (Debian ships no
-// health.proto): an empty request; SERVING is a response whose field 1 is 1.
-Status grpc_health(const std::string& address) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::CompletionQueue cq;
-  grpc::Slice nothing;
-  grpc::ByteBuffer request(&nothing, 1), response;
-  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  if (!status.ok()) return absl::UnavailableError(absl::StrCat("health check: ", status.error_message()));
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  if (bytes != std::string("\x08\x01", 2)) return absl::UnavailableError("health: NOT_SERVING (no worker of some needed role is up)");
-  return absl::OkStatus();
-}
-
-// host and port of HOST:PORT.
-std::pair<std::string, int> split(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return {host_port, 80};
-  return {host_port.substr(0, colon), std::atoi(host_port.c_str() + colon + 1)};
+// host and port of --http (port 80 when it names none).
+std::pair<std::string, int> http_address(const std::string& host_port) {
+  StatusOr<HostPort> split = split_host_port(host_port);
+  if (!split.ok()) return {host_port, 80};
+  return {split->host, std::atoi(split->port.c_str())};
 }
 
 // Runs every check once, appending one line per check to `lines`; the first failure.
@@ -66,7 +38,7 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
     lines.push_back((s.ok() ? "ok    " : "FAIL  ") + what + (s.ok() ? "" : ": " + std::string(s.message())));
     return s;
   };
-  PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health(f.router)));
+  PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health_serving(f.router, std::chrono::seconds(5))));
   auto connected = connect_and_describe(f.router);
   PD_RETURN_IF_ERROR(report("gRPC GetModelInfo", connected.status()));
   const std::string model = connected->model.name();
@@ -85,7 +57,7 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
   PD_RETURN_IF_ERROR(report("gRPC 1-token completion (model " + model + ")", generated));
   if (f.http.empty()) return absl::OkStatus();
 
-  const auto [host, port] = split(f.http);
+  const auto [host, port] = http_address(f.http);
   httplib::Client http(host, port);
   http.set_connection_timeout(5, 0);
   http.set_read_timeout(30, 0);

@@ -1,5 +1,6 @@
 #include "tools/router_client.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 namespace pdserve::tools {
@@ -98,6 +99,34 @@ v1::SamplingParams to_proto(const engine::SamplingParams& p) {
   for (const std::string& x : p.stop_strings) s.add_stop(x);
   s.set_ignore_eos(p.ignore_eos);
   return s;
+}
+
+Status grpc_health_serving(const std::string& address, Duration timeout) {
+  // Debian ships no health.proto: the generic stub, an empty request, and SERVING is a
+  // response whose field 1 is 1.
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(timeout));
+  grpc::CompletionQueue cq;
+  grpc::Slice nothing;
+  grpc::ByteBuffer request(&nothing, 1), response;
+  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return absl::UnavailableError(absl::StrCat("health check: ", status.error_message()));
+  std::vector<grpc::Slice> slices;
+  (void)response.Dump(&slices);
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (bytes != std::string("\x08\x01", 2)) return absl::UnavailableError("health: NOT_SERVING (no worker of some needed role is up)");
+  return absl::OkStatus();
 }
 
 }  // namespace pdserve::tools

@@ -48,6 +48,10 @@ struct ConnectedClient {
 // worker directly, and asks for the model; the first failure's status.
 StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker = "");
 
+// grpc.health.v1.Health/Check of the whole server at `address`: OK when SERVING, Unavailable
+// (saying why) otherwise.
+Status grpc_health_serving(const std::string& address, Duration timeout);
+
 // The API's sampling parameters for the CLI's (seed -1, "random", is left unset).
 v1::SamplingParams to_proto(const engine::SamplingParams& p);
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "kvtransfer/control/compat.h"
 
@@ -132,11 +133,6 @@ std::optional<kvtransfer::MemoryKind> device_memory_kind(const engine::Backend& 
   return std::nullopt;
 }
 
-// A host as ZeroMQ's tcp:// endpoints spell it: IPv6 in brackets.
-std::string bind_host(const std::string& host) {
-  return host.find(':') != std::string::npos && host.front() != '[' ? absl::StrCat("[", host, "]") : host;
-}
-
 }  // namespace
 
 std::string advertised_endpoint(const std::string& bound, const std::string& host) {
@@ -144,7 +140,7 @@ std::string advertised_endpoint(const std::string& bound, const std::string& hos
   const size_t scheme = bound.find("://");
   const size_t colon = bound.rfind(':');
   if (scheme == std::string::npos || colon == std::string::npos || colon <= scheme + 2) return bound;
-  return absl::StrCat(bound.substr(0, scheme + 3), bind_host(host), bound.substr(colon));
+  return absl::StrCat(bound.substr(0, scheme + 3), bracket_host(host), bound.substr(colon));
 }
 
 StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
@@ -169,7 +165,7 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
       on_release(r, id, std::move(blocks));
     };
     o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
-    o.bind_endpoint = absl::StrCat("tcp://", bind_host(options.bind_host), ":",
+    o.bind_endpoint = absl::StrCat("tcp://", bracket_host(options.bind_host), ":",
                                    options.port_base > 0 ? std::to_string(options.port_base + r) : std::string("*"));
     const std::string advertise = options.advertise_host.empty() ? options.bind_host : options.advertise_host;
     const engine::Backend& backend = engine.backend(r);

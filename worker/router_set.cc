@@ -7,17 +7,16 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/logging.h"
 
 namespace pdserve::worker {
 
 StatusOr<std::vector<std::string>> resolve_host_port(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size())
-    return absl::InvalidArgumentError(absl::StrCat("router address '", host_port, "' is not HOST:PORT"));
-  std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  StatusOr<HostPort> split = split_host_port(host_port);
+  if (!split.ok()) return absl::InvalidArgumentError(absl::StrCat("router address ", split.status().message()));
+  const std::string& host = split->host;
+  const std::string& port = split->port;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -28,8 +27,7 @@ StatusOr<std::vector<std::string>> resolve_host_port(const std::string& host_por
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     char name[NI_MAXHOST];
     if (getnameinfo(a->ai_addr, a->ai_addrlen, name, sizeof name, nullptr, 0, NI_NUMERICHOST) != 0) continue;
-    const std::string ip = name;
-    out.insert(ip.find(':') != std::string::npos ? absl::StrCat("[", ip, "]:", port) : absl::StrCat(ip, ":", port));
+    out.insert(absl::StrCat(bracket_host(name), ":", port));
   }
   freeaddrinfo(found);
   if (out.empty()) return absl::UnavailableError(absl::StrCat(host, " resolves to no address"));

@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include "common/host_port.h"
 #include "common/logging.h"
 #include "engine/engine_loop.h"
 #include "kvtransfer/ucx/ucx_resources.h"
@@ -54,13 +55,6 @@ struct WorkerFlags {
 int fail(const std::string& what, const Status& s) {
   std::cerr << "error: " << what << ": " << s.message() << "\n";
   return 1;
-}
-
-// The host part of HOST:PORT, without IPv6 brackets.
-std::string host_of(const std::string& host_port) {
-  std::string host = host_port.substr(0, host_port.rfind(':'));
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
 }
 
 std::string memlock_limit() {
@@ -135,8 +129,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     std::cerr << "error: --kv-port must be 0 (any free port) or a port N with N + tp - 1 <= 65535\n";
     return 2;
   }
-  if (!f.advertise.empty() && (f.advertise.rfind(':') == std::string::npos || f.advertise.back() == ':' ||
-                               f.advertise.back() == ']')) {
+  if (!f.advertise.empty() && !split_host_port(f.advertise).ok()) {
     std::cerr << "error: --advertise must be HOST:PORT\n";
     return 2;
   }
@@ -155,7 +148,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   {
     StatusOr<std::vector<std::string>> numeric = resolve_host_port(f.host + ":0");
     if (!numeric.ok()) return fail("--host", numeric.status());
-    numeric_host = host_of(numeric->front());
+    numeric_host = split_host_port(numeric->front())->host;  // Resolved: always HOST:PORT.
   }
   // The probes answer from before the model loads (start-up: not yet) to the end of the drain.
   WorkerHealth health(role_name, {.router = !f.router.empty(), .rdma = f.require_rdma});
@@ -184,7 +177,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   kv.heartbeat_interval = std::min<Duration>(std::chrono::seconds(1), kv.peer_timeout / 4);
   kv.bind_host = numeric_host;
   kv.port_base = f.kv_port;
-  kv.advertise_host = f.advertise.empty() ? f.host : host_of(f.advertise);
+  kv.advertise_host = f.advertise.empty() ? f.host : split_host_port(f.advertise)->host;  // Checked above.
   // Declared first so that it is destroyed last: the roles use its engine.
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<PrefillRole> prefill;

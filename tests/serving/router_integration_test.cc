@@ -2,7 +2,6 @@
 // loopback; requests go through gRPC (`pdserve generate --router`, the Generation stub) and
 // HTTP (OpenAI completions, chat, SSE, /metrics). Greedy output must equal in-process
 // `pdserve generate --json`. Every wait is bounded and every child is killed on the way out.
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -19,6 +18,7 @@
 #include "proto/pdserve.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
+#include "tools/router_client.h"
 
 namespace pdserve {
 namespace {
@@ -68,34 +68,6 @@ GrpcResult grpc_generate(v1::Generation::Stub& s, const v1::GenerateRequest& req
   while (reader->Read(&resp)) r.responses.push_back(resp);
   r.status = reader->Finish();
   return r;
-}
-
-// grpc.health.v1.Health/Check of the whole server, through the generic stub (the health
-// messages are tiny: an empty request, a response whose field 1 is 1 for SERVING).
-bool grpc_serving(const std::string& address) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-  grpc::CompletionQueue cq;
-  grpc::ByteBuffer request, response;
-  grpc::Slice nothing;
-  request = grpc::ByteBuffer(&nothing, 1);
-  auto call = generic.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  if (!status.ok()) return false;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  return bytes == std::string("\x08\x01", 2);
 }
 
 v1::GenerateRequest greedy_request(const std::string& text, int max_tokens) {
@@ -213,7 +185,7 @@ TEST_F(RouterAggregated, GreedyThroughGrpcAndHttpEqualsInProcessAndHealthIsServi
   auto health = http_->Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
-  EXPECT_TRUE(grpc_serving(cluster_->grpc()));
+  EXPECT_TRUE(tools::grpc_health_serving(cluster_->grpc(), 10s).ok());
 }
 
 TEST_F(RouterAggregated, BadInputGetsClearStatuses) {

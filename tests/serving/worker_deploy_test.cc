@@ -146,34 +146,9 @@ void start_stream(Stream& s, v1::Generation::Stub& stub, int max_tokens) {
   });
 }
 
-// The decode worker runs the GPU backend's code on the CPU emulation of the GPU (a few tokens a
-// second), so the streams last well past the old 2 s grace and the drain is what lets them end.
-TEST(WorkerDeploy, SigtermDuringAStreamFinishesTheStreamBeforeExit) {
-  constexpr int kMaxTokens = 24;
-  constexpr int kStreams = 3;
-  auto router = start_router();
-  ASSERT_TRUE(router->wait_ready(30s)) << router->log();
-  auto prefill = start_worker("prefill", {"--router", router->grpc()});
-  setenv("PDSERVE_LOG_LEVEL", "info", 1);  // The drain's outcome is logged at info.
-  auto decode = start_worker("decode", {"--router", router->grpc(), "--device", "emulated", "--drain-timeout-s", "60"});
-  unsetenv("PDSERVE_LOG_LEVEL");
-  const std::vector<int> want = reference_tokens(kMaxTokens, /*ignore_eos=*/true);
-  ASSERT_TRUE(prefill->wait_ready(60s)) << prefill->log();
-  ASSERT_TRUE(decode->wait_ready(120s)) << decode->log();
-  // Ready only once registered with the router.
-  const Probe ready = wait_probe(decode->probe_port(), "/readyz", 200, 30s);
-  ASSERT_EQ(ready.status, 200) << ready.body;
-  httplib::Client http("127.0.0.1", router->http_port());
-  for (int i = 0; i < 200; ++i) {
-    auto h = http.Get("/health");
-    if (h && h->status == 200) break;
-    std::this_thread::sleep_for(50ms);
-  }
-
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(router->grpc(), grpc::InsecureChannelCredentials()));
-  Stream streams[kStreams];
-  for (Stream& s : streams) start_stream(s, *stub, kMaxTokens);
-  // Every stream has begun (its first tokens arrived) when the decode worker is told to stop.
+// Whether every stream saw its first tokens within 60 s.
+template <size_t N>
+bool wait_begun(const Stream (&streams)[N]) {
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   auto begun = [&] {
     for (const Stream& s : streams)
@@ -181,7 +156,50 @@ TEST(WorkerDeploy, SigtermDuringAStreamFinishesTheStreamBeforeExit) {
     return true;
   };
   while (!begun() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  ASSERT_TRUE(begun());
+  return begun();
+}
+
+// A router with a CPU prefill worker and an emulated-GPU decode worker (a few tokens a second,
+// so streams last), both registered, the decode worker ready and the router healthy.
+struct SlowDecodeCluster {
+  std::unique_ptr<Process> router, prefill, decode;
+};
+void start_slow_decode_cluster(SlowDecodeCluster& c, const std::vector<std::string>& decode_flags) {
+  c.router = start_router();
+  ASSERT_TRUE(c.router->wait_ready(30s)) << c.router->log();
+  c.prefill = start_worker("prefill", {"--router", c.router->grpc()});
+  std::vector<std::string> flags = {"--router", c.router->grpc(), "--device", "emulated"};
+  flags.insert(flags.end(), decode_flags.begin(), decode_flags.end());
+  setenv("PDSERVE_LOG_LEVEL", "info", 1);  // The drain's outcome is logged at info.
+  c.decode = start_worker("decode", flags);
+  unsetenv("PDSERVE_LOG_LEVEL");
+  ASSERT_TRUE(c.prefill->wait_ready(60s)) << c.prefill->log();
+  ASSERT_TRUE(c.decode->wait_ready(120s)) << c.decode->log();
+  // Ready only once registered with the router.
+  const Probe ready = wait_probe(c.decode->probe_port(), "/readyz", 200, 30s);
+  ASSERT_EQ(ready.status, 200) << ready.body;
+  httplib::Client http("127.0.0.1", c.router->http_port());
+  for (int i = 0; i < 200; ++i) {
+    auto h = http.Get("/health");
+    if (h && h->status == 200) break;
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+// The decode worker runs the GPU backend's code on the CPU emulation of the GPU (a few tokens a
+// second), so the streams last well past the old 2 s grace and the drain is what lets them end.
+TEST(WorkerDeploy, SigtermDuringAStreamFinishesTheStreamBeforeExit) {
+  constexpr int kMaxTokens = 24;
+  constexpr int kStreams = 3;
+  const std::vector<int> want = reference_tokens(kMaxTokens, /*ignore_eos=*/true);
+  SlowDecodeCluster c;
+  ASSERT_NO_FATAL_FAILURE(start_slow_decode_cluster(c, {"--drain-timeout-s", "60"}));
+  Process* decode = c.decode.get();
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(c.router->grpc(), grpc::InsecureChannelCredentials()));
+  Stream streams[kStreams];
+  for (Stream& s : streams) start_stream(s, *stub, kMaxTokens);
+  // Every stream has begun (its first tokens arrived) when the decode worker is told to stop.
+  ASSERT_TRUE(wait_begun(streams));
   ::kill(decode->pid(), SIGTERM);
   int seen_at_term = kMaxTokens;
   for (const Stream& s : streams) seen_at_term = std::min(seen_at_term, s.seen.load());
@@ -206,31 +224,14 @@ TEST(WorkerDeploy, SigtermDuringAStreamFinishesTheStreamBeforeExit) {
 TEST(WorkerDeploy, SigtermToTheRouterFinishesItsStreamsAndRefusesNewOnes) {
   constexpr int kMaxTokens = 16;
   constexpr int kStreams = 2;
-  auto router = start_router();
-  ASSERT_TRUE(router->wait_ready(30s)) << router->log();
-  auto prefill = start_worker("prefill", {"--router", router->grpc()});
-  auto decode = start_worker("decode", {"--router", router->grpc(), "--device", "emulated"});
   const std::vector<int> want = reference_tokens(kMaxTokens, /*ignore_eos=*/true);
-  ASSERT_TRUE(prefill->wait_ready(60s)) << prefill->log();
-  ASSERT_TRUE(decode->wait_ready(120s)) << decode->log();
-  ASSERT_EQ(wait_probe(decode->probe_port(), "/readyz", 200, 30s).status, 200);
-  httplib::Client http("127.0.0.1", router->http_port());
-  for (int i = 0; i < 200; ++i) {
-    auto h = http.Get("/health");
-    if (h && h->status == 200) break;
-    std::this_thread::sleep_for(50ms);
-  }
+  SlowDecodeCluster c;
+  ASSERT_NO_FATAL_FAILURE(start_slow_decode_cluster(c, {}));
+  Process* router = c.router.get();
   auto stub = v1::Generation::NewStub(grpc::CreateChannel(router->grpc(), grpc::InsecureChannelCredentials()));
   Stream streams[kStreams];
   for (Stream& s : streams) start_stream(s, *stub, kMaxTokens);
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  auto begun = [&] {
-    for (const Stream& s : streams)
-      if (s.seen == 0) return false;
-    return true;
-  };
-  while (!begun() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  ASSERT_TRUE(begun());
+  ASSERT_TRUE(wait_begun(streams));
   ::kill(router->pid(), SIGTERM);
   // A request arriving during the drain is refused, and says why.
   grpc::Status refused;

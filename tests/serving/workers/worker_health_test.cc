@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/host_port.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/kv_ranks.h"
 #include "worker/router_set.h"
@@ -67,6 +68,21 @@ TEST(KvAdvertise, ReplacesTheBoundHost) {
   EXPECT_EQ(advertised_endpoint("tcp://[::]:5601", "fd00::7"), "tcp://[fd00::7]:5601");
   EXPECT_EQ(advertised_endpoint("tcp://0.0.0.0:5601", "[fd00::7]"), "tcp://[fd00::7]:5601");
   EXPECT_EQ(advertised_endpoint("garbage", "10.1.2.3"), "garbage");
+}
+
+TEST(HostPort, SplitsAtTheLastColonAndHandlesIpv6Brackets) {
+  auto v4 = split_host_port("10.0.0.1:50060");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->host, "10.0.0.1");
+  EXPECT_EQ(v4->port, "50060");
+  auto v6 = split_host_port("[fd00::7]:8090");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->host, "fd00::7");
+  EXPECT_EQ(v6->port, "8090");
+  for (const char* bad : {"host", "host:", ":80", ""}) EXPECT_FALSE(split_host_port(bad).ok()) << bad;
+  EXPECT_EQ(bracket_host("fd00::7"), "[fd00::7]");
+  EXPECT_EQ(bracket_host("[fd00::7]"), "[fd00::7]");
+  EXPECT_EQ(bracket_host("10.0.0.1"), "10.0.0.1");
 }
 
 TEST(RouterResolve, NumericAndNamedHosts) {
