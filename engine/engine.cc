@@ -12,8 +12,13 @@ namespace pdserve::engine {
 struct Engine::Sequence {
   Sequence(GenerationRequest r, TokenCallback c, const ModelConfig& config)
       : request(capped(std::move(r), config.max_seq_len)), callback(std::move(c)),
-        sampler(request.params), stop(request.params, config.eos_ids) {
+        sampler(request.params), stop(with_resumed(request.params, request.resumed_tokens), config.eos_ids) {
     tokens = request.prompt;
+  }
+  // The stop rules' token budget covers the resumed output too: they count every token pushed.
+  static SamplingParams with_resumed(SamplingParams p, int resumed) {
+    p.max_tokens += resumed;
+    return p;
   }
   // Generation ends when the next token would need a position past the context, so at most
   // max_seq_len + 1 - prompt tokens are generated (llama2.c's `steps` semantics).
@@ -21,6 +26,19 @@ struct Engine::Sequence {
     if (r.handoff.prefill_only) r.params.max_tokens = 1;
     r.params.max_tokens = std::min<int64_t>(r.params.max_tokens, int64_t(max_seq_len) + 1 - int64_t(r.prompt.size()));
     return r;
+  }
+  // Replays the resumed output into the stop rules and the sampler (their deltas were streamed
+  // by the earlier run); InvalidArgument if that output had already ended generation.
+  Status resume(const Tokenizer& tokenizer) {
+    const int first = int(tokens.size()) - request.resumed_tokens;
+    for (int i = first; i < int(tokens.size()); ++i) {
+      (void)stop.push(tokens[i], tokenizer.decode_token(tokens[i - 1], tokens[i]));
+      if (stop.finished())
+        return absl::InvalidArgumentError(absl::StrCat("resumed output token ", i - first,
+                                                       " already ends generation (", std::string(finish_reason_name(stop.finish_reason())), ")"));
+      sampler.skip_draw();
+    }
+    return absl::OkStatus();
   }
   GenerationRequest request;
   TokenCallback callback;
@@ -136,6 +154,9 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", request.prompt.size(),
                                                    " tokens is longer than the model's context of ",
                                                    c.max_seq_len, " positions"));
+  if (request.resumed_tokens < 0 || request.resumed_tokens >= int(request.prompt.size()))
+    return absl::InvalidArgumentError(absl::StrCat("resumed_tokens ", request.resumed_tokens,
+                                                   " must be in [0, prompt length ", request.prompt.size(), ")"));
   const KvHandoff& h = request.handoff;
   const int need = blocks_needed(int(request.prompt.size()), h.prefill_only ? 1 : request.params.max_tokens);
   if (!h.preloaded_blocks.empty()) {
@@ -153,8 +174,10 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
   if (need > stats_.num_blocks)
     return absl::ResourceExhaustedError(absl::StrCat("request needs ", need, " KV blocks; the cache has ",
                                                      stats_.num_blocks, " in all"));
+  auto seq = std::make_unique<Sequence>(std::move(request), std::move(callback), c);
+  PD_RETURN_IF_ERROR(seq->resume(*model_.tokenizer));
   std::lock_guard lock(mu_);
-  waiting_.push_back(std::make_unique<Sequence>(std::move(request), std::move(callback), c));
+  waiting_.push_back(std::move(seq));
   std::lock_guard published(stats_mu_);
   published_.waiting = int(waiting_.size());
   return absl::OkStatus();

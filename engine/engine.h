@@ -85,6 +85,12 @@ struct GenerationRequest {
   std::vector<int> prompt;  // Token ids, BOS included when wanted.
   SamplingParams params;
   KvHandoff handoff;
+  // A migrated request (its first worker failed mid-stream): the last `resumed_tokens` tokens
+  // of `prompt` are output that an earlier run already generated and streamed. The sampler
+  // skips their random draws and the stop rules see them (text held back as a possible stop
+  // string stays held back), so the run goes on exactly where the earlier one stopped; their
+  // text is not streamed again. params.max_tokens counts the tokens still to generate.
+  int resumed_tokens = 0;
 };
 
 // One step's news for one request.

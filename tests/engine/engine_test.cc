@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_join.h"
+
 #include <atomic>
 #include <fstream>
 #include <random>
@@ -217,6 +219,73 @@ TEST(Engine, RefusesTpThatDoesNotDivide) {
   auto engine = Engine::create(std::move(*model), o);
   ASSERT_FALSE(engine.ok());
   EXPECT_NE(std::string(engine.status().message()).find("TP 3"), std::string::npos) << engine.status();
+}
+
+// One run's stream: each event's token (-1 for none) and text, and how it ended.
+struct Stream {
+  std::vector<int> tokens;
+  std::vector<std::string> texts;  // Per token event, then the final event's.
+  FinishReason reason = FinishReason::kNone;
+  std::string text() const { return absl::StrJoin(texts, ""); }
+};
+
+Stream run(Engine& engine, const std::vector<int>& prompt, const SamplingParams& params, int resumed) {
+  Stream out;
+  GenerationRequest req{"r", prompt, params};
+  req.resumed_tokens = resumed;
+  EXPECT_TRUE(engine.add_request(req, [&](const TokenEvent& ev) {
+    if (ev.token >= 0) out.tokens.push_back(ev.token);
+    out.texts.push_back(ev.text);
+    if (ev.finished) out.reason = ev.reason;
+  }).ok());
+  EXPECT_TRUE(engine.run_until_idle().ok());
+  return out;
+}
+
+// A migrated request resumes from prompt + the k tokens its client already got: the rest of
+// the tokens, the rest of the text (with a stop string spanning the cut still found and text
+// held back for it not lost), the finish reason and the seeded draws are the undivided run's.
+TEST(Engine, ResumedRequestContinuesTheStreamExactly) {
+  auto engine = make_engine(1);
+  const std::vector<int> prompt = {1, 403, 407, 261, 378};
+  SamplingParams greedy_params = greedy(60);
+  const std::string whole_text = engine->generate(prompt, greedy_params)->text;
+  ASSERT_GT(whole_text.size(), 60u);
+  SamplingParams stop_params = greedy_params;
+  stop_params.stop_strings = {whole_text.substr(whole_text.size() / 2, 7)};
+  SamplingParams seeded = greedy(50);
+  seeded.temperature = 1.0f;
+  seeded.top_p = 0.9f;
+  seeded.seed = 4321;
+  for (const SamplingParams& params : {greedy_params, stop_params, seeded}) {
+    const Stream whole = run(*engine, prompt, params, 0);
+    for (int k = 1; k < int(whole.tokens.size()); ++k) {
+      std::vector<int> resumed_prompt = prompt;
+      resumed_prompt.insert(resumed_prompt.end(), whole.tokens.begin(), whole.tokens.begin() + k);
+      SamplingParams rest = params;
+      rest.max_tokens = params.max_tokens - k;
+      const Stream tail = run(*engine, resumed_prompt, rest, k);
+      EXPECT_EQ(std::vector<int>(whole.tokens.begin() + k, whole.tokens.end()), tail.tokens) << "cut at " << k;
+      std::string streamed;  // What the client had from the first k token events.
+      for (int i = 0; i < k; ++i) streamed += whole.texts[i];
+      EXPECT_EQ(streamed + tail.text(), whole.text()) << "cut at " << k;
+      EXPECT_EQ(tail.reason, whole.reason) << "cut at " << k;
+    }
+  }
+  EXPECT_EQ(engine->stats().free_blocks, engine->stats().num_blocks);
+}
+
+TEST(Engine, RefusesResumedOutputThatAlreadyEndedOrDoesNotFit) {
+  auto engine = make_engine(1);
+  SamplingParams p = greedy(5);
+  p.stop_token_ids = {407};
+  // The resumed output holds a stop token: its run had ended there.
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"a", {1, 403, 407}, p, {}, 1}, nullptr)));
+  // Resumed tokens must leave a prompt of at least one token.
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"b", {1, 403}, greedy(5), {}, 2}, nullptr)));
+  EXPECT_TRUE(absl::IsInvalidArgument(engine->add_request({"c", {1, 403}, greedy(5), {}, -1}, nullptr)));
+  EXPECT_TRUE(engine->add_request({"d", {1, 403}, greedy(5), {}, 1}, nullptr).ok());
+  ASSERT_TRUE(engine->run_until_idle().ok());
 }
 
 }  // namespace

@@ -196,5 +196,36 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
 }
 
+// A request migrated mid-stream: prompt + the k tokens already streamed, prefilled on one
+// engine and decoded on another, continues with exactly the draws of the undivided run.
+TEST(Handoff, ResumedRequestContinuesAcrossTheSplit) {
+  std::vector<int> prompt = {1, 403, 407, 261, 378};
+  SamplingParams params;
+  params.max_tokens = 40;
+  params.temperature = 0.9f;
+  params.seed = 77;
+  const std::vector<int> whole = make_engine(1)->generate(prompt, params)->token_ids;
+  ASSERT_EQ(whole.size(), 40u);
+  for (int k : {1, 9, 38}) {
+    auto prefill = make_engine(1), decode = make_engine(1);
+    std::vector<int> resumed_prompt = prompt;
+    resumed_prompt.insert(resumed_prompt.end(), whole.begin(), whole.begin() + k);
+    SamplingParams rest = params;
+    rest.max_tokens = params.max_tokens - k;
+    const auto [first, handed] = run_prefill_only(*prefill, resumed_prompt, rest, k);
+    EXPECT_EQ(first, whole[k]) << "cut at " << k;
+    auto reserved = decode->reserve_blocks(int(resumed_prompt.size()) + rest.max_tokens);
+    ASSERT_TRUE(reserved.ok());
+    copy_kv(*prefill, handed, *decode, *reserved, int(resumed_prompt.size() + 15) / 16);
+    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    std::vector<int> got = {};
+    if (rest.max_tokens > 1) got = decode_preloaded(*decode, resumed_prompt, rest, *reserved, first, k);
+    else ASSERT_TRUE(decode->release_blocks(*reserved).ok());
+    std::vector<int> expected(whole.begin() + k + (rest.max_tokens > 1 ? 0 : 1), whole.end());
+    if (rest.max_tokens > 1) EXPECT_EQ(got, expected) << "cut at " << k;
+    EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::engine

@@ -53,11 +53,13 @@ struct PrefillHandoff {
   std::vector<int> blocks;
 };
 
-// Runs `prompt` as a prefill-only request "r" on `prefill` to completion.
+// Runs `prompt` as a prefill-only request "r" on `prefill` to completion (its last `resumed`
+// tokens: output of an earlier run).
 inline PrefillHandoff run_prefill_only(engine::Engine& prefill, const std::vector<int>& prompt,
-                                       const engine::SamplingParams& params) {
+                                       const engine::SamplingParams& params, int resumed = 0) {
   engine::GenerationRequest req{"r", prompt, params};
   req.handoff.prefill_only = true;
+  req.resumed_tokens = resumed;
   PrefillHandoff out;
   EXPECT_TRUE(prefill.add_request(req, [&](const engine::TokenEvent& ev) {
     if (ev.token >= 0) out.first_token = ev.token;
@@ -70,8 +72,9 @@ inline PrefillHandoff run_prefill_only(engine::Engine& prefill, const std::vecto
 // Decodes `prompt` on `decode` from KV already in `blocks`, starting with `first_token`.
 inline std::vector<int> decode_preloaded(engine::Engine& decode, const std::vector<int>& prompt,
                                          const engine::SamplingParams& params, const std::vector<int>& blocks,
-                                         int first_token) {
+                                         int first_token, int resumed = 0) {
   engine::GenerationRequest req{"r", prompt, params};
+  req.resumed_tokens = resumed;
   req.handoff.preloaded_blocks = blocks;
   req.handoff.first_token = first_token;
   std::vector<int> tokens;
