@@ -35,7 +35,8 @@ struct Flags {
   double drain_timeout_s = 30;  // On SIGTERM, for requests in flight.
   int poll_interval_ms = 200;
   int max_message_bytes = 16 << 20;
-  int max_attempts = 3;
+  int max_migrations = 3;
+  double stall_timeout_s = 5;
   int heartbeat_interval_ms = 1000;
   int heartbeat_timeout_ms = 3000;
 };
@@ -86,13 +87,14 @@ int run(const Flags& f) {
   registry.start();
 
   RouterOptions opts;
-  opts.kv_mode = f.aggregated.empty() ? f.kv_mode : "aggregated";
+  opts.kv_mode = *parse_kv_mode(f.aggregated.empty() ? f.kv_mode : "aggregated");  // CLI11 checked the name.
   std::vector<std::string> model_names = {model.name};
   model_names.insert(model_names.end(), model.aliases.begin(), model.aliases.end());
   opts.max_running = f.max_running;
   opts.max_waiting = f.max_waiting;
   opts.request_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.request_timeout_s));
-  opts.max_attempts = f.max_attempts;
+  opts.max_migrations = f.max_migrations;
+  opts.stall_timeout = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.stall_timeout_s));
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance());
   GenerationService service(router);
@@ -127,7 +129,7 @@ int run(const Flags& f) {
   }
   http.start();
   std::cout << "READY grpc=" << f.host << ":" << grpc_port << " http=" << f.host << ":" << *http_port << std::endl;
-  std::cerr << "router: model " << router.model_info().name() << ", mode " << opts.kv_mode << ", " << endpoints.size()
+  std::cerr << "router: model " << router.model_info().name() << ", mode " << kv_mode_name(opts.kv_mode) << ", " << endpoints.size()
             << " workers listed; workers may register (heartbeat timeout " << f.heartbeat_timeout_ms << " ms)\n";
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -183,7 +185,16 @@ int main(int argc, char** argv) {
                  "On SIGTERM: seconds for requests in flight to finish (new ones are refused) before shutdown")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--max-attempts", f.max_attempts, "Placements tried when workers fail before the first token")->capture_default_str();
+  app.add_option("--max-migrations", f.max_migrations,
+                 "Times a request is placed again when its workers fail, die or stall (before or after its first "
+                 "token; the stream goes on from the tokens already sent)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--stall-timeout-s", f.stall_timeout_s,
+                 "A streaming request is migrated when no token came for this long (or 50 x its mean inter-token "
+                 "time, if longer)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "How often registered workers are asked to heartbeat")
       ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", f.heartbeat_timeout_ms, "A registered worker is dropped after this long without a heartbeat")

@@ -108,6 +108,11 @@ void RouterMetrics::count_failure(const std::string& code) {
   ++failures_[code];
 }
 
+void RouterMetrics::count_migration(bool after_first_token) {
+  std::lock_guard lock(mu_);
+  ++(after_first_token ? migrations_mid_stream_ : migrations_before_first_token_);
+}
+
 std::string RouterMetrics::render(int running, int waiting, const std::vector<WorkerGauges>& workers) const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -127,6 +132,13 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
   for (const auto& [reason, n] : success_) append_sample(out, "pdserve:request_success_total", {{"finished_reason", reason}}, double(n));
   append_header(out, "pdserve:request_failure_total", "Requests that ended with an error, by gRPC status code.", "counter");
   for (const auto& [code, n] : failures_) append_sample(out, "pdserve:request_failure_total", {{"code", code}}, double(n));
+  append_header(out, "pdserve:request_migrations_total",
+                "Requests placed again after their workers failed, died or stalled, by whether the client already had "
+                "tokens.",
+                "counter");
+  append_sample(out, "pdserve:request_migrations_total", {{"stage", "before_first_token"}},
+                double(migrations_before_first_token_));
+  append_sample(out, "pdserve:request_migrations_total", {{"stage", "mid_stream"}}, double(migrations_mid_stream_));
   append_header(out, "pdserve:prompt_tokens_total", "Prompt tokens of finished requests.", "counter");
   append_sample(out, "pdserve:prompt_tokens_total", {}, double(prompt_tokens_));
   append_header(out, "pdserve:generation_tokens_total", "Generated tokens of finished requests.", "counter");

@@ -64,6 +64,9 @@ class RouterMetrics {
   void observe_kv_transfer(const std::string& prefill, const std::string& decode, uint64_t bytes, double seconds);
   // Counts a request that ended with an error status (by gRPC code name).
   void count_failure(const std::string& code);
+  // Counts a request placed again after its workers failed: `after_first_token` when the client
+  // already had tokens (the stream went on from them).
+  void count_migration(bool after_first_token);
 
   // The whole exposition: these metrics plus the given gauges.
   std::string render(int running, int waiting, const std::vector<WorkerGauges>& workers) const;
@@ -77,6 +80,7 @@ class RouterMetrics {
   Histogram ttft_, tpot_, e2e_;
   std::map<std::string, uint64_t> success_;  // By finish reason.
   std::map<std::string, uint64_t> failures_;  // By status code.
+  uint64_t migrations_before_first_token_ = 0, migrations_mid_stream_ = 0;
   uint64_t prompt_tokens_ = 0;
   uint64_t generation_tokens_ = 0;
   std::map<std::pair<std::string, std::string>, Transfer> transfers_;

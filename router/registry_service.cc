@@ -7,16 +7,16 @@
 
 namespace pdserve::router {
 
-RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, std::string kv_mode)
-    : registry_(registry), model_names_(std::move(model_names)), kv_mode_(std::move(kv_mode)) {}
+RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode)
+    : registry_(registry), model_names_(std::move(model_names)), kv_mode_(kv_mode) {}
 
 grpc::Status RegistryService::Register(grpc::ServerContext*, const worker::RegisterRequest* request,
                                        worker::RegisterResponse* response) {
-  const bool aggregated = kv_mode_ == "aggregated";
+  const bool aggregated = kv_mode_ == KvMode::kAggregated;
   const worker::Role role = request->role();
   if (aggregated ? role != worker::ROLE_AGGREGATED : role != worker::ROLE_PREFILL && role != worker::ROLE_DECODE)
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "this router (mode " + kv_mode_ + ") does not use " + role_name(role) + " workers");
+                        "this router (mode " + std::string(kv_mode_name(kv_mode_)) + ") does not use " + role_name(role) + " workers");
   if (!request->model().empty() &&
       std::find(model_names_.begin(), model_names_.end(), request->model()) == model_names_.end())
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,

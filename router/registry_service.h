@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proto/worker.grpc.pb.h"
+#include "router/kv_mode.h"
 #include "router/worker_registry.h"
 
 namespace pdserve::router {
@@ -15,7 +16,7 @@ class RegistryService final : public worker::Registry::Service {
  public:
   // `model_names`: the served model's name and accepted aliases; `kv_mode`: "push", "pull" (prefill
   // and decode workers) or "aggregated".
-  RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, std::string kv_mode);
+  RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode);
 
   grpc::Status Register(grpc::ServerContext* ctx, const worker::RegisterRequest* request,
                         worker::RegisterResponse* response) override;
@@ -27,7 +28,7 @@ class RegistryService final : public worker::Registry::Service {
  private:
   WorkerRegistry& registry_;
   const std::vector<std::string> model_names_;
-  const std::string kv_mode_;
+  const KvMode kv_mode_;
 };
 
 }  // namespace pdserve::router

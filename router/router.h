@@ -2,7 +2,10 @@
 // places it on workers and drives them — aggregated (one worker's Generate), push (decode
 // Reserve, then prefill Prefill towards the reserved blocks while the decode stream is already
 // open) or pull (Prefill holding the KV, then decode Generate reading it) — and streams the
-// tokens back with per-request timings. Both the gRPC and the HTTP front ends call it.
+// tokens back with per-request timings. When a worker dies, fails or stalls, the request is
+// migrated: placed again with the output the client already has as part of its prompt, and its
+// stream goes on as if nothing happened. Both the gRPC and the HTTP front ends call it.
+// The flows live in router/flow_*.cc, the request state in router/request_state.h.
 #pragma once
 
 #include <atomic>
@@ -18,22 +21,31 @@
 #include "common/status.h"
 #include "engine/model_config.h"
 #include "engine/tokenizer.h"
+#include "engine/sampling/stop_checker.h"
 #include "engine/tokenizer/chat_template.h"
+#include "proto/grpc_status.h"
 #include "proto/pdserve.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "router/admission_queue.h"
+#include "router/kv_mode.h"
 #include "router/metrics.h"
 #include "router/worker_registry.h"
 
 namespace pdserve::router {
 
 struct RouterOptions {
-  std::string kv_mode = "push";  // "push", "pull" or "aggregated".
+  KvMode kv_mode = KvMode::kPush;
   int max_running = 64;          // Requests out at the workers at once.
   int max_waiting = 256;         // Requests waiting for a slot; more are refused ("overloaded").
   Duration request_timeout = std::chrono::seconds(600);
   Duration worker_rpc_timeout = std::chrono::seconds(10);  // Reserve and Abort calls.
-  int max_attempts = 3;  // Placements tried for a request whose workers fail before its first token.
+  // Placements after the first for a request whose workers fail, die or stall (before or after
+  // its first token); past it the request fails with the last worker error.
+  int max_migrations = 3;
+  // A placement streaming tokens is given up (and the request migrated) when no token came for
+  // max(stall_timeout, 50 x its mean inter-token time), or at once when a worker it depends on
+  // is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped worker).
+  Duration stall_timeout = std::chrono::seconds(5);
 };
 
 // The model the router serves: enough to tokenize prompts and check them against the limits.
@@ -88,18 +100,31 @@ class Router {
   struct Active;
   struct Flow;
   struct Attempt;
-  Attempt run_aggregated(Flow& f, std::vector<int>& exclude_decode);
-  Status no_pair(const std::vector<WorkerLoad>& prefill, const std::vector<int>& exclude_prefill,
-                 const std::vector<int>& exclude_decode, int blocks_needed) const;
-  Attempt run_push(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
-  Attempt run_pull(Flow& f, std::vector<int>& exclude_prefill, std::vector<int>& exclude_decode);
+  // One placement of a request in each mode (router/flow_aggregated.cc, flow_push.cc, flow_pull.cc).
+  Attempt run_aggregated(Flow& f);
+  Attempt run_push(Flow& f);
+  Attempt run_pull(Flow& f);
+  // Places the request until it ends, migrating it when a placement's workers fail.
+  Status run_placements(Flow& f);
+  // Why no prefill worker was chosen for a P/D request.
+  Status no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
   // Reads a worker's Generate stream, forwarding events; ends at the stream's end.
   Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
   // Forwards one non-final worker event to the client.
-  void forward(Flow& f, const worker::WorkerEvent& ev);
-  // Best-effort Worker.Abort of `worker_request_id` on each worker.
+  void forward(Flow& f, int worker, const worker::WorkerEvent& ev);
+  // Marks worker `index` down for `why` and keeps it out of this request's placements.
+  void fail_worker(Flow& f, int index, const Status& why);
+  // The placement the watchdog gave up on (a stalled or down worker), as a failure of that
+  // worker; nullopt when the watchdog did not.
+  std::optional<Attempt> stalled_attempt(Flow& f);
+  // Best-effort Worker.Abort of `worker_request_id` on each worker, without waiting for answers.
   void abort_on_workers(const std::string& worker_request_id, const std::vector<int>& workers);
+  // The stop rules fed with the output the client already has (what a resumed worker replays).
+  engine::StopChecker stop_after_output(const Flow& f) const;
   void watchdog_loop();
+  // The watchdog's look at one request's placement: gives it up when a worker it depends on is
+  // down or its stream stalled.
+  void watch_placement(Active& a, TimePoint now);
   std::string new_request_id();
 
   const RouterOptions options_;
@@ -121,10 +146,5 @@ class Router {
   bool stopping_ = false;
   std::thread watchdog_;
 };
-
-// The gRPC status for an absl status (same codes, same message).
-grpc::Status to_grpc(const Status& s);
-// The absl status for a gRPC status, prefixed by `what` ("Prefill on host:port").
-Status from_grpc(const grpc::Status& s, const std::string& what);
 
 }  // namespace pdserve::router

@@ -192,6 +192,17 @@ void WorkerRegistry::note_assigned(int index, int blocks, int64_t prefill_tokens
   w.assigned_prefill_tokens += prefill_tokens;
 }
 
+worker::Role WorkerRegistry::role(int index) const {
+  std::lock_guard lock(mu_);
+  return workers_[index]->endpoint.role;
+}
+
+bool WorkerRegistry::is_up(int index) const {
+  std::lock_guard lock(mu_);
+  const Worker& w = *workers_[index];
+  return w.listed && w.up;
+}
+
 void WorkerRegistry::mark_down(int index, const Status& why) {
   std::lock_guard lock(mu_);
   Worker& w = *workers_[index];

@@ -60,6 +60,9 @@ class WorkerRegistry {
   // The RPC stub of worker `index`.
   worker::Worker::Stub* stub(int index) const;
   const std::string& address(int index) const;
+  worker::Role role(int index) const;
+  // Whether worker `index` is listed and answered its last poll (not marked down since).
+  bool is_up(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that a request was sent to `index` (counted in its load until the next poll).

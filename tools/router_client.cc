@@ -3,13 +3,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include "proto/grpc_status.h"
+
 namespace pdserve::tools {
 namespace {
-Status from_grpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(what, ": ", s.error_message()));
-}
-
 StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address, Duration wait, const char* what) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);

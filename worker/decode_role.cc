@@ -172,6 +172,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
   PD_ASSIGN_OR_RETURN(PreparedDecode prepared, wait_ready(id, lock, cancelled));
   prepared.request.prompt.assign(request.prompt().begin(), request.prompt().end());
   prepared.request.params = params;
+  prepared.request.resumed_tokens = request.resumed_tokens();
   return prepared;
 }
 

@@ -10,16 +10,14 @@
 #include "engine/backend.h"
 #include "engine/tokenizer/chat_template.h"
 #include "kvtransfer/fault.h"
+#include "proto/grpc_status.h"
 #include "worker/sampling_params.h"
 #include "worker/token_stream.h"
 
 namespace pdserve::worker {
 namespace {
 
-grpc::Status to_grpc(const Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
+using pdserve::to_grpc;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -30,7 +28,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 grpc::Status to_grpc(grpc::ServerContext* context, const Status& s) {
   if (context != nullptr && kvtransfer::is_peer_fault(s))
     context->AddTrailingMetadata(std::string(kvtransfer::kFaultMetadataKey), std::string(kvtransfer::kPeerFault));
-  return to_grpc(s);
+  return pdserve::to_grpc(s);
 }
 
 grpc::Status draining_error() {
@@ -127,6 +125,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
     if (!mode.empty())
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
     engine::GenerationRequest r{request->request_id(), {request->prompt().begin(), request->prompt().end()}, *params};
+    r.resumed_tokens = request->resumed_tokens();
     return stream(context, std::move(r), 0, writer);
   }
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");

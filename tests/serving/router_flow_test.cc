@@ -51,6 +51,10 @@ class FakeWorker final : public worker::Worker::Service {
   // worker whose transfer partner died answers (kvtransfer/fault.h).
   std::atomic<int> blame_peer{0};
   std::atomic<bool> hang{false};  // Generate waits until cancelled.
+  // Generate streams this many tokens, then fails UNAVAILABLE (dies) / waits until cancelled
+  // (stalls); -1: never. A resumed request streams `tokens` from its resumed_tokens on.
+  std::atomic<int> die_after{-1};
+  std::atomic<int> stall_after{-1};
   std::atomic<bool> generate_started{false};
   std::atomic<bool> prefill_done{false};
   FakeWorker* peer_decode = nullptr;  // Prefill (push): waits until this decode stream is open.
@@ -59,6 +63,16 @@ class FakeWorker final : public worker::Worker::Service {
   std::vector<std::string> calls() {
     std::lock_guard l(mu_);
     return calls_;
+  }
+  // Whether `call` (e.g. "Abort:r") arrived within `timeout` (the router aborts asynchronously).
+  bool saw(const std::string& call, std::chrono::milliseconds timeout = 3000ms) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    do {
+      const auto c = calls();
+      if (std::find(c.begin(), c.end(), call) != c.end()) return true;
+      std::this_thread::sleep_for(2ms);
+    } while (std::chrono::steady_clock::now() < end);
+    return false;
   }
   worker::WorkerGenerateRequest last_generate() {
     std::lock_guard l(mu_);
@@ -94,7 +108,7 @@ class FakeWorker final : public worker::Worker::Service {
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the router waited for the prefill reply");
     }
     prefill_done = true;
-    r->set_first_token(tokens[0]);
+    r->set_first_token(tokens[req->resumed_tokens()]);
     r->set_kv_source("source");
     r->set_prefill_s(0.25);
     r->set_kv_transfer_s(0.125);
@@ -116,7 +130,13 @@ class FakeWorker final : public worker::Worker::Service {
     }
     if (peer_prefill && !wait_for(prefill_done, 3s))
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no KV arrived");
-    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+    const size_t start = size_t(req->resumed_tokens());
+    for (size_t i = start; i + 1 < tokens.size(); ++i) {
+      if (int(i - start) == die_after) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
+      if (int(i - start) == stall_after) {
+        while (!ctx->IsCancelled()) std::this_thread::sleep_for(2ms);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
       worker::WorkerEvent e;
       e.add_token_ids(tokens[i]);
       e.set_text("t" + std::to_string(tokens[i]));
@@ -196,6 +216,14 @@ class RouterFlow : public ::testing::Test {
     r.mutable_sampling()->set_max_tokens(max_tokens);
     return r;
   }
+  // The registry index of the worker at `address`.
+  int registry_index(const std::string& address) const {
+    for (worker::Role role : {worker::ROLE_AGGREGATED, worker::ROLE_PREFILL, worker::ROLE_DECODE})
+      for (const WorkerLoad& l : registry_->loads(role))
+        if (registry_->address(l.index) == address) return l.index;
+    return -1;
+  }
+  std::string metrics_text() const { return router_->metrics_text(); }
   RouterMetrics metrics_;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<Router> router_;
@@ -204,7 +232,7 @@ class RouterFlow : public ::testing::Test {
 TEST_F(RouterFlow, AggregatedStreamsTokensThenTheFinalMessage) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   start({{&w, worker::ROLE_AGGREGATED}}, o);
   Result r = run(request());
   ASSERT_TRUE(r.status.ok()) << r.status;
@@ -247,7 +275,7 @@ TEST_F(RouterFlow, PushOpensTheDecodeStreamBeforeThePrefillReply) {
 TEST_F(RouterFlow, PullHandsTheSourceAndFirstTokenToDecode) {
   FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
   RouterOptions o;
-  o.kv_mode = "pull";
+  o.kv_mode = KvMode::kPull;
   start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
   Result r = run(request());
   ASSERT_TRUE(r.status.ok()) << r.status;
@@ -261,7 +289,7 @@ TEST_F(RouterFlow, AFailedPrefillIsRetriedOnAnotherPrefillWorker) {
   FakeWorker bad(worker::ROLE_PREFILL), good(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
   bad.fail_prefill = true;
   RouterOptions o;
-  o.kv_mode = "pull";
+  o.kv_mode = KvMode::kPull;
   start({{&bad, worker::ROLE_PREFILL}, {&good, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
   Result r = run(request());
   ASSERT_TRUE(r.status.ok()) << r.status;
@@ -280,9 +308,8 @@ TEST_F(RouterFlow, PushPrefillFailureAbortsTheDecodeSideAndRetries) {
   req.set_request_id("r");
   Result r = run(req);
   ASSERT_TRUE(r.status.ok()) << r.status;
-  const auto calls = d.calls();
-  EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:r"), calls.end());
-  EXPECT_NE(std::find(calls.begin(), calls.end(), "Reserve:r/retry1"), calls.end());
+  EXPECT_TRUE(d.saw("Abort:r"));
+  EXPECT_TRUE(d.saw("Reserve:r/m1"));
   EXPECT_EQ(r.responses.back().prefill_worker(), good.address);
 }
 
@@ -315,20 +342,22 @@ TEST_F(RouterFlow, PullReadFailureIsBlamedOnThePrefillWorker) {
   FakeWorker bad(worker::ROLE_PREFILL), good(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
   d.blame_peer = 1;
   RouterOptions o;
-  o.kv_mode = "pull";
+  o.kv_mode = KvMode::kPull;
   start({{&bad, worker::ROLE_PREFILL}, {&good, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
   Result r = run(request());
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.responses.back().prefill_worker(), good.address);
   EXPECT_EQ(r.responses.back().decode_worker(), d.address);
-  EXPECT_EQ(bad.calls().size(), 2u) << "Prefill, then the Abort of the failed attempt";
+  // Prefill, then the Abort of the failed attempt (sent without waiting for its answer).
+  for (int i = 0; i < 2000 && bad.calls().size() < 2; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(bad.calls().size(), 2u);
 }
 
 TEST_F(RouterFlow, OverloadIsResourceExhausted) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   w.hang = true;
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   o.max_running = 1;
   o.max_waiting = 0;
   start({{&w, worker::ROLE_AGGREGATED}}, o);
@@ -344,8 +373,7 @@ TEST_F(RouterFlow, OverloadIsResourceExhausted) {
   t.join();
   ASSERT_TRUE(r1.status.ok()) << r1.status;
   EXPECT_EQ(r1.responses.back().finish_reason(), "abort");
-  const auto calls = w.calls();
-  EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:long"), calls.end());
+  EXPECT_TRUE(w.saw("Abort:long"));
   EXPECT_FALSE(router_->abort("long"));
 }
 
@@ -354,7 +382,7 @@ TEST_F(RouterFlow, TimeoutIsDeadlineExceededAndAbortsTheWorker) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   w.hang = true;
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   o.request_timeout = 30s;
   start({{&w, worker::ROLE_AGGREGATED}}, o, clock);
   v1::GenerateRequest req = request();
@@ -365,15 +393,14 @@ TEST_F(RouterFlow, TimeoutIsDeadlineExceededAndAbortsTheWorker) {
   clock.advance(31s);
   t.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.status)) << r.status;
-  const auto calls = w.calls();
-  EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:slow"), calls.end());
+  EXPECT_TRUE(w.saw("Abort:slow"));
 }
 
 TEST_F(RouterFlow, ClientCancellationStopsTheWorker) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   w.hang = true;
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   start({{&w, worker::ROLE_AGGREGATED}}, o);
   std::atomic<bool> gone{false};
   v1::GenerateRequest req = request();
@@ -384,8 +411,7 @@ TEST_F(RouterFlow, ClientCancellationStopsTheWorker) {
   gone = true;
   t.join();
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
-  const auto calls = w.calls();
-  EXPECT_NE(std::find(calls.begin(), calls.end(), "Abort:c"), calls.end());
+  EXPECT_TRUE(w.saw("Abort:c"));
 }
 
 // Whether `worker` was sent a Worker.Abort within `timeout`.
@@ -432,7 +458,7 @@ TEST_F(RouterFlow, NonStreamingHttpClientHangingUpAbortsBothWorkers) {
 
 TEST_F(RouterFlow, NoWorkerUpIsUnavailable) {
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   start({}, o);
   EXPECT_TRUE(absl::IsUnavailable(run(request()).status));
   EXPECT_FALSE(router_->ready());
@@ -441,7 +467,7 @@ TEST_F(RouterFlow, NoWorkerUpIsUnavailable) {
 TEST_F(RouterFlow, ValidationStatuses) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   RouterOptions o;
-  o.kv_mode = "aggregated";
+  o.kv_mode = KvMode::kAggregated;
   start({{&w, worker::ROLE_AGGREGATED}}, o);
   struct Case {
     const char* name;
@@ -480,6 +506,110 @@ TEST_F(RouterFlow, ValidationStatuses) {
   for (int i = 0; i < 16; ++i) named.mutable_sampling()->add_stop(std::string(256, 'z'));  // At the limits: served.
   EXPECT_TRUE(run(named).status.ok());
   EXPECT_TRUE(w.calls().size() == 1u);  // Only the valid one reached the worker.
+}
+
+// An aggregated worker dies after streaming two tokens: the request moves to the other worker
+// with prompt + those two tokens as its prompt (resumed, max_tokens less two), and the client's
+// stream goes on with the third token, nothing repeated or missing.
+TEST_F(RouterFlow, AWorkerDyingMidStreamIsMigratedAndTheStreamGoesOn) {
+  FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+  a.tokens = b.tokens = {10, 11, 12, 13};
+  a.die_after = 2;
+  b.die_after = -1;
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+  // Both are idle: the first placement goes to the first one listed.
+  Result r = run(request("Once upon", 4));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+  EXPECT_EQ(r.responses.back().migrations(), 1);
+  EXPECT_EQ(r.responses.back().decode_worker(), b.address);
+  const worker::WorkerGenerateRequest resumed = b.last_generate();
+  EXPECT_EQ(resumed.resumed_tokens(), 2);
+  EXPECT_EQ(resumed.sampling().max_tokens(), 2);
+  ASSERT_GE(resumed.prompt_size(), 3);
+  EXPECT_EQ(resumed.prompt(resumed.prompt_size() - 2), 10);
+  EXPECT_EQ(resumed.prompt(resumed.prompt_size() - 1), 11);
+  EXPECT_EQ(int(r.responses.front().prompt_token_ids_size()), resumed.prompt_size() - 2);
+  EXPECT_NE(metrics_text().find("pdserve:request_migrations_total{stage=\"mid_stream\"} 1"), std::string::npos);
+}
+
+// Push: the decode worker dies mid-stream; the new placement prefills prompt + output on the
+// (only) prefill worker towards the other decode worker, which goes on from there.
+TEST_F(RouterFlow, PushDecodeDeathMidStreamResumesOnAnotherDecodeWorker) {
+  FakeWorker p(worker::ROLE_PREFILL), d1(worker::ROLE_DECODE), d2(worker::ROLE_DECODE);
+  p.tokens = d1.tokens = d2.tokens = {10, 11, 12, 13, 14};
+  d1.die_after = 3;
+  start({{&p, worker::ROLE_PREFILL}, {&d1, worker::ROLE_DECODE}, {&d2, worker::ROLE_DECODE}}, RouterOptions{});
+  v1::GenerateRequest req = request("Once upon", 5);
+  req.set_request_id("r");
+  Result r = run(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13, 14}));
+  EXPECT_EQ(r.responses.back().decode_worker(), d2.address);
+  EXPECT_EQ(r.responses.back().prefill_worker(), p.address);
+  EXPECT_EQ(d2.last_generate().resumed_tokens(), 3);
+  EXPECT_TRUE(p.saw("Prefill:r/m1:push:target"));
+  EXPECT_EQ(registry_->is_up(registry_index(p.address)), true) << "the prefill worker was not at fault";
+}
+
+// A stream that stops without failing (a stalled worker): after the stall timeout the
+// watchdog gives the placement up, the worker is marked down, and the request goes on elsewhere.
+TEST_F(RouterFlow, AStalledStreamIsMigrated) {
+  FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+  a.tokens = b.tokens = {10, 11, 12, 13};
+  a.stall_after = 1;
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.stall_timeout = 300ms;
+  start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+  Result r = run(request("Once upon", 4));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+  EXPECT_EQ(r.responses.back().migrations(), 1);
+  EXPECT_EQ(b.last_generate().resumed_tokens(), 1);
+  EXPECT_FALSE(registry_->is_up(registry_index(a.address)));
+}
+
+// A worker the registry marks down (failed polls, or no heartbeats: a SIGSTOPped process)
+// loses its placements at once, before any stall timeout.
+TEST_F(RouterFlow, APlacementOnAWorkerMarkedDownIsMigrated) {
+  FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+  a.tokens = b.tokens = {10, 11, 12, 13};
+  a.stall_after = 2;
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.stall_timeout = 600s;
+  start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+  Result r;
+  std::thread t([&] { r = run(request("Once upon", 4)); });
+  ASSERT_TRUE(wait_for(a.generate_started, 5s));
+  std::this_thread::sleep_for(50ms);
+  registry_->mark_down(registry_index(a.address), absl::UnavailableError("no heartbeat"));
+  t.join();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+  EXPECT_EQ(b.last_generate().resumed_tokens(), 2);
+}
+
+// Every placement fails mid-stream: after --max-migrations the request fails, saying so.
+TEST_F(RouterFlow, MigrationsStopAtTheLimitWithAClearError) {
+  FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED), c(worker::ROLE_AGGREGATED);
+  for (FakeWorker* w : {&a, &b, &c}) {
+    w->tokens = {10, 11, 12, 13, 14, 15};
+    w->die_after = 1;
+  }
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.max_migrations = 1;
+  start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}, {&c, worker::ROLE_AGGREGATED}}, o);
+  Result r = run(request("Once upon", 6));
+  EXPECT_TRUE(absl::IsUnavailable(r.status)) << r.status;
+  EXPECT_NE(r.status.message().find("after 1 migrations (the limit, --max-migrations)"), std::string_view::npos)
+      << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11})) << "each placement streamed one token before dying";
+  EXPECT_TRUE(c.calls().empty());
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST(WorkerRegistryExpiry, RegistrationIsChecked) {
 TEST(RegistryService, RefusesWorkersTheRouterDoesNotUseAndAnswersItsTimings) {
   FakeClock clock;
   WorkerRegistry reg({}, options(), clock);
-  RegistryService pd(reg, {"stories260K", "/models/stories260K.bin"}, "push");
+  RegistryService pd(reg, {"stories260K", "/models/stories260K.bin"}, KvMode::kPush);
   worker::RegisterRequest req;
   req.set_address("127.0.0.1:1010");
   req.set_role(worker::ROLE_AGGREGATED);
@@ -113,7 +113,7 @@ TEST(RegistryService, RefusesWorkersTheRouterDoesNotUseAndAnswersItsTimings) {
   ASSERT_TRUE(pd.Heartbeat(nullptr, &hb, &known).ok());
   EXPECT_FALSE(known.known());
 
-  RegistryService agg(reg, {"stories260K"}, "aggregated");
+  RegistryService agg(reg, {"stories260K"}, KvMode::kAggregated);
   req.set_role(worker::ROLE_PREFILL);
   EXPECT_EQ(agg.Register(nullptr, &req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }

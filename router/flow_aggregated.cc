@@ -1,0 +1,40 @@
+// Router::run_aggregated: one placement on an aggregated worker, which prefills and decodes
+// the request itself (a migrated request: prompt + the output so far, resumed).
+#include "router/policy.h"
+#include "router/request_state.h"
+
+namespace pdserve::router {
+
+Router::Attempt Router::run_aggregated(Flow& f) {
+  const auto loads = registry_.loads(worker::ROLE_AGGREGATED);
+  const int w = pick_decode(loads, f.blocks_per_worker, f.exclude_decode);
+  if (w < 0) return {absl::UnavailableError("no aggregated worker is up with room for this request"), false};
+  f.assign(clock_);
+  worker::WorkerGenerateRequest req;
+  f.fill(req);
+  registry_.note_assigned(w, f.blocks_per_worker, int64_t(req.prompt_size()));
+  f.decode_worker = f.prefill_worker = registry_.address(w);
+  f.act->begin_attempt({w}, clock_.now());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+  f.act->add(&ctx);
+  Status s = read_stream(f, w, ctx, req);
+  f.act->remove(&ctx);
+  if (s.ok()) {
+    f.prefill_s = f.final_event.prefill_s();
+    return {absl::OkStatus(), false};
+  }
+  if (Status st = f.act->status(); !st.ok()) {
+    abort_on_workers(f.worker_id, {w});
+    return {st, false};
+  }
+  if (auto stalled = stalled_attempt(f)) return *stalled;
+  if (worker_failure(s)) {
+    fail_worker(f, w, s);
+    return {s, true};
+  }
+  abort_on_workers(f.worker_id, {w});
+  return {s, false};
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,106 @@
+// Router::run_pull: one P/D placement where the decode side pulls the KV. Prefill on a
+// prefill worker, which holds the prompt's KV and returns the first token and where the KV is;
+// then Generate on a decode worker, which reads the KV and streams from the first token on.
+#include "router/policy.h"
+#include "router/request_state.h"
+
+namespace pdserve::router {
+Router::Attempt Router::run_pull(Flow& f) {
+  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
+                             f.exclude_decode);
+  if (p < 0) return {no_pair(f, prefill_loads), false};
+  const WorkerLoad producer_load = load_of(prefill_loads, p);
+  f.assign(clock_);
+  worker::PrefillRequest preq;
+  f.fill(preq);
+  preq.set_kv_mode("pull");
+  registry_.note_assigned(p, 0, int64_t(preq.prompt_size()));
+  f.act->begin_attempt({p}, clock_.now());
+  worker::PrefillResponse presp;
+  {
+    grpc::ClientContext pctx;
+    pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+    f.act->add(&pctx);
+    Status s = from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+    f.act->remove(&pctx);
+    if (!s.ok()) {
+      if (Status st = f.act->status(); !st.ok()) {
+        abort_on_workers(f.worker_id, {p});
+        return {st, false};
+      }
+      if (auto stalled = stalled_attempt(f)) return *stalled;
+      if (worker_failure(s)) {
+        fail_worker(f, p, s);
+        return {s, true};
+      }
+      return {s, false};
+    }
+  }
+  f.prefill_worker = registry_.address(p);
+  if (!presp.finish_reason().empty()) {
+    // The first token ended the request: there is nothing for a decode worker to do. Its text
+    // goes through the same stop rules the workers apply, after the output the client has.
+    abort_on_workers(f.worker_id, {p});
+    worker::WorkerEvent& ev = f.final_event;
+    ev.set_finished(true);
+    ev.set_finish_reason(presp.finish_reason());
+    const int token = presp.first_token();
+    if (token >= 0 && token < model_.config.vocab_size) {
+      engine::StopChecker stop = stop_after_output(f);
+      const int prev = f.output.empty() ? f.prompt.back() : f.output.back();
+      const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(prev, token));
+      if (!step.stop_token) {
+        ev.add_token_ids(token);
+        ev.set_text(step.delta);
+      }
+    }
+    f.finished = true;
+    f.prefill_s = presp.prefill_s();
+    return {absl::OkStatus(), false};
+  }
+  const int d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
+  if (d < 0) {
+    abort_on_workers(f.worker_id, {p});
+    return {absl::UnavailableError("no decode worker is up with room for this request"), false};
+  }
+  registry_.note_assigned(d, f.blocks_per_worker, 0);
+  f.decode_worker = registry_.address(d);
+  worker::WorkerGenerateRequest dreq;
+  f.fill(dreq);
+  dreq.set_kv_mode("pull");
+  dreq.set_kv_source(presp.kv_source());
+  dreq.set_first_token(presp.first_token());
+  // The prefill worker holds the KV until the decode side has read it: both matter until the
+  // first token streams.
+  f.act->begin_attempt({p, d}, clock_.now());
+  grpc::ClientContext dctx;
+  dctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+  f.act->add(&dctx);
+  Status ds = read_stream(f, d, dctx, dreq);
+  f.act->remove(&dctx);
+  if (ds.ok()) {
+    f.prefill_s = presp.prefill_s();
+    f.kv_transfer_s = f.final_event.kv_transfer_s();
+    return {absl::OkStatus(), false};
+  }
+  if (Status st = f.act->status(); !st.ok()) {
+    abort_on_workers(f.worker_id, {d, p});
+    return {st, false};
+  }
+  Attempt a{ds, false};
+  if (auto stalled = stalled_attempt(f)) {
+    a = *stalled;
+  } else if (blames_peer(dctx)) {
+    // The decode side could not read the held KV: the prefill worker (or its data path) failed.
+    fail_worker(f, p, ds);
+    a.retryable = true;
+  } else if (worker_failure(ds)) {
+    fail_worker(f, d, ds);
+    a.retryable = true;
+  }
+  abort_on_workers(f.worker_id, {d, p});
+  return a;
+}
+
+}  // namespace pdserve::router

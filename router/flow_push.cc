@@ -1,0 +1,135 @@
+// Router::run_push: one P/D placement where the prefill side pushes the KV. Reserve on a
+// decode worker (blocks for the whole request, bound to the chosen prefill worker's group),
+// then Prefill towards those blocks while the decode worker's Generate stream is already open:
+// the decode side starts the moment the KV is sealed.
+#include <thread>
+
+#include "router/policy.h"
+#include "router/request_state.h"
+
+namespace pdserve::router {
+namespace {
+
+// Back-off between Reserve calls on full decode workers: their requests free blocks as they
+// end, so the wait doubles from 2 ms to at most 50 ms rather than spinning.
+constexpr auto kReserveBackoffMin = std::chrono::milliseconds(2);
+constexpr auto kReserveBackoffMax = std::chrono::milliseconds(50);
+
+}  // namespace
+
+Router::Attempt Router::run_push(Flow& f) {
+  // The prefill worker is chosen first: the decode side binds the transfer to its producer
+  // group (TP and endpoints) at Reserve time, before any write can arrive.
+  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
+                             f.exclude_decode);
+  if (p < 0) return {no_pair(f, prefill_loads), false};
+  const WorkerLoad producer_load = load_of(prefill_loads, p);
+  const std::optional<worker::WorkerInfo> producer = registry_.info(p);
+  const std::vector<int> tokens = f.tokens();
+  const v1::SamplingParams sampling = f.placement_sampling();
+  // Reserve on a decode worker; a full one is retried after a back-off.
+  int d = -1;
+  worker::ReserveResponse reserved;
+  auto backoff = std::chrono::duration_cast<Duration>(kReserveBackoffMin);
+  while (true) {
+    if (Status s = f.act->status(); !s.ok()) return {s, false};
+    d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
+    if (d < 0) return {absl::UnavailableError("no decode worker is up with room for this request"), false};
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
+                              std::chrono::system_clock::now() + options_.worker_rpc_timeout));
+    f.act->add(&ctx);
+    worker::ReserveRequest req;
+    req.set_request_id(f.worker_id);
+    req.set_num_tokens(int(std::min<int64_t>(int64_t(tokens.size()) + sampling.max_tokens(), model_.config.max_seq_len)));
+    req.set_prompt_len(int(tokens.size()));
+    req.set_producer_tp(producer ? producer->tp() : 1);
+    if (producer) req.set_kv_producer(producer->kv_endpoint());
+    Status s = from_grpc(registry_.stub(d)->Reserve(&ctx, req, &reserved), absl::StrCat("Reserve on ", registry_.address(d)));
+    f.act->remove(&ctx);
+    if (s.ok()) break;
+    if (Status st = f.act->status(); !st.ok()) return {st, false};
+    if (absl::IsResourceExhausted(s)) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min<Duration>(backoff * 2, kReserveBackoffMax);
+      continue;
+    }
+    if (worker_failure(s)) {
+      fail_worker(f, d, s);
+      return {s, true};
+    }
+    return {s, false};
+  }
+  registry_.note_assigned(d, f.blocks_per_worker, 0);
+  f.assign(clock_);
+  registry_.note_assigned(p, 0, int64_t(tokens.size()));
+  f.prefill_worker = registry_.address(p);
+  f.decode_worker = registry_.address(d);
+
+  worker::PrefillRequest preq;
+  f.fill(preq);
+  preq.set_kv_mode("push");
+  preq.set_kv_target(reserved.kv_target());
+  preq.mutable_target_blocks()->CopyFrom(reserved.block_ids());
+
+  worker::WorkerGenerateRequest dreq;
+  f.fill(dreq);
+  dreq.set_kv_mode("push");
+  dreq.mutable_reserved_blocks()->CopyFrom(reserved.block_ids());
+
+  f.act->begin_attempt({p, d}, clock_.now());
+  grpc::ClientContext dctx;
+  dctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+  f.act->add(&dctx);
+  // The prefill runs beside the decode stream: the decode side starts as soon as the KV is
+  // sealed, without waiting for the prefill reply to travel back through the router.
+  worker::PrefillResponse presp;
+  Status prefill_status;
+  grpc::ClientContext pctx;
+  pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
+  f.act->add(&pctx);
+  std::thread prefill([&] {
+    prefill_status = from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+    if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
+  });
+  Status ds = read_stream(f, d, dctx, dreq);
+  if (!ds.ok()) pctx.TryCancel();  // Nobody is left to receive the KV.
+  prefill.join();
+  f.act->remove(&pctx);
+  f.act->remove(&dctx);
+
+  if (ds.ok()) {
+    f.prefill_s = prefill_status.ok() ? presp.prefill_s() : f.final_event.prefill_s();
+    f.kv_transfer_s = prefill_status.ok() && presp.kv_transfer_s() > 0 ? presp.kv_transfer_s() : f.final_event.kv_transfer_s();
+    return {absl::OkStatus(), false};
+  }
+  if (Status st = f.act->status(); !st.ok()) {
+    abort_on_workers(f.worker_id, {d, p});
+    return {st, false};
+  }
+  Attempt a{ds, false};
+  // Both sides fail when one dies; the survivor says its peer was at fault. The prefill RPC ended
+  // before the decode stream's cancellation could be mistaken for its cause, so judge it first.
+  const bool prefill_blames_decode = !prefill_status.ok() && blames_peer(pctx);
+  const bool prefill_at_fault = !prefill_status.ok() && worker_failure(prefill_status) && !prefill_blames_decode;
+  const bool decode_at_fault =
+      prefill_blames_decode || (!prefill_at_fault && worker_failure(ds) && !blames_peer(dctx));
+  const bool decode_blames_prefill = !prefill_at_fault && blames_peer(dctx);
+  if (auto stalled = stalled_attempt(f)) {
+    a = *stalled;
+  } else if (prefill_at_fault || decode_blames_prefill) {
+    a = {prefill_status.ok() ? ds : prefill_status, true};
+    fail_worker(f, p, a.status);
+  } else if (decode_at_fault) {
+    a = {absl::IsCancelled(ds) ? prefill_status : ds, true};
+    fail_worker(f, d, a.status);
+  } else if (!prefill_status.ok()) {
+    a = {prefill_status, false};
+    f.exclude_prefill.push_back(p);
+  }
+  abort_on_workers(f.worker_id, {d, p});
+  return a;
+}
+
+}  // namespace pdserve::router

@@ -1,0 +1,219 @@
+// The state of one request inside the router, shared by its flows (router/flow_*.cc), the
+// watchdog and Abort: Router::Active is what outside threads may touch (stop reasons, the
+// worker calls to cancel, the current placement's progress); Router::Flow is the request's own
+// progress across placements (the output the client already has, the timings), touched only
+// by the thread running the request; Router::Attempt is how one placement ended.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "engine/sampling/sampler.h"
+#include "kvtransfer/fault.h"
+#include "router/router.h"
+
+namespace pdserve::router {
+
+inline double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The engine's sampling parameters for the client's (as every worker converts them).
+inline engine::SamplingParams to_engine(const v1::SamplingParams& s) {
+  engine::SamplingParams p;
+  p.temperature = s.temperature();
+  p.top_k = s.top_k();
+  p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
+  p.seed = s.has_seed() ? s.seed() : -1;
+  p.max_tokens = s.max_tokens();
+  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  p.stop_strings.assign(s.stop().begin(), s.stop().end());
+  p.ignore_eos = s.ignore_eos();
+  return p;
+}
+
+// Whether a worker call's status says the worker (or the way to it) failed, not the request.
+inline bool worker_failure(const Status& s) {
+  return absl::IsUnavailable(s) || absl::IsInternal(s) || absl::IsUnknown(s) || absl::IsAborted(s) ||
+         absl::IsDataLoss(s);
+}
+
+// Whether the worker answered that its failure was its KV peer's (kvtransfer/fault.h): then the
+// peer, not this worker, is the one to mark down.
+inline bool blames_peer(grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  const auto it = md.find(std::string(kvtransfer::kFaultMetadataKey));
+  return it != md.end() && std::string_view(it->second.data(), it->second.size()) == kvtransfer::kPeerFault;
+}
+
+// The load of worker `index` in `loads` (which holds it).
+inline WorkerLoad load_of(const std::vector<WorkerLoad>& loads, int index) {
+  for (const WorkerLoad& l : loads)
+    if (l.index == index) return l;
+  return {};
+}
+
+// The wall-clock deadline gRPC wants for `deadline` on `clock`.
+inline std::chrono::system_clock::time_point grpc_deadline(const Clock& clock, TimePoint deadline) {
+  return std::chrono::system_clock::now() +
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - clock.now());
+}
+
+struct Router::Active {
+  enum Stop { kNone = 0, kClientGone, kAborted, kDeadline };
+  std::string id;
+  TimePoint deadline;
+  Duration timeout;
+  std::function<bool()> client_gone;
+  std::atomic<int> stop{kNone};
+  // client_gone reads the front end's per-call state (the gRPC ServerContext, the HTTP sink),
+  // which dies when generate() returns: the watchdog asks it only under probe_mu, and
+  // generate() sets probes_ended under the same lock before it returns.
+  std::mutex probe_mu;
+  bool probes_ended = false;
+
+  std::mutex mu;
+  std::vector<grpc::ClientContext*> contexts;  // Worker calls to cancel when stopped.
+  // The current placement, for the watchdog: its workers (once tokens flow, only the one
+  // streaming them), when it last made progress, its mean inter-token time, and why the
+  // watchdog ended it (the worker at fault and the reason; -1 while it has not).
+  std::vector<int> workers;
+  int streaming_worker = -1;
+  TimePoint last_progress{};
+  int attempt_tokens = 0;
+  Duration mean_itl{0};
+  int stalled_worker = -1;
+  std::string stalled_why;
+
+  // Whether the client went away; false once generate() is returning.
+  bool client_is_gone() {
+    std::lock_guard lock(probe_mu);
+    return !probes_ended && client_gone && client_gone();
+  }
+  void end_probes() {
+    std::lock_guard lock(probe_mu);
+    probes_ended = true;
+  }
+  // Stops the request for good: every worker call is cancelled and the request ends with `why`.
+  void cancel(Stop why) {
+    int expected = kNone;
+    if (!stop.compare_exchange_strong(expected, why)) return;
+    std::lock_guard lock(mu);
+    for (grpc::ClientContext* c : contexts) c->TryCancel();
+  }
+  void add(grpc::ClientContext* c) {
+    std::lock_guard lock(mu);
+    contexts.push_back(c);
+    if (stop != kNone || stalled_worker >= 0) c->TryCancel();
+  }
+  void remove(grpc::ClientContext* c) {
+    std::lock_guard lock(mu);
+    std::erase(contexts, c);
+  }
+  // A new placement on `placed` (streaming from the last of them) starts at `now`.
+  void begin_attempt(std::vector<int> placed, TimePoint now) {
+    std::lock_guard lock(mu);
+    workers = std::move(placed);
+    streaming_worker = -1;
+    last_progress = now;
+    attempt_tokens = 0;
+    mean_itl = Duration(0);
+    stalled_worker = -1;
+    stalled_why.clear();
+  }
+  // Tokens arrived from `worker` at `now`: the placement depends on that worker alone now.
+  void on_tokens(int worker, int n, TimePoint now) {
+    std::lock_guard lock(mu);
+    if (streaming_worker < 0) workers = {worker};
+    else if (attempt_tokens > 0 && n > 0) mean_itl += ((now - last_progress) / n - mean_itl) / 8;  // EWMA, 1/8.
+    streaming_worker = worker;
+    attempt_tokens += n;
+    last_progress = now;
+  }
+  // The watchdog ends the current placement (not the request): `worker` failed it, and the
+  // request is placed again.
+  void stall(int worker, std::string why) {
+    std::lock_guard lock(mu);
+    if (stalled_worker >= 0) return;
+    stalled_worker = worker;
+    stalled_why = std::move(why);
+    for (grpc::ClientContext* c : contexts) c->TryCancel();
+  }
+  // The worker the watchdog blamed for the current placement and why; -1 if it did not.
+  int stalled(std::string* why) {
+    std::lock_guard lock(mu);
+    if (why != nullptr) *why = stalled_why;
+    return stalled_worker;
+  }
+  Status status() const {
+    switch (stop.load()) {
+      case kClientGone: return absl::CancelledError("the client cancelled the request");
+      case kAborted: return absl::CancelledError("aborted");
+      case kDeadline:
+        return absl::DeadlineExceededError(absl::StrCat("request timed out after ", seconds(timeout), " s"));
+      default: return absl::OkStatus();
+    }
+  }
+};
+
+struct Router::Flow {
+  Active* act = nullptr;
+  std::string id;         // The client's request id.
+  std::string worker_id;  // The id the workers see (differs per placement, so no stale state collides).
+  std::vector<int> prompt;
+  v1::SamplingParams sampling;  // As the client sent them.
+  // Tokens the client already has. A placement after a mid-stream failure prefills prompt +
+  // output and decodes the rest (engine::GenerationRequest::resumed_tokens).
+  std::vector<int> output;
+  int migrations = 0;  // Placements after the first.
+  int blocks_per_worker = 0;
+  const Emit* emit = nullptr;
+  TimePoint arrival;
+  bool assigned = false;
+  bool sent_first = false;
+  double first_token_s = -1;
+  worker::WorkerEvent final_event;
+  bool finished = false;
+  double prefill_s = 0, kv_transfer_s = 0;
+  std::string prefill_worker, decode_worker;
+  double queued_s = 0;
+  // Workers that failed this request: not tried again for it.
+  std::vector<int> exclude_prefill, exclude_decode;
+
+  void assign(const Clock& clock) {
+    if (!assigned) queued_s = seconds(clock.now() - arrival);
+    assigned = true;
+  }
+  // The placement's prompt: the client's prompt, then the output it already has.
+  std::vector<int> tokens() const {
+    std::vector<int> t = prompt;
+    t.insert(t.end(), output.begin(), output.end());
+    return t;
+  }
+  // The placement's sampling parameters: max_tokens counts what is still to generate.
+  v1::SamplingParams placement_sampling() const {
+    v1::SamplingParams s = sampling;
+    s.set_max_tokens(s.max_tokens() - int(output.size()));
+    return s;
+  }
+  // Fills what every worker request of this placement carries.
+  template <typename WorkerRequest>
+  void fill(WorkerRequest& r) const {
+    r.set_request_id(worker_id);
+    for (int t : prompt) r.add_prompt(t);
+    for (int t : output) r.add_prompt(t);
+    *r.mutable_sampling() = placement_sampling();
+    r.set_resumed_tokens(int(output.size()));
+  }
+};
+
+struct Router::Attempt {
+  Status status;
+  bool retryable = false;  // A worker failed (or stalled): place the request again.
+};
+
+}  // namespace pdserve::router

@@ -1,0 +1,81 @@
+// Router::validate: the checks on a client request before any work (model name, prompt,
+// sampling values, and limits on everything a client controls).
+#include <algorithm>
+
+#include "router/request_state.h"
+
+namespace pdserve::router {
+namespace {
+
+// Limits on client-controlled request fields.
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
+constexpr int kMaxStopTokenIds = 256;
+// No token of a real vocabulary spans more bytes, so a longer text cannot fit the context.
+constexpr size_t kMaxBytesPerToken = 256;
+
+}  // namespace
+
+StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const {
+  if (!r.model().empty() && r.model() != model_.name &&
+      std::find(model_.aliases.begin(), model_.aliases.end(), r.model()) == model_.aliases.end())
+    return absl::NotFoundError(absl::StrCat("model '", r.model(), "' is not served here; this router serves '",
+                                            model_.name, "'"));
+  if (r.request_id().size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
+  const v1::SamplingParams& s = r.sampling();
+  // Limits on what a client controls, checked before any work: stop rules are checked on every
+  // token, and tokenizing is paid for the whole text.
+  if (s.stop_size() > kMaxStopStrings)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " stop strings (got ",
+                                                   s.stop_size(), ")"));
+  for (const std::string& stop : s.stop())
+    if (stop.size() > kMaxStopStringBytes)
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop: a stop string is longer than ", kMaxStopStringBytes,
+                                                     " bytes"));
+  if (s.stop_token_ids_size() > kMaxStopTokenIds)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: at most ", kMaxStopTokenIds, " ids (got ",
+                                                   s.stop_token_ids_size(), ")"));
+  const size_t max_prompt_bytes = size_t(model_.config.max_seq_len) * kMaxBytesPerToken;
+  if (r.prompt_case() == v1::GenerateRequest::kText && r.text().size() > max_prompt_bytes)
+    return absl::InvalidArgumentError(absl::StrCat("prompt text of ", r.text().size(), " bytes cannot fit the context of ",
+                                                   model_.config.max_seq_len, " tokens (at most ", max_prompt_bytes,
+                                                   " bytes)"));
+  if (r.prompt_case() == v1::GenerateRequest::kTokenIds && r.token_ids().ids_size() > model_.config.max_seq_len)
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", r.token_ids().ids_size(),
+                                                   " tokens is longer than the model's context of ",
+                                                   model_.config.max_seq_len, " tokens"));
+  if (s.max_tokens() <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be > 0 (got ", s.max_tokens(), ")"));
+  const engine::SamplingParams p = to_engine(s);
+  if (Status st = p.validate(); !st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
+  const int vocab = model_.config.vocab_size;
+  for (int t : p.stop_token_ids)
+    if (t >= vocab)
+      return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: ", t, " is outside the vocabulary [0, ", vocab, ")"));
+
+  std::vector<int> prompt;
+  switch (r.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      auto enc = model_.tokenizer->encode(r.text(), /*add_bos=*/true);
+      if (!enc.ok()) return absl::InvalidArgumentError(absl::StrCat("prompt text: ", enc.status().message()));
+      prompt = std::move(*enc);
+      if (prompt.empty()) return absl::InvalidArgumentError("the prompt encodes to no tokens (the model has no BOS)");
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      prompt.assign(r.token_ids().ids().begin(), r.token_ids().ids().end());
+      if (prompt.empty()) return absl::InvalidArgumentError("prompt token_ids is empty");
+      for (int t : prompt)
+        if (t < 0 || t >= vocab)
+          return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+      break;
+    default:
+      return absl::InvalidArgumentError("no prompt: set text or token_ids");
+  }
+  if (int64_t(prompt.size()) > model_.config.max_seq_len)
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens is longer than the model's context of ",
+                                                   model_.config.max_seq_len, " tokens"));
+  return prompt;
+}
+
+}  // namespace pdserve::router
