@@ -246,6 +246,8 @@ Status Router::run_placements(Flow& f) {
       }
       f.worker_id = absl::StrCat(f.id, "/m", f.migrations);
     }
+    // The last placement's stall (if the watchdog ended it) must not cancel this one's calls.
+    f.act->begin_attempt({}, clock_.now());
     const std::vector<int> tokens = f.tokens();
     // Block size can differ per worker only if operators mix configurations; take the first known.
     f.blocks_per_worker = 0;

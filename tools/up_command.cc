@@ -34,12 +34,20 @@ struct UpFlags {
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
   double startup_timeout_s = 120;
+  std::string restart = "always";  // A child that dies is started again ("never": everything stops).
 };
+
+// A child restarted more often than this within kCrashWindow is crash-looping: `up` gives up.
+constexpr int kMaxQuickRestarts = 5;
+constexpr auto kCrashWindow = std::chrono::seconds(10);
 
 // One child process: its stdout is read for the READY line, then echoed to our stderr.
 struct Child {
   std::string name;
+  std::vector<std::string> argv;
   pid_t pid = -1;
+  Steady::time_point started;
+  int quick_restarts = 0;  // Restarts in a row, each within kCrashWindow of the last start.
   int out = -1;
   std::string buffer;
   std::string address;  // From "READY grpc=ADDR".
@@ -51,6 +59,8 @@ struct Child {
 std::unique_ptr<Child> spawn(const std::string& name, std::vector<std::string> argv, const sigset_t& blocked) {
   auto c = std::make_unique<Child>();
   c->name = name;
+  c->argv = argv;
+  c->started = Steady::now();
   int pipefd[2];
   if (pipe(pipefd) != 0) return c;
   std::vector<char*> args;
@@ -248,11 +258,32 @@ int run_up(const UpFlags& f) {
   while (true) {
     for (auto& c : children) {
       drain(*c);
-      if (reap(*c)) {
+      if (!reap(*c)) continue;
+      if (f.restart == "never") {
         std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; stopping the others\n";
         stop_all(children);
         return 1;
       }
+      const int quick = Steady::now() - c->started < kCrashWindow ? c->quick_restarts + 1 : 0;
+      if (quick > kMaxQuickRestarts) {
+        std::cerr << "up: " << c->name << " " << describe_exit(*c) << " again (" << quick
+                  << " times in a row, each within " << kCrashWindow.count() << " s of starting); stopping the others\n";
+        stop_all(children);
+        return 1;
+      }
+      // On its old address, so the router (which lists it) finds it again; the router migrates
+      // what the dead process was serving meanwhile.
+      std::vector<std::string> argv = c->argv;
+      if (!c->address.empty())
+        for (size_t i = 0; i + 1 < argv.size(); ++i)
+          if (argv[i] == "--port") argv[i + 1] = c->address.substr(c->address.rfind(':') + 1);
+      std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; restarting it"
+                << (c->address.empty() ? "" : " on " + c->address) << "\n";
+      const std::string name = c->name, address = c->address;
+      if (c->out >= 0) close(c->out);
+      c = spawn(name, argv, signals);
+      c->address = address;
+      c->quick_restarts = quick;
     }
     const timespec tick{0, 50'000'000};
     if (int sig = sigtimedwait(&signals, nullptr, &tick); sig > 0) {
@@ -275,6 +306,11 @@ void add_up_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<UpFlags>();
   CLI::App* cmd = app.add_subcommand("up", "Start workers and a router on this machine");
   cmd->add_option("--model", f->model, "Model path or name")->capture_default_str();
+  cmd->add_option("--restart", f->restart,
+                  "always: a worker or router that dies is started again on its address (requests it served are "
+                  "migrated); never: one death stops the whole cluster")
+      ->check(CLI::IsMember({"always", "never"}))
+      ->capture_default_str();
   cmd->add_option("--prefill", f->prefill, "Prefill workers");
   cmd->add_option("--prefill-tp", f->prefill_tp, "TP ranks per prefill worker")->capture_default_str();
   cmd->add_option("--decode", f->decode, "Decode workers");

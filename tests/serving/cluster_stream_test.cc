@@ -3,16 +3,24 @@
 // prompts and random output lengths (fixed seed), greedy. Every request's streamed token ids and
 // text must equal the in-process engine's result for the same prompt, and afterwards every
 // worker's KV cache must be wholly free again, as the router's /metrics reports it.
+// Then the same with a decode worker killed (SIGKILL) while 32 streams are mid-generation: every
+// stream migrates and still equals the in-process result, greedy and seeded alike.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
+#include <fstream>
+#include <functional>
 #include <map>
+#include <set>
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include <signal.h>
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
@@ -33,6 +41,7 @@ struct Case {
   std::vector<int> prompt;  // BOS, then random ids.
   int max_tokens = 0;
   bool ignore_eos = true;
+  int64_t seed = -1;  // >= 0: sampled at temperature 0.8, top_p 0.95 with this seed; else greedy.
 };
 
 struct Outcome {
@@ -44,6 +53,8 @@ struct Outcome {
   bool finished = false;
   bool ids_consistent = true;  // Every message carries the same request id.
   std::string error;
+  int migrations = 0;
+  std::string decode_worker;  // From the final message.
 };
 
 // Random prompts of 1-160 tokens and outputs of 1-96 tokens (within the context); one request in
@@ -63,7 +74,9 @@ std::vector<Case> make_cases(const engine::ModelConfig& config) {
 
 engine::SamplingParams params_of(const Case& c) {
   engine::SamplingParams p;
-  p.temperature = 0;
+  p.temperature = c.seed >= 0 ? 0.8f : 0.0f;
+  if (c.seed >= 0) p.top_p = 0.95f;
+  p.seed = c.seed;
   p.max_tokens = c.max_tokens;
   p.ignore_eos = c.ignore_eos;
   return p;
@@ -80,10 +93,16 @@ std::vector<engine::GenerationResult> reference(engine::Engine& e, const std::ve
   return out;
 }
 
-Outcome stream(v1::Generation::Stub& stub, const Case& c) {
+// Streams case `c`; `on_tokens` (if any) is told each message's token count as it arrives.
+Outcome stream(v1::Generation::Stub& stub, const Case& c, const std::function<void(int)>& on_tokens = nullptr) {
   v1::GenerateRequest req;
   for (int t : c.prompt) req.mutable_token_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
+  const engine::SamplingParams p = params_of(c);
+  req.mutable_sampling()->set_temperature(p.temperature);
+  if (c.seed >= 0) {
+    req.mutable_sampling()->set_top_p(p.top_p);
+    req.mutable_sampling()->set_seed(c.seed);
+  }
   req.mutable_sampling()->set_max_tokens(c.max_tokens);
   req.mutable_sampling()->set_ignore_eos(c.ignore_eos);
   grpc::ClientContext ctx;
@@ -98,9 +117,12 @@ Outcome stream(v1::Generation::Stub& stub, const Case& c) {
     o.prompt_ids.insert(o.prompt_ids.end(), r.prompt_token_ids().begin(), r.prompt_token_ids().end());
     o.tokens.insert(o.tokens.end(), r.token_ids().begin(), r.token_ids().end());
     o.text += r.text();
+    if (on_tokens) on_tokens(r.token_ids_size());
     if (r.finished()) {
       o.finished = true;
       o.finish_reason = r.finish_reason();
+      o.migrations = r.migrations();
+      o.decode_worker = r.decode_worker();
     }
   }
   const grpc::Status s = reader->Finish();
@@ -210,6 +232,138 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvModes, ClusterStream, ::testing::Values("push", "pull"));
+
+
+// The pids of the `pdserve up` children whose command line has `--role <role>`, in start order.
+std::vector<pid_t> children_with_role(const testing::Process& up, const std::string& role) {
+  std::vector<pid_t> out;
+  for (pid_t pid : up.children()) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmdline.find(std::string("--role") + '\0' + role + '\0') != std::string::npos) out.push_back(pid);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The workers' addresses in start order, from `up`'s "up: grpc=ADDR ..." lines.
+std::vector<std::string> worker_addresses(const std::string& up_log) {
+  std::vector<std::string> out;
+  std::istringstream lines(up_log);
+  std::string line;
+  while (std::getline(lines, line))
+    if (line.rfind("up: grpc=", 0) == 0) out.push_back(line.substr(9, line.find(' ', 9) - 9));
+  return out;
+}
+
+class ClusterFault : public ::testing::TestWithParam<std::string> {};
+
+// 32 long streams on 1 prefill + 2 decode workers; one decode worker is SIGKILLed once every
+// stream has tokens. No request fails: the dead worker's streams migrate (prompt + output so
+// far, prefilled again) and every stream still equals the in-process engine's, seeded ones
+// included; only the dead decode worker is ever marked down; `up` restarts it; no block leaks.
+TEST_P(ClusterFault, KillingADecodeWorkerMidStreamLosesNoRequestAndNoToken) {
+  constexpr int kStreams = 32;
+  Cluster c({"--prefill", "1", "--decode", "2", "--kv-mode", GetParam()});
+  auto loaded = engine::load_model({testing::stories_bin(), ""});
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  auto created = engine::Engine::create(std::move(*loaded), {});
+  ASSERT_TRUE(created.ok()) << created.status().message();
+  std::mt19937 rng(kSeed + 1);
+  std::vector<Case> cases(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    Case& k = cases[i];
+    const int prompt_len = 1 + int(rng() % 100);
+    k.prompt.push_back((*created)->config().bos_id);
+    for (int j = 1; j < prompt_len; ++j) k.prompt.push_back(int(rng() % uint32_t((*created)->config().vocab_size)));
+    k.max_tokens = 200 + int(rng() % 150);
+    k.seed = i % 4 == 0 ? 1000 + i : -1;
+  }
+  const std::vector<engine::GenerationResult> want = reference(**created, cases);
+  created->reset();
+
+  ASSERT_TRUE(c.wait_ready(90s)) << c.log();
+  auto channel = grpc::CreateChannel(c.grpc(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+  auto stub = v1::Generation::NewStub(channel);
+  const std::vector<pid_t> decode_pids = children_with_role(c, "decode");
+  const std::vector<std::string> addresses = worker_addresses(c.log());  // prefill0, decode0, decode1.
+  ASSERT_EQ(decode_pids.size(), 2u);
+  ASSERT_EQ(addresses.size(), 3u) << c.log();
+
+  std::vector<Outcome> got(kStreams);
+  std::vector<std::atomic<int>> tokens(kStreams);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i)
+    threads.emplace_back([&, i] { got[i] = stream(*stub, cases[i], [&tokens, i](int n) { tokens[i] += n; }); });
+  // Kill once every stream is generating (and none is near its end).
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline &&
+         !std::all_of(tokens.begin(), tokens.end(), [](const std::atomic<int>& n) { return n >= 5; }))
+    std::this_thread::sleep_for(2ms);
+  // The decode worker running more of them (as the router last saw it) is the one killed.
+  httplib::Client http("127.0.0.1", c.http_port());
+  http.set_read_timeout(10, 0);
+  auto before = http.Get("/metrics");
+  ASSERT_TRUE(before);
+  std::map<std::string, double> running = worker_gauge(before->body, "pdserve:worker_num_requests_running");
+  const int victim = running[addresses[2]] > running[addresses[1]] ? 1 : 0;
+  ASSERT_EQ(::kill(decode_pids[victim], SIGKILL), 0);
+  int min_before = 1 << 30;
+  for (const auto& n : tokens) min_before = std::min(min_before, n.load());
+  for (auto& t : threads) t.join();
+  EXPECT_LT(min_before, 150) << "the kill came too late to catch streams mid-generation";
+
+  int migrated = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    const Outcome& o = got[i];
+    SCOPED_TRACE("request " + std::to_string(i) + (cases[i].seed >= 0 ? " (seeded)" : " (greedy)"));
+    ASSERT_EQ(o.error, "") << c.log();
+    EXPECT_TRUE(o.finished);
+    EXPECT_EQ(o.prompt_ids, cases[i].prompt);
+    EXPECT_EQ(o.tokens, want[i].token_ids);
+    EXPECT_EQ(o.text, want[i].text);
+    migrated += o.migrations > 0;
+  }
+  std::map<std::string, int> by_decode;
+  for (const Outcome& o : got) ++by_decode[o.decode_worker];
+  std::string spread;
+  for (const auto& [w, n] : by_decode) spread += " " + w + ": " + std::to_string(n);
+  EXPECT_GT(migrated, 0) << "no stream was on the killed worker; final decode workers:" << spread << "\n" << c.log();
+
+  // Only the killed worker was marked down, never the prefill worker or the other decode worker.
+  const std::string log = c.log();
+  std::map<std::string, double> free, total, up;
+  std::string metrics;
+  const auto settle = std::chrono::steady_clock::now() + 30s;
+  while (true) {
+    auto m = http.Get("/metrics");
+    ASSERT_TRUE(m);
+    metrics = m->body;
+    free = worker_gauge(metrics, "pdserve:kv_cache_free_blocks");
+    total = worker_gauge(metrics, "pdserve:kv_cache_total_blocks");
+    up = worker_gauge(metrics, "pdserve:worker_up");
+    bool settled = up.size() == 3 && total == free;
+    for (const auto& [w, u] : up) settled = settled && u == 1;
+    if (settled || std::chrono::steady_clock::now() > settle) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  for (const auto& [worker, n] : total) EXPECT_EQ(free[worker], n) << "blocks leaked on " << worker << "\n" << metrics;
+  for (const auto& [worker, u] : up) EXPECT_EQ(u, 1) << worker << " did not come back\n" << metrics;
+  std::istringstream lines(log);
+  std::string line;
+  std::set<std::string> marked;
+  while (std::getline(lines, line)) {
+    const size_t at = line.find("worker ");
+    const size_t down = line.find(" marked down");
+    if (at != std::string::npos && down != std::string::npos && down > at) marked.insert(line.substr(at + 7, down - at - 7));
+  }
+  EXPECT_LE(marked.size(), 1u) << log;
+  EXPECT_NE(log.find("restarting it"), std::string::npos) << log;
+  for (const std::string& w : marked) EXPECT_EQ(w, addresses[1 + victim]) << "marked down but not killed\n" << log;
+}
+
+INSTANTIATE_TEST_SUITE_P(KvModes, ClusterFault, ::testing::Values("push", "pull"));
 
 }  // namespace
 }  // namespace pdserve
