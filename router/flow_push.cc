@@ -23,7 +23,7 @@ Router::Attempt Router::run_push(Flow& f) {
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
                              f.exclude_decode);
-  if (p < 0) return {no_pair(f, prefill_loads), false};
+  if (p < 0) return Attempt::unplaced(no_pair(f, prefill_loads));
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   const std::vector<int> tokens = f.tokens();
@@ -35,7 +35,7 @@ Router::Attempt Router::run_push(Flow& f) {
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
     d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
-    if (d < 0) return {absl::UnavailableError("no decode worker is up with room for this request"), false};
+    if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
                               std::chrono::system_clock::now() + options_.worker_rpc_timeout));

@@ -37,6 +37,7 @@ struct Flags {
   int max_message_bytes = 16 << 20;
   int max_migrations = 3;
   double stall_timeout_s = 5;
+  double worker_wait_s = 30;
   int heartbeat_interval_ms = 1000;
   int heartbeat_timeout_ms = 3000;
 };
@@ -95,6 +96,7 @@ int run(const Flags& f) {
   opts.request_timeout = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.request_timeout_s));
   opts.max_migrations = f.max_migrations;
   opts.stall_timeout = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.stall_timeout_s));
+  opts.worker_wait = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.worker_wait_s));
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance());
   GenerationService service(router);
@@ -188,6 +190,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-migrations", f.max_migrations,
                  "Times a request is placed again when its workers fail, die or stall (before or after its first "
                  "token; the stream goes on from the tokens already sent)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--worker-wait-s", f.worker_wait_s,
+                 "How long a request waits for a worker when none can take it (all down or full) before it fails")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--stall-timeout-s", f.stall_timeout_s,

@@ -214,6 +214,10 @@ struct Router::Flow {
 struct Router::Attempt {
   Status status;
   bool retryable = false;  // A worker failed (or stalled): place the request again.
+  // No worker could take the request (none up, none with room, none pairable): it is placed
+  // again once one can, within RouterOptions::worker_wait.
+  bool no_worker = false;
+  static Attempt unplaced(Status why) { return {std::move(why), false, true}; }
 };
 
 }  // namespace pdserve::router

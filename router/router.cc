@@ -1,6 +1,7 @@
 #include "router/router.h"
 
 #include <random>
+#include <thread>
 
 #include "common/logging.h"
 #include "router/policy.h"
@@ -232,6 +233,8 @@ engine::StopChecker Router::stop_after_output(const Flow& f) const {
 Status Router::run_placements(Flow& f) {
   const worker::Role role = options_.kv_mode == KvMode::kAggregated ? worker::ROLE_AGGREGATED : worker::ROLE_DECODE;
   Attempt a;
+  const TimePoint wait_until = std::min(clock_.now() + options_.worker_wait, f.act->deadline);
+  auto backoff = std::chrono::duration_cast<Duration>(std::chrono::milliseconds(20));
   while (true) {
     if (f.migrations > 0) {
       // The output so far may already end the request (the worker died after its last token but
@@ -261,6 +264,16 @@ Status Router::run_placements(Flow& f) {
       case KvMode::kAggregated: a = run_aggregated(f); break;
       case KvMode::kPull: a = run_pull(f); break;
       case KvMode::kPush: a = run_push(f); break;
+    }
+    if (a.no_worker && clock_.now() < wait_until) {
+      // Wait for a worker to come (back) up; those that failed this request count again once
+      // they are up.
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min<Duration>(backoff * 2, std::chrono::milliseconds(500));
+      std::erase_if(f.exclude_prefill, [&](int w) { return registry_.is_up(w); });
+      std::erase_if(f.exclude_decode, [&](int w) { return registry_.is_up(w); });
+      if (Status st = f.act->status(); !st.ok()) return st;
+      continue;
     }
     if (a.status.ok() || !a.retryable) return a.status;
     if (f.migrations >= options_.max_migrations)

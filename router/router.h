@@ -46,6 +46,10 @@ struct RouterOptions {
   // max(stall_timeout, 50 x its mean inter-token time), or at once when a worker it depends on
   // is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped worker).
   Duration stall_timeout = std::chrono::seconds(5);
+  // How long a request waits for a worker when none can take it (all down — being restarted —
+  // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are
+  // back up (the registry probes a down worker again after its back-off).
+  Duration worker_wait = std::chrono::seconds(30);
 };
 
 // The model the router serves: enough to tokenize prompts and check them against the limits.

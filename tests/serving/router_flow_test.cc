@@ -459,9 +459,36 @@ TEST_F(RouterFlow, NonStreamingHttpClientHangingUpAbortsBothWorkers) {
 TEST_F(RouterFlow, NoWorkerUpIsUnavailable) {
   RouterOptions o;
   o.kv_mode = KvMode::kAggregated;
+  o.worker_wait = 0s;
   start({}, o);
   EXPECT_TRUE(absl::IsUnavailable(run(request()).status));
   EXPECT_FALSE(router_->ready());
+}
+
+// The only worker is down (being restarted): a request waits for it, up to worker_wait, and is
+// served once the registry's probe finds it up again.
+TEST_F(RouterFlow, ARequestWaitsForADownWorkerToComeBack) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.worker_wait = 300ms;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  registry_->mark_down(0, absl::UnavailableError("restarting"));
+  const auto t0 = std::chrono::steady_clock::now();
+  Result timed_out = run(request());
+  EXPECT_TRUE(absl::IsUnavailable(timed_out.status)) << timed_out.status;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+
+  router_.reset();
+  o.worker_wait = 30s;
+  router_ = std::make_unique<Router>(o, stories_model(), *registry_, metrics_, RealClock::instance());
+  Result served;
+  std::thread t([&] { served = run(request()); });
+  std::this_thread::sleep_for(1100ms);  // The registry's retry interval (1 s) for a down worker.
+  registry_->poll_once();
+  t.join();
+  ASSERT_TRUE(served.status.ok()) << served.status;
+  EXPECT_EQ(served.tokens(), (std::vector<int>{10, 11, 12}));
 }
 
 TEST_F(RouterFlow, ValidationStatuses) {
