@@ -11,6 +11,8 @@
 #include <semaphore>
 #include <thread>
 
+#include "engine/engine.h"
+#include "engine/model_loader.h"
 #include "tools/router_client.h"
 
 namespace pdserve::tools {
@@ -36,7 +38,35 @@ struct BenchFlags {
   std::string result_file;
   std::string label;
   std::vector<double> percentiles = {90, 99};
+  std::string verify_model;  // Compare every output with this model's in-process engine.
 };
+
+// The requests whose successful output differs from the in-process engine's for the same
+// prompt and sampling (all of them run at once, as one batch); an error if the model will not load.
+StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::GenerateRequest>& requests,
+                               const std::vector<RequestRecord>& records) {
+  PD_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::load_model({model, ""}));
+  PD_ASSIGN_OR_RETURN(auto eng, engine::Engine::create(std::move(loaded), {}));
+  std::vector<std::vector<int>> want(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!records[i].ok) continue;
+    const v1::GenerateRequest& r = requests[i];
+    engine::SamplingParams p;
+    p.temperature = r.sampling().temperature();
+    p.seed = r.sampling().seed();
+    p.max_tokens = r.sampling().max_tokens();
+    p.ignore_eos = r.sampling().ignore_eos();
+    engine::GenerationRequest g{std::to_string(i), {r.token_ids().ids().begin(), r.token_ids().ids().end()}, p};
+    PD_RETURN_IF_ERROR(eng->add_request(std::move(g), [&want, i](const engine::TokenEvent& ev) {
+      if (ev.token >= 0) want[i].push_back(ev.token);
+    }));
+  }
+  PD_RETURN_IF_ERROR(eng->run_until_idle());
+  int mismatched = 0;
+  for (size_t i = 0; i < requests.size(); ++i)
+    if (records[i].ok && records[i].tokens != want[i]) ++mismatched;
+  return mismatched;
+}
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
 
@@ -89,6 +119,7 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
     else rec.itl_s.push_back(std::chrono::duration<double>(now - last).count());
     last = now;
     rec.output_tokens += r.token_ids_size();
+    rec.tokens.insert(rec.tokens.end(), r.token_ids().begin(), r.token_ids().end());
   });
   rec.e2e_s = seconds_since(t0);
   rec.ok = s.ok();
@@ -116,6 +147,8 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
   std::cout << "============ Serving Benchmark Result ============\n";
   line("Successful requests:", std::to_string(r["completed"].get<int>()));
   line("Failed requests:", std::to_string(r["failed"].get<int>()));
+  if (r.contains("mismatched"))
+    line("Outputs unlike the in-process engine's:", std::to_string(r["mismatched"].get<int>()));
   if (r.contains("max_concurrency") && !r["max_concurrency"].is_null())
     line("Maximum request concurrency:", std::to_string(r["max_concurrency"].get<int>()));
   line("Benchmark duration (s):", fmt(r["duration"].get<double>()));
@@ -228,6 +261,15 @@ int run_bench(const BenchFlags& f) {
   result["output_throughput_per_rank"] = ranks > 0 ? result["output_throughput"].get<double>() / ranks : 0.0;
   result["total_token_throughput_per_rank"] =
       ranks > 0 ? result["total_token_throughput"].get<double>() / ranks : 0.0;
+  if (!f.verify_model.empty()) {
+    std::cerr << "bench: checking every output against the in-process engine (" << f.verify_model << ")\n";
+    StatusOr<int> mismatched = count_mismatches(f.verify_model, requests, records);
+    if (!mismatched.ok()) {
+      std::cerr << "error: --verify-model: " << mismatched.status().message() << "\n";
+      return 1;
+    }
+    result["mismatched"] = *mismatched;
+  }
   print_table(result, f.percentiles);
   for (const RequestRecord& r : records)
     if (!r.ok) {
@@ -242,7 +284,8 @@ int run_bench(const BenchFlags& f) {
       return 1;
     }
   }
-  return result["failed"].get<int>() == 0 ? 0 : 1;
+  const bool all_equal = !result.contains("mismatched") || result["mismatched"].get<int>() == 0;
+  return result["failed"].get<int>() == 0 && all_equal ? 0 : 1;
 }
 
 }  // namespace
@@ -348,6 +391,9 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--temperature", f->temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--percentile-metrics-values,--percentiles", f->percentiles, "Percentiles to report")->capture_default_str();
   cmd->add_option("--result-file", f->result_file, "Write the result as JSON here");
+  cmd->add_option("--verify-model", f->verify_model,
+                  "After the run, compare every successful output with this model's in-process engine (same prompt "
+                  "and sampling, seeded); mismatches are counted and fail the run");
   cmd->add_option("--label", f->label, "A name for this run in the result");
   cmd->callback([f, exit_code] { *exit_code = run_bench(*f); });
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# chaos: a soak of the serving edge. `pdserve up` with 2 prefill + 2 decode workers serves
+# `pdserve bench` rounds (greedy, --ignore-eos, each output checked against the in-process engine
+# with --verify-model) for MINUTES minutes, while a random worker is SIGKILLed every KILL_EVERY
+# seconds (`up` restarts it on its address; the router migrates what it was serving). At the
+# end: requests sent, failed, outputs unlike the in-process engine's, kills, migrations, and
+# whether every block came back in every worker's pool. Exit 0 only if nothing failed, every
+# output was equal and no block leaked.
+#   bench/chaos.sh MODEL [MINUTES=30] [CONCURRENCY=16] [KILL_EVERY=20] [KV_MODE=push]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pdserve=${PDSERVE:-$root/build/tools/pdserve}
+model=${1:?usage: $0 MODEL [MINUTES] [CONCURRENCY] [KILL_EVERY] [KV_MODE]}
+minutes=${2:-30}
+concurrency=${3:-16}
+kill_every=${4:-20}
+kv_mode=${5:-push}
+work=$(mktemp -d)
+up_pid=""
+trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; rm -rf "$work"' EXIT
+
+"$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 >"$work/up.out" 2>"$work/up.err" &
+up_pid=$!
+for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
+router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
+http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
+[ -n "$router" ] || { cat "$work/up.err" >&2; echo "chaos: the cluster did not start" >&2; exit 1; }
+echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s"
+
+end=$(( $(date +%s) + minutes * 60 ))
+kills=0
+( # The killer: a random worker (a child of `up` with --role prefill|decode) every kill_every s.
+  while [ "$(date +%s)" -lt "$end" ]; do
+    sleep "$kill_every"
+    mapfile -t workers < <(for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qE -- '--role (prefill|decode) ' && echo "$p"; done)
+    [ ${#workers[@]} -gt 0 ] || continue
+    victim=${workers[RANDOM % ${#workers[@]}]}
+    kill -9 "$victim" 2>/dev/null && echo "kill $victim $(date +%s)" >>"$work/kills"
+  done ) &
+killer=$!
+
+sent=0 failed=0 mismatched=0 round=0
+while [ "$(date +%s)" -lt "$end" ]; do
+  round=$((round + 1))
+  "$pdserve" bench --router "$router" --num-prompts $((concurrency * 8)) --random-input-len 64 --random-output-len 128 \
+    --random-range-ratio 0.5 --max-concurrency "$concurrency" --ignore-eos --seed "$round" --verify-model "$model" \
+    --result-file "$work/round.json" >"$work/bench.out" 2>"$work/bench.err" || true
+  if [ ! -s "$work/round.json" ]; then
+    echo "chaos: round $round produced no result" >&2; tail -3 "$work/bench.err" >&2; failed=$((failed + concurrency * 8))
+    continue
+  fi
+  read -r c f m < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0))' "$work/round.json")
+  sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m))
+  [ "$f" -gt 0 ] && grep -m1 'first failure' "$work/bench.err" >&2 || true
+  rm -f "$work/round.json"
+done
+wait "$killer" || true
+kills=$(wc -l <"$work/kills" 2>/dev/null || echo 0)
+
+# Every pool whole again: the router's gauges, once every worker is up and idle.
+leaked=unknown
+for _ in $(seq 150); do
+  metrics=$(curl -s "http://$http/metrics" || true)
+  leaked=$(python3 - "$metrics" <<'PY'
+import re, sys
+m = sys.argv[1]
+def gauge(name):
+    return {w: float(v) for w, v in re.findall(name + r'\{worker="([^"]+)",role="[^"]+"\} (\S+)', m)}
+up, free, total = gauge("pdserve:worker_up"), gauge("pdserve:kv_cache_free_blocks"), gauge("pdserve:kv_cache_total_blocks")
+if len(up) != 4 or any(v != 1 for v in up.values()): print("unsettled")
+else: print(sum(total[w] - free[w] for w in total))
+PY
+)
+  [ "$leaked" = "0.0" ] && break
+  sleep 0.2
+done
+migrations=$(curl -s "http://$http/metrics" | awk '/^pdserve:request_migrations_total/ {s += $2} END {print s + 0}')
+restarts=$(grep -c 'restarting it' "$work/up.err" || true)
+printf 'requests\tfailed\tmismatched\tkills\trestarts\tmigrations\tblocks not back\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked"
+[ "$failed" -eq 0 ] && [ "$mismatched" -eq 0 ] && [ "$leaked" = "0.0" ]
