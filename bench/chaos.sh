@@ -17,6 +17,14 @@ kill_every=${4:-20}
 kv_mode=${5:-push}
 work=$(mktemp -d)
 up_pid=""
+# Its own copy of the binaries (`up` finds the others beside itself), so that a rebuild meanwhile
+# cannot take a binary away from a restart.
+mkdir -p "$work/bin"
+build=$(dirname "$(dirname "$pdserve")")
+for b in "$pdserve" "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router"; do
+  cp "$b" "$work/bin/"
+done
+pdserve="$work/bin/pdserve"
 trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; rm -rf "$work"' EXIT
 
 "$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 >"$work/up.out" 2>"$work/up.err" &

@@ -1,15 +1,18 @@
 // The client gRPC API (pdserve.v1.Generation) over a Router: Generate streams the router's
-// responses, Abort cancels by id, GetModelInfo describes the served model.
+// responses, Abort cancels by id, GetModelInfo describes the served model. With API keys, every
+// call needs `authorization: Bearer KEY` metadata (else UNAUTHENTICATED).
 #pragma once
 
 #include "proto/pdserve.grpc.pb.h"
+#include "router/api_keys.h"
 #include "router/router.h"
 
 namespace pdserve::router {
 
 class GenerationService final : public v1::Generation::Service {
  public:
-  explicit GenerationService(Router& router) : router_(router) {}
+  // `keys` must outlive the service.
+  GenerationService(Router& router, const ApiKeys& keys) : router_(router), keys_(keys) {}
 
   // Streams one request's responses; the status is the router's.
   grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* request,
@@ -20,7 +23,11 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status GetModelInfo(grpc::ServerContext* ctx, const v1::ModelInfoRequest* request, v1::ModelInfo* response) override;
 
  private:
+  // OK when the call carries an accepted key (or none is required), else UNAUTHENTICATED.
+  grpc::Status authorize(grpc::ServerContext* ctx) const;
+
   Router& router_;
+  const ApiKeys& keys_;
 };
 
 }  // namespace pdserve::router

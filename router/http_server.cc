@@ -86,6 +86,21 @@ HttpServer::HttpServer(Router& router, HttpServerOptions options)
     httplib::default_socket_options(sock);
     listen_socket_ = sock;
   });
+  // API keys: checked before routing, so no handler runs for a request without one.
+  server_->set_pre_routing_handler([options](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_keys == nullptr || !options.api_keys->required() || req.path == "/health" ||
+        (req.path == "/metrics" && !options.metrics_need_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    if (options.api_keys->allows(req.get_header_value("Authorization"))) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 401;
+    res.set_header("WWW-Authenticate", "Bearer");
+    const bool given = req.has_header("Authorization");
+    json body = {{"error",
+                  {{"message", given ? "Incorrect API key provided." : "You didn't provide an API key: send Authorization: Bearer KEY."},
+                   {"type", "invalid_request_error"}, {"param", nullptr}, {"code", "invalid_api_key"}}}};
+    res.set_content(body.dump(), "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool ok = router_.ready();
     res.status = ok ? 200 : 503;

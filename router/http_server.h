@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/status.h"
+#include "router/api_keys.h"
 #include "router/router.h"
 
 namespace httplib {
@@ -32,6 +33,10 @@ struct HttpServerOptions {
   // many requests.
   int keep_alive_timeout_s = 2;
   int keep_alive_max_requests = 100;
+  // Client keys (must outlive the server); none: open. /health is always open, /metrics unless
+  // metrics_need_key.
+  const ApiKeys* api_keys = nullptr;
+  bool metrics_need_key = false;
 };
 
 class HttpServer {

@@ -14,6 +14,8 @@
 
 #include "common/logging.h"
 #include "engine/model_loader.h"
+#include "common/secrets.h"
+#include "router/api_keys.h"
 #include "router/generation_service.h"
 #include "router/http_server.h"
 #include "router/registry_service.h"
@@ -36,6 +38,9 @@ struct Flags {
   int poll_interval_ms = 200;
   int max_message_bytes = 16 << 20;
   int max_migrations = 3;
+  std::vector<std::string> api_keys;
+  std::string api_key_file, cluster_token_file;
+  bool metrics_auth = false;
   double stall_timeout_s = 5;
   double worker_wait_s = 30;
   int heartbeat_interval_ms = 1000;
@@ -62,6 +67,20 @@ int run(const Flags& f) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto keys = ApiKeys::load(f.api_keys, f.api_key_file, std::getenv("PDSERVE_API_KEY"));
+  if (!keys.ok()) {
+    std::cerr << "error: " << keys.status().message() << "\n";
+    return 2;
+  }
+  std::vector<std::string> cluster_tokens;
+  if (!f.cluster_token_file.empty()) {
+    auto tokens = read_secret_file(f.cluster_token_file);
+    if (!tokens.ok()) {
+      std::cerr << "error: --cluster-token-file: " << tokens.status().message() << "\n";
+      return 2;
+    }
+    cluster_tokens = std::move(*tokens);
+  }
   auto loaded = engine::load_model({f.model, f.tokenizer});
   if (!loaded.ok()) {
     std::cerr << "error: " << loaded.status().message() << "\n";
@@ -99,8 +118,8 @@ int run(const Flags& f) {
   opts.worker_wait = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.worker_wait_s));
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance());
-  GenerationService service(router);
-  RegistryService registry_service(registry, model_names, opts.kv_mode);
+  GenerationService service(router, *keys);
+  RegistryService registry_service(registry, model_names, opts.kv_mode, cluster_tokens);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -119,6 +138,8 @@ int run(const Flags& f) {
   http_options.max_body_bytes = size_t(f.max_message_bytes);
   // A thread for every request admission could hold, plus a few for /health, /metrics, /v1/models.
   http_options.threads = size_t(f.max_running) + size_t(f.max_waiting) + 4;
+  http_options.api_keys = &*keys;
+  http_options.metrics_need_key = f.metrics_auth;
   HttpServer http(router, http_options);
   // Default: gRPC port + 1; but a gRPC port the system chose (--port 0) says nothing about the
   // next one, which may be another process's, so then any free one (READY names it).
@@ -132,7 +153,9 @@ int run(const Flags& f) {
   http.start();
   std::cout << "READY grpc=" << f.host << ":" << grpc_port << " http=" << f.host << ":" << *http_port << std::endl;
   std::cerr << "router: model " << router.model_info().name() << ", mode " << kv_mode_name(opts.kv_mode) << ", " << endpoints.size()
-            << " workers listed; workers may register (heartbeat timeout " << f.heartbeat_timeout_ms << " ms)\n";
+            << " workers listed; workers may register (heartbeat timeout " << f.heartbeat_timeout_ms << " ms"
+            << (cluster_tokens.empty() ? "" : ", cluster token required") << "); "
+            << (keys->required() ? std::to_string(keys->size()) + " API key(s) required" : "no API key required") << "\n";
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   const timespec tick{0, 200'000'000};
@@ -201,6 +224,14 @@ int main(int argc, char** argv) {
                  "time, if longer)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--api-key", f.api_keys,
+                 "A client API key (repeatable; also --api-key-file and $PDSERVE_API_KEY): requests then need "
+                 "Authorization: Bearer KEY (HTTP) or authorization metadata (gRPC)");
+  app.add_option("--api-key-file", f.api_key_file, "File of client API keys, one per line")->check(CLI::ExistingFile);
+  app.add_flag("--metrics-auth", f.metrics_auth, "/metrics needs an API key too (/health never does)");
+  app.add_option("--cluster-token-file", f.cluster_token_file,
+                 "File of cluster tokens (one per line): registering workers must send one (their --cluster-token-file)")
+      ->check(CLI::ExistingFile);
   app.add_option("--heartbeat-interval-ms", f.heartbeat_interval_ms, "How often registered workers are asked to heartbeat")
       ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", f.heartbeat_timeout_ms, "A registered worker is dropped after this long without a heartbeat")

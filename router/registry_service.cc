@@ -3,15 +3,35 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/secrets.h"
 #include "router/router.h"
 
 namespace pdserve::router {
 
-RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode)
-    : registry_(registry), model_names_(std::move(model_names)), kv_mode_(kv_mode) {}
+RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode,
+                                 std::vector<std::string> cluster_tokens)
+    : registry_(registry), model_names_(std::move(model_names)), kv_mode_(kv_mode),
+      cluster_tokens_(std::move(cluster_tokens)) {}
 
-grpc::Status RegistryService::Register(grpc::ServerContext*, const worker::RegisterRequest* request,
+grpc::Status RegistryService::authorize(grpc::ServerContext* ctx) const {
+  if (cluster_tokens_.empty()) return grpc::Status::OK;
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find(kClusterTokenMetadata);
+  if (it != md.end()) {
+    const std::string_view token(it->second.data(), it->second.size());
+    bool ok = false;
+    for (const std::string& t : cluster_tokens_) ok |= secret_equal(token, t);
+    if (ok) return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      it == md.end() ? "this router needs the cluster token to register (start the worker with "
+                                       "--cluster-token-file)"
+                                     : "the cluster token is not this router's");
+}
+
+grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const worker::RegisterRequest* request,
                                        worker::RegisterResponse* response) {
+  if (grpc::Status auth = authorize(ctx); !auth.ok()) return auth;
   const bool aggregated = kv_mode_ == KvMode::kAggregated;
   const worker::Role role = request->role();
   if (aggregated ? role != worker::ROLE_AGGREGATED : role != worker::ROLE_PREFILL && role != worker::ROLE_DECODE)
@@ -30,14 +50,16 @@ grpc::Status RegistryService::Register(grpc::ServerContext*, const worker::Regis
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const worker::HeartbeatRequest* request,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* ctx, const worker::HeartbeatRequest* request,
                                         worker::HeartbeatResponse* response) {
+  if (grpc::Status auth = authorize(ctx); !auth.ok()) return auth;
   response->set_known(registry_.heartbeat(request->address()));
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Deregister(grpc::ServerContext*, const worker::DeregisterRequest* request,
+grpc::Status RegistryService::Deregister(grpc::ServerContext* ctx, const worker::DeregisterRequest* request,
                                          worker::DeregisterResponse* response) {
+  if (grpc::Status auth = authorize(ctx); !auth.ok()) return auth;
   response->set_found(registry_.deregister(request->address()));
   return grpc::Status::OK;
 }

@@ -15,8 +15,11 @@ namespace pdserve::router {
 class RegistryService final : public worker::Registry::Service {
  public:
   // `model_names`: the served model's name and accepted aliases; `kv_mode`: "push", "pull" (prefill
-  // and decode workers) or "aggregated".
-  RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode);
+  // and decode workers) or "aggregated". `cluster_tokens` (--cluster-token-file; several while one
+  // is rotated): when not empty, every Registry call needs one of them in the
+  // x-pdserve-cluster-token metadata, else UNAUTHENTICATED.
+  RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode,
+                  std::vector<std::string> cluster_tokens = {});
 
   grpc::Status Register(grpc::ServerContext* ctx, const worker::RegisterRequest* request,
                         worker::RegisterResponse* response) override;
@@ -28,7 +31,11 @@ class RegistryService final : public worker::Registry::Service {
  private:
   WorkerRegistry& registry_;
   const std::vector<std::string> model_names_;
+  // OK when the call carries an accepted cluster token (or none is required).
+  grpc::Status authorize(grpc::ServerContext* ctx) const;
+
   const KvMode kv_mode_;
+  const std::vector<std::string> cluster_tokens_;
 };
 
 }  // namespace pdserve::router

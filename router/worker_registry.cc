@@ -1,5 +1,7 @@
 #include "router/worker_registry.h"
 
+#include <algorithm>
+
 #include <grpcpp/grpcpp.h>
 
 #include "common/logging.h"
@@ -256,6 +258,10 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       return absl::OkStatus();  // A static worker: listed for good already.
     }
     if (!w) {
+      const auto registered = std::count_if(workers_.begin(), workers_.end(), [](const auto& x) { return x->registered; });
+      if (registered >= options_.max_registered)
+        return absl::ResourceExhaustedError(absl::StrCat("the registry is full (", options_.max_registered,
+                                                         " registered addresses)"));
       workers_.push_back(std::make_unique<Worker>());
       w = workers_.back().get();
       w->endpoint.address = endpoint.address;

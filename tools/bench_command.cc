@@ -38,6 +38,7 @@ struct BenchFlags {
   std::string result_file;
   std::string label;
   std::vector<double> percentiles = {90, 99};
+  std::string api_key;
   std::string verify_model;  // Compare every output with this model's in-process engine.
 };
 
@@ -187,7 +188,7 @@ int run_bench(const BenchFlags& f) {
     std::cerr << "error: give --router, or --worker to bypass the router\n";
     return 2;
   }
-  auto connected = connect_and_describe(f.router, f.worker);
+  auto connected = connect_and_describe(f.router, f.worker, api_key_or_env(f.api_key));
   if (!connected.ok()) {
     std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
@@ -376,6 +377,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark a running router (like `vllm bench serve`)");
   cmd->add_option("--router", f->router, "Router gRPC HOST:PORT");
+  cmd->add_option("--api-key", f->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->add_option("--worker", f->worker,
                   "Instead of --router: one aggregated worker's gRPC HOST:PORT, to measure what the router adds");
   cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->capture_default_str();

@@ -20,6 +20,7 @@ using json = nlohmann::json;
 
 struct CheckFlags {
   std::string router;  // gRPC HOST:PORT.
+  std::string api_key;
   std::string http;    // HTTP HOST:PORT (optional).
   std::string prompt = "Once upon a time";
   double wait_s = 0;
@@ -39,7 +40,7 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
     return s;
   };
   PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health_serving(f.router, std::chrono::seconds(5))));
-  auto connected = connect_and_describe(f.router);
+  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key));
   PD_RETURN_IF_ERROR(report("gRPC GetModelInfo", connected.status()));
   const std::string model = connected->model.name();
   v1::GenerateRequest req;
@@ -61,6 +62,7 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
   httplib::Client http(host, port);
   http.set_connection_timeout(5, 0);
   http.set_read_timeout(30, 0);
+  if (const std::string key = api_key_or_env(f.api_key); !key.empty()) http.set_bearer_token_auth(key.c_str());
   Status listed = absl::OkStatus();
   if (auto r = http.Get("/v1/models"); !r) {
     listed = absl::UnavailableError(absl::StrCat("GET /v1/models: ", httplib::to_string(r.error())));
@@ -111,6 +113,7 @@ void add_check_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("check", "Smoke-test a running cluster through its router (gRPC, and HTTP with --http)");
   cmd->add_option("--router", f->router, "The router's gRPC HOST:PORT")->required();
   cmd->add_option("--http", f->http, "The router's HTTP HOST:PORT (OpenAI API checks)");
+  cmd->add_option("--api-key", f->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->add_option("--prompt", f->prompt, "Prompt of the 1-token completions")->capture_default_str();
   cmd->add_option("--wait-s", f->wait_s, "Retry for up to this many seconds until every check passes")
       ->capture_default_str();

@@ -24,6 +24,7 @@ struct GenerateFlags {
   std::string weight_dtype = "f32";
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
+  std::string api_key;
 };
 
 // The same run through a router: the same output, the text streamed or the same JSON object.
@@ -32,7 +33,7 @@ int run_generate_remote(const GenerateFlags& f) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
-  auto connected = connect_and_describe(f.router);
+  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key));
   if (!connected.ok()) {
     std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
@@ -183,6 +184,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
                   "KV cache as a fraction of device memory");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of streaming text");
   cmd->add_option("--router", flags->router, "Generate through the router at HOST:PORT instead of in process");
+  cmd->add_option("--api-key", flags->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->callback([flags, exit_code] {
     *exit_code = flags->router.empty() ? run_generate(*flags) : run_generate_remote(*flags);
   });

@@ -1,6 +1,8 @@
 #include "tools/router_client.h"
 
 #include <grpcpp/generic/generic_stub.h>
+
+#include <cstdlib>
 #include <grpcpp/grpcpp.h>
 
 #include "proto/grpc_status.h"
@@ -19,11 +21,23 @@ StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address
 
 }  // namespace
 
-StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect(const std::string& address, Duration wait) {
+StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect(const std::string& address, Duration wait,
+                                                              const std::string& api_key) {
   PD_ASSIGN_OR_RETURN(auto channel, open_channel(address, wait, "router"));
   std::unique_ptr<RouterClient> client(new RouterClient());
   client->stub_ = v1::Generation::NewStub(channel);
+  client->api_key_ = api_key;
   return client;
+}
+
+void RouterClient::authorize(grpc::ClientContext& ctx) const {
+  if (!api_key_.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key_);
+}
+
+std::string api_key_or_env(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("PDSERVE_API_KEY");
+  return env != nullptr ? env : "";
 }
 
 StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect_worker(const std::string& address, Duration wait) {
@@ -35,6 +49,7 @@ StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect_worker(const std::
 
 StatusOr<v1::ModelInfo> RouterClient::model_info() {
   grpc::ClientContext ctx;
+  authorize(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (worker_) {
     worker::WorkerInfo info;
@@ -54,6 +69,7 @@ StatusOr<v1::ModelInfo> RouterClient::model_info() {
 Status RouterClient::generate(const v1::GenerateRequest& request,
                               const std::function<void(const v1::GenerateResponse&)>& on_response) {
   grpc::ClientContext ctx;
+  authorize(ctx);
   if (worker_) {
     if (!request.has_token_ids()) return absl::InvalidArgumentError("a direct worker request needs token ids");
     worker::WorkerGenerateRequest w;
@@ -76,10 +92,11 @@ Status RouterClient::generate(const v1::GenerateRequest& request,
   return from_grpc(reader->Finish(), "Generate");
 }
 
-StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker) {
+StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker,
+                                               const std::string& api_key) {
   constexpr Duration kWait = std::chrono::seconds(10);
   ConnectedClient c;
-  PD_ASSIGN_OR_RETURN(c.client, worker.empty() ? RouterClient::connect(router, kWait)
+  PD_ASSIGN_OR_RETURN(c.client, worker.empty() ? RouterClient::connect(router, kWait, api_key)
                                                : RouterClient::connect_worker(worker, kWait));
   PD_ASSIGN_OR_RETURN(c.model, c.client->model_info());
   return c;

@@ -21,8 +21,9 @@ namespace pdserve::tools {
 class RouterClient {
  public:
   // A client of the router at `address` (HOST:PORT); Unavailable when it does not answer
-  // within `wait`.
-  static StatusOr<std::unique_ptr<RouterClient>> connect(const std::string& address, Duration wait);
+  // within `wait`. `api_key` (if set) goes with every call as `authorization: Bearer KEY`.
+  static StatusOr<std::unique_ptr<RouterClient>> connect(const std::string& address, Duration wait,
+                                                         const std::string& api_key = "");
   // A client of the aggregated worker at `address` instead of a router (no placement, no
   // queue, no retries: requests go straight to its Worker.Generate).
   static StatusOr<std::unique_ptr<RouterClient>> connect_worker(const std::string& address, Duration wait);
@@ -34,6 +35,9 @@ class RouterClient {
 
  private:
   RouterClient() = default;
+  // A context for one call, with the API key's metadata.
+  void authorize(grpc::ClientContext& ctx) const;
+  std::string api_key_;
   std::unique_ptr<v1::Generation::Stub> stub_;
   std::unique_ptr<worker::Worker::Stub> worker_;  // Set instead of stub_ for a direct worker client.
   std::atomic<uint64_t> next_id_{0};      // Worker requests need ids; the router makes its own.
@@ -45,8 +49,11 @@ struct ConnectedClient {
   v1::ModelInfo model;
 };
 // Connects to the router at `router`, or — when `worker` is set instead — to that aggregated
-// worker directly, and asks for the model; the first failure's status.
-StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker = "");
+// worker directly, and asks for the model; the first failure's status. `api_key`: as connect().
+StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker = "",
+                                               const std::string& api_key = "");
+// The API key a CLI command sends: its --api-key, else $PDSERVE_API_KEY, else none.
+std::string api_key_or_env(const std::string& flag);
 
 // grpc.health.v1.Health/Check of the whole server at `address`: OK when SERVING, Unavailable
 // (saying why) otherwise.

@@ -34,7 +34,8 @@ struct UpFlags {
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
   double startup_timeout_s = 120;
-  std::string restart = "always";  // A child that dies is started again ("never": everything stops).
+  std::string restart = "always";
+  std::vector<std::string> api_keys;  // Passed to the router (--api-key).  // A child that dies is started again ("never": everything stops).
 };
 
 // A child restarted more often than this within kCrashWindow is crash-looping: `up` gives up.
@@ -240,6 +241,7 @@ int run_up(const UpFlags& f) {
   for (Child* c : decode) ra.insert(ra.end(), {"--decode", c->address});
   for (Child* c : aggregated) ra.insert(ra.end(), {"--aggregated", c->address});
   if (f.max_running > 0) ra.insert(ra.end(), {"--max-running", std::to_string(f.max_running)});
+  for (const std::string& k : f.api_keys) ra.insert(ra.end(), {"--api-key", k});
   if (f.max_waiting >= 0) ra.insert(ra.end(), {"--max-waiting", std::to_string(f.max_waiting)});
   if (f.request_timeout_s > 0) ra.insert(ra.end(), {"--request-timeout", std::to_string(f.request_timeout_s)});
   children.push_back(spawn("router", ra, signals));
@@ -306,6 +308,7 @@ void add_up_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<UpFlags>();
   CLI::App* cmd = app.add_subcommand("up", "Start workers and a router on this machine");
   cmd->add_option("--model", f->model, "Model path or name")->capture_default_str();
+  cmd->add_option("--api-key", f->api_keys, "Client API key the router requires (repeatable; also $PDSERVE_API_KEY, which the router reads)");
   cmd->add_option("--restart", f->restart,
                   "always: a worker or router that dies is started again on its address (requests it served are "
                   "migrated); never: one death stops the whole cluster")

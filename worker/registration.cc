@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/logging.h"
+#include "common/secrets.h"
 
 namespace pdserve::worker {
 namespace {
@@ -38,6 +39,10 @@ void RouterRegistration::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void RouterRegistration::add_token(grpc::ClientContext& ctx) const {
+  if (!options_.cluster_token.empty()) ctx.AddMetadata(kClusterTokenMetadata, options_.cluster_token);
+}
+
 void RouterRegistration::run() {
   bool registered = false;
   bool warned = false;  // One warning per outage, not one per retry.
@@ -50,6 +55,7 @@ void RouterRegistration::run() {
       RegisterResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(deadline_in(options_.rpc_timeout));
+      add_token(ctx);
       const grpc::Status s = stub_->Register(&ctx, req, &resp);
       if (s.ok()) {
         registered = true;
@@ -72,6 +78,7 @@ void RouterRegistration::run() {
       HeartbeatResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(deadline_in(std::min(options_.rpc_timeout, std::max<Duration>(interval, std::chrono::milliseconds(100)))));
+      add_token(ctx);
       const grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
         PD_LOG_WARN("router {} does not know {} any more; registering again", options_.router, address);
@@ -92,6 +99,7 @@ void RouterRegistration::run() {
     DeregisterResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline_in(options_.rpc_timeout));
+    add_token(ctx);
     const grpc::Status s = stub_->Deregister(&ctx, req, &resp);
     if (s.ok()) PD_LOG_INFO("deregistered {} from router {}", address, options_.router);
   }

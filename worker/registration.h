@@ -24,6 +24,7 @@ struct RegistrationOptions {
   Duration heartbeat_interval{0};      // 0: what the router asks for.
   Duration retry_interval = std::chrono::seconds(1);  // Between failed Register calls.
   Duration rpc_timeout = std::chrono::seconds(2);
+  std::string cluster_token;  // Sent with every Registry call when set (--cluster-token-file).
 };
 
 class RouterRegistration {
@@ -42,6 +43,7 @@ class RouterRegistration {
 
  private:
   void run();
+  void add_token(grpc::ClientContext& ctx) const;
 
   const RegistrationOptions options_;
   const std::function<RegisterRequest()> describe_;

@@ -24,6 +24,7 @@
 #include "worker/prefill_role.h"
 #include "worker/probe_server.h"
 #include "worker/router_set.h"
+#include "common/secrets.h"
 #include "worker/worker_health.h"
 #include "worker/worker_service.h"
 
@@ -41,6 +42,7 @@ struct WorkerFlags {
   int64_t kv_lease_ms = 30000;
   int64_t kv_peer_timeout_ms = 10000;
   std::string router;     // Register with this router (HOST:PORT) and heartbeat.
+  std::string cluster_token_file;  // The router's cluster token, sent when registering.
   std::string advertise;  // The address the router dials (default: --host and the bound port).
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
   std::string kv_memory = "auto";
@@ -234,6 +236,14 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   if (!f.router.empty()) {
     RegistrationOptions ro;
     ro.router = f.router;
+    if (!f.cluster_token_file.empty()) {
+      auto tokens = read_secret_file(f.cluster_token_file);
+      if (!tokens.ok()) {
+        std::cerr << "error: --cluster-token-file: " << tokens.status().message() << "\n";
+        return 2;
+      }
+      ro.cluster_token = tokens->front();
+    }
     ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
     const std::string advertised = f.advertise.empty() ? address : f.advertise;
     registration = std::make_unique<RouterSet>(ro, [&service, advertised, worker_id] {
@@ -316,6 +326,9 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--kv-peer-timeout-ms", f.kv_peer_timeout_ms, "A silent kvtransfer peer is lost after this")
       ->capture_default_str();
   app.add_option("--router", f.router, "Register with the router at HOST:PORT and heartbeat to it");
+  app.add_option("--cluster-token-file", f.cluster_token_file,
+                 "File holding the router's cluster token (its first secret line), sent when registering")
+      ->check(CLI::ExistingFile);
   app.add_option("--advertise", f.advertise, "HOST:PORT the router should dial (default: --host and the bound port)");
   app.add_option("--heartbeat-ms", f.heartbeat_ms, "Heartbeat interval (0: as the router asks)")->capture_default_str();
   app.add_option("--probe-port", f.probe_port,

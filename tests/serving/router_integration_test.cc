@@ -307,12 +307,66 @@ TEST_F(RouterAggregated, BenchCanTalkToTheWorkerDirectly) {
   EXPECT_EQ(not_worker.exit_code, 1) << not_worker.out;
 }
 
-TEST_F(RouterAggregated, UpStopsEverythingWhenOneProcessDies) {
+// `up` restarts a worker that dies on its old address; the router finds it again and serves.
+TEST_F(RouterAggregated, UpRestartsADeadWorkerOnItsAddress) {
   const std::vector<pid_t> children = cluster_->children();
   ASSERT_EQ(children.size(), 2u);  // The worker and the router.
   ::kill(children.front(), SIGKILL);
-  EXPECT_EQ(cluster_->wait_exit(20s), 1) << cluster_->log();
+  for (int i = 0; i < 1000 && cluster_->log().find("restarting it") == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_NE(cluster_->log().find("aggregated0 killed by signal 9; restarting it on 127.0.0.1:"), std::string::npos)
+      << cluster_->log();
+  expect_greedy_equal(*cluster_);  // The router waits for the worker to be back up.
+  EXPECT_FALSE(cluster_->exited());
+}
+
+TEST(RouterUp, RestartNeverStopsEverythingWhenOneProcessDies) {
+  Cluster c({"--aggregated", "1", "--restart", "never"});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  const std::vector<pid_t> children = c.children();
+  ASSERT_EQ(children.size(), 2u);
+  ::kill(children.front(), SIGKILL);
+  EXPECT_EQ(c.wait_exit(20s), 1) << c.log();
   for (pid_t p : children) EXPECT_NE(::kill(p, 0), 0) << "child " << p << " survived";
+}
+
+// With --api-key, HTTP needs Authorization: Bearer KEY (401 with an OpenAI error body without or
+// with another key) and gRPC the authorization metadata (UNAUTHENTICATED); /health and /metrics
+// stay open; the CLI sends its --api-key.
+TEST(RouterAuth, RequestsWithoutTheApiKeyAreRefusedAndWithItServed) {
+  Cluster c({"--aggregated", "1", "--api-key", "k-one", "--api-key", "k-two"});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  httplib::Client http("127.0.0.1", c.http_port());
+  http.set_read_timeout(60, 0);
+  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 4}}.dump();
+  auto none = http.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 401);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key") << none->body;
+  auto wrong = http.Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer k-three"}}, body, "application/json");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 401);
+  auto models = http.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  auto ok = http.Post("/v1/completions", httplib::Headers{{"Authorization", "Bearer k-two"}}, body, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(http.Get("/health")->status, 200);
+  EXPECT_EQ(http.Get("/metrics")->status, 200);
+
+  auto s = stub(c.grpc());
+  GrpcResult refused = grpc_generate(*s, greedy_request(kPrompt, 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << refused.status.error_message();
+  CommandOutput without = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens", "4"});
+  EXPECT_NE(without.exit_code, 0);
+  CommandOutput with = pdserve({"generate", "--router", c.grpc(), "--prompt", kPrompt, "--max-tokens", std::to_string(kMaxTokens),
+                                "--json", "--api-key", "k-one"});
+  ASSERT_EQ(with.exit_code, 0) << with.out;
+  EXPECT_EQ(json::parse(with.out, nullptr, false), reference());
+  CommandOutput check = pdserve({"check", "--router", c.grpc(), "--http", "127.0.0.1:" + std::to_string(c.http_port()),
+                                 "--api-key", "k-one"});
+  EXPECT_EQ(check.exit_code, 0) << check.out;
 }
 
 // HTTP clients get as many connections as the router admits: 48 SSE streams run at once with

@@ -2,6 +2,8 @@
 // queue, Prometheus formatting, the OpenAI request/response mapping, and bench statistics.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include <thread>
 
 #include "router/admission_queue.h"
+#include "router/api_keys.h"
 #include "router/bounded_task_queue.h"
 #include "router/metrics.h"
 #include "router/openai_api.h"
@@ -358,6 +361,39 @@ TEST(OpenAiApi, ResponseAndChunkShapes) {
   EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
   EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
   EXPECT_EQ(sse(nlohmann::json{{"a", 1}}), "data: {\"a\":1}\n\n");
+}
+
+TEST(ApiKeys, AllowsOnlyBearerKeysItKnows) {
+  const ApiKeys none;
+  EXPECT_FALSE(none.required());
+  EXPECT_TRUE(none.allows(""));
+  const std::string file = ::testing::TempDir() + "/api_keys";
+  {
+    std::ofstream out(file);
+    out << "# keys\n\n  from-file  \n";
+  }
+  auto keys = ApiKeys::load({"k1"}, file, " from-env\n");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE(keys->required());
+  EXPECT_EQ(keys->size(), 3u);
+  struct Case {
+    const char* authorization;
+    bool allowed;
+  } cases[] = {
+      {"Bearer k1", true},         {"bearer k1", true},      {"BEARER  k1 ", true}, {"Bearer from-file", true},
+      {"Bearer from-env", true},   {"", false},              {"k1", false},         {"Bearer", false},
+      {"Bearer ", false},          {"Bearer k", false},      {"Bearer k11", false}, {"Basic k1", false},
+      {"Bearer # keys", false},    {"Bearer K1", false},
+  };
+  for (const Case& c : cases) EXPECT_EQ(keys->allows(c.authorization), c.allowed) << "'" << c.authorization << "'";
+  EXPECT_FALSE(ApiKeys::load({" "}, "", nullptr).ok());
+  EXPECT_FALSE(ApiKeys::load({}, file + ".missing", nullptr).ok());
+  {
+    std::ofstream out(file);
+    out << "# only a comment\n";
+  }
+  EXPECT_FALSE(ApiKeys::load({}, file, nullptr).ok());
+  EXPECT_FALSE(ApiKeys::load({}, "", "").value().required());
 }
 
 }  // namespace

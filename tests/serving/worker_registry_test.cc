@@ -1,9 +1,11 @@
 // The router's worker registry with self-registered workers: registration, heartbeats and expiry
 // on a FakeClock (no sleeping, no worker processes: nothing here is polled), and the Registry
 // service's checks of a registering worker.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
+#include "common/secrets.h"
 #include "router/registry_service.h"
 #include "router/worker_registry.h"
 
@@ -116,6 +118,51 @@ TEST(RegistryService, RefusesWorkersTheRouterDoesNotUseAndAnswersItsTimings) {
   RegistryService agg(reg, {"stories260K"}, KvMode::kAggregated);
   req.set_role(worker::ROLE_PREFILL);
   EXPECT_EQ(agg.Register(nullptr, &req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// With cluster tokens, Registry calls need one in their metadata: a worker without it (or with
+// another) cannot register or heartbeat; with it, it registers. The registry's slots are capped.
+TEST(RegistryService, ClusterTokenGuardsRegistrationAndSlotsAreCapped) {
+  FakeClock clock;
+  RegistryOptions o = options();
+  o.max_registered = 2;
+  WorkerRegistry reg({}, o, clock);
+  RegistryService service(reg, {"stories260K"}, KvMode::kPush, {"old-token", "s3cret"});
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  auto server = b.BuildAndStart();
+  auto stub = worker::Registry::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  auto call = [&](const std::string& address, const std::string& token) {
+    grpc::ClientContext ctx;
+    if (!token.empty()) ctx.AddMetadata(kClusterTokenMetadata, token);
+    worker::RegisterRequest req;
+    req.set_address(address);
+    req.set_role(worker::ROLE_DECODE);
+    worker::RegisterResponse resp;
+    return stub->Register(&ctx, req, &resp);
+  };
+  const grpc::Status none = call("127.0.0.1:2001", "");
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(none.error_message().find("--cluster-token-file"), std::string::npos) << none.error_message();
+  EXPECT_EQ(call("127.0.0.1:2001", "s3cre").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(call("127.0.0.1:2001", "s3cret!").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(reg.listed().empty());
+  EXPECT_TRUE(call("127.0.0.1:2001", "s3cret").ok());
+  EXPECT_TRUE(call("127.0.0.1:2002", "old-token").ok());  // A token being rotated out still works.
+  EXPECT_EQ(reg.listed().size(), 2u);
+  {
+    grpc::ClientContext ctx;  // A heartbeat without the token.
+    worker::HeartbeatRequest hb;
+    hb.set_address("127.0.0.1:2001");
+    worker::HeartbeatResponse r;
+    EXPECT_EQ(stub->Heartbeat(&ctx, hb, &r).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // A third address: the registry is full.
+  const grpc::Status full = call("127.0.0.1:2003", "s3cret");
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
+  server->Shutdown();
 }
 
 }  // namespace

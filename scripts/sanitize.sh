@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The tests under sanitizers, in their own build trees (build-asan/, build-tsan/):
+#   scripts/sanitize.sh asan   ASan + UBSan: the unit tests of every component and the router
+#                              and worker integration tests (their worker processes sanitized too)
+#   scripts/sanitize.sh tsan   TSan: the concurrency-heavy suites — router (flows, watchdog,
+#                              registry, HTTP front end), workers, kvtransfer sessions
+# Every finding is fatal (-fno-sanitize-recover), so a race, an overflow or a leak fails the run.
+# Uses the Debian packages setup.sh installs; JOBS (default: cores) as dev.sh.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+jobs=${JOBS:-$(nproc)}
+mode=${1:?usage: $0 asan|tsan [gtest filter]}
+filter=${2:-*}
+"$root/scripts/setup.sh"
+if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
+  export PDSERVE_MODEL_PATH="$root/../shared/models"
+fi
+export PDSERVE_SOURCE_DIR="$root" CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
+# UCX's own malloc/mmap hooks fight the sanitizers' interceptors.
+export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no
+case "$mode" in
+  asan)
+    sanitize=address,undefined
+    tests=(tests/engine/engine_unit_tests tests/tokenizer/tokenizer_unit_tests tests/model/model_unit_tests
+           tests/kvtransfer/kvtransfer_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests
+           tests/transport/transport_unit_tests tests/serving/router_unit_tests tests/serving/worker_unit_tests
+           tests/serving/router_integration_tests tests/serving/worker_integration_tests)
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$root/scripts/sanitizer/lsan.supp"
+    export LSAN_OPTIONS="suppressions=$root/scripts/sanitizer/lsan.supp"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    ;;
+  tsan)
+    sanitize=thread
+    tests=(tests/serving/router_unit_tests tests/serving/worker_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests)
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
+    ;;
+  *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;
+esac
+build="$root/build-$mode"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDSERVE_WITH_CUDA=OFF \
+  -DPDSERVE_SANITIZE="$sanitize" >/dev/null
+# The test executables, and the binaries the integration tests start.
+ninja -C "$build" -j "$jobs" "${tests[@]}" pdserve pdserve-prefill pdserve-decode pdserve-router
+failed=()
+for t in "${tests[@]}"; do
+  echo "=== $mode: $t" >&2
+  (cd "$(dirname "$build/$t")" && "$build/$t" --gtest_filter="$filter" --gtest_brief=1) || failed+=("$t")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "sanitize $mode: failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "sanitize $mode: ${#tests[@]} suites clean" >&2
