@@ -24,15 +24,17 @@ StatusOr<ApiKeys> ApiKeys::load(const std::vector<std::string>& keys, const std:
   return out;
 }
 
-bool ApiKeys::allows(std::string_view authorization) const {
-  if (keys_.empty()) return true;
+std::optional<std::string> ApiKeys::client_of(std::string_view authorization) const {
+  if (keys_.empty()) return std::string();
   const absl::string_view value = absl::StripAsciiWhitespace(absl::string_view(authorization.data(), authorization.size()));
   constexpr absl::string_view kScheme = "bearer ";
-  if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) return false;
+  if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) return std::nullopt;
   const absl::string_view key = absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size()));
-  bool ok = false;
-  for (const std::string& k : keys_) ok |= secret_equal(std::string_view(key.data(), key.size()), k);  // No early exit: every key is compared.
-  return ok;
+  int match = -1;
+  for (size_t i = 0; i < keys_.size(); ++i)  // No early exit: every key is compared.
+    if (secret_equal(std::string_view(key.data(), key.size()), keys_[i])) match = int(i);
+  if (match < 0) return std::nullopt;
+  return absl::StrCat("key", match);
 }
 
 }  // namespace pdserve::router

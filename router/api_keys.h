@@ -4,6 +4,7 @@
 // UNAUTHENTICATED). Health checks stay open; /metrics too unless asked otherwise.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,7 +25,10 @@ class ApiKeys {
   bool required() const { return !keys_.empty(); }
   // Whether an `authorization` value ("Bearer KEY", scheme case-insensitive) carries an
   // accepted key; always true when none is required.
-  bool allows(std::string_view authorization) const;
+  bool allows(std::string_view authorization) const { return client_of(authorization).has_value(); }
+  // The tag of the client an `authorization` value identifies ("key<N>", N the key's index;
+  // "" when no key is required); nullopt when it carries no accepted key.
+  std::optional<std::string> client_of(std::string_view authorization) const;
   size_t size() const { return keys_.size(); }
 
  private:

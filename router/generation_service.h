@@ -23,8 +23,9 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status GetModelInfo(grpc::ServerContext* ctx, const v1::ModelInfoRequest* request, v1::ModelInfo* response) override;
 
  private:
-  // OK when the call carries an accepted key (or none is required), else UNAUTHENTICATED.
-  grpc::Status authorize(grpc::ServerContext* ctx) const;
+  // The caller's client tag (ApiKeys::client_of) when the call carries an accepted key (or
+  // none is required), else UNAUTHENTICATED.
+  grpc::Status authorize(grpc::ServerContext* ctx, std::string* client) const;
 
   Router& router_;
   const ApiKeys& keys_;

@@ -74,7 +74,8 @@ bool peer_closed(int fd) {
 }  // namespace
 
 HttpServer::HttpServer(Router& router, HttpServerOptions options)
-    : router_(router), server_(std::make_unique<httplib::Server>()), id_salt_(std::random_device{}()) {
+    : router_(router), api_keys_(options.api_keys), server_(std::make_unique<httplib::Server>()),
+      id_salt_(std::random_device{}()) {
   server_->set_payload_max_length(options.max_body_bytes);
   server_->new_task_queue = [options] { return new BoundedTaskQueue(options.threads, options.max_queued); };
   server_->set_keep_alive_timeout(options.keep_alive_timeout_s);
@@ -156,6 +157,9 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_format);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
+  // The client's namespace for request ids (the pre-routing check already let it in).
+  const std::string client =
+      api_keys_ != nullptr ? api_keys_->client_of(http_request.get_header_value("Authorization")).value_or("") : "";
   if (chat && !req->max_tokens_given) {
     // OpenAI's chat default: as much as the context leaves.
     v1::GenerateRequest probe = req->request;
@@ -192,14 +196,14 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
       prompt_tokens += r.prompt_token_ids_size();
       if (r.finished()) finish = r.finish_reason();
       return true;
-    });
+    }, client);
     if (!s.ok()) return send_error(res, s);
     res.set_content(completion_body(*req, id, created, model, text, finish, prompt_tokens, completion_tokens).dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, client](size_t, httplib::DataSink& sink) {
     bool first = true;
     // Written here, read by the router's watchdog thread through client_gone.
     std::atomic<bool> gone{false};
@@ -219,7 +223,8 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
           const bool ok = write(sse(chunk_body(*req, id, created, model, r.text(), finish, first)));
           first = false;
           return ok;
-        });
+        },
+        client);
     if (!s.ok()) write(sse(http_error(s).body));
     if (s.ok() && req->include_usage) {
       json u = chunk_body(*req, id, created, model, "", std::nullopt, false);

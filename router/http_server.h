@@ -56,6 +56,7 @@ class HttpServer {
   void handle_generate(const httplib::Request& http_request, bool chat, httplib::Response& res);
 
   Router& router_;
+  const ApiKeys* api_keys_;  // May be null: no keys.
   std::unique_ptr<httplib::Server> server_;
   std::atomic<uint64_t> next_id_{0};  // Response ids: a process-random prefix and this count.
   const uint64_t id_salt_;

@@ -116,11 +116,11 @@ std::string Router::metrics_text() const {
   return metrics_.render(admission_.running(), admission_.waiting(), registry_.gauges());
 }
 
-bool Router::abort(const std::string& request_id) {
+bool Router::abort(const std::string& request_id, const std::string& client) {
   std::shared_ptr<Active> a;
   {
     std::lock_guard lock(active_mu_);
-    auto it = active_.find(request_id);
+    auto it = active_.find(client.empty() ? request_id : absl::StrCat(client, ":", request_id));
     if (it == active_.end()) return false;
     a = it->second;
   }
@@ -247,7 +247,7 @@ Status Router::run_placements(Flow& f) {
         f.finished = true;
         return absl::OkStatus();
       }
-      f.worker_id = absl::StrCat(f.id, "/m", f.migrations);
+      f.worker_id = absl::StrCat(f.act->id, "/m", f.migrations);
     }
     // The last placement's stall (if the watchdog ended it) must not cancel this one's calls.
     f.act->begin_attempt({}, clock_.now());
@@ -286,7 +286,8 @@ Status Router::run_placements(Flow& f) {
   }
 }
 
-Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit) {
+Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit,
+                        const std::string& client) {
   const TimePoint arrival = clock_.now();
   auto prompt = validate(request);
   if (!prompt.ok()) {
@@ -294,7 +295,8 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
     return prompt.status();
   }
   auto act = std::make_shared<Active>();
-  act->id = request.request_id().empty() ? new_request_id() : request.request_id();
+  const std::string client_id = request.request_id().empty() ? new_request_id() : request.request_id();
+  act->id = client.empty() ? client_id : absl::StrCat(client, ":", client_id);
   act->timeout = options_.request_timeout;
   act->deadline = arrival + options_.request_timeout;
   act->client_gone = client_gone;
@@ -306,7 +308,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
       return absl::UnavailableError("the router is draining (shutting down): retry on another router");
     }
     if (!active_.emplace(act->id, act).second)
-      return absl::AlreadyExistsError(absl::StrCat("request id '", act->id, "' is already running"));
+      return absl::AlreadyExistsError(absl::StrCat("request id '", client_id, "' is already running"));
   }
   struct Unregister {
     Router* r;
@@ -323,7 +325,8 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
 
   Flow f;
   f.act = act.get();
-  f.id = f.worker_id = act->id;
+  f.id = client_id;
+  f.worker_id = act->id;
   f.prompt = std::move(*prompt);
   f.sampling = request.sampling();
   f.emit = &emit;

@@ -74,9 +74,12 @@ class Router {
 
   // Runs one request to its end, streaming through `emit`; the returned status is the one the
   // client sees. `client_gone` is polled to notice a cancelled client and stop the workers.
-  Status generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit);
-  // Aborts a running request by id: its workers free it and its stream ends with "abort".
-  bool abort(const std::string& request_id);
+  // `client` names who sent it (its API key's tag; empty without keys): request ids live in the
+  // client's namespace, so one client can neither abort nor collide with another's requests.
+  Status generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit,
+                  const std::string& client = "");
+  // Aborts `client`'s running request by id: its workers free it and its stream ends with "abort".
+  bool abort(const std::string& request_id, const std::string& client = "");
   // Checks a request and returns its prompt tokens: InvalidArgument for a missing or too long
   // prompt, token ids outside the vocabulary or bad sampling values; NotFound for another model.
   StatusOr<std::vector<int>> validate(const v1::GenerateRequest& request) const;

@@ -639,5 +639,37 @@ TEST_F(RouterFlow, MigrationsStopAtTheLimitWithAClearError) {
   EXPECT_TRUE(c.calls().empty());
 }
 
+// Request ids live in each client's namespace: two clients may both run "r", and one cannot
+// abort the other's.
+TEST_F(RouterFlow, RequestIdsArePerClient) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  w.hang = true;
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  v1::GenerateRequest req = request();
+  req.set_request_id("r");
+  Status a, b;
+  std::vector<v1::GenerateResponse> got_a;
+  std::thread ta([&] {
+    a = router_->generate(req, nullptr, [&](const v1::GenerateResponse& r) { got_a.push_back(r); return true; }, "key0");
+  });
+  ASSERT_TRUE(wait_for(w.generate_started, 5s));
+  std::thread tb([&] { b = router_->generate(req, nullptr, [](const v1::GenerateResponse&) { return true; }, "key1"); });
+  for (int i = 0; i < 2000 && router_->in_flight() < 2; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(router_->in_flight(), 2);
+  EXPECT_FALSE(router_->abort("r", "key2"));
+  EXPECT_FALSE(router_->abort("r"));
+  EXPECT_TRUE(router_->abort("r", "key1"));
+  tb.join();
+  EXPECT_TRUE(b.ok()) << b;
+  EXPECT_EQ(router_->in_flight(), 1) << "key0's request went on";
+  EXPECT_TRUE(router_->abort("r", "key0"));
+  ta.join();
+  ASSERT_FALSE(got_a.empty());
+  EXPECT_EQ(got_a.back().request_id(), "r") << "the client sees its own id";
+  EXPECT_EQ(got_a.back().finish_reason(), "abort");
+}
+
 }  // namespace
 }  // namespace pdserve::router
