@@ -21,6 +21,7 @@ Router::Attempt Router::run_aggregated(Flow& f) {
   Status s = read_stream(f, w, ctx, req);
   f.act->remove(&ctx);
   if (s.ok()) {
+    registry_.report_success(w);
     f.prefill_s = f.final_event.prefill_s();
     return {absl::OkStatus(), false};
   }

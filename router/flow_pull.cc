@@ -80,6 +80,8 @@ Router::Attempt Router::run_pull(Flow& f) {
   Status ds = read_stream(f, d, dctx, dreq);
   f.act->remove(&dctx);
   if (ds.ok()) {
+    registry_.report_success(p);
+    registry_.report_success(d);
     f.prefill_s = presp.prefill_s();
     f.kv_transfer_s = f.final_event.kv_transfer_s();
     return {absl::OkStatus(), false};

@@ -100,6 +100,8 @@ Router::Attempt Router::run_push(Flow& f) {
   f.act->remove(&dctx);
 
   if (ds.ok()) {
+    registry_.report_success(d);
+    if (prefill_status.ok()) registry_.report_success(p);
     f.prefill_s = prefill_status.ok() ? presp.prefill_s() : f.final_event.prefill_s();
     f.kv_transfer_s = prefill_status.ok() && presp.kv_transfer_s() > 0 ? presp.kv_transfer_s() : f.final_event.kv_transfer_s();
     return {absl::OkStatus(), false};

@@ -38,6 +38,7 @@ struct Flags {
   int poll_interval_ms = 200;
   int max_message_bytes = 16 << 20;
   int max_migrations = 3;
+  int failure_threshold = 3;
   std::vector<std::string> api_keys;
   std::string api_key_file, cluster_token_file;
   bool metrics_auth = false;
@@ -102,6 +103,7 @@ int run(const Flags& f) {
   ro.max_message_bytes = f.max_message_bytes;
   ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_interval_ms);
   ro.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
+  ro.failure_threshold = f.failure_threshold;
   WorkerRegistry registry(endpoints, ro, RealClock::instance());
   registry.poll_once();
   registry.start();
@@ -214,6 +216,10 @@ int main(int argc, char** argv) {
                  "Times a request is placed again when its workers fail, die or stall (before or after its first "
                  "token; the stream goes on from the tokens already sent)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--failure-threshold", f.failure_threshold,
+                 "Failed requests in a row that mark a worker down (a failed health poll does at once)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--worker-wait-s", f.worker_wait_s,
                  "How long a request waits for a worker when none can take it (all down or full) before it fails")

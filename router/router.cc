@@ -159,8 +159,11 @@ void Router::abort_on_workers(const std::string& worker_request_id, const std::v
   }
 }
 
-void Router::fail_worker(Flow& f, int index, const Status& why) {
-  registry_.mark_down(index, why);
+void Router::fail_worker(Flow& f, int index, const Status& why, bool stalled) {
+  // A stall (no token for the stall timeout, or the registry already saw it down) is evidence
+  // enough; a failed call counts towards the registry's threshold.
+  if (stalled) registry_.mark_down(index, why);
+  else registry_.report_failure(index, why);
   (registry_.role(index) == worker::ROLE_PREFILL ? f.exclude_prefill : f.exclude_decode).push_back(index);
 }
 
@@ -169,7 +172,7 @@ std::optional<Router::Attempt> Router::stalled_attempt(Flow& f) {
   const int w = f.act->stalled(&why);
   if (w < 0 || f.act->stop != Active::kNone) return std::nullopt;
   Status s = absl::UnavailableError(why);
-  fail_worker(f, w, s);
+  fail_worker(f, w, s, /*stalled=*/true);
   return Attempt{s, true};
 }
 

@@ -119,8 +119,9 @@ class Router {
   Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
   // Forwards one non-final worker event to the client.
   void forward(Flow& f, int worker, const worker::WorkerEvent& ev);
-  // Marks worker `index` down for `why` and keeps it out of this request's placements.
-  void fail_worker(Flow& f, int index, const Status& why);
+  // Counts a failure of worker `index` (down after a few in a row) and keeps it out of this
+  // request's placements.
+  void fail_worker(Flow& f, int index, const Status& why, bool stalled = false);
   // The placement the watchdog gave up on (a stalled or down worker), as a failure of that
   // worker; nullopt when the watchdog did not.
   std::optional<Attempt> stalled_attempt(Flow& f);

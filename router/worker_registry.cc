@@ -205,11 +205,31 @@ bool WorkerRegistry::is_up(int index) const {
   return w.listed && w.up;
 }
 
+bool WorkerRegistry::report_failure(int index, const Status& why) {
+  {
+    std::lock_guard lock(mu_);
+    Worker& w = *workers_[index];
+    if (++w.consecutive_failures < options_.failure_threshold) {
+      PD_LOG_WARN("worker {}: a request failed ({} in a row; down at {}): {}", w.endpoint.address,
+                  w.consecutive_failures, options_.failure_threshold, std::string(why.message()));
+      return !w.up;
+    }
+  }
+  mark_down(index, why);
+  return true;
+}
+
+void WorkerRegistry::report_success(int index) {
+  std::lock_guard lock(mu_);
+  workers_[index]->consecutive_failures = 0;
+}
+
 void WorkerRegistry::mark_down(int index, const Status& why) {
   std::lock_guard lock(mu_);
   Worker& w = *workers_[index];
   if (w.up) PD_LOG_WARN("worker {} marked down: {}", w.endpoint.address, std::string(why.message()));
   w.up = false;
+  w.consecutive_failures = 0;
   w.next_poll = clock_.now() + options_.retry_interval;
 }
 

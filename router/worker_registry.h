@@ -34,6 +34,10 @@ struct RegistryOptions {
   // Registry slots (one per address ever registered; they are never freed, so indices stay
   // stable): beyond, registration is refused, so a misbehaving client cannot grow it unbounded.
   int max_registered = 1024;
+  // Failed request RPCs in a row (no request served between) that mark a worker down: one error
+  // (a client's bad luck, a request the worker refused) is not enough. A failed health poll still
+  // marks it down at once.
+  int failure_threshold = 3;
 };
 
 // "prefill", "decode", "aggregated" or "unspecified".
@@ -70,8 +74,14 @@ class WorkerRegistry {
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that a request was sent to `index` (counted in its load until the next poll).
   void note_assigned(int index, int blocks, int64_t prefill_tokens);
-  // Marks `index` down after a failed RPC; it is probed again after retry_interval.
+  // Marks `index` down at once; it is probed again (Worker.Info) after retry_interval and is
+  // up again when that answers.
   void mark_down(int index, const Status& why);
+  // A request RPC to `index` failed for `why`: after failure_threshold in a row it is marked
+  // down. Returns whether it is down now.
+  bool report_failure(int index, const Status& why);
+  // A request was served by `index`: its run of failures ends.
+  void report_success(int index);
   const RegistryOptions& options() const { return options_; }
   // Per-worker gauges for /metrics.
   std::vector<WorkerGauges> gauges() const;
@@ -107,6 +117,7 @@ class WorkerRegistry {
     int assigned_requests = 0;
     int assigned_blocks = 0;
     int64_t assigned_prefill_tokens = 0;
+    int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
   };
   void apply_poll(int index, const Status& status, const worker::WorkerInfo& info);
   void poll_loop();

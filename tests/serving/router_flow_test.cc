@@ -195,10 +195,11 @@ struct Result {
 
 class RouterFlow : public ::testing::Test {
  protected:
-  void start(std::vector<std::pair<FakeWorker*, worker::Role>> workers, RouterOptions options, const Clock& clock = RealClock::instance()) {
+  void start(std::vector<std::pair<FakeWorker*, worker::Role>> workers, RouterOptions options,
+             const Clock& clock = RealClock::instance(), RegistryOptions registry_options = {}) {
     std::vector<WorkerRegistry::Endpoint> eps;
     for (auto& [w, role] : workers) eps.push_back({w->address, role});
-    registry_ = std::make_unique<WorkerRegistry>(eps, RegistryOptions{}, clock);
+    registry_ = std::make_unique<WorkerRegistry>(eps, registry_options, clock);
     registry_->poll_once();
     router_ = std::make_unique<Router>(options, stories_model(), *registry_, metrics_, clock);
   }
@@ -320,7 +321,10 @@ TEST_F(RouterFlow, PushFailureOfTheDecodeSideIsNotBlamedOnThePrefillWorker) {
   FakeWorker p(worker::ROLE_PREFILL), dead(worker::ROLE_DECODE), alive(worker::ROLE_DECODE);
   p.blame_peer = 1;
   dead.fail_generate = true;
-  start({{&p, worker::ROLE_PREFILL}, {&dead, worker::ROLE_DECODE}, {&alive, worker::ROLE_DECODE}}, RouterOptions{});
+  RegistryOptions one_strike;
+  one_strike.failure_threshold = 1;
+  start({{&p, worker::ROLE_PREFILL}, {&dead, worker::ROLE_DECODE}, {&alive, worker::ROLE_DECODE}}, RouterOptions{},
+        RealClock::instance(), one_strike);
   v1::GenerateRequest req = request();
   req.set_request_id("r");
   Result r = run(req);
@@ -669,6 +673,29 @@ TEST_F(RouterFlow, RequestIdsArePerClient) {
   ASSERT_FALSE(got_a.empty());
   EXPECT_EQ(got_a.back().request_id(), "r") << "the client sees its own id";
   EXPECT_EQ(got_a.back().finish_reason(), "abort");
+}
+
+// One failed request does not mark a worker down: failure_threshold failures in a row do, and
+// a request it serves in between ends the run. A down worker is up again once its probe answers.
+TEST_F(RouterFlow, AWorkerIsMarkedDownAfterConsecutiveFailuresOnly) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  const Status why = absl::UnavailableError("x");
+  ASSERT_EQ(RegistryOptions{}.failure_threshold, 3);
+  EXPECT_FALSE(registry_->report_failure(0, why));
+  EXPECT_FALSE(registry_->report_failure(0, why));
+  registry_->report_success(0);
+  EXPECT_FALSE(registry_->report_failure(0, why));
+  EXPECT_FALSE(registry_->report_failure(0, why));
+  EXPECT_TRUE(registry_->is_up(0));
+  EXPECT_TRUE(registry_->report_failure(0, why));
+  EXPECT_FALSE(registry_->is_up(0));
+  std::this_thread::sleep_for(1100ms);  // The retry interval.
+  registry_->poll_once();
+  EXPECT_TRUE(registry_->is_up(0));
+  EXPECT_FALSE(registry_->report_failure(0, why)) << "the count starts again after a mark-down";
 }
 
 }  // namespace
