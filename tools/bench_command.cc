@@ -64,8 +64,16 @@ StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::G
   }
   PD_RETURN_IF_ERROR(eng->run_until_idle());
   int mismatched = 0;
-  for (size_t i = 0; i < requests.size(); ++i)
-    if (records[i].ok && records[i].tokens != want[i]) ++mismatched;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (!records[i].ok || records[i].tokens == want[i]) continue;
+    if (mismatched++ > 0) continue;
+    const std::vector<int>& got = records[i].tokens;
+    size_t at = 0;
+    while (at < got.size() && at < want[i].size() && got[at] == want[i][at]) ++at;
+    std::cerr << "bench: request " << i << " (prompt " << requests[i].token_ids().ids_size() << " tokens, "
+              << records[i].migrations << " migrations) differs from the in-process engine at output token " << at
+              << ": got " << got.size() << " tokens, want " << want[i].size() << "\n";
+  }
   return mismatched;
 }
 
@@ -121,6 +129,7 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
     last = now;
     rec.output_tokens += r.token_ids_size();
     rec.tokens.insert(rec.tokens.end(), r.token_ids().begin(), r.token_ids().end());
+    if (r.finished()) rec.migrations = r.migrations();
   });
   rec.e2e_s = seconds_since(t0);
   rec.ok = s.ok();

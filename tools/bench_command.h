@@ -26,6 +26,7 @@ struct RequestRecord {
   double e2e_s = 0;
   std::vector<double> itl_s;  // Gaps between consecutive token-carrying messages.
   std::vector<int> tokens;    // The streamed token ids (checked with --verify-model).
+  int migrations = 0;         // The router's count, from the final message.
 };
 
 // The p-th percentile (0..100) of `values`, interpolating linearly between ranks (numpy's
