@@ -61,6 +61,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   read -r c f m < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0))' "$work/round.json")
   sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m))
   [ "$f" -gt 0 ] && grep -m1 'first failure' "$work/bench.err" >&2 || true
+  [ "$m" -gt 0 ] && grep -m1 'differs from the in-process engine' "$work/bench.err" >&2 || true
   rm -f "$work/round.json"
 done
 wait "$killer" || true
