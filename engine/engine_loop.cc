@@ -97,26 +97,45 @@ void EngineLoop::shutdown() {
 }
 
 void EngineLoop::run() {
+  // Never calls into the engine while holding mu_: the engine holds its own lock while it calls a
+  // sink, which takes mu_ (on_event), so holding mu_ around engine calls inverts the lock order.
+  auto active_ids = [this] {
+    std::vector<std::string> ids;
+    for (const auto& [id, a] : active_) ids.push_back(id);
+    return ids;
+  };
   std::unique_lock lock(mu_);
   while (true) {
     if (stopping_) {
-      if (active_.empty() && !engine_->has_work()) break;
+      const std::vector<std::string> ids = active_ids();
+      lock.unlock();
+      if (ids.empty() && !engine_->has_work()) break;
       // Re-issued every step: a submit racing with shutdown may have queued its request after
       // an earlier abort of the same id was applied.
-      for (const auto& [id, a] : active_) engine_->abort(id);
-    } else if (!work_ && !engine_->has_work()) {
-      wake_.wait(lock, [&] { return work_ || stopping_; });
-      continue;
+      for (const std::string& id : ids) engine_->abort(id);
+      lock.lock();
+    } else if (!work_) {
+      lock.unlock();
+      const bool busy = engine_->has_work();
+      lock.lock();
+      // A submit meanwhile set work_ under mu_, so the wait cannot miss it.
+      if (!busy) {
+        wake_.wait(lock, [&] { return work_ || stopping_; });
+        continue;
+      }
     }
     work_ = false;
     lock.unlock();
     // One step per round, so that shutdown is noticed between steps.
     Status s = engine_->step();
-    lock.lock();
     if (!s.ok()) {
       PD_LOG_ERROR("engine step failed: {}; aborting its requests", s.ToString());
-      for (const auto& [id, a] : active_) engine_->abort(id);
+      lock.lock();
+      const std::vector<std::string> ids = active_ids();
+      lock.unlock();
+      for (const std::string& id : ids) engine_->abort(id);
     }
+    lock.lock();
   }
 }
 

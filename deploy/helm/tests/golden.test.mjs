@@ -1,6 +1,7 @@
 // Golden renders: `helm template` of every preset (with the monitoring API present, so the
 // ServiceMonitor/PodMonitor/PrometheusRule are covered too) must equal golden/<preset>.yaml, with
-// Helm 3 and Helm 4 alike. A change to the chart that changes a render shows up as a diff here.
+// Helm 3 and Helm 4 alike, and so must the extra cases below (golden/<name>.yaml: a preset plus a
+// values fixture from values/). A change to the chart that changes a render shows up as a diff here.
 //
 // Regenerate after an intended change (then review the diff):
 //   UPDATE_GOLDEN=1 node --test deploy/helm/tests/golden.test.mjs
@@ -8,7 +9,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { GOLDEN, PRESETS, render } from './lib.mjs';
+import { GOLDEN, PRESETS, fixture, render } from './lib.mjs';
 
 const update = process.env.UPDATE_GOLDEN === '1';
 
@@ -25,19 +26,27 @@ function firstDiff(want, got) {
   return 'no difference';
 }
 
-for (const preset of PRESETS) {
-  const file = join(GOLDEN, `${preset}.yaml`);
-  const opts = { preset, apiVersions: ['monitoring.coreos.com/v1'] };
-  test(`golden ${preset}`, () => {
+const monitoring = ['monitoring.coreos.com/v1'];
+const CASES = [
+  ...PRESETS.map((preset) => ({ name: preset, opts: { preset, apiVersions: monitoring } })),
+  // Both auth Secrets (API keys with /metrics behind a key, the cluster token) and every optional
+  // router flag: the Secret volumes and mounts, --api-key-file/--cluster-token-file, the test pod's
+  // PDSERVE_API_KEY and the ServiceMonitor's bearer credentials.
+  { name: 'cpu-auth', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml')] } },
+];
+
+for (const { name, opts } of CASES) {
+  const file = join(GOLDEN, `${name}.yaml`);
+  test(`golden ${name}`, () => {
     const got = render({ ...opts, helm: 4 }).text;
     if (update) writeFileSync(file, got);
     assert.ok(existsSync(file), `${file} is missing: run with UPDATE_GOLDEN=1`);
     const want = readFileSync(file, 'utf8');
-    assert.ok(got === want, `helm 4 render of ${preset} differs from ${file} (UPDATE_GOLDEN=1 to accept):\n${firstDiff(want, got)}`);
+    assert.ok(got === want, `helm 4 render of ${name} differs from ${file} (UPDATE_GOLDEN=1 to accept):\n${firstDiff(want, got)}`);
   });
-  test(`golden ${preset} (helm 3 renders the same)`, () => {
+  test(`golden ${name} (helm 3 renders the same)`, () => {
     const got = render({ ...opts, helm: 3 }).text;
     const want = readFileSync(file, 'utf8');
-    assert.ok(got === want, `helm 3 render of ${preset} differs from ${file}:\n${firstDiff(want, got)}`);
+    assert.ok(got === want, `helm 3 render of ${name} differs from ${file}:\n${firstDiff(want, got)}`);
   });
 }

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
-  CHART, PRESETS, YAML, allContainers, byKind, deployment, envValue, find, flag, helm, mainContainer, podSpecs, render, selects,
+  CHART, PRESETS, YAML, allContainers, byKind, deployment, envValue, find, fixture, flag, helm, mainContainer, podSpecs, render, selects,
 } from './lib.mjs';
 
 const ROLES = ['prefill', 'decode'];
@@ -17,7 +17,9 @@ const everythingOn = render({
     'prefill.autoscaling.enabled=true', 'router.autoscaling.enabled=true', 'prefill.hugepages.enabled=true',
     'model.source=download'],
 }).docs;
-const all = { ...presets, 'everything-on': everythingOn };
+// Both auth Secrets, /metrics behind a key and every optional router flag (values/auth.yaml).
+const authOn = render({ preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml')] }).docs;
+const all = { ...presets, 'everything-on': everythingOn, auth: authOn };
 
 const resourcesOf = (docs, role) => mainContainer(deployment(docs, role)).resources;
 const caps = (c) => c.securityContext?.capabilities?.add ?? [];
@@ -288,7 +290,7 @@ test('workers register through the headless, not-ready-publishing registry Servi
 
 test('workers run the right program, device and model flags', () => {
   for (const [name, docs] of Object.entries(all)) {
-    const device = { default: 'cuda', cpu: 'cpu', 'nvidia-h200': 'cuda', 'amd-mi355x': 'hip', 'everything-on': 'cuda' }[name];
+    const device = { default: 'cuda', cpu: 'cpu', 'nvidia-h200': 'cuda', 'amd-mi355x': 'hip', 'everything-on': 'cuda', auth: 'cpu' }[name];
     for (const role of ROLES) {
       const c = mainContainer(deployment(docs, role));
       assert.deepEqual(c.command, [`/opt/pdserve/bin/pdserve-${role}`]);
@@ -461,6 +463,114 @@ test('helm test pod: pdserve check (gRPC health, model info, /v1/models, 1-token
     assert.deepEqual(steps[1].args.slice(0, 3), ['generate', '--router', 'pd-pdserve-router:50051']);
   }
   assert.equal(byKind(render({ set: ['tests.enabled=false'] }).docs, 'Pod').length, 0);
+});
+
+const AUTH_FLAGS = ['--api-key', '--api-key-file', '--metrics-auth', '--cluster-token-file'];
+const KEYS_FILE = '/etc/pdserve/api-keys/keys';
+const TOKEN_FILE = '/etc/pdserve/cluster-token/token';
+const podVolume = (d, name) => (d.spec.template.spec.volumes ?? []).find((v) => v.name === name);
+const podMount = (d, name) => (mainContainer(d).volumeMounts ?? []).find((m) => m.name === name);
+const secretVolume = (secretName, key, path) => ({ secretName, items: [{ key, path }], defaultMode: 0o440 });
+
+test('auth is off by default: no key or token flags, no Secret volumes, no PDSERVE_API_KEY', () => {
+  for (const [name, docs] of Object.entries({ ...presets, 'everything-on': everythingOn })) {
+    for (const { owner, spec } of podSpecs(docs)) {
+      assert.ok(!(spec.volumes ?? []).some((v) => v.secret), `${name} ${owner} mounts a Secret`);
+      for (const c of allContainers(spec)) {
+        for (const f of AUTH_FLAGS) assert.equal(flag(c, f), undefined, `${name} ${owner} ${c.name} ${f}`);
+        assert.ok(!(c.env ?? []).some((e) => e.name === 'PDSERVE_API_KEY'), `${name} ${owner} ${c.name} PDSERVE_API_KEY`);
+      }
+    }
+    for (const sm of byKind(docs, 'ServiceMonitor')) for (const e of sm.spec.endpoints) assert.equal(e.authorization, undefined, name);
+  }
+});
+
+test('auth: API keys into the router, the cluster token into the router and every worker, read-only from the Secrets', () => {
+  const docs = authOn;
+  const router = deployment(docs, 'router');
+  const rc = mainContainer(router);
+  assert.equal(flag(rc, '--api-key-file'), KEYS_FILE);
+  assert.equal(flag(rc, '--metrics-auth'), true);
+  assert.deepEqual(podVolume(router, 'api-keys').secret, secretVolume('pd-api-keys', 'keys.txt', 'keys'));
+  assert.deepEqual(podMount(router, 'api-keys'), { name: 'api-keys', mountPath: '/etc/pdserve/api-keys', readOnly: true });
+  for (const component of ['router', ...ROLES]) {
+    const d = deployment(docs, component);
+    const c = mainContainer(d);
+    assert.equal(flag(c, '--cluster-token-file'), TOKEN_FILE, component);
+    assert.deepEqual(podVolume(d, 'cluster-token').secret, secretVolume('pd-cluster-token', 'token', 'token'), component);
+    assert.deepEqual(podMount(d, 'cluster-token'), { name: 'cluster-token', mountPath: '/etc/pdserve/cluster-token', readOnly: true }, component);
+    // Each flag's file is the Secret's item inside its mount (a whole-directory mount, no subPath,
+    // so an updated Secret reaches the file).
+    for (const [f, vol] of [['--api-key-file', 'api-keys'], ['--cluster-token-file', 'cluster-token']]) {
+      const path = flag(c, f);
+      if (path === undefined) continue;
+      assert.equal(path, `${podMount(d, vol).mountPath}/${podVolume(d, vol).secret.items[0].path}`, `${component} ${f}`);
+      assert.equal(podMount(d, vol).subPath, undefined);
+    }
+  }
+  for (const role of ROLES) {
+    const d = deployment(docs, role);
+    assert.equal(flag(mainContainer(d), '--api-key-file'), undefined, `${role} gets no client keys`);
+    assert.equal(flag(mainContainer(d), '--metrics-auth'), undefined, `${role}: --metrics-auth is a router flag`);
+    assert.equal(podVolume(d, 'api-keys'), undefined, role);
+  }
+  // The chart's own clients send the test key, by reference.
+  const pod = find(docs, 'Pod', 'pd-pdserve-test');
+  for (const c of allContainers(pod.spec)) {
+    assert.deepEqual(c.env, [{ name: 'PDSERVE_API_KEY', valueFrom: { secretKeyRef: { name: 'pd-api-keys', key: 'test-key' } } }], c.name);
+  }
+  assert.deepEqual(find(docs, 'ServiceMonitor', 'pd-pdserve-router').spec.endpoints[0].authorization,
+    { type: 'Bearer', credentials: { name: 'pd-api-keys', key: 'test-key' } });
+  // Never a secret value: no Secret object, no literal env value.
+  assert.equal(byKind(docs, 'Secret').length, 0);
+  for (const { spec } of podSpecs(docs)) for (const c of allContainers(spec)) assert.equal(envValue(c, 'PDSERVE_API_KEY'), undefined);
+});
+
+test('auth: each Secret alone; the test key defaults to secretKey; /metrics stays open without metricsNeedKey', () => {
+  const keys = render({ apiVersions: monitoring, set: ['auth.apiKeys.existingSecret=my-keys'] }).docs;
+  const router = deployment(keys, 'router');
+  assert.equal(flag(mainContainer(router), '--api-key-file'), KEYS_FILE);
+  assert.equal(flag(mainContainer(router), '--metrics-auth'), undefined);
+  assert.deepEqual(podVolume(router, 'api-keys').secret, secretVolume('my-keys', 'api-keys', 'keys'));
+  for (const c of ['router', ...ROLES]) {
+    assert.equal(flag(mainContainer(deployment(keys, c)), '--cluster-token-file'), undefined, c);
+    assert.equal(podVolume(deployment(keys, c), 'cluster-token'), undefined, c);
+  }
+  const pod = find(keys, 'Pod', 'pd-pdserve-test');
+  for (const c of allContainers(pod.spec)) assert.deepEqual(c.env[0].valueFrom.secretKeyRef, { name: 'my-keys', key: 'api-keys' }, c.name);
+  assert.equal(find(keys, 'ServiceMonitor', 'pd-pdserve-router').spec.endpoints[0].authorization, undefined);
+  // metricsNeedKey without a separate test key: the ServiceMonitor sends secretKey's content.
+  const scraped = render({ apiVersions: monitoring, set: ['auth.apiKeys.existingSecret=my-keys', 'auth.metricsNeedKey=true'] }).docs;
+  assert.deepEqual(find(scraped, 'ServiceMonitor', 'pd-pdserve-router').spec.endpoints[0].authorization.credentials, { name: 'my-keys', key: 'api-keys' });
+
+  const token = render({ set: ['auth.clusterToken.existingSecret=my-token'] }).docs;
+  for (const c of ['router', ...ROLES]) {
+    const d = deployment(token, c);
+    assert.equal(flag(mainContainer(d), '--cluster-token-file'), TOKEN_FILE, c);
+    assert.deepEqual(podVolume(d, 'cluster-token').secret, secretVolume('my-token', 'cluster-token', 'token'), c);
+    assert.equal(podVolume(d, 'api-keys'), undefined, c);
+  }
+  assert.equal(flag(mainContainer(deployment(token, 'router')), '--api-key-file'), undefined);
+  for (const c of allContainers(find(token, 'Pod', 'pd-pdserve-test').spec)) assert.equal(c.env, undefined, 'no key to send');
+});
+
+test('router flags: each optional one only when set (0 too where the router allows it)', () => {
+  const want = { '--max-running': '64', '--max-waiting': '256', '--request-timeout': '300', '--max-migrations': '0',
+    '--poll-interval-ms': '250', '--stall-timeout-s': '2.5', '--worker-wait-s': '0', '--failure-threshold': '5' };
+  const rc = mainContainer(deployment(authOn, 'router'));
+  for (const [f, v] of Object.entries(want)) assert.equal(flag(rc, f), v, f);
+  for (const [name, docs] of Object.entries(presets)) {
+    for (const f of Object.keys(want)) assert.equal(flag(mainContainer(deployment(docs, 'router')), f), undefined, `${name} ${f}`);
+  }
+  // --set gives integers; the seconds flags take fractions from a values file or --set-json.
+  const set = mainContainer(deployment(render({ set: ['router.maxMigrations=7', 'router.stallTimeoutSeconds=10',
+    'router.failureThreshold=1'], setJson: ['router.workerWaitSeconds=0.5'] }).docs, 'router'));
+  assert.deepEqual([flag(set, '--max-migrations'), flag(set, '--stall-timeout-s'), flag(set, '--worker-wait-s'), flag(set, '--failure-threshold')],
+    ['7', '10', '0.5', '1']);
+  // router.extraArgs still come last, after the auth flags.
+  const extra = mainContainer(deployment(render({ set: ['auth.apiKeys.existingSecret=k'],
+    setJson: ['router.extraArgs=["--max-message-bytes=1024"]'] }).docs, 'router'));
+  assert.deepEqual(extra.args.slice(-2), ['--api-key-file=/etc/pdserve/api-keys/keys', '--max-message-bytes=1024']);
 });
 
 test('the dashboard is valid JSON over metric names pdserve exports', () => {

@@ -11,6 +11,8 @@ export const GOLDEN = join(here, 'golden');
 export const KUBE_VERSION = '1.31.0';
 // "default" is values.yaml alone; the others add values-<name>.yaml.
 export const PRESETS = ['default', 'cpu', 'nvidia-h200', 'amd-mi355x'];
+// Values files the tests add on top of a preset (values/<name>.yaml).
+export const fixture = (name) => join(here, 'values', name);
 
 function tools() {
   if (!process.env.HELM4 || !process.env.CHART_TOOLS_DIR) {

@@ -2,7 +2,7 @@
 // run; --strict turns lint warnings into failures).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CHART, KUBE_VERSION, PRESETS, helm, presetFiles } from './lib.mjs';
+import { CHART, KUBE_VERSION, PRESETS, fixture, helm, presetFiles } from './lib.mjs';
 
 for (const version of [3, 4]) {
   for (const preset of PRESETS) {
@@ -19,6 +19,11 @@ for (const version of [3, 4]) {
       '--set', 'monitoring.dashboards.enabled=true', '--set', 'networkPolicy.enabled=true',
       '--set', 'networkPolicy.defaultDeny=true', '--set', 'prefill.autoscaling.enabled=true',
       '--set', 'router.autoscaling.enabled=true']);
+    assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
+  });
+  test(`helm ${version} lint --strict cpu with both auth Secrets and the router flags (values/auth.yaml)`, () => {
+    const r = helm(version, ['lint', '--strict', CHART, '--kube-version', KUBE_VERSION,
+      ...presetFiles('cpu').flatMap((f) => ['-f', f]), '-f', fixture('auth.yaml')]);
     assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
   });
 }

@@ -17,6 +17,16 @@ const CASES = [
   { name: 'unknown vendor', opts: { set: ['accelerator.vendor=intel'] }, want: [/accelerator/, /vendor/] },
   { name: 'router without replicas', opts: { set: ['router.replicas=0'] }, want: [/router/, /replicas/] },
   { name: 'TP above 8', opts: { set: ['decode.tensorParallel=16'] }, want: [/decode/, /tensorParallel/] },
+  { name: 'router failure threshold 0', opts: { set: ['router.failureThreshold=0'] }, want: [/router/, /failureThreshold/] },
+  { name: 'fractional router failure threshold', opts: { setJson: ['router.failureThreshold=1.5'] }, want: [/router/, /failureThreshold/] },
+  { name: 'router stall timeout 0', opts: { set: ['router.stallTimeoutSeconds=0'] }, want: [/router/, /stallTimeoutSeconds/] },
+  { name: 'negative router worker wait', opts: { set: ['router.workerWaitSeconds=-1'] }, want: [/router/, /workerWaitSeconds/] },
+  { name: 'negative router max migrations', opts: { set: ['router.maxMigrations=-1'] }, want: [/router/, /maxMigrations/] },
+  { name: 'typo in auth', opts: { set: ['auth.apiKey.existingSecret=keys'] }, want: [/auth/, /apiKey/] },
+  { name: 'Secret name that is no Kubernetes name', opts: { set: ['auth.clusterToken.existingSecret=My_Token'] },
+    want: [/clusterToken/, /existingSecret/] },
+  { name: 'empty Secret key', opts: { set: ['auth.apiKeys.existingSecret=keys', 'auth.apiKeys.secretKey='] }, want: [/apiKeys/, /secretKey/] },
+  { name: 'metricsNeedKey not a bool', opts: { set: ['auth.metricsNeedKey=yes'] }, want: [/auth/, /metricsNeedKey/] },
   // _validate.tpl
   { name: 'TP 3', opts: { set: ['prefill.tensorParallel=3'] }, want: ['prefill.tensorParallel must be 1, 2, 4 or 8 (got 3)'] },
   { name: 'GPU vendor on the CPU preset', opts: { preset: 'cpu', set: ['accelerator.vendor=nvidia'] },
@@ -76,6 +86,10 @@ const CASES = [
     want: ['networkPolicy.defaultDeny needs networkPolicy.enabled'] },
   { name: 'runtime class on AMD', opts: { preset: 'amd-mi355x', set: ['accelerator.runtimeClassName=nvidia'] },
     want: ['accelerator.runtimeClassName "nvidia" is for NVIDIA nodes'] },
+  { name: 'metrics behind a key without API keys', opts: { set: ['auth.metricsNeedKey=true'] },
+    want: ['auth.metricsNeedKey needs auth.apiKeys.existingSecret'] },
+  { name: 'test key without the Secret', opts: { set: ['auth.apiKeys.testKeySecretKey=test-key'] },
+    want: ['auth.apiKeys.testKeySecretKey "test-key" is set but auth.apiKeys.existingSecret is empty'] },
 ];
 
 for (const version of [3, 4]) {

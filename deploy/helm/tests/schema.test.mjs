@@ -11,7 +11,7 @@ import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { PRESETS, TOOLS, render } from './lib.mjs';
+import { PRESETS, TOOLS, fixture, render } from './lib.mjs';
 
 // apiVersion group -> [npm package, import path prefix]
 const PACKAGES = {
@@ -41,6 +41,9 @@ const CASES = [
     setJson: ['decode.autoscaling.hpa.metrics=[{"type":"Pods","pods":{"metric":{"name":"pdserve_worker_num_requests_running"},"target":{"type":"AverageValue","averageValue":"64"}}}]',
       'networkPolicy.clients=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"apps"}}}]'] } },
   { name: 'cpu-hostpath', opts: { preset: 'cpu', set: ['model.source=hostPath', 'model.hostPath.path=/srv/models', 'ucx.preset=none'] } },
+  // Secret volumes, secretKeyRef env and the ServiceMonitor's bearer credentials.
+  { name: 'auth', opts: { preset: 'nvidia-h200', apiVersions: monitoring, values: [fixture('auth.yaml')],
+    set: ['networkPolicy.enabled=true', 'model.source=download'] } },
 ];
 
 const rendered = CASES.map((c) => ({ ...c, docs: render(c.opts).docs }));

@@ -322,6 +322,87 @@ namespace, and such a lane fails at connect time. */}}
 {{- toYaml $env -}}
 {{- end -}}
 
+{{/* Authentication ------------------------------------------------------------------------------- */}}
+
+{{/* Only references to Secrets the user created: no secret value is ever rendered. Each Secret's key
+is mounted as a file in a directory of its own (no subPath, so an updated Secret reaches the file;
+the programs read it when they start). */}}
+{{- define "pdserve.apiKeysFile" -}}/etc/pdserve/api-keys/keys{{- end -}}
+{{- define "pdserve.clusterTokenFile" -}}/etc/pdserve/cluster-token/token{{- end -}}
+
+{{/* The Secret key holding the one API key the chart's own clients send (helm test, ServiceMonitor). */}}
+{{- define "pdserve.testKeySecretKey" -}}
+{{- default .Values.auth.apiKeys.secretKey .Values.auth.apiKeys.testKeySecretKey -}}
+{{- end -}}
+
+{{/* Auth flags, one "- flag" line each. ctx: {root, router: bool} (workers: the cluster token only) */}}
+{{- define "pdserve.authArgs" -}}
+{{- $a := .root.Values.auth -}}
+{{- $args := list -}}
+{{- if and .router $a.apiKeys.existingSecret -}}
+{{- $args = append $args (printf "--api-key-file=%s" (include "pdserve.apiKeysFile" .root)) -}}
+{{- if $a.metricsNeedKey -}}
+{{- $args = append $args "--metrics-auth" -}}
+{{- end -}}
+{{- end -}}
+{{- if $a.clusterToken.existingSecret -}}
+{{- $args = append $args (printf "--cluster-token-file=%s" (include "pdserve.clusterTokenFile" .root)) -}}
+{{- end -}}
+{{- range $i, $arg := $args }}{{ if $i }}{{ "\n" }}{{ end }}- {{ $arg }}{{ end -}}
+{{- end -}}
+
+{{/* ctx: {root, router: bool} */}}
+{{- define "pdserve.authVolumes" -}}
+{{- $a := .root.Values.auth -}}
+{{- $out := list -}}
+{{- if and .router $a.apiKeys.existingSecret -}}
+{{- $out = append $out (dict "name" "api-keys" "secret" $a.apiKeys.existingSecret "key" $a.apiKeys.secretKey "path" (include "pdserve.apiKeysFile" .root | base)) -}}
+{{- end -}}
+{{- if $a.clusterToken.existingSecret -}}
+{{- $out = append $out (dict "name" "cluster-token" "secret" $a.clusterToken.existingSecret "key" $a.clusterToken.secretKey "path" (include "pdserve.clusterTokenFile" .root | base)) -}}
+{{- end -}}
+{{- range $i, $v := $out }}
+{{- if $i }}{{ "\n" }}{{ end -}}
+- name: {{ $v.name }}
+  secret:
+    secretName: {{ $v.secret | quote }}
+    items:
+      - key: {{ $v.key | quote }}
+        path: {{ $v.path }}
+    # 0440: the pods' fsGroup reads it, nobody else.
+    defaultMode: 288
+{{- end -}}
+{{- end -}}
+
+{{/* ctx: {root, router: bool} */}}
+{{- define "pdserve.authMounts" -}}
+{{- $a := .root.Values.auth -}}
+{{- $out := list -}}
+{{- if and .router $a.apiKeys.existingSecret -}}
+{{- $out = append $out (dict "name" "api-keys" "dir" (include "pdserve.apiKeysFile" .root | dir)) -}}
+{{- end -}}
+{{- if $a.clusterToken.existingSecret -}}
+{{- $out = append $out (dict "name" "cluster-token" "dir" (include "pdserve.clusterTokenFile" .root | dir)) -}}
+{{- end -}}
+{{- range $i, $v := $out }}
+{{- if $i }}{{ "\n" }}{{ end -}}
+- name: {{ $v.name }}
+  mountPath: {{ $v.dir }}
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
+{{/* The helm test pod's API key, from the Secret (PDSERVE_API_KEY: pdserve check and generate read it). */}}
+{{- define "pdserve.testApiKeyEnv" -}}
+{{- with .Values.auth.apiKeys.existingSecret -}}
+- name: PDSERVE_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ include "pdserve.testKeySecretKey" $ | quote }}
+{{- end -}}
+{{- end -}}
+
 {{/* Monitoring ----------------------------------------------------------------------------------- */}}
 
 {{/* "true" when a monitoring object of this kind renders. ctx: {root, enabled, key} */}}

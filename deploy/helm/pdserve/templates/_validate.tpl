@@ -142,6 +142,15 @@ Called once, from validate.yaml. */}}
 {{- end -}}
 {{- end -}}
 
+{{- /* Authentication. */ -}}
+{{- $auth := $v.auth -}}
+{{- if and $auth.metricsNeedKey (not $auth.apiKeys.existingSecret) -}}
+{{- $errors = append $errors "auth.metricsNeedKey needs auth.apiKeys.existingSecret: without API keys the router has no key to ask /metrics for" -}}
+{{- end -}}
+{{- if and $auth.apiKeys.testKeySecretKey (not $auth.apiKeys.existingSecret) -}}
+{{- $errors = append $errors (printf "auth.apiKeys.testKeySecretKey %q is set but auth.apiKeys.existingSecret is empty: name the Secret it is a key of" $auth.apiKeys.testKeySecretKey) -}}
+{{- end -}}
+
 {{- /* NetworkPolicy default-deny without the allow-list would cut the release off. */ -}}
 {{- if and $v.networkPolicy.defaultDeny (not $v.networkPolicy.enabled) -}}
 {{- $errors = append $errors "networkPolicy.defaultDeny needs networkPolicy.enabled (the allow-list policies), or pdserve's own traffic is denied too" -}}
