@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/ascii.h"
 #include "proto/grpc_status.h"
 
 namespace pdserve::tools {
@@ -37,7 +38,9 @@ void RouterClient::authorize(grpc::ClientContext& ctx) const {
 std::string api_key_or_env(const std::string& flag) {
   if (!flag.empty()) return flag;
   const char* env = std::getenv("PDSERVE_API_KEY");
-  return env != nullptr ? env : "";
+  if (env == nullptr) return "";
+  const absl::string_view key = absl::StripAsciiWhitespace(env);  // A Secret's trailing newline.
+  return std::string(key.data(), key.size());
 }
 
 StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect_worker(const std::string& address, Duration wait) {
