@@ -2,8 +2,11 @@
 # The tests under sanitizers, in their own build trees (build-asan/, build-tsan/):
 #   scripts/sanitize.sh asan   ASan + UBSan: the unit tests of every component and the router
 #                              and worker integration tests (their worker processes sanitized too)
-#   scripts/sanitize.sh tsan   TSan: the concurrency-heavy suites — router (flows, watchdog,
-#                              registry, HTTP front end), workers, kvtransfer sessions
+#   scripts/sanitize.sh tsan   TSan: the concurrency that does not run inside gRPC — the engine
+#                              loop, the prefill/decode roles and KV ranks, admission, the HTTP
+#                              task queue, block release, kvtransfer sessions. (Suites built on
+#                              gRPC servers report races inside Debian's uninstrumented libgrpc
+#                              and Abseil; they need an instrumented gRPC first.)
 # Every finding is fatal (-fno-sanitize-recover), so a race, an overflow or a leak fails the run.
 # Uses the Debian packages setup.sh installs; JOBS (default: cores) as dev.sh.
 set -euo pipefail
@@ -31,7 +34,9 @@ case "$mode" in
     ;;
   tsan)
     sanitize=thread
-    tests=(tests/serving/router_unit_tests tests/serving/worker_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests)
+    tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*"
+           "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
+           tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests)
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
     ;;
   *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;
@@ -39,12 +44,18 @@ esac
 build="$root/build-$mode"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPDSERVE_WITH_CUDA=OFF \
   -DPDSERVE_SANITIZE="$sanitize" >/dev/null
-# The test executables, and the binaries the integration tests start.
-ninja -C "$build" -j "$jobs" "${tests[@]}" pdserve pdserve-prefill pdserve-decode pdserve-router
+# The test executables (an entry may name a gtest filter after '|'), and the binaries the
+# integration tests start.
+binaries=()
+for t in "${tests[@]}"; do binaries+=("${t%%|*}"); done
+ninja -C "$build" -j "$jobs" "${binaries[@]}" pdserve pdserve-prefill pdserve-decode pdserve-router
 failed=()
 for t in "${tests[@]}"; do
-  echo "=== $mode: $t" >&2
-  (cd "$(dirname "$build/$t")" && "$build/$t" --gtest_filter="$filter" --gtest_brief=1) || failed+=("$t")
+  bin=${t%%|*}
+  only=$filter
+  [ "$bin" != "$t" ] && [ "$filter" = "*" ] && only=${t#*|}
+  echo "=== $mode: $bin ($only)" >&2
+  (cd "$(dirname "$build/$bin")" && "$build/$bin" --gtest_filter="$only" --gtest_brief=1) || failed+=("$bin")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "sanitize $mode: failed: ${failed[*]}" >&2
