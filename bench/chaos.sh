@@ -86,6 +86,11 @@ PY
 done
 migrations=$(curl -s "http://$http/metrics" | awk '/^pdserve:request_migrations_total/ {s += $2} END {print s + 0}')
 restarts=$(grep -c 'restarting it' "$work/up.err" || true)
-printf 'requests\tfailed\tmismatched\tkills\trestarts\tmigrations\tblocks not back\n'
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked"
-[ "$failed" -eq 0 ] && [ "$mismatched" -eq 0 ] && [ "$leaked" = "0.0" ]
+accounting=$(grep -c 'block-accounting bug' "$work/up.err" || true)
+printf 'requests\tfailed\tmismatched\tkills\trestarts\tmigrations\tblocks not back\tblock-accounting errors\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked" "$accounting"
+if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ]; then
+  keep="${CHAOS_KEEP:-${TMPDIR:-/tmp}}/chaos-up-$$.log"
+  cp "$work/up.err" "$keep" && echo "chaos: the cluster's log is kept in $keep" >&2
+fi
+[ "$failed" -eq 0 ] && [ "$mismatched" -eq 0 ] && [ "$leaked" = "0.0" ] && [ "$accounting" -eq 0 ]
