@@ -18,7 +18,8 @@ const pdserve::engine::Tokenizer& tokenizer() {
     const std::string dir = env ? env : PDSERVE_SOURCE_DIR "/../shared/models";
     auto loaded = pdserve::engine::load_tokenizer(dir + "/stories260K/tok512.bin");
     if (!loaded.ok()) {
-      std::fprintf(stderr, "fuzz_tokenizer: %s (set PDSERVE_MODEL_PATH)\n", std::string(loaded.status().message()).c_str());
+      std::fprintf(stderr, "fuzz_tokenizer: %s (set PDSERVE_MODEL_PATH)\n",
+                   std::string(loaded.status().message()).c_str());
       std::abort();
     }
     return std::move(*loaded);

@@ -26,7 +26,8 @@ StatusOr<ApiKeys> ApiKeys::load(const std::vector<std::string>& keys, const std:
 
 std::optional<std::string> ApiKeys::client_of(std::string_view authorization) const {
   if (keys_.empty()) return std::string();
-  const absl::string_view value = absl::StripAsciiWhitespace(absl::string_view(authorization.data(), authorization.size()));
+  const absl::string_view value =
+      absl::StripAsciiWhitespace(absl::string_view(authorization.data(), authorization.size()));
   constexpr absl::string_view kScheme = "bearer ";
   if (value.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(value, kScheme)) return std::nullopt;
   const absl::string_view key = absl::StripLeadingAsciiWhitespace(value.substr(kScheme.size()));

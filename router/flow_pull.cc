@@ -7,8 +7,8 @@
 namespace pdserve::router {
 Router::Attempt Router::run_pull(Flow& f) {
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
-  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
-                             f.exclude_decode);
+  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
+                             f.blocks_per_worker, f.exclude_decode);
   if (p < 0) return Attempt::unplaced(no_pair(f, prefill_loads));
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
@@ -22,7 +22,8 @@ Router::Attempt Router::run_pull(Flow& f) {
     grpc::ClientContext pctx;
     pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
     f.act->add(&pctx);
-    Status s = from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+    Status s =
+        from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
     f.act->remove(&pctx);
     if (!s.ok()) {
       if (Status st = f.act->status(); !st.ok()) {
@@ -59,7 +60,8 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.prefill_s = presp.prefill_s();
     return {absl::OkStatus(), false};
   }
-  const int d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
+  const int d =
+      pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));

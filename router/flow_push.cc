@@ -21,8 +21,8 @@ Router::Attempt Router::run_push(Flow& f) {
   // The prefill worker is chosen first: the decode side binds the transfer to its producer
   // group (TP and endpoints) at Reserve time, before any write can arrive.
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
-  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
-                             f.exclude_decode);
+  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
+                             f.blocks_per_worker, f.exclude_decode);
   if (p < 0) return Attempt::unplaced(no_pair(f, prefill_loads));
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
@@ -42,11 +42,13 @@ Router::Attempt Router::run_push(Flow& f) {
     f.act->add(&ctx);
     worker::ReserveRequest req;
     req.set_request_id(f.worker_id);
-    req.set_num_tokens(int(std::min<int64_t>(int64_t(tokens.size()) + sampling.max_tokens(), model_.config.max_seq_len)));
+    req.set_num_tokens(
+        int(std::min<int64_t>(int64_t(tokens.size()) + sampling.max_tokens(), model_.config.max_seq_len)));
     req.set_prompt_len(int(tokens.size()));
     req.set_producer_tp(producer ? producer->tp() : 1);
     if (producer) req.set_kv_producer(producer->kv_endpoint());
-    Status s = from_grpc(registry_.stub(d)->Reserve(&ctx, req, &reserved), absl::StrCat("Reserve on ", registry_.address(d)));
+    Status s =
+        from_grpc(registry_.stub(d)->Reserve(&ctx, req, &reserved), absl::StrCat("Reserve on ", registry_.address(d)));
     f.act->remove(&ctx);
     if (s.ok()) break;
     if (Status st = f.act->status(); !st.ok()) return {st, false};
@@ -90,7 +92,8 @@ Router::Attempt Router::run_push(Flow& f) {
   pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
   f.act->add(&pctx);
   std::thread prefill([&] {
-    prefill_status = from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+    prefill_status =
+        from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
     if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
   });
   Status ds = read_stream(f, d, dctx, dreq);
@@ -103,7 +106,8 @@ Router::Attempt Router::run_push(Flow& f) {
     registry_.report_success(d);
     if (prefill_status.ok()) registry_.report_success(p);
     f.prefill_s = prefill_status.ok() ? presp.prefill_s() : f.final_event.prefill_s();
-    f.kv_transfer_s = prefill_status.ok() && presp.kv_transfer_s() > 0 ? presp.kv_transfer_s() : f.final_event.kv_transfer_s();
+    f.kv_transfer_s =
+        prefill_status.ok() && presp.kv_transfer_s() > 0 ? presp.kv_transfer_s() : f.final_event.kv_transfer_s();
     return {absl::OkStatus(), false};
   }
   if (Status st = f.act->status(); !st.ok()) {
@@ -115,8 +119,7 @@ Router::Attempt Router::run_push(Flow& f) {
   // before the decode stream's cancellation could be mistaken for its cause, so judge it first.
   const bool prefill_blames_decode = !prefill_status.ok() && blames_peer(pctx);
   const bool prefill_at_fault = !prefill_status.ok() && worker_failure(prefill_status) && !prefill_blames_decode;
-  const bool decode_at_fault =
-      prefill_blames_decode || (!prefill_at_fault && worker_failure(ds) && !blames_peer(dctx));
+  const bool decode_at_fault = prefill_blames_decode || (!prefill_at_fault && worker_failure(ds) && !blames_peer(dctx));
   const bool decode_blames_prefill = !prefill_at_fault && blames_peer(dctx);
   if (auto stalled = stalled_attempt(f)) {
     a = *stalled;

@@ -16,7 +16,8 @@ std::string_view kv_mode_name(KvMode mode) {
 StatusOr<KvMode> parse_kv_mode(std::string_view name) {
   for (KvMode m : {KvMode::kPush, KvMode::kPull, KvMode::kAggregated})
     if (kv_mode_name(m) == name) return m;
-  return absl::InvalidArgumentError(absl::StrCat("kv mode must be push, pull or aggregated, not '", std::string(name), "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv mode must be push, pull or aggregated, not '", std::string(name), "'"));
 }
 
 }  // namespace pdserve::router

@@ -128,8 +128,10 @@ struct Router::Active {
   // Tokens arrived from `worker` at `now`: the placement depends on that worker alone now.
   void on_tokens(int worker, int n, TimePoint now) {
     std::lock_guard lock(mu);
-    if (streaming_worker < 0) workers = {worker};
-    else if (attempt_tokens > 0 && n > 0) mean_itl += ((now - last_progress) / n - mean_itl) / 8;  // EWMA, 1/8.
+    if (streaming_worker < 0)
+      workers = {worker};
+    else if (attempt_tokens > 0 && n > 0)
+      mean_itl += ((now - last_progress) / n - mean_itl) / 8;  // EWMA, 1/8.
     streaming_worker = worker;
     attempt_tokens += n;
     last_progress = now;

@@ -19,27 +19,27 @@ constexpr size_t kMaxBytesPerToken = 256;
 StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const {
   if (!r.model().empty() && r.model() != model_.name &&
       std::find(model_.aliases.begin(), model_.aliases.end(), r.model()) == model_.aliases.end())
-    return absl::NotFoundError(absl::StrCat("model '", r.model(), "' is not served here; this router serves '",
-                                            model_.name, "'"));
+    return absl::NotFoundError(
+        absl::StrCat("model '", r.model(), "' is not served here; this router serves '", model_.name, "'"));
   if (r.request_id().size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
   const v1::SamplingParams& s = r.sampling();
   // Limits on what a client controls, checked before any work: stop rules are checked on every
   // token, and tokenizing is paid for the whole text.
   if (s.stop_size() > kMaxStopStrings)
-    return absl::InvalidArgumentError(absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " stop strings (got ",
-                                                   s.stop_size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.stop: at most ", kMaxStopStrings, " stop strings (got ", s.stop_size(), ")"));
   for (const std::string& stop : s.stop())
     if (stop.size() > kMaxStopStringBytes)
-      return absl::InvalidArgumentError(absl::StrCat("sampling.stop: a stop string is longer than ", kMaxStopStringBytes,
-                                                     " bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.stop: a stop string is longer than ", kMaxStopStringBytes, " bytes"));
   if (s.stop_token_ids_size() > kMaxStopTokenIds)
     return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: at most ", kMaxStopTokenIds, " ids (got ",
                                                    s.stop_token_ids_size(), ")"));
   const size_t max_prompt_bytes = size_t(model_.config.max_seq_len) * kMaxBytesPerToken;
   if (r.prompt_case() == v1::GenerateRequest::kText && r.text().size() > max_prompt_bytes)
-    return absl::InvalidArgumentError(absl::StrCat("prompt text of ", r.text().size(), " bytes cannot fit the context of ",
-                                                   model_.config.max_seq_len, " tokens (at most ", max_prompt_bytes,
-                                                   " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt text of ", r.text().size(),
+                                                   " bytes cannot fit the context of ", model_.config.max_seq_len,
+                                                   " tokens (at most ", max_prompt_bytes, " bytes)"));
   if (r.prompt_case() == v1::GenerateRequest::kTokenIds && r.token_ids().ids_size() > model_.config.max_seq_len)
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", r.token_ids().ids_size(),
                                                    " tokens is longer than the model's context of ",
@@ -51,7 +51,8 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
   const int vocab = model_.config.vocab_size;
   for (int t : p.stop_token_ids)
     if (t >= vocab)
-      return absl::InvalidArgumentError(absl::StrCat("sampling.stop_token_ids: ", t, " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.stop_token_ids: ", t, " is outside the vocabulary [0, ", vocab, ")"));
 
   std::vector<int> prompt;
   switch (r.prompt_case()) {
@@ -67,13 +68,14 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
       if (prompt.empty()) return absl::InvalidArgumentError("prompt token_ids is empty");
       for (int t : prompt)
         if (t < 0 || t >= vocab)
-          return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
       break;
-    default:
-      return absl::InvalidArgumentError("no prompt: set text or token_ids");
+    default: return absl::InvalidArgumentError("no prompt: set text or token_ids");
   }
   if (int64_t(prompt.size()) > model_.config.max_seq_len)
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens is longer than the model's context of ",
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(),
+                                                   " tokens is longer than the model's context of ",
                                                    model_.config.max_seq_len, " tokens"));
   return prompt;
 }
