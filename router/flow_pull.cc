@@ -9,7 +9,7 @@ Router::Attempt Router::run_pull(Flow& f) {
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
                              f.blocks_per_worker, f.exclude_decode);
-  if (p < 0) return Attempt::unplaced(no_pair(f, prefill_loads));
+  if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
   worker::PrefillRequest preq;

@@ -66,7 +66,7 @@ void Router::watch_placement(Active& a, TimePoint now) {
     itl = a.mean_itl;
   }
   for (int w : workers)
-    if (!registry_.is_up(w)) {
+    if (registry_.is_failed(w)) {
       a.stall(w, absl::StrCat("worker ", registry_.address(w), " is down"));
       return;
     }
@@ -211,13 +211,14 @@ Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, 
   return s;
 }
 
-Status Router::no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const {
-  if (pick_prefill(prefill, f.exclude_prefill) < 0) return absl::UnavailableError("no prefill worker is up");
+Router::Attempt Router::no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const {
+  if (pick_prefill(prefill, f.exclude_prefill) < 0) return Attempt::unplaced(absl::UnavailableError("no prefill worker is up"));
   if (pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode) < 0)
-    return absl::UnavailableError("no decode worker is up with room for this request");
-  return absl::UnavailableError(
-      "no up decode worker is KV-compatible with an up prefill worker (their --kv-compat labels or KV geometry "
-      "differ)");
+    return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
+  return {absl::UnavailableError(
+              "no up decode worker is KV-compatible with an up prefill worker (their --kv-compat labels or KV "
+              "geometry differ)"),
+          false};
 }
 
 engine::StopChecker Router::stop_after_output(const Flow& f) const {

@@ -113,8 +113,9 @@ class Router {
   Attempt run_pull(Flow& f);
   // Places the request until it ends, migrating it when a placement's workers fail.
   Status run_placements(Flow& f);
-  // Why no prefill worker was chosen for a P/D request.
-  Status no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
+  // Why no prefill worker was chosen for a P/D request: none up or none with room (waited
+  // for), or up workers that may not pair (a configuration error: no wait).
+  Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
   // Reads a worker's Generate stream, forwarding events; ends at the stream's end.
   Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
   // Forwards one non-final worker event to the client.

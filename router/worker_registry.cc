@@ -199,6 +199,12 @@ worker::Role WorkerRegistry::role(int index) const {
   return workers_[index]->endpoint.role;
 }
 
+bool WorkerRegistry::is_failed(int index) const {
+  std::lock_guard lock(mu_);
+  const Worker& w = *workers_[index];
+  return !w.up && !w.leaving;
+}
+
 bool WorkerRegistry::is_up(int index) const {
   std::lock_guard lock(mu_);
   const Worker& w = *workers_[index];
@@ -229,6 +235,7 @@ void WorkerRegistry::mark_down(int index, const Status& why) {
   Worker& w = *workers_[index];
   if (w.up) PD_LOG_WARN("worker {} marked down: {}", w.endpoint.address, std::string(why.message()));
   w.up = false;
+  w.leaving = false;  // A draining worker that fails has failed.
   w.consecutive_failures = 0;
   w.next_poll = clock_.now() + options_.retry_interval;
 }
@@ -296,6 +303,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->worker_id = worker_id;
       w->listed = true;
       w->up = false;
+      w->leaving = false;
       w->ever_polled = false;
       w->info.Clear();
       w->assigned_requests = w->assigned_blocks = 0;
@@ -323,6 +331,7 @@ bool WorkerRegistry::deregister(const std::string& address) {
   if (!w || !w->registered || !w->listed) return false;
   w->listed = false;
   w->up = false;
+  w->leaving = true;
   PD_LOG_INFO("worker {} deregistered", address);
   return true;
 }

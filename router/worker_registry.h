@@ -70,6 +70,9 @@ class WorkerRegistry {
   worker::Role role(int index) const;
   // Whether worker `index` is listed and answered its last poll (not marked down since).
   bool is_up(int index) const;
+  // Whether worker `index` failed: marked down, or dropped for missing heartbeats. A worker that
+  // deregistered (it is draining) is not up, but has not failed: what it serves goes on.
+  bool is_failed(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that a request was sent to `index` (counted in its load until the next poll).
@@ -118,6 +121,7 @@ class WorkerRegistry {
     int assigned_blocks = 0;
     int64_t assigned_prefill_tokens = 0;
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
+    bool leaving = false;          // Deregistered: draining, not failed.
   };
   void apply_poll(int index, const Status& status, const worker::WorkerInfo& info);
   void poll_loop();
