@@ -100,6 +100,20 @@ bool drain(const WorkerService& service, const PrefillRole* prefill, const Decod
 }
 
 int serve(WorkerProgram program, const WorkerFlags& f) {
+  // Checked before the model loads: a bad token file is a startup error, not one after READY.
+  std::string cluster_token;
+  if (!f.cluster_token_file.empty()) {
+    if (f.router.empty()) {
+      std::cerr << "error: --cluster-token-file is sent when registering: it needs --router\n";
+      return 2;
+    }
+    auto tokens = read_secret_file(f.cluster_token_file);
+    if (!tokens.ok()) {
+      std::cerr << "error: --cluster-token-file: " << tokens.status().message() << "\n";
+      return 2;
+    }
+    cluster_token = tokens->front();
+  }
   Role role = ROLE_PREFILL;
   if (program == WorkerProgram::kDecode) {
     if (f.role == "aggregated") {
@@ -236,14 +250,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   if (!f.router.empty()) {
     RegistrationOptions ro;
     ro.router = f.router;
-    if (!f.cluster_token_file.empty()) {
-      auto tokens = read_secret_file(f.cluster_token_file);
-      if (!tokens.ok()) {
-        std::cerr << "error: --cluster-token-file: " << tokens.status().message() << "\n";
-        return 2;
-      }
-      ro.cluster_token = tokens->front();
-    }
+    ro.cluster_token = cluster_token;
     ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
     const std::string advertised = f.advertise.empty() ? address : f.advertise;
     registration = std::make_unique<RouterSet>(ro, [&service, advertised, worker_id] {
