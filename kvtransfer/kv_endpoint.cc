@@ -52,7 +52,10 @@ KvRankEndpoint::KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout 
 
 KvRankEndpoint::~KvRankEndpoint() {
   // Sessions still open die with the process's arena; nothing may call back into us now.
-  if (transport_) transport_->set_peer_error_callback(nullptr);
+  if (transport_) {
+    transport_->set_peer_error_callback(nullptr);
+    transport_->set_activity_callback(nullptr);
+  }
 }
 
 Status KvRankEndpoint::init() {
@@ -63,7 +66,10 @@ Status KvRankEndpoint::init() {
   transport_->set_peer_error_callback([this](PeerId peer, const Status& error) {
     std::lock_guard<std::mutex> lock(transport_errors_mu_);
     transport_errors_.emplace_back(peer, error);
+    wake_.signal();
   });
+  // A finished batch may let a request move on (WRITE_DONE, release): progress() looks at once.
+  transport_->set_activity_callback([this] { wake_.signal(); });
   RegisteredRegion region;
   if (options_.allocate_arena) {
     PD_ASSIGN_OR_RETURN(AllocatedRegion allocated,
@@ -82,6 +88,7 @@ Status KvRankEndpoint::init() {
   copts.clock = options_.clock;
   copts.heartbeat_interval = options_.heartbeat_interval;
   copts.peer_timeout = options_.peer_timeout;
+  copts.wake = &wake_;
   proto::Handshake& local = copts.local;
   local.set_compat_hash(compat_hash(options_.model_id, options_.spec));
   local.set_role(options_.side == SessionSide::kProducer ? proto::ROLE_PREFILL
@@ -1069,20 +1076,6 @@ bool KvRankEndpoint::step(const std::string& id, Request& request,
   return request.event_sent && session.finished();
 }
 
-bool KvRankEndpoint::any_transfer_in_flight() const {
-  for (const auto& [id, request] : requests_) {
-    const SessionState s = request.session->state();
-    const bool local_ops = (request.session->side() == SessionSide::kProducer) ==
-                           (request.session->mode() == TransferMode::kPush);
-    if (local_ops && (s == SessionState::kSealed || s == SessionState::kAborted ||
-                      (s == SessionState::kActive &&
-                       request.session->side() == SessionSide::kConsumer))) {
-      return true;
-    }
-  }
-  return false;
-}
-
 void KvRankEndpoint::on_control_event(const ControlEvent& event) {
   switch (event.kind) {
     case ControlEvent::Kind::kPeerJoined: {
@@ -1101,6 +1094,7 @@ void KvRankEndpoint::on_control_event(const ControlEvent& event) {
       if (it != remote_by_control_.end()) on_remote_lost(it->second, event.error);
       return;
     }
+    case ControlEvent::Kind::kWoken: return;  // progress() steps every request anyway.
     case ControlEvent::Kind::kMessage: {
       auto it = remote_by_control_.find(event.peer);
       if (it == remote_by_control_.end()) {
@@ -1126,17 +1120,14 @@ void KvRankEndpoint::on_control_event(const ControlEvent& event) {
 
 std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
   std::vector<KvTransferEvent> events;
-  // While our own ops are in flight, poll quickly so completions turn into notifications.
-  const Duration wait = any_transfer_in_flight()
-                            ? std::min<Duration>(timeout, std::chrono::microseconds(200))
-                            : timeout;
+  // Our own ops' completions, peer messages and wake() all end the wait early.
+  const Duration wait = timeout;
   StatusOr<ControlEvent> event = absl::DeadlineExceededError("no control event");
   if (options_.busy_poll && !requests_.empty()) {
     const auto until = std::chrono::steady_clock::now() + wait;
     do {
       transport_->progress();
-      // A short real wait: receive() polls the sockets only when some time is left.
-      event = control_->receive(std::chrono::microseconds(20));
+      event = control_->receive(Duration(0));  // One look at the sockets, without waiting.
     } while (!event.ok() && std::chrono::steady_clock::now() < until);
   } else {
     event = control_->receive(wait);

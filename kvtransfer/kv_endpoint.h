@@ -204,8 +204,12 @@ class KvRankEndpoint {
   Status abort(const std::string& request_id, const std::string& reason);
 
   // Handles control messages, completions, peer failures and leases for up to `timeout` (less
-  // once something happened); returns the requests that finished on this rank meanwhile.
+  // once something happened: a message, a finished batch, a lost peer or wake()); returns the
+  // requests that finished on this rank meanwhile.
   std::vector<KvTransferEvent> progress(Duration timeout);
+  // Ends the current or next progress() wait early; the one call any thread may make (the
+  // worker does after posting a command for the endpoint's thread).
+  void wake() const { wake_.signal(); }
   // Requests not yet finished (including those waiting to release their blocks).
   size_t open_requests() const { return requests_.size(); }
   KvEndpointCounters counters() const { return counters_; }
@@ -299,10 +303,11 @@ class KvRankEndpoint {
                           const Leg& leg, const std::vector<uint64_t>& expected) const;
   void corrupt_if_asked(const TransferPlan& plan);
   void remember_finished(const std::string& id, const std::string& why);
-  bool any_transfer_in_flight() const;
 
   KvEndpointOptions options_;
   engine::KvCacheLayout layout_;
+  // Before the transport and the control channel: both signal or poll it until they are gone.
+  WakeFd wake_;
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> control_;
   RegionId region_ = 0;

@@ -159,6 +159,10 @@ class Transport {
 
   // Sets the callback for peer failures (replaces any earlier one).
   virtual void set_peer_error_callback(PeerErrorCallback callback) = 0;
+  // Sets a callback run whenever a batch ends (done or failed), from whichever thread ended it
+  // and possibly under the transport's own lock: it may only signal (e.g. WakeFd::signal), so
+  // that an owner blocked in poll() looks at its batches at once. Replaces any earlier one.
+  virtual void set_activity_callback(std::function<void()> callback) = 0;
   virtual TransportCounters counters() const = 0;
 };
 

@@ -122,6 +122,12 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
   const Steady::time_point t0 = Steady::now();
   Steady::time_point last = t0;
   Status s = client.generate(req, [&](const v1::GenerateResponse& r) {
+    if (r.finished()) {
+      rec.migrations = r.migrations();
+      rec.server_queued_s = r.timings().queued_s();
+      rec.server_prefill_s = r.timings().prefill_s();
+      rec.server_kv_transfer_s = r.timings().kv_transfer_s();
+    }
     if (r.token_ids_size() == 0) return;
     const Steady::time_point now = Steady::now();
     if (rec.output_tokens == 0) rec.ttft_s = std::chrono::duration<double>(now - t0).count();
@@ -129,7 +135,6 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
     last = now;
     rec.output_tokens += r.token_ids_size();
     rec.tokens.insert(rec.tokens.end(), r.token_ids().begin(), r.token_ids().end());
-    if (r.finished()) rec.migrations = r.migrations();
   });
   rec.e2e_s = seconds_since(t0);
   rec.ok = s.ok();
@@ -188,6 +193,16 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
       const std::string ps = fmt(p, p == std::floor(p) ? 0 : 1);
       line("P" + ps + " " + upper + " (ms):", fmt(r["p" + ps + "_" + k + "_ms"].get<double>()));
     }
+  }
+  std::cout << "-------Server timings (router, per request)-------\n";
+  const std::pair<const char*, const char*> server[] = {{"queued", "queued (admission to placement)"},
+                                                        {"prefill", "prefill (worker compute)"},
+                                                        {"kv_transfer", "KV transfer"},
+                                                        {"ttft_outside_prefill", "TTFT minus prefill"}};
+  for (const auto& [key, title] : server) {
+    const std::string k = key;
+    line(std::string("Mean/median ") + title + " (ms):",
+         fmt(r["mean_" + k + "_ms"].get<double>()) + " / " + fmt(r["median_" + k + "_ms"].get<double>()));
   }
   std::cout << "==================================================" << std::endl;
 }
@@ -323,7 +338,7 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 }
 
 json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
-  std::vector<double> ttft, tpot, itl, e2el;
+  std::vector<double> ttft, tpot, itl, e2el, queued, prefill, kv_transfer, outside_prefill;
   int completed = 0, failed = 0;
   int64_t input = 0, output = 0;
   for (const RequestRecord& r : records) {
@@ -338,6 +353,12 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
     if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
     e2el.push_back(r.e2e_s);
+    queued.push_back(r.server_queued_s);
+    prefill.push_back(r.server_prefill_s);
+    kv_transfer.push_back(r.server_kv_transfer_s);
+    // What the first token cost beyond the prefill's compute: router, RPCs, KV transfer and
+    // hand-off. Unlike TTFT it hardly moves with the prefill's own noise.
+    if (r.output_tokens > 0) outside_prefill.push_back(std::max(0.0, r.ttft_s - r.server_prefill_s));
   }
   json j;
   j["duration"] = duration_s;
@@ -379,6 +400,10 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   stats("tpot", tpot);
   stats("itl", itl);
   stats("e2el", e2el);
+  stats("queued", queued);
+  stats("prefill", prefill);
+  stats("kv_transfer", kv_transfer);
+  stats("ttft_outside_prefill", outside_prefill);
   return j;
 }
 

@@ -27,6 +27,8 @@ struct RequestRecord {
   std::vector<double> itl_s;  // Gaps between consecutive token-carrying messages.
   std::vector<int> tokens;    // The streamed token ids (checked with --verify-model).
   int migrations = 0;         // The router's count, from the final message.
+  // The router's timings of the request, from the final message (proto Timings).
+  double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
 };
 
 // The p-th percentile (0..100) of `values`, interpolating linearly between ranks (numpy's

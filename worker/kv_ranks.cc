@@ -13,9 +13,9 @@
 namespace pdserve::worker {
 namespace {
 
-constexpr auto kProgressRound = std::chrono::microseconds(100);
-constexpr auto kBusyNap = std::chrono::milliseconds(1);
-constexpr auto kIdleNap = std::chrono::milliseconds(5);
+// The longest a rank thread blocks in progress(): commands posted, peers' messages and finished
+// transfers end the wait at once, so this only paces leases and heartbeats.
+constexpr auto kProgressWait = std::chrono::milliseconds(5);
 
 }  // namespace
 
@@ -42,16 +42,20 @@ class KvRanks::Rank {
   }
 
   void post(KvCommand command) {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(command));
-    wake_.notify_one();
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(command));
+    }
+    endpoint_->wake();
   }
 
   void request_stop(Duration drain) {
-    std::lock_guard lock(mu_);
-    if (!stopping_) drain_ = drain;
-    stopping_ = true;
-    wake_.notify_one();
+    {
+      std::lock_guard lock(mu_);
+      if (!stopping_) drain_ = drain;
+      stopping_ = true;
+    }
+    if (endpoint_) endpoint_->wake();
   }
   void join() {
     if (thread_.joinable()) thread_.join();
@@ -90,16 +94,11 @@ class KvRanks::Rank {
         if (!drain_until) drain_until = clock_->now() + drain_;
         if (endpoint->open_requests() == 0 || clock_->now() >= *drain_until) break;
       }
-      // The control channel polls in whole milliseconds and spins through any shorter wait, so
-      // progress() gets one short non-blocking round and the thread sleeps here instead, where
-      // post() can wake it. Open requests wait on peers' notifications: poll them more often.
-      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(kProgressRound)) {
+      // The one place the thread blocks: post() wakes it like a peer's message would.
+      for (const kvtransfer::KvTransferEvent& ev : endpoint->progress(kProgressWait)) {
         if (ev.kind == kvtransfer::KvTransferEvent::Kind::kFailed && !absl::IsCancelled(ev.error)) ++failures_;
         on_event_(rank_, ev);
       }
-      std::unique_lock lock(mu_);
-      wake_.wait_for(lock, endpoint->open_requests() > 0 ? kBusyNap : kIdleNap,
-                     [&] { return !queue_.empty() || stopping_; });
     }
     if (endpoint->open_requests() > 0)
       PD_LOG_WARN("kvtransfer rank {}: {} requests still open at shutdown", rank_, endpoint->open_requests());
@@ -110,11 +109,11 @@ class KvRanks::Rank {
   const std::string advertise_host_;
   std::atomic<uint64_t> failures_{0};
   const Clock* clock_ = nullptr;
-  std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;  // Used by the rank's thread only.
+  // Made by the rank's thread before start() returns; other threads only call its wake().
+  std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;
   std::string control_endpoint_;
   void* arena_ = nullptr;  // The registered arena (the engine's, or a transport-made mirror).
-  std::mutex mu_;
-  std::condition_variable wake_;
+  std::mutex mu_;  // Guards queue_, stopping_ and drain_.
   std::vector<KvCommand> queue_;
   bool stopping_ = false;
   Duration drain_{0};

@@ -176,6 +176,7 @@ StatusOr<ControlPeer> ControlChannel::peer(uint64_t id) const {
 
 StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool looked = false;  // A zero timeout still looks at the sockets once.
   try {
     while (true) {
       tick();
@@ -185,9 +186,12 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
         return event;
       }
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) return absl::DeadlineExceededError("no control event");
+      if (now >= deadline && (looked || timeout > Duration(0))) return absl::DeadlineExceededError("no control event");
+      looked = true;
 
       std::vector<zmq::pollitem_t> items{{router_.handle(), 0, ZMQ_POLLIN, 0}};
+      if (options_.wake) items.push_back({nullptr, options_.wake->fd(), ZMQ_POLLIN, 0});
+      const size_t first_dealer = items.size();
       std::vector<uint64_t> dealer_peers;
       for (auto& [id, peer] : peers_) {
         if (peer.dealer && !peer.lost) {
@@ -195,11 +199,20 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
           dealer_peers.push_back(id);
         }
       }
-      const auto slice = std::min<std::chrono::steady_clock::duration>(deadline - now, kPollSlice);
-      const auto whole_ms = std::chrono::duration_cast<std::chrono::milliseconds>(slice);
+      const auto slice = std::clamp<std::chrono::steady_clock::duration>(
+          deadline - now, std::chrono::steady_clock::duration(0), kPollSlice);
+      auto whole_ms = std::chrono::duration_cast<std::chrono::milliseconds>(slice);
       // zmq_poll counts whole milliseconds: under one, nap and then look, rather than spin
       // through the remainder with zero-timeout polls (an idle rank thread would burn a core).
-      if (whole_ms.count() == 0) std::this_thread::sleep_for(slice);
+      // With a wake fd the remainder is polled as a whole millisecond instead, so a wake-up
+      // still ends it at once.
+      if (whole_ms.count() == 0 && slice.count() > 0) {
+        if (options_.wake) {
+          whole_ms = std::chrono::milliseconds(1);
+        } else {
+          std::this_thread::sleep_for(slice);
+        }
+      }
       zmq::poll(items, whole_ms);
 
       if (items[0].revents & ZMQ_POLLIN) {
@@ -217,12 +230,15 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
         }
       }
       for (size_t i = 0; i < dealer_peers.size(); ++i) {
-        if (!(items[i + 1].revents & ZMQ_POLLIN)) continue;
+        if (!(items[first_dealer + i].revents & ZMQ_POLLIN)) continue;
         PeerState& peer = peers_.at(dealer_peers[i]);
         zmq::message_t frame;
         while (!peer.lost && peer.dealer->recv(frame, zmq::recv_flags::dontwait)) {
           on_dealer_frame(dealer_peers[i], frame.to_string());
         }
+      }
+      if (options_.wake && (items[1].revents & ZMQ_POLLIN) && options_.wake->drain()) {
+        events_.push_back(ControlEvent{ControlEvent::Kind::kWoken, 0, {}, absl::OkStatus()});
       }
     }
   } catch (const zmq::error_t& e) {

@@ -22,6 +22,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/wake_fd.h"
 #include "proto/kvtransfer.pb.h"
 
 namespace pdserve::kvtransfer {
@@ -43,6 +44,9 @@ struct ControlChannelOptions {
   // so that a dead peer can never stall shutdown; a process that sends a final notification
   // and exits sets a short bound instead.
   Duration linger = Duration(0);
+  // Polled beside the sockets (not owned; it must outlive the channel): once another thread
+  // signals it, receive() drains it and returns a kWoken event, so the owner's loop runs at once.
+  const WakeFd* wake = nullptr;
 };
 
 // A peer whose handshake succeeded, from either side.
@@ -60,7 +64,8 @@ struct ControlPeer {
 
 // What receive() hands to its caller.
 struct ControlEvent {
-  enum class Kind { kPeerJoined, kMessage, kPeerLost };
+  // kWoken: ControlChannelOptions::wake was signalled (nothing arrived; the owner has work).
+  enum class Kind { kPeerJoined, kMessage, kPeerLost, kWoken };
   Kind kind = Kind::kMessage;
   uint64_t peer = 0;
   proto::Envelope message;  // kMessage: anything but a handshake or heartbeat.
@@ -85,7 +90,9 @@ class ControlChannel {
   // Sends a notification (or any message) to a handshaken peer, without blocking.
   Status send(uint64_t peer, const proto::Envelope& message);
   // Services the sockets for at most `timeout` of real time and returns the next event, or
-  // DeadlineExceeded when none came.
+  // DeadlineExceeded when none came; a zero timeout looks once without waiting. zmq_poll counts
+  // whole milliseconds: without a wake fd a remainder under one is slept, with one it is polled
+  // as a whole millisecond.
   StatusOr<ControlEvent> receive(Duration timeout);
   // A handshaken peer by id.
   StatusOr<ControlPeer> peer(uint64_t id) const;

@@ -481,7 +481,7 @@ void UcxTransport::complete_op(const OpContext& op, ucs_status_t status) {
                                 : absl::StrCat(op.opcode == OpCode::kPut ? "put" : "get", " of ",
                                                op.length, " bytes failed: ",
                                                ucs_status_string(status));
-      cv_.notify_all();
+      batch_ended();
     }
   }
   maybe_finish(op.batch, batch);
@@ -491,7 +491,7 @@ void UcxTransport::maybe_finish(BatchId id, Batch& batch) {
   if (batch.posting || batch.pending > 0) return;
   if (batch.state == BatchState::kInProgress) {
     batch.state = BatchState::kDone;
-    cv_.notify_all();
+    batch_ended();
   }
   if (auto pit = peers_.find(batch.peer); pit != peers_.end()) {
     auto& open = pit->second.open_batches;
@@ -526,7 +526,7 @@ void UcxTransport::fail_peer(PeerId id, Peer& peer, const Status& error) {
     }
   }
   peer.open_batches.clear();
-  cv_.notify_all();
+  batch_ended();
   // Remote keys go before the endpoint they were unpacked on (UCX requires that order).
   for (auto& [rid, remote] : peer.remotes) ucp_rkey_destroy(remote.rkey);
   peer.remotes.clear();
@@ -671,6 +671,16 @@ Status UcxTransport::release_batch(BatchId id) {
 void UcxTransport::set_peer_error_callback(PeerErrorCallback callback) {
   std::lock_guard<std::mutex> lock(mu_);
   peer_error_callback_ = std::move(callback);
+}
+
+void UcxTransport::set_activity_callback(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(mu_);
+  activity_callback_ = std::move(callback);
+}
+
+void UcxTransport::batch_ended() {
+  cv_.notify_all();
+  if (activity_callback_) activity_callback_();
 }
 
 TransportCounters UcxTransport::counters() const {

@@ -56,6 +56,7 @@ class UcxTransport final : public Transport {
   Status wait(BatchId batch, Duration timeout) override;
   Status release_batch(BatchId batch) override;
   void set_peer_error_callback(PeerErrorCallback callback) override;
+  void set_activity_callback(std::function<void()> callback) override;
   TransportCounters counters() const override;
 
   // UCX's description of the lanes an endpoint really uses (transport and device per lane), so
@@ -115,6 +116,8 @@ class UcxTransport final : public Transport {
   void complete_op(const OpContext& op, ucs_status_t status);
   // Marks the batch done once nothing is pending and posting ended. Requires mu_.
   void maybe_finish(BatchId id, Batch& batch);
+  // A batch ended (done or failed): wakes wait() and the activity callback. Under mu_.
+  void batch_ended();
   // Records a peer failure, fails its open batches, destroys its rkeys and force-closes its
   // endpoint; queues the user callback. Requires mu_.
   void fail_peer(PeerId id, Peer& peer, const Status& error);
@@ -144,6 +147,7 @@ class UcxTransport final : public Transport {
   std::vector<std::pair<PeerId, Status>> pending_callbacks_;
   std::vector<void*> closing_eps_;  // Close requests still in flight.
   PeerErrorCallback peer_error_callback_;
+  std::function<void()> activity_callback_;
   TransportCounters counters_;
   size_t inflight_ = 0;       // UCX requests not yet completed, over all peers.
   size_t inflight_live_ = 0;  // Those of peers that have not failed.

@@ -115,6 +115,38 @@ TEST(ControlChannelTest, HandshakeAcceptedCachedAndNotificationsFlowBothWays) {
   EXPECT_EQ(prefill->refused_count(), 0u);
 }
 
+TEST(ControlChannelTest, AWakeEndsReceiveAtOnceAndAZeroTimeoutStillLooks) {
+  WakeFd wake;
+  ControlChannelOptions o = options_for(proto::ROLE_DECODE, 7, &RealClock::instance());
+  o.wake = &wake;
+  auto decode = ControlChannel::create(o);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  // Whichever comes first, the signal or the wait, receive() returns within the hour.
+  std::thread signaller([&] { wake.signal(); });
+  auto woken = (*decode)->receive(3600s);
+  signaller.join();
+  ASSERT_TRUE(woken.ok()) << woken.status();
+  EXPECT_EQ(woken->kind, ControlEvent::Kind::kWoken);
+  EXPECT_FALSE(wake.drain());  // receive() consumed the signal.
+
+  // receive(0) looks at the sockets once: a handshake gets answered by zero-timeout calls alone.
+  std::atomic<bool> answered{false};
+  std::thread dialer([&] {
+    answered = prefill->connect((*decode)->endpoint(), 10s).ok();
+  });
+  bool joined = false;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!joined && std::chrono::steady_clock::now() < until) {
+    auto event = (*decode)->receive(Duration(0));
+    joined = event.ok() && event->kind == ControlEvent::Kind::kPeerJoined;
+    if (!event.ok()) std::this_thread::yield();
+  }
+  dialer.join();
+  EXPECT_TRUE(joined);
+  EXPECT_TRUE(answered);
+}
+
 TEST(ControlChannelTest, MismatchedCompatHashIsRefusedWithBothGeometries) {
   auto decode = make(proto::ROLE_DECODE, 1);
   auto prefill = make(proto::ROLE_PREFILL, 2);

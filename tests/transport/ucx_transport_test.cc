@@ -82,6 +82,21 @@ TEST_F(UcxLoopbackTest, PutFlushGetRoundTrip) {
   EXPECT_TRUE(initiator_->endpoint_info(peer_).ok());
 }
 
+TEST_F(UcxLoopbackTest, EveryEndedBatchRunsTheActivityCallback) {
+  std::atomic<int> calls{0};
+  initiator_->set_activity_callback([&] { ++calls; });
+  TransferBatch put{peer_, {{OpCode::kPut, src_id_, 0, remote_, 0, 4096}}};
+  ASSERT_TRUE(run(initiator_->post(put)).ok());
+  EXPECT_EQ(calls.load(), 1);
+  ASSERT_TRUE(run(initiator_->flush(peer_)).ok());
+  EXPECT_EQ(calls.load(), 2);
+  // A failed batch counts too: the owner must look at it as soon as it failed.
+  ASSERT_TRUE(initiator_->disconnect(peer_, "test").ok());
+  EXPECT_FALSE(run(initiator_->post(put)).ok());
+  EXPECT_GE(calls.load(), 2);
+  initiator_->set_activity_callback(nullptr);
+}
+
 TEST_F(UcxLoopbackTest, EmptyBatchIsDoneAtOnce) {
   auto id = initiator_->post({peer_, {}});
   ASSERT_TRUE(id.ok());
