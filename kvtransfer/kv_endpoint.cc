@@ -409,6 +409,10 @@ Status KvRankEndpoint::seal(const std::string& id, std::optional<int32_t> first_
     }
     leg.flush = *flush;
   }
+  // Shared-memory puts are complete once posted, so one progress round usually ends the flush:
+  // WRITE_DONE leaves now, not after the progress thread and this one took turns.
+  transport_->progress();
+  step_push_producer(id, request);
   return absl::OkStatus();
 }
 
@@ -1149,7 +1153,9 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
       }
     }
   }
+  bool remote_ops = false;
   for (auto it = requests_.begin(); it != requests_.end();) {
+    remote_ops |= it->second.session->remote_access() && it->second.session->active();
     if (step(it->first, it->second, events)) {
       for (auto& [rank, leg] : it->second.legs) {
         for (BatchId b : leg.batches) (void)transport_->release_batch(b);
@@ -1161,6 +1167,10 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
     } else {
       ++it;
     }
+  }
+  if (remote_ops != remote_ops_expected_) {
+    remote_ops_expected_ = remote_ops;
+    transport_->expect_remote_ops(remote_ops);
   }
   return events;
 }

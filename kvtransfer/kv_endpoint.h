@@ -321,6 +321,7 @@ class KvRankEndpoint {
   std::mutex transport_errors_mu_;  // Transport callbacks run on its progress thread.
   std::vector<std::pair<PeerId, Status>> transport_errors_;
   KvEndpointCounters counters_;
+  bool remote_ops_expected_ = false;  // Last told to Transport::expect_remote_ops.
 };
 
 }  // namespace pdserve::kvtransfer

@@ -104,6 +104,9 @@ class Session {
   bool check_lease(TimePoint now);
   // Releases the blocks through the callback if that is safe now; true if this call did.
   bool maybe_release(TimePoint now);
+  // Whether the peer accesses this side's blocks (push consumer, pull producer), rather than
+  // this side the peer's.
+  bool remote_access() const;
 
  private:
   struct Leg {
@@ -113,7 +116,6 @@ class Session {
     bool quiet = false;
   };
   void maybe_finish();
-  bool remote_access() const;
   void release_now();
 
   const std::string request_id_;

@@ -163,6 +163,11 @@ class Transport {
   // and possibly under the transport's own lock: it may only signal (e.g. WakeFd::signal), so
   // that an owner blocked in poll() looks at its batches at once. Replaces any earlier one.
   virtual void set_activity_callback(std::function<void()> callback) = 0;
+  // Whether peers are expected to access this side's memory now (a push consumer awaiting KV, a
+  // pull producer holding it). Transports that emulate one-sided ops with the target's help (UCX
+  // over shared memory it did not allocate, tcp) then progress at their busy pace instead of
+  // backing off as if idle.
+  virtual void expect_remote_ops(bool expected) = 0;
   virtual TransportCounters counters() const = 0;
 };
 

@@ -2,6 +2,7 @@
 // decode worker (blocks for the whole request, bound to the chosen prefill worker's group),
 // then Prefill towards those blocks while the decode worker's Generate stream is already open:
 // the decode side starts the moment the KV is sealed.
+#include <future>
 #include <thread>
 
 #include "router/policy.h"
@@ -91,14 +92,16 @@ Router::Attempt Router::run_push(Flow& f) {
   grpc::ClientContext pctx;
   pctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
   f.act->add(&pctx);
-  std::thread prefill([&] {
-    prefill_status =
-        from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+  // gRPC's callback API: the call leaves at once, with no thread of our own per request.
+  std::promise<void> prefill_done;
+  registry_.stub(p)->async()->Prefill(&pctx, &preq, &presp, [&](grpc::Status s) {
+    prefill_status = from_grpc(s, absl::StrCat("Prefill on ", registry_.address(p)));
     if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
+    prefill_done.set_value();
   });
   Status ds = read_stream(f, d, dctx, dreq);
   if (!ds.ok()) pctx.TryCancel();  // Nobody is left to receive the KV.
-  prefill.join();
+  prefill_done.get_future().wait();
   f.act->remove(&pctx);
   f.act->remove(&dctx);
 

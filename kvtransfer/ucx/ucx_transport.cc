@@ -92,8 +92,9 @@ Status ucs_error(std::string_view what, ucs_status_t status) {
   return absl::InternalError(absl::StrCat(std::string(what), ": ", ucs_status_string(status)));
 }
 
-// Longest idle sleep of the progress thread: bounds how late a passive target (tcp) starts
-// reading after a quiet period.
+// Longest idle sleep of the progress thread: bounds how late a passive target (tcp, emulated
+// one-sided ops) starts serving after a quiet period it was not told would end
+// (expect_remote_ops).
 constexpr Duration kMaxIdleSleep = std::chrono::milliseconds(1);
 // Longest sleep while this side has requests in flight.
 constexpr Duration kMaxBusySleep = std::chrono::microseconds(50);
@@ -601,7 +602,7 @@ void UcxTransport::progress_loop() {
       lock.lock();
       continue;
     }
-    const bool busy = inflight_live_ > 0 || !closing_eps_.empty();
+    const bool busy = inflight_live_ > 0 || !closing_eps_.empty() || remote_ops_expected_;
     // Back off exponentially while idle; short sleeps while our own requests are in flight.
     const Duration cap = busy ? kMaxBusySleep : kMaxIdleSleep;
     sleep = std::min(cap, std::max(Duration(std::chrono::microseconds(5)), sleep * 2));
@@ -676,6 +677,15 @@ void UcxTransport::set_peer_error_callback(PeerErrorCallback callback) {
 void UcxTransport::set_activity_callback(std::function<void()> callback) {
   std::lock_guard<std::mutex> lock(mu_);
   activity_callback_ = std::move(callback);
+}
+
+void UcxTransport::expect_remote_ops(bool expected) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (expected && !remote_ops_expected_) {
+    work_posted_ = true;  // Ends an idle sleep now: the first op may already be on its way.
+    cv_.notify_all();
+  }
+  remote_ops_expected_ = expected;
 }
 
 void UcxTransport::batch_ended() {

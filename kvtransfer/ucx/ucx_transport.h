@@ -57,6 +57,7 @@ class UcxTransport final : public Transport {
   Status release_batch(BatchId batch) override;
   void set_peer_error_callback(PeerErrorCallback callback) override;
   void set_activity_callback(std::function<void()> callback) override;
+  void expect_remote_ops(bool expected) override;
   TransportCounters counters() const override;
 
   // UCX's description of the lanes an endpoint really uses (transport and device per lane), so
@@ -154,6 +155,7 @@ class UcxTransport final : public Transport {
   uint64_t next_id_ = 1;
   bool peer_mode_usable_ = true;  // UCP_ERR_HANDLING_MODE_PEER worked or was not tried.
   bool work_posted_ = false;
+  bool remote_ops_expected_ = false;
   bool stop_ = false;
   std::thread progress_thread_;
 };
