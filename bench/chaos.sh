@@ -61,7 +61,10 @@ while [ "$(date +%s)" -lt "$end" ]; do
   read -r c f m < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0))' "$work/round.json")
   sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m))
   [ "$f" -gt 0 ] && grep -m1 'first failure' "$work/bench.err" >&2 || true
-  [ "$m" -gt 0 ] && grep -m1 'differs from the in-process engine' "$work/bench.err" >&2 || true
+  if [ "$m" -gt 0 ]; then  # Kept for replay: prompts, both outputs, the router's request ids.
+    grep -m1 'differs from the in-process engine' "$work/bench.err" >&2 || true
+    cp "$work/round.json" "${CHAOS_KEEP:-${TMPDIR:-/tmp}}/chaos-mismatch-$$-$round.json"
+  fi
   rm -f "$work/round.json"
 done
 wait "$killer" || true

@@ -45,7 +45,7 @@ struct BenchFlags {
 // The requests whose successful output differs from the in-process engine's for the same
 // prompt and sampling (all of them run at once, as one batch); an error if the model will not load.
 StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::GenerateRequest>& requests,
-                               const std::vector<RequestRecord>& records) {
+                               const std::vector<RequestRecord>& records, json* details) {
   PD_ASSIGN_OR_RETURN(engine::LoadedModel loaded, engine::load_model({model, ""}));
   PD_ASSIGN_OR_RETURN(auto eng, engine::Engine::create(std::move(loaded), {}));
   std::vector<std::vector<int>> want(requests.size());
@@ -64,13 +64,23 @@ StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::G
   }
   PD_RETURN_IF_ERROR(eng->run_until_idle());
   int mismatched = 0;
+  *details = json::array();
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!records[i].ok || records[i].tokens == want[i]) continue;
-    if (mismatched++ > 0) continue;
     const std::vector<int>& got = records[i].tokens;
     size_t at = 0;
     while (at < got.size() && at < want[i].size() && got[at] == want[i][at]) ++at;
-    std::cerr << "bench: request " << i << " (prompt " << requests[i].token_ids().ids_size() << " tokens, "
+    // Everything needed to replay it, and the router's id to find it in the router's log.
+    details->push_back({{"request", i},
+                        {"request_id", records[i].request_id},
+                        {"migrations", records[i].migrations},
+                        {"differs_at", at},
+                        {"prompt", std::vector<int>(requests[i].token_ids().ids().begin(),
+                                                    requests[i].token_ids().ids().end())},
+                        {"got", got},
+                        {"want", want[i]}});
+    if (mismatched++ > 0) continue;
+    std::cerr << "bench: request " << i << " (" << records[i].request_id << ", prompt " << requests[i].token_ids().ids_size() << " tokens, "
               << records[i].migrations << " migrations) differs from the in-process engine at output token " << at
               << ": got " << got.size() << " tokens, want " << want[i].size() << "\n";
   }
@@ -122,6 +132,7 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
   const Steady::time_point t0 = Steady::now();
   Steady::time_point last = t0;
   Status s = client.generate(req, [&](const v1::GenerateResponse& r) {
+    if (rec.request_id.empty()) rec.request_id = r.request_id();
     if (r.finished()) {
       rec.migrations = r.migrations();
       rec.server_queued_s = r.timings().queued_s();
@@ -288,12 +299,14 @@ int run_bench(const BenchFlags& f) {
       ranks > 0 ? result["total_token_throughput"].get<double>() / ranks : 0.0;
   if (!f.verify_model.empty()) {
     std::cerr << "bench: checking every output against the in-process engine (" << f.verify_model << ")\n";
-    StatusOr<int> mismatched = count_mismatches(f.verify_model, requests, records);
+    json details;
+    StatusOr<int> mismatched = count_mismatches(f.verify_model, requests, records, &details);
     if (!mismatched.ok()) {
       std::cerr << "error: --verify-model: " << mismatched.status().message() << "\n";
       return 1;
     }
     result["mismatched"] = *mismatched;
+    result["mismatches"] = details;
   }
   print_table(result, f.percentiles);
   for (const RequestRecord& r : records)

@@ -27,6 +27,7 @@ struct RequestRecord {
   std::vector<double> itl_s;  // Gaps between consecutive token-carrying messages.
   std::vector<int> tokens;    // The streamed token ids (checked with --verify-model).
   int migrations = 0;         // The router's count, from the final message.
+  std::string request_id;     // The router's id for it (to find it in the router's log).
   // The router's timings of the request, from the final message (proto Timings).
   double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
 };
