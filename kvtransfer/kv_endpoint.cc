@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <tuple>
 
 #include "absl/strings/match.h"
@@ -27,6 +28,19 @@ uint64_t fnv1a(uint64_t h, const uint8_t* p, uint64_t n) {
 }
 constexpr uint64_t kFnvSeed = 0xcbf29ce484222325ull;
 
+uint64_t new_incarnation() {
+  std::random_device device;
+  std::mt19937_64 bits((uint64_t(device()) << 32) ^ device());
+  uint64_t id = 0;
+  while (id == 0) id = bits();
+  return id;
+}
+
+// The i-th incarnation of an optional list (0: unknown).
+uint64_t incarnation_at(const std::vector<uint64_t>& incarnations, size_t i) {
+  return i < incarnations.size() ? incarnations[i] : 0;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<KvRankEndpoint>> KvRankEndpoint::create(KvEndpointOptions options) {
@@ -48,7 +62,7 @@ StatusOr<std::unique_ptr<KvRankEndpoint>> KvRankEndpoint::create(KvEndpointOptio
 }
 
 KvRankEndpoint::KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout layout)
-    : options_(std::move(options)), layout_(std::move(layout)) {}
+    : options_(std::move(options)), layout_(std::move(layout)), incarnation_(new_incarnation()) {}
 
 KvRankEndpoint::~KvRankEndpoint() {
   // Sessions still open die with the process's arena; nothing may call back into us now.
@@ -96,6 +110,7 @@ Status KvRankEndpoint::init() {
   local.set_tp_size(options_.tp);
   local.set_rank(options_.rank);
   local.set_worker_address(transport_->local_address());
+  local.set_incarnation(incarnation_);
   local.set_geometry(absl::StrCat(options_.model_id, ": ", options_.spec.describe()));
   auto* arena = local.add_regions();
   arena->set_name(kArenaRegion);
@@ -171,9 +186,9 @@ Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
   return absl::OkStatus();
 }
 
-StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::dial(const std::string& endpoint, int tp,
-                                                       int rank) {
-  PD_ASSIGN_OR_RETURN(ControlPeer peer, control_->connect(endpoint, options_.connect_timeout));
+StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::dial(const std::string& endpoint, int tp, int rank,
+                                                       uint64_t incarnation) {
+  PD_ASSIGN_OR_RETURN(ControlPeer peer, control_->connect(endpoint, options_.connect_timeout, incarnation));
   Remote* remote = nullptr;
   PD_RETURN_IF_ERROR(record_remote(peer, &remote));
   const proto::Role want =
@@ -295,7 +310,8 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
   std::map<int, Remote*> consumers;
   Status unreachable;
   for (int c : (*map)->fan_out[options_.rank]) {
-    StatusOr<Remote*> remote = dial(in.consumer_endpoints[c], in.consumer_tp, c);
+    StatusOr<Remote*> remote =
+        dial(in.consumer_endpoints[c], in.consumer_tp, c, incarnation_at(in.consumer_incarnations, c));
     if (remote.ok()) {
       PD_REFUSE_IF_ERROR(check_blocks(in.consumer_blocks, (*remote)->layout->num_blocks(),
                                       "consumer"));
@@ -435,7 +451,8 @@ Status KvRankEndpoint::expect_push(const ExpectPushRequest& in) {
   request.consumer_blocks = in.consumer_blocks;
   if (in.producer_endpoints.empty()) return absl::OkStatus();
   for (auto& [p, leg] : request.legs) {
-    StatusOr<Remote*> remote = dial(in.producer_endpoints[p], in.producer_tp, p);
+    StatusOr<Remote*> remote =
+        dial(in.producer_endpoints[p], in.producer_tp, p, incarnation_at(in.producer_incarnations, p));
     if (!remote.ok()) {
       const Status why = unreachable_peer(absl::Status(remote.status().code(),
                                       absl::StrCat("request ", in.request_id, ": producer rank ",
@@ -570,7 +587,8 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
   std::map<int, Remote*> producers;
   Status unreachable;
   for (int p : (*map)->fan_in[options_.rank]) {
-    StatusOr<Remote*> remote = dial(in.producer_endpoints[p], in.producer_tp, p);
+    StatusOr<Remote*> remote =
+        dial(in.producer_endpoints[p], in.producer_tp, p, incarnation_at(in.producer_incarnations, p));
     if (remote.ok()) {
       PD_REFUSE_IF_ERROR(check_blocks(in.producer_blocks, (*remote)->layout->num_blocks(),
                                       "producer"));

@@ -105,6 +105,9 @@ struct PushRequest {
   std::vector<int> producer_blocks;
   std::vector<int> consumer_blocks;
   Duration lease{0};  // 0: the endpoint's default.
+  // Optional, one per endpoint: the incarnation (incarnation()) each was when last heard of; a
+  // cached connection to an older process there is dropped and dialed again.
+  std::vector<uint64_t> consumer_incarnations;
 };
 
 // Push, consumer rank: blocks reserved for a request that a producer TP group will write.
@@ -116,6 +119,7 @@ struct ExpectPushRequest {
   std::vector<int> consumer_blocks;
   std::vector<std::string> producer_endpoints;
   Duration lease{0};
+  std::vector<uint64_t> producer_incarnations;  // Optional, as PushRequest::consumer_incarnations.
 };
 
 // Pull, producer rank: blocks held for consumers to read. `consumer_tp` (0: unknown) gives
@@ -135,6 +139,7 @@ struct PullRequest {
   std::vector<int> producer_blocks;
   std::vector<int> consumer_blocks;
   Duration lease{0};
+  std::vector<uint64_t> producer_incarnations;  // Optional, as PushRequest::consumer_incarnations.
 };
 
 // The outcome of a request on this rank, returned by progress().
@@ -178,6 +183,9 @@ class KvRankEndpoint {
 
   // The control endpoint peers dial (and the router hands out).
   const std::string& control_endpoint() const;
+  // This endpoint's random, nonzero id (Handshake.incarnation): peers that learn it (KvGroup)
+  // tell this process from an earlier one on the same control endpoint.
+  uint64_t incarnation() const { return incarnation_; }
   const engine::KvCacheLayout& layout() const { return layout_; }
   // The registered KV arena (options.arena, or the one allocate_arena made).
   uint8_t* arena() const { return static_cast<uint8_t*>(options_.arena); }
@@ -258,8 +266,9 @@ class KvRankEndpoint {
   Status init();
 
   StatusOr<const RankMap*> map_for(int producer_tp, int consumer_tp);
-  // Dials a peer endpoint (cached) and records it; checks its role, TP and rank.
-  StatusOr<Remote*> dial(const std::string& endpoint, int tp, int rank);
+  // Dials a peer endpoint (cached unless `incarnation`, 0: any, names a newer process) and
+  // records it; checks its role, TP and rank.
+  StatusOr<Remote*> dial(const std::string& endpoint, int tp, int rank, uint64_t incarnation);
   Status record_remote(const ControlPeer& peer, Remote** out);
   Status ensure_transport(Remote& remote);
   StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
@@ -306,6 +315,7 @@ class KvRankEndpoint {
 
   KvEndpointOptions options_;
   engine::KvCacheLayout layout_;
+  const uint64_t incarnation_;
   // Before the transport and the control channel: both signal or poll it until they are gone.
   WakeFd wake_;
   std::unique_ptr<Transport> transport_;

@@ -59,6 +59,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat("Reserve needs 0 < prompt_len <= num_tokens (got ",
                                                    request.prompt_len(), ", ", request.num_tokens(), ")"));
   std::vector<std::string> producer_endpoints;
+  std::vector<uint64_t> producer_incarnations;
   if (!request.kv_producer().empty()) {
     PD_ASSIGN_OR_RETURN(KvGroup producer, parse_kv_group(request.kv_producer(), "kv_producer"));
     if (producer.tp() != request.producer_tp())
@@ -66,6 +67,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
     if (producer.compat_hash() != kv_->compat_hash())
       return absl::FailedPreconditionError("the producer's KV geometry differs from this worker's (compat hash)");
     producer_endpoints.assign(producer.rank_endpoints().begin(), producer.rank_endpoints().end());
+    producer_incarnations.assign(producer.rank_incarnations().begin(), producer.rank_incarnations().end());
   }
   const int block_size = engine_.kv_layout(0).block_size();
   const int num_tokens = std::min(request.num_tokens(), engine_.config().max_seq_len);
@@ -86,6 +88,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   expect.producer_tp = request.producer_tp();
   expect.consumer_blocks = job.kv_blocks;
   expect.producer_endpoints = producer_endpoints;
+  expect.producer_incarnations = producer_incarnations;
   expect.lease = lease_;
   std::unique_lock lock(mu_);
   if (jobs_.count(id)) {
@@ -158,6 +161,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     pull.request_id = id;
     pull.producer_tp = source.tp();
     pull.producer_endpoints.assign(source.rank_endpoints().begin(), source.rank_endpoints().end());
+    pull.producer_incarnations.assign(source.rank_incarnations().begin(), source.rank_incarnations().end());
     pull.producer_blocks.assign(source.blocks().begin(), source.blocks().end());
     pull.consumer_blocks = job.kv_blocks;
     pull.lease = lease_;

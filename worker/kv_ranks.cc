@@ -62,6 +62,7 @@ class KvRanks::Rank {
   }
 
   const std::string& endpoint() const { return control_endpoint_; }
+  uint64_t incarnation() const { return incarnation_; }
   void* arena() const { return arena_; }
   uint64_t failures() const { return failures_.load(); }
 
@@ -78,6 +79,7 @@ class KvRanks::Rank {
     kvtransfer::KvRankEndpoint* endpoint = endpoint_.get();
     control_endpoint_ = advertised_endpoint(endpoint->control_endpoint(), advertise_host_);
     arena_ = endpoint->arena();
+    incarnation_ = endpoint->incarnation();
     PD_LOG_INFO("kvtransfer rank {}: {}", rank_, endpoint->describe());
     started.set_value(absl::OkStatus());
     std::optional<TimePoint> drain_until;
@@ -113,6 +115,7 @@ class KvRanks::Rank {
   std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;
   std::string control_endpoint_;
   void* arena_ = nullptr;  // The registered arena (the engine's, or a transport-made mirror).
+  uint64_t incarnation_ = 0;
   std::mutex mu_;  // Guards queue_, stopping_ and drain_.
   std::vector<KvCommand> queue_;
   bool stopping_ = false;
@@ -212,7 +215,10 @@ KvRanks::~KvRanks() { stop(Duration(0)); }
 KvGroup KvRanks::group() const {
   KvGroup g;
   g.set_tp(tp());
-  for (const auto& r : ranks_) g.add_rank_endpoints(r->endpoint());
+  for (const auto& r : ranks_) {
+    g.add_rank_endpoints(r->endpoint());
+    g.add_rank_incarnations(r->incarnation());
+  }
   g.set_compat_hash(compat_hash_);
   return g;
 }
@@ -260,6 +266,9 @@ StatusOr<KvGroup> parse_kv_group(const std::string& bytes, const std::string& wh
                                                    " rank endpoints"));
   for (const std::string& e : g.rank_endpoints())
     if (e.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty rank endpoint"));
+  if (g.rank_incarnations_size() != 0 && g.rank_incarnations_size() != g.tp())
+    return absl::InvalidArgumentError(absl::StrCat(what, ": TP ", g.tp(), " with ", g.rank_incarnations_size(),
+                                                   " rank incarnations"));
   return g;
 }
 

@@ -227,6 +227,7 @@ void PrefillRole::begin_push(const std::string& id, Job& job) {
   push.request_id = id;
   push.consumer_tp = job.consumer.tp();
   push.consumer_endpoints.assign(job.consumer.rank_endpoints().begin(), job.consumer.rank_endpoints().end());
+  push.consumer_incarnations.assign(job.consumer.rank_incarnations().begin(), job.consumer.rank_incarnations().end());
   push.producer_blocks = job.kv_blocks;
   push.consumer_blocks = job.target_blocks;
   push.lease = lease_;

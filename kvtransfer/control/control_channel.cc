@@ -33,6 +33,7 @@ void copy_identity(const Message& m, ControlPeer& peer) {
   peer.tp_size = m.tp_size();
   peer.rank = m.rank();
   peer.worker_address = m.worker_address();
+  peer.incarnation = m.incarnation();
   for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
   peer.arena = m.arena();
 }
@@ -75,10 +76,17 @@ Status ControlChannel::bind() {
   return absl::OkStatus();
 }
 
-StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout) {
+StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout, uint64_t incarnation) {
   if (auto it = peer_by_endpoint_.find(endpoint); it != peer_by_endpoint_.end()) {
-    const PeerState& cached = peers_.at(it->second);
-    if (!cached.lost) return cached.info;
+    const uint64_t id = it->second;
+    PeerState& cached = peers_.at(id);
+    if (!cached.lost && (incarnation == 0 || cached.info.incarnation == incarnation)) return cached.info;
+    if (!cached.lost) {
+      // ZeroMQ reconnected the socket to the new process under us, which never handshook on it.
+      lose(id, cached, absl::UnavailableError(absl::StrCat("the peer at ", endpoint, " restarted (incarnation ",
+                                                           absl::Hex(cached.info.incarnation), ", now ",
+                                                           absl::Hex(incarnation), ")")));
+    }
   }
   try {
     auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
@@ -271,6 +279,7 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       ack.set_tp_size(local.tp_size());
       ack.set_rank(local.rank());
       ack.set_worker_address(local.worker_address());
+      ack.set_incarnation(local.incarnation());
       *ack.mutable_regions() = local.regions();
       *ack.mutable_arena() = local.arena();
     }
@@ -328,18 +337,9 @@ void ControlChannel::tick() {
   for (auto& [id, peer] : peers_) {
     if (peer.lost) continue;
     if (now - peer.last_heard > options_.peer_timeout) {
-      peer.lost = true;
-      if (peer.dealer) {
-        peer_by_endpoint_.erase(peer.info.endpoint);
-        peer.dealer.reset();
-      } else {
-        peer_by_routing_id_.erase(peer.routing_id);
-      }
-      const Status why = absl::UnavailableError(
-          absl::StrCat("no control message from peer ", id, " (rank ", peer.info.rank, ") for ",
-                       to_ms(now - peer.last_heard), " ms"));
-      PD_LOG_WARN("control: {}", std::string(why.message()));
-      events_.push_back(ControlEvent{ControlEvent::Kind::kPeerLost, id, {}, why});
+      lose(id, peer,
+           absl::UnavailableError(absl::StrCat("no control message from peer ", id, " (rank ", peer.info.rank,
+                                               ") for ", to_ms(now - peer.last_heard), " ms")));
       continue;
     }
     if (beat) {
@@ -349,6 +349,18 @@ void ControlChannel::tick() {
       if (!sent.ok()) PD_LOG_DEBUG("control: heartbeat to peer {}: {}", id, sent.ToString());
     }
   }
+}
+
+void ControlChannel::lose(uint64_t id, PeerState& peer, const Status& why) {
+  peer.lost = true;
+  if (peer.dealer) {
+    peer_by_endpoint_.erase(peer.info.endpoint);
+    peer.dealer.reset();
+  } else {
+    peer_by_routing_id_.erase(peer.routing_id);
+  }
+  PD_LOG_WARN("control: {}", std::string(why.message()));
+  events_.push_back(ControlEvent{ControlEvent::Kind::kPeerLost, id, {}, why});
 }
 
 void ControlChannel::refuse(const std::string& from, const Status& why) {

@@ -58,6 +58,7 @@ struct ControlPeer {
   uint32_t tp_size = 0;
   uint32_t rank = 0;
   std::string worker_address;
+  uint64_t incarnation = 0;  // Handshake.incarnation: which process on that endpoint.
   std::map<std::string, std::string> regions;  // Region name → transport descriptor.
   proto::ArenaInfo arena;  // Unset (all zero) when the peer announced no KV arena.
 };
@@ -85,8 +86,10 @@ class ControlChannel {
   const std::string& endpoint() const { return endpoint_; }
 
   // Dials a peer and handshakes within `timeout`; a live earlier handshake with the same
-  // endpoint is reused without a round trip. A refusal is FailedPrecondition with the reason.
-  StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout);
+  // endpoint is reused without a round trip, unless `incarnation` (0: any) names another process:
+  // then the old peer is reported lost (kPeerLost) and the endpoint dialed again. A refusal is
+  // FailedPrecondition with the reason.
+  StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
   // Sends a notification (or any message) to a handshaken peer, without blocking.
   Status send(uint64_t peer, const proto::Envelope& message);
   // Services the sockets for at most `timeout` of real time and returns the next event, or
@@ -121,6 +124,8 @@ class ControlChannel {
   void on_peer_message(uint64_t peer, proto::Envelope envelope);
   // Sends heartbeats when due and reports peers that went quiet.
   void tick();
+  // Marks a peer lost (closing a dialed one's socket) and queues kPeerLost with `why`.
+  void lose(uint64_t id, PeerState& peer, const Status& why);
   void refuse(const std::string& from, const Status& why);
 
   const ControlChannelOptions options_;

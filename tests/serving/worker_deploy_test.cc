@@ -316,8 +316,9 @@ TEST(WorkerDeploy, RouterPairsOnlyWorkersOfTheSameKvCompatLabel) {
 
 // As in a pod: workers bound on the wildcard address, advertising another (here loopback, the
 // pod IP in Kubernetes) with fixed kvtransfer ports. The descriptors carry the advertised host and
-// the fixed ports, and KV moves through them: greedy through the router equals in process.
-TEST(WorkerDeploy, WildcardBoundWorkersAdvertiseTheirAddressAndFixedKvPorts) {
+// the fixed ports, and KV moves through them: greedy through the router equals in process, also
+// right after the decode worker restarted on the same ports.
+TEST(WorkerDeploy, WildcardBoundWorkersAdvertiseTheirAddressAndFixedKvPortsAndRestartOnThem) {
   auto router = start_router();
   ASSERT_TRUE(router->wait_ready(30s)) << router->log();
   const int p_port = testing::free_port_pair(), d_port = testing::free_port_pair();
@@ -362,6 +363,28 @@ TEST(WorkerDeploy, WildcardBoundWorkersAdvertiseTheirAddressAndFixedKvPorts) {
   const grpc::Status s = reader->Finish();
   ASSERT_TRUE(s.ok()) << s.error_message() << prefill->log() << decode->log();
   EXPECT_EQ(tokens, want);
+
+  // The decode worker dies and comes back on the same ports (a container restart in its pod).
+  // The prefill worker's cached connection to that kvtransfer endpoint belongs to the dead
+  // process: the new one's incarnation, in its Reserve answer, makes the prefill side drop it
+  // and handshake again, so the first request is served at once, without a migration.
+  decode->kill9();
+  auto restarted = start_worker("decode", flags(d_port, d_kv));
+  ASSERT_TRUE(restarted->wait_ready(60s)) << restarted->log();
+  ASSERT_TRUE(wait_up(router->http_port(), advertised, "decode")) << router->log();
+  grpc::ClientContext again;
+  again.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto second = stub->Generate(&again, req);
+  tokens.clear();
+  int migrations = -1;
+  while (second->Read(&r)) {
+    tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
+    if (r.finished()) migrations = r.migrations();
+  }
+  const grpc::Status s2 = second->Finish();
+  ASSERT_TRUE(s2.ok()) << s2.error_message() << prefill->log() << restarted->log();
+  EXPECT_EQ(tokens, want);
+  EXPECT_EQ(migrations, 0) << router->log() << prefill->log();
 }
 
 }  // namespace

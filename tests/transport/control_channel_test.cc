@@ -147,6 +147,33 @@ TEST(ControlChannelTest, AWakeEndsReceiveAtOnceAndAZeroTimeoutStillLooks) {
   EXPECT_TRUE(answered);
 }
 
+TEST(ControlChannelTest, AnotherIncarnationDropsTheCachedPeerAndDialsAgain) {
+  ControlChannelOptions o = options_for(proto::ROLE_DECODE, 7, &RealClock::instance());
+  o.local.set_incarnation(0xabc);
+  auto decode = ControlChannel::create(o);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  Serving serving(**decode);
+  auto first = prefill->connect((*decode)->endpoint(), 2s);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->incarnation, 0xabcu);
+  auto same = prefill->connect((*decode)->endpoint(), 1ms, 0xabc);  // Cached: no round trip.
+  ASSERT_TRUE(same.ok());
+  EXPECT_EQ(same->id, first->id);
+  // The caller heard of another process on that endpoint: the cached peer is lost, and the
+  // endpoint handshakes again (here the same process answers, with its own incarnation).
+  auto fresh = prefill->connect((*decode)->endpoint(), 2s, 0xdef);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_NE(fresh->id, first->id);
+  EXPECT_EQ(fresh->incarnation, 0xabcu);
+  auto lost = prefill->receive(0ms);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->kind, ControlEvent::Kind::kPeerLost);
+  EXPECT_EQ(lost->peer, first->id);
+  EXPECT_NE(lost->error.message().find("restarted"), std::string::npos) << lost->error;
+  serving.stop();
+}
+
 TEST(ControlChannelTest, MismatchedCompatHashIsRefusedWithBothGeometries) {
   auto decode = make(proto::ROLE_DECODE, 1);
   auto prefill = make(proto::ROLE_PREFILL, 2);
