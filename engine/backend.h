@@ -81,7 +81,7 @@ class Backend {
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };
 
-// The fp32 CPU backend (OpenBLAS GEMM, kernels/cpu).
+// The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant).
 std::unique_ptr<Backend> make_cpu_backend();
 
 // The backend named `kind` on device `device`: "cpu" (device ignored), "cuda" in builds with

@@ -1,6 +1,5 @@
 #include "engine/rank_pool.h"
 
-#include <cblas.h>
 
 #include "engine/gpu_module.h"
 
@@ -35,8 +34,6 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                               : make_backend(options.backend, r));
     pool->backends_.push_back(std::move(backend));
   }
-  // Ranks are the parallelism when there are several; BLAS threads would only contend.
-  if (tp > 1 && pool->backends_[0]->host_memory()) openblas_set_num_threads(1);
   PD_ASSIGN_OR_RETURN(pool->comms_, make_group(options.backend, tp));
   for (int r = 0; r < tp; ++r) {
     Backend* backend = pool->backends_[r].get();

@@ -5,7 +5,7 @@
 # gpu_bench (8B-shape decode and prefill against H200 rooflines), results written to a directory.
 #
 # The GPU machine has the CUDA toolkit and a driver but none of the project's Debian packages
-# (abseil, OpenBLAS, GTest, ...), so the programs are built here and travel as a bundle:
+# (abseil, GTest, ...), so the programs are built here and travel as a bundle:
 #   scripts/gpu-check.sh bundle        on the dev machine (Debian 12 + CUDA toolkit): builds the
 #                                      programs for sm_90 and sm_100 and packs them, with the
 #                                      shared libraries they need (UCX's transport modules too)

@@ -1,7 +1,5 @@
 #include "kernels/cpu/ops.h"
 
-#include <cblas.h>
-
 #include <cmath>
 
 namespace pdserve::kernels::cpu {
@@ -50,10 +48,56 @@ void add_inplace(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+namespace {
+
+// Partial sums per dot product: k is split into lanes k % kLanes, each summed in order of k, and
+// the lanes are added in one fixed tree. The lanes are independent, so the compiler vectorizes
+// them without reordering any sum.
+constexpr int kLanes = 8;
+// Rows (of x) and columns (rows of w) per tile: each loaded element of w serves kTileRows rows,
+// each of x kTileCols columns.
+constexpr int kTileRows = 4, kTileCols = 4;
+
+inline float reduce_lanes(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// y[r][o] for R rows of x and C columns, with exactly the operations of every other tile shape:
+// the value of one output element never depends on its neighbours in the call.
+template <int R, int C>
+void dot_tile(float* y, int64_t ldy, const float* x, const float* w, int in, int64_t ldw, bool accumulate) {
+  float acc[R][C][kLanes] = {};
+  const int whole = in - in % kLanes;
+  for (int k = 0; k < whole; k += kLanes)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c)
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += x[int64_t(r) * in + k + l] * w[int64_t(c) * ldw + k + l];
+  for (int k = whole; k < in; ++k)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c][k - whole] += x[int64_t(r) * in + k] * w[int64_t(c) * ldw + k];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const float sum = reduce_lanes(acc[r][c]);
+      y[r * ldy + c] = accumulate ? y[r * ldy + c] + sum : sum;
+    }
+}
+
+template <int R>
+void dot_rows(float* y, const float* x, const float* w, int out, int in, int64_t ldw, bool accumulate) {
+  int o = 0;
+  for (; o + kTileCols <= out; o += kTileCols)
+    dot_tile<R, kTileCols>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
+  for (; o < out; ++o) dot_tile<R, 1>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
+}
+
+}  // namespace
+
 void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw,
                 bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, int(ldw),
-              accumulate ? 1.0f : 0.0f, y, out);
+  int r = 0;
+  for (; r + kTileRows <= rows; r += kTileRows)
+    dot_rows<kTileRows>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, in, ldw, accumulate);
+  for (; r < rows; ++r) dot_rows<1>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, in, ldw, accumulate);
 }
 
 void add_bias(float* y, const float* bias, int rows, int out) {

@@ -24,6 +24,10 @@ void add_inplace(float* x, const float* y, int64_t n);
 
 // y[rows][out] = x[rows][in] · w^T, with w an [out][in] matrix whose rows are `ldw` apart
 // (a column slice of a wider matrix has ldw > in). Accumulates into y when `accumulate`.
+// Batch-invariant: y[r][o] is the same float, bit for bit, whatever `rows` is and whatever the
+// other rows hold, so a sequence's greedy tokens never depend on what it was batched with, nor
+// on whether a position was computed in a prefill or a decode step (BLAS libraries choose their
+// kernels, and so their summation orders, by matrix shape: ties between top logits then flip).
 void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw,
                 bool accumulate = false);
 

@@ -1,5 +1,6 @@
 // CPU kernels against naive formulas, paged attention through every block layout against dense
 // attention over the same K/V, and sampling from logits gathered over TP ranks.
+#include <bit>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -56,6 +57,41 @@ TEST(Kernels, MatmulWithColumnSliceStride) {
       for (int i = 0; i < 3; ++i) e += x[r * 3 + i] * w[o * 5 + 1 + i];
       EXPECT_NEAR(y[r * 3 + o], e, 1e-5);
     }
+}
+
+TEST(Kernels, MatmulMatchesADoubleReferenceOnEveryTileShape) {
+  // Sizes around the tiles (4 rows x 4 columns, k in lanes of 8), accumulating and not.
+  for (int rows : {1, 3, 4, 5, 9})
+    for (int out : {1, 4, 6, 13})
+      for (int in : {1, 7, 8, 17, 64}) {
+        std::vector<float> w = random_vec(out * (in + 2), 11), x = random_vec(rows * in, 12);
+        std::vector<float> y = random_vec(rows * out, 13), y0 = y;
+        matmul_xwt(y.data(), x.data(), w.data(), rows, out, in, in + 2, /*accumulate=*/true);
+        for (int r = 0; r < rows; ++r)
+          for (int o = 0; o < out; ++o) {
+            double e = y0[r * out + o];
+            for (int i = 0; i < in; ++i) e += double(x[r * in + i]) * w[o * (in + 2) + i];
+            EXPECT_NEAR(y[r * out + o], e, 1e-4) << rows << "x" << out << "x" << in;
+          }
+      }
+}
+
+TEST(Kernels, MatmulRowsDoNotDependOnTheirBatch) {
+  // Each row's outputs, bit for bit, whether it is computed alone or among others, at any place
+  // in the batch: what keeps greedy tokens independent of batching (ties between top logits).
+  const int out = 37, in = 75;
+  std::vector<float> w = random_vec(out * in, 21), batch = random_vec(17 * in, 22);
+  for (int rows = 1; rows <= 17; ++rows) {
+    std::vector<float> y(rows * out);
+    matmul_xwt(y.data(), batch.data(), w.data(), rows, out, in, in);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> solo(out);
+      matmul_xwt(solo.data(), batch.data() + r * in, w.data(), 1, out, in, in);
+      for (int o = 0; o < out; ++o)
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[r * out + o]), std::bit_cast<uint32_t>(solo[o]))
+            << "row " << r << " of " << rows << ", column " << o;
+    }
+  }
 }
 
 struct LayoutCase {
