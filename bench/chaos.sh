@@ -2,9 +2,10 @@
 # chaos: a soak of the serving edge. `pdserve up` with 2 prefill + 2 decode workers serves
 # `pdserve bench` rounds (greedy, --ignore-eos, each output checked against the in-process engine
 # with --verify-model) for MINUTES minutes, while a random worker is SIGKILLed every KILL_EVERY
-# seconds (`up` restarts it on its address; the router migrates what it was serving). At the
-# end: requests sent, failed, outputs unlike the in-process engine's, kills, migrations, and
-# whether every block came back in every worker's pool. Exit 0 only if nothing failed, every
+# seconds (`up` restarts it on its address; the router migrates what it was serving), and the
+# router once half-way (`up` restarts it too; clients resend what failed UNAVAILABLE). At the
+# end: requests sent, failed, resent, outputs unlike the in-process engine's, kills, migrations,
+# and whether every block came back in every worker's pool. Exit 0 only if nothing failed, every
 # output was equal and no block leaked.
 #   bench/chaos.sh MODEL [MINUTES=30] [CONCURRENCY=16] [KILL_EVERY=20] [KV_MODE=push]
 set -euo pipefail
@@ -37,9 +38,20 @@ echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $conc
 
 end=$(( $(date +%s) + minutes * 60 ))
 kills=0
-( # The killer: a random worker (a child of `up` with --role prefill|decode) every kill_every s.
+half=$(( $(date +%s) + minutes * 30 ))
+( # The killer: a random worker (a child of `up` with --role prefill|decode) every kill_every s,
+  # and once, half-way, the router (clients resend what it was serving: bench --retries).
+  router_killed=0
   while [ "$(date +%s)" -lt "$end" ]; do
     sleep "$kill_every"
+    if [ "$router_killed" = 0 ] && [ "$(date +%s)" -ge "$half" ]; then
+      for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
+        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q 'pdserve-router ' &&
+          kill -9 "$p" 2>/dev/null && echo "kill router $p $(date +%s)" >>"$work/kills"
+      done
+      router_killed=1
+      continue
+    fi
     mapfile -t workers < <(for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
       tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qE -- '--role (prefill|decode) ' && echo "$p"; done)
     [ ${#workers[@]} -gt 0 ] || continue
@@ -48,18 +60,18 @@ kills=0
   done ) &
 killer=$!
 
-sent=0 failed=0 mismatched=0 round=0
+sent=0 failed=0 mismatched=0 resent=0 migrations=0 round=0
 while [ "$(date +%s)" -lt "$end" ]; do
   round=$((round + 1))
   "$pdserve" bench --router "$router" --num-prompts $((concurrency * 8)) --random-input-len 64 --random-output-len 128 \
-    --random-range-ratio 0.5 --max-concurrency "$concurrency" --ignore-eos --seed "$round" --verify-model "$model" \
+    --random-range-ratio 0.5 --max-concurrency "$concurrency" --ignore-eos --seed "$round" --verify-model "$model" --retries 30 \
     --result-file "$work/round.json" >"$work/bench.out" 2>"$work/bench.err" || true
   if [ ! -s "$work/round.json" ]; then
     echo "chaos: round $round produced no result" >&2; tail -3 "$work/bench.err" >&2; failed=$((failed + concurrency * 8))
     continue
   fi
-  read -r c f m < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0))' "$work/round.json")
-  sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m))
+  read -r c f m r g < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0), j.get("retried", 0), j.get("migrations", 0))' "$work/round.json")
+  sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m)) resent=$((resent + r)) migrations=$((migrations + g))
   [ "$f" -gt 0 ] && grep -m1 'first failure' "$work/bench.err" >&2 || true
   if [ "$m" -gt 0 ]; then  # Kept for replay: prompts, both outputs, the router's request ids.
     grep -m1 'differs from the in-process engine' "$work/bench.err" >&2 || true
@@ -87,11 +99,10 @@ PY
   [ "$leaked" = "0.0" ] && break
   sleep 0.2
 done
-migrations=$(curl -s "http://$http/metrics" | awk '/^pdserve:request_migrations_total/ {s += $2} END {print s + 0}')
 restarts=$(grep -c 'restarting it' "$work/up.err" || true)
 accounting=$(grep -c 'block-accounting bug' "$work/up.err" || true)
-printf 'requests\tfailed\tmismatched\tkills\trestarts\tmigrations\tblocks not back\tblock-accounting errors\n'
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked" "$accounting"
+printf 'requests\tfailed\tresent\tmismatched\tkills\trestarts\tmigrations\tblocks not back\tblock-accounting errors\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked" "$accounting"
 if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ]; then
   keep="${CHAOS_KEEP:-${TMPDIR:-/tmp}}/chaos-up-$$.log"
   cp "$work/up.err" "$keep" && echo "chaos: the cluster's log is kept in $keep" >&2

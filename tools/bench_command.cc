@@ -29,6 +29,7 @@ struct BenchFlags {
   int output_len = 64;
   double range_ratio = 0.0;
   int max_concurrency = 0;  // 0: unlimited.
+  int retries = 0;          // Resends of a request that failed UNAVAILABLE.
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
   bool ignore_eos = false;
@@ -126,7 +127,7 @@ std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::Mo
   return out;
 }
 
-RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
+RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& req) {
   RequestRecord rec;
   rec.prompt_tokens = req.token_ids().ids_size();
   const Steady::time_point t0 = Steady::now();
@@ -149,8 +150,22 @@ RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req) {
   });
   rec.e2e_s = seconds_since(t0);
   rec.ok = s.ok();
+  rec.code = s.code();
   if (!s.ok()) rec.error = std::string(s.message());
   return rec;
+}
+
+// Sends one request; with `retries`, one that failed UNAVAILABLE (the router gone or restarting:
+// nothing of it can be trusted) is sent again from scratch, after a back-off, up to that often.
+RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req, int retries = 0) {
+  auto backoff = std::chrono::milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    RequestRecord rec = run_one_attempt(client, req);
+    rec.retries = attempt;
+    if (rec.ok || rec.code != absl::StatusCode::kUnavailable || attempt >= retries) return rec;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
 }
 
 void progress(int done, int total) {
@@ -173,6 +188,7 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
   std::cout << "============ Serving Benchmark Result ============\n";
   line("Successful requests:", std::to_string(r["completed"].get<int>()));
   line("Failed requests:", std::to_string(r["failed"].get<int>()));
+  if (r.value("retried", 0) > 0) line("Resent after UNAVAILABLE (--retries):", std::to_string(r["retried"].get<int>()));
   if (r.contains("mismatched"))
     line("Outputs unlike the in-process engine's:", std::to_string(r["mismatched"].get<int>()));
   if (r.contains("max_concurrency") && !r["max_concurrency"].is_null())
@@ -268,7 +284,7 @@ int run_bench(const BenchFlags& f) {
     slots.acquire();
     const double offset = seconds_since(start);
     threads.emplace_back([&, i, offset] {
-      records[i] = run_one(*client, requests[i]);
+      records[i] = run_one(*client, requests[i], f.retries);
       records[i].start_s = offset;
       slots.release();
       std::lock_guard lock(mu);
@@ -352,9 +368,11 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 
 json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
   std::vector<double> ttft, tpot, itl, e2el, queued, prefill, kv_transfer, outside_prefill;
-  int completed = 0, failed = 0;
+  int completed = 0, failed = 0, retried = 0, migrations = 0;
   int64_t input = 0, output = 0;
   for (const RequestRecord& r : records) {
+    retried += r.retries;
+    migrations += r.migrations;
     if (!r.ok) {
       ++failed;
       continue;
@@ -377,6 +395,8 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   j["duration"] = duration_s;
   j["completed"] = completed;
   j["failed"] = failed;
+  j["retried"] = retried;
+  j["migrations"] = migrations;  // The router's, over every request it finished.
   j["total_input_tokens"] = input;
   j["total_output_tokens"] = output;
   const double d = duration_s > 0 ? duration_s : 1;
@@ -432,6 +452,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--random-output-len,--output-len", f->output_len, "Tokens to generate (max_tokens)")->capture_default_str();
   cmd->add_option("--random-range-ratio", f->range_ratio, "Lengths uniform in len*(1±ratio); 0: fixed")->capture_default_str();
   cmd->add_option("--max-concurrency", f->max_concurrency, "Requests in flight at most (0: unlimited)");
+  cmd->add_option("--retries", f->retries,
+                  "Send a request that failed UNAVAILABLE (the router gone or restarting) again from scratch, up to "
+                  "this often (counted as `retried`)")
+      ->capture_default_str();
   cmd->add_option("--request-rate", f->request_rate, "Requests per second (default inf: all at once)");
   cmd->add_option("--burstiness", f->burstiness, "Gamma shape of the arrival gaps (1: Poisson)")->capture_default_str();
   cmd->add_flag("--ignore-eos", f->ignore_eos, "Generate exactly the output length");

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace pdserve::tools {
 
 // Adds the subcommand to `app`; its callback sets `*exit_code`.
@@ -28,6 +30,8 @@ struct RequestRecord {
   std::vector<int> tokens;    // The streamed token ids (checked with --verify-model).
   int migrations = 0;         // The router's count, from the final message.
   std::string request_id;     // The router's id for it (to find it in the router's log).
+  absl::StatusCode code = absl::StatusCode::kOk;
+  int retries = 0;  // Earlier attempts that failed UNAVAILABLE and were sent again.
   // The router's timings of the request, from the final message (proto Timings).
   double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
 };

@@ -13,6 +13,8 @@ namespace {
 StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address, Duration wait, const char* what) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
+  // A restarted router is found again within a second (gRPC's default back-off grows to 2 min).
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(wait)))

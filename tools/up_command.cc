@@ -1,11 +1,13 @@
 #include "tools/up_command.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -279,6 +281,12 @@ int run_up(const UpFlags& f) {
       if (!c->address.empty())
         for (size_t i = 0; i + 1 < argv.size(); ++i)
           if (argv[i] == "--port") argv[i + 1] = c->address.substr(c->address.rfind(':') + 1);
+      // The router's HTTP port too (READY ... http=HOST:PORT), so that HTTP clients find it again.
+      if (const size_t http = c->ready_line.find(" http="); http != std::string::npos &&
+          std::find(argv.begin(), argv.end(), "--http-port") == argv.end()) {
+        const std::string address = c->ready_line.substr(http + 6, c->ready_line.find(' ', http + 6) - http - 6);
+        argv.insert(argv.end(), {"--http-port", address.substr(address.rfind(':') + 1)});
+      }
       std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; restarting it"
                 << (c->address.empty() ? "" : " on " + c->address) << "\n";
       const std::string name = c->name, address = c->address;

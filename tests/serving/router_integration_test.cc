@@ -320,6 +320,26 @@ TEST_F(RouterAggregated, UpRestartsADeadWorkerOnItsAddress) {
   EXPECT_FALSE(cluster_->exited());
 }
 
+// The router too, on both of its ports: gRPC and HTTP clients find it again where it was.
+TEST_F(RouterAggregated, UpRestartsADeadRouterOnItsPorts) {
+  const std::vector<pid_t> children = cluster_->children();
+  ASSERT_EQ(children.size(), 2u);  // The worker and the router.
+  ::kill(children.back(), SIGKILL);
+  for (int i = 0; i < 1000 && cluster_->log().find("router killed by signal 9; restarting it") == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_NE(cluster_->log().find("router killed by signal 9; restarting it"), std::string::npos) << cluster_->log();
+  httplib::Client http("127.0.0.1", cluster_->http_port());
+  bool healthy = false;
+  for (int i = 0; i < 300 && !healthy; ++i) {
+    auto r = http.Get("/health");
+    healthy = r && r->status == 200;
+    if (!healthy) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(healthy) << cluster_->log();
+  expect_greedy_equal(*cluster_);
+  EXPECT_FALSE(cluster_->exited());
+}
+
 TEST(RouterUp, RestartNeverStopsEverythingWhenOneProcessDies) {
   Cluster c({"--aggregated", "1", "--restart", "never"});
   ASSERT_TRUE(c.wait_ready(60s)) << c.log();
