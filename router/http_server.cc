@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/logging.h"
+#include "common/tls.h"
 #include "router/bounded_task_queue.h"
 #include "router/openai_api.h"
 
@@ -71,11 +72,20 @@ bool peer_closed(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+// An HTTPS server for `tls` (checked by load_tls), else a plain one.
+std::unique_ptr<httplib::Server> make_server(const TlsConfig* tls) {
+  if (tls == nullptr) return std::make_unique<httplib::Server>();
+  return std::make_unique<httplib::SSLServer>([tls](SSL_CTX& ctx) {
+    const Status s = configure_ssl_server(ctx, *tls);
+    if (!s.ok()) PD_LOG_ERROR("HTTPS: {}", std::string(s.message()));
+    return s.ok();
+  });
+}
+
 }  // namespace
 
 HttpServer::HttpServer(Router& router, HttpServerOptions options)
-    : router_(router), api_keys_(options.api_keys), server_(std::make_unique<httplib::Server>()),
-      id_salt_(std::random_device{}()) {
+    : router_(router), api_keys_(options.api_keys), server_(make_server(options.tls)), id_salt_(std::random_device{}()) {
   server_->set_payload_max_length(options.max_body_bytes);
   server_->new_task_queue = [options] { return new BoundedTaskQueue(options.threads, options.max_queued); };
   server_->set_keep_alive_timeout(options.keep_alive_timeout_s);
@@ -132,6 +142,7 @@ HttpServer::HttpServer(Router& router, HttpServerOptions options)
 HttpServer::~HttpServer() { stop(); }
 
 StatusOr<int> HttpServer::bind(const std::string& host, int port) {
+  if (!server_->is_valid()) return absl::InvalidArgumentError("HTTPS: the certificate and key cannot be used");
   const int bound = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) return absl::UnavailableError(absl::StrCat("HTTP: cannot bind ", host, ":", port));
   if (listen_socket_ >= 0 && ::listen(listen_socket_, kListenBacklog) != 0)

@@ -2,6 +2,7 @@
 // /v1/chat/completions (with SSE streaming) and /v1/models, /health for load balancers, and
 // Prometheus /metrics. Every request is served by the same Router as the gRPC API. Connections
 // are served by a bounded pool (bounded_task_queue.h): beyond it, 429 like a full admission queue.
+// Over HTTPS when the router has --tls-cert (clients are not asked for certificates).
 #pragma once
 
 #include <atomic>
@@ -20,6 +21,10 @@ struct Request;
 struct Response;
 }  // namespace httplib
 
+namespace pdserve {
+struct TlsConfig;
+}  // namespace pdserve
+
 namespace pdserve::router {
 
 struct HttpServerOptions {
@@ -37,6 +42,8 @@ struct HttpServerOptions {
   // metrics_need_key.
   const ApiKeys* api_keys = nullptr;
   bool metrics_need_key = false;
+  // Serve HTTPS with this certificate and key (must outlive the constructor); null: plain HTTP.
+  const TlsConfig* tls = nullptr;
 };
 
 class HttpServer {

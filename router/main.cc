@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "engine/model_loader.h"
 #include "common/secrets.h"
+#include "common/tls.h"
 #include "router/api_keys.h"
 #include "router/generation_service.h"
 #include "router/http_server.h"
@@ -46,6 +47,8 @@ struct Flags {
   double worker_wait_s = 30;
   int heartbeat_interval_ms = 1000;
   int heartbeat_timeout_ms = 3000;
+  pdserve::TlsFiles tls;
+  std::string tls_worker_name;
 };
 
 int run(const Flags& f) {
@@ -82,6 +85,15 @@ int run(const Flags& f) {
     }
     cluster_tokens = std::move(*tokens);
   }
+  auto tls = load_tls(f.tls);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (!f.tls_worker_name.empty() && tls->mode != TlsMode::kMutual) {
+    std::cerr << "error: --tls-worker-name applies to the workers' certificates: it needs --tls-ca\n";
+    return 2;
+  }
   auto loaded = engine::load_model({f.model, f.tokenizer});
   if (!loaded.ok()) {
     std::cerr << "error: " << loaded.status().message() << "\n";
@@ -104,6 +116,8 @@ int run(const Flags& f) {
   ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_interval_ms);
   ro.heartbeat_timeout = std::chrono::milliseconds(f.heartbeat_timeout_ms);
   ro.failure_threshold = f.failure_threshold;
+  ro.credentials = peer_channel_credentials(*tls);
+  ro.tls_server_name = f.tls_worker_name;
   WorkerRegistry registry(endpoints, ro, RealClock::instance());
   registry.poll_once();
   registry.start();
@@ -121,13 +135,17 @@ int run(const Flags& f) {
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance());
   GenerationService service(router, *keys);
-  RegistryService registry_service(registry, model_names, opts.kv_mode, cluster_tokens);
+  const bool mutual_tls = tls->mode == TlsMode::kMutual;
+  RegistryService registry_service(registry, model_names, opts.kv_mode, cluster_tokens, mutual_tls);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(f.host + ":" + std::to_string(f.port), grpc::InsecureServerCredentials(), &grpc_port);
+  // Clients and workers share the port: a client certificate is verified when presented, and
+  // the Registry service requires one (mutual TLS).
+  builder.AddListeningPort(f.host + ":" + std::to_string(f.port), server_credentials(*tls, ClientCerts::kOptional),
+                           &grpc_port);
   builder.SetMaxReceiveMessageSize(f.max_message_bytes);
   builder.RegisterService(&service);
   builder.RegisterService(&registry_service);
@@ -142,6 +160,7 @@ int run(const Flags& f) {
   http_options.threads = size_t(f.max_running) + size_t(f.max_waiting) + 4;
   http_options.api_keys = &*keys;
   http_options.metrics_need_key = f.metrics_auth;
+  if (tls->mode != TlsMode::kPlaintext) http_options.tls = &*tls;
   HttpServer http(router, http_options);
   // Default: gRPC port + 1; but a gRPC port the system chose (--port 0) says nothing about the
   // next one, which may be another process's, so then any free one (READY names it).
@@ -156,7 +175,8 @@ int run(const Flags& f) {
   std::cout << "READY grpc=" << f.host << ":" << grpc_port << " http=" << f.host << ":" << *http_port << std::endl;
   std::cerr << "router: model " << router.model_info().name() << ", mode " << kv_mode_name(opts.kv_mode) << ", " << endpoints.size()
             << " workers listed; workers may register (heartbeat timeout " << f.heartbeat_timeout_ms << " ms"
-            << (cluster_tokens.empty() ? "" : ", cluster token required") << "); "
+            << (cluster_tokens.empty() ? "" : ", cluster token required") << (mutual_tls ? ", mutual TLS" : "")
+            << "); " << (tls->mode == TlsMode::kPlaintext ? "plaintext" : "TLS") << " gRPC and HTTP; "
             << (keys->required() ? std::to_string(keys->size()) + " API key(s) required" : "no API key required") << "\n";
 
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
@@ -242,6 +262,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--heartbeat-timeout-ms", f.heartbeat_timeout_ms, "A registered worker is dropped after this long without a heartbeat")
       ->capture_default_str();
+  app.add_option("--tls-cert", f.tls.cert,
+                 "Serve gRPC and HTTP over TLS with this PEM certificate (chain); needs --tls-key");
+  app.add_option("--tls-key", f.tls.key, "The PEM private key of --tls-cert");
+  app.add_option("--tls-ca", f.tls.ca,
+                 "Mutual TLS with the workers: dial them over TLS trusting only this PEM CA and presenting "
+                 "--tls-cert, and let only workers with a certificate it signed register (clients need none)");
+  app.add_option("--tls-worker-name", f.tls_worker_name,
+                 "With --tls-ca: the name workers' certificates must carry (default: the host of each worker's "
+                 "address, e.g. a pod IP)");
   CLI11_PARSE(app, argc, argv);
   return run(f);
 }

@@ -9,11 +9,17 @@
 namespace pdserve::router {
 
 RegistryService::RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode,
-                                 std::vector<std::string> cluster_tokens)
+                                 std::vector<std::string> cluster_tokens, bool require_client_certificate)
     : registry_(registry), model_names_(std::move(model_names)), kv_mode_(kv_mode),
-      cluster_tokens_(std::move(cluster_tokens)) {}
+      cluster_tokens_(std::move(cluster_tokens)), require_client_certificate_(require_client_certificate) {}
 
 grpc::Status RegistryService::authorize(grpc::ServerContext* ctx) const {
+  // The TLS handshake verified a certificate the client presented; a peer is authenticated when
+  // it presented one.
+  if (require_client_certificate_ && !ctx->auth_context()->IsPeerAuthenticated())
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "this router needs workers to present a certificate signed by its --tls-ca (start the worker "
+                        "with --tls-cert, --tls-key and --tls-ca)");
   if (cluster_tokens_.empty()) return grpc::Status::OK;
   const auto& md = ctx->client_metadata();
   const auto it = md.find(kClusterTokenMetadata);

@@ -17,9 +17,12 @@ class RegistryService final : public worker::Registry::Service {
   // `model_names`: the served model's name and accepted aliases; `kv_mode`: "push", "pull" (prefill
   // and decode workers) or "aggregated". `cluster_tokens` (--cluster-token-file; several while one
   // is rotated): when not empty, every Registry call needs one of them in the
-  // x-pdserve-cluster-token metadata, else UNAUTHENTICATED.
+  // x-pdserve-cluster-token metadata, else UNAUTHENTICATED. `require_client_certificate` (mutual
+  // TLS, --tls-ca): every Registry call must come over a connection whose client presented a
+  // certificate the CA signed, else UNAUTHENTICATED; the port also serves clients, who need none,
+  // so it is checked here rather than in the TLS handshake.
   RegistryService(WorkerRegistry& registry, std::vector<std::string> model_names, KvMode kv_mode,
-                  std::vector<std::string> cluster_tokens = {});
+                  std::vector<std::string> cluster_tokens = {}, bool require_client_certificate = false);
 
   grpc::Status Register(grpc::ServerContext* ctx, const worker::RegisterRequest* request,
                         worker::RegisterResponse* response) override;
@@ -31,11 +34,13 @@ class RegistryService final : public worker::Registry::Service {
  private:
   WorkerRegistry& registry_;
   const std::vector<std::string> model_names_;
-  // OK when the call carries an accepted cluster token (or none is required).
+  // OK when the call carries an accepted cluster token (or none is required) over a connection
+  // with a verified client certificate (when one is required).
   grpc::Status authorize(grpc::ServerContext* ctx) const;
 
   const KvMode kv_mode_;
   const std::vector<std::string> cluster_tokens_;
+  const bool require_client_certificate_;
 };
 
 }  // namespace pdserve::router

@@ -23,7 +23,8 @@ std::unique_ptr<worker::Worker::Stub> WorkerRegistry::make_stub(const std::strin
   args.SetMaxSendMessageSize(options_.max_message_bytes);
   // Reconnect quickly after a worker restarts instead of gRPC's default back-off of up to 2 min.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return worker::Worker::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+  return worker::Worker::NewStub(grpc::CreateCustomChannel(address, options_.credentials, args));
 }
 
 WorkerRegistry::WorkerRegistry(std::vector<Endpoint> endpoints, const RegistryOptions& options, const Clock& clock)

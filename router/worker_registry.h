@@ -7,6 +7,8 @@
 // registering the same address again reuses it.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -38,6 +40,11 @@ struct RegistryOptions {
   // (a client's bad luck, a request the worker refused) is not enough. A failed health poll still
   // marks it down at once.
   int failure_threshold = 3;
+  // How the router dials its workers: plaintext, or mutual TLS (--tls-ca; common/tls.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  // With TLS: the name workers' certificates are checked against instead of the host of the
+  // address dialed (--tls-worker-name), which in Kubernetes is a pod IP no certificate names.
+  std::string tls_server_name;
 };
 
 // "prefill", "decode", "aggregated" or "unspecified".

@@ -40,6 +40,8 @@ struct BenchFlags {
   std::string label;
   std::vector<double> percentiles = {90, 99};
   std::string api_key;
+  bool tls = false;    // --tls: the router serves TLS (system CAs).
+  std::string tls_ca;  // --tls-ca: ... signed by this CA.
   std::string verify_model;  // Compare every output with this model's in-process engine.
 };
 
@@ -239,7 +241,12 @@ int run_bench(const BenchFlags& f) {
     std::cerr << "error: give --router, or --worker to bypass the router\n";
     return 2;
   }
-  auto connected = connect_and_describe(f.router, f.worker, api_key_or_env(f.api_key));
+  auto tls = load_client_tls(f.tls, f.tls_ca);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
+  auto connected = connect_and_describe(f.router, f.worker, api_key_or_env(f.api_key), *tls);
   if (!connected.ok()) {
     std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
@@ -445,6 +452,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark a running router (like `vllm bench serve`)");
   cmd->add_option("--router", f->router, "Router gRPC HOST:PORT");
   cmd->add_option("--api-key", f->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
+  cmd->add_flag("--tls", f->tls, "Connect to the router over TLS, trusting the system's CAs");
+  cmd->add_option("--tls-ca", f->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
   cmd->add_option("--worker", f->worker,
                   "Instead of --router: one aggregated worker's gRPC HOST:PORT, to measure what the router adds");
   cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->capture_default_str();

@@ -24,6 +24,8 @@ struct CheckFlags {
   std::string http;    // HTTP HOST:PORT (optional).
   std::string prompt = "Once upon a time";
   double wait_s = 0;
+  bool tls = false;    // --tls: the router serves TLS (system CAs), gRPC and HTTPS.
+  std::string tls_ca;  // --tls-ca: ... signed by this CA.
 };
 
 // host and port of --http (port 80 when it names none).
@@ -34,13 +36,13 @@ std::pair<std::string, int> http_address(const std::string& host_port) {
 }
 
 // Runs every check once, appending one line per check to `lines`; the first failure.
-Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
+Status run_checks(const CheckFlags& f, const ClientTls& tls, std::vector<std::string>& lines) {
   auto report = [&lines](const std::string& what, const Status& s) {
     lines.push_back((s.ok() ? "ok    " : "FAIL  ") + what + (s.ok() ? "" : ": " + std::string(s.message())));
     return s;
   };
-  PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health_serving(f.router, std::chrono::seconds(5))));
-  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key));
+  PD_RETURN_IF_ERROR(report("gRPC health " + f.router, grpc_health_serving(f.router, std::chrono::seconds(5), tls)));
+  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key), tls);
   PD_RETURN_IF_ERROR(report("gRPC GetModelInfo", connected.status()));
   const std::string model = connected->model.name();
   v1::GenerateRequest req;
@@ -59,7 +61,9 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
   if (f.http.empty()) return absl::OkStatus();
 
   const auto [host, port] = http_address(f.http);
-  httplib::Client http(host, port);
+  // HTTPS verifies the router's certificate (and its name) against the CA, or the system's.
+  httplib::Client http = tls.enabled ? httplib::Client("https://" + f.http) : httplib::Client(host, port);
+  if (!tls.ca_file.empty()) http.set_ca_cert_path(tls.ca_file);
   http.set_connection_timeout(5, 0);
   http.set_read_timeout(30, 0);
   if (const std::string key = api_key_or_env(f.api_key); !key.empty()) http.set_bearer_token_auth(key.c_str());
@@ -91,12 +95,17 @@ Status run_checks(const CheckFlags& f, std::vector<std::string>& lines) {
 }
 
 int run_check(const CheckFlags& f) {
+  auto tls = load_client_tls(f.tls, f.tls_ca);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(f.wait_s);
   while (true) {
     const bool last = std::chrono::steady_clock::now() >= deadline;
     // The lines of the passing run, or of the last try: a cluster still starting is not noise.
     std::vector<std::string> lines;
-    const Status s = run_checks(f, lines);
+    const Status s = run_checks(f, *tls, lines);
     if (s.ok() || last) {
       for (const std::string& line : lines) std::cout << line << "\n";
       if (s.ok()) std::cout << "all checks passed\n";
@@ -114,6 +123,8 @@ void add_check_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--router", f->router, "The router's gRPC HOST:PORT")->required();
   cmd->add_option("--http", f->http, "The router's HTTP HOST:PORT (OpenAI API checks)");
   cmd->add_option("--api-key", f->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
+  cmd->add_flag("--tls", f->tls, "Connect to the router (gRPC and HTTPS) over TLS, trusting the system's CAs");
+  cmd->add_option("--tls-ca", f->tls_ca, "Connect to the router (gRPC and HTTPS) over TLS, trusting only this PEM CA");
   cmd->add_option("--prompt", f->prompt, "Prompt of the 1-token completions")->capture_default_str();
   cmd->add_option("--wait-s", f->wait_s, "Retry for up to this many seconds until every check passes")
       ->capture_default_str();

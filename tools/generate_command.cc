@@ -25,6 +25,8 @@ struct GenerateFlags {
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
   std::string api_key;
+  bool tls = false;    // --tls: the router serves TLS (system CAs).
+  std::string tls_ca;  // --tls-ca: ... signed by this CA.
 };
 
 // The same run through a router: the same output, the text streamed or the same JSON object.
@@ -33,7 +35,12 @@ int run_generate_remote(const GenerateFlags& f) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;
   }
-  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key));
+  auto tls = load_client_tls(f.tls, f.tls_ca);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
+  auto connected = connect_and_describe(f.router, "", api_key_or_env(f.api_key), *tls);
   if (!connected.ok()) {
     std::cerr << "error: " << connected.status().message() << "\n";
     return 1;
@@ -185,6 +192,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of streaming text");
   cmd->add_option("--router", flags->router, "Generate through the router at HOST:PORT instead of in process");
   cmd->add_option("--api-key", flags->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
+  cmd->add_flag("--tls", flags->tls, "Connect to the router over TLS, trusting the system's CAs");
+  cmd->add_option("--tls-ca", flags->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
   cmd->callback([flags, exit_code] {
     *exit_code = flags->router.empty() ? run_generate(*flags) : run_generate_remote(*flags);
   });

@@ -10,12 +10,13 @@
 
 namespace pdserve::tools {
 namespace {
-StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address, Duration wait, const char* what) {
+StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address, Duration wait, const char* what,
+                                                      const ClientTls& tls = {}) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   // A restarted router is found again within a second (gRPC's default back-off grows to 2 min).
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(address, client_channel_credentials(tls), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::duration_cast<std::chrono::system_clock::duration>(wait)))
     return absl::UnavailableError(absl::StrCat(what, " ", address, " did not answer"));
@@ -25,8 +26,8 @@ StatusOr<std::shared_ptr<grpc::Channel>> open_channel(const std::string& address
 }  // namespace
 
 StatusOr<std::unique_ptr<RouterClient>> RouterClient::connect(const std::string& address, Duration wait,
-                                                              const std::string& api_key) {
-  PD_ASSIGN_OR_RETURN(auto channel, open_channel(address, wait, "router"));
+                                                              const std::string& api_key, const ClientTls& tls) {
+  PD_ASSIGN_OR_RETURN(auto channel, open_channel(address, wait, "router", tls));
   std::unique_ptr<RouterClient> client(new RouterClient());
   client->stub_ = v1::Generation::NewStub(channel);
   client->api_key_ = api_key;
@@ -98,10 +99,10 @@ Status RouterClient::generate(const v1::GenerateRequest& request,
 }
 
 StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker,
-                                               const std::string& api_key) {
+                                               const std::string& api_key, const ClientTls& tls) {
   constexpr Duration kWait = std::chrono::seconds(10);
   ConnectedClient c;
-  PD_ASSIGN_OR_RETURN(c.client, worker.empty() ? RouterClient::connect(router, kWait, api_key)
+  PD_ASSIGN_OR_RETURN(c.client, worker.empty() ? RouterClient::connect(router, kWait, api_key, tls)
                                                : RouterClient::connect_worker(worker, kWait));
   PD_ASSIGN_OR_RETURN(c.model, c.client->model_info());
   return c;
@@ -120,10 +121,10 @@ v1::SamplingParams to_proto(const engine::SamplingParams& p) {
   return s;
 }
 
-Status grpc_health_serving(const std::string& address, Duration timeout) {
+Status grpc_health_serving(const std::string& address, Duration timeout, const ClientTls& tls) {
   // Debian ships no health.proto: the generic stub, an empty request, and SERVING is a
   // response whose field 1 is 1.
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::GenericStub generic(grpc::CreateChannel(address, client_channel_credentials(tls)));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(timeout));
   grpc::CompletionQueue cq;

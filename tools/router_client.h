@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
+#include "common/tls.h"
 #include "engine/sampling/sampler.h"
 #include "proto/pdserve.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
@@ -21,9 +22,10 @@ namespace pdserve::tools {
 class RouterClient {
  public:
   // A client of the router at `address` (HOST:PORT); Unavailable when it does not answer
-  // within `wait`. `api_key` (if set) goes with every call as `authorization: Bearer KEY`.
+  // within `wait`. `api_key` (if set) goes with every call as `authorization: Bearer KEY`;
+  // `tls`: how to dial (the CLI's --tls / --tls-ca).
   static StatusOr<std::unique_ptr<RouterClient>> connect(const std::string& address, Duration wait,
-                                                         const std::string& api_key = "");
+                                                         const std::string& api_key = "", const ClientTls& tls = {});
   // A client of the aggregated worker at `address` instead of a router (no placement, no
   // queue, no retries: requests go straight to its Worker.Generate).
   static StatusOr<std::unique_ptr<RouterClient>> connect_worker(const std::string& address, Duration wait);
@@ -49,15 +51,16 @@ struct ConnectedClient {
   v1::ModelInfo model;
 };
 // Connects to the router at `router`, or — when `worker` is set instead — to that aggregated
-// worker directly, and asks for the model; the first failure's status. `api_key`: as connect().
+// worker directly, and asks for the model; the first failure's status. `api_key`, `tls` (the
+// router's): as connect().
 StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const std::string& worker = "",
-                                               const std::string& api_key = "");
+                                               const std::string& api_key = "", const ClientTls& tls = {});
 // The API key a CLI command sends: its --api-key, else $PDSERVE_API_KEY, else none.
 std::string api_key_or_env(const std::string& flag);
 
 // grpc.health.v1.Health/Check of the whole server at `address`: OK when SERVING, Unavailable
 // (saying why) otherwise.
-Status grpc_health_serving(const std::string& address, Duration timeout);
+Status grpc_health_serving(const std::string& address, Duration timeout, const ClientTls& tls = {});
 
 // The API's sampling parameters for the CLI's (seed -1, "random", is left unset).
 v1::SamplingParams to_proto(const engine::SamplingParams& p);

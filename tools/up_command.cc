@@ -14,6 +14,8 @@
 #include <memory>
 #include <thread>
 
+#include "common/tls.h"
+
 namespace pdserve::tools {
 namespace {
 
@@ -38,6 +40,7 @@ struct UpFlags {
   double startup_timeout_s = 120;
   std::string restart = "always";
   std::vector<std::string> api_keys;  // Passed to the router (--api-key).  // A child that dies is started again ("never": everything stops).
+  TlsFiles tls;  // The router's --tls-*; with --tls-ca the workers' too (mutual TLS).
 };
 
 // A child restarted more often than this within kCrashWindow is crash-looping: `up` gives up.
@@ -183,6 +186,15 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --aggregated cannot be combined with --prefill/--decode\n";
     return 2;
   }
+  // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
+  auto tls = load_tls(f.tls);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
+  std::vector<std::string> tls_args;
+  if (tls->mode != TlsMode::kPlaintext) tls_args = {"--tls-cert", f.tls.cert, "--tls-key", f.tls.key};
+  if (tls->mode == TlsMode::kMutual) tls_args.insert(tls_args.end(), {"--tls-ca", f.tls.ca});
   std::error_code ec;
   const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
   const std::string prefill_bin = sibling_binary(self, "prefill_worker", "pdserve-prefill");
@@ -211,6 +223,7 @@ int run_up(const UpFlags& f) {
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
+    if (tls->mode == TlsMode::kMutual) a.insert(a.end(), tls_args.begin(), tls_args.end());
     return a;
   };
   std::vector<std::unique_ptr<Child>> children;
@@ -244,6 +257,7 @@ int run_up(const UpFlags& f) {
   for (Child* c : aggregated) ra.insert(ra.end(), {"--aggregated", c->address});
   if (f.max_running > 0) ra.insert(ra.end(), {"--max-running", std::to_string(f.max_running)});
   for (const std::string& k : f.api_keys) ra.insert(ra.end(), {"--api-key", k});
+  ra.insert(ra.end(), tls_args.begin(), tls_args.end());
   if (f.max_waiting >= 0) ra.insert(ra.end(), {"--max-waiting", std::to_string(f.max_waiting)});
   if (f.request_timeout_s > 0) ra.insert(ra.end(), {"--request-timeout", std::to_string(f.request_timeout_s)});
   children.push_back(spawn("router", ra, signals));
@@ -350,6 +364,10 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-running", f->max_running, "Router: requests out at the workers at once");
   cmd->add_option("--max-waiting", f->max_waiting, "Router: requests queued before refusing");
   cmd->add_option("--request-timeout", f->request_timeout_s, "Router: per-request timeout in seconds");
+  cmd->add_option("--tls-cert", f->tls.cert, "Router: serve gRPC and HTTP over TLS with this PEM certificate");
+  cmd->add_option("--tls-key", f->tls.key, "Router: the PEM private key of --tls-cert");
+  cmd->add_option("--tls-ca", f->tls.ca,
+                  "Mutual TLS between the router and the workers (all three use --tls-cert/--tls-key): this PEM CA");
   cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds to wait for every process to be ready")
       ->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = run_up(*f); });

@@ -19,7 +19,8 @@ RouterRegistration::RouterRegistration(RegistrationOptions options, std::functio
   grpc::ChannelArguments args;
   // Find a restarted router quickly instead of gRPC's default back-off of up to 2 min.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  stub_ = Registry::NewStub(grpc::CreateCustomChannel(options_.router, grpc::InsecureChannelCredentials(), args));
+  if (!options_.tls_server_name.empty()) args.SetSslTargetNameOverride(options_.tls_server_name);
+  stub_ = Registry::NewStub(grpc::CreateCustomChannel(options_.router, options_.credentials, args));
 }
 
 RouterRegistration::~RouterRegistration() { stop(); }

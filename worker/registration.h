@@ -6,6 +6,8 @@
 // serves whether or not it is registered.
 #pragma once
 
+#include <grpcpp/security/credentials.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -25,6 +27,11 @@ struct RegistrationOptions {
   Duration retry_interval = std::chrono::seconds(1);  // Between failed Register calls.
   Duration rpc_timeout = std::chrono::seconds(2);
   std::string cluster_token;  // Sent with every Registry call when set (--cluster-token-file).
+  // How to dial the router: plaintext, or mutual TLS (--tls-ca; common/tls.h).
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  // With TLS: the name the router's certificate is checked against, instead of the host of
+  // `router` (which RouterSet resolved to an address, e.g. a router pod's IP).
+  std::string tls_server_name;
 };
 
 class RouterRegistration {

@@ -25,6 +25,7 @@
 #include "worker/probe_server.h"
 #include "worker/router_set.h"
 #include "common/secrets.h"
+#include "common/tls.h"
 #include "worker/worker_health.h"
 #include "worker/worker_service.h"
 
@@ -52,6 +53,7 @@ struct WorkerFlags {
   bool require_rdma = false;
   double drain_timeout_s = 30;
   std::string kv_compat;
+  TlsFiles tls;
 };
 
 int fail(const std::string& what, const Status& s) {
@@ -113,6 +115,17 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
       return 2;
     }
     cluster_token = tokens->front();
+  }
+  // A worker's TLS is mutual or none: only the router (a certificate of the CA) may drive it.
+  auto tls = load_tls(f.tls);
+  if (!tls.ok()) {
+    std::cerr << "error: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (tls->mode == TlsMode::kServer) {
+    std::cerr << "error: a worker's TLS is mutual: --tls-cert and --tls-key need --tls-ca (whose certificates "
+                 "may call it)\n";
+    return 2;
   }
   Role role = ROLE_PREFILL;
   if (program == WorkerProgram::kDecode) {
@@ -228,7 +241,8 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(f.host + ":" + std::to_string(f.port), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(f.host + ":" + std::to_string(f.port), server_credentials(*tls, ClientCerts::kRequired),
+                           &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
@@ -251,6 +265,10 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     RegistrationOptions ro;
     ro.router = f.router;
     ro.cluster_token = cluster_token;
+    ro.credentials = peer_channel_credentials(*tls);
+    // The router's certificate names the --router host, not the addresses it resolves to.
+    if (StatusOr<HostPort> named = split_host_port(f.router); named.ok() && tls->mode == TlsMode::kMutual)
+      ro.tls_server_name = named->host;
     ro.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
     const std::string advertised = f.advertise.empty() ? address : f.advertise;
     registration = std::make_unique<RouterSet>(ro, [&service, advertised, worker_id] {
@@ -352,6 +370,13 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--kv-compat", f.kv_compat,
                  "KV-compatibility label; the router pairs prefill and decode workers only when theirs are equal")
       ->envname("PDSERVE_KV_COMPAT");
+  app.add_option("--tls-cert", f.tls.cert,
+                 "Mutual TLS (with --tls-key and --tls-ca): serve gRPC over TLS with this PEM certificate (chain), "
+                 "presented to the router too");
+  app.add_option("--tls-key", f.tls.key, "The PEM private key of --tls-cert");
+  app.add_option("--tls-ca", f.tls.ca,
+                 "The PEM CA whose certificates alone may call this worker (the router's) and that the router's "
+                 "certificate must be signed by");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -2,19 +2,25 @@
 // decode worker through Registry.Register (workers started with --router), serves a request
 // through them with the in-process greedy result, drops the decode worker after it is killed
 // with SIGKILL once its heartbeats stop for the timeout, takes a new one, and drops a worker
-// that stops cleanly (it deregisters) at once.
+// that stops cleanly (it deregisters) at once. With TLS: a router and workers in mutual TLS serve
+// gRPC and HTTPS clients; workers without a certificate of the CA cannot register, plaintext
+// clients are refused, and partial TLS flags are a startup error.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
+#include "tests/serving/test_pki.h"
 
 namespace pdserve {
 namespace {
@@ -26,15 +32,21 @@ const std::string kDir = PDSERVE_BINARY_DIR;
 constexpr const char* kPrompt = "Once upon a time";
 constexpr int kMaxTokens = 40;
 
-std::unique_ptr<Process> start_worker(const std::string& role, const std::string& router) {
-  const std::string bin = role == "prefill" ? kDir + "/prefill_worker/pdserve-prefill" : kDir + "/decode_worker/pdserve-decode";
-  return std::make_unique<Process>(std::vector<std::string>{bin, "--role", role, "--model", testing::stories_bin(),
-                                                            "--tp", "2", "--port", "0", "--router", router});
+std::string worker_bin(const std::string& role) {
+  return role == "prefill" ? kDir + "/prefill_worker/pdserve-prefill" : kDir + "/decode_worker/pdserve-decode";
+}
+
+std::unique_ptr<Process> start_worker(const std::string& role, const std::string& router,
+                                      const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {worker_bin(role), "--role", role, "--model", testing::stories_bin(),
+                                   "--tp", "2", "--port", "0", "--router", router};
+  args.insert(args.end(), more.begin(), more.end());
+  return std::make_unique<Process>(args);
 }
 
 // Waits until `done(metrics)` holds for the router's /metrics, up to `timeout`; the last body.
-template <typename Pred>
-std::pair<bool, std::string> wait_metrics(httplib::Client& http, std::chrono::milliseconds timeout, Pred done) {
+template <typename Http, typename Pred>
+std::pair<bool, std::string> wait_metrics(Http& http, std::chrono::milliseconds timeout, Pred done) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string body;
   while (true) {
@@ -149,6 +161,127 @@ TEST(WorkerRegistration, RegisteredWorkersServeAndAKilledOneIsDroppedAfterTheTim
   EXPECT_NE(router.log().find("worker " + decode2->grpc() + " (decode, decode@" + decode2->grpc() + ") registered"),
             std::string::npos)
       << router.log();
+}
+
+// The exit code of `args` run to completion (the flag checks come before the model loads).
+int exit_code(const std::vector<std::string>& args) {
+  Process p(args);
+  return p.wait_exit(30s);
+}
+
+TEST(WorkerRegistration, PartialTlsFlagsAreAStartupError) {
+  testing::TestPki pki;
+  ASSERT_TRUE(pki.ok()) << "the openssl CLI made no certificates (scripts/setup.sh installs it)";
+  const std::string router = kDir + "/router/pdserve-router";
+  const std::string model = testing::stories_bin();
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-cert", pki.cert()}), 2);
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-key", pki.key()}), 2);
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-ca", pki.ca()}), 2);
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-cert", pki.cert(), "--tls-key", pki.rogue_key()}), 2);
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-cert", pki.file("missing"), "--tls-key", pki.key()}), 2);
+  EXPECT_EQ(exit_code({router, "--model", model, "--tls-cert", pki.cert(), "--tls-key", pki.key(), "--tls-worker-name",
+                       "w"}),
+            2);
+  for (const std::string role : {"prefill", "decode"}) {
+    const std::string bin = worker_bin(role);
+    EXPECT_EQ(exit_code({bin, "--model", model, "--tls-cert", pki.cert(), "--tls-key", pki.key()}), 2) << role;
+    EXPECT_EQ(exit_code({bin, "--model", model, "--tls-ca", pki.ca()}), 2) << role;
+    EXPECT_EQ(exit_code({bin, "--model", model, "--tls-key", pki.key(), "--tls-ca", pki.ca()}), 2) << role;
+  }
+  const testing::CommandOutput up =
+      testing::pdserve({"up", "--model", model, "--prefill", "1", "--decode", "1", "--tls-key", pki.key()});
+  EXPECT_EQ(up.exit_code, 2);
+  EXPECT_EQ(testing::pdserve({"check", "--router", "127.0.0.1:1", "--tls-ca", pki.file("missing")}).exit_code, 2);
+}
+
+TEST(WorkerRegistration, MutualTlsServesClientsAndTakesOnlyWorkersWithTheCasCertificate) {
+  testing::TestPki pki;
+  ASSERT_TRUE(pki.ok()) << "the openssl CLI made no certificates (scripts/setup.sh installs it)";
+  const std::vector<std::string> tls = {"--tls-cert", pki.cert(), "--tls-key", pki.key(), "--tls-ca", pki.ca()};
+  std::vector<std::string> args = {kDir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0",
+                                   "--http-port", "0", "--kv-mode", "push", "--heartbeat-interval-ms", "250"};
+  args.insert(args.end(), tls.begin(), tls.end());
+  Process router(args);
+  ASSERT_TRUE(router.wait_ready(30s)) << router.log();
+  httplib::SSLClient https("localhost", router.http_port());
+  https.set_ca_cert_path(pki.ca().c_str());
+  https.enable_server_certificate_verification(true);
+  https.set_read_timeout(30, 0);
+
+  // Workers that cannot register: one in plaintext, one whose certificate another CA signed.
+  auto plain = start_worker("decode", router.grpc());
+  auto rogue = start_worker("decode", router.grpc(),
+                            {"--tls-cert", pki.rogue_cert(), "--tls-key", pki.rogue_key(), "--tls-ca", pki.ca()});
+  // And the cluster's own, which the router then reaches over mutual TLS.
+  auto prefill = start_worker("prefill", router.grpc(), tls);
+  auto decode = start_worker("decode", router.grpc(), tls);
+  for (Process* w : {plain.get(), rogue.get(), prefill.get(), decode.get()}) ASSERT_TRUE(w->wait_ready(60s)) << w->log();
+  auto [registered, metrics] = wait_metrics(https, 30s, [&](const std::string& m) {
+    return m.find(up_line(prefill->grpc(), "prefill")) != std::string::npos &&
+           m.find(up_line(decode->grpc(), "decode")) != std::string::npos;
+  });
+  ASSERT_TRUE(registered) << metrics << router.log() << prefill->log();
+  std::this_thread::sleep_for(1s);  // The other two have retried by now.
+  auto m = https.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_FALSE(lists(m->body, plain->grpc())) << m->body;
+  EXPECT_FALSE(lists(m->body, rogue->grpc())) << m->body;
+  EXPECT_NE(plain->log().find("cannot register"), std::string::npos) << plain->log();
+  EXPECT_NE(rogue->log().find("cannot register"), std::string::npos) << rogue->log();
+
+  // gRPC over TLS, through the registered workers (the router dials them over mutual TLS).
+  grpc::SslCredentialsOptions trust;
+  std::ifstream ca(pki.ca());
+  trust.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(router.grpc(), grpc::SslCredentials(trust)));
+  v1::GenerateRequest req;
+  req.set_text(kPrompt);
+  req.mutable_sampling()->set_max_tokens(8);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r, last;
+  int tokens = 0;
+  while (reader->Read(&r)) {
+    tokens += r.token_ids_size();
+    if (r.finished()) last = r;
+  }
+  const grpc::Status s = reader->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message() << router.log();
+  EXPECT_EQ(tokens, 8);
+  EXPECT_EQ(last.prefill_worker(), prefill->grpc());
+  EXPECT_EQ(last.decode_worker(), decode->grpc());
+
+  // HTTPS /v1/completions.
+  auto c = https.Post("/v1/completions", R"({"model": "stories260K", "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})",
+                      "application/json");
+  ASSERT_TRUE(c) << httplib::to_string(c.error());
+  EXPECT_EQ(c->status, 200) << c->body;
+  EXPECT_NE(c->body.find("\"completion_tokens\":4"), std::string::npos) << c->body;
+  // And `pdserve check` trusting the CA, over both.
+  const testing::CommandOutput check = testing::pdserve(
+      {"check", "--router", router.grpc(), "--http", "localhost:" + std::to_string(router.http_port()), "--tls-ca",
+       pki.ca()});
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+
+  // Plaintext clients are refused: gRPC and HTTP to the router, gRPC to a worker.
+  auto plain_stub = v1::Generation::NewStub(grpc::CreateChannel(router.grpc(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext plain_ctx;
+  plain_ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  v1::ModelInfo info;
+  EXPECT_EQ(plain_stub->GetModelInfo(&plain_ctx, v1::ModelInfoRequest(), &info).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  httplib::Client plain_http("127.0.0.1", router.http_port());
+  plain_http.set_read_timeout(5, 0);
+  EXPECT_FALSE(plain_http.Get("/health"));
+  // A worker takes only the CA's certificates: a TLS client without one is refused too.
+  for (const auto& credentials : {grpc::InsecureChannelCredentials(), grpc::SslCredentials(trust)}) {
+    auto worker = worker::Worker::NewStub(grpc::CreateChannel(decode->grpc(), credentials));
+    grpc::ClientContext wctx;
+    wctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    worker::WorkerInfo winfo;
+    EXPECT_EQ(worker->Info(&wctx, worker::InfoRequest(), &winfo).error_code(), grpc::StatusCode::UNAVAILABLE);
+  }
 }
 
 }  // namespace
