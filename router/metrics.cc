@@ -177,6 +177,31 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
   for (const WorkerGauges& w : workers)
     append_sample(out, "pdserve:worker_info",
                   {{"worker", w.worker}, {"role", w.role}, {"backend", w.backend}, {"kv_memory", w.kv_memory}}, 1.0);
+  // The workers' own kvtransfer counters (both sides of every transfer, per worker), beside the
+  // router's per-pair kv_transfer_seconds histogram above.
+  const Gauge counters[] = {
+      {"pdserve:worker_kv_transfer_requests_total", "Requests whose KV the worker's kvtransfer ranks moved.",
+       [](const WorkerGauges& w) { return double(w.kv_transfer_requests); }},
+      {"pdserve:worker_kv_transfer_bytes_total",
+       "KV bytes the worker's kvtransfer ranks moved (put by a push producer, got by a pull consumer).",
+       [](const WorkerGauges& w) { return double(w.kv_transfer_bytes); }},
+      {"pdserve:worker_kv_transfer_failures_total", "KV transfers that failed on one of the worker's ranks.",
+       [](const WorkerGauges& w) { return double(w.kv_transfer_failures); }},
+      {"pdserve:worker_kv_transfer_leases_expired_total", "KV transfers whose lease expired on the worker.",
+       [](const WorkerGauges& w) { return double(w.kv_transfer_leases_expired); }},
+      {"pdserve:worker_kv_transfer_refused_total",
+       "kvtransfer notifications and requests the worker refused (malformed, inconsistent, unknown sender).",
+       [](const WorkerGauges& w) { return double(w.kv_transfer_refused); }},
+      {"pdserve:worker_kv_transfer_seconds_total", "Time the worker's completed KV transfers took, summed.",
+       [](const WorkerGauges& w) { return w.kv_transfer_seconds; }},
+  };
+  for (const Gauge& g : counters) {
+    append_header(out, g.name, g.help, "counter");
+    for (const WorkerGauges& w : workers) {
+      if (w.kv_memory.empty()) continue;  // No kvtransfer (aggregated).
+      append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}}, g.value(w));
+    }
+  }
   append_header(out, "pdserve:kv_staged_bytes_total",
                 "KV bytes a worker copied between device memory and its transfer mirror (staged kv_memory).", "counter");
   for (const WorkerGauges& w : workers) {

@@ -50,6 +50,10 @@ struct WorkerGauges {
   std::string kv_memory;  // "host", "staged", or empty (no kvtransfer).
   uint64_t kv_staged_to_host_bytes = 0;
   uint64_t kv_staged_to_device_bytes = 0;
+  // The worker's kvtransfer counters (WorkerInfo.kv_transfer_*); all 0 without kvtransfer.
+  uint64_t kv_transfer_requests = 0, kv_transfer_bytes = 0, kv_transfer_failures = 0;
+  uint64_t kv_transfer_leases_expired = 0, kv_transfer_refused = 0;
+  double kv_transfer_seconds = 0;
 };
 
 // Thread-safe live metrics of one router.

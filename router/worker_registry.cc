@@ -260,6 +260,12 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.kv_memory = w.info.kv_memory();
     g.kv_staged_to_host_bytes = w.info.kv_staged_to_host_bytes();
     g.kv_staged_to_device_bytes = w.info.kv_staged_to_device_bytes();
+    g.kv_transfer_requests = w.info.kv_transfer_requests();
+    g.kv_transfer_bytes = w.info.kv_transfer_bytes();
+    g.kv_transfer_failures = w.info.kv_transfer_failures();
+    g.kv_transfer_leases_expired = w.info.kv_transfer_leases_expired();
+    g.kv_transfer_refused = w.info.kv_transfer_refused();
+    g.kv_transfer_seconds = w.info.kv_transfer_seconds();
     out.push_back(g);
   }
   return out;

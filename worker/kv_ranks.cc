@@ -65,6 +65,10 @@ class KvRanks::Rank {
   uint64_t incarnation() const { return incarnation_; }
   void* arena() const { return arena_; }
   uint64_t failures() const { return failures_.load(); }
+  kvtransfer::KvEndpointCounters counters() const {
+    std::lock_guard lock(counters_mu_);
+    return counters_;
+  }
 
  private:
   void run(kvtransfer::KvEndpointOptions options, std::promise<Status>& started) {
@@ -101,6 +105,8 @@ class KvRanks::Rank {
         if (ev.kind == kvtransfer::KvTransferEvent::Kind::kFailed && !absl::IsCancelled(ev.error)) ++failures_;
         on_event_(rank_, ev);
       }
+      std::lock_guard lock(counters_mu_);
+      counters_ = endpoint->counters();  // The endpoint's own are this thread's alone.
     }
     if (endpoint->open_requests() > 0)
       PD_LOG_WARN("kvtransfer rank {}: {} requests still open at shutdown", rank_, endpoint->open_requests());
@@ -110,6 +116,8 @@ class KvRanks::Rank {
   KvEventFn on_event_;
   const std::string advertise_host_;
   std::atomic<uint64_t> failures_{0};
+  mutable std::mutex counters_mu_;
+  kvtransfer::KvEndpointCounters counters_;  // A copy of the endpoint's, after each round.
   const Clock* clock_ = nullptr;
   // Made by the rank's thread before start() returns; other threads only call its wake().
   std::unique_ptr<kvtransfer::KvRankEndpoint> endpoint_;
@@ -238,6 +246,26 @@ uint64_t KvRanks::transfer_failures() const {
   uint64_t n = 0;
   for (const auto& r : ranks_) n += r->failures();
   return n;
+}
+
+kvtransfer::KvEndpointCounters KvRanks::counters() const {
+  kvtransfer::KvEndpointCounters sum;
+  for (const auto& r : ranks_) {
+    const kvtransfer::KvEndpointCounters c = r->counters();
+    sum.bytes += c.bytes;
+    sum.ops += c.ops;
+    // Every rank takes part in every request: the worker's requests are the most any rank saw.
+    sum.requests_done = std::max(sum.requests_done, c.requests_done);
+    sum.failures = std::max(sum.failures, c.failures);
+    sum.leases_expired += c.leases_expired;
+    sum.duplicates_ignored += c.duplicates_ignored;
+    sum.stale_ignored += c.stale_ignored;
+    sum.refused += c.refused;
+    sum.blocks_released += c.blocks_released;
+    sum.latency_total = std::max(sum.latency_total, c.latency_total);
+    sum.latency_max = std::max(sum.latency_max, c.latency_max);
+  }
+  return sum;
 }
 
 uint64_t KvRanks::staged_bytes_to_host() const {

@@ -86,6 +86,10 @@ class KvRanks {
   uint64_t staged_bytes_to_device() const;
   // Transfer events that failed (not counting aborts), over every rank.
   uint64_t transfer_failures() const;
+  // The endpoints' counters over every rank, as of each rank's last progress round: bytes,
+  // expired leases and refusals summed; requests, failures and time as the rank with the most
+  // (every rank takes part in every request of the worker).
+  kvtransfer::KvEndpointCounters counters() const;
 
  private:
   class Rank;

@@ -87,6 +87,13 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
     reply->set_kv_memory(kv->memory_path());
     reply->set_kv_staged_to_host_bytes(kv->staged_bytes_to_host());
     reply->set_kv_staged_to_device_bytes(kv->staged_bytes_to_device());
+    const kvtransfer::KvEndpointCounters c = kv->counters();
+    reply->set_kv_transfer_requests(c.requests_done);
+    reply->set_kv_transfer_bytes(c.bytes);
+    reply->set_kv_transfer_failures(c.failures);
+    reply->set_kv_transfer_leases_expired(c.leases_expired);
+    reply->set_kv_transfer_refused(c.refused);
+    reply->set_kv_transfer_seconds(std::chrono::duration<double>(c.latency_total).count());
   }
   return grpc::Status::OK;
 }

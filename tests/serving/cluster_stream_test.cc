@@ -226,6 +226,20 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
     EXPECT_EQ(running[worker], 0) << worker;
   }
   for (const auto& [worker, usage] : worker_gauge(metrics, "pdserve:kv_cache_usage_perc")) EXPECT_EQ(usage, 0) << worker;
+  // Both workers' kvtransfer counters: every request's KV moved (on the prefill side, and on the
+  // decode side), none failed or was refused. (A request may end at its first token without a
+  // transfer: at most kRequests each.)
+  const auto moved = worker_gauge(metrics, "pdserve:worker_kv_transfer_requests_total");
+  ASSERT_EQ(moved.size(), 2u) << metrics;
+  for (const auto& [worker, n] : moved) {
+    EXPECT_GT(n, kRequests / 2) << worker;
+    EXPECT_LE(n, kRequests) << worker;
+  }
+  for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_failures_total")) EXPECT_EQ(n, 0) << worker;
+  for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_refused_total")) EXPECT_EQ(n, 0) << worker;
+  double bytes = 0;  // Put by the prefill side (push) or got by the decode side (pull).
+  for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_bytes_total")) bytes += n;
+  EXPECT_GT(bytes, 0) << metrics;
   EXPECT_NE(metrics.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(kRequests) + "\n"),
             std::string::npos)
       << metrics;

@@ -235,7 +235,15 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
   w.up = true;
   w.num_blocks = 100;
   w.free_blocks = 75;
-  const std::string text = m.render(3, 2, {w});
+  w.kv_memory = "host";
+  w.kv_transfer_requests = 7;
+  w.kv_transfer_refused = 2;
+  w.kv_transfer_seconds = 0.5;
+  WorkerGauges aggregated;  // No kvtransfer: no kvtransfer counters.
+  aggregated.worker = "a:3";
+  aggregated.role = "aggregated";
+  const std::string text = m.render(3, 2, {w, aggregated});
+  EXPECT_EQ(text.find("pdserve:worker_kv_transfer_requests_total{worker=\"a:3\""), std::string::npos) << text;
   for (const char* want : {"pdserve:num_requests_running 3", "pdserve:num_requests_waiting 2",
                            "pdserve:time_to_first_token_seconds_count 1", "pdserve:time_per_output_token_seconds_count 1",
                            "pdserve:e2e_request_latency_seconds_count 1",
@@ -245,6 +253,10 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
                            "pdserve:kv_transfer_bytes_total{prefill=\"p:1\",decode=\"d:2\"} 4096",
                            "pdserve:kv_transfer_seconds_count{prefill=\"p:1\",decode=\"d:2\"} 1",
                            "pdserve:request_success_total{finished_reason=\"length\"} 1",
+                           "pdserve:worker_kv_transfer_requests_total{worker=\"d:2\",role=\"decode\"} 7",
+                           "pdserve:worker_kv_transfer_refused_total{worker=\"d:2\",role=\"decode\"} 2",
+                           "pdserve:worker_kv_transfer_seconds_total{worker=\"d:2\",role=\"decode\"} 0.5",
+                           "# TYPE pdserve:worker_kv_transfer_failures_total counter",
                            "# TYPE pdserve:time_to_first_token_seconds histogram"})
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
 }
