@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "engine/engine.h"
@@ -321,8 +322,12 @@ TEST(WorkerDeploy, RouterPairsOnlyWorkersOfTheSameKvCompatLabel) {
 TEST(WorkerDeploy, WildcardBoundWorkersAdvertiseTheirAddressAndFixedKvPortsAndRestartOnThem) {
   auto router = start_router();
   ASSERT_TRUE(router->wait_ready(30s)) << router->log();
-  const int p_port = testing::free_port_pair(), d_port = testing::free_port_pair();
-  const int p_kv = testing::free_port_pair(), d_kv = testing::free_port_pair();
+  // Four distinct pairs (each draw only checks that its own pair is free now).
+  int p_port, d_port, p_kv, d_kv;
+  do {
+    p_port = testing::free_port_pair(), d_port = testing::free_port_pair();
+    p_kv = testing::free_port_pair(), d_kv = testing::free_port_pair();
+  } while (std::set<int>{p_port, d_port, p_kv, d_kv}.size() < 4);
   auto flags = [&](int port, int kv) {
     return std::vector<std::string>{"--host", "0.0.0.0", "--port", std::to_string(port), "--advertise",
                                     "127.0.0.1:" + std::to_string(port), "--kv-port", std::to_string(kv), "--tp", "2",
