@@ -33,6 +33,12 @@ const CASES = [
   // router flag: the Secret volumes and mounts, --api-key-file/--cluster-token-file, the test pod's
   // PDSERVE_API_KEY and the ServiceMonitor's bearer credentials.
   { name: 'cpu-auth', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml')] } },
+  // TLS with the cluster token: the tls Secret volume in the router, worker and test pods (ca.crt
+  // alone in the test pod), the --tls-* flags, the HTTPS readiness probe and scrape.
+  { name: 'cpu-tls', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('tls.yaml')] } },
+  // TLS on top of values/auth.yaml with an explicit worker name: bearer credentials beside the
+  // tlsConfig, PDSERVE_API_KEY beside --tls-ca.
+  { name: 'cpu-tls-auth', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml'), fixture('tls-worker-name.yaml')] } },
 ];
 
 for (const { name, opts } of CASES) {

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import {
-  CHART, PRESETS, YAML, allContainers, byKind, deployment, envValue, find, fixture, flag, helm, mainContainer, podSpecs, render, selects,
+  CHART, PRESETS, YAML, allContainers, args, byKind, deployment, envValue, find, fixture, flag, helm, mainContainer, podSpecs, render, selects,
 } from './lib.mjs';
 
 const ROLES = ['prefill', 'decode'];
@@ -19,7 +19,14 @@ const everythingOn = render({
 }).docs;
 // Both auth Secrets, /metrics behind a key and every optional router flag (values/auth.yaml).
 const authOn = render({ preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml')] }).docs;
-const all = { ...presets, 'everything-on': everythingOn, auth: authOn };
+// TLS from a cert-manager style Secret, with the cluster token (values/tls.yaml); and with an explicit
+// worker name on top of values/auth.yaml, NetworkPolicy on (values/tls-worker-name.yaml).
+const tlsOn = render({ preset: 'cpu', apiVersions: monitoring, values: [fixture('tls.yaml')] }).docs;
+const tlsAuth = render({ preset: 'nvidia-h200', apiVersions: monitoring, values: [fixture('auth.yaml'), fixture('tls-worker-name.yaml')],
+  set: ['networkPolicy.enabled=true'] }).docs;
+const tlsRenders = { tls: tlsOn, 'tls-auth': tlsAuth };
+const all = { ...presets, 'everything-on': everythingOn, auth: authOn, ...tlsRenders };
+const tlsEnabled = (name) => name in tlsRenders;
 
 const resourcesOf = (docs, role) => mainContainer(deployment(docs, role)).resources;
 const caps = (c) => c.securityContext?.capabilities?.add ?? [];
@@ -112,21 +119,32 @@ test('startupProbe.failureThreshold = ceil(startupMaxSeconds / periodSeconds)', 
   }
 });
 
-test('workers probe /livez /startupz /readyz on the probe port; router liveness is tcpSocket, readiness gRPC health', () => {
+test('workers probe /livez /startupz /readyz on the probe port; router liveness is tcpSocket, readiness gRPC health (HTTPS /health with TLS)', () => {
   for (const [name, docs] of Object.entries(all)) {
     for (const role of ROLES) {
       const c = mainContainer(deployment(docs, role));
       const probePort = c.ports.find((p) => p.name === 'probe').containerPort;
       assert.equal(flag(c, '--probe-port'), String(probePort));
-      assert.deepEqual([c.livenessProbe.httpGet, c.startupProbe.httpGet, c.readinessProbe.httpGet].map((g) => [g.path, g.port]),
-        [['/livez', 'probe'], ['/startupz', 'probe'], ['/readyz', 'probe']], `${name} ${role}`);
+      // The probe port stays plain HTTP with TLS (the worker's TLS is on its gRPC port only).
+      assert.deepEqual([c.livenessProbe.httpGet, c.startupProbe.httpGet, c.readinessProbe.httpGet].map((g) => [g.path, g.port, g.scheme]),
+        [['/livez', 'probe', undefined], ['/startupz', 'probe', undefined], ['/readyz', 'probe', undefined]], `${name} ${role}`);
     }
     const r = mainContainer(deployment(docs, 'router'));
     const grpcPort = r.ports.find((p) => p.name === 'grpc').containerPort;
-    assert.deepEqual(r.livenessProbe.tcpSocket, { port: 'grpc' }, `${name} router liveness must not depend on workers`);
-    assert.equal(r.livenessProbe.grpc, undefined);
-    assert.equal(r.livenessProbe.httpGet, undefined);
-    assert.deepEqual(r.readinessProbe.grpc, { port: grpcPort, service: '' }, `${name} router readiness`);
+    for (const p of [r.livenessProbe, r.startupProbe]) {
+      // A TCP connect works whether or not the port serves TLS.
+      assert.deepEqual(p.tcpSocket, { port: 'grpc' }, `${name} router liveness/startup must not depend on workers`);
+      assert.equal(p.grpc, undefined);
+      assert.equal(p.httpGet, undefined);
+    }
+    if (tlsEnabled(name)) {
+      // The kubelet's gRPC probe cannot speak TLS; /health follows the gRPC health rule.
+      assert.equal(r.readinessProbe.grpc, undefined, `${name}: a gRPC probe against a TLS port always fails`);
+      assert.deepEqual(r.readinessProbe.httpGet, { path: '/health', port: 'http', scheme: 'HTTPS' }, `${name} router readiness`);
+    } else {
+      assert.deepEqual(r.readinessProbe.grpc, { port: grpcPort, service: '' }, `${name} router readiness`);
+      assert.equal(r.readinessProbe.httpGet, undefined, name);
+    }
   }
 });
 
@@ -263,7 +281,7 @@ test('every container and Service port is named; the router Service has grpc (ap
     for (const s of byKind(docs, 'Service')) for (const p of s.spec.ports) assert.ok(p.name, `${name} ${s.metadata.name} port ${p.port}`);
     const svc = find(docs, 'Service', 'pd-pdserve-router');
     assert.deepEqual(svc.spec.ports.map((p) => p.name), ['grpc', 'http', 'metrics']);
-    assert.equal(svc.spec.ports[0].appProtocol, 'grpc');
+    assert.deepEqual(svc.spec.ports.map((p) => p.appProtocol), ['grpc', ...Array(2).fill(tlsEnabled(name) ? 'https' : 'http')], name);
     assert.notEqual(svc.spec.clusterIP, 'None');
     assert.equal(svc.spec.publishNotReadyAddresses, undefined, 'clients only reach ready routers');
   }
@@ -290,14 +308,14 @@ test('workers register through the headless, not-ready-publishing registry Servi
 
 test('workers run the right program, device and model flags', () => {
   for (const [name, docs] of Object.entries(all)) {
-    const device = { default: 'cuda', cpu: 'cpu', 'nvidia-h200': 'cuda', 'amd-mi355x': 'hip', 'everything-on': 'cuda', auth: 'cpu' }[name];
+    const device = { default: 'cuda', cpu: 'cpu', 'nvidia-h200': 'cuda', 'amd-mi355x': 'hip', 'everything-on': 'cuda', auth: 'cpu', tls: 'cpu', 'tls-auth': 'cuda' }[name];
     for (const role of ROLES) {
       const c = mainContainer(deployment(docs, role));
       assert.deepEqual(c.command, [`/opt/pdserve/bin/pdserve-${role}`]);
       assert.equal(flag(c, '--role'), role === 'decode' ? 'decode' : undefined);
       assert.equal(flag(c, '--device'), device, `${name} ${role}`);
       assert.equal(flag(c, '--weight-dtype') === undefined, device === 'cpu', `${name} ${role} --weight-dtype only on a GPU`);
-      assert.equal(flag(c, '--require-rdma'), name === 'nvidia-h200' || name === 'amd-mi355x' || name === 'everything-on' ? true : undefined);
+      assert.equal(flag(c, '--require-rdma'), ['nvidia-h200', 'amd-mi355x', 'everything-on', 'tls-auth'].includes(name) ? true : undefined);
     }
     assert.deepEqual(mainContainer(deployment(docs, 'router')).command, ['/opt/pdserve/bin/pdserve-router']);
   }
@@ -459,8 +477,12 @@ test('helm test pod: pdserve check (gRPC health, model info, /v1/models, 1-token
     const steps = [...pod.spec.initContainers, ...pod.spec.containers];
     assert.deepEqual(steps.map((s) => s.name), ['check', 'decode-4-tokens'], name);
     for (const s of steps) assert.deepEqual(s.command, ['/opt/pdserve/bin/pdserve'], 'only what the image has');
-    assert.deepEqual(steps[0].args, ['check', '--router', 'pd-pdserve-router:50051', '--http', 'pd-pdserve-router:8080', '--wait-s', '120']);
-    assert.deepEqual(steps[1].args.slice(0, 3), ['generate', '--router', 'pd-pdserve-router:50051']);
+    // With TLS the fully qualified Service name (what the router's certificate names), and the CA.
+    const host = tlsEnabled(name) ? 'pd-pdserve-router.pdserve.svc.cluster.local' : 'pd-pdserve-router';
+    const tls = tlsEnabled(name) ? ['--tls-ca', '/etc/pdserve/tls/ca.crt'] : [];
+    assert.deepEqual(steps[0].args, ['check', '--router', `${host}:50051`, '--http', `${host}:8080`, '--wait-s', '120', ...tls], name);
+    assert.deepEqual(steps[1].args.slice(0, 3), ['generate', '--router', `${host}:50051`], name);
+    assert.deepEqual(steps[1].args.slice(steps[1].args.length - tls.length), tls, name);
   }
   assert.equal(byKind(render({ set: ['tests.enabled=false'] }).docs, 'Pod').length, 0);
 });
@@ -552,6 +574,129 @@ test('auth: each Secret alone; the test key defaults to secretKey; /metrics stay
   }
   assert.equal(flag(mainContainer(deployment(token, 'router')), '--api-key-file'), undefined);
   for (const c of allContainers(find(token, 'Pod', 'pd-pdserve-test').spec)) assert.equal(c.env, undefined, 'no key to send');
+});
+
+const TLS_FLAGS = ['--tls-cert', '--tls-key', '--tls-ca', '--tls-worker-name', '--tls'];
+const TLS_DIR = '/etc/pdserve/tls';
+const TLS_KEYS = ['tls.crt', 'tls.key', 'ca.crt'];
+const tlsVolume = (secretName, keys) => ({ secretName, items: keys.map((k) => ({ key: k, path: k })), defaultMode: 0o440 });
+const fqdn = (svc, ns = 'pdserve', domain = 'cluster.local') => `${svc}.${ns}.svc.${domain}`;
+
+test('TLS is off by default: no --tls flags, no tls volume, plain-HTTP scrape', () => {
+  for (const [name, docs] of Object.entries(all)) {
+    if (tlsEnabled(name)) continue;
+    for (const { owner, spec } of podSpecs(docs)) {
+      assert.ok(!(spec.volumes ?? []).some((v) => v.name === 'tls'), `${name} ${owner} tls volume`);
+      for (const c of allContainers(spec)) {
+        for (const f of TLS_FLAGS) {
+          assert.equal(flag(c, f), undefined, `${name} ${owner} ${c.name} ${f}`);
+          assert.ok(!args(c).includes(f), `${name} ${owner} ${c.name} ${f} (as its own argument)`);
+        }
+        assert.ok(!(c.volumeMounts ?? []).some((m) => m.name === 'tls' || m.mountPath === TLS_DIR), `${name} ${owner} ${c.name} tls mount`);
+      }
+    }
+    for (const sm of byKind(docs, 'ServiceMonitor')) {
+      for (const e of sm.spec.endpoints) assert.deepEqual([e.scheme, e.tlsConfig], [undefined, undefined], name);
+    }
+  }
+});
+
+test('TLS: the Secret read-only in the router and every worker, the same three files on each, mutual TLS', () => {
+  for (const [name, docs] of Object.entries(tlsRenders)) {
+    for (const component of ['router', ...ROLES]) {
+      const d = deployment(docs, component);
+      const c = mainContainer(d);
+      const what = `${name} ${component}`;
+      assert.deepEqual(podVolume(d, 'tls').secret, tlsVolume('pd-tls', TLS_KEYS), what);
+      assert.deepEqual(podMount(d, 'tls'), { name: 'tls', mountPath: TLS_DIR, readOnly: true }, what);
+      // Each flag names its Secret item inside the mount (whole directory, no subPath: a renewed
+      // certificate reaches the files).
+      for (const [f, key] of [['--tls-cert', 'tls.crt'], ['--tls-key', 'tls.key'], ['--tls-ca', 'ca.crt']]) {
+        assert.equal(flag(c, f), `${podMount(d, 'tls').mountPath}/${key}`, `${what} ${f}`);
+        assert.ok(podVolume(d, 'tls').secret.items.some((i) => i.key === key && i.path === key), `${what} ${key}`);
+      }
+      // Only the main container: the model download init container needs no certificate.
+      for (const init of d.spec.template.spec.initContainers ?? []) {
+        for (const f of TLS_FLAGS) assert.equal(flag(init, f), undefined, `${what} ${init.name} ${f}`);
+      }
+    }
+    // The worker name is the router's alone; the workers check the router against --router.
+    for (const role of ROLES) assert.equal(flag(mainContainer(deployment(docs, role)), '--tls-worker-name'), undefined, `${name} ${role}`);
+    // The cluster token still travels beside the certificates.
+    for (const component of ['router', ...ROLES]) {
+      assert.equal(flag(mainContainer(deployment(docs, component)), '--cluster-token-file'), TOKEN_FILE, `${name} ${component}`);
+    }
+    assert.equal(byKind(docs, 'Secret').length, 0, 'the chart never renders a Secret');
+  }
+  const router = (docs) => mainContainer(deployment(docs, 'router'));
+  assert.equal(flag(router(tlsOn), '--tls-worker-name'), fqdn('pd-pdserve-worker'), 'default worker name');
+  assert.equal(flag(router(tlsAuth), '--tls-worker-name'), 'pdserve-worker.example.internal', 'tls.workerName');
+  // extraArgs still come last, after the TLS flags.
+  const extra = render({ set: ['tls.enabled=true', 'tls.existingSecret=pd-tls'], setJson: ['decode.extraArgs=["--max-running=8"]'] }).docs;
+  assert.deepEqual(args(mainContainer(deployment(extra, 'decode'))).slice(-2), ['--tls-ca=/etc/pdserve/tls/ca.crt', '--max-running=8']);
+});
+
+test('TLS: the names the certificate must carry are the ones clients, workers and Prometheus check', () => {
+  for (const [opts, ns, domain] of [[{}, 'pdserve', 'cluster.local'],
+    [{ release: 'prod', namespace: 'llm', set: ['clusterDomain=k8s.example'] }, 'llm', 'k8s.example']]) {
+    const release = opts.release ?? 'pd';
+    const docs = render({ ...opts, apiVersions: monitoring, set: [...(opts.set ?? []), 'tls.enabled=true', 'tls.existingSecret=pd-tls'] }).docs;
+    const svc = find(docs, 'Service', `${release}-pdserve-router`);
+    const registry = find(docs, 'Service', `${release}-pdserve-router-registry`);
+    const clientName = fqdn(svc.metadata.name, ns, domain);
+    // Workers dial the registry Service by name and check the routers' certificate against it.
+    for (const role of ROLES) {
+      const c = mainContainer(deployment(docs, role, release));
+      assert.equal(flag(c, '--router'), `${fqdn(registry.metadata.name, ns, domain)}:${registry.spec.ports[0].port}`, role);
+    }
+    // The helm test pod dials the client Service by the name its certificate must carry.
+    for (const c of allContainers(find(docs, 'Pod', `${release}-pdserve-test`).spec)) {
+      assert.equal(c.args[c.args.indexOf('--router') + 1], `${clientName}:${svc.spec.ports[0].port}`, c.name);
+    }
+    // Prometheus dials pod IPs: serverName names the client Service instead.
+    const e = find(docs, 'ServiceMonitor', `${release}-pdserve-router`).spec.endpoints[0];
+    assert.equal(e.scheme, 'https');
+    assert.deepEqual(e.tlsConfig, { ca: { secret: { name: 'pd-tls', key: 'ca.crt' } }, serverName: clientName, insecureSkipVerify: false });
+    assert.equal(flag(mainContainer(deployment(docs, 'router', release)), '--tls-worker-name'), fqdn(`${release}-pdserve-worker`, ns, domain));
+  }
+});
+
+test('TLS: the helm test pod trusts only the CA (ca.crt alone mounted) and keeps its API key', () => {
+  for (const [name, docs] of Object.entries(tlsRenders)) {
+    const pod = find(docs, 'Pod', 'pd-pdserve-test');
+    assert.deepEqual(pod.spec.volumes, [{ name: 'tls', secret: tlsVolume('pd-tls', ['ca.crt']) }], `${name}: no private key in a client pod`);
+    for (const c of allContainers(pod.spec)) {
+      assert.deepEqual(c.volumeMounts, [{ name: 'tls', mountPath: TLS_DIR, readOnly: true }], `${name} ${c.name}`);
+      assert.equal(c.args[c.args.indexOf('--tls-ca') + 1], `${TLS_DIR}/ca.crt`, `${name} ${c.name}`);
+      for (const f of ['--tls-cert', '--tls-key', '--tls-worker-name']) assert.ok(!c.args.includes(f), `${name} ${c.name} ${f}`);
+    }
+  }
+  for (const c of allContainers(find(tlsAuth, 'Pod', 'pd-pdserve-test').spec)) {
+    assert.deepEqual(c.env, [{ name: 'PDSERVE_API_KEY', valueFrom: { secretKeyRef: { name: 'pd-api-keys', key: 'test-key' } } }], c.name);
+  }
+});
+
+test('TLS: the ServiceMonitor scrapes HTTPS with the Secret CA (and the key with metricsNeedKey); worker scrapes stay HTTP', () => {
+  for (const [name, docs] of Object.entries(tlsRenders)) {
+    const e = find(docs, 'ServiceMonitor', 'pd-pdserve-router').spec.endpoints[0];
+    assert.equal(e.scheme, 'https', name);
+    assert.equal(e.tlsConfig.insecureSkipVerify, false, name);
+    assert.deepEqual(e.tlsConfig.ca, { secret: { name: 'pd-tls', key: 'ca.crt' } }, name);
+    for (const pm of byKind(docs, 'PodMonitor')) {
+      for (const pe of pm.spec.podMetricsEndpoints) assert.deepEqual([pe.port, pe.scheme, pe.tlsConfig], ['probe', undefined, undefined], name);
+    }
+  }
+  assert.deepEqual(find(tlsAuth, 'ServiceMonitor', 'pd-pdserve-router').spec.endpoints[0].authorization,
+    { type: 'Bearer', credentials: { name: 'pd-api-keys', key: 'test-key' } });
+});
+
+test('TLS: NOTES.txt prints https endpoints under the certificate name', () => {
+  const r = helm(4, ['install', 'pd', CHART, '--namespace', 'pdserve', '--dry-run=client', '--set', 'tls.enabled=true', '--set', 'tls.existingSecret=pd-tls']);
+  assert.equal(r.status, 0, r.stderr);
+  const notes = r.stdout.slice(r.stdout.indexOf('NOTES:'));
+  for (const want of ['gRPC     pd-pdserve-router.pdserve.svc.cluster.local:50051 (TLS)',
+    'https://pd-pdserve-router.pdserve.svc.cluster.local:8080/v1/completions', 'certificates from Secret pd-tls',
+    'workers must carry pd-pdserve-worker.pdserve.svc.cluster.local', '--cacert ca.crt']) assert.ok(notes.includes(want), `NOTES lack ${JSON.stringify(want)}:\n${notes}`);
 });
 
 test('router flags: each optional one only when set (0 too where the router allows it)', () => {

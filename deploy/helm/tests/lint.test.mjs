@@ -26,4 +26,11 @@ for (const version of [3, 4]) {
       ...presetFiles('cpu').flatMap((f) => ['-f', f]), '-f', fixture('auth.yaml')]);
     assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
   });
+  test(`helm ${version} lint --strict cpu with TLS (values/tls.yaml, values/tls-worker-name.yaml)`, () => {
+    for (const extra of [['tls.yaml'], ['auth.yaml', 'tls-worker-name.yaml']]) {
+      const r = helm(version, ['lint', '--strict', CHART, '--kube-version', KUBE_VERSION,
+        ...presetFiles('cpu').flatMap((f) => ['-f', f]), ...extra.flatMap((f) => ['-f', fixture(f)])]);
+      assert.equal(r.status, 0, `${extra}: ${r.stdout}\n${r.stderr}`);
+    }
+  });
 }

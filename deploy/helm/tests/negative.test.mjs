@@ -27,6 +27,15 @@ const CASES = [
     want: [/clusterToken/, /existingSecret/] },
   { name: 'empty Secret key', opts: { set: ['auth.apiKeys.existingSecret=keys', 'auth.apiKeys.secretKey='] }, want: [/apiKeys/, /secretKey/] },
   { name: 'metricsNeedKey not a bool', opts: { set: ['auth.metricsNeedKey=yes'] }, want: [/auth/, /metricsNeedKey/] },
+  { name: 'TLS without a Secret', opts: { set: ['tls.enabled=true'] }, want: [/tls/, /existingSecret/] },
+  { name: 'TLS with an empty Secret name', opts: { set: ['tls.enabled=true', 'tls.existingSecret='] }, want: [/tls/, /existingSecret/] },
+  { name: 'TLS Secret name that is no Kubernetes name', opts: { set: ['tls.enabled=true', 'tls.existingSecret=My_TLS'] },
+    want: [/tls/, /existingSecret/] },
+  { name: 'tls.enabled not a bool', opts: { set: ['tls.enabled=yes', 'tls.existingSecret=pd-tls'] }, want: [/tls/, /enabled/] },
+  { name: 'worker name that is no DNS name', opts: { set: ['tls.enabled=true', 'tls.existingSecret=pd-tls', 'tls.workerName=Worker_1'] },
+    want: [/tls/, /workerName/] },
+  // A worker's TLS is always mutual and it registers on the router's TLS port: no server-only mode.
+  { name: 'no tls.mutual switch', opts: { set: ['tls.enabled=true', 'tls.existingSecret=pd-tls', 'tls.mutual=false'] }, want: [/tls/, /mutual/] },
   // _validate.tpl
   { name: 'TP 3', opts: { set: ['prefill.tensorParallel=3'] }, want: ['prefill.tensorParallel must be 1, 2, 4 or 8 (got 3)'] },
   { name: 'GPU vendor on the CPU preset', opts: { preset: 'cpu', set: ['accelerator.vendor=nvidia'] },
@@ -90,6 +99,8 @@ const CASES = [
     want: ['auth.metricsNeedKey needs auth.apiKeys.existingSecret'] },
   { name: 'test key without the Secret', opts: { set: ['auth.apiKeys.testKeySecretKey=test-key'] },
     want: ['auth.apiKeys.testKeySecretKey "test-key" is set but auth.apiKeys.existingSecret is empty'] },
+  { name: 'worker name without TLS', opts: { set: ['tls.existingSecret=pd-tls', 'tls.workerName=w.example'] },
+    want: ['tls.workerName "w.example" is set but tls.enabled is false'] },
 ];
 
 for (const version of [3, 4]) {

@@ -44,6 +44,11 @@ const CASES = [
   // Secret volumes, secretKeyRef env and the ServiceMonitor's bearer credentials.
   { name: 'auth', opts: { preset: 'nvidia-h200', apiVersions: monitoring, values: [fixture('auth.yaml')],
     set: ['networkPolicy.enabled=true', 'model.source=download'] } },
+  // TLS: the Secret volumes (all three keys, ca.crt alone in the test pod), the HTTPS readiness
+  // probe, the ServiceMonitor's scheme and tlsConfig beside its bearer credentials.
+  { name: 'tls', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('tls.yaml')], set: ['networkPolicy.enabled=true'] } },
+  { name: 'tls-auth', opts: { preset: 'nvidia-h200', apiVersions: monitoring, values: [fixture('auth.yaml'), fixture('tls-worker-name.yaml')],
+    set: ['model.source=download'] } },
 ];
 
 const rendered = CASES.map((c) => ({ ...c, docs: render(c.opts).docs }));

@@ -117,8 +117,18 @@ KV blocks mean the same thing to a decode worker. */}}
 {{- printf "%s-router-registry" (include "pdserve.fullname" .) -}}
 {{- end -}}
 
+{{/* Fully qualified Service names: what the workers (registry) and TLS clients (client Service)
+dial, and so what the router's certificate must name. */}}
+{{- define "pdserve.routerRegistryHost" -}}
+{{- printf "%s.%s.svc.%s" (include "pdserve.routerRegistryName" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{- define "pdserve.routerServiceHost" -}}
+{{- printf "%s.%s.svc.%s" (include "pdserve.routerServiceName" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
 {{- define "pdserve.routerRegistryAddress" -}}
-{{- printf "%s.%s.svc.%s:%d" (include "pdserve.routerRegistryName" .) .Release.Namespace .Values.clusterDomain (.Values.router.ports.grpc | int) -}}
+{{- printf "%s:%d" (include "pdserve.routerRegistryHost" .) (.Values.router.ports.grpc | int) -}}
 {{- end -}}
 
 {{/* Probes, shutdown ---------------------------------------------------------------------------- */}}
@@ -400,6 +410,58 @@ the programs read it when they start). */}}
     secretKeyRef:
       name: {{ . | quote }}
       key: {{ include "pdserve.testKeySecretKey" $ | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* TLS ------------------------------------------------------------------------------------------ */}}
+
+{{/* tls.existingSecret's three keys (cert-manager's layout), mounted as files of one directory (no
+subPath, so a renewed certificate reaches the files; the programs read them when they start). */}}
+{{- define "pdserve.tlsDir" -}}/etc/pdserve/tls{{- end -}}
+
+{{/* The name the router checks every worker's certificate against (--tls-worker-name). */}}
+{{- define "pdserve.tlsWorkerName" -}}
+{{- default (printf "%s-worker.%s.svc.%s" (include "pdserve.fullname" .) .Release.Namespace .Values.clusterDomain) .Values.tls.workerName -}}
+{{- end -}}
+
+{{/* TLS flags, one "- flag" line each: the same three files for the router and the workers (a
+worker's TLS is always mutual), and the workers' certificate name for the router. ctx: {root, router: bool} */}}
+{{- define "pdserve.tlsArgs" -}}
+{{- if .root.Values.tls.enabled -}}
+{{- $dir := include "pdserve.tlsDir" .root -}}
+- --tls-cert={{ $dir }}/tls.crt
+- --tls-key={{ $dir }}/tls.key
+- --tls-ca={{ $dir }}/ca.crt
+{{- if .router }}
+- --tls-worker-name={{ include "pdserve.tlsWorkerName" .root }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret volume: all three keys, or only ca.crt (the helm test pod, a client). A missing key
+keeps the pod from starting (FailedMount). ctx: {root, caOnly: bool} */}}
+{{- define "pdserve.tlsVolume" -}}
+{{- if .root.Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ .root.Values.tls.existingSecret | quote }}
+    items:
+{{- $keys := ternary (list "ca.crt") (list "tls.crt" "tls.key" "ca.crt") .caOnly }}
+{{- range $keys }}
+      - key: {{ . }}
+        path: {{ . }}
+{{- end }}
+    # 0440: the pods' fsGroup reads it, nobody else.
+    defaultMode: 288
+{{- end -}}
+{{- end -}}
+
+{{/* ctx: root */}}
+{{- define "pdserve.tlsMount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: {{ include "pdserve.tlsDir" . }}
+  readOnly: true
 {{- end -}}
 {{- end -}}
 

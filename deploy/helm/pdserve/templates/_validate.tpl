@@ -151,6 +151,11 @@ Called once, from validate.yaml. */}}
 {{- $errors = append $errors (printf "auth.apiKeys.testKeySecretKey %q is set but auth.apiKeys.existingSecret is empty: name the Secret it is a key of" $auth.apiKeys.testKeySecretKey) -}}
 {{- end -}}
 
+{{- /* TLS (tls.enabled without existingSecret is the schema's to refuse). */ -}}
+{{- if and $v.tls.workerName (not $v.tls.enabled) -}}
+{{- $errors = append $errors (printf "tls.workerName %q is set but tls.enabled is false: it is the name the router checks workers' certificates against, with TLS only" $v.tls.workerName) -}}
+{{- end -}}
+
 {{- /* NetworkPolicy default-deny without the allow-list would cut the release off. */ -}}
 {{- if and $v.networkPolicy.defaultDeny (not $v.networkPolicy.enabled) -}}
 {{- $errors = append $errors "networkPolicy.defaultDeny needs networkPolicy.enabled (the allow-list policies), or pdserve's own traffic is denied too" -}}
