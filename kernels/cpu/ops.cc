@@ -65,7 +65,7 @@ inline float reduce_lanes(const float* a) {
 // y[r][o] for R rows of x and C columns, with exactly the operations of every other tile shape:
 // the value of one output element never depends on its neighbours in the call.
 template <int R, int C>
-void dot_tile(float* y, int64_t ldy, const float* x, const float* w, int in, int64_t ldw, bool accumulate) {
+[[gnu::always_inline]] inline void dot_tile(float* y, int64_t ldy, const float* x, const float* w, int in, int64_t ldw, bool accumulate) {
   float acc[R][C][kLanes] = {};
   const int whole = in - in % kLanes;
   for (int k = 0; k < whole; k += kLanes)
@@ -83,7 +83,7 @@ void dot_tile(float* y, int64_t ldy, const float* x, const float* w, int in, int
 }
 
 template <int R>
-void dot_rows(float* y, const float* x, const float* w, int out, int in, int64_t ldw, bool accumulate) {
+[[gnu::always_inline]] inline void dot_rows(float* y, const float* x, const float* w, int out, int in, int64_t ldw, bool accumulate) {
   int o = 0;
   for (; o + kTileCols <= out; o += kTileCols)
     dot_tile<R, kTileCols>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
@@ -92,8 +92,11 @@ void dot_rows(float* y, const float* x, const float* w, int out, int in, int64_t
 
 }  // namespace
 
-void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw,
-                bool accumulate) {
+// Cloned for AVX2 (chosen at load time where the CPU has it): the lanes are independent and
+// nothing is fused or reordered, so the wider vectors compute every element bit for bit as the
+// baseline does, and machines of either kind agree.
+[[gnu::target_clones("avx2", "default")]] void matmul_xwt(float* y, const float* x, const float* w, int rows,
+                                                           int out, int in, int64_t ldw, bool accumulate) {
   int r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
     dot_rows<kTileRows>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, in, ldw, accumulate);
