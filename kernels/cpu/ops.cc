@@ -94,8 +94,20 @@ template <int R>
 
 // Cloned for AVX2 (chosen at load time where the CPU has it): the lanes are independent and
 // nothing is fused or reordered, so the wider vectors compute every element bit for bit as the
-// baseline does, and machines of either kind agree.
-[[gnu::target_clones("avx2", "default")]] void matmul_xwt(float* y, const float* x, const float* w, int rows,
+// baseline does, and machines of either kind agree. Not under ThreadSanitizer: the clones'
+// ifunc resolver runs before its runtime is up and crashes the process.
+#if defined(__SANITIZE_THREAD__)
+#define PDSERVE_GEMM_CLONES
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PDSERVE_GEMM_CLONES
+#endif
+#endif
+#ifndef PDSERVE_GEMM_CLONES
+#define PDSERVE_GEMM_CLONES [[gnu::target_clones("avx2", "default")]]
+#endif
+
+PDSERVE_GEMM_CLONES void matmul_xwt(float* y, const float* x, const float* w, int rows,
                                                            int out, int in, int64_t ldw, bool accumulate) {
   int r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
