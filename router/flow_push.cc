@@ -94,7 +94,7 @@ Router::Attempt Router::run_push(Flow& f) {
   f.act->add(&pctx);
   // gRPC's callback API: the call leaves at once, with no thread of our own per request.
   std::promise<void> prefill_done;
-  registry_.stub(p)->async()->Prefill(&pctx, &preq, &presp, [&](grpc::Status s) {
+  registry_.stub(p)->async()->Prefill(&pctx, &preq, &presp, [&](const grpc::Status& s) {
     prefill_status = from_grpc(s, absl::StrCat("Prefill on ", registry_.address(p)));
     if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
     prefill_done.set_value();

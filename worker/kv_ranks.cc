@@ -155,7 +155,7 @@ std::string advertised_endpoint(const std::string& bound, const std::string& hos
 
 StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
-                                                   KvEventFn on_event, KvReleaseFn on_release) {
+                                                   const KvEventFn& on_event, const KvReleaseFn& on_release) {
   std::unique_ptr<KvRanks> ranks(new KvRanks());
   const engine::KvCacheSpec& spec = engine.kv_layout(0).spec();
   ranks->compat_hash_ = kvtransfer::compat_hash(options.model_id, spec);

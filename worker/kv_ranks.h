@@ -61,7 +61,7 @@ class KvRanks {
   // One endpoint per engine rank over its KV arena, bound as the options say.
   static StatusOr<std::unique_ptr<KvRanks>> create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
-                                                   KvEventFn on_event, KvReleaseFn on_release);
+                                                   const KvEventFn& on_event, const KvReleaseFn& on_release);
   // Stops the threads (see stop()).
   ~KvRanks();
 
