@@ -1,5 +1,6 @@
 #include "engine/tokenizer/hf_tokenizer_json.h"
 
+#include <cstdint>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,19 @@ using nlohmann::json;
 // The pattern GPT-2's ByteLevel pre-tokenizer splits with when use_regex is on.
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// A token id: an integer JSON number in [0, INT_MAX]. (nlohmann's get<int>() converts any number,
+// and a float beyond int's range is undefined behaviour: the fuzzer found 5e102.)
+StatusOr<int> token_id(const json& value, const std::string& name, const std::string& what) {
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() <= uint64_t(INT32_MAX)) return int(value.get<uint64_t>());
+  } else if (value.is_number_integer()) {
+    const int64_t v = value.get<int64_t>();
+    if (v >= 0 && v <= INT32_MAX) return int(v);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ": ", what, " must be an integer in [0, 2^31), not ", value.dump()));
+}
 
 Status unsupported(const std::string& name, const std::string& what) {
   return absl::UnimplementedError(absl::StrCat(name, ": unsupported tokenizer.json feature: ", what));
@@ -140,8 +154,7 @@ StatusOr<HfTokenizerJson> parse(const json& root, const json& config, const std:
   out.ignore_merges = model.value("ignore_merges", false);
 
   for (const auto& [piece, id] : model.at("vocab").items()) {
-    const int value = id.get<int>();
-    if (value < 0) return absl::InvalidArgumentError(absl::StrCat(name, ": negative token id for ", piece));
+    PD_ASSIGN_OR_RETURN(const int value, token_id(id, name, absl::StrCat("the token id of \"", piece, "\"")));
     out.vocab.emplace(piece, value);
   }
   const json no_merges = json::array();
@@ -160,12 +173,9 @@ StatusOr<HfTokenizerJson> parse(const json& root, const json& config, const std:
   if (root.contains("added_tokens")) {
     for (const json& token : root.at("added_tokens")) {
       AddedToken added;
-      added.id = token.at("id").get<int>();
+      PD_ASSIGN_OR_RETURN(added.id, token_id(token.at("id"), name, "an added token's id"));
       added.content = token.at("content").get<std::string>();
       added.special = token.value("special", false);
-      if (added.id < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(name, ": negative added token id"));
-      }
       out.added_tokens.push_back(std::move(added));
     }
   }

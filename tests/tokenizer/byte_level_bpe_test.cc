@@ -245,6 +245,16 @@ TEST(ByteLevelBpe, BadFilesGiveErrors) {
   load_error(json.substr(0, json.size() / 2));  // Truncated.
   load_error(R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})");  // Wrong type.
   load_error(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");  // No byte pieces.
+  // Ids that are no int: negative, fractional, beyond int's range (a float that the fuzzer found
+  // made the conversion undefined behaviour), in the vocab and among the added tokens.
+  for (const char* id : {"-1", "1.5", "5.11111e+102", "2147483648", "18446744073709551615"}) {
+    EXPECT_EQ(load_error(absl::StrCat(R"({"model": {"type": "BPE", "vocab": {"a": )", id, R"(}, "merges": []}})")),
+              absl::StatusCode::kInvalidArgument)
+        << id;
+    std::string added = minimal_json(true);
+    added.replace(added.find(R"("id": 256)"), 9, absl::StrCat(R"("id": )", id));
+    EXPECT_EQ(load_error(added), absl::StatusCode::kInvalidArgument) << id;
+  }
   std::string bad_merge = minimal_json(true);
   bad_merge.replace(bad_merge.find("\"merges\": []"), 12, R"("merges": ["a b"])");
   load_error(bad_merge);  // "ab" is not in the vocab.
