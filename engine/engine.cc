@@ -159,6 +159,8 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
                                                    " must be in [0, prompt length ", request.prompt.size(), ")"));
   const KvHandoff& h = request.handoff;
   const int need = blocks_needed(int(request.prompt.size()), h.prefill_only ? 1 : request.params.max_tokens);
+  if (h.first_token_streamed && h.preloaded_blocks.empty())
+    return absl::InvalidArgumentError("first_token_streamed needs a preloaded request");
   if (!h.preloaded_blocks.empty()) {
     if (h.prefill_only) return absl::InvalidArgumentError("a request cannot be both prefill-only and preloaded");
     if (int(h.preloaded_blocks.size()) < need)
@@ -238,7 +240,7 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
     seq.sampler.skip_draw();
-    accept_token(seq, seq.request.handoff.first_token);
+    accept_token(seq, seq.request.handoff.first_token, seq.request.handoff.first_token_streamed);
   }
   // FIFO: a request that does not fit blocks the ones behind it, so none starves. Blocks for
   // the whole request are reserved up front, so a running sequence never runs out mid-way.
@@ -326,7 +328,7 @@ Status Engine::step() {
   return absl::OkStatus();
 }
 
-void Engine::accept_token(Sequence& s, int token) {
+void Engine::accept_token(Sequence& s, int token, bool streamed) {
   const int prev = s.tokens.back();
   s.tokens.push_back(token);
   const StopStep st = s.stop.push(token, model_.tokenizer->decode_token(prev, token));
@@ -335,10 +337,10 @@ void Engine::accept_token(Sequence& s, int token) {
   ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
   ev.text = st.delta;
   if (st.finish == FinishReason::kNone) {
-    if (s.callback) s.callback(ev);
+    if (s.callback && !streamed) s.callback(ev);
     return;
   }
-  if (s.callback && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
+  if (s.callback && !streamed && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
   finish(s, st.finish);
 }
 

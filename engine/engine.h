@@ -78,6 +78,10 @@ struct KvHandoff {
   // starts decoding at once; the engine owns the blocks from then on.
   std::vector<int> preloaded_blocks;
   int first_token = -1;
+  // Decode side: the client already has `first_token` and its text (the router streamed it
+  // from the prefill side's answer). It goes through the stop rules as usual, but no event
+  // carries it: the stream starts with the token after it (or only finishes the request).
+  bool first_token_streamed = false;
 };
 
 struct GenerationRequest {
@@ -184,7 +188,8 @@ class Engine {
   void admit(std::vector<Sequence*>* admitted);
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
-  void accept_token(Sequence& seq, int token);
+  // `streamed`: the client already has this token; only its finish (if any) is reported.
+  void accept_token(Sequence& seq, int token, bool streamed = false);
   // Copies the scheduler's counters and running count for stats() (scheduler thread), and
   // `waiting` when the caller holds mu_, which guards waiting_.
   void publish_stats(std::optional<int> waiting = std::nullopt);

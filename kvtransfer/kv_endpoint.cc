@@ -413,6 +413,7 @@ Status KvRankEndpoint::seal(const std::string& id, std::optional<int32_t> first_
   }
   PD_RETURN_IF_ERROR(request.session->seal());
   request.first_token = first_token;
+  request.sealed_at = options_.clock->now();
   // A flush completes once every put posted before it is remotely complete.
   for (auto& [c, leg] : request.legs) {
     if (leg.posted == 0) continue;
@@ -539,6 +540,9 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
     }
   }
   if (done.has_first_token()) request.first_token = done.first_token();
+  if (done.seal_to_send_s() > 0)
+    request.push_tail = std::max(request.push_tail, std::chrono::duration_cast<Duration>(
+                                                        std::chrono::duration<double>(done.seal_to_send_s())));
   request.bytes += leg.plan.total_bytes;
   request.ops += done.sealed_count();
   if (session.leg_done(p, done.sealed_count(), leg.plan.total_ops) == LegResult::kMismatch) {
@@ -946,6 +950,7 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
     done.set_consumer_rank(c);
     done.set_sealed_count(session.scheduled(c));
     if (request.first_token) done.set_first_token(*request.first_token);
+    done.set_seal_to_send_s(std::chrono::duration<double>(options_.clock->now() - request.sealed_at).count());
     for (int b : request.producer_blocks) done.add_producer_blocks(b);
     if (options_.checksums) {
       for (uint64_t sum : checksums(request.consumer_blocks, leg.plan, remotes_.at(leg.remote),
@@ -1075,6 +1080,7 @@ bool KvRankEndpoint::step(const std::string& id, Request& request,
       case SessionState::kReady:
         event.kind = KvTransferEvent::Kind::kReady;
         event.first_token = request.first_token;
+        event.push_tail = request.push_tail;
         break;
       case SessionState::kComplete: event.kind = KvTransferEvent::Kind::kComplete; break;
       default:

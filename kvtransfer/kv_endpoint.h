@@ -154,6 +154,9 @@ struct KvTransferEvent {
   Status error;
   std::optional<int32_t> first_token;  // Ready (push), from the producer rank that sampled it.
   Duration latency{0};                 // From the request's start on this rank.
+  // Ready (push): the longest seal-to-WRITE_DONE time of the producer ranks it heard from, the
+  // part of the transfer that their prefill's compute did not hide.
+  Duration push_tail{0};
   uint64_t bytes = 0;                  // Moved by this rank for the request.
   uint64_t ops = 0;
 };
@@ -258,6 +261,8 @@ class KvRankEndpoint {
     std::vector<bool> layers_posted;
     std::optional<int32_t> first_token;
     TimePoint start;
+    TimePoint sealed_at;     // Push producer: when seal() ran.
+    Duration push_tail{0};   // Push consumer: the longest producer rank's seal-to-WRITE_DONE.
     uint64_t bytes = 0, ops = 0;
     bool event_sent = false;
   };

@@ -1,6 +1,7 @@
 // Router::run_pull: one P/D placement where the decode side pulls the KV. Prefill on a
 // prefill worker, which holds the prompt's KV and returns the first token and where the KV is;
-// then Generate on a decode worker, which reads the KV and streams from the first token on.
+// the router streams that token at once, then Generate on a decode worker reads the KV and
+// streams from the token after it.
 #include "router/policy.h"
 #include "router/request_state.h"
 
@@ -43,19 +44,9 @@ Router::Attempt Router::run_pull(Flow& f) {
     // The first token ended the request: there is nothing for a decode worker to do. Its text
     // goes through the same stop rules the workers apply, after the output the client has.
     abort_on_workers(f.worker_id, {p});
-    worker::WorkerEvent& ev = f.final_event;
-    ev.set_finished(true);
-    ev.set_finish_reason(presp.finish_reason());
-    const int token = presp.first_token();
-    if (token >= 0 && token < model_.config.vocab_size) {
-      engine::StopChecker stop = stop_after_output(f);
-      const int prev = f.output.empty() ? f.prompt.back() : f.output.back();
-      const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(prev, token));
-      if (!step.stop_token) {
-        ev.add_token_ids(token);
-        ev.set_text(step.delta);
-      }
-    }
+    f.final_event = first_token_event(f, presp.first_token());
+    f.final_event.set_finished(true);
+    f.final_event.set_finish_reason(presp.finish_reason());
     f.finished = true;
     f.prefill_s = presp.prefill_s();
     return {absl::OkStatus(), false};
@@ -73,6 +64,9 @@ Router::Attempt Router::run_pull(Flow& f) {
   dreq.set_kv_mode("pull");
   dreq.set_kv_source(presp.kv_source());
   dreq.set_first_token(presp.first_token());
+  // The client gets the first token now, not after the decode side read the KV.
+  dreq.set_first_token_streamed(true);
+  forward_first_token(f, presp.first_token());
   // The prefill worker holds the KV until the decode side has read it: both matter until the
   // first token streams.
   f.act->begin_attempt({p, d}, clock_.now());

@@ -1,7 +1,8 @@
 // Router::run_push: one P/D placement where the prefill side pushes the KV. Reserve on a
 // decode worker (blocks for the whole request, bound to the chosen prefill worker's group),
 // then Prefill towards those blocks while the decode worker's Generate stream is already open:
-// the decode side starts the moment the KV is sealed.
+// the decode side starts the moment the KV is sealed. The prefill reply comes at the first
+// token, which the router streams at once; the decode stream goes on from the token after it.
 #include <future>
 #include <thread>
 
@@ -58,7 +59,14 @@ Router::Attempt Router::run_push(Flow& f) {
       backoff = std::min<Duration>(backoff * 2, kReserveBackoffMax);
       continue;
     }
-    if (worker_failure(s)) {
+    if (blames_peer(ctx)) {
+      // The decode worker could not reach this prefill worker's KV endpoint (it died, say).
+      fail_worker(f, p, s);
+      return {s, true};
+    }
+    // A Reserve unanswered within the worker RPC timeout (the request's own deadline has not
+    // passed) is the decode worker's failure, like one that died.
+    if (worker_failure(s) || absl::IsDeadlineExceeded(s)) {
       fail_worker(f, d, s);
       return {s, true};
     }
@@ -80,13 +88,14 @@ Router::Attempt Router::run_push(Flow& f) {
   f.fill(dreq);
   dreq.set_kv_mode("push");
   dreq.mutable_reserved_blocks()->CopyFrom(reserved.block_ids());
+  // The router streams the first token from the prefill reply, which comes as soon as it is
+  // sampled, while the KV is still on its way to the decode side.
+  dreq.set_first_token_streamed(true);
 
   f.act->begin_attempt({p, d}, clock_.now());
   grpc::ClientContext dctx;
   dctx.set_deadline(grpc_deadline(clock_, f.act->deadline));
   f.act->add(&dctx);
-  // The prefill runs beside the decode stream: the decode side starts as soon as the KV is
-  // sealed, without waiting for the prefill reply to travel back through the router.
   worker::PrefillResponse presp;
   Status prefill_status;
   grpc::ClientContext pctx;
@@ -99,18 +108,29 @@ Router::Attempt Router::run_push(Flow& f) {
     if (!prefill_status.ok()) dctx.TryCancel();  // The decode side would wait for KV that never comes.
     prefill_done.set_value();
   });
-  Status ds = read_stream(f, d, dctx, dreq);
-  if (!ds.ok()) pctx.TryCancel();  // Nobody is left to receive the KV.
+  // The decode stream opens beside the prefill, so the decode side starts the moment the KV is
+  // sealed; it is read only after the prefill reply, whose first token comes before its events.
+  auto decode_stream = registry_.stub(d)->Generate(&dctx, dreq);
   prefill_done.get_future().wait();
+  Status ds;
+  if (prefill_status.ok()) {
+    forward_first_token(f, presp.first_token());
+    ds = read_events(f, d, *decode_stream);
+  } else {
+    // Without the first token the decode stream cannot be shown: it was cancelled.
+    for (worker::WorkerEvent unread; decode_stream->Read(&unread);) {
+    }
+    ds = from_grpc(decode_stream->Finish(), absl::StrCat("Generate on ", registry_.address(d)));
+    if (ds.ok()) ds = absl::CancelledError("the prefill failed");
+  }
   f.act->remove(&pctx);
   f.act->remove(&dctx);
 
   if (ds.ok()) {
     registry_.report_success(d);
-    if (prefill_status.ok()) registry_.report_success(p);
-    f.prefill_s = prefill_status.ok() ? presp.prefill_s() : f.final_event.prefill_s();
-    f.kv_transfer_s =
-        prefill_status.ok() && presp.kv_transfer_s() > 0 ? presp.kv_transfer_s() : f.final_event.kv_transfer_s();
+    registry_.report_success(p);
+    f.prefill_s = presp.prefill_s();
+    f.kv_transfer_s = f.final_event.kv_transfer_s();
     return {absl::OkStatus(), false};
   }
   if (Status st = f.act->status(); !st.ok()) {

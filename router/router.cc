@@ -176,8 +176,7 @@ std::optional<Router::Attempt> Router::stalled_attempt(Flow& f) {
   return Attempt{s, true};
 }
 
-void Router::forward(Flow& f, int worker, const worker::WorkerEvent& ev) {
-  if (ev.token_ids_size() == 0 && ev.text().empty()) return;
+void Router::emit_output(Flow& f, const worker::WorkerEvent& ev) {
   v1::GenerateResponse r;
   r.set_request_id(f.id);
   r.mutable_token_ids()->CopyFrom(ev.token_ids());
@@ -187,16 +186,42 @@ void Router::forward(Flow& f, int worker, const worker::WorkerEvent& ev) {
     f.sent_first = true;
   }
   f.output.insert(f.output.end(), ev.token_ids().begin(), ev.token_ids().end());
-  const TimePoint now = clock_.now();
-  if (ev.token_ids_size() > 0 && f.first_token_s < 0) f.first_token_s = seconds(now - f.arrival);
-  f.act->on_tokens(worker, ev.token_ids_size(), now);
+  if (ev.token_ids_size() > 0 && f.first_token_s < 0) f.first_token_s = seconds(clock_.now() - f.arrival);
   if (!(*f.emit)(r)) f.act->cancel(Active::kClientGone);
+}
+
+void Router::forward(Flow& f, int worker, const worker::WorkerEvent& ev) {
+  if (ev.token_ids_size() == 0 && ev.text().empty()) return;
+  emit_output(f, ev);
+  f.act->on_tokens(worker, ev.token_ids_size(), clock_.now());
+}
+
+worker::WorkerEvent Router::first_token_event(const Flow& f, int token) const {
+  worker::WorkerEvent ev;
+  if (token < 0 || token >= model_.config.vocab_size) return ev;
+  engine::StopChecker stop = stop_after_output(f);
+  const int prev = f.output.empty() ? f.prompt.back() : f.output.back();
+  const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(prev, token));
+  if (!step.stop_token) ev.add_token_ids(token);
+  ev.set_text(step.delta);
+  return ev;
+}
+
+void Router::forward_first_token(Flow& f, int token) {
+  const worker::WorkerEvent ev = first_token_event(f, token);
+  // Not progress of the placement's stream: the watchdog goes on watching every worker of the
+  // placement until the decode worker streams.
+  if (ev.token_ids_size() > 0 || !ev.text().empty()) emit_output(f, ev);
 }
 
 Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req) {
   auto reader = registry_.stub(decode_index)->Generate(&ctx, req);
+  return read_events(f, decode_index, *reader);
+}
+
+Status Router::read_events(Flow& f, int decode_index, grpc::ClientReaderInterface<worker::WorkerEvent>& reader) {
   worker::WorkerEvent ev;
-  while (reader->Read(&ev)) {
+  while (reader.Read(&ev)) {
     if (ev.finished()) {
       f.final_event = ev;
       f.finished = true;
@@ -204,7 +229,7 @@ Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, 
       forward(f, decode_index, ev);
     }
   }
-  Status s = from_grpc(reader->Finish(), absl::StrCat("Generate on ", registry_.address(decode_index)));
+  Status s = from_grpc(reader.Finish(), absl::StrCat("Generate on ", registry_.address(decode_index)));
   // A stream that delivered its final event is done, whatever its status says after.
   if (f.finished) return absl::OkStatus();
   if (s.ok()) s = absl::InternalError(absl::StrCat("Generate on ", registry_.address(decode_index), " ended without finishing"));

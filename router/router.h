@@ -116,10 +116,20 @@ class Router {
   // Why no prefill worker was chosen for a P/D request: none up or none with room (waited
   // for), or up workers that may not pair (a configuration error: no wait).
   Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
-  // Reads a worker's Generate stream, forwarding events; ends at the stream's end.
+  // Opens a worker's Generate stream and reads it (read_events).
   Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
-  // Forwards one non-final worker event to the client.
+  // Reads an open Generate stream of worker `decode_index` to its end, forwarding its events.
+  Status read_events(Flow& f, int decode_index, grpc::ClientReaderInterface<worker::WorkerEvent>& reader);
+  // Forwards one non-final event of the worker streaming the request to the client.
   void forward(Flow& f, int worker, const worker::WorkerEvent& ev);
+  // The event for the first token a prefill worker answered (P/D): its text through the stop
+  // rules after the output so far, as the decode worker's engine counts it; no token for a
+  // stop token (or -1).
+  worker::WorkerEvent first_token_event(const Flow& f, int token) const;
+  // Streams that event before any decode event (WorkerGenerateRequest.first_token_streamed).
+  void forward_first_token(Flow& f, int token);
+  // Sends an event's tokens and text to the client (cancelling the request if it is gone).
+  void emit_output(Flow& f, const worker::WorkerEvent& ev);
   // Counts a failure of worker `index` (down after a few in a row) and keeps it out of this
   // request's placements.
   void fail_worker(Flow& f, int index, const Status& why, bool stalled = false);

@@ -16,6 +16,7 @@ struct DecodeRole::Job {
   std::vector<int> kv_blocks;  // The prompt's share of them, which the transfer fills.
   std::vector<char> posted, ready, released;  // Per rank.
   std::optional<int> first_token;
+  Duration push_tail{0};  // Push: the longest producer rank's seal-to-WRITE_DONE time.
   Status error;
   bool waiting = false;  // A Generate waits on it.
   bool handed = false;   // Decoding: the engine owns the blocks.
@@ -177,6 +178,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
   prepared.request.prompt.assign(request.prompt().begin(), request.prompt().end());
   prepared.request.params = params;
   prepared.request.resumed_tokens = request.resumed_tokens();
+  prepared.request.handoff.first_token_streamed = request.first_token_streamed();
   return prepared;
 }
 
@@ -200,7 +202,8 @@ StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::uniq
     return error;
   }
   PreparedDecode prepared;
-  prepared.kv_transfer_s = std::chrono::duration<double>(clock_->now() - job.start).count();
+  // Push: what the prefill's compute did not hide (the reservation waited for the prefill too).
+  prepared.kv_transfer_s = std::chrono::duration<double>(job.push ? job.push_tail : clock_->now() - job.start).count();
   prepared.request.id = id;
   if (!job.first_token) {
     // WRITE_DONE without a first token: the prefill side's first token ended the request.
@@ -261,6 +264,7 @@ void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   if (ev.kind == KvTransferEvent::Kind::kReady) {
     job.ready[rank] = 1;
     if (job.push && ev.first_token) job.first_token = *ev.first_token;
+    job.push_tail = std::max(job.push_tail, ev.push_tail);
   } else {
     job.released[rank] = 1;  // A failed event comes once the rank's blocks are back.
     fail_locked(ev.request_id, job, ev.error);

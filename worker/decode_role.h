@@ -28,7 +28,7 @@ struct PreparedDecode {
   engine::GenerationRequest request;  // Preloaded; the engine owns the blocks once submitted.
   // The prefill side's first token was a stop token: nothing to decode (blocks already freed).
   bool finished_by_prefill = false;
-  double kv_transfer_s = 0;  // Waiting for the KV on this side.
+  double kv_transfer_s = 0;  // Push: the transfer's unhidden tail (KvTransferEvent::push_tail); pull: the read.
 };
 
 class DecodeRole {

@@ -26,10 +26,10 @@ struct PrefillRole::Job {
   // soon as the layer is written, and seals when the prefill finishes; pull starts then.
   bool transfer_started = false;
   std::vector<std::vector<char>> layer_posted;        // Push: [rank][layer].
-  std::vector<char> posted, released, outcome_known;  // Per rank.
+  std::vector<char> posted, released;  // Per rank.
   bool aborting = false;
   bool rpc_done = false;
-  TimePoint start, prefilled_at, transferred_at;
+  TimePoint start, prefilled_at;
 
   bool all(const std::vector<char>& v) const {
     for (char c : v)
@@ -87,7 +87,6 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   if (push) job.layer_posted.assign(tp, std::vector<char>(engine_.kv_layout(0).num_layers(), 0));
   job.posted.assign(tp, 0);
   job.released.assign(tp, 0);
-  job.outcome_known.assign(tp, 0);
   {
     std::lock_guard lock(mu_);
     if (jobs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
@@ -106,13 +105,13 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
     return submitted;
   }
   Job& j = jobs_.at(id);
-  // Push: until every rank's writes are remotely complete (or failed). Pull: until every rank
-  // holds the blocks.
+  // Push: until the first token is sampled (the router streams it at once; the transfer goes
+  // on, and its outcome reaches the decode side). Pull: until every rank holds the blocks.
   auto done = [&] {
     if (!j.error.ok() && (!j.transfer_started || j.all(j.posted))) return true;
     if (!j.prefilled) return false;
-    if (!j.transfer_started) return true;
-    return push ? j.all(j.outcome_known) : j.all(j.posted);
+    if (!j.transfer_started || push) return true;
+    return j.all(j.posted);
   };
   while (!done()) {
     if (cancelled()) {
@@ -130,7 +129,6 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   if (error.ok()) {
     response.set_first_token(j.first_token.value_or(-1));
     response.set_prefill_s(std::chrono::duration<double>(j.prefilled_at - j.start).count());
-    if (push) response.set_kv_transfer_s(std::chrono::duration<double>(j.transferred_at - j.prefilled_at).count());
     if (j.reason == engine::FinishReason::kStop) response.set_finish_reason("stop");
     if (j.reason == engine::FinishReason::kLength && j.request_ends_at_first_token) response.set_finish_reason("length");
     if (!push && j.transfer_started) {
@@ -339,10 +337,7 @@ void PrefillRole::on_command_failed(int rank, const std::string& id, const Statu
   Job& job = it->second;
   if (job.error.ok()) job.error = error;
   job.posted[rank] = 1;
-  if (!registered) {
-    job.released[rank] = 1;
-    job.outcome_known[rank] = 1;
-  }
+  if (!registered) job.released[rank] = 1;
   // The other ranks' consumers would otherwise wait for their lease; a push that began at
   // admission may still be prefilling.
   const bool in_engine = abort_locked(id, job);
@@ -357,7 +352,6 @@ void PrefillRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   auto it = jobs_.find(ev.request_id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  job.outcome_known[rank] = 1;
   job.released[rank] = 1;  // Complete and failed events come once the rank's blocks are back.
   job.posted[rank] = 1;
   bool in_engine = false;
@@ -365,7 +359,6 @@ void PrefillRole::on_kv_event(int rank, const KvTransferEvent& ev) {
     if (job.error.ok()) job.error = ev.error;
     in_engine = abort_locked(ev.request_id, job);  // A push may fail while still prefilling.
   }
-  if (job.all(job.outcome_known)) job.transferred_at = clock_->now();
   changed_.notify_all();
   maybe_finish(ev.request_id);
   lock.unlock();

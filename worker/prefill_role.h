@@ -5,9 +5,10 @@
 // forward pass wrote that layer (the engine's layer hook), so the transfer overlaps the later
 // layers; when the prefill ends each rank seals its write count and notifies (WRITE_DONE
 // carries the first token), and the blocks are freed once the writes are remotely complete;
-// pull — every rank
-// holds the blocks for the decode ranks to read, freed once all of them released or the lease
-// ran out. The engine's blocks go back exactly once, when every rank has given them back.
+// the RPC answers as soon as the first token is sampled, so the router streams it while the
+// transfer ends. Pull — every rank holds the blocks for the decode ranks to read, freed once
+// all of them released or the lease ran out; the RPC answers once they are held. The engine's
+// blocks go back exactly once, when every rank has given them back.
 #pragma once
 
 #include <condition_variable>

@@ -98,12 +98,14 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Reserve(grpc::ServerContext*, const ReserveRequest* request, ReserveResponse* reply) {
+grpc::Status WorkerService::Reserve(grpc::ServerContext* context, const ReserveRequest* request,
+                                    ReserveResponse* reply) {
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Reserve is served by decode workers");
   InFlight counted(in_flight_);
   if (draining_) return draining_error();
   StatusOr<ReserveResponse> r = decode_->reserve(*request);
-  if (!r.ok()) return to_grpc(r.status());
+  // With the fault metadata: an unreachable producer is the producer's failure, not ours.
+  if (!r.ok()) return to_grpc(context, r.status());
   *reply = std::move(*r);
   return grpc::Status::OK;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <iterator>
 #include <thread>
 #include <vector>
@@ -93,6 +94,21 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
     dealer->set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
     dealer->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
     dealer->set(zmq::sockopt::ipv6, 1);
+    // ZeroMQ retries a refused connection forever without telling the socket: its monitor
+    // does tell, so a dial to a dead process fails at once rather than at `timeout` (while
+    // every command behind it on this rank's thread waits).
+    const std::string monitor_endpoint = absl::StrCat("inproc://pdserve-dial-", next_dial_++);
+    if (zmq_socket_monitor(dealer->handle(), monitor_endpoint.c_str(),
+                           ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED) != 0) {
+      throw zmq::error_t();
+    }
+    zmq::socket_t monitor(context_, zmq::socket_type::pair);
+    monitor.set(zmq::sockopt::linger, 0);
+    monitor.connect(monitor_endpoint);
+    struct StopMonitor {
+      zmq::socket_t& dealer;
+      ~StopMonitor() { zmq_socket_monitor(dealer.handle(), nullptr, 0); }
+    } stop_monitor{*dealer};
     dealer->connect(endpoint);
     proto::Envelope hello;
     *hello.mutable_handshake() = options_.local;
@@ -107,9 +123,18 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
         return absl::DeadlineExceededError(absl::StrCat(
             "no handshake answer from ", endpoint, " within ", to_ms(timeout), " ms"));
       }
-      zmq::pollitem_t item{dealer->handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       zmq::message_t frame;
+      if (monitor.recv(frame, zmq::recv_flags::dontwait)) {
+        // A monitor event: 2 bytes of event id and 4 of value, then a frame with the address.
+        uint16_t event = 0;
+        if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
+        return absl::UnavailableError(absl::StrCat(
+            event == ZMQ_EVENT_DISCONNECTED ? "the connection closed before a handshake answer from "
+                                            : "connection refused by ",
+            endpoint, " (no process accepts there)"));
+      }
       while (dealer->recv(frame, zmq::recv_flags::dontwait)) {
         auto decoded = decode_envelope(frame.to_string_view(), options_.max_message_bytes);
         if (!decoded.ok()) {

@@ -88,7 +88,8 @@ class ControlChannel {
   // Dials a peer and handshakes within `timeout`; a live earlier handshake with the same
   // endpoint is reused without a round trip, unless `incarnation` (0: any) names another process:
   // then the old peer is reported lost (kPeerLost) and the endpoint dialed again. A refusal is
-  // FailedPrecondition with the reason.
+  // FailedPrecondition with the reason; an endpoint where nobody accepts connections (a dead
+  // process), or one that hangs up before answering, is Unavailable at once.
   StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
   // Sends a notification (or any message) to a handshaken peer, without blocking.
   Status send(uint64_t peer, const proto::Envelope& message);
@@ -138,6 +139,7 @@ class ControlChannel {
   std::deque<ControlEvent> events_;
   TimePoint last_heartbeat_;
   uint64_t next_peer_id_ = 1;
+  uint64_t next_dial_ = 0;  // Names each dial's monitor socket.
   uint64_t refused_ = 0;
 };
 

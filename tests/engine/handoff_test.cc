@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "engine/engine.h"
+#include "engine/sampling/stop_checker.h"
 #include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
 
@@ -225,6 +226,88 @@ TEST(Handoff, ResumedRequestContinuesAcrossTheSplit) {
     if (rest.max_tokens > 1) EXPECT_EQ(got, expected) << "cut at " << k;
     EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
   }
+}
+
+// The router streams the prefill side's first token itself (first_token_streamed): the decode
+// stream then starts after it, and the first token's text as the router's own stop rules give
+// it, followed by the decode stream's, is the undivided run's text, held-back bytes included.
+TEST(Handoff, AStreamedFirstTokenIsNotStreamedAgainAndTheTextStaysWhole) {
+  std::vector<int> prompt = {1, 403, 407, 261, 378};
+  SamplingParams base;
+  base.max_tokens = 24;
+  struct Run {
+    std::vector<int> tokens;
+    std::string text;
+    std::string reason;
+  };
+  auto collect = [](Run& r) {
+    return [&r](const TokenEvent& ev) {
+      if (ev.token >= 0) r.tokens.push_back(ev.token);
+      r.text += ev.text;
+      if (ev.finished) r.reason = std::string(finish_reason_name(ev.reason));
+    };
+  };
+  Run plain;
+  {
+    auto e = make_engine(1);
+    ASSERT_TRUE(e->add_request({"r", prompt, base}, collect(plain)).ok());
+    ASSERT_TRUE(e->run_until_idle().ok());
+  }
+  ASSERT_EQ(plain.tokens.size(), 24u);
+  const auto tokenizer_owner = make_engine(1);
+  const Tokenizer& tok = tokenizer_owner->tokenizer();
+  const std::string first_piece = tok.decode_token(prompt.back(), plain.tokens[0]);
+  ASSERT_FALSE(first_piece.empty());
+  // No stop string; one the first token's text begins but that never completes (its text is
+  // held back until the second token); one that ends the run at its third token; max_tokens 1.
+  std::vector<SamplingParams> cases(4, base);
+  cases[1].stop_strings = {first_piece + "\x01never"};
+  cases[2].stop_strings = {tok.decode_token(plain.tokens[1], plain.tokens[2])};
+  cases[3].max_tokens = 1;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const SamplingParams& params = cases[c];
+    Run whole;
+    auto reference = make_engine(1);
+    ASSERT_TRUE(reference->add_request({"r", prompt, params}, collect(whole)).ok());
+    ASSERT_TRUE(reference->run_until_idle().ok());
+
+    auto prefill = make_engine(1), decode = make_engine(1);
+    const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
+    ASSERT_EQ(first, whole.tokens.front()) << "case " << c;
+    // The router's side: the first token through its own stop rules.
+    StopChecker stop(params, prefill->config().eos_ids);
+    const StopStep step = stop.push(first, tok.decode_token(prompt.back(), first));
+    if (c == 1) {
+      EXPECT_EQ(step.delta, "") << "the first token's text is held back";
+    }
+    Run split;
+    split.tokens.push_back(first);
+    split.text = step.delta;
+    auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+    ASSERT_TRUE(reserved.ok());
+    copy_kv(*prefill, handed, *decode, *reserved, 1);
+    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    GenerationRequest req{"r", prompt, params};
+    req.handoff.preloaded_blocks = *reserved;
+    req.handoff.first_token = first;
+    req.handoff.first_token_streamed = true;
+    int events = 0;
+    ASSERT_TRUE(decode->add_request(req, [&, inner = collect(split)](const TokenEvent& ev) {
+      if (events++ == 0 && !ev.finished) {
+        EXPECT_NE(ev.token, first) << "the first token came again";
+      }
+      inner(ev);
+    }).ok());
+    ASSERT_TRUE(decode->run_until_idle().ok());
+    EXPECT_EQ(split.tokens, whole.tokens) << "case " << c;
+    EXPECT_EQ(split.text, whole.text) << "case " << c;
+    EXPECT_EQ(split.reason, whole.reason) << "case " << c;
+    EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+  }
+  // Only a preloaded request can have had its first token streamed.
+  GenerationRequest bad{"b", prompt, base};
+  bad.handoff.first_token_streamed = true;
+  EXPECT_TRUE(absl::IsInvalidArgument(make_engine(1)->add_request(bad, nullptr)));
 }
 
 }  // namespace

@@ -51,14 +51,20 @@ class FakeWorker final : public worker::Worker::Service {
   // worker whose transfer partner died answers (kvtransfer/fault.h).
   std::atomic<int> blame_peer{0};
   std::atomic<bool> hang{false};  // Generate waits until cancelled.
+  // The first this-many Reserve calls fail as a decode worker that could not reach the
+  // producer's KV endpoint answers (DEADLINE_EXCEEDED, blaming the peer).
+  std::atomic<int> reserve_peer_timeout{0};
   // Generate streams this many tokens, then fails UNAVAILABLE (dies) / waits until cancelled
-  // (stalls); -1: never. A resumed request streams `tokens` from its resumed_tokens on.
+  // (stalls); -1: never. A resumed request streams `tokens` from its resumed_tokens on (after
+  // the first one when the router streamed it).
   std::atomic<int> die_after{-1};
   std::atomic<int> stall_after{-1};
   std::atomic<bool> generate_started{false};
   std::atomic<bool> prefill_done{false};
   FakeWorker* peer_decode = nullptr;  // Prefill (push): waits until this decode stream is open.
   FakeWorker* peer_prefill = nullptr;  // Decode (push): waits until the prefill has run.
+  // Decode: streams nothing until this turns true (the client has the first token).
+  const std::atomic<bool>* first_token_seen = nullptr;
 
   std::vector<std::string> calls() {
     std::lock_guard l(mu_);
@@ -89,8 +95,12 @@ class FakeWorker final : public worker::Worker::Service {
     r->set_kv_endpoint("endpoint");
     return grpc::Status::OK;
   }
-  grpc::Status Reserve(grpc::ServerContext*, const worker::ReserveRequest* req, worker::ReserveResponse* r) override {
+  grpc::Status Reserve(grpc::ServerContext* ctx, const worker::ReserveRequest* req, worker::ReserveResponse* r) override {
     record("Reserve:" + req->request_id());
+    if (reserve_peer_timeout.fetch_sub(1) > 0) {
+      ctx->AddTrailingMetadata("pdserve-fault", "peer");
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "producer rank 0: no handshake answer");
+    }
     if (req->producer_tp() != 1 || req->kv_producer() != "endpoint" || req->prompt_len() <= 0)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Reserve without its producer");
     r->add_block_ids(1);
@@ -111,7 +121,6 @@ class FakeWorker final : public worker::Worker::Service {
     r->set_first_token(tokens[req->resumed_tokens()]);
     r->set_kv_source("source");
     r->set_prefill_s(0.25);
-    r->set_kv_transfer_s(0.125);
     return grpc::Status::OK;
   }
   grpc::Status Generate(grpc::ServerContext* ctx, const worker::WorkerGenerateRequest* req,
@@ -130,7 +139,10 @@ class FakeWorker final : public worker::Worker::Service {
     }
     if (peer_prefill && !wait_for(prefill_done, 3s))
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no KV arrived");
-    const size_t start = size_t(req->resumed_tokens());
+    // The router streamed the first token itself (from the Prefill reply): start after it.
+    const size_t start = size_t(req->resumed_tokens()) + (req->first_token_streamed() ? 1 : 0);
+    if (first_token_seen && !wait_for(*first_token_seen, 3s))
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the client never saw the first token");
     for (size_t i = start; i + 1 < tokens.size(); ++i) {
       if (int(i - start) == die_after) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
       if (int(i - start) == stall_after) {
@@ -143,8 +155,10 @@ class FakeWorker final : public worker::Worker::Service {
       if (!w->Write(e)) return grpc::Status::OK;
     }
     worker::WorkerEvent last;
-    last.add_token_ids(tokens.back());
-    last.set_text("t" + std::to_string(tokens.back()));
+    if (start < tokens.size()) {
+      last.add_token_ids(tokens.back());
+      last.set_text("t" + std::to_string(tokens.back()));
+    }
     last.set_finished(true);
     last.set_finish_reason("length");
     last.set_prefill_s(0.5);
@@ -269,7 +283,7 @@ TEST_F(RouterFlow, PushOpensTheDecodeStreamBeforeThePrefillReply) {
   EXPECT_EQ(last.prefill_worker(), p.address);
   EXPECT_EQ(last.decode_worker(), d.address);
   EXPECT_DOUBLE_EQ(last.timings().prefill_s(), 0.25);
-  EXPECT_DOUBLE_EQ(last.timings().kv_transfer_s(), 0.125);
+  EXPECT_DOUBLE_EQ(last.timings().kv_transfer_s(), 0.0625);  // The decode side's.
   EXPECT_NE(router_->metrics_text().find("pdserve:kv_transfer_seconds_count{prefill=\"" + p.address), std::string::npos);
 }
 
@@ -284,6 +298,34 @@ TEST_F(RouterFlow, PullHandsTheSourceAndFirstTokenToDecode) {
   EXPECT_EQ(d.last_generate().kv_source(), "source");
   EXPECT_EQ(d.last_generate().first_token(), 10);
   EXPECT_DOUBLE_EQ(r.responses.back().timings().kv_transfer_s(), 0.0625);
+}
+
+// P/D: the client gets the first token from the prefill reply, before the decode side has
+// streamed anything (the fake decode worker holds its stream until the client saw it), and the
+// decode stream goes on from the token after it.
+TEST_F(RouterFlow, TheFirstTokenIsStreamedFromThePrefillReplyBeforeAnyDecodeEvent) {
+  for (KvMode mode : {KvMode::kPush, KvMode::kPull}) {
+    FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+    std::atomic<bool> seen{false};
+    d.first_token_seen = &seen;
+    RouterOptions o;
+    o.kv_mode = mode;
+    start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
+    Result r;
+    r.status = router_->generate(request(), nullptr, [&](const v1::GenerateResponse& x) {
+      r.responses.push_back(x);
+      if (x.token_ids_size() > 0 && x.token_ids(0) == 10) seen = true;
+      return true;
+    });
+    const std::string name(kv_mode_name(mode));
+    ASSERT_TRUE(r.status.ok()) << name << ": " << r.status;
+    EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12})) << name;
+    ASSERT_GE(r.responses.size(), 3u);
+    EXPECT_EQ(r.responses.front().token_ids_size(), 1) << name;
+    EXPECT_GT(r.responses.front().prompt_token_ids_size(), 1) << name;
+    EXPECT_TRUE(d.last_generate().first_token_streamed()) << name;
+    router_.reset();
+  }
 }
 
 TEST_F(RouterFlow, AFailedPrefillIsRetriedOnAnotherPrefillWorker) {
@@ -317,6 +359,25 @@ TEST_F(RouterFlow, PushPrefillFailureAbortsTheDecodeSideAndRetries) {
 // A decode worker that dies during a push fails its stream, and the prefill worker's transfer
 // to it fails too, saying the peer was lost: the decode worker is the one marked down, and the
 // request runs again on the same (only) prefill worker and the other decode worker.
+// A decode worker that cannot reach the chosen prefill worker's KV endpoint says so in its
+// Reserve answer: that prefill worker is failed and the request placed on another one.
+TEST_F(RouterFlow, AReserveThatCannotReachTheProducerIsRetriedOnAnotherPrefillWorker) {
+  FakeWorker p1(worker::ROLE_PREFILL), p2(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+  d.reserve_peer_timeout = 1;
+  start({{&p1, worker::ROLE_PREFILL}, {&p2, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, RouterOptions{});
+  Result r = run(request());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12}));
+  const bool on_p1 = r.responses.back().prefill_worker() == p1.address;
+  EXPECT_TRUE((on_p1 ? p2 : p1).calls().empty()) << "the unreachable prefill worker was used";
+  EXPECT_EQ((on_p1 ? p1 : p2).calls().size(), 1u);
+  const std::vector<std::string> decode_calls = d.calls();
+  EXPECT_EQ(std::count_if(decode_calls.begin(), decode_calls.end(),
+                          [](const std::string& c) { return c.rfind("Reserve:", 0) == 0; }),
+            2);
+  EXPECT_TRUE(registry_->is_up(registry_index(d.address))) << "the decode worker was not at fault";
+}
+
 TEST_F(RouterFlow, PushFailureOfTheDecodeSideIsNotBlamedOnThePrefillWorker) {
   FakeWorker p(worker::ROLE_PREFILL), dead(worker::ROLE_DECODE), alive(worker::ROLE_DECODE);
   p.blame_peer = 1;
@@ -571,7 +632,7 @@ TEST_F(RouterFlow, AWorkerDyingMidStreamIsMigratedAndTheStreamGoesOn) {
 TEST_F(RouterFlow, PushDecodeDeathMidStreamResumesOnAnotherDecodeWorker) {
   FakeWorker p(worker::ROLE_PREFILL), d1(worker::ROLE_DECODE), d2(worker::ROLE_DECODE);
   p.tokens = d1.tokens = d2.tokens = {10, 11, 12, 13, 14};
-  d1.die_after = 3;
+  d1.die_after = 2;  // After 11 and 12 (the router streamed 10 from the prefill reply).
   start({{&p, worker::ROLE_PREFILL}, {&d1, worker::ROLE_DECODE}, {&d2, worker::ROLE_DECODE}}, RouterOptions{});
   v1::GenerateRequest req = request("Once upon", 5);
   req.set_request_id("r");

@@ -174,6 +174,21 @@ TEST(ControlChannelTest, AnotherIncarnationDropsTheCachedPeerAndDialsAgain) {
   serving.stop();
 }
 
+// A dial to a port nobody listens on (a killed worker's) fails as soon as the connection is
+// refused, not at the end of its handshake timeout.
+TEST(ControlChannelTest, ADialThatIsRefusedFailsAtOnceAsUnavailable) {
+  std::string dead_endpoint;
+  {
+    auto gone = make(proto::ROLE_DECODE, 1);
+    dead_endpoint = gone->endpoint();
+  }
+  auto prefill = make(proto::ROLE_PREFILL, 1);
+  // With a timeout far beyond the test's own: only the refusal can end the dial in time.
+  auto peer = prefill->connect(dead_endpoint, 600s);
+  ASSERT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
+  EXPECT_NE(peer.status().message().find("refused"), std::string::npos) << peer.status();
+}
+
 TEST(ControlChannelTest, MismatchedCompatHashIsRefusedWithBothGeometries) {
   auto decode = make(proto::ROLE_DECODE, 1);
   auto prefill = make(proto::ROLE_PREFILL, 2);
@@ -198,10 +213,15 @@ TEST(ControlChannelTest, SameRoleIsRefused) {
   EXPECT_EQ(peer.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(ControlChannelTest, ConnectToNobodyTimesOut) {
+// A process that accepts the connection but never answers (stopped, say) times out.
+TEST(ControlChannelTest, ConnectToAPeerThatNeverAnswersTimesOut) {
+  zmq::context_t ctx;
+  zmq::socket_t silent(ctx, zmq::socket_type::router);
+  silent.set(zmq::sockopt::linger, 0);
+  silent.bind("tcp://127.0.0.1:*");
   auto prefill = make(proto::ROLE_PREFILL, 1);
-  auto peer = prefill->connect("tcp://127.0.0.1:1", 100ms);
-  EXPECT_EQ(peer.status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto peer = prefill->connect(silent.get(zmq::sockopt::last_endpoint), 100ms);
+  EXPECT_EQ(peer.status().code(), absl::StatusCode::kDeadlineExceeded) << peer.status();
 }
 
 TEST(ControlChannelTest, JunkFramesAreRefusedAndHarmless) {
