@@ -103,6 +103,7 @@ Status KvRankEndpoint::init() {
   copts.heartbeat_interval = options_.heartbeat_interval;
   copts.peer_timeout = options_.peer_timeout;
   copts.wake = &wake_;
+  copts.curve_secret_key = options_.curve_secret_key;
   proto::Handshake& local = copts.local;
   local.set_compat_hash(compat_hash(options_.model_id, options_.spec));
   local.set_role(options_.side == SessionSide::kProducer ? proto::ROLE_PREFILL
@@ -120,11 +121,11 @@ Status KvRankEndpoint::init() {
   info.set_arena_bytes(layout_.total_bytes());
   info.set_spec_fingerprint(options_.spec.fingerprint());
   PD_ASSIGN_OR_RETURN(control_, ControlChannel::create(std::move(copts)));
-  PD_LOG_INFO("kvtransfer {}.{}: {} rank {}/{} on {}, {} blocks ({} bytes), control {}",
+  PD_LOG_INFO("kvtransfer {}.{}: {} rank {}/{} on {}, {} blocks ({} bytes), control {} ({})",
               options_.name, options_.rank,
               options_.side == SessionSide::kProducer ? "producer" : "consumer", options_.rank,
               options_.tp, transport_->describe(), layout_.num_blocks(), layout_.total_bytes(),
-              control_->endpoint());
+              control_->endpoint(), options_.curve_secret_key.empty() ? "plaintext" : "CURVE-encrypted");
   return absl::OkStatus();
 }
 

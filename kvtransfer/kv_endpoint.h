@@ -89,6 +89,9 @@ struct KvEndpointOptions {
   // (push: in WRITE_DONE; pull: answering the consumer's CHECKSUM_REQUEST); consumers verify
   // them before they are ready, and fail the request with DATA_LOSS on a mismatch.
   bool checksums = false;
+  // The cluster's kvtransfer key (ControlChannelOptions::curve_secret_key): CURVE on the control
+  // channel. Empty: plaintext.
+  std::string curve_secret_key;
   // Called exactly once per request whose blocks this rank gives back (see session.h).
   BlockReleaseFn on_release;
   std::string name = "kv";

@@ -5,6 +5,7 @@
 #include "tools/bench_command.h"
 #include "tools/check_command.h"
 #include "tools/generate_command.h"
+#include "tools/kv_keygen_command.h"
 #include "tools/make_model_command.h"
 #include "tools/up_command.h"
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   pdserve::tools::add_up_command(app, &exit_code);
   pdserve::tools::add_bench_command(app, &exit_code);
   pdserve::tools::add_check_command(app, &exit_code);
+  pdserve::tools::add_kv_keygen_command(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

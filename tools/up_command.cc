@@ -38,8 +38,9 @@ struct UpFlags {
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
   double startup_timeout_s = 120;
-  std::string restart = "always";
-  std::vector<std::string> api_keys;  // Passed to the router (--api-key).  // A child that dies is started again ("never": everything stops).
+  std::string restart = "always";  // A child that dies is started again ("never": everything stops).
+  std::vector<std::string> api_keys;  // Passed to the router (--api-key).
+  std::string kv_key_file;            // Passed to every prefill and decode worker (--kv-key-file).
   TlsFiles tls;  // The router's --tls-*; with --tls-ca the workers' too (mutual TLS).
 };
 
@@ -224,6 +225,7 @@ int run_up(const UpFlags& f) {
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     if (tls->mode == TlsMode::kMutual) a.insert(a.end(), tls_args.begin(), tls_args.end());
+    if (role != "aggregated" && !f.kv_key_file.empty()) a.insert(a.end(), {"--kv-key-file", f.kv_key_file});
     return a;
   };
   std::vector<std::unique_ptr<Child>> children;
@@ -368,6 +370,10 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-key", f->tls.key, "Router: the PEM private key of --tls-cert");
   cmd->add_option("--tls-ca", f->tls.ca,
                   "Mutual TLS between the router and the workers (all three use --tls-cert/--tls-key): this PEM CA");
+  cmd->add_option("--kv-key-file", f->kv_key_file,
+                  "Prefill and decode workers: CURVE-encrypt the KV control channel with this cluster key "
+                  "(`pdserve kv-keygen`)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds to wait for every process to be ready")
       ->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = run_up(*f); });

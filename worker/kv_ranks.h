@@ -44,6 +44,8 @@ struct KvRanksOptions {
   std::string bind_host = "127.0.0.1";
   int port_base = 0;
   std::string advertise_host;
+  // The cluster's kvtransfer key: every rank's control channel is CURVE-encrypted with it.
+  std::string curve_secret_key;
 };
 
 // `bound` (a ZeroMQ "tcp://HOST:PORT" endpoint) with its host replaced by `host` (brackets

@@ -19,6 +19,7 @@
 #include "common/host_port.h"
 #include "common/logging.h"
 #include "engine/engine_loop.h"
+#include "kvtransfer/control/curve.h"
 #include "kvtransfer/ucx/ucx_resources.h"
 #include "worker/decode_role.h"
 #include "worker/prefill_role.h"
@@ -44,6 +45,7 @@ struct WorkerFlags {
   int64_t kv_peer_timeout_ms = 10000;
   std::string router;     // Register with this router (HOST:PORT) and heartbeat.
   std::string cluster_token_file;  // The router's cluster token, sent when registering.
+  std::string kv_key_file;         // The cluster's kvtransfer key (CURVE on the control channel).
   std::string advertise;  // The address the router dials (default: --host and the bound port).
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
   std::string kv_memory = "auto";
@@ -141,9 +143,9 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
     std::cerr << "error: pdserve-prefill serves --role prefill only\n";
     return 2;
   }
-  if (role == ROLE_AGGREGATED && (f.require_rdma || f.kv_port != 0)) {
-    std::cerr << "error: --require-rdma and --kv-port apply to the prefill and decode roles (an aggregated worker "
-                 "moves no KV)\n";
+  if (role == ROLE_AGGREGATED && (f.require_rdma || f.kv_port != 0 || !f.kv_key_file.empty())) {
+    std::cerr << "error: --require-rdma, --kv-port and --kv-key-file apply to the prefill and decode roles (an "
+                 "aggregated worker moves no KV)\n";
     return 2;
   }
   if (f.drain_timeout_s < 0) {
@@ -207,6 +209,13 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   kv.bind_host = numeric_host;
   kv.port_base = f.kv_port;
   kv.advertise_host = f.advertise.empty() ? f.host : split_host_port(f.advertise)->host;  // Checked above.
+  if (!f.kv_key_file.empty()) {
+    auto keys = read_secret_file(f.kv_key_file);
+    if (!keys.ok()) return fail("--kv-key-file", keys.status());
+    auto key = kvtransfer::parse_curve_key(keys->front());
+    if (!key.ok()) return fail("--kv-key-file " + f.kv_key_file, key.status());
+    kv.curve_secret_key = key->secret_z85;
+  }
   // Declared first so that it is destroyed last: the roles use its engine.
   std::unique_ptr<engine::EngineLoop> loop;
   std::unique_ptr<PrefillRole> prefill;
@@ -255,6 +264,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   health.set_serving();
   std::cout << "READY grpc=" << address << " role=" << role_name << " tp=" << f.engine.tp << " model=" << model_name;
   if (probes) std::cout << " probe=" << f.host << ":" << probes->port();
+  if (role != ROLE_AGGREGATED) std::cout << " kv-control=" << (kv.curve_secret_key.empty() ? "plaintext" : "curve");
   std::cout << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
@@ -353,6 +363,10 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   app.add_option("--router", f.router, "Register with the router at HOST:PORT and heartbeat to it");
   app.add_option("--cluster-token-file", f.cluster_token_file,
                  "File holding the router's cluster token (its first secret line), sent when registering")
+      ->check(CLI::ExistingFile);
+  app.add_option("--kv-key-file", f.kv_key_file,
+                 "File holding the cluster's kvtransfer key (`pdserve kv-keygen`): the KV control channel is "
+                 "CURVE-encrypted and only workers holding the same key can connect")
       ->check(CLI::ExistingFile);
   app.add_option("--advertise", f.advertise, "HOST:PORT the router should dial (default: --host and the bound port)");
   app.add_option("--heartbeat-ms", f.heartbeat_ms, "Heartbeat interval (0: as the router asks)")->capture_default_str();

@@ -60,6 +60,11 @@ ControlChannel::ControlChannel(ControlChannelOptions options)
 ControlChannel::~ControlChannel() = default;
 
 Status ControlChannel::bind() {
+  if (!options_.curve_secret_key.empty()) {
+    PD_ASSIGN_OR_RETURN(curve_, parse_curve_key(options_.curve_secret_key));
+    zap_ = std::make_unique<ZapHandler>(context_, *curve_);
+    apply_curve(router_, *curve_, /*server=*/true);
+  }
   router_.set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
   // Sending to a peer that is gone must fail loudly, not vanish.
   router_.set(zmq::sockopt::router_mandatory, 1);
@@ -94,12 +99,14 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
     dealer->set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
     dealer->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
     dealer->set(zmq::sockopt::ipv6, 1);
+    if (curve_) apply_curve(*dealer, *curve_, /*server=*/false);
     // ZeroMQ retries a refused connection forever without telling the socket: its monitor
     // does tell, so a dial to a dead process fails at once rather than at `timeout` (while
     // every command behind it on this rank's thread waits).
     const std::string monitor_endpoint = absl::StrCat("inproc://pdserve-dial-", next_dial_++);
     if (zmq_socket_monitor(dealer->handle(), monitor_endpoint.c_str(),
-                           ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED) != 0) {
+                           ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
       throw zmq::error_t();
     }
     zmq::socket_t monitor(context_, zmq::socket_type::pair);
@@ -123,17 +130,25 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
         return absl::DeadlineExceededError(absl::StrCat(
             "no handshake answer from ", endpoint, " within ", to_ms(timeout), " ms"));
       }
-      zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0}, {monitor.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      // Our own ROUTER's authentication requests are answered meanwhile: a peer dialing us
+      // must not wait for this dial to end.
+      zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0},
+                                 {monitor.handle(), 0, ZMQ_POLLIN, 0},
+                                 {zap_ ? zap_->socket().handle() : nullptr, -1, zap_ ? ZMQ_POLLIN : short(0), 0}};
+      zmq::poll(items, zap_ ? 3 : 2, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      if (zap_) zap_->answer();
       zmq::message_t frame;
       if (monitor.recv(frame, zmq::recv_flags::dontwait)) {
         // A monitor event: 2 bytes of event id and 4 of value, then a frame with the address.
         uint16_t event = 0;
         if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
-        return absl::UnavailableError(absl::StrCat(
-            event == ZMQ_EVENT_DISCONNECTED ? "the connection closed before a handshake answer from "
-                                            : "connection refused by ",
-            endpoint, " (no process accepts there)"));
+        if (event == ZMQ_EVENT_CONNECT_RETRIED)
+          return absl::UnavailableError(absl::StrCat("connection refused by ", endpoint, " (no process accepts there)"));
+        if (event == ZMQ_EVENT_DISCONNECTED)
+          return absl::UnavailableError(absl::StrCat("the connection closed before a handshake answer from ", endpoint));
+        return absl::PermissionDeniedError(absl::StrCat(
+            "the security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
+            curve_ ? "this side has one" : "this side has none", ")"));
       }
       while (dealer->recv(frame, zmq::recv_flags::dontwait)) {
         auto decoded = decode_envelope(frame.to_string_view(), options_.max_message_bytes);
@@ -224,6 +239,7 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
 
       std::vector<zmq::pollitem_t> items{{router_.handle(), 0, ZMQ_POLLIN, 0}};
       if (options_.wake) items.push_back({nullptr, options_.wake->fd(), ZMQ_POLLIN, 0});
+      if (zap_) items.push_back({zap_->socket().handle(), 0, ZMQ_POLLIN, 0});
       const size_t first_dealer = items.size();
       std::vector<uint64_t> dealer_peers;
       for (auto& [id, peer] : peers_) {
@@ -247,6 +263,7 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
         }
       }
       zmq::poll(items, whole_ms);
+      if (zap_) zap_->answer();
 
       if (items[0].revents & ZMQ_POLLIN) {
         std::vector<zmq::message_t> frames;

@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <zmq.hpp>
@@ -23,6 +24,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "common/wake_fd.h"
+#include "kvtransfer/control/curve.h"
 #include "proto/kvtransfer.pb.h"
 
 namespace pdserve::kvtransfer {
@@ -47,6 +49,10 @@ struct ControlChannelOptions {
   // Polled beside the sockets (not owned; it must outlive the channel): once another thread
   // signals it, receive() drains it and returns a kWoken event, so the owner's loop runs at once.
   const WakeFd* wake = nullptr;
+  // The cluster's kvtransfer key (Z85 CURVE secret, kvtransfer/control/curve.h): when set, every
+  // connection is CURVE-encrypted and only peers holding the same key get through. Empty:
+  // plaintext (a trusted network only).
+  std::string curve_secret_key;
 };
 
 // A peer whose handshake succeeded, from either side.
@@ -101,8 +107,9 @@ class ControlChannel {
   // A handshaken peer by id.
   StatusOr<ControlPeer> peer(uint64_t id) const;
 
-  // Frames refused by the decoder or by protocol rules, since creation.
-  uint64_t refused_count() const { return refused_; }
+  // Frames refused by the decoder or by protocol rules, and connections refused for want of
+  // the cluster key, since creation.
+  uint64_t refused_count() const { return refused_ + (zap_ ? zap_->refused() : 0); }
 
  private:
   struct PeerState {
@@ -131,6 +138,8 @@ class ControlChannel {
 
   const ControlChannelOptions options_;
   zmq::context_t context_;
+  std::optional<CurveKey> curve_;
+  std::unique_ptr<ZapHandler> zap_;  // With curve_: bound before router_.
   zmq::socket_t router_;
   std::string endpoint_;
   std::map<uint64_t, PeerState> peers_;

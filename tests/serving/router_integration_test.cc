@@ -522,6 +522,27 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
   EXPECT_NE(nothing.out.find("FAIL  gRPC health"), std::string::npos) << nothing.out;
 }
 
+// With a cluster key (`pdserve kv-keygen`, `up --kv-key-file`) the workers' KV control channel is
+// CURVE-encrypted, and P/D output is still the in-process engine's.
+TEST_P(RouterPd, WithAKvKeyFileTheClusterServesTheSameTokens) {
+  const std::string dir = ::testing::TempDir() + "/kv-key-" + GetParam() + "-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string key_file = dir + "/kv.key";
+  std::filesystem::remove(key_file);
+  CommandOutput made = pdserve({"kv-keygen", "--out", key_file});
+  ASSERT_EQ(made.exit_code, 0) << made.out;
+  EXPECT_EQ(std::filesystem::status(key_file).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  EXPECT_NE(pdserve({"kv-keygen", "--out", key_file}).exit_code, 0) << "an existing key file was overwritten";
+  Cluster c({"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--kv-key-file", key_file});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  expect_greedy_equal(c);
+  const std::string log = c.log();
+  EXPECT_NE(log.find("role=prefill tp=1 model=stories260K kv-control=curve"), std::string::npos) << log;
+  EXPECT_NE(log.find("role=decode tp=1 model=stories260K kv-control=curve"), std::string::npos) << log;
+  std::filesystem::remove_all(dir);
+}
+
 // Two prefill workers at TP 2 feeding one decode worker at TP 4: fan-out on the producers,
 // two producers for one consumer.
 TEST_P(RouterPd, TwoPrefillWorkersFeedOneDecodeWorkerAcrossTp) {
