@@ -129,6 +129,20 @@ Status KvRankEndpoint::init() {
   return absl::OkStatus();
 }
 
+void KvEndpointCounters::merge_rank(const KvEndpointCounters& other) {
+  bytes += other.bytes;
+  ops += other.ops;
+  requests_done = std::max(requests_done, other.requests_done);
+  failures = std::max(failures, other.failures);
+  leases_expired += other.leases_expired;
+  duplicates_ignored += other.duplicates_ignored;
+  stale_ignored += other.stale_ignored;
+  refused += other.refused;
+  blocks_released += other.blocks_released;
+  latency_total = std::max(latency_total, other.latency_total);
+  latency_max = std::max(latency_max, other.latency_max);
+}
+
 const std::string& KvRankEndpoint::control_endpoint() const { return control_->endpoint(); }
 
 std::string KvRankEndpoint::describe() const {

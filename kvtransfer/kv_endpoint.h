@@ -176,6 +176,10 @@ struct KvEndpointCounters {
   uint64_t blocks_released = 0;
   Duration latency_total{0};
   Duration latency_max{0};
+
+  // Folds in another rank's counters of the same worker: volumes and refusals add up; request
+  // counts and times are the most any rank saw, since every rank takes part in every request.
+  void merge_rank(const KvEndpointCounters& other);
 };
 
 class KvRankEndpoint {

@@ -1,6 +1,5 @@
 #include "tools/up_command.h"
 
-#include <algorithm>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,8 +10,11 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <thread>
+
+#include "absl/strings/str_split.h"
 
 #include "common/tls.h"
 
@@ -59,6 +61,7 @@ struct Child {
   std::string buffer;
   std::string address;  // From "READY grpc=ADDR".
   std::string ready_line;
+  std::map<std::string, std::string> ready_fields;  // Its KEY=VALUE words (grpc, http, role, ...).
   bool exited = false;
   int status = 0;
 };
@@ -109,8 +112,10 @@ void drain(Child& c) {
     c.buffer.erase(0, nl + 1);
     if (c.ready_line.empty() && line.rfind("READY grpc=", 0) == 0) {
       c.ready_line = line;
-      const size_t end = line.find(' ', 11);
-      c.address = line.substr(11, end == std::string::npos ? std::string::npos : end - 11);
+      for (absl::string_view word : absl::StrSplit(absl::string_view(line).substr(6), ' ', absl::SkipEmpty()))
+        if (const size_t eq = word.find('='); eq != absl::string_view::npos)
+          c.ready_fields[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
+      c.address = c.ready_fields["grpc"];
     } else {
       std::cerr << "[" << c.name << "] " << line << "\n";
     }
@@ -298,10 +303,9 @@ int run_up(const UpFlags& f) {
         for (size_t i = 0; i + 1 < argv.size(); ++i)
           if (argv[i] == "--port") argv[i + 1] = c->address.substr(c->address.rfind(':') + 1);
       // The router's HTTP port too (READY ... http=HOST:PORT), so that HTTP clients find it again.
-      if (const size_t http = c->ready_line.find(" http="); http != std::string::npos &&
-          std::find(argv.begin(), argv.end(), "--http-port") == argv.end()) {
-        const std::string address = c->ready_line.substr(http + 6, c->ready_line.find(' ', http + 6) - http - 6);
-        argv.insert(argv.end(), {"--http-port", address.substr(address.rfind(':') + 1)});
+      if (const auto http = c->ready_fields.find("http");
+          http != c->ready_fields.end() && std::find(argv.begin(), argv.end(), "--http-port") == argv.end()) {
+        argv.insert(argv.end(), {"--http-port", http->second.substr(http->second.rfind(':') + 1)});
       }
       std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; restarting it"
                 << (c->address.empty() ? "" : " on " + c->address) << "\n";

@@ -251,21 +251,7 @@ uint64_t KvRanks::transfer_failures() const {
 
 kvtransfer::KvEndpointCounters KvRanks::counters() const {
   kvtransfer::KvEndpointCounters sum;
-  for (const auto& r : ranks_) {
-    const kvtransfer::KvEndpointCounters c = r->counters();
-    sum.bytes += c.bytes;
-    sum.ops += c.ops;
-    // Every rank takes part in every request: the worker's requests are the most any rank saw.
-    sum.requests_done = std::max(sum.requests_done, c.requests_done);
-    sum.failures = std::max(sum.failures, c.failures);
-    sum.leases_expired += c.leases_expired;
-    sum.duplicates_ignored += c.duplicates_ignored;
-    sum.stale_ignored += c.stale_ignored;
-    sum.refused += c.refused;
-    sum.blocks_released += c.blocks_released;
-    sum.latency_total = std::max(sum.latency_total, c.latency_total);
-    sum.latency_max = std::max(sum.latency_max, c.latency_max);
-  }
+  for (const auto& r : ranks_) sum.merge_rank(r->counters());
   return sum;
 }
 
