@@ -75,13 +75,7 @@ Router::Attempt Router::run_pull(Flow& f) {
   f.act->add(&dctx);
   Status ds = read_stream(f, d, dctx, dreq);
   f.act->remove(&dctx);
-  if (ds.ok()) {
-    registry_.report_success(p);
-    registry_.report_success(d);
-    f.prefill_s = presp.prefill_s();
-    f.kv_transfer_s = f.final_event.kv_transfer_s();
-    return {absl::OkStatus(), false};
-  }
+  if (ds.ok()) return pd_served(f, p, d, presp);
   if (Status st = f.act->status(); !st.ok()) {
     abort_on_workers(f.worker_id, {d, p});
     return {st, false};

@@ -126,13 +126,7 @@ Router::Attempt Router::run_push(Flow& f) {
   f.act->remove(&pctx);
   f.act->remove(&dctx);
 
-  if (ds.ok()) {
-    registry_.report_success(d);
-    registry_.report_success(p);
-    f.prefill_s = presp.prefill_s();
-    f.kv_transfer_s = f.final_event.kv_transfer_s();
-    return {absl::OkStatus(), false};
-  }
+  if (ds.ok()) return pd_served(f, p, d, presp);
   if (Status st = f.act->status(); !st.ok()) {
     abort_on_workers(f.worker_id, {d, p});
     return {st, false};

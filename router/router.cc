@@ -236,6 +236,14 @@ Status Router::read_events(Flow& f, int decode_index, grpc::ClientReaderInterfac
   return s;
 }
 
+Router::Attempt Router::pd_served(Flow& f, int p, int d, const worker::PrefillResponse& prefill) {
+  registry_.report_success(p);
+  registry_.report_success(d);
+  f.prefill_s = prefill.prefill_s();
+  f.kv_transfer_s = f.final_event.kv_transfer_s();
+  return {absl::OkStatus(), false};
+}
+
 Router::Attempt Router::no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const {
   if (pick_prefill(prefill, f.exclude_prefill) < 0) return Attempt::unplaced(absl::UnavailableError("no prefill worker is up"));
   if (pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode) < 0)

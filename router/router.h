@@ -113,6 +113,9 @@ class Router {
   Attempt run_pull(Flow& f);
   // Places the request until it ends, migrating it when a placement's workers fail.
   Status run_placements(Flow& f);
+  // A P/D placement on prefill worker `p` and decode worker `d` that streamed to its end: both
+  // served it, and its timings are kept.
+  Attempt pd_served(Flow& f, int p, int d, const worker::PrefillResponse& prefill);
   // Why no prefill worker was chosen for a P/D request: none up or none with room (waited
   // for), or up workers that may not pair (a configuration error: no wait).
   Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
