@@ -29,9 +29,10 @@ function firstDiff(want, got) {
 const monitoring = ['monitoring.coreos.com/v1'];
 const CASES = [
   ...PRESETS.map((preset) => ({ name: preset, opts: { preset, apiVersions: monitoring } })),
-  // Both auth Secrets (API keys with /metrics behind a key, the cluster token) and every optional
-  // router flag: the Secret volumes and mounts, --api-key-file/--cluster-token-file, the test pod's
-  // PDSERVE_API_KEY and the ServiceMonitor's bearer credentials.
+  // The auth Secrets (API keys with /metrics behind a key, the cluster token, the kvtransfer key) and
+  // every optional router flag: the Secret volumes and mounts, --api-key-file/--cluster-token-file,
+  // --kv-key-file (prefill and decode), the test pod's PDSERVE_API_KEY and the ServiceMonitor's
+  // bearer credentials.
   { name: 'cpu-auth', opts: { preset: 'cpu', apiVersions: monitoring, values: [fixture('auth.yaml')] } },
   // TLS with the cluster token: the tls Secret volume in the router, worker and test pods (ca.crt
   // alone in the test pod), the --tls-* flags, the HTTPS readiness probe and scrape.

@@ -487,9 +487,10 @@ test('helm test pod: pdserve check (gRPC health, model info, /v1/models, 1-token
   assert.equal(byKind(render({ set: ['tests.enabled=false'] }).docs, 'Pod').length, 0);
 });
 
-const AUTH_FLAGS = ['--api-key', '--api-key-file', '--metrics-auth', '--cluster-token-file'];
+const AUTH_FLAGS = ['--api-key', '--api-key-file', '--metrics-auth', '--cluster-token-file', '--kv-key-file'];
 const KEYS_FILE = '/etc/pdserve/api-keys/keys';
 const TOKEN_FILE = '/etc/pdserve/cluster-token/token';
+const KV_KEY_FILE = '/etc/pdserve/kv-key/kv.key';
 const podVolume = (d, name) => (d.spec.template.spec.volumes ?? []).find((v) => v.name === name);
 const podMount = (d, name) => (mainContainer(d).volumeMounts ?? []).find((m) => m.name === name);
 const secretVolume = (secretName, key, path) => ({ secretName, items: [{ key, path }], defaultMode: 0o440 });
@@ -515,6 +516,7 @@ test('auth: API keys into the router, the cluster token into the router and ever
   assert.equal(flag(rc, '--metrics-auth'), true);
   assert.deepEqual(podVolume(router, 'api-keys').secret, secretVolume('pd-api-keys', 'keys.txt', 'keys'));
   assert.deepEqual(podMount(router, 'api-keys'), { name: 'api-keys', mountPath: '/etc/pdserve/api-keys', readOnly: true });
+  assert.equal(podVolume(router, 'kv-key'), undefined, 'the router moves no KV: no kvtransfer key');
   for (const component of ['router', ...ROLES]) {
     const d = deployment(docs, component);
     const c = mainContainer(d);
@@ -523,7 +525,7 @@ test('auth: API keys into the router, the cluster token into the router and ever
     assert.deepEqual(podMount(d, 'cluster-token'), { name: 'cluster-token', mountPath: '/etc/pdserve/cluster-token', readOnly: true }, component);
     // Each flag's file is the Secret's item inside its mount (a whole-directory mount, no subPath,
     // so an updated Secret reaches the file).
-    for (const [f, vol] of [['--api-key-file', 'api-keys'], ['--cluster-token-file', 'cluster-token']]) {
+    for (const [f, vol] of [['--api-key-file', 'api-keys'], ['--cluster-token-file', 'cluster-token'], ['--kv-key-file', 'kv-key']]) {
       const path = flag(c, f);
       if (path === undefined) continue;
       assert.equal(path, `${podMount(d, vol).mountPath}/${podVolume(d, vol).secret.items[0].path}`, `${component} ${f}`);
@@ -535,6 +537,8 @@ test('auth: API keys into the router, the cluster token into the router and ever
     assert.equal(flag(mainContainer(d), '--api-key-file'), undefined, `${role} gets no client keys`);
     assert.equal(flag(mainContainer(d), '--metrics-auth'), undefined, `${role}: --metrics-auth is a router flag`);
     assert.equal(podVolume(d, 'api-keys'), undefined, role);
+    assert.equal(flag(mainContainer(d), '--kv-key-file'), KV_KEY_FILE, role);
+    assert.deepEqual(podVolume(d, 'kv-key').secret, secretVolume('pd-kv-key', 'key', 'kv.key'), role);
   }
   // The chart's own clients send the test key, by reference.
   const pod = find(docs, 'Pod', 'pd-pdserve-test');
@@ -555,8 +559,10 @@ test('auth: each Secret alone; the test key defaults to secretKey; /metrics stay
   assert.equal(flag(mainContainer(router), '--metrics-auth'), undefined);
   assert.deepEqual(podVolume(router, 'api-keys').secret, secretVolume('my-keys', 'api-keys', 'keys'));
   for (const c of ['router', ...ROLES]) {
-    assert.equal(flag(mainContainer(deployment(keys, c)), '--cluster-token-file'), undefined, c);
-    assert.equal(podVolume(deployment(keys, c), 'cluster-token'), undefined, c);
+    for (const [f, vol] of [['--cluster-token-file', 'cluster-token'], ['--kv-key-file', 'kv-key']]) {
+      assert.equal(flag(mainContainer(deployment(keys, c)), f), undefined, c);
+      assert.equal(podVolume(deployment(keys, c), vol), undefined, c);
+    }
   }
   const pod = find(keys, 'Pod', 'pd-pdserve-test');
   for (const c of allContainers(pod.spec)) assert.deepEqual(c.env[0].valueFrom.secretKeyRef, { name: 'my-keys', key: 'api-keys' }, c.name);
@@ -571,9 +577,40 @@ test('auth: each Secret alone; the test key defaults to secretKey; /metrics stay
     assert.equal(flag(mainContainer(d), '--cluster-token-file'), TOKEN_FILE, c);
     assert.deepEqual(podVolume(d, 'cluster-token').secret, secretVolume('my-token', 'cluster-token', 'token'), c);
     assert.equal(podVolume(d, 'api-keys'), undefined, c);
+    assert.equal(flag(mainContainer(d), '--kv-key-file'), undefined, c);
+    assert.equal(podVolume(d, 'kv-key'), undefined, c);
   }
   assert.equal(flag(mainContainer(deployment(token, 'router')), '--api-key-file'), undefined);
   for (const c of allContainers(find(token, 'Pod', 'pd-pdserve-test').spec)) assert.equal(c.env, undefined, 'no key to send');
+});
+
+test('auth: the kvtransfer key into prefill and decode only (--kv-key-file), never the router or the test pod', () => {
+  for (const preset of ['cpu', 'nvidia-h200']) {
+    const docs = render({ preset, set: ['auth.kvKey.existingSecret=my-kv-key', 'model.source=download'] }).docs;
+    for (const role of ROLES) {
+      const d = deployment(docs, role);
+      const c = mainContainer(d);
+      assert.equal(flag(c, '--kv-key-file'), KV_KEY_FILE, `${preset} ${role}`);
+      assert.deepEqual(podVolume(d, 'kv-key').secret, secretVolume('my-kv-key', 'kv.key', 'kv.key'), `${preset} ${role}`);
+      assert.deepEqual(podMount(d, 'kv-key'), { name: 'kv-key', mountPath: '/etc/pdserve/kv-key', readOnly: true }, `${preset} ${role}`);
+      assert.equal(flag(c, '--kv-key-file'), `${podMount(d, 'kv-key').mountPath}/${podVolume(d, 'kv-key').secret.items[0].path}`);
+      // It travels alone: no cluster token, no client keys.
+      assert.equal(podVolume(d, 'cluster-token'), undefined, `${preset} ${role}`);
+      assert.equal(flag(c, '--cluster-token-file'), undefined, `${preset} ${role}`);
+    }
+    // Only the prefill and decode workers' main containers: never the router (it moves no KV), the
+    // test pod, an init container, nor a worker of the aggregated role (it refuses the flag, exit 2).
+    for (const { owner, spec } of podSpecs(docs)) {
+      const worker = owner.endsWith('-prefill') || owner.endsWith('-decode');
+      if (!worker) assert.ok(!(spec.volumes ?? []).some((v) => v.name === 'kv-key' || v.secret?.secretName === 'my-kv-key'), `${preset} ${owner} kv-key volume`);
+      for (const c of allContainers(spec)) {
+        const main = worker && c === spec.containers[0];
+        assert.equal(flag(c, '--kv-key-file') !== undefined, main, `${preset} ${owner} ${c.name} --kv-key-file`);
+        assert.equal((c.volumeMounts ?? []).some((m) => m.name === 'kv-key'), main, `${preset} ${owner} ${c.name} kv-key mount`);
+        if (main) assert.notEqual(flag(c, '--role'), 'aggregated', `${preset} ${owner}`);
+      }
+    }
+  }
 });
 
 const TLS_FLAGS = ['--tls-cert', '--tls-key', '--tls-ca', '--tls-worker-name', '--tls'];

@@ -21,7 +21,7 @@ for (const version of [3, 4]) {
       '--set', 'router.autoscaling.enabled=true']);
     assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);
   });
-  test(`helm ${version} lint --strict cpu with both auth Secrets and the router flags (values/auth.yaml)`, () => {
+  test(`helm ${version} lint --strict cpu with every auth Secret and the router flags (values/auth.yaml)`, () => {
     const r = helm(version, ['lint', '--strict', CHART, '--kube-version', KUBE_VERSION,
       ...presetFiles('cpu').flatMap((f) => ['-f', f]), '-f', fixture('auth.yaml')]);
     assert.equal(r.status, 0, `${r.stdout}\n${r.stderr}`);

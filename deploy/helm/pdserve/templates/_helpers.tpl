@@ -339,13 +339,14 @@ is mounted as a file in a directory of its own (no subPath, so an updated Secret
 the programs read it when they start). */}}
 {{- define "pdserve.apiKeysFile" -}}/etc/pdserve/api-keys/keys{{- end -}}
 {{- define "pdserve.clusterTokenFile" -}}/etc/pdserve/cluster-token/token{{- end -}}
+{{- define "pdserve.kvKeyFile" -}}/etc/pdserve/kv-key/kv.key{{- end -}}
 
 {{/* The Secret key holding the one API key the chart's own clients send (helm test, ServiceMonitor). */}}
 {{- define "pdserve.testKeySecretKey" -}}
 {{- default .Values.auth.apiKeys.secretKey .Values.auth.apiKeys.testKeySecretKey -}}
 {{- end -}}
 
-{{/* Auth flags, one "- flag" line each. ctx: {root, router: bool} (workers: the cluster token only) */}}
+{{/* Auth flags, one "- flag" line each. ctx: {root, router: bool} (workers: the cluster token and the kvtransfer key) */}}
 {{- define "pdserve.authArgs" -}}
 {{- $a := .root.Values.auth -}}
 {{- $args := list -}}
@@ -357,6 +358,10 @@ the programs read it when they start). */}}
 {{- end -}}
 {{- if $a.clusterToken.existingSecret -}}
 {{- $args = append $args (printf "--cluster-token-file=%s" (include "pdserve.clusterTokenFile" .root)) -}}
+{{- end -}}
+{{- /* Prefill and decode only: the router moves no KV (an aggregated worker refuses the flag). */ -}}
+{{- if and (not .router) $a.kvKey.existingSecret -}}
+{{- $args = append $args (printf "--kv-key-file=%s" (include "pdserve.kvKeyFile" .root)) -}}
 {{- end -}}
 {{- range $i, $arg := $args }}{{ if $i }}{{ "\n" }}{{ end }}- {{ $arg }}{{ end -}}
 {{- end -}}
@@ -370,6 +375,9 @@ the programs read it when they start). */}}
 {{- end -}}
 {{- if $a.clusterToken.existingSecret -}}
 {{- $out = append $out (dict "name" "cluster-token" "secret" $a.clusterToken.existingSecret "key" $a.clusterToken.secretKey "path" (include "pdserve.clusterTokenFile" .root | base)) -}}
+{{- end -}}
+{{- if and (not .router) $a.kvKey.existingSecret -}}
+{{- $out = append $out (dict "name" "kv-key" "secret" $a.kvKey.existingSecret "key" $a.kvKey.secretKey "path" (include "pdserve.kvKeyFile" .root | base)) -}}
 {{- end -}}
 {{- range $i, $v := $out }}
 {{- if $i }}{{ "\n" }}{{ end -}}
@@ -393,6 +401,9 @@ the programs read it when they start). */}}
 {{- end -}}
 {{- if $a.clusterToken.existingSecret -}}
 {{- $out = append $out (dict "name" "cluster-token" "dir" (include "pdserve.clusterTokenFile" .root | dir)) -}}
+{{- end -}}
+{{- if and (not .router) $a.kvKey.existingSecret -}}
+{{- $out = append $out (dict "name" "kv-key" "dir" (include "pdserve.kvKeyFile" .root | dir)) -}}
 {{- end -}}
 {{- range $i, $v := $out }}
 {{- if $i }}{{ "\n" }}{{ end -}}
