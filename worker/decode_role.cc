@@ -1,5 +1,6 @@
 #include "worker/decode_role.h"
 #include "worker/block_release.h"
+#include "worker/rank_progress.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +15,7 @@ struct DecodeRole::Job {
   bool push = true;
   std::vector<int> blocks;  // Every block reserved for the request (prompt + generation).
   std::vector<int> kv_blocks;  // The prompt's share of them, which the transfer fills.
-  std::vector<char> posted, ready, released;  // Per rank.
+  RankProgress ranks;
   std::optional<int> first_token;
   Duration push_tail{0};  // Push: the longest producer rank's seal-to-WRITE_DONE time.
   Status error;
@@ -23,12 +24,8 @@ struct DecodeRole::Job {
   bool freed = false;
   TimePoint start, deadline;
 
-  bool all(const std::vector<char>& v) const { return std::all_of(v.begin(), v.end(), [](char c) { return c != 0; }); }
-  bool quiet() const {
-    for (size_t r = 0; r < ready.size(); ++r)
-      if (!ready[r] && !released[r]) return false;
-    return true;
-  }
+  // No rank can still be written into by a producer: each is ready or gave its blocks back.
+  bool quiet() const { return ranks.all_of_any(RankProgress::kReady | RankProgress::kReleased); }
 };
 
 StatusOr<std::unique_ptr<DecodeRole>> DecodeRole::create(engine::Engine& engine, const KvRanksOptions& options) {
@@ -79,9 +76,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   job.push = true;
   job.blocks = blocks;
   job.kv_blocks.assign(blocks.begin(), blocks.begin() + blocks_for(request.prompt_len(), block_size));
-  job.posted.assign(kv_->tp(), 0);
-  job.ready.assign(kv_->tp(), 0);
-  job.released.assign(kv_->tp(), 0);
+  job.ranks = RankProgress(kv_->tp());
   job.start = clock_->now();
   job.deadline = job.start + lease_;
   kvtransfer::ExpectPushRequest expect;
@@ -101,7 +96,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   // Registered on every rank before the producer learns the block ids, so that no WRITE_DONE
   // can arrive for a request a rank does not know yet.
   j.waiting = true;
-  changed_.wait(lock, [&] { return j.all(j.posted); });
+  changed_.wait(lock, [&] { return j.ranks.all(RankProgress::kPosted); });
   j.waiting = false;
   Status error = j.error;
   maybe_free(id);
@@ -152,9 +147,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     job.push = false;
     job.blocks = blocks;
     job.kv_blocks.assign(blocks.begin(), blocks.begin() + source.blocks_size());
-    job.posted.assign(kv_->tp(), 0);
-    job.ready.assign(kv_->tp(), 0);
-    job.released.assign(kv_->tp(), 0);
+    job.ranks = RankProgress(kv_->tp());
     job.first_token = request.first_token();
     job.start = clock_->now();
     job.deadline = job.start + lease_;
@@ -186,7 +179,7 @@ StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::uniq
                                                 const std::function<bool()>& cancelled) {
   Job& job = jobs_.at(id);
   job.waiting = true;
-  while (job.error.ok() && !job.all(job.ready)) {
+  while (job.error.ok() && !job.ranks.all(RankProgress::kReady)) {
     if (cancelled()) {
       fail_locked(id, job, absl::CancelledError(absl::StrCat("request ", id, " cancelled")));
     } else if (clock_->now() >= job.deadline) {
@@ -229,8 +222,8 @@ void DecodeRole::post_transfer(const std::string& id,
     auto it = jobs_.find(id);
     if (it == jobs_.end()) return;
     Job& job = it->second;
-    job.posted[rank] = 1;
-    if (!registered) job.released[rank] = 1;
+    job.ranks.mark(rank, RankProgress::kPosted);
+    if (!registered) job.ranks.mark(rank, RankProgress::kReleased);
     if (!s.ok()) fail_locked(id, job, s);
     changed_.notify_all();
     maybe_free(id);
@@ -253,7 +246,7 @@ void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
     it = jobs_.find(ev.request_id);
     if (it == jobs_.end()) return;
     if (!staged.ok()) {
-      it->second.released[rank] = 1;  // The rank finished with its blocks; they are ours again.
+      it->second.ranks.mark(rank, RankProgress::kReleased);  // The rank finished with its blocks; they are ours again.
       fail_locked(ev.request_id, it->second, staged);
       changed_.notify_all();
       maybe_free(ev.request_id);
@@ -262,11 +255,11 @@ void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   }
   Job& job = it->second;
   if (ev.kind == KvTransferEvent::Kind::kReady) {
-    job.ready[rank] = 1;
+    job.ranks.mark(rank, RankProgress::kReady);
     if (job.push && ev.first_token) job.first_token = *ev.first_token;
     job.push_tail = std::max(job.push_tail, ev.push_tail);
   } else {
-    job.released[rank] = 1;  // A failed event comes once the rank's blocks are back.
+    job.ranks.mark(rank, RankProgress::kReleased);  // A failed event comes once the rank's blocks are back.
     fail_locked(ev.request_id, job, ev.error);
   }
   changed_.notify_all();
@@ -277,7 +270,7 @@ void DecodeRole::on_kv_release(int rank, const std::string& id) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
-  it->second.released[rank] = 1;
+  it->second.ranks.mark(rank, RankProgress::kReleased);
   changed_.notify_all();
   maybe_free(id);
 }

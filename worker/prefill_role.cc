@@ -1,5 +1,6 @@
 #include "worker/prefill_role.h"
 #include "worker/block_release.h"
+#include "worker/rank_progress.h"
 
 #include <chrono>
 
@@ -25,17 +26,11 @@ struct PrefillRole::Job {
   // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
   // soon as the layer is written, and seals when the prefill finishes; pull starts then.
   bool transfer_started = false;
-  std::vector<std::vector<char>> layer_posted;        // Push: [rank][layer].
-  std::vector<char> posted, released;  // Per rank.
+  std::vector<std::vector<char>> layer_posted;  // Push: [rank][layer].
+  RankProgress ranks;
   bool aborting = false;
   bool rpc_done = false;
   TimePoint start, prefilled_at;
-
-  bool all(const std::vector<char>& v) const {
-    for (char c : v)
-      if (!c) return false;
-    return true;
-  }
 };
 
 StatusOr<std::unique_ptr<PrefillRole>> PrefillRole::create(engine::Engine& engine,
@@ -85,8 +80,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   }
   const int tp = kv_->tp();
   if (push) job.layer_posted.assign(tp, std::vector<char>(engine_.kv_layout(0).num_layers(), 0));
-  job.posted.assign(tp, 0);
-  job.released.assign(tp, 0);
+  job.ranks = RankProgress(tp);
   {
     std::lock_guard lock(mu_);
     if (jobs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already here"));
@@ -108,10 +102,10 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   // Push: until the first token is sampled (the router streams it at once; the transfer goes
   // on, and its outcome reaches the decode side). Pull: until every rank holds the blocks.
   auto done = [&] {
-    if (!j.error.ok() && (!j.transfer_started || j.all(j.posted))) return true;
+    if (!j.error.ok() && (!j.transfer_started || j.ranks.all(RankProgress::kPosted))) return true;
     if (!j.prefilled) return false;
     if (!j.transfer_started || push) return true;
-    return j.all(j.posted);
+    return j.ranks.all(RankProgress::kPosted);
   };
   while (!done()) {
     if (cancelled()) {
@@ -285,7 +279,7 @@ void PrefillRole::seal_push(const std::string& id, Job& job) {
         return;
       }
       std::lock_guard lock(mu_);
-      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.posted[rank] = 1;
+      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.ranks.mark(rank, RankProgress::kPosted);
       changed_.notify_all();
     });
   }
@@ -311,7 +305,7 @@ void PrefillRole::start_hold(const std::string& id, Job& job) {
       return;
     }
     std::lock_guard lock(mu_);
-    if (auto it = jobs_.find(hold.request_id); it != jobs_.end()) it->second.posted[rank] = 1;
+    if (auto it = jobs_.find(hold.request_id); it != jobs_.end()) it->second.ranks.mark(rank, RankProgress::kPosted);
     changed_.notify_all();
   });
 }
@@ -336,8 +330,8 @@ void PrefillRole::on_command_failed(int rank, const std::string& id, const Statu
   if (it == jobs_.end()) return;
   Job& job = it->second;
   if (job.error.ok()) job.error = error;
-  job.posted[rank] = 1;
-  if (!registered) job.released[rank] = 1;
+  job.ranks.mark(rank, RankProgress::kPosted);
+  if (!registered) job.ranks.mark(rank, RankProgress::kReleased);
   // The other ranks' consumers would otherwise wait for their lease; a push that began at
   // admission may still be prefilling.
   const bool in_engine = abort_locked(id, job);
@@ -352,8 +346,9 @@ void PrefillRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   auto it = jobs_.find(ev.request_id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  job.released[rank] = 1;  // Complete and failed events come once the rank's blocks are back.
-  job.posted[rank] = 1;
+  // Complete and failed events come once the rank's blocks are back.
+  job.ranks.mark(rank, RankProgress::kReleased);
+  job.ranks.mark(rank, RankProgress::kPosted);
   bool in_engine = false;
   if (ev.kind == KvTransferEvent::Kind::kFailed) {
     if (job.error.ok()) job.error = ev.error;
@@ -369,7 +364,7 @@ void PrefillRole::on_kv_release(int rank, const std::string& id) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
-  it->second.released[rank] = 1;
+  it->second.ranks.mark(rank, RankProgress::kReleased);
   changed_.notify_all();
   maybe_finish(id);
 }
@@ -379,7 +374,7 @@ void PrefillRole::maybe_finish(const std::string& id) {
   if (it == jobs_.end()) return;
   Job& job = it->second;
   const bool prefill_over = job.prefilled;
-  const bool blocks_back = !job.transfer_started || job.all(job.released);
+  const bool blocks_back = !job.transfer_started || job.ranks.all_released();
   if (job.transfer_started && blocks_back && !job.kv_blocks.empty()) {
     if (Status s = engine_.release_blocks(job.kv_blocks); !s.ok())
       PD_LOG_ERROR("prefill {}: releasing blocks: {}", id, s.ToString());
@@ -395,7 +390,7 @@ bool PrefillRole::abort_locked(const std::string& id, Job& job) {
     kv_->post_all([this, id](int rank, kvtransfer::KvRankEndpoint& ep) {
       (void)ep.abort(id, "aborted");
       std::lock_guard lock(mu_);
-      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.posted[rank] = 1;
+      if (auto it = jobs_.find(id); it != jobs_.end()) it->second.ranks.mark(rank, RankProgress::kPosted);
       changed_.notify_all();
     });
   }

@@ -144,10 +144,12 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
         if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
         if (event == ZMQ_EVENT_CONNECT_RETRIED)
           return absl::UnavailableError(absl::StrCat("connection refused by ", endpoint, " (no process accepts there)"));
-        if (event == ZMQ_EVENT_DISCONNECTED)
-          return absl::UnavailableError(absl::StrCat("the connection closed before a handshake answer from ", endpoint));
-        return absl::PermissionDeniedError(absl::StrCat(
-            "the security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
+        if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+          return absl::UnavailableError(absl::StrCat("the connection to ", endpoint, " closed during the handshake"));
+        // A mechanism (PROTOCOL) or key (AUTH) mismatch: a misconfigured peer, unusable like a
+        // dead one, so Unavailable too (the caller blames the peer and goes elsewhere).
+        return absl::UnavailableError(absl::StrCat(
+            "the ZeroMQ security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
             curve_ ? "this side has one" : "this side has none", ")"));
       }
       while (dealer->recv(frame, zmq::recv_flags::dontwait)) {
