@@ -1,18 +1,17 @@
 #include "router/http_server.h"
 
 #include <httplib.h>
-#include <netdb.h>
-#include <poll.h>
 #include <sys/socket.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
-#include <filesystem>
 
 #include "common/logging.h"
+#include "common/tcp_state.h"
 #include "common/tls.h"
 #include "router/bounded_task_queue.h"
 #include "router/openai_api.h"
@@ -33,43 +32,6 @@ void send_error(httplib::Response& res, const Status& s) {
   HttpError e = http_error(s);
   res.status = e.status;
   res.set_content(e.body.dump(), "application/json");
-}
-
-// The numeric host and port of a socket address, as cpp-httplib writes Request::remote_addr.
-std::pair<std::string, int> numeric_address(const sockaddr_storage& addr, socklen_t len) {
-  char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, port, sizeof port,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return {"", -1};
-  return {host, std::atoi(port)};
-}
-
-// The socket of the connection `req` arrived on, or -1. cpp-httplib 0.11 (Debian 12) gives a
-// handler neither the socket nor Request::is_connection_closed(), so it is found by its
-// addresses among this process's descriptors: a TCP connection's address pair is unique, and
-// the server keeps the descriptor open until the handler returns, so it cannot be reused meanwhile.
-int connection_socket(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const int fd = std::atoi(entry.path().filename().c_str());
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof local, peer_len = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
-      continue;
-    if (numeric_address(local, local_len).second == req.local_port &&
-        numeric_address(peer, peer_len) == std::make_pair(req.remote_addr, req.remote_port))
-      return fd;
-  }
-  return -1;
-}
-
-// Whether the client closed (or reset) its connection. Bytes it may have sent meanwhile do not
-// count; a client that half-closes its side after the request looks gone too (HTTP clients
-// keep it open while they wait for the answer).
-bool peer_closed(int fd) {
-  pollfd p{fd, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 // An HTTPS server for `tls` (checked by load_tls), else a plain one.
@@ -190,14 +152,23 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::string(suffix);
 
   if (!req->stream) {
-    // Nothing is written until the end, so a gone client shows only on its socket; the router's
-    // watchdog polls this and aborts the request on every worker it touched. The socket is
-    // looked up at the first poll (one scan of our descriptors), not per request: most requests
-    // end before the watchdog ever asks. Only the watchdog calls this, one call at a time.
-    auto socket = std::make_shared<int>(-2);  // -2: not looked up yet; -1: not found.
-    std::function<bool()> client_gone = [&http_request, socket] {
-      if (*socket == -2) *socket = connection_socket(http_request);
-      return *socket >= 0 && peer_closed(*socket);
+    // Nothing is written until the end, so a gone client shows only in its connection's state,
+    // which the kernel tells by the address pair (cpp-httplib 0.11 gives a handler neither the
+    // socket nor is_connection_closed()); the router's watchdog polls this and aborts the
+    // request on every worker it touched. A client that half-closes after its request looks
+    // gone too (HTTP clients keep their side open while they wait for the answer).
+    std::function<bool()> client_gone = [&http_request] {
+      auto state = tcp_connection_state(http_request.local_addr, http_request.local_port, http_request.remote_addr,
+                                        http_request.remote_port);
+      if (!state.ok()) {
+        static std::once_flag warned;
+        std::call_once(warned, [&] {
+          PD_LOG_WARN("cannot see HTTP clients hang up ({}): a non-streaming request whose client left runs on",
+                      state.status().ToString());
+        });
+        return false;
+      }
+      return *state == TcpConnectionState::kClosedByPeer;
     };
     std::string text, finish;
     int prompt_tokens = 0, completion_tokens = 0;

@@ -1,6 +1,10 @@
 // Unit tests of the router's pure parts: placement and admission policies, the admission
 // queue, Prometheus formatting, the OpenAI request/response mapping, and bench statistics.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -10,6 +14,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/tcp_state.h"
 #include "router/admission_queue.h"
 #include "router/api_keys.h"
 #include "router/bounded_task_queue.h"
@@ -406,6 +411,54 @@ TEST(ApiKeys, AllowsOnlyBearerKeysItKnows) {
   }
   EXPECT_FALSE(ApiKeys::load({}, file, nullptr).ok());
   EXPECT_FALSE(ApiKeys::load({}, "", "").value().required());
+}
+
+// How the HTTP server sees a non-streaming client hang up: the kernel's state of the connection
+// by its address pair, from the server's side.
+TEST(TcpConnectionState, EstablishedUntilTheClientClosesOrResets) {
+  auto port_of = [](int fd) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    return int(ntohs(a.sin_port));
+  };
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  addr.sin_port = htons(uint16_t(port_of(listener)));
+  for (bool reset : {false, true}) {
+    const int client = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int served = accept(listener, nullptr, nullptr);
+    ASSERT_GE(served, 0);
+    auto state = [&] { return tcp_connection_state("127.0.0.1", port_of(listener), "127.0.0.1", port_of(client)); };
+    ASSERT_TRUE(state().ok()) << state().status();
+    EXPECT_EQ(*state(), TcpConnectionState::kEstablished);
+    if (reset) {
+      linger abort_on_close{1, 0};  // close() sends RST.
+      setsockopt(client, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
+    }
+    const int client_port = port_of(client);
+    close(client);
+    StatusOr<TcpConnectionState> after = absl::UnknownError("not asked");
+    for (int i = 0; i < 200; ++i) {  // The FIN or RST arrives asynchronously (loopback: at once).
+      after = tcp_connection_state("127.0.0.1", port_of(listener), "127.0.0.1", client_port);
+      if (after.ok() && *after == TcpConnectionState::kClosedByPeer) break;
+      usleep(1000);
+    }
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(*after, TcpConnectionState::kClosedByPeer) << (reset ? "reset" : "closed");
+    close(served);
+  }
+  close(listener);
+  // No such connection at all: gone. Not an address: refused.
+  auto none = tcp_connection_state("127.0.0.1", 1, "127.0.0.1", 2);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, TcpConnectionState::kClosedByPeer);
+  EXPECT_TRUE(absl::IsInvalidArgument(tcp_connection_state("localhost", 1, "127.0.0.1", 2).status()));
 }
 
 }  // namespace
