@@ -780,7 +780,12 @@ test('NOTES.txt prints the endpoints and the P:D topology (helm 4 install --dry-
   const notes = r.stdout.slice(r.stdout.indexOf('NOTES:'));
   for (const want of ['prefill  2 x TP4  (4 amd.com/gpu per pod)', 'decode   1 x TP4', 'P:D = 2:1, 12 GPUs in all',
     'gRPC     pd-pdserve-router.pdserve.svc:50051', 'http://pd-pdserve-router.pdserve.svc:8080/v1/completions',
-    'helm test pd -n pdserve']) assert.ok(notes.includes(want), `NOTES lack ${JSON.stringify(want)}:\n${notes}`);
+    'helm test pd -n pdserve', 'no kvtransfer key: the KV control channel is plaintext'])
+    assert.ok(notes.includes(want), `NOTES lack ${JSON.stringify(want)}:\n${notes}`);
+  const keyed = helm(4, ['install', 'pd', CHART, '--namespace', 'pdserve', '--dry-run=client',
+    '-f', join(CHART, 'values-amd-mi355x.yaml'), '--set', 'auth.kvKey.existingSecret=pd-kv-key']);
+  assert.equal(keyed.status, 0, keyed.stderr);
+  assert.ok(keyed.stdout.includes('the KV control channel is CURVE-encrypted with the key from Secret pd-kv-key'), keyed.stdout);
 });
 
 test('values.yaml sets every key values.schema.json defines for the chart (so each is documented there)', () => {
