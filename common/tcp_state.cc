@@ -56,7 +56,7 @@ StatusOr<TcpConnectionState> tcp_connection_state(const std::string& local_addr,
 
   Fd nl{::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG)};
   if (nl.fd < 0) return absl::UnavailableError(absl::StrCat("sock_diag netlink socket: ", std::strerror(errno)));
-  timeval timeout{1, 0};
+  timeval timeout{0, 100000};  // The kernel answers at once; never hold the caller up long.
   ::setsockopt(nl.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
@@ -69,12 +69,14 @@ StatusOr<TcpConnectionState> tcp_connection_state(const std::string& local_addr,
   for (auto* h = reinterpret_cast<nlmsghdr*>(buffer); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
     if (h->nlmsg_type == NLMSG_ERROR) {
       const int error = -reinterpret_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;
-      // No such connection: it closed and is gone.
-      if (error == ENOENT) return TcpConnectionState::kClosedByPeer;
+      if (error == ENOENT) return TcpConnectionState::kNotFound;
       return absl::UnavailableError(absl::StrCat("sock_diag: ", std::strerror(error)));
     }
     if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
       const auto* msg = reinterpret_cast<const inet_diag_msg*>(NLMSG_DATA(h));
+      if (msg->id.idiag_dport != ask.request.id.idiag_dport ||
+          std::memcmp(msg->id.idiag_dst, ask.request.id.idiag_dst, sizeof msg->id.idiag_dst) != 0)
+        return TcpConnectionState::kNotFound;  // The listener, not the connection.
       return msg->idiag_state == TCP_ESTABLISHED ? TcpConnectionState::kEstablished
                                                  : TcpConnectionState::kClosedByPeer;
     }

@@ -11,8 +11,12 @@
 namespace pdserve {
 
 enum class TcpConnectionState {
-  kEstablished,  // Both sides open.
-  kClosedByPeer,  // The peer closed or reset it (CLOSE_WAIT, CLOSE, ...), or it is gone.
+  kEstablished,   // Both sides open.
+  kClosedByPeer,  // Found, but no longer established: the peer closed or reset it.
+  // The kernel knows no such connection, or answered about another socket (its lookup falls
+  // back to the listener): gone — or not visible to sock_diag at all, which a caller that never
+  // saw the connection established cannot tell apart.
+  kNotFound,
 };
 
 // The state of the TCP connection from `local_addr`:`local_port` to `remote_addr`:`remote_port`

@@ -863,9 +863,12 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
                                            ? request.session->mode() == TransferMode::kPush
                                            : request.session->mode() == TransferMode::kPull;
   if (peer_touches_our_blocks) request.session->leg_quiet(from.rank);
-  fail(request, absl::AbortedError(absl::StrCat("request ", abort.request_id(),
-                                                " aborted by peer rank ", from.rank, "/",
-                                                from.tp, ": ", abort.reason())));
+  // The peer ended the request (it failed, was told to by its router, or shut down): its side's
+  // doing, which callers report as such (fault.h) — a push producer that already answered its
+  // Prefill has no other way to say that it, not the decode worker, failed.
+  fail(request, peer_fault(absl::AbortedError(absl::StrCat("request ", abort.request_id(),
+                                                           " aborted by peer rank ", from.rank, "/",
+                                                           from.tp, ": ", abort.reason()))));
 }
 
 void KvRankEndpoint::on_remote_lost(const std::string& address, const Status& why) {

@@ -64,9 +64,9 @@ Router::Attempt Router::run_push(Flow& f) {
       fail_worker(f, p, s);
       return {s, true};
     }
-    // A Reserve unanswered within the worker RPC timeout (the request's own deadline has not
-    // passed) is the decode worker's failure, like one that died.
-    if (worker_failure(s) || absl::IsDeadlineExceeded(s)) {
+    // A Reserve unanswered within the worker RPC timeout is the decode worker's failure, like
+    // one that died — unless the request's own deadline was the one that ran out.
+    if (worker_failure(s) || (absl::IsDeadlineExceeded(s) && clock_.now() < f.act->deadline)) {
       fail_worker(f, d, s);
       return {s, true};
     }

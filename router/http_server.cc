@@ -157,7 +157,10 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
     // socket nor is_connection_closed()); the router's watchdog polls this and aborts the
     // request on every worker it touched. A client that half-closes after its request looks
     // gone too (HTTP clients keep their side open while they wait for the answer).
-    std::function<bool()> client_gone = [&http_request] {
+    // Gone only once it was seen established: a connection sock_diag cannot see at all looks
+    // "not found" from the start, and must not cancel the request.
+    auto seen_established = std::make_shared<bool>(false);
+    std::function<bool()> client_gone = [&http_request, seen_established] {
       auto state = tcp_connection_state(http_request.local_addr, http_request.local_port, http_request.remote_addr,
                                         http_request.remote_port);
       if (!state.ok()) {
@@ -168,7 +171,8 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
         });
         return false;
       }
-      return *state == TcpConnectionState::kClosedByPeer;
+      if (*state == TcpConnectionState::kEstablished) *seen_established = true;
+      return *seen_established && *state != TcpConnectionState::kEstablished;
     };
     std::string text, finish;
     int prompt_tokens = 0, completion_tokens = 0;

@@ -32,13 +32,19 @@ void add_kv_keygen_command(CLI::App& app, int* exit_code) {
     }
     // O_EXCL: an existing key file is never overwritten (its workers would lose each other).
     const int fd = ::open(out->c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
-    if (fd < 0 || ::write(fd, line.data(), line.size()) != ssize_t(line.size())) {
+    if (fd < 0) {
       std::cerr << "error: " << *out << ": " << std::strerror(errno) << "\n";
-      if (fd >= 0) ::close(fd);
       *exit_code = 1;
       return;
     }
-    ::close(fd);
+    const bool written = ::write(fd, line.data(), line.size()) == ssize_t(line.size());
+    const bool closed = ::close(fd) == 0;
+    if (!written || !closed) {
+      std::cerr << "error: writing " << *out << " failed\n";
+      ::unlink(out->c_str());  // A partial key would make the next run refuse (it exists).
+      *exit_code = 1;
+      return;
+    }
     std::cerr << "wrote " << *out << "\n";
   });
 }

@@ -146,9 +146,9 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
           return absl::UnavailableError(absl::StrCat("connection refused by ", endpoint, " (no process accepts there)"));
         if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
           return absl::UnavailableError(absl::StrCat("the connection to ", endpoint, " closed during the handshake"));
-        // A mechanism (PROTOCOL) or key (AUTH) mismatch: a misconfigured peer, unusable like a
-        // dead one, so Unavailable too (the caller blames the peer and goes elsewhere).
-        return absl::UnavailableError(absl::StrCat(
+        // A mechanism (PROTOCOL) or key (AUTH) mismatch: a configuration error of one of the two
+        // sides — the dialer cannot tell which — so not the peer's fault (fault.h).
+        return absl::FailedPreconditionError(absl::StrCat(
             "the ZeroMQ security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
             curve_ ? "this side has one" : "this side has none", ")"));
       }

@@ -94,9 +94,9 @@ class ControlChannel {
   // Dials a peer and handshakes within `timeout`; a live earlier handshake with the same
   // endpoint is reused without a round trip, unless `incarnation` (0: any) names another process:
   // then the old peer is reported lost (kPeerLost) and the endpoint dialed again. A refusal is
-  // FailedPrecondition with the reason; an endpoint where nobody accepts connections (a dead
-  // process), one that hangs up before answering, or one whose security handshake fails (not
-  // the same kvtransfer key) is Unavailable at once.
+  // FailedPrecondition with the reason, and so is a failed security handshake (not the same
+  // kvtransfer key on both sides); an endpoint where nobody accepts connections (a dead
+  // process), or one that hangs up before answering, is Unavailable at once.
   StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
   // Sends a notification (or any message) to a handshaken peer, without blocking.
   Status send(uint64_t peer, const proto::Envelope& message);
