@@ -134,7 +134,7 @@ StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Durat
       // must not wait for this dial to end.
       zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0},
                                  {monitor.handle(), 0, ZMQ_POLLIN, 0},
-                                 {zap_ ? zap_->socket().handle() : nullptr, -1, zap_ ? ZMQ_POLLIN : short(0), 0}};
+                                 {zap_ ? zap_->socket().handle() : nullptr, -1, short(zap_ ? ZMQ_POLLIN : 0), 0}};
       zmq::poll(items, zap_ ? 3 : 2, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       if (zap_) zap_->answer();
       zmq::message_t frame;
