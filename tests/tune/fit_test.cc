@@ -251,6 +251,15 @@ TEST(FitKv, ManySizesHoldOutEveryFourth) {
   EXPECT_LT(fit->error.p90_abs_rel, 0.03);
 }
 
+TEST(FitKv, MinimisesRelativeNotAbsoluteError) {
+  // Σ((α + β·l − y)/y)² over (0, 1), (1, 2), (2, 2): normal equations [1.5 0.75; 0.75 1.25]·x =
+  // (2, 1.5), so α = 22/21 and β = 4/7 (absolute least squares would give 7/6 and 1/2).
+  StatusOr<KvFit> fit = fit_kv({{0, 1}, {1, 2}, {2, 2}});
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->law.alpha, 22.0 / 21, 1e-12);
+  EXPECT_NEAR(fit->law.per_token, 4.0 / 7, 1e-12);
+}
+
 TEST(FitKv, LeaveOneOutExposesDataTheLawCannotFit) {
   StatusOr<KvFit> fit = fit_kv({{128, 0.001}, {1024, 0.1}, {4096, 0.002}});
   ASSERT_TRUE(fit.ok()) << fit.status();

@@ -28,6 +28,10 @@ TEST(Nnls, SolvesTable) {
       // Unconstrained solution is (2, −1) (y = 2 − t at t = 0, 1, 2); with x ≥ 0 the slope is
       // 0 and the intercept the mean of y, 1.
       {"negative_clamped", matrix(3, 2, {1, 0, 1, 1, 1, 2}), {2, 1, 0}, {1, 0}},
+      // Lawson–Hanson must step back: columns enter as 2, 0, 1 and the three-column solution
+      // (7, 5/3, −1) is infeasible, so column 2 leaves again. The optimum, by enumerating
+      // every active set: (5, 7/6, 0).
+      {"step_back", matrix(4, 3, {0, 3, 2, 1, 0, 2, 0, 0, 0, 0, 3, 1}), {3, 5, 0, 4}, {5, 7.0 / 6, 0}},
       // Decreasing data with no intercept column: only x = 0 is feasible and best.
       {"all_zero", matrix(2, 1, {1, 2}), {-1, -2}, {0}},
       // A zero column gets coefficient 0.
