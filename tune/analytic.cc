@@ -122,7 +122,7 @@ StatusOr<Prediction> predict_pd(const Profile& profile, const Topology& t, const
   // The transfer and hand-off come before the second token, so TPOT carries them amortized.
   const double amortized = lengths.mean_steps > 0 ? (mean_kv + profile.handoff_s) / lengths.mean_steps : 0;
   p.tpot_at = [&](double b) { return lengths.mean_steps > 0 ? step(b) + amortized : 0.0; };
-  p.overhead = profile.router_overhead_s;
+  p.overhead = first_token_overhead(profile, t);
   Prediction out = assemble(p, lengths.input, workload, slo, rate);
   out.kv_transfer_s = mean_kv;
   out.handoff_s = profile.handoff_s;
@@ -171,6 +171,10 @@ StatusOr<Prediction> predict_aggregated(const Profile& profile, const Topology& 
   return assemble(p, lengths.input, workload, slo, rate);
 }
 }  // namespace
+
+double first_token_overhead(const Profile& profile, const Topology& topology) {
+  return !topology.aggregated && profile.pd_overhead_s > 0 ? profile.pd_overhead_s : profile.router_overhead_s;
+}
 
 StatusOr<const TpProfile*> find_tp(const Profile& profile, int tp) {
   const auto it = profile.by_tp.find(tp);

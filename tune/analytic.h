@@ -54,6 +54,10 @@ struct GoodputSearch {
 // doubling passes (no load breaks the SLO, e.g. a zero-cost profile).
 StatusOr<double> goodput(const Predictor& predictor, const Slo& slo, const GoodputSearch& search = {});
 
+// What a first token costs beyond the prefill's compute on this topology: the P/D overhead
+// (which includes the decode side's Reserve) when the profile measured one, else the router's.
+double first_token_overhead(const Profile& profile, const Topology& topology);
+
 // The profile of TP size `tp`, and the KV law of a topology's (tp_p, tp_d, mode); NotFound.
 StatusOr<const TpProfile*> find_tp(const Profile& profile, int tp);
 StatusOr<KvLaw> find_kv_law(const Profile& profile, const Topology& topology);

@@ -468,7 +468,7 @@ Prediction Simulation::summarize(std::vector<RequestRecord>* records) const {
       rec.router_wait_s = seconds_between(r.arrival, r.dispatched);
       rec.prefill_wait_s = seconds_between(r.dispatched, r.prefill_start);
       rec.prefill_s = seconds_between(r.prefill_start, r.prefill_end);
-      rec.overhead_s = profile_.router_overhead_s;
+      rec.overhead_s = first_token_overhead(profile_, topology_);
       rec.kv_transfer_s = r.kv_s;
       rec.handoff_s = topology_.aggregated ? 0 : profile_.handoff_s;
       rec.decode_wait_s = seconds_between(r.decode_ready, r.decode_start);
@@ -491,7 +491,7 @@ Prediction Simulation::summarize(std::vector<RequestRecord>* records) const {
   p.prefill_wait_s /= served;
   p.prefill_s /= served;
   p.kv_transfer_s /= served;
-  p.overhead_s = profile_.router_overhead_s;
+  p.overhead_s = first_token_overhead(profile_, topology_);
   p.handoff_s = topology_.aggregated ? 0 : profile_.handoff_s;
   p.attainment = records->empty() ? 0 : double(good) / double(records->size());
   const double q = slo_.percentile / 100;

@@ -84,10 +84,12 @@ struct Profile {
   std::string pdserve_version;
   std::map<int, TpProfile> by_tp;
   std::vector<KvPairProfile> kv;
-  // Per request, beyond the steps: the router's and RPCs' share of the first token (TTFT at
-  // c=1 minus the prefill's compute) and the decode hand-off (second token minus the decode
-  // step), both in seconds; measured at c=1.
+  // Per request, beyond the steps, in seconds, measured at c=1: the router's and RPCs' share
+  // of the first token (TTFT minus the prefill's compute) through an aggregated worker and
+  // through a P/D pair (which adds the decode side's Reserve), and the decode hand-off (the
+  // second token's wait beyond the KV transfer and one decode step).
   double router_overhead_s = 0;
+  double pd_overhead_s = 0;
   double handoff_s = 0;
 };
 
