@@ -1,0 +1,83 @@
+// Writes the values.yaml deploy_values emits for a few prefill/decode plans, each with the plan
+// beside it, for the chart's render test (deploy/helm/tests/tune.test.mjs):
+//   tune_deploy_values_emit DIR  ->  DIR/<case>.values.yaml, DIR/<case>.plan.json
+// The test renders each over its chart preset and checks the objects against the plan.
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "tune/deploy_values.h"
+#include "tune/profile_io.h"
+
+namespace {
+
+using pdserve::tune::DeployPlan;
+using pdserve::tune::Device;
+using pdserve::tune::KvMode;
+
+struct Case {
+  std::string name, preset;  // The chart preset (values-<preset>.yaml) the values are layered on.
+  DeployPlan plan;
+};
+
+std::vector<Case> cases() {
+  DeployPlan hip;
+  hip.topology = {.aggregated = false, .n_p = 3, .tp_p = 2, .n_d = 1, .tp_d = 4, .mode = KvMode::kPull};
+  hip.device = Device::kHip;
+  hip.weight_dtype = "bf16";
+  hip.model_name = "llama-3.1-8b-instruct";
+  hip.max_running = 192;
+  hip.max_waiting = 12;
+  hip.prefill_max_batch_tokens = 8192;
+  hip.decode_max_batch_tokens = 512;
+  hip.decode_max_running = 192;
+  hip.provenance_tool = "tune_deploy_values_emit";
+  DeployPlan cuda = hip;
+  cuda.device = Device::kCuda;
+  cuda.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 2, .mode = KvMode::kPush};
+  DeployPlan cpu;
+  cpu.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 1, .mode = KvMode::kPush};
+  cpu.device = Device::kCpu;
+  cpu.model_name = "stories260K";
+  cpu.max_running = 8;
+  cpu.max_waiting = 4;
+  cpu.provenance_tool = "tune_deploy_values_emit";
+  return {{"hip-pd", "amd-mi355x", hip}, {"cuda-pd", "nvidia-h200", cuda}, {"cpu-pd", "cpu", cpu}};
+}
+
+nlohmann::json optional_json(const std::optional<int>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: tune_deploy_values_emit DIR\n";
+    return 2;
+  }
+  const std::string dir = argv[1];
+  for (const Case& c : cases()) {
+    auto values = pdserve::tune::values_yaml(c.plan);
+    if (!values.ok()) {
+      std::cerr << c.name << ": " << values.status() << "\n";
+      return 1;
+    }
+    const auto& t = c.plan.topology;
+    const nlohmann::json plan = {{"preset", c.preset},
+                                 {"device", std::string(pdserve::tune::device_name(c.plan.device))},
+                                 {"weightDtype", c.plan.weight_dtype},
+                                 {"model", c.plan.model_name},
+                                 {"kvMode", std::string(pdserve::tune::kv_mode_name(t.mode))},
+                                 {"prefill", {{"replicas", t.n_p}, {"tp", t.tp_p}, {"maxBatchTokens", optional_json(c.plan.prefill_max_batch_tokens)}}},
+                                 {"decode",
+                                  {{"replicas", t.n_d},
+                                   {"tp", t.tp_d},
+                                   {"maxBatchTokens", optional_json(c.plan.decode_max_batch_tokens)},
+                                   {"maxRunning", optional_json(c.plan.decode_max_running)}}},
+                                 {"router", {{"maxRunning", optional_json(c.plan.max_running)}, {"maxWaiting", optional_json(c.plan.max_waiting)}}}};
+    std::ofstream(dir + "/" + c.name + ".values.yaml") << *values;
+    std::ofstream(dir + "/" + c.name + ".plan.json") << plan.dump(2) << "\n";
+  }
+  return 0;
+}

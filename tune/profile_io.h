@@ -1,0 +1,43 @@
+// The profile file (profile.json, schema "pdserve.tune.profile/v1"): a Profile (tune/types.h)
+// to and from JSON, so a profile measured once (say on an MI355X lease) plans offline anywhere
+// (`pdserve tune --import-profile`). Reading is strict — an unknown device or kv mode, a missing
+// key, an unknown key or a negative capacity is an InvalidArgument naming the key — because a
+// silently defaulted coefficient would skew every plan made from the file without a trace.
+// Also the spellings of Device and KvMode shared by the CLI, the report and the deploy outputs.
+#pragma once
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "tune/types.h"
+
+namespace pdserve::tune {
+
+inline constexpr absl::string_view kProfileSchema = "pdserve.tune.profile/v1";
+
+// "cpu" | "cuda" | "hip" | "emulated": the workers' --device spelling.
+absl::string_view device_name(Device device);
+StatusOr<Device> parse_device(absl::string_view name);
+// "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
+absl::string_view kv_mode_name(KvMode mode);
+StatusOr<KvMode> parse_kv_mode(absl::string_view name);
+
+// Every field of `profile`, under "schema": kProfileSchema. Decode::split = +inf (one regime)
+// is written as null, since JSON has no infinity.
+nlohmann::json profile_to_json(const Profile& profile);
+// The inverse of profile_to_json. A top-level "note" (free text for whoever reads the file, e.g.
+// that a fixture is synthetic) is accepted and not kept.
+StatusOr<Profile> profile_from_json(const nlohmann::json& json);
+
+// The file forms. save_profile writes the same bytes for the same profile (keys sorted, indent 2).
+StatusOr<Profile> load_profile(const std::string& path);
+Status save_profile(const std::string& path, const Profile& profile);
+
+// What the profile was measured on, in one line for the report: model hash, device, device
+// model, dtype, the profiled TP sizes and the pdserve version. Two profiles with the same key
+// describe the same engine on the same hardware.
+std::string profile_key(const Profile& profile);
+
+}  // namespace pdserve::tune
