@@ -1,5 +1,6 @@
 #include "tune/deploy_values.h"
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -126,6 +127,14 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   absl::StrAppend(&out, "decode:\n  replicas: ", t.n_d, "\n  tensorParallel: ", t.tp_d, "\n");
   append_optional(&out, "  maxBatchTokens", plan.decode_max_batch_tokens);
   append_optional(&out, "  maxRunning", plan.decode_max_running);
+  // The chart's bounds on prefill per decode replica (a preset's own may exclude the plan), set
+  // just around the planned ratio: the render refuses replica counts that drift from it and the
+  // PdservePrefillDecodeRatioDrift alert fires when the ready workers stay off it. 10⁻⁴ either
+  // side, so that float rounding of n_p/n_d in the chart's check cannot refuse the plan itself.
+  const int64_t ten_thousandths = int64_t{t.n_p} * 10000;
+  absl::StrAppend(&out, "# Prefill per decode replica: ", t.n_p, "/", t.n_d, ".\nratio:\n");
+  absl::StrAppend(&out, "  prefillPerDecodeMin: ", absl::StrFormat("%.4f", double((ten_thousandths - 1) / t.n_d) / 1e4), "\n");
+  absl::StrAppend(&out, "  prefillPerDecodeMax: ", absl::StrFormat("%.4f", double(ten_thousandths / t.n_d + 1) / 1e4), "\n");
   return out;
 }
 

@@ -24,3 +24,13 @@ foreach(_suite lint golden schema invariants negative)
   set_tests_properties(deploy_chart_${_suite} PROPERTIES
     LABELS "deploy;unit" TIMEOUT 300 FIXTURES_REQUIRED pdserve_chart_tools)
 endforeach()
+
+# The values.yaml `pdserve tune` writes, rendered by the chart (tune.test.mjs): the plans come from
+# tune_deploy_values_emit (tests/tune), so the test checks what tune/deploy_values.cc really emits.
+if(TARGET tune_deploy_values_emit)
+  add_test(NAME deploy_chart_tune
+           COMMAND ${PDSERVE_BASH_EXECUTABLE} ${_pdserve_deploy_scripts}/chart-test.sh tune)
+  set_tests_properties(deploy_chart_tune PROPERTIES
+    LABELS "deploy;tune;unit" TIMEOUT 300 FIXTURES_REQUIRED pdserve_chart_tools
+    ENVIRONMENT "PDSERVE_TUNE_VALUES_EMIT=$<TARGET_FILE:tune_deploy_values_emit>")
+endif()

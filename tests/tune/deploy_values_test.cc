@@ -72,7 +72,11 @@ TEST(DeployValues, CpuPrefillDecodePlan) {
             "  tensorParallel: 1\n"
             "decode:\n"
             "  replicas: 1\n"
-            "  tensorParallel: 2\n");
+            "  tensorParallel: 2\n"
+            "# Prefill per decode replica: 2/1.\n"
+            "ratio:\n"
+            "  prefillPerDecodeMin: 1.9999\n"
+            "  prefillPerDecodeMax: 2.0001\n");
   auto up = up_script(cpu_pd_plan(), "/opt/pdserve/bin/pdserve");
   ASSERT_TRUE(up.ok()) << up.status();
   EXPECT_EQ(*up,
@@ -131,7 +135,8 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
     EXPECT_TRUE(has(*values, std::string("-f deploy/helm/pdserve/") + c.preset + " -f values.yaml\n")) << *values;
     EXPECT_TRUE(has(*values, "engine:\n  weightDtype: bf16\n")) << *values;
     EXPECT_TRUE(has(*values, "prefill:\n  replicas: 2\n  tensorParallel: 4\n  maxBatchTokens: 8192\n"
-                             "decode:\n  replicas: 1\n  tensorParallel: 4\n  maxBatchTokens: 512\n  maxRunning: 256\n"))
+                             "decode:\n  replicas: 1\n  tensorParallel: 4\n  maxBatchTokens: 512\n  maxRunning: 256\n"
+                             "# Prefill per decode replica: 2/1.\n"))
         << *values;
     EXPECT_TRUE(has(*values, "router:\n  kvMode: push\n")) << *values;
   }
@@ -145,6 +150,23 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
   EXPECT_TRUE(has(*up, " --prefill 2 --prefill-tp 4 --decode 1 --decode-tp 4 --kv-mode push --device hip "
                        "--weight-dtype bf16 --max-running 48 --max-waiting 6 \"$@\"\n"))
       << *up;
+}
+
+// Just around n_p/n_d, whether the ratio is exact in decimal or not.
+TEST(DeployValues, RatioBoundsBracketThePlan) {
+  struct Case {
+    int n_p, n_d;
+    const char* bounds;
+  };
+  for (const Case& c : {Case{1, 3, "0.3333\n  prefillPerDecodeMax: 0.3334\n"}, Case{1, 2, "0.4999\n  prefillPerDecodeMax: 0.5001\n"},
+                        Case{7, 1, "6.9999\n  prefillPerDecodeMax: 7.0001\n"}, Case{5, 3, "1.6666\n  prefillPerDecodeMax: 1.6667\n"}}) {
+    DeployPlan plan = cpu_pd_plan();
+    plan.topology.n_p = c.n_p;
+    plan.topology.n_d = c.n_d;
+    auto values = values_yaml(plan);
+    ASSERT_TRUE(values.ok()) << values.status();
+    EXPECT_TRUE(has(*values, std::string("ratio:\n  prefillPerDecodeMin: ") + c.bounds)) << *values;
+  }
 }
 
 TEST(DeployValues, EmulatedRunsOnCpuNodes) {

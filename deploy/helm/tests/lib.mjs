@@ -3,7 +3,7 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
 export const CHART = resolve(here, '../pdserve');
@@ -113,4 +113,41 @@ export function selects(selector, labels) {
     if (e.operator === 'DoesNotExist' && has) return false;
   }
   return true;
+}
+
+// apiVersion group -> the npm module with its kinds' schema models.
+const PACKAGES = {
+  '': 'kubernetes-models',
+  'apps': 'kubernetes-models/apps',
+  'policy': 'kubernetes-models/policy',
+  'autoscaling': 'kubernetes-models/autoscaling',
+  'networking.k8s.io': 'kubernetes-models/networking.k8s.io',
+  'monitoring.coreos.com': '@kubernetes-models/prometheus-operator/monitoring.coreos.com',
+  'keda.sh': '@kubernetes-models/keda/keda.sh',
+};
+export function modelPath(o) {
+  const [group, version] = o.apiVersion.includes('/') ? o.apiVersion.split('/') : ['', o.apiVersion];
+  const base = PACKAGES[group];
+  if (!base) return undefined;
+  return `${base}/${version}`;
+}
+
+// kubernetes-models' ajv validation (types, required fields, enums, formats) of every object in a
+// render; one message per failure. A kind with no model fails: nothing rendered goes unchecked.
+export async function kubeModelFailures(docs) {
+  const failures = [];
+  for (const o of docs) {
+    const mp = modelPath(o);
+    const where = `${o.kind}/${o.metadata?.name}`;
+    if (!mp) { failures.push(`${where}: no schema model for apiVersion ${o.apiVersion}`); continue; }
+    let Model;
+    try {
+      Model = (await import(pathToFileURL(join(TOOLS.nodeModules, mp, `${o.kind}.js`)).href))[o.kind];
+    } catch (e) {
+      failures.push(`${where}: no schema model ${mp}/${o.kind} (${e.code ?? e.message})`);
+      continue;
+    }
+    try { new Model(o).validate(); } catch (e) { failures.push(`${where}: ${e.message}`); }
+  }
+  return failures;
 }

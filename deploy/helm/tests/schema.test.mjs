@@ -10,25 +10,7 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { pathToFileURL } from 'node:url';
-import { PRESETS, TOOLS, fixture, render } from './lib.mjs';
-
-// apiVersion group -> [npm package, import path prefix]
-const PACKAGES = {
-  '': 'kubernetes-models',
-  'apps': 'kubernetes-models/apps',
-  'policy': 'kubernetes-models/policy',
-  'autoscaling': 'kubernetes-models/autoscaling',
-  'networking.k8s.io': 'kubernetes-models/networking.k8s.io',
-  'monitoring.coreos.com': '@kubernetes-models/prometheus-operator/monitoring.coreos.com',
-  'keda.sh': '@kubernetes-models/keda/keda.sh',
-};
-function modelPath(o) {
-  const [group, version] = o.apiVersion.includes('/') ? o.apiVersion.split('/') : ['', o.apiVersion];
-  const base = PACKAGES[group];
-  if (!base) return undefined;
-  return `${base}/${version}`;
-}
+import { PRESETS, TOOLS, fixture, kubeModelFailures, modelPath, render } from './lib.mjs';
 
 const monitoring = ['monitoring.coreos.com/v1'];
 const CASES = [
@@ -55,20 +37,7 @@ const rendered = CASES.map((c) => ({ ...c, docs: render(c.opts).docs }));
 
 for (const { name, docs } of rendered) {
   test(`kubernetes-models validation: ${name}`, async () => {
-    const failures = [];
-    for (const o of docs) {
-      const mp = modelPath(o);
-      const where = `${o.kind}/${o.metadata?.name}`;
-      if (!mp) { failures.push(`${where}: no schema model for apiVersion ${o.apiVersion}`); continue; }
-      let Model;
-      try {
-        Model = (await import(pathToFileURL(join(TOOLS.nodeModules, mp, `${o.kind}.js`)).href))[o.kind];
-      } catch (e) {
-        failures.push(`${where}: no schema model ${mp}/${o.kind} (${e.code ?? e.message})`);
-        continue;
-      }
-      try { new Model(o).validate(); } catch (e) { failures.push(`${where}: ${e.message}`); }
-    }
+    const failures = await kubeModelFailures(docs);
     assert.deepEqual(failures, [], failures.join('\n'));
   });
 }
