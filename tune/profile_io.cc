@@ -211,6 +211,7 @@ json profile_to_json(const Profile& p) {
           {"tp", tps},
           {"kv", kv},
           {"router_overhead_s", p.router_overhead_s},
+          {"pd_overhead_s", p.pd_overhead_s},
           {"handoff_s", p.handoff_s}};
 }
 
@@ -218,7 +219,7 @@ StatusOr<Profile> profile_from_json(const json& value) {
   PD_ASSIGN_OR_RETURN(const ObjectReader r,
                       ObjectReader::open(value, "",
                                          {"schema", "note", "model", "model_sha256", "device", "device_model", "dtype",
-                                          "pdserve_version", "tp", "kv", "router_overhead_s", "handoff_s"}));
+                                          "pdserve_version", "tp", "kv", "router_overhead_s", "pd_overhead_s", "handoff_s"}));
   // The schema first: a file of another version fails on that, not on whichever key moved.
   PD_ASSIGN_OR_RETURN(const std::string schema, r.string("schema"));
   if (schema != kProfileSchema)
@@ -257,6 +258,7 @@ StatusOr<Profile> profile_from_json(const json& value) {
     p.kv.push_back(std::move(k));
   }
   PD_ASSIGN_OR_RETURN(p.router_overhead_s, r.number("router_overhead_s", false));
+  PD_ASSIGN_OR_RETURN(p.pd_overhead_s, r.number("pd_overhead_s", false));
   PD_ASSIGN_OR_RETURN(p.handoff_s, r.number("handoff_s", false));
   return p;
 }

@@ -48,6 +48,7 @@ Profile sample_profile() {
   p.by_tp = {{1, t1}, {2, t2}};
   p.kv = {{1, 2, KvMode::kPush, {0.0005, 1e-6}, {9, 2, 0.05, 0.06}}, {2, 1, KvMode::kPull, {0.0009, 3e-6}, {10, 3, 0.07, 0.08}}};
   p.router_overhead_s = 0.0011;
+  p.pd_overhead_s = 0.0019;
   p.handoff_s = 0.0021;
   return p;
 }
@@ -67,6 +68,7 @@ void expect_same_profile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.dtype, b.dtype);
   EXPECT_EQ(a.pdserve_version, b.pdserve_version);
   EXPECT_EQ(a.router_overhead_s, b.router_overhead_s);
+  EXPECT_EQ(a.pd_overhead_s, b.pd_overhead_s);
   EXPECT_EQ(a.handoff_s, b.handoff_s);
   ASSERT_EQ(a.by_tp.size(), b.by_tp.size());
   for (const auto& [tp, x] : a.by_tp) {
