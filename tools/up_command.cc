@@ -8,11 +8,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <thread>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_split.h"
 
@@ -44,6 +49,7 @@ struct UpFlags {
   std::vector<std::string> api_keys;  // Passed to the router (--api-key).
   std::string kv_key_file;            // Passed to every prefill and decode worker (--kv-key-file).
   TlsFiles tls;  // The router's --tls-*; with --tls-ca the workers' too (mutual TLS).
+  std::string ready_file;  // Written once every process is ready: the endpoints, as JSON.
 };
 
 // A child restarted more often than this within kCrashWindow is crash-looping: `up` gives up.
@@ -152,6 +158,27 @@ void stop_all(std::vector<std::unique_ptr<Child>>& children) {
 std::string describe_exit(const Child& c) {
   if (WIFSIGNALED(c.status)) return "killed by signal " + std::to_string(WTERMSIG(c.status));
   return "exited with status " + std::to_string(WEXITSTATUS(c.status));
+}
+
+// The endpoints of a ready cluster, for programs that drive it (`pdserve tune`): the router's
+// READY fields and, per worker, its name and READY fields (grpc, role, tp, probe, ...).
+// Written to a temporary file renamed into place, so a reader never sees half of it.
+bool write_ready_file(const std::string& path, const Child& router, const std::vector<Child*>& workers) {
+  nlohmann::json j;
+  j["router"] = router.ready_fields;
+  j["workers"] = nlohmann::json::array();
+  for (const Child* c : workers) {
+    nlohmann::json w = c->ready_fields;
+    w["name"] = c->name;
+    j["workers"].push_back(w);
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 // Waits until every child in `wanted` printed READY; false (with a message) when one exits or
@@ -273,6 +300,11 @@ int run_up(const UpFlags& f) {
     stop_all(children);
     return signalled ? 0 : 1;
   }
+  if (!f.ready_file.empty() && !write_ready_file(f.ready_file, *router, workers)) {
+    std::cerr << "error: cannot write " << f.ready_file << "\n";
+    stop_all(children);
+    return 1;
+  }
   std::cout << router->ready_line << std::endl;
   std::cerr << "up: serving " << f.model << " ("
             << (pd ? std::to_string(f.prefill) + " prefill TP" + std::to_string(f.prefill_tp) + " + " +
@@ -378,6 +410,8 @@ void add_up_command(CLI::App& app, int* exit_code) {
                   "Prefill and decode workers: CURVE-encrypt the KV control channel with this cluster key "
                   "(`pdserve kv-keygen`)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--ready-file", f->ready_file,
+                  "Once every process is ready, write the router's and each worker's endpoints here as JSON");
   cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds to wait for every process to be ready")
       ->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = run_up(*f); });
