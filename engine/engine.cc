@@ -117,7 +117,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
 }
 
 Engine::Engine(LoadedModel model, const EngineOptions& options)
-    : model_(std::move(model)), options_(options) {}
+    : model_(std::move(model)), options_(options), step_window_(options.step_window) {}
 
 Engine::~Engine() = default;
 
@@ -135,12 +135,18 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-void Engine::publish_stats(std::optional<int> waiting) {
+std::vector<StepSample> Engine::steps_after(uint64_t seq) const {
+  std::lock_guard lock(stats_mu_);
+  return step_window_.after(seq);
+}
+
+void Engine::publish_stats(std::optional<int> waiting, const StepSample* step) {
   std::lock_guard lock(stats_mu_);
   const int published_waiting = published_.waiting;
   published_ = stats_;
   published_.running = int(running_.size());
   published_.waiting = waiting.value_or(published_waiting);
+  if (step) step_window_.record(*step);
 }
 
 Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
@@ -279,11 +285,21 @@ Status Engine::step() {
   ForwardBatch batch;
   std::vector<std::pair<Sequence*, int>> fed;  // Sequence and tokens fed this step.
   std::vector<Sequence*> sampled;
+  StepSample sample;
   int budget = options_.max_batch_tokens;
   for (Sequence* s : order) {
     if (budget == 0) break;
     const int pending = int(s->tokens.size()) - s->num_computed;
     const int n = std::min(pending, budget);
+    // A prompt chunk while the prompt is not all computed (a one-token prompt included), else
+    // a decode step, whose attention reads the whole context.
+    if (s->num_computed < int(s->request.prompt.size())) {
+      sample.prefill_tokens += n;
+      ++sample.prefill_seqs;
+    } else {
+      ++sample.decode_seqs;
+      sample.kv_tokens += s->num_computed + 1;
+    }
     budget -= n;
     for (int i = 0; i < n; ++i) {
       batch.tokens.push_back(s->tokens[s->num_computed + i]);
@@ -296,7 +312,6 @@ Status Engine::step() {
       if (s->num_computed + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
     }
     fed.push_back({s, n});
-    (pending > 1 ? stats_.prefill_tokens : stats_.decode_tokens) += n;
   }
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
@@ -308,7 +323,9 @@ Status Engine::step() {
   } else {
     logits_.resize(size_t(batch.logit_rows.size()) * vocab);
     out.logits = logits_.data();
+    sampled_tokens_.clear();  // Filled from the logits after the forward pass.
   }
+  const TimePoint started = options_.clock->now();
   if (Status s = ranks_->forward(batch, out); !s.ok()) {
     // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
     for (auto& [seq, n] : fed) finish(*seq, FinishReason::kAbort, s);
@@ -316,15 +333,21 @@ Status Engine::step() {
     publish_stats();
     return s;
   }
+  if (!sample_on_backend_) {
+    for (size_t i = 0; i < sampled.size(); ++i)
+      sampled_tokens_.push_back(sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
+  }
+  // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
+  sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();
   ++stats_.steps;
+  stats_.prefill_tokens += uint64_t(sample.prefill_tokens);
+  stats_.decode_tokens += uint64_t(sample.decode_seqs);
+  stats_.step_seconds += sample.wall_s;
 
   for (auto& [s, n] : fed) s->num_computed += n;
-  for (size_t i = 0; i < sampled.size(); ++i) {
-    accept_token(*sampled[i], sample_on_backend_ ? sampled_tokens_[i]
-                                                 : sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
-  }
+  for (size_t i = 0; i < sampled.size(); ++i) accept_token(*sampled[i], sampled_tokens_[i]);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
-  publish_stats();
+  publish_stats(std::nullopt, &sample);
   return absl::OkStatus();
 }
 

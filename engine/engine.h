@@ -14,12 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "engine/block_allocator.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/stop_checker.h"
+#include "engine/step_window.h"
 
 namespace pdserve::engine {
 
@@ -59,6 +61,10 @@ struct EngineOptions {
   // shared-memory transports let peers copy into directly (docs/kvtransfer.md). Host memory:
   // for the CPU backend only.
   KvArenaAllocator kv_arena_allocator;
+  // Times each step's forward pass and sampling (StepSample::wall_s); tests inject their own.
+  const Clock* clock = &RealClock::instance();
+  // Steps the step window keeps (Engine::steps_after).
+  size_t step_window = StepWindow::kDefaultCapacity;
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.
@@ -123,9 +129,11 @@ struct EngineStats {
   int waiting = 0;
   int running = 0;
   uint64_t kv_bytes_per_rank = 0;
+  // Since the engine started, over the steps that ran a forward pass (StepSample's sums):
   uint64_t steps = 0;
-  uint64_t prefill_tokens = 0;
-  uint64_t decode_tokens = 0;
+  uint64_t prefill_tokens = 0;  // Prompt tokens computed.
+  uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
+  double step_seconds = 0;      // Forward passes and sampling.
 };
 
 class Engine {
@@ -179,6 +187,10 @@ class Engine {
   // are as the scheduler last published them (at admission and at the end of each step), so at
   // most one step old.
   EngineStats stats() const;
+  // The step window's samples with seq > `seq`, oldest first (the last
+  // EngineOptions::step_window steps at most). Safe from any thread, as stats(); a sample is
+  // published with the counters of its step.
+  std::vector<StepSample> steps_after(uint64_t seq) const;
 
  private:
   struct Sequence;
@@ -191,8 +203,9 @@ class Engine {
   // `streamed`: the client already has this token; only its finish (if any) is reported.
   void accept_token(Sequence& seq, int token, bool streamed = false);
   // Copies the scheduler's counters and running count for stats() (scheduler thread), and
-  // `waiting` when the caller holds mu_, which guards waiting_.
-  void publish_stats(std::optional<int> waiting = std::nullopt);
+  // `waiting` when the caller holds mu_, which guards waiting_; records the `step` that
+  // brought the counters there, so that the window and the counters agree.
+  void publish_stats(std::optional<int> waiting = std::nullopt, const StepSample* step = nullptr);
 
   LoadedModel model_;
   EngineOptions options_;
@@ -205,11 +218,12 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;
   bool sample_on_backend_ = false;
-  std::vector<int> sampled_tokens_;  // A step's tokens, when the backend samples.
+  std::vector<int> sampled_tokens_;  // A step's tokens (the backend's, or sampled from logits_).
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).
   mutable std::mutex stats_mu_;
   EngineStats published_;  // Guarded by stats_mu_.
+  StepWindow step_window_;  // Guarded by stats_mu_.
   LayerHook layer_hook_;
 };
 

@@ -37,6 +37,7 @@ struct BenchFlags {
   uint64_t seed = 0;
   float temperature = 0.0f;
   std::string result_file;
+  bool save_detailed = false;  // The result gains request_details' "requests".
   std::string label;
   std::vector<double> percentiles = {90, 99};
   std::string api_key;
@@ -141,6 +142,8 @@ RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& r
       rec.server_queued_s = r.timings().queued_s();
       rec.server_prefill_s = r.timings().prefill_s();
       rec.server_kv_transfer_s = r.timings().kv_transfer_s();
+      rec.prefill_worker = r.prefill_worker();
+      rec.decode_worker = r.decode_worker();
     }
     if (r.token_ids_size() == 0) return;
     const Steady::time_point now = Steady::now();
@@ -331,6 +334,7 @@ int run_bench(const BenchFlags& f) {
     result["mismatched"] = *mismatched;
     result["mismatches"] = details;
   }
+  if (f.save_detailed) result["requests"] = request_details(records);
   print_table(result, f.percentiles);
   for (const RequestRecord& r : records)
     if (!r.ok) {
@@ -447,6 +451,31 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   return j;
 }
 
+json request_details(const std::vector<RequestRecord>& records) {
+  json out = json::array();
+  for (const RequestRecord& r : records) {
+    out.push_back({{"ok", r.ok},
+                   {"error", r.error},
+                   {"code", absl::StatusCodeToString(r.code)},
+                   {"start_s", r.start_s},
+                   {"ttft_s", r.ttft_s},
+                   {"e2e_s", r.e2e_s},
+                   {"tpot_s", r.output_tokens > 1 ? json((r.e2e_s - r.ttft_s) / (r.output_tokens - 1)) : json(nullptr)},
+                   {"output_tokens", r.output_tokens},
+                   {"prompt_tokens", r.prompt_tokens},
+                   {"itl_s", r.itl_s},
+                   {"server_queued_s", r.server_queued_s},
+                   {"server_prefill_s", r.server_prefill_s},
+                   {"server_kv_transfer_s", r.server_kv_transfer_s},
+                   {"prefill_worker", r.prefill_worker},
+                   {"decode_worker", r.decode_worker},
+                   {"migrations", r.migrations},
+                   {"retries", r.retries},
+                   {"request_id", r.request_id}});
+  }
+  return out;
+}
+
 void add_bench_command(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark a running router (like `vllm bench serve`)");
@@ -473,6 +502,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--temperature", f->temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   cmd->add_option("--percentile-metrics-values,--percentiles", f->percentiles, "Percentiles to report")->capture_default_str();
   cmd->add_option("--result-file", f->result_file, "Write the result as JSON here");
+  cmd->add_flag("--save-detailed", f->save_detailed,
+                "Add every request's measurements and workers to the result (\"requests\", in send order)");
   cmd->add_option("--verify-model", f->verify_model,
                   "After the run, compare every successful output with this model's in-process engine (same prompt "
                   "and sampling, seeded); mismatches are counted and fail the run");

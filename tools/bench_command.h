@@ -34,6 +34,8 @@ struct RequestRecord {
   int retries = 0;  // Earlier attempts that failed UNAVAILABLE and were sent again.
   // The router's timings of the request, from the final message (proto Timings).
   double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
+  // The workers that served it, from the final message (empty through --worker).
+  std::string prefill_worker, decode_worker;
 };
 
 // The p-th percentile (0..100) of `values`, interpolating linearly between ranks (numpy's
@@ -48,5 +50,10 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 // ttft/tpot/itl/e2el, mean_/median_/std_/pXX_ values in milliseconds (vLLM's key names).
 nlohmann::json summarize(const std::vector<RequestRecord>& records, double duration_s,
                          const std::vector<double>& percentiles);
+
+// --save-detailed: one object per record, in send order, with what it measured (seconds) and
+// which workers served it, so that SLO attainment and which (prefill, decode) pairs served can
+// be computed afterwards (`pdserve tune`). tpot_s is null for fewer than 2 output tokens.
+nlohmann::json request_details(const std::vector<RequestRecord>& records);
 
 }  // namespace pdserve::tools

@@ -89,6 +89,16 @@ std::string WorkerHealth::metrics_text() const {
   gauge("worker_kv_cache_usage_perc", "KV cache in use, 0 to 1.", "gauge", usage);
   gauge("worker_num_requests_running", "Sequences in the engine's running batch.", "gauge", load.running);
   gauge("worker_num_requests_waiting", "Sequences waiting in the engine.", "gauge", load.waiting);
+  gauge("worker_steps_total", "Engine steps (forward passes) run.", "counter", load.steps);
+  gauge("worker_step_prefill_tokens_total", "Prompt tokens the engine's steps computed.", "counter",
+        load.step_prefill_tokens);
+  gauge("worker_step_decode_sequences_total", "Sequences the engine's steps decoded (a token each).", "counter",
+        load.step_decode_sequences);
+  // A summary without quantiles: the rate of _sum over the rate of _count is the mean step
+  // time; the step-by-step distribution is in WorkerInfo.steps.
+  absl::StrAppend(&out, "# HELP pdserve:worker_step_seconds Engine steps' forward pass and sampling time.\n",
+                  "# TYPE pdserve:worker_step_seconds summary\n", "pdserve:worker_step_seconds_sum", labels, " ",
+                  load.step_seconds, "\npdserve:worker_step_seconds_count", labels, " ", load.steps, "\n");
   return out;
 }
 

@@ -28,6 +28,11 @@ struct WorkerLoadGauges {
   int running = 0;
   int waiting = 0;
   uint64_t kv_transfer_failures = 0;
+  // The engine's steps since it started (engine::EngineStats).
+  uint64_t steps = 0;
+  uint64_t step_prefill_tokens = 0;
+  uint64_t step_decode_sequences = 0;
+  double step_seconds = 0;
 };
 
 struct HealthRequirements {

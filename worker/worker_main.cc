@@ -233,8 +233,15 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
   if (prefill) prefill->attach(loop.get());
   health.set_started([&loop, kv_ranks = prefill ? &prefill->kv() : decode ? &decode->kv() : nullptr] {
     const engine::EngineLoopStats st = loop->stats();
-    return WorkerLoadGauges{st.engine.num_blocks, st.engine.free_blocks, st.engine.running, st.engine.waiting,
-                            kv_ranks ? kv_ranks->transfer_failures() : 0};
+    return WorkerLoadGauges{st.engine.num_blocks,
+                            st.engine.free_blocks,
+                            st.engine.running,
+                            st.engine.waiting,
+                            kv_ranks ? kv_ranks->transfer_failures() : 0,
+                            st.engine.steps,
+                            st.engine.prefill_tokens,
+                            st.engine.decode_tokens,
+                            st.engine.step_seconds};
   });
   std::unique_ptr<RouterSet> registration;  // Set once serving, when --router is given.
   // The probe threads outlive the engine (they answer until the end): from here on, every way

@@ -55,7 +55,7 @@ WorkerService::WorkerService(Role role, std::string worker_id, engine::EngineLoo
       prefill_(prefill),
       decode_(decode) {}
 
-grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, WorkerInfo* reply) {
+grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* request, WorkerInfo* reply) {
   const engine::Engine& e = loop_.engine();
   const engine::EngineLoopStats st = loop_.stats();
   {
@@ -78,6 +78,18 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest*, Worke
   reply->set_running(st.engine.running);
   reply->set_waiting(st.engine.waiting);
   reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
+  reply->set_steps_total(st.engine.steps);
+  if (request->include_steps()) {
+    for (const engine::StepSample& s : e.steps_after(request->steps_after())) {
+      StepSample* out = reply->add_steps();
+      out->set_seq(s.seq);
+      out->set_prefill_tokens(s.prefill_tokens);
+      out->set_prefill_seqs(s.prefill_seqs);
+      out->set_decode_seqs(s.decode_seqs);
+      out->set_kv_tokens(s.kv_tokens);
+      out->set_wall_s(s.wall_s);
+    }
+  }
   const KvRanks* kv = prefill_ ? &prefill_->kv() : decode_ ? &decode_->kv() : nullptr;
   reply->set_backend(e.backend(0).name());
   reply->set_kv_compat(kv_compat_);

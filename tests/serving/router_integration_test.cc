@@ -287,6 +287,7 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_GE(j["p99_itl_ms"].get<double>(), 0);
   EXPECT_EQ(j["num_ranks"], 1);  // One aggregated worker at TP 1.
   EXPECT_DOUBLE_EQ(j["output_throughput_per_rank"].get<double>(), j["output_throughput"].get<double>());
+  EXPECT_FALSE(j.contains("requests")) << "per-request details without --save-detailed";
 }
 
 // --worker bypasses the router (to measure what it adds): the same requests, straight to the
@@ -511,6 +512,27 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
   ASSERT_TRUE(m);
   EXPECT_NE(m->body.find("pdserve:kv_transfer_bytes_total{prefill=\"127.0.0.1:"), std::string::npos) << m->body;
   EXPECT_NE(m->body.find("pdserve:kv_transfer_seconds_count{prefill="), std::string::npos);
+
+  // `bench --save-detailed` lists every request with the pair of workers that served it.
+  const fs::path out = fs::temp_directory_path() / ("pdserve_bench_pd_" + std::to_string(getpid()) + ".json");
+  CommandOutput bench = pdserve({"bench", "--router", c.grpc(), "--num-prompts", "5", "--random-input-len", "16",
+                                 "--random-output-len", "4", "--ignore-eos", "--save-detailed", "--result-file",
+                                 out.string()});
+  ASSERT_EQ(bench.exit_code, 0) << bench.out;
+  std::ifstream in(out);
+  const json j = json::parse(in, nullptr, false);
+  fs::remove(out);
+  ASSERT_FALSE(j.is_discarded());
+  ASSERT_EQ(j["requests"].size(), 5u);
+  for (const json& r : j["requests"]) {
+    EXPECT_EQ(r["ok"], true) << r;
+    EXPECT_EQ(r["output_tokens"], 4) << r;
+    EXPECT_NE(r["prefill_worker"], "") << r;
+    EXPECT_NE(r["decode_worker"], "") << r;
+    EXPECT_NE(r["prefill_worker"], r["decode_worker"]) << r;
+    EXPECT_GT(r["tpot_s"].get<double>(), 0) << r;
+    EXPECT_NE(r["request_id"], "") << r;
+  }
 
   // `pdserve check` (the Helm chart's test pod) passes on it, and fails on a port with no router.
   CommandOutput check = pdserve({"check", "--router", c.grpc(), "--http", "127.0.0.1:" + std::to_string(c.http_port())});

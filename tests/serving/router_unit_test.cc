@@ -509,5 +509,38 @@ TEST(BenchStats, SummarizeComputesVllmKeys) {
   EXPECT_TRUE(j.contains("p99_e2el_ms"));
 }
 
+TEST(BenchStats, RequestDetailsListEveryRequestInOrder) {
+  RequestRecord a{true, "", 10, 5, 0.0, 0.1, 0.5, {0.1, 0.1, 0.1, 0.1}};
+  a.prefill_worker = "10.0.0.1:7001";
+  a.decode_worker = "10.0.0.2:7002";
+  a.server_prefill_s = 0.05;
+  a.migrations = 1;
+  a.request_id = "req-1";
+  RequestRecord one_token{true, "", 4, 1, 0.3, 0.2, 0.2, {}};
+  RequestRecord failed{false, "gone", 7, 0, 0.4, 0, 0.01, {}};
+  failed.code = absl::StatusCode::kUnavailable;
+  const nlohmann::json d = request_details({a, one_token, failed});
+  ASSERT_TRUE(d.is_array());
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0]["ok"], true);
+  EXPECT_EQ(d[0]["prompt_tokens"], 10);
+  EXPECT_EQ(d[0]["output_tokens"], 5);
+  EXPECT_DOUBLE_EQ(d[0]["ttft_s"].get<double>(), 0.1);
+  EXPECT_DOUBLE_EQ(d[0]["e2e_s"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(d[0]["tpot_s"].get<double>(), 0.1);  // (0.5 - 0.1) / 4.
+  EXPECT_EQ(d[0]["itl_s"].size(), 4u);
+  EXPECT_DOUBLE_EQ(d[0]["server_prefill_s"].get<double>(), 0.05);
+  EXPECT_EQ(d[0]["prefill_worker"], "10.0.0.1:7001");
+  EXPECT_EQ(d[0]["decode_worker"], "10.0.0.2:7002");
+  EXPECT_EQ(d[0]["migrations"], 1);
+  EXPECT_EQ(d[0]["request_id"], "req-1");
+  EXPECT_EQ(d[0]["code"], "OK");
+  EXPECT_TRUE(d[1]["tpot_s"].is_null());  // One token: no time per output token.
+  EXPECT_DOUBLE_EQ(d[1]["start_s"].get<double>(), 0.3);
+  EXPECT_EQ(d[2]["ok"], false);
+  EXPECT_EQ(d[2]["error"], "gone");
+  EXPECT_EQ(d[2]["code"], "UNAVAILABLE");
+}
+
 }  // namespace
 }  // namespace pdserve::tools

@@ -1,12 +1,14 @@
 // An aggregated worker (pdserve-decode --role aggregated) in its own process, driven over gRPC:
 // greedy tokens and text equal the in-process `pdserve generate --json` (and so the published
-// output), a cancelled stream frees the request's blocks, bad requests are refused, and SIGTERM
-// shuts it down cleanly.
+// output), a cancelled stream frees the request's blocks, bad requests are refused, SIGTERM
+// shuts it down cleanly, and its engine steps are reported (Info's step window, /metrics).
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "tests/serving/workers/worker_client.h"
 #include "tests/serving/workers/worker_process.h"
@@ -27,7 +29,7 @@ class AggregatedWorker : public ::testing::Test {
     worker_ = std::make_unique<WorkerProcess>(
         decode_binary(),
         std::vector<std::string>{"--role", "aggregated", "--model", stories_bin(), "--tp", "2", "--kv-cache-bytes",
-                                 "4194304"},
+                                 "4194304", "--probe-port", "0"},
         log_path("aggregated"));
     ASSERT_TRUE(worker_->wait_ready(30s)) << "see " << worker_->log_path();
     stub_ = connect(worker_->address());
@@ -104,6 +106,53 @@ TEST_F(AggregatedWorker, BadRequestsAreRefused) {
   worker::ReserveResponse r;
   EXPECT_EQ(stub_->Reserve(&ctx, worker::ReserveRequest(), &r).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_TRUE(wait_all_free(*stub_, 2s));
+}
+
+// Info's step window holds each engine step of a request, for a caller that asks for it (the
+// tuner's profiler) and only for it: the router's empty InfoRequest gets the count alone.
+// /metrics counts the same steps.
+TEST_F(AggregatedWorker, InfoReportsTheEngineStepsWhenAskedAndMetricsCountThem) {
+  worker::InfoRequest with_steps;
+  with_steps.set_include_steps(true);
+  EXPECT_EQ(info(*stub_, with_steps).steps_size(), 0);  // Nothing ran yet.
+  worker::WorkerGenerateRequest req;
+  req.set_request_id("steps");
+  for (int t : {1, 40, 41, 42, 43}) req.add_prompt(t);
+  set_greedy(req.mutable_sampling(), 4);
+  req.mutable_sampling()->set_ignore_eos(true);
+  ASSERT_TRUE(generate(*stub_, req).status.ok());
+  // The last step's sample is published just after its token reached the stream.
+  worker::WorkerInfo i;
+  for (int tries = 0; tries < 100 && (i = info(*stub_, with_steps)).steps_total() < 4; ++tries)
+    std::this_thread::sleep_for(20ms);
+  // One prefill of the 5-token prompt, then 3 decodes reading 6, 7 and 8 positions.
+  using Shape = std::tuple<int64_t, int, int, int64_t>;
+  std::vector<Shape> got;
+  for (const worker::StepSample& s : i.steps()) {
+    got.emplace_back(s.prefill_tokens(), s.prefill_seqs(), s.decode_seqs(), s.kv_tokens());
+    EXPECT_EQ(s.seq(), got.size());
+    EXPECT_GT(s.wall_s(), 0);
+  }
+  EXPECT_EQ(got, (std::vector<Shape>{{5, 1, 0, 0}, {0, 0, 1, 6}, {0, 0, 1, 7}, {0, 0, 1, 8}}));
+  EXPECT_EQ(i.steps_total(), 4u);
+  with_steps.set_steps_after(2);
+  const worker::WorkerInfo newer = info(*stub_, with_steps);
+  ASSERT_EQ(newer.steps_size(), 2);
+  EXPECT_EQ(newer.steps(0).seq(), 3u);
+  const worker::WorkerInfo load = info(*stub_);
+  EXPECT_EQ(load.steps_size(), 0);
+  EXPECT_EQ(load.steps_total(), 4u);
+
+  httplib::Client http("127.0.0.1", worker_->probe_port());
+  http.set_read_timeout(5, 0);
+  auto m = http.Get("/metrics");
+  ASSERT_TRUE(m);
+  for (const char* line : {"pdserve:worker_steps_total{role=\"aggregated\"} 4\n",
+                           "pdserve:worker_step_prefill_tokens_total{role=\"aggregated\"} 5\n",
+                           "pdserve:worker_step_decode_sequences_total{role=\"aggregated\"} 3\n",
+                           "pdserve:worker_step_seconds_count{role=\"aggregated\"} 4\n",
+                           "pdserve:worker_step_seconds_sum{role=\"aggregated\"} "})
+    EXPECT_NE(m->body.find(line), std::string::npos) << line << m->body;
 }
 
 }  // namespace

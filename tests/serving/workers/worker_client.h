@@ -27,11 +27,11 @@ inline std::chrono::system_clock::time_point in(std::chrono::milliseconds d) {
   return std::chrono::system_clock::now() + d;
 }
 
-inline worker::WorkerInfo info(worker::Worker::Stub& stub) {
+inline worker::WorkerInfo info(worker::Worker::Stub& stub, const worker::InfoRequest& request = {}) {
   grpc::ClientContext ctx;
   ctx.set_deadline(in(std::chrono::seconds(5)));
   worker::WorkerInfo out;
-  grpc::Status s = stub.Info(&ctx, worker::InfoRequest(), &out);
+  grpc::Status s = stub.Info(&ctx, request, &out);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return out;
 }
