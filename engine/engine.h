@@ -176,6 +176,8 @@ class Engine {
   // Rank `rank`'s backend (whose memory kv_arena(rank) is).
   Backend& backend(int rank) const;
   int tp() const { return options_.tp; }
+  int max_running() const { return options_.max_running; }
+  int max_batch_tokens() const { return options_.max_batch_tokens; }
 
   const ModelConfig& config() const { return model_.config; }
   const Tokenizer& tokenizer() const { return *model_.tokenizer; }

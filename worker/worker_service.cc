@@ -79,6 +79,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   reply->set_waiting(st.engine.waiting);
   reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
   reply->set_steps_total(st.engine.steps);
+  reply->set_max_running(e.max_running());
+  reply->set_max_batch_tokens(e.max_batch_tokens());
   if (request->include_steps()) {
     for (const engine::StepSample& s : e.steps_after(request->steps_after())) {
       StepSample* out = reply->add_steps();

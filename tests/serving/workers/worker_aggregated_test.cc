@@ -142,6 +142,9 @@ TEST_F(AggregatedWorker, InfoReportsTheEngineStepsWhenAskedAndMetricsCountThem) 
   const worker::WorkerInfo load = info(*stub_);
   EXPECT_EQ(load.steps_size(), 0);
   EXPECT_EQ(load.steps_total(), 4u);
+  // And the engine's limits (the defaults: the fixture sets neither).
+  EXPECT_EQ(load.max_running(), 256);
+  EXPECT_EQ(load.max_batch_tokens(), 512);
 
   httplib::Client http("127.0.0.1", worker_->probe_port());
   http.set_read_timeout(5, 0);
