@@ -73,9 +73,11 @@ StatusOr<v1::ModelInfo> RouterClient::model_info() {
 }
 
 Status RouterClient::generate(const v1::GenerateRequest& request,
-                              const std::function<void(const v1::GenerateResponse&)>& on_response) {
+                              const std::function<void(const v1::GenerateResponse&)>& on_response, Duration timeout) {
   grpc::ClientContext ctx;
   authorize(ctx);
+  if (timeout > Duration::zero())
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::duration_cast<std::chrono::system_clock::duration>(timeout));
   if (worker_) {
     if (!request.has_token_ids()) return absl::InvalidArgumentError("a direct worker request needs token ids");
     worker::WorkerGenerateRequest w;

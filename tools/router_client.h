@@ -32,8 +32,10 @@ class RouterClient {
 
   // The served model.
   StatusOr<v1::ModelInfo> model_info();
-  // Runs one request, calling `on_response` for each streamed message; the call's status.
-  Status generate(const v1::GenerateRequest& request, const std::function<void(const v1::GenerateResponse&)>& on_response);
+  // Runs one request, calling `on_response` for each streamed message; the call's status
+  // (DeadlineExceeded when `timeout`, if not zero, passed before the stream ended).
+  Status generate(const v1::GenerateRequest& request, const std::function<void(const v1::GenerateResponse&)>& on_response,
+                  Duration timeout = Duration::zero());
 
  private:
   RouterClient() = default;

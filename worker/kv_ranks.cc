@@ -172,6 +172,7 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.peer_timeout = options.peer_timeout;
     o.heartbeat_interval = options.heartbeat_interval;
     o.curve_secret_key = options.curve_secret_key;
+    o.test_faults = options.test_faults;
     o.on_release = [on_release, r](const std::string& id, std::vector<int> blocks) {
       on_release(r, id, std::move(blocks));
     };

@@ -46,6 +46,9 @@ struct KvRanksOptions {
   std::string advertise_host;
   // The cluster's kvtransfer key: every rank's control channel is CURVE-encrypted with it.
   std::string curve_secret_key;
+  // Every rank's deliberate faults: set only by the mutation tests' worker binaries (through
+  // WorkerSeams), never by the production ones.
+  kvtransfer::TestFaults test_faults;
 };
 
 // `bound` (a ZeroMQ "tcp://HOST:PORT" endpoint) with its host replaced by `host` (brackets

@@ -103,7 +103,7 @@ bool drain(const WorkerService& service, const PrefillRole* prefill, const Decod
   return true;
 }
 
-int serve(WorkerProgram program, const WorkerFlags& f) {
+int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams) {
   // Checked before the model loads: a bad token file is a startup error, not one after READY.
   std::string cluster_token;
   if (!f.cluster_token_file.empty()) {
@@ -202,6 +202,7 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
 
   KvRanksOptions kv;
   kv.model_id = model_name;
+  kv.test_faults = seams.kv_faults;
   kv.memory = f.kv_memory == "staged" ? KvMemory::kStaged : KvMemory::kAuto;
   kv.default_lease = std::chrono::milliseconds(f.kv_lease_ms);
   kv.peer_timeout = std::chrono::milliseconds(f.kv_peer_timeout_ms);
@@ -333,7 +334,9 @@ int serve(WorkerProgram program, const WorkerFlags& f) {
 
 }  // namespace
 
-int worker_main(WorkerProgram program, int argc, char** argv) {
+int worker_main(WorkerProgram program, int argc, char** argv) { return worker_main(program, argc, argv, WorkerSeams{}); }
+
+int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams& seams) {
   init_logging();
   WorkerFlags f;
   CLI::App app{program == WorkerProgram::kPrefill ? "pdserve prefill worker" : "pdserve decode / aggregated worker"};
@@ -403,7 +406,7 @@ int worker_main(WorkerProgram program, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  return serve(program, f);
+  return serve(program, f, seams);
 }
 
 }  // namespace pdserve::worker
