@@ -87,8 +87,13 @@ TEST(GateChecksTest, DrainWaitReturnsOnceEveryBlockIsFree) {
 TEST(GateChecksTest, DrainWaitGivesUpAtTheDeadlineWithTheLeak) {
   FakeClock clock;
   int pauses = 0;
-  StatusOr<BlockCount> last = wait_for_free_blocks([]() -> StatusOr<BlockCount> { return BlockCount{100, 98}; },
-                                                   clock, 1s, [&] { ++pauses, clock.advance(100ms); });
+  // A wait that ignored the deadline would read forever: the 50th read fails it instead.
+  StatusOr<BlockCount> last = wait_for_free_blocks(
+      [&]() -> StatusOr<BlockCount> {
+        if (pauses >= 50) return absl::DeadlineExceededError("still polling past the deadline");
+        return BlockCount{100, 98};
+      },
+      clock, 1s, [&] { ++pauses, clock.advance(100ms); });
   ASSERT_TRUE(last.ok());
   EXPECT_EQ(last->in_use(), 2);
   EXPECT_EQ(pauses, 10);
