@@ -7,6 +7,7 @@
 #include "tools/generate_command.h"
 #include "tools/kv_keygen_command.h"
 #include "tools/make_model_command.h"
+#include "tools/tune_command.h"
 #include "tools/up_command.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   pdserve::tools::add_bench_command(app, &exit_code);
   pdserve::tools::add_check_command(app, &exit_code);
   pdserve::tools::add_kv_keygen_command(app, &exit_code);
+  pdserve::tools::add_tune_command(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tune/gate_checks.h"
 #include "tune/local_cluster.h"
 #include "tune/search.h"
 #include "tune/types.h"
@@ -14,8 +15,6 @@
 namespace pdserve::tune {
 
 enum class Stage { kProfile, kPlan, kGate, kValidate, kReport };
-
-enum class GatePolicyKind { kExact, kPrefix };
 
 struct TuneConfig {
   ClusterOptions cluster;  // model, device, pdserve binary, work_dir (= out/work)
@@ -32,7 +31,7 @@ struct TuneConfig {
   std::string out;
   int validate_top = 3;
   double point_duration_s = 20;
-  GatePolicyKind gate_policy = GatePolicyKind::kExact;
+  GatePolicy gate_policy = GatePolicy::kExact;
   int gate_prefix_tokens = 16;
   bool baselines = true;
   double goodput_error_bound = 0.25;  // Exit 4 above it.
