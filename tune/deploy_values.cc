@@ -99,9 +99,12 @@ void append_optional(std::string* out, absl::string_view indent_key, const std::
 StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   PD_RETURN_IF_ERROR(check_plan(plan));
   const Topology& t = plan.topology;
-  if (t.aggregated)
+  // An aggregated worker batches prefill chunks with decode steps: its one batch budget is
+  // decode_max_batch_tokens, and no prefill worker exists to take a prefill budget.
+  if (t.aggregated && plan.prefill_max_batch_tokens)
     return absl::FailedPreconditionError(
-        "the Helm chart deploys prefill and decode workers only, not aggregated ones: deploy this plan with up.sh");
+        "an aggregated plan has no prefill workers to take a prefill max batch tokens: set the aggregated workers' "
+        "budget as the decode max batch tokens");
   if (plan.model_name.empty()) return absl::InvalidArgumentError("the chart needs a model name (model.name)");
   const Accelerator acc = accelerator(plan.device);
 
@@ -112,16 +115,37 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   for (const std::string& line : provenance(plan)) absl::StrAppend(&out, "# ", line, "\n");
   if (acc.gpu_resource.empty()) {
     absl::StrAppend(&out, "# The workers request no GPU (device ", device_name(plan.device), ").\n");
+  } else if (t.aggregated) {
+    absl::StrAppend(&out, "# Each pod requests one ", acc.gpu_resource, " per tensor-parallel rank: ", t.tp_d,
+                    " per aggregated pod.\n");
   } else {
     absl::StrAppend(&out, "# Each pod requests one ", acc.gpu_resource, " per tensor-parallel rank: ", t.tp_p,
                     " per prefill pod, ", t.tp_d, " per decode pod.\n");
   }
+  if (t.aggregated) absl::StrAppend(&out, "mode: aggregated\n");
   absl::StrAppend(&out, "accelerator:\n  vendor: ", acc.vendor, "\n  device: ", device_name(plan.device), "\n");
   absl::StrAppend(&out, "model:\n  name: ", yaml_string(plan.model_name), "\n");
   absl::StrAppend(&out, "engine:\n  weightDtype: ", plan.weight_dtype, "\n");
-  absl::StrAppend(&out, "router:\n  kvMode: ", kv_mode_name(t.mode), "\n");
+  // An empty `router:` would be null, which deletes the block: written only with a key in it.
+  if (!t.aggregated || plan.max_running || plan.max_waiting) absl::StrAppend(&out, "router:\n");
+  // Mode aggregated runs the router with --kv-mode=aggregated and refuses any other kv mode.
+  if (!t.aggregated) absl::StrAppend(&out, "  kvMode: ", kv_mode_name(t.mode), "\n");
   append_optional(&out, "  maxRunning", plan.max_running);
   append_optional(&out, "  maxWaiting", plan.max_waiting);
+  if (t.aggregated) {
+    absl::StrAppend(&out, "aggregated:\n  replicas: ", t.n_d, "\n  tensorParallel: ", t.tp_d, "\n");
+    append_optional(&out, "  maxBatchTokens", plan.decode_max_batch_tokens);
+    append_optional(&out, "  maxRunning", plan.decode_max_running);
+    // The chart refuses in mode aggregated what only prefill/decode act on, and a preset sets it:
+    // removed (null deletes a block) or turned off here, so the deployment is still the plan.
+    absl::StrAppend(&out,
+                    "# Not disaggregated: the preset's prefill and decode blocks, P:D ratio bounds and KV transfer\n"
+                    "# (RDMA, UCX) are removed or off, as the chart's mode aggregated requires.\n"
+                    "prefill: null\ndecode: null\nratio: null\n"
+                    "rdma:\n  enabled: false\n  required: false\n"
+                    "ucx:\n  preset: none\n");
+    return out;
+  }
   absl::StrAppend(&out, "prefill:\n  replicas: ", t.n_p, "\n  tensorParallel: ", t.tp_p, "\n");
   append_optional(&out, "  maxBatchTokens", plan.prefill_max_batch_tokens);
   absl::StrAppend(&out, "decode:\n  replicas: ", t.n_d, "\n  tensorParallel: ", t.tp_d, "\n");

@@ -45,9 +45,14 @@ struct DeployPlan {
 // Values to layer over the chart preset of the target cluster (storage, RDMA, tolerations):
 // `helm install pd deploy/helm/pdserve -f <preset> -f values.yaml`. Sets the accelerator (and so
 // the GPU resource: nvidia.com/gpu for cuda, amd.com/gpu for hip, none for cpu/emulated), model
-// name and weight dtype, the router's kv mode and admission limits, and each role's replicas,
-// tensor parallelism and engine knobs. FailedPrecondition for an aggregated plan (the chart
-// deploys prefill/decode only); InvalidArgument for a plan no deployment can run.
+// name and weight dtype, the router's admission limits, and each role's replicas, tensor
+// parallelism and engine knobs. A prefill/decode plan sets the router's kv mode, the prefill and
+// decode blocks and ratio bounds around its P:D ratio. An aggregated plan ("do not disaggregate")
+// sets the chart's mode aggregated and its aggregated block (n_d x TP tp_d; decode_max_batch_tokens
+// and decode_max_running are the aggregated workers' knobs), and removes or turns off what that mode
+// refuses: the preset's prefill/decode blocks, ratio bounds, RDMA and UCX. FailedPrecondition for
+// an aggregated plan with a prefill knob (it has no prefill worker); InvalidArgument for a plan no
+// deployment can run.
 StatusOr<std::string> values_yaml(const DeployPlan& plan);
 
 // A bash script running `pdserve up` (at `pdserve_path`) with the plan's topology, device, dtype

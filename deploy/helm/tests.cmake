@@ -18,7 +18,7 @@ add_test(NAME deploy_chart_tools
 set_tests_properties(deploy_chart_tools PROPERTIES
   LABELS "deploy;unit" TIMEOUT 900 FIXTURES_SETUP pdserve_chart_tools)
 
-foreach(_suite lint golden schema invariants negative)
+foreach(_suite lint golden schema invariants negative aggregated)
   add_test(NAME deploy_chart_${_suite}
            COMMAND ${PDSERVE_BASH_EXECUTABLE} ${_pdserve_deploy_scripts}/chart-test.sh ${_suite})
   set_tests_properties(deploy_chart_${_suite} PROPERTIES

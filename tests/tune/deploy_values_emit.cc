@@ -1,5 +1,6 @@
-// Writes the values.yaml deploy_values emits for a few prefill/decode plans, each with the plan
-// beside it, for the chart's render test (deploy/helm/tests/tune.test.mjs):
+// Writes the values.yaml deploy_values emits for a few prefill/decode plans and aggregated ones
+// ("do not disaggregate"), each with the plan beside it, for the chart's render test
+// (deploy/helm/tests/tune.test.mjs):
 //   tune_deploy_values_emit DIR  ->  DIR/<case>.values.yaml, DIR/<case>.plan.json
 // The test renders each over its chart preset and checks the objects against the plan.
 #include <fstream>
@@ -44,7 +45,22 @@ std::vector<Case> cases() {
   cpu.max_running = 8;
   cpu.max_waiting = 4;
   cpu.provenance_tool = "tune_deploy_values_emit";
-  return {{"hip-pd", "amd-mi355x", hip}, {"cuda-pd", "nvidia-h200", cuda}, {"cpu-pd", "cpu", cpu}};
+  // Aggregated: the decode knobs are the aggregated workers' (no prefill knob: refused).
+  DeployPlan hip_aggregated = hip;
+  hip_aggregated.topology = {.aggregated = true, .n_d = 3, .tp_d = 2};
+  hip_aggregated.prefill_max_batch_tokens.reset();
+  DeployPlan cuda_aggregated = hip_aggregated;
+  cuda_aggregated.device = Device::kCuda;
+  cuda_aggregated.topology = {.aggregated = true, .n_d = 1, .tp_d = 8};
+  DeployPlan cpu_aggregated = cpu;
+  cpu_aggregated.topology = {.aggregated = true, .n_d = 2, .tp_d = 1};
+  cpu_aggregated.max_waiting.reset();
+  return {{"hip-pd", "amd-mi355x", hip},
+          {"cuda-pd", "nvidia-h200", cuda},
+          {"cpu-pd", "cpu", cpu},
+          {"hip-aggregated", "amd-mi355x", hip_aggregated},
+          {"cuda-aggregated", "nvidia-h200", cuda_aggregated},
+          {"cpu-aggregated", "cpu", cpu_aggregated}};
 }
 
 nlohmann::json optional_json(const std::optional<int>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); }
@@ -64,18 +80,27 @@ int main(int argc, char** argv) {
       return 1;
     }
     const auto& t = c.plan.topology;
-    const nlohmann::json plan = {{"preset", c.preset},
-                                 {"device", std::string(pdserve::tune::device_name(c.plan.device))},
-                                 {"weightDtype", c.plan.weight_dtype},
-                                 {"model", c.plan.model_name},
-                                 {"kvMode", std::string(pdserve::tune::kv_mode_name(t.mode))},
-                                 {"prefill", {{"replicas", t.n_p}, {"tp", t.tp_p}, {"maxBatchTokens", optional_json(c.plan.prefill_max_batch_tokens)}}},
-                                 {"decode",
-                                  {{"replicas", t.n_d},
-                                   {"tp", t.tp_d},
-                                   {"maxBatchTokens", optional_json(c.plan.decode_max_batch_tokens)},
-                                   {"maxRunning", optional_json(c.plan.decode_max_running)}}},
-                                 {"router", {{"maxRunning", optional_json(c.plan.max_running)}, {"maxWaiting", optional_json(c.plan.max_waiting)}}}};
+    // The workers the plan runs, by the chart's role name; the router's kv mode follows.
+    const nlohmann::json decode_side = {{"replicas", t.n_d},
+                                        {"tp", t.tp_d},
+                                        {"maxBatchTokens", optional_json(c.plan.decode_max_batch_tokens)},
+                                        {"maxRunning", optional_json(c.plan.decode_max_running)}};
+    nlohmann::json workers;
+    if (t.aggregated) {
+      workers["aggregated"] = decode_side;
+    } else {
+      workers["prefill"] = {{"replicas", t.n_p}, {"tp", t.tp_p}, {"maxBatchTokens", optional_json(c.plan.prefill_max_batch_tokens)},
+                            {"maxRunning", nullptr}};
+      workers["decode"] = decode_side;
+    }
+    const nlohmann::json plan = {
+        {"preset", c.preset},
+        {"device", std::string(pdserve::tune::device_name(c.plan.device))},
+        {"weightDtype", c.plan.weight_dtype},
+        {"model", c.plan.model_name},
+        {"kvMode", t.aggregated ? std::string("aggregated") : std::string(pdserve::tune::kv_mode_name(t.mode))},
+        {"workers", workers},
+        {"router", {{"maxRunning", optional_json(c.plan.max_running)}, {"maxWaiting", optional_json(c.plan.max_waiting)}}}};
     std::ofstream(dir + "/" + c.name + ".values.yaml") << *values;
     std::ofstream(dir + "/" + c.name + ".plan.json") << plan.dump(2) << "\n";
   }

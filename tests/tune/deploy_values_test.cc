@@ -1,11 +1,13 @@
 // values.yaml and up.sh from a recommendation: the exact bytes for a P/D CPU plan and an
-// aggregated one, the GPU resource each device gets, and the plans each target refuses rather
-// than deploying something else. The chart's render of these values: deploy/helm/tests/tune.test.mjs.
+// aggregated one (the chart's mode aggregated), the GPU resource each device gets, and the plans
+// each target refuses rather than deploying something else. The chart's render of these values:
+// deploy/helm/tests/tune.test.mjs.
 #include "tune/deploy_values.h"
 
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <utility>
 
 namespace pdserve::tune {
 namespace {
@@ -94,11 +96,59 @@ TEST(DeployValues, CpuPrefillDecodePlan) {
             "--decode 1 --decode-tp 2 --kv-mode pull --device cpu --max-running 48 --max-waiting 6 \"$@\"\n");
 }
 
-TEST(DeployValues, AggregatedPlanIsAnUpScriptOnly) {
+DeployPlan cpu_aggregated_plan() {
   DeployPlan plan = cpu_pd_plan();
   plan.topology = {.aggregated = true, .n_p = 0, .tp_p = 0, .n_d = 3, .tp_d = 2};
   plan.measured.reset();
   plan.max_waiting.reset();
+  return plan;
+}
+
+// "Do not disaggregate": the chart's mode aggregated, with what that mode refuses taken out.
+TEST(DeployValues, AggregatedPlan) {
+  DeployPlan plan = cpu_aggregated_plan();
+  plan.decode_max_batch_tokens = 2048;
+  plan.decode_max_running = 96;
+  auto values = values_yaml(plan);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values,
+            "# Helm values from `pdserve tune` for the pdserve chart (deploy/helm/pdserve). They set only\n"
+            "# what was planned: layer them over the preset of your cluster (storage, RDMA, tolerations):\n"
+            "#   helm install pd deploy/helm/pdserve -f deploy/helm/pdserve/values-cpu.yaml -f values.yaml\n"
+            "# tool: pdserve-tune/1 (git 15cb056)\n"
+            "# profile sha256: ab12\n"
+            "# workload: fixed:isl=1024,osl=16 poisson\n"
+            "# slo: ttft=2000ms@p90,tpot=40ms@p90,attainment=0.90\n"
+            "# predicted: goodput 3.125 req/s, 6210 tok/s per rank\n"
+            "# The workers request no GPU (device cpu).\n"
+            "mode: aggregated\n"
+            "accelerator:\n"
+            "  vendor: cpu\n"
+            "  device: cpu\n"
+            "model:\n"
+            "  name: \"synthetic-100m\"\n"
+            "engine:\n"
+            "  weightDtype: f32\n"
+            "router:\n"
+            "  maxRunning: 48\n"
+            "aggregated:\n"
+            "  replicas: 3\n"
+            "  tensorParallel: 2\n"
+            "  maxBatchTokens: 2048\n"
+            "  maxRunning: 96\n"
+            "# Not disaggregated: the preset's prefill and decode blocks, P:D ratio bounds and KV transfer\n"
+            "# (RDMA, UCX) are removed or off, as the chart's mode aggregated requires.\n"
+            "prefill: null\n"
+            "decode: null\n"
+            "ratio: null\n"
+            "rdma:\n"
+            "  enabled: false\n"
+            "  required: false\n"
+            "ucx:\n"
+            "  preset: none\n");
+  // up.sh runs the same plan on one machine (without the worker knobs, which it cannot pass).
+  plan.decode_max_batch_tokens.reset();
+  plan.decode_max_running.reset();
   auto up = up_script(plan, "pdserve");
   ASSERT_TRUE(up.ok()) << up.status();
   EXPECT_TRUE(has(*up, "# predicted: goodput 3.125 req/s, 6210 tok/s per rank\nset -euo pipefail\n")) << *up;
@@ -106,10 +156,41 @@ TEST(DeployValues, AggregatedPlanIsAnUpScriptOnly) {
                        "--max-running 48 \"$@\"\n"))
       << *up;
   EXPECT_FALSE(has(*up, "--kv-mode")) << *up;
-  // The chart has no aggregated workers: refused, not deployed as prefill/decode.
+}
+
+// Without admission limits there is no router key to write: an empty `router:` would be YAML null,
+// which deletes the chart's whole router block.
+TEST(DeployValues, AggregatedPlanWithoutAdmissionLimitsWritesNoRouterBlock) {
+  DeployPlan plan = cpu_aggregated_plan();
+  plan.max_running.reset();
+  auto values = values_yaml(plan);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_FALSE(has(*values, "router:")) << *values;
+  EXPECT_TRUE(has(*values, "engine:\n  weightDtype: f32\naggregated:\n  replicas: 3\n  tensorParallel: 2\n# Not")) << *values;
+}
+
+TEST(DeployValues, AggregatedPlanRefusesAPrefillKnob) {
+  DeployPlan plan = cpu_aggregated_plan();
+  plan.prefill_max_batch_tokens = 8192;
   auto values = values_yaml(plan);
   EXPECT_EQ(values.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(has(std::string(values.status().message()), "up.sh")) << values.status();
+  EXPECT_TRUE(has(std::string(values.status().message()), "no prefill workers")) << values.status();
+}
+
+TEST(DeployValues, AggregatedGpuPlanRequestsTpGpusPerAggregatedPod) {
+  for (const auto& [device, resource] : {std::pair{Device::kHip, "amd.com/gpu"}, std::pair{Device::kCuda, "nvidia.com/gpu"}}) {
+    DeployPlan plan = gpu_plan(device);
+    plan.topology = {.aggregated = true, .n_d = 2, .tp_d = 8};
+    plan.prefill_max_batch_tokens.reset();
+    auto values = values_yaml(plan);
+    ASSERT_TRUE(values.ok()) << values.status();
+    EXPECT_TRUE(has(*values, std::string("# Each pod requests one ") + resource + " per tensor-parallel rank: 8 per aggregated pod.\n"))
+        << *values;
+    EXPECT_TRUE(has(*values, "aggregated:\n  replicas: 2\n  tensorParallel: 8\n  maxBatchTokens: 512\n  maxRunning: 256\n"))
+        << *values;
+    EXPECT_FALSE(has(*values, "kvMode")) << *values;
+    EXPECT_FALSE(has(*values, "prefill:\n")) << *values;
+  }
 }
 
 TEST(DeployValues, EachDeviceGetsItsGpuResource) {

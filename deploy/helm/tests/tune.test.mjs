@@ -2,7 +2,9 @@
 // plan the emitter (tests/tune/deploy_values_emit.cc) writes, layered over its preset, helm lint
 // --strict and helm template pass with Helm 3 and 4, the objects pass kubernetes-models'
 // validation, and helm template's Deployments and router (Helm 3 and 4) run exactly the planned topology: replicas, TP,
-// the device's GPU resource (and no other vendor's), kv mode, admission limits, engine knobs.
+// the device's GPU resource (and no other vendor's), kv mode, admission limits, engine knobs. The
+// aggregated plans ("do not disaggregate") render the chart's mode aggregated: aggregated workers
+// only, the router in kv mode aggregated.
 // The emitter is PDSERVE_TUNE_VALUES_EMIT (ctest sets it), else the one in <repo>/build.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -28,8 +30,12 @@ const CASES = readdirSync(out).filter((f) => f.endsWith('.plan.json')).sort().ma
 const GPU = { cuda: 'nvidia.com/gpu', hip: 'amd.com/gpu', cpu: undefined, emulated: undefined };
 const ALL_GPUS = ['nvidia.com/gpu', 'amd.com/gpu'];
 
-test('the emitter wrote a P/D plan for every GPU vendor and for CPU', () => {
-  assert.deepEqual(CASES.map((c) => c.plan.device).sort(), ['cpu', 'cuda', 'hip']);
+const ROLES = ['prefill', 'decode', 'aggregated'];
+const planned = (plan) => Object.keys(plan.workers).sort().join('+');
+
+test('the emitter wrote a P/D plan and an aggregated one for every GPU vendor and for CPU', () => {
+  assert.deepEqual(CASES.map((c) => `${c.plan.device} ${planned(c.plan)}`).sort(),
+                   ['cpu aggregated', 'cpu decode+prefill', 'cuda aggregated', 'cuda decode+prefill', 'hip aggregated', 'hip decode+prefill']);
 });
 
 for (const { name, plan, values } of CASES) {
@@ -51,8 +57,10 @@ for (const { name, plan, values } of CASES) {
   for (const version of [3, 4]) test(`${name}: helm ${version} template runs the planned topology`, () => {
     const { docs } = render({ helm: version, preset: plan.preset, values: [values] });
     const gpu = GPU[plan.device];
-    for (const role of ['prefill', 'decode']) {
-      const want = plan[role];
+    for (const role of ROLES.filter((r) => !(r in plan.workers))) {
+      assert.equal(byKind(docs, 'Deployment').some((d) => d.metadata.name === `pd-pdserve-${role}`), false, `a ${role} Deployment`);
+    }
+    for (const [role, want] of Object.entries(plan.workers)) {
       const dep = deployment(docs, role);
       const c = mainContainer(dep);
       assert.equal(dep.spec.replicas, want.replicas, `${role} replicas`);
@@ -62,9 +70,8 @@ for (const { name, plan, values } of CASES) {
       assert.equal(flag(c, '--weight-dtype'), plan.device === 'cpu' ? undefined : plan.weightDtype, `${role} --weight-dtype`);
       assert.equal(flag(c, '--max-batch-tokens'), want.maxBatchTokens === null ? undefined : String(want.maxBatchTokens),
                    `${role} --max-batch-tokens`);
-      if (role === 'decode') {
-        assert.equal(flag(c, '--max-running'), want.maxRunning === null ? undefined : String(want.maxRunning), 'decode --max-running');
-      }
+      assert.equal(flag(c, '--max-running'), want.maxRunning === null ? undefined : String(want.maxRunning), `${role} --max-running`);
+      assert.equal(flag(c, '--role'), role === 'prefill' ? undefined : role, `${role} --role`);
       for (const kind of ['requests', 'limits']) {
         const res = c.resources?.[kind] ?? {};
         for (const name of ALL_GPUS) {
@@ -76,11 +83,11 @@ for (const { name, plan, values } of CASES) {
     const router = mainContainer(deployment(docs, 'router'));
     assert.equal(flag(router, '--kv-mode'), plan.kvMode);
     assert.equal(flag(router, '--max-running'), String(plan.router.maxRunning));
-    assert.equal(flag(router, '--max-waiting'), String(plan.router.maxWaiting));
+    assert.equal(flag(router, '--max-waiting'), plan.router.maxWaiting === null ? undefined : String(plan.router.maxWaiting));
     // No GPU of any vendor anywhere but the workers' own.
     const requesting = byKind(docs, 'Deployment').filter((d) => d.spec.template.spec.containers.some(
       (c) => ALL_GPUS.some((g) => c.resources?.limits?.[g] !== undefined || c.resources?.requests?.[g] !== undefined)));
     assert.deepEqual(requesting.map((d) => d.metadata.name).sort(),
-                     gpu ? ['pd-pdserve-decode', 'pd-pdserve-prefill'] : []);
+                     gpu ? Object.keys(plan.workers).sort().map((r) => `pd-pdserve-${r}`) : []);
   });
 }

@@ -105,6 +105,18 @@ KV blocks mean the same thing to a decode worker. */}}
 {{- end -}}
 {{- end -}}
 
+{{/* Workloads --------------------------------------------------------------------------------- */}}
+
+{{/* The worker roles the mode deploys, as a JSON list (include returns text): prefill and decode, or
+aggregated alone. ctx: root */}}
+{{- define "pdserve.workerRoles" -}}
+{{- if eq .Values.mode "aggregated" -}}
+["aggregated"]
+{{- else -}}
+["prefill","decode"]
+{{- end -}}
+{{- end -}}
+
 {{/* Router addresses ---------------------------------------------------------------------------- */}}
 
 {{- define "pdserve.routerServiceName" -}}

@@ -61,8 +61,38 @@ Called once, from validate.yaml. */}}
 {{- $errors = append $errors "router.ports.http must differ from router.ports.grpc" -}}
 {{- end -}}
 
-{{- /* Prefill and decode. */ -}}
+{{- /* Mode aggregated: nothing moves KV and no prefill/decode worker runs, so every value that only
+acts on those is refused, not dropped. The chart's defaults hold prefill and decode blocks and a
+value set there cannot be told from them: the blocks must be removed altogether. */ -}}
+{{- $aggregated := eq $v.mode "aggregated" -}}
+{{- if $aggregated -}}
 {{- range $role := list "prefill" "decode" -}}
+{{- if hasKey $v $role -}}
+{{- $errors = append $errors (printf "%s is set but mode is aggregated, which runs no %s workers: remove the block (%s: null in a values file, --set %s=null) and size the aggregated workers with aggregated.*" $role $role $role $role) -}}
+{{- end -}}
+{{- end -}}
+{{- $ratio := default (dict) (get $v "ratio") -}}
+{{- range $bound := list "prefillPerDecodeMin" "prefillPerDecodeMax" -}}
+{{- if and (hasKey $ratio $bound) (not (kindIs "invalid" (get $ratio $bound))) -}}
+{{- $errors = append $errors (printf "ratio.%s is set but mode is aggregated: there is no prefill:decode ratio to bound" $bound) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $v.router.kvMode "pull" -}}
+{{- $errors = append $errors "router.kvMode pull says how decode fetches KV from prefill, but mode aggregated moves no KV (the router runs --kv-mode=aggregated): leave router.kvMode at push" -}}
+{{- end -}}
+{{- if or $v.rdma.enabled $v.rdma.required -}}
+{{- $errors = append $errors "rdma.enabled / rdma.required are set but mode is aggregated: aggregated workers move no KV, so they request no RDMA device and refuse --require-rdma" -}}
+{{- end -}}
+{{- if or (ne $v.ucx.preset "none") $v.ucx.netDevices $v.ucx.env -}}
+{{- $errors = append $errors (printf "ucx.preset (%s), ucx.netDevices or ucx.env is set but mode is aggregated: aggregated workers do not use UCX; set ucx.preset none and leave netDevices and env empty" $v.ucx.preset) -}}
+{{- end -}}
+{{- if $v.auth.kvKey.existingSecret -}}
+{{- $errors = append $errors (printf "auth.kvKey.existingSecret %q is set but mode is aggregated: there is no KV control channel to encrypt (aggregated workers refuse --kv-key-file)" $v.auth.kvKey.existingSecret) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The mode's worker roles: prefill and decode, or aggregated. */ -}}
+{{- range $role := include "pdserve.workerRoles" . | fromJsonArray -}}
 {{- $w := get $v $role -}}
 {{- $tp := $w.tensorParallel | int -}}
 {{- if not (has $tp (list 1 2 4 8)) -}}
@@ -97,11 +127,13 @@ Called once, from validate.yaml. */}}
 {{- end -}}
 {{- /* As strings: int and int64 never compare equal. */ -}}
 {{- $ports := list ($w.ports.grpc | int | toString) ($w.ports.probe | int | toString) -}}
+{{- if hasKey $w.ports "kv" -}}
 {{- range $rank := until $tp -}}
 {{- $ports = append $ports (add ($w.ports.kv | int) $rank | toString) -}}
 {{- end -}}
+{{- end -}}
 {{- if ne (len $ports) (len (uniq $ports)) -}}
-{{- $errors = append $errors (printf "%s.ports: grpc, probe and kv .. kv+tensorParallel-1 must not overlap" $role) -}}
+{{- $errors = append $errors (printf "%s.ports: %s must not overlap" $role (ternary "grpc, probe and kv .. kv+tensorParallel-1" "grpc and probe" (hasKey $w.ports "kv"))) -}}
 {{- end -}}
 {{- $a := $w.autoscaling -}}
 {{- if $a.enabled -}}
@@ -118,14 +150,15 @@ Called once, from validate.yaml. */}}
 {{- $errors = append $errors (printf "%s.autoscaling.keda.serverAddress must name the Prometheus KEDA queries" $role) -}}
 {{- end -}}
 {{- end -}}
-{{- with $w.placement.colocateWith.role -}}
+{{- with dig "colocateWith" "role" "" $w.placement -}}
 {{- if eq . $role -}}
 {{- $errors = append $errors (printf "%s.placement.colocateWith.role must name the other role, not %s itself" $role $role) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{- /* P:D ratio, for static replica counts. */ -}}
+{{- /* P:D ratio, for static replica counts (mode aggregated refused the bounds above). */ -}}
+{{- if not $aggregated -}}
 {{- $lo := $v.ratio.prefillPerDecodeMin -}}
 {{- $hi := $v.ratio.prefillPerDecodeMax -}}
 {{- if and (not (kindIs "invalid" $lo)) (not (kindIs "invalid" $hi)) (gt (float64 $lo) (float64 $hi)) -}}
@@ -139,6 +172,7 @@ Called once, from validate.yaml. */}}
 {{- end -}}
 {{- if and (not (kindIs "invalid" $hi)) (gt (float64 $p) (mulf (float64 $hi) (float64 $d))) -}}
 {{- $errors = append $errors (printf "prefill.replicas / decode.replicas = %d/%d is above ratio.prefillPerDecodeMax (%v)" $p $d $hi) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
