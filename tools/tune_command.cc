@@ -33,6 +33,7 @@ struct TuneFlags {
   std::string import_profile;
   std::string out;
   int validate_top = 3;
+  int simulate_top = 20;
   double point_duration_s = 20;
   std::string gate = "exact";
   bool no_baselines = false;
@@ -129,6 +130,8 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages, const std::s
   c.import_profile = f.import_profile;
   c.out = f.out;
   c.validate_top = f.validate_top;
+  if (f.simulate_top < 0) return fail("--simulate-top must be ≥ 0");
+  c.sim_rescore_top = f.simulate_top;
   c.point_duration_s = f.point_duration_s;
   if (f.gate == "exact") {
     c.gate_policy = tune::GatePolicy::kExact;
@@ -172,6 +175,8 @@ void add_flags(CLI::App* cmd, TuneFlags* f) {
   cmd->add_option("--import-profile", f->import_profile, "Plan from this profile.json instead of profiling");
   cmd->add_option("--out", f->out, "Output directory");
   cmd->add_option("--validate-top", f->validate_top, "Top candidates to validate live")->capture_default_str();
+  cmd->add_option("--simulate-top", f->simulate_top, "Candidates the simulator re-scores after the analytic model")
+      ->capture_default_str();
   cmd->add_option("--point-duration", f->point_duration_s, "Seconds per validation load point")->capture_default_str();
   cmd->add_option("--gate", f->gate, "Correctness gate policy: exact, or prefix:N (bf16 GPUs)")->capture_default_str();
   cmd->add_flag("--no-baselines", f->no_baselines, "Do not compute the baseline planners' picks");

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "engine/model/model_resolver.h"
+#include "engine/model_loader.h"
 #include "engine/model/sha256.h"
 #include "proto/worker.grpc.pb.h"
 #include "tune/fit.h"
@@ -193,11 +193,13 @@ StatusOr<std::vector<StepSample>> read_steps(const std::string& worker, uint64_t
 StatusOr<Profile> run_profile(const ProfileOptions& o, ProfileData* data) {
   Profile p;
   p.device = o.cluster.device;
-  PD_ASSIGN_OR_RETURN(std::string path, engine::resolve_model(o.cluster.model));
-  p.model = o.cluster.model;
+  engine::ModelLoadOptions lo;
+  lo.model = o.cluster.model;
+  PD_ASSIGN_OR_RETURN(engine::LoadedModel model, engine::load_model(lo));
+  p.model = model.name;
   // A Hugging Face directory is keyed by its config.json (hashing the weights of a large model
   // would take minutes); a llama2.c checkpoint by the file itself.
-  const std::string keyed = std::filesystem::is_directory(path) ? path + "/config.json" : path;
+  const std::string keyed = std::filesystem::is_directory(model.path) ? model.path + "/config.json" : model.path;
   PD_ASSIGN_OR_RETURN(p.model_sha256, engine::sha256_file(keyed));
   for (int tp : o.tps)
     if (tp <= o.ranks) {

@@ -38,7 +38,7 @@ testing::CommandOutput tune(const std::string& args) {
 std::string offline_args(const std::string& profile, const std::string& device, const fs::path& out) {
   return "--import-profile " + (source_dir() / "tests/tune/fixtures" / profile).string() + " --device " + device +
          " --model llama-8b --ranks 8 --tp 1,2,4,8 --kv-mode auto --input-len 8192 --output-len 1024 "
-         "--slo-ttft-ms 2000 --slo-tpot-ms 40 --out " + out.string();
+         "--slo-ttft-ms 2000 --slo-tpot-ms 40 --simulate-top 4 --out " + out.string();
 }
 
 TEST(TuneCli, AnOfflinePlanFromAHipProfileEmitsAmdGpusAndIsDeterministic) {
