@@ -27,7 +27,7 @@ case "$mode" in
     tests=(tests/engine/engine_unit_tests tests/tokenizer/tokenizer_unit_tests tests/model/model_unit_tests
            tests/kvtransfer/kvtransfer_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests
            tests/transport/transport_unit_tests tests/serving/router_unit_tests tests/serving/worker_unit_tests
-           tests/serving/router_integration_tests tests/serving/worker_integration_tests)
+           tests/serving/router_integration_tests tests/serving/worker_integration_tests tests/tune/tune_unit_tests)
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$root/scripts/sanitizer/lsan.supp"
     export LSAN_OPTIONS="suppressions=$root/scripts/sanitizer/lsan.supp"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

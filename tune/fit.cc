@@ -182,8 +182,11 @@ StatusOr<PrefillFit> fit_prefill(const std::vector<StepSample>& samples) {
     by_tokens[s.prefill_tokens].push_back(s.wall_s);
     ++used;
   }
+  for (auto it = by_tokens.begin(); it != by_tokens.end();)
+    it = static_cast<int>(it->second.size()) < kMinPrefillGroupSamples ? by_tokens.erase(it) : std::next(it);
   if (static_cast<int>(by_tokens.size()) < kMinPrefillGroups)
-    return absl::FailedPreconditionError(absl::StrCat("fit_prefill: ", by_tokens.size(), " distinct prefill sizes among ", used,
+    return absl::FailedPreconditionError(absl::StrCat("fit_prefill: ", by_tokens.size(), " prefill sizes of at least ",
+                                                      kMinPrefillGroupSamples, " steps among ", used,
                                                       " prefill-only steps; at least ", kMinPrefillGroups, " are needed"));
   PrefillFit fit;
   for (const auto& [tokens, walls] : by_tokens) {
@@ -213,8 +216,11 @@ StatusOr<DecodeFit> fit_decode(const std::vector<StepSample>& samples) {
     b.kv_sum += static_cast<double>(s.kv_tokens);
     ++used;
   }
+  for (auto it = by_work.begin(); it != by_work.end();)
+    it = static_cast<int>(it->second.walls.size()) < kMinDecodeGroupSamples ? by_work.erase(it) : std::next(it);
   if (static_cast<int>(by_work.size()) < kMinDecodeGroups)
-    return absl::FailedPreconditionError(absl::StrCat("fit_decode: ", by_work.size(), " distinct (batch, ΣK) groups among ", used,
+    return absl::FailedPreconditionError(absl::StrCat("fit_decode: ", by_work.size(), " (batch, ΣK) groups of at least ",
+                                                      kMinDecodeGroupSamples, " steps among ", used,
                                                       " decode-only steps; at least ", kMinDecodeGroups, " are needed"));
   DecodeFit fit;
   for (const auto& [key, bucket] : by_work) {

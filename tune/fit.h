@@ -56,6 +56,10 @@ struct KvFit {
 
 // Distinct Σl needed by fit_prefill: 3 to fit a, b, c and 1 to hold out.
 inline constexpr int kMinPrefillGroups = 4;
+// Samples a prefill group needs to be fitted and scored: the profiler computes each prompt
+// length several times, while the totals of prompts that happened to share a step are seen once
+// or twice — single noisy steps whose median is no median.
+inline constexpr int kMinPrefillGroupSamples = 3;
 // Decode groups needed by fit_decode (3 coefficients + 1 held out), and by each side of a
 // regime split (more than its 3 coefficients, so that a side is not fitted exactly by
 // construction).
@@ -69,14 +73,19 @@ inline constexpr int kMinKvSizes = 3;
 // ΣK buckets per octave when grouping decode steps: a run at fixed B grows ΣK by B per step,
 // and steps within 2^(1/8) ≈ 9% of ΣK of each other are taken as the same work.
 inline constexpr int kKvBucketsPerOctave = 8;
+// Samples a decode group needs to be fitted and scored: a batch the profiler drives runs for
+// tens of steps, while the batch sizes passed through as it fills and drains are seen once or
+// twice — single noisy steps whose median is no median.
+inline constexpr int kMinDecodeGroupSamples = 3;
 
 // a + b·Σl + c·Σl² from prefill-only steps (decode_seqs == 0, prefill_tokens > 0), grouped by
-// prefill_tokens. FailedPrecondition when fewer than kMinPrefillGroups distinct Σl;
+// prefill_tokens, groups of fewer than kMinPrefillGroupSamples steps left out. FailedPrecondition when fewer than kMinPrefillGroups distinct Σl;
 // InvalidArgument on a negative or non-finite wall time.
 StatusOr<PrefillFit> fit_prefill(const std::vector<StepSample>& samples);
 
 // a + b·B + c·ΣK from decode-only steps (prefill_tokens == 0, decode_seqs > 0), grouped by
-// (B, ⌊kKvBucketsPerOctave·log2(1 + ΣK)⌋). The regime split is chosen among the distinct B
+// (B, ⌊kKvBucketsPerOctave·log2(1 + ΣK)⌋), groups of fewer than kMinDecodeGroupSamples steps
+// left out. The regime split is chosen among the distinct B
 // values (split = the smallest B of the upper regime) and kept only by kSplitGain; held-out
 // scoring reruns the split choice on the training groups. FailedPrecondition when fewer than
 // kMinDecodeGroups groups; InvalidArgument on a negative or non-finite wall time.

@@ -436,7 +436,8 @@ Status write_profile_points(const std::string& path, const ProfileData& data) {
 StatusOr<ProfileData> read_profile_points(const std::string& path) {
   PD_ASSIGN_OR_RETURN(json j, read_json_file(path));
   ProfileData d;
-  for (const auto& [tp, arr] : j.value("steps", json::object()).items())
+  const json steps = j.value("steps", json::object());  // Named: items() refers into it.
+  for (const auto& [tp, arr] : steps.items())
     for (const json& s : arr)
       d.steps[std::stoi(tp)].push_back({s[0].get<int64_t>(), s[1].get<int>(), s[2].get<int>(), s[3].get<int64_t>(),
                                         s[4].get<double>()});
