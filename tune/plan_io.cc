@@ -133,6 +133,10 @@ nlohmann::json validation_to_json(const Validation& v) {
                       {"prefill_ms", p.prefill_s * 1e3},
                       {"kv_transfer_ms", p.kv_transfer_s * 1e3},
                       {"overhead_ms", p.overhead_s * 1e3},
+                      {"prefill_step_slowdown", p.slowdown.prefill},
+                      {"decode_step_slowdown", p.slowdown.decode},
+                      {"prefill_steps", p.slowdown.prefill_steps},
+                      {"decode_steps", p.slowdown.decode_steps},
                       {"predicted", prediction_to_json(p.predicted)}});
   nlohmann::json j = {{"topology", topology_to_json(v.topology)},
                       {"label", v.label},
@@ -171,6 +175,10 @@ StatusOr<Validation> validation_from_json(const nlohmann::json& j) {
     m.prefill_s = p.value("prefill_ms", 0.0) / 1e3;
     m.kv_transfer_s = p.value("kv_transfer_ms", 0.0) / 1e3;
     m.overhead_s = p.value("overhead_ms", 0.0) / 1e3;
+    m.slowdown.prefill = p.value("prefill_step_slowdown", 0.0);
+    m.slowdown.decode = p.value("decode_step_slowdown", 0.0);
+    m.slowdown.prefill_steps = p.value("prefill_steps", 0);
+    m.slowdown.decode_steps = p.value("decode_steps", 0);
     m.predicted = prediction_from_json(p.value("predicted", nlohmann::json::object()));
     v.points.push_back(m);
   }

@@ -645,14 +645,18 @@ int write_report(const TuneConfig& c) {
        << (v.measured_goodput >= 0 ? (v.measured_is_bound ? "(bound) " : "") + fixed(v.measured_goodput) : "n/a")
        << (v.error.empty() ? "" : ". " + v.error) << ".\n\n";
     if (v.points.empty()) continue;
-    md << "| × | rate | requests | attainment meas/pred | TTFT p50 meas/pred | TTFT pq meas/pred | TPOT p50 meas/pred |\n|---|---|---|---|---|---|---|\n";
+    md << "| × | rate | requests | attainment meas/pred | TTFT p50 meas/pred | TTFT pq meas/pred | TPOT p50 meas/pred | step slowdown prefill / decode |\n|---|---|---|---|---|---|---|---|\n";
     for (const MeasuredPoint& p : v.points)
       md << "| " << fixed(p.factor) << " | " << fixed(p.rate) << " | " << p.requests << (p.failed ? " (" + std::to_string(p.failed) + " failed)" : "")
          << " | " << fixed(p.attainment, 3) << " / " << fixed(p.predicted.attainment, 3) << " | " << fixed(p.ttft_p50_s * 1e3)
          << " / " << fixed(p.predicted.ttft_p50_s * 1e3) << " | " << fixed(p.ttft_pq_s * 1e3) << " / "
          << fixed(p.predicted.ttft_pq_s * 1e3) << " | " << fixed(p.tpot_p50_s * 1e3, 3) << " / "
-         << fixed(p.predicted.tpot_p50_s * 1e3, 3) << " |\n";
-    md << "\n";
+         << fixed(p.predicted.tpot_p50_s * 1e3, 3) << " | "
+         << (p.slowdown.prefill > 0 ? fixed(p.slowdown.prefill) + "×" : "n/a") << " / "
+         << (p.slowdown.decode > 0 ? fixed(p.slowdown.decode) + "×" : "n/a") << " |\n";
+    md << "\nStep slowdown: the workers' own steps during the point over the profile's laws for their "
+          "shapes (median); above 1 the load (client, router, other workers on shared cores) slowed the "
+          "engine beyond what the profile measured.\n\n";
   }
   if (l.recalibration.is_object()) {
     const json& f = l.recalibration["factors"];

@@ -356,8 +356,11 @@ nlohmann::json recalibrate(const TuneConfig& c, const Profile& profile, const nl
     if (p.factor < light->factor) light = &p;
   const Prediction& q = light->predicted;
   auto ratio = [](double measured, double predicted) { return predicted > 0 && measured > 0 ? measured / predicted : 1.0; };
-  const double f_prefill = ratio(light->prefill_s, q.prefill_wait_s + q.prefill_s);
-  const double f_decode = ratio(light->tpot_p50_s, q.tpot_p50_s);
+  // The steps' own slowdown under the load where the workers measured it; else the ratio of
+  // the request-level terms (which also carry queueing the model may have got wrong).
+  const double f_prefill =
+      light->slowdown.prefill > 0 ? light->slowdown.prefill : ratio(light->prefill_s, q.prefill_wait_s + q.prefill_s);
+  const double f_decode = light->slowdown.decode > 0 ? light->slowdown.decode : ratio(light->tpot_p50_s, q.tpot_p50_s);
   const double f_overhead = ratio(light->overhead_s, q.overhead_s);
   const Profile calibrated = scaled_profile(profile, f_prefill, f_decode, f_overhead);
   nlohmann::json per = nlohmann::json::array();
@@ -404,6 +407,7 @@ int stage_validate(const TuneConfig& c, bool time_it, const Steady::time_point s
   vo.workload = c.workload;
   vo.slo = c.slo;
   vo.point_duration_s = c.point_duration_s;
+  vo.profile = &*profile;
   if (!time_it) vo.loads.clear();
   nlohmann::json out = nlohmann::json::array();
   const double per_topology_s = 20 + (time_it ? (vo.loads.size() + 1) * (c.point_duration_s + 3) : 0);

@@ -5,6 +5,8 @@
 #include <iostream>
 #include <map>
 
+#include "tune/profiler.h"
+
 namespace pdserve::tune {
 
 MeasuredPoint measure_point(const std::vector<RequestSample>& requests, const Slo& slo) {
@@ -83,7 +85,21 @@ Validation validate_topology(const ValidateOptions& o, const Topology& t, const 
     v.error = "no predicted goodput to load it at";
     return v;
   }
+  // Each worker's newest step seen, so that a point reads only its own steps.
+  std::vector<uint64_t> seen(cluster->endpoints().workers.size(), 0);
+  auto steps_since = [&](bool keep) {
+    std::vector<std::pair<std::vector<StepSample>, const TpProfile*>> out;
+    for (size_t i = 0; i < seen.size(); ++i) {
+      const WorkerEndpoint& w = cluster->endpoints().workers[i];
+      StatusOr<std::vector<StepSample>> s = read_steps(w.grpc, seen[i], &seen[i]);
+      if (!s.ok() || !keep || o.profile == nullptr) continue;
+      const auto tp = o.profile->by_tp.find(w.tp);
+      if (tp != o.profile->by_tp.end()) out.emplace_back(std::move(*s), &tp->second);
+    }
+    return out;
+  };
   auto run_point = [&](double factor) -> Status {
+    steps_since(false);
     LoadSpec s;
     s.router = cluster->endpoints().router;
     PD_RETURN_IF_ERROR(apply_workload(o.workload, &s));
@@ -96,6 +112,7 @@ Validation validate_topology(const ValidateOptions& o, const Topology& t, const 
                                                tag + "-" + std::to_string(v.points.size()),
                                                std::max(120.0, 10 * o.point_duration_s)));
     MeasuredPoint m = measure_point(r.requests, o.slo);
+    m.slowdown = merge_slowdowns(steps_since(true));
     m.factor = factor;
     m.rate = s.rate;
     StatusOr<Prediction> p = predict(t, s.rate);

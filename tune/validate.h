@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "tune/load_runner.h"
 #include "tune/local_cluster.h"
+#include "tune/step_slowdown.h"
 #include "tune/types.h"
 
 namespace pdserve::tune {
@@ -24,6 +25,9 @@ struct ValidateOptions {
   double point_duration_s = 20;
   int min_requests = 150, max_requests = 4000;
   int extra_points = 2;  // Tried beyond the loads when none brackets the crossing.
+  // The profile the prediction came from: each point's step slowdown is measured against its
+  // laws (none without it).
+  const Profile* profile = nullptr;
 };
 
 struct MeasuredPoint {
@@ -35,6 +39,8 @@ struct MeasuredPoint {
   // transfer the decode side reported, and the rest of the first token (RPCs, router).
   double queued_s = 0, prefill_s = 0, kv_transfer_s = 0, overhead_s = 0;
   Prediction predicted;  // The model's, at this rate.
+  // The workers' steps during the point against the profile's laws (tune/step_slowdown.h).
+  StepSlowdown slowdown;
 };
 
 // The gate's verdict on a running cluster (the tuner passes tune/gate's).

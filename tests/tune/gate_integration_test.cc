@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,9 @@ struct RankMapCase {
   std::string prefill_bin;
   bool corrupted;
 };
+
+// GoogleTest prints a parameter by its name (not its bytes).
+void PrintTo(const RankMapCase& c, std::ostream* os) { *os << c.name; }
 
 class GateMutationTest : public ::testing::TestWithParam<RankMapCase> {};
 

@@ -9,6 +9,7 @@
 #include "tune/local_cluster.h"
 #include "tune/report.h"
 #include "tune/search.h"
+#include "tune/step_slowdown.h"
 #include "tune/validate.h"
 
 namespace pdserve::tune {
@@ -314,6 +315,29 @@ TEST(Baselines, DynamoHasNoQueueAndAicAppliesItsFactors) {
   EXPECT_GT(*baseline_goodput(BaselinePlanner::kDynamo, profile, t, w, slo), 0);
   t.tp_d = 2;
   EXPECT_EQ(baseline_goodput(BaselinePlanner::kDynamo, profile, t, w, slo).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(StepSlowdown, MedianMeasuredOverPredictedPerKindMixedStepsLeftOut) {
+  TpProfile tp = simple_tp(1);  // Prefill 0.1 ms per token; decode 2 ms + 0.1 ms per sequence.
+  std::vector<StepSample> steps = {
+      {100, 1, 0, 0, 0.010 * 1.5},  // Prefill 100 tokens: 10 ms by the law, ran 1.5×.
+      {200, 2, 0, 0, 0.020 * 2.0},
+      {50, 1, 0, 0, 0.005 * 1.2},
+      {0, 0, 4, 400, 0.0024 * 3.0},  // Decode B = 4: 2.4 ms by the law, ran 3×.
+      {0, 0, 8, 800, 0.0028 * 1.0},
+      {16, 1, 4, 400, 1.0},  // Mixed: no law of its own, left out.
+      {0, 0, 2, 20, 0},      // No time: left out.
+  };
+  StepSlowdown s = step_slowdown(steps, tp);
+  EXPECT_EQ(s.prefill_steps, 3);
+  EXPECT_EQ(s.decode_steps, 2);
+  EXPECT_NEAR(s.prefill, 1.5, 1e-9);
+  EXPECT_NEAR(s.decode, 2.0, 1e-9);  // The median of 3× and 1×.
+  // Two workers: their ratios pooled; a worker of an unprofiled TP contributes nothing.
+  s = merge_slowdowns({{steps, &tp}, {{{100, 1, 0, 0, 0.010 * 4}}, &tp}, {steps, nullptr}});
+  EXPECT_EQ(s.prefill_steps, 4);
+  EXPECT_NEAR(s.prefill, (1.5 + 2.0) / 2, 1e-9);
+  EXPECT_EQ(step_slowdown({}, tp).prefill, 0);
 }
 
 }  // namespace
