@@ -355,15 +355,6 @@ int run_bench(const BenchFlags& f) {
 
 }  // namespace
 
-double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double rank = std::clamp(p, 0.0, 100.0) / 100.0 * double(values.size() - 1);
-  const size_t lo = size_t(std::floor(rank));
-  const size_t hi = std::min(lo + 1, values.size() - 1);
-  return values[lo] + (values[hi] - values[lo]) * (rank - double(lo));
-}
-
 std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_t seed) {
   std::vector<double> out(std::max(0, n), 0.0);
   if (std::isinf(rate)) return out;

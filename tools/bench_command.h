@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/percentile.h"
 
 namespace pdserve::tools {
 
@@ -38,9 +39,8 @@ struct RequestRecord {
   std::string prefill_worker, decode_worker;
 };
 
-// The p-th percentile (0..100) of `values`, interpolating linearly between ranks (numpy's
-// default, which vLLM reports); 0 for no values.
-double percentile(std::vector<double> values, double p);
+// The statistics' percentile (common/percentile.h).
+using ::pdserve::percentile;
 
 // Arrival offsets (seconds from the start) of `n` requests at `rate` per second; gaps are
 // gamma-distributed with shape `burstiness` (1: Poisson), mean 1/rate. Infinite rate: all 0.

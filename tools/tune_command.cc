@@ -82,7 +82,7 @@ Status parse_arrival(const TuneFlags& f, tune::Workload* w) {
   return absl::OkStatus();
 }
 
-int run(const TuneFlags& f, const std::vector<tune::Stage>& stages, const std::string& command_line) {
+int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
   tune::TuneConfig c;
   auto fail = [](const std::string& m) {
     std::cerr << "error: " << m << "\n";
@@ -143,7 +143,6 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages, const std::s
     return fail("--gate must be exact or prefix:N");
   }
   c.baselines = !f.no_baselines;
-  c.command_line = command_line;
   return tune::run_tune(c, stages);
 }
 
@@ -202,14 +201,13 @@ void add_tune_command(CLI::App& app, int* exit_code) {
     CLI::App* sub = cmd->add_subcommand(name, std::string("Run only the ") + name + " stage");
     sub->fallthrough();
     const tune::Stage s = stage;
-    sub->callback([f, exit_code, s] { *exit_code = run(*f, {s}, "pdserve tune"); });
+    sub->callback([f, exit_code, s] { *exit_code = run(*f, {s}); });
   }
   cmd->callback([f, exit_code, cmd] {
     if (!cmd->get_subcommands().empty()) return;
     *exit_code = run(*f,
                      {tune::Stage::kProfile, tune::Stage::kPlan, tune::Stage::kGate, tune::Stage::kValidate,
-                      tune::Stage::kReport},
-                     "pdserve tune");
+                      tune::Stage::kReport});
   });
 }
 

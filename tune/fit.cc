@@ -5,19 +5,16 @@
 #include <limits>
 #include <map>
 
+#include "common/percentile.h"
 #include "tune/nnls.h"
 
 namespace pdserve::tune {
 namespace {
 
-// The q-quantile (0 ≤ q ≤ 1) by linear interpolation between order statistics (numpy's
-// default), so that the median of an even count is the mean of the middle two.
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+// Drops the groups of fewer than `min_samples` steps (`samples` counts a group's).
+template <typename Map, typename Count>
+void erase_groups_smaller_than(int min_samples, Map* groups, Count samples) {
+  std::erase_if(*groups, [&](const auto& kv) { return static_cast<int>(samples(kv.second)) < min_samples; });
 }
 
 double floored(double seconds) { return std::max(seconds, kTimeResolutionS); }
@@ -55,8 +52,8 @@ FitError score(const std::vector<double>& abs_rel_errors, int points) {
   e.points = points;
   e.held_out = static_cast<int>(abs_rel_errors.size());
   if (!abs_rel_errors.empty()) {
-    e.median_abs_rel = quantile(abs_rel_errors, 0.5);
-    e.p90_abs_rel = quantile(abs_rel_errors, 0.9);
+    e.median_abs_rel = percentile(abs_rel_errors, 50);
+    e.p90_abs_rel = percentile(abs_rel_errors, 90);
   }
   return e;
 }
@@ -182,8 +179,7 @@ StatusOr<PrefillFit> fit_prefill(const std::vector<StepSample>& samples) {
     by_tokens[s.prefill_tokens].push_back(s.wall_s);
     ++used;
   }
-  for (auto it = by_tokens.begin(); it != by_tokens.end();)
-    it = static_cast<int>(it->second.size()) < kMinPrefillGroupSamples ? by_tokens.erase(it) : std::next(it);
+  erase_groups_smaller_than(kMinPrefillGroupSamples, &by_tokens, [](const std::vector<double>& w) { return w.size(); });
   if (static_cast<int>(by_tokens.size()) < kMinPrefillGroups)
     return absl::FailedPreconditionError(absl::StrCat("fit_prefill: ", by_tokens.size(), " prefill sizes of at least ",
                                                       kMinPrefillGroupSamples, " steps among ", used,
@@ -193,7 +189,7 @@ StatusOr<PrefillFit> fit_prefill(const std::vector<StepSample>& samples) {
     FitGroup g;
     g.x = static_cast<double>(tokens);
     g.samples = static_cast<int>(walls.size());
-    g.measured_s = quantile(walls, 0.5);
+    g.measured_s = percentile(walls, 50);
     fit.groups.push_back(g);
   }
   PD_ASSIGN_OR_RETURN(auto result, hold_out_and_refit(fit.groups, &fit_prefill_law, &predict_prefill));
@@ -216,8 +212,7 @@ StatusOr<DecodeFit> fit_decode(const std::vector<StepSample>& samples) {
     b.kv_sum += static_cast<double>(s.kv_tokens);
     ++used;
   }
-  for (auto it = by_work.begin(); it != by_work.end();)
-    it = static_cast<int>(it->second.walls.size()) < kMinDecodeGroupSamples ? by_work.erase(it) : std::next(it);
+  erase_groups_smaller_than(kMinDecodeGroupSamples, &by_work, [](const auto& b) { return b.walls.size(); });
   if (static_cast<int>(by_work.size()) < kMinDecodeGroups)
     return absl::FailedPreconditionError(absl::StrCat("fit_decode: ", by_work.size(), " (batch, ΣK) groups of at least ",
                                                       kMinDecodeGroupSamples, " steps among ", used,
@@ -228,7 +223,7 @@ StatusOr<DecodeFit> fit_decode(const std::vector<StepSample>& samples) {
     g.x = key.first;
     g.samples = static_cast<int>(bucket.walls.size());
     g.kv_tokens = bucket.kv_sum / g.samples;
-    g.measured_s = quantile(bucket.walls, 0.5);
+    g.measured_s = percentile(bucket.walls, 50);
     fit.groups.push_back(g);
   }
   PD_ASSIGN_OR_RETURN(auto result, hold_out_and_refit(fit.groups, &fit_decode_law, &predict_decode));
@@ -252,7 +247,7 @@ StatusOr<KvFit> fit_kv(const std::vector<std::pair<double, double>>& tokens_seco
     FitGroup g;
     g.x = tokens;
     g.samples = static_cast<int>(seconds.size());
-    g.measured_s = quantile(seconds, 0.5);
+    g.measured_s = percentile(seconds, 50);
     fit.groups.push_back(g);
   }
   if (fit.groups.size() >= 4) {

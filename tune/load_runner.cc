@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/percentile.h"
 #include "tune/child_process.h"
 
 namespace pdserve::tune {
@@ -105,12 +106,7 @@ double sample_percentile(const std::vector<RequestSample>& requests, double Requ
   std::vector<double> v;
   for (const RequestSample& r : requests)
     if (r.ok && r.*field >= 0) v.push_back(r.*field);
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double rank = std::clamp(p, 0.0, 100.0) / 100.0 * double(v.size() - 1);
-  const size_t lo = size_t(std::floor(rank));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (rank - double(lo));
+  return percentile(std::move(v), p);
 }
 
 Status apply_workload(const Workload& w, LoadSpec* spec) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "common/percentile.h"
 #include "engine/model_loader.h"
 #include "engine/model/sha256.h"
 #include "proto/worker.grpc.pb.h"
@@ -16,12 +17,7 @@
 namespace pdserve::tune {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+double median(std::vector<double> v) { return percentile(std::move(v), 50); }
 
 StatusOr<worker::WorkerInfo> worker_info(const std::string& address, bool include_steps, uint64_t after) {
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());

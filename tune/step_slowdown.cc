@@ -1,16 +1,9 @@
 #include "tune/step_slowdown.h"
 
-#include <algorithm>
+#include "common/percentile.h"
 
 namespace pdserve::tune {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void ratios(const std::vector<StepSample>& steps, const TpProfile& tp, std::vector<double>* prefill,
             std::vector<double>* decode) {
@@ -39,8 +32,8 @@ StepSlowdown merge_slowdowns(const std::vector<std::pair<std::vector<StepSample>
   StepSlowdown s;
   s.prefill_steps = int(prefill.size());
   s.decode_steps = int(decode.size());
-  s.prefill = median(prefill);
-  s.decode = median(decode);
+  s.prefill = percentile(std::move(prefill), 50);
+  s.decode = percentile(std::move(decode), 50);
   return s;
 }
 

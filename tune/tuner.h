@@ -36,7 +36,6 @@ struct TuneConfig {
   bool baselines = true;
   double goodput_error_bound = 0.25;  // Exit 4 above it.
   int sim_rescore_top = 20;
-  std::string command_line;  // For the report's provenance.
 };
 
 // Exit codes (docs/tune.md).
