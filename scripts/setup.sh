@@ -5,7 +5,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev openssl
-  libpcre2-dev
+  libpcre2-dev libutf8proc-dev python3-jinja2
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libucx-dev ucx-utils libzmq3-dev cppzmq-dev
   libgtest-dev libgmock-dev libbenchmark-dev
