@@ -15,7 +15,8 @@
 // `tokenizers`, the library transformers' fast tokenizers run) on the same tokenizer.json: where
 // the two disagree nothing is written and the run fails, since the target would be ambiguous.
 // The packages come from REFERENCE_TOOLS_DIR (scripts/reference-tools.sh). The corpus is a pure
-// function of the seed and the tokenizer's added tokens, so two runs write the same bytes.
+// function of the seed and the tokenizer's added tokens and config, so two runs write the same
+// bytes.
 import { createRequire } from "node:module";
 import fs from "node:fs";
 import path from "node:path";
@@ -275,13 +276,26 @@ function prose(rng) {
   return sentences.join(rng.chance(0.8) ? " " : rng.pick(["\n", "\n\n", "  "]));
 }
 
+// The added tokens a prompt really carries: those the chat template writes or the config names
+// (bos_token, eos_token, ...). Most of a big list is reserved (<unused17>), and a uniform draw
+// would seldom embed <|eot_id|> or <start_of_turn>.
+function prominent_tokens(added, tokenizer_config) {
+  const template = JSON.stringify(tokenizer_config.chat_template ?? "");
+  const named = new Set();
+  for (const [key, value] of Object.entries(tokenizer_config)) {
+    if (!key.endsWith("_token") || value === null) continue;
+    named.add(typeof value === "object" ? value.content : value);
+  }
+  return added.filter((t) => named.has(t) || template.includes(JSON.stringify(t).slice(1, -1)));
+}
+
 // The tokenizer's own added tokens (special or not) embedded in text: next to words, spaces
 // and newlines (lstrip/rstrip/single_word matter there), adjacent to each other, and truncated.
-function added_token_text(rng, added) {
+function added_token_text(rng, { prominent, added }) {
   const parts = [];
   if (rng.chance(0.3)) parts.push(rng.pick(["", " ", "\n", "Hi", "  "]));
   for (let n = rng.int(1, 5); n > 0; --n) {
-    const tok = rng.pick(added);
+    const tok = prominent.length && rng.chance(0.6) ? rng.pick(prominent) : rng.pick(added);
     const roll = rng.next();
     if (roll < 0.1 && tok.length > 2) parts.push(tok.slice(0, rng.int(1, tok.length - 1)));
     else parts.push(tok);
@@ -294,7 +308,7 @@ function added_token_text(rng, added) {
 }
 
 // Strings every tokenizer gets, whatever the seed: the edges of each component.
-function fixed_cases(added) {
+function fixed_cases({ prominent }) {
   const cases = [
     "", " ", "  ", "\n", "\t", "\r\n", "a", "A", "é", "e\u0301", "\u00a0", "\u3000",
     "a".repeat(1000), "ab".repeat(500), " ".repeat(300), "\n".repeat(100), "\t".repeat(50),
@@ -304,7 +318,7 @@ function fixed_cases(added) {
     "\ufb01nancial \uff21\uff22\uff23 x\u00b2 \u2460 \u2163 \u3392",
     "\u1100\u1161\u11a8 \uac01", "\u{1f468}\u200d\u{1f469}\u200d\u{1f467} \u{1f44d}\u{1f3fd} \u{1f1fa}\u{1f1f8}",
   ];
-  for (const tok of added.slice(0, 8)) cases.push(tok, ` ${tok} `, `${tok}${tok}`, `a${tok}b`);
+  for (const tok of prominent) cases.push(tok, ` ${tok} `, `${tok}${tok}`, `a${tok}b`, `${tok}\n`);
   return cases;
 }
 
@@ -327,7 +341,7 @@ function generate(rng, count, added) {
     for (const [g, w] of GENERATORS) {
       if ((r -= w) < 0) { gen = g; break; }
     }
-    if (gen === "added") out.push(added.length ? added_token_text(rng, added) : prose(rng));
+    if (gen === "added") out.push(added.added.length ? added_token_text(rng, added) : prose(rng));
     else if (gen === "repeat") out.push(repeat(rng));
     else out.push(gen(rng));
   }
@@ -371,7 +385,8 @@ async function main() {
     const tokenizer_config = JSON.parse(fs.readFileSync(path.join(models_dir, "tokenizer_config.json"), "utf8"));
     const started = Date.now();
     const tokenizer = TokenizerLoader.fromPreTrained({ tokenizerJSON: tokenizer_json, tokenizerConfig: tokenizer_config });
-    const added = tokenizer_json.added_tokens.map((t) => t.content);
+    const all_added = tokenizer_json.added_tokens.map((t) => t.content);
+    const added = { prominent: prominent_tokens(all_added, tokenizer_config), added: all_added };
     const texts = generate(make_rng(seed_for(args.seed, name)), args.count, added);
     const records = texts.map((text) => {
       const ids = tokenizer.encode(text);
