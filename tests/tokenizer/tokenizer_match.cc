@@ -14,6 +14,7 @@ namespace {
 constexpr size_t kTextChars = 160;     // Of an escaped text in a mismatch report.
 constexpr size_t kIdsBefore = 3;       // Ids shown before the first differing one...
 constexpr size_t kIdsAfter = 6;        // ...and after it.
+constexpr size_t kBytesBefore = 40;    // Decoded bytes shown before the first differing one.
 
 const char* check_name(MatchCheck check) {
   switch (check) {
@@ -38,6 +39,14 @@ std::string ids_side_by_side(const std::vector<int>& reference, const std::vecto
                           cell(reference, i), cell(pdserve, i));
   }
   return out;
+}
+
+// `bytes` escaped from a little before byte `at` (backed up to a character boundary), so the
+// place where two long strings part is in view; "..." marks the cut.
+std::string escape_around(std::string_view bytes, size_t at) {
+  size_t start = at > kBytesBefore ? at - kBytesBefore : 0;
+  while (start > 0 && (static_cast<unsigned char>(bytes[start]) & 0xC0) == 0x80) --start;
+  return absl::StrCat(start > 0 ? "..." : "", escape_text(bytes.substr(start), kTextChars));
 }
 
 }  // namespace
@@ -162,8 +171,8 @@ std::string format_mismatch(const Mismatch& m) {
   }
   const size_t at = first_difference(m.reference_decoded, m.pdserve_decoded).value_or(0);
   absl::StrAppend(&out, "    decoded text differs first at byte ", at, "\n",
-                  "      reference \"", escape_text(m.reference_decoded, kTextChars), "\"\n",
-                  "      pdserve   \"", escape_text(m.pdserve_decoded, kTextChars), "\"\n");
+                  "      reference \"", escape_around(m.reference_decoded, at), "\"\n",
+                  "      pdserve   \"", escape_around(m.pdserve_decoded, at), "\"\n");
   if (m.check == MatchCheck::kRoundTrip) {
     if (const auto id_at = first_difference(m.reference_ids, m.pdserve_ids)) {
       absl::StrAppend(&out, "    (encode differs first at index ", *id_at, ")\n");

@@ -157,6 +157,17 @@ TEST(TokenizerMatch, FormatsTableAndMismatch) {
   EXPECT_NE(decode.find("decoded text differs first at byte 1"), std::string::npos) << decode;
   EXPECT_NE(decode.find("pdserve   \"x\\u{B}\""), std::string::npos) << decode;
 
+  // A decode that parts late is shown from 40 bytes before the difference, backed up to the
+  // start of a character: here the difference is at byte 141 and byte 101 is inside the "é".
+  const std::string common = std::string(100, 'a') + "\xC3\xA9" + std::string(37, 'b');
+  std::vector<int> ids = *tokenizer.encode(common + "xyy", /*add_bos=*/true);
+  const MatchStats late = match_tokenizer(tokenizer, {{common + "xyy", ids, common + "xyz"}}, 5);
+  ASSERT_EQ(late.mismatches.size(), 2u);  // Decode and round trip.
+  const std::string late_decode = format_mismatch(late.mismatches[0]);
+  EXPECT_NE(late_decode.find("differs first at byte 141"), std::string::npos) << late_decode;
+  EXPECT_NE(late_decode.find("reference \"...\\u{E9}" + std::string(37, 'b') + "xyz\""), std::string::npos)
+      << late_decode;
+
   const nlohmann::json j = stats_to_json({s});
   EXPECT_FALSE(j["all_match"].get<bool>());
   EXPECT_EQ(j["tokenizers"][0]["encode_matches"], 1);
