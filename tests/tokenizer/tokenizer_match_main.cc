@@ -8,6 +8,7 @@
 // round trip (tokenizer_match.h), and prints the markdown match-rate table and the first
 // mismatches of each check. Exits 0 when every rate is 100 %, 1 when any is not, 2 when the
 // cases cannot be read.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
