@@ -320,7 +320,7 @@ int run(const Options& o) {
       cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
       const kernels::cpu::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
       const double t = time_it([&] {
-        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), scratch.as<float>(),
+        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), {}, scratch.as<float>(),
                              nullptr);
       });
       const cudaError_t e = cudaGetLastError();

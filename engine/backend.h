@@ -72,11 +72,12 @@ class Backend {
   virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                                    const kernels::cpu::PagedLayerView& index_view,
                                    const kernels::cpu::TokenPlacement& tokens, int top_k) = 0;
-  // tokens[r] = the token kernels::cpu::sample_rows picks from row r of `logits` with params[r],
-  // so that only the tokens leave the device. Every pointer (logits.data too) is backend
-  // memory; `scratch` holds logits.rows * logits.vocab floats.
+  // tokens[r] = the token kernels::cpu::sample_rows picks from row r of `logits` with params[r]
+  // and the repetition penalty's bitmaps `seen` (updated in place), so that only the tokens
+  // leave the device. Every pointer (logits.data and seen's too) is backend memory; `scratch`
+  // holds logits.rows * logits.vocab floats.
   virtual void sample(int* tokens, const kernels::cpu::ShardedLogits& logits, const kernels::cpu::SampleRow* params,
-                      float* scratch) = 0;
+                      const kernels::cpu::SeenTokens& seen, float* scratch) = 0;
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };

@@ -25,6 +25,23 @@ class BackendBuffer {
     bytes_ = bytes;
     return absl::OkStatus();
   }
+  // Makes room for at least `bytes` keeping the contents (the new part zeroed): for state that
+  // lives across steps, like the repetition penalty's bitmaps.
+  Status grow_keeping(Backend* backend, size_t bytes) {
+    if (ptr_ != nullptr && bytes <= bytes_) return absl::OkStatus();
+    PD_ASSIGN_OR_RETURN(void* grown, backend->allocate(bytes));
+    Status copied = ptr_ != nullptr ? backend->copy_to_device(grown, ptr_, bytes_) : absl::OkStatus();
+    if (copied.ok()) copied = backend->synchronize();  // The copy reads the old allocation.
+    if (!copied.ok()) {
+      backend->deallocate(grown);
+      return copied;
+    }
+    reset();
+    ptr_ = grown;
+    backend_ = backend;
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
   void reset() {
     if (ptr_ != nullptr) backend_->deallocate(ptr_);
     ptr_ = nullptr;

@@ -46,6 +46,10 @@ struct Engine::Sequence {
   StopChecker stop;
   std::vector<int> tokens;  // Prompt, then generated tokens.
   int num_computed = 0;     // Leading tokens whose KV is in the cache.
+  // The repetition penalty's slot (kernels::cpu::SeenTokens; -1: none yet) and how many of
+  // `tokens` are in it.
+  int seen_slot = -1;
+  size_t seen_synced = 0;
   std::vector<int> blocks;
   bool finished = false;
 };
@@ -216,6 +220,8 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
     if (!s.ok()) PD_LOG_ERROR("releasing blocks of {}: {}", seq.request.id, s.ToString());
   }
   seq.blocks.clear();
+  if (seq.seen_slot >= 0) free_seen_slots_.push_back(seq.seen_slot);
+  seq.seen_slot = -1;
   ev.finished = true;
   ev.reason = reason;
   ev.error = std::move(error);
@@ -316,14 +322,18 @@ Status Engine::step() {
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
   StepOutput out;
+  std::vector<kernels::cpu::SampleRow> rows;
+  std::vector<int> seen_new_ids;
+  for (Sequence* s : sampled) rows.push_back(sample_row(*s, &seen_new_ids));
+  sampled_tokens_.resize(sampled.size());
   if (sample_on_backend_) {
-    for (Sequence* s : sampled) batch.samples.push_back(s->sampler.next_row());
-    sampled_tokens_.resize(sampled.size());
+    batch.samples = std::move(rows);
+    batch.seen_new_ids = std::move(seen_new_ids);
+    batch.seen_slots = seen_slots_;
     out.tokens = sampled_tokens_.data();
   } else {
     logits_.resize(size_t(batch.logit_rows.size()) * vocab);
     out.logits = logits_.data();
-    sampled_tokens_.clear();  // Filled from the logits after the forward pass.
   }
   const TimePoint started = options_.clock->now();
   if (Status s = ranks_->forward(batch, out); !s.ok()) {
@@ -334,8 +344,11 @@ Status Engine::step() {
     return s;
   }
   if (!sample_on_backend_) {
-    for (size_t i = 0; i < sampled.size(); ++i)
-      sampled_tokens_.push_back(sampled[i]->sampler.sample(logits_.data() + i * vocab, vocab));
+    // The backend's sampling, on the host: the same rows and bitmaps, in host memory.
+    const kernels::cpu::SeenTokens seen{nullptr, seen_new_ids.data(), vocab};
+    host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
+    kernels::cpu::sample_rows(sampled_tokens_.data(), {logits_.data(), int(sampled.size()), vocab, 1}, rows.data(),
+                              {host_seen_bits_.data(), seen_new_ids.data(), vocab}, &host_scratch_);
   }
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
   sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();
@@ -349,6 +362,24 @@ Status Engine::step() {
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   publish_stats(std::nullopt, &sample);
   return absl::OkStatus();
+}
+
+kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_ids) {
+  kernels::cpu::SampleRow row = s.sampler.next_row();
+  if (row.repetition_penalty == 1.0f) return row;
+  if (s.seen_slot < 0) {
+    if (free_seen_slots_.empty()) free_seen_slots_.push_back(seen_slots_++);
+    s.seen_slot = free_seen_slots_.back();
+    free_seen_slots_.pop_back();
+    s.seen_synced = 0;
+    row.clear_slot = true;  // A slot another sequence may have used.
+  }
+  row.seen_slot = s.seen_slot;
+  row.new_ids_begin = int(seen_new_ids->size());
+  row.new_ids_count = int(s.tokens.size() - s.seen_synced);
+  seen_new_ids->insert(seen_new_ids->end(), s.tokens.begin() + int64_t(s.seen_synced), s.tokens.end());
+  s.seen_synced = s.tokens.size();
+  return row;
 }
 
 void Engine::accept_token(Sequence& s, int token, bool streamed) {

@@ -204,6 +204,10 @@ class Engine {
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   // `streamed`: the client already has this token; only its finish (if any) is reported.
   void accept_token(Sequence& seq, int token, bool streamed = false);
+  // The next row to sample `seq` with (Sampler::next_row) and, with a repetition penalty, its
+  // seen slot (handed out on first use) and the ids of its tokens not yet in the slot, appended
+  // to `seen_new_ids`: the whole prompt at its first sample, then the last token.
+  kernels::cpu::SampleRow sample_row(Sequence& seq, std::vector<int>* seen_new_ids);
   // Copies the scheduler's counters and running count for stats() (scheduler thread), and
   // `waiting` when the caller holds mu_, which guards waiting_; records the `step` that
   // brought the counters there, so that the window and the counters agree.
@@ -221,6 +225,12 @@ class Engine {
   std::vector<float> logits_;
   bool sample_on_backend_ = false;
   std::vector<int> sampled_tokens_;  // A step's tokens (the backend's, or sampled from logits_).
+  // The repetition penalty's slots (kernels::cpu::SeenTokens): seen_slots_ handed out so far,
+  // those free again (a finished sequence's), and, sampling on the host, their bitmaps.
+  int seen_slots_ = 0;
+  std::vector<int> free_seen_slots_;
+  std::vector<uint32_t> host_seen_bits_;
+  kernels::cpu::SampleScratch host_scratch_;
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).
   mutable std::mutex stats_mu_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/generation_defaults.h"
 #include "engine/kv_spec.h"
 
 namespace pdserve::engine {
@@ -53,6 +54,8 @@ struct ModelConfig {
   std::vector<int> eos_ids = {2};  // Tokens that end generation.
   // Per-layer attention; empty means every layer uses the fields above.
   std::vector<LayerAttention> layer_attention;
+  // generation_config.json's sampling defaults (none for a model without one).
+  GenerationDefaults generation_defaults;
 
   // Layer `l`'s attention (from layer_attention, or the model-wide fields).
   LayerAttention attention(int l) const;

@@ -30,6 +30,11 @@ struct ForwardBatch {
   // Empty, or how to sample each logit row: then the ranks sample on the backend (the LM head's
   // shards gathered on rank 0) and only the tokens come back.
   std::vector<kernels::cpu::SampleRow> samples;
+  // With samples: the ids that rows with a seen slot add to it this step (SampleRow::new_ids_*),
+  // and how many slots the engine has handed out. Rank 0 keeps that many bitmaps of the
+  // vocabulary in backend memory across steps, so a step uploads only the new ids.
+  std::vector<int> seen_new_ids;
+  int seen_slots = 0;
   // Called after each layer's KV is written (see Engine::set_layer_hook), with
   // `completed_prefills` — the requests whose whole prompt is in the cache after this step.
   const std::function<void(int, int, const std::vector<std::string>&)>* layer_hook = nullptr;
@@ -105,9 +110,11 @@ class RankRunner {
   int max_tokens_ = 0;
   int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
   // Backend memory: activations for max_tokens_, the step's metadata, the logits rows, and for
-  // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens.
+  // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens, and
+  // the repetition penalty's bitmaps (kept across steps) and the step's new ids.
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
-      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
+      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_,
+      seen_bits_, seen_new_ids_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;

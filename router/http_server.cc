@@ -130,6 +130,7 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_format);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
+  apply_openai_defaults(router_.model_info().sampling_defaults(), req->request.mutable_sampling());
   // The client's namespace for request ids (the pre-routing check already let it in).
   const std::string client =
       api_keys_ != nullptr ? api_keys_->client_of(http_request.get_header_value("Authorization")).value_or("") : "";

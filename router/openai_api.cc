@@ -1,5 +1,7 @@
 #include "router/openai_api.h"
 
+#include "proto/sampling_defaults.h"
+
 #include <cmath>
 
 namespace pdserve::router {
@@ -116,16 +118,23 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   PD_RETURN_IF_ERROR(read_number(j, "max_tokens", &max_tokens, &out.max_tokens_given));
   if (chat) PD_RETURN_IF_ERROR(read_number(j, "max_completion_tokens", &max_tokens, &out.max_tokens_given));
   s->set_max_tokens(max_tokens);
-  float temperature = 1.0f;  // OpenAI's default.
-  PD_RETURN_IF_ERROR(read_number(j, "temperature", &temperature));
-  s->set_temperature(temperature);
+  // Fields left out stay unset, for apply_openai_defaults.
+  float temperature = 1.0f;
+  bool has_temperature = false;
+  PD_RETURN_IF_ERROR(read_number(j, "temperature", &temperature, &has_temperature));
+  if (has_temperature) s->set_temperature(temperature);
   float top_p = 1.0f;
   bool has_top_p = false;
   PD_RETURN_IF_ERROR(read_number(j, "top_p", &top_p, &has_top_p));
   if (has_top_p) s->set_top_p(top_p);
   int top_k = 0;
-  PD_RETURN_IF_ERROR(read_number(j, "top_k", &top_k));
-  s->set_top_k(top_k == -1 ? 0 : top_k);  // vLLM spells "off" as -1.
+  bool has_top_k = false;
+  PD_RETURN_IF_ERROR(read_number(j, "top_k", &top_k, &has_top_k));
+  if (has_top_k) s->set_top_k(top_k == -1 ? 0 : top_k);  // vLLM spells "off" as -1.
+  float repetition_penalty = 1.0f;  // vLLM's extension.
+  bool has_repetition_penalty = false;
+  PD_RETURN_IF_ERROR(read_number(j, "repetition_penalty", &repetition_penalty, &has_repetition_penalty));
+  if (has_repetition_penalty) s->set_repetition_penalty(repetition_penalty);
   int64_t seed = 0;
   bool has_seed = false;
   PD_RETURN_IF_ERROR(read_number(j, "seed", &seed, &has_seed));
@@ -176,6 +185,11 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
     return field_error("logprobs", "is not supported");
   return out;
+}
+
+void apply_openai_defaults(const v1::SamplingDefaults& model, v1::SamplingParams* s) {
+  apply_sampling_defaults(model, s);
+  if (!s->has_temperature()) s->set_temperature(1.0f);  // OpenAI's default.
 }
 
 HttpError http_error(const Status& status) {

@@ -31,6 +31,10 @@ struct OpenAiRequest {
 StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
                                              engine::ChatFormat chat_format = engine::ChatFormat::kPlain);
 
+// The sampling a parsed request gets for the fields it left out: the model's defaults
+// (apply_sampling_defaults), then OpenAI's temperature 1 — vLLM's order.
+void apply_openai_defaults(const v1::SamplingDefaults& model, v1::SamplingParams* sampling);
+
 // An HTTP status and OpenAI error body for a failed request.
 struct HttpError {
   int status = 500;

@@ -25,8 +25,9 @@ inline double seconds(Duration d) { return std::chrono::duration<double>(d).coun
 // The engine's sampling parameters for the client's (as every worker converts them).
 inline engine::SamplingParams to_engine(const v1::SamplingParams& s) {
   engine::SamplingParams p;
-  p.temperature = s.temperature();
-  p.top_k = s.top_k();
+  p.temperature = s.has_temperature() ? s.temperature() : 0.0f;
+  p.top_k = s.has_top_k() ? s.top_k() : 0;
+  p.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
   p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
   p.seed = s.has_seed() ? s.seed() : -1;
   p.max_tokens = s.max_tokens();

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "proto/sampling_defaults.h"
 #include "router/policy.h"
 #include "router/request_state.h"
 
@@ -88,6 +89,7 @@ v1::ModelInfo Router::model_info() const {
   for (int e : model_.config.eos_ids) m.add_eos_ids(e);
   m.set_kv_mode(std::string(kv_mode_name(options_.kv_mode)));
   m.set_chat_format(engine::chat_format_name(model_.chat_format));
+  *m.mutable_sampling_defaults() = sampling_defaults_proto(model_.config.generation_defaults);
   int ranks = 0;
   for (worker::Role role : {worker::ROLE_AGGREGATED, worker::ROLE_PREFILL, worker::ROLE_DECODE}) {
     for (const WorkerLoad& l : registry_.loads(role)) ranks += l.up ? l.tp : 0;
@@ -326,7 +328,11 @@ Status Router::run_placements(Flow& f) {
 Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit,
                         const std::string& client) {
   const TimePoint arrival = clock_.now();
-  auto prompt = validate(request);
+  // Every entry point comes here: the fields the client left unset take the model's defaults,
+  // and the workers get explicit values.
+  v1::GenerateRequest resolved = request;
+  apply_sampling_defaults(sampling_defaults_proto(model_.config.generation_defaults), resolved.mutable_sampling());
+  auto prompt = validate(resolved);
   if (!prompt.ok()) {
     metrics_.count_failure(absl::StatusCodeToString(prompt.status().code()));
     return prompt.status();
@@ -365,7 +371,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   f.id = client_id;
   f.worker_id = act->id;
   f.prompt = std::move(*prompt);
-  f.sampling = request.sampling();
+  f.sampling = resolved.sampling();
   f.emit = &emit;
   f.arrival = arrival;
 

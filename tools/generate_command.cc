@@ -10,7 +10,9 @@
 #include "common/logging.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "proto/sampling_defaults.h"
 #include "tools/router_client.h"
+#include "worker/sampling_params.h"
 
 namespace pdserve::tools {
 namespace {
@@ -20,6 +22,8 @@ struct GenerateFlags {
   std::string tokenizer;
   std::string prompt;
   engine::SamplingParams params;
+  // Which of the defaultable flags were given: the others take the model's defaults.
+  bool temperature_given = false, top_k_given = false, top_p_given = false, repetition_penalty_given = false;
   engine::EngineOptions engine;
   std::string weight_dtype = "f32";
   bool json = false;
@@ -28,6 +32,22 @@ struct GenerateFlags {
   bool tls = false;    // --tls: the router serves TLS (system CAs).
   std::string tls_ca;  // --tls-ca: ... signed by this CA.
 };
+
+// The request's sampling: the flags given, and unset what the model's defaults are for.
+v1::SamplingParams requested_sampling(const GenerateFlags& f) {
+  v1::SamplingParams s = to_proto(f.params);
+  if (!f.temperature_given) s.clear_temperature();
+  if (!f.top_k_given) s.clear_top_k();
+  if (!f.top_p_given) s.clear_top_p();
+  if (!f.repetition_penalty_given) s.clear_repetition_penalty();
+  return s;
+}
+
+// The sampling a request ran with, for --json.
+nlohmann::json sampling_json(const engine::SamplingParams& p) {
+  return {{"temperature", p.temperature}, {"top_k", p.top_k}, {"top_p", p.top_p},
+          {"repetition_penalty", p.repetition_penalty}};
+}
 
 // The same run through a router: the same output, the text streamed or the same JSON object.
 int run_generate_remote(const GenerateFlags& f) {
@@ -49,7 +69,15 @@ int run_generate_remote(const GenerateFlags& f) {
   const v1::ModelInfo* info = &connected->model;
   v1::GenerateRequest req;
   req.set_text(f.prompt);
-  *req.mutable_sampling() = to_proto(f.params);
+  *req.mutable_sampling() = requested_sampling(f);
+  // What the router will run it with (it applies the same defaults), for --json.
+  v1::SamplingParams resolved = req.sampling();
+  apply_sampling_defaults(info->sampling_defaults(), &resolved);
+  auto effective = worker::to_engine_params(resolved);
+  if (!effective.ok()) {
+    std::cerr << "error: " << effective.status().message() << "\n";
+    return 1;
+  }
   std::vector<int> prompt_ids, token_ids;
   std::string text, finish;
   v1::GenerateResponse last;
@@ -74,6 +102,7 @@ int run_generate_remote(const GenerateFlags& f) {
     j["token_ids"] = token_ids;
     j["text"] = text;
     j["finish_reason"] = last.finish_reason();
+    j["sampling"] = sampling_json(*effective);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "\n";
@@ -99,6 +128,14 @@ int run_generate(const GenerateFlags& f) {
     return 1;
   }
   const std::string name = model->name;
+  // The same defaults a router applies to a request (proto/sampling_defaults.h).
+  v1::SamplingParams resolved = requested_sampling(f);
+  apply_sampling_defaults(sampling_defaults_proto(model->config.generation_defaults), &resolved);
+  auto params = worker::to_engine_params(resolved);
+  if (!params.ok()) {
+    std::cerr << "error: " << params.status().message() << "\n";
+    return 1;
+  }
   engine::EngineOptions options = f.engine;
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
   auto eng = engine::Engine::create(std::move(*model), options);
@@ -122,7 +159,7 @@ int run_generate(const GenerateFlags& f) {
   result.prompt_token_ids = *prompt;
   Status error;
   const auto t1 = Clock::now();
-  Status added = e.add_request({"cli", *prompt, f.params}, [&](const engine::TokenEvent& ev) {
+  Status added = e.add_request({"cli", *prompt, *params}, [&](const engine::TokenEvent& ev) {
     if (ev.token >= 0) result.token_ids.push_back(ev.token);
     result.text += ev.text;
     if (!f.json) {
@@ -148,6 +185,7 @@ int run_generate(const GenerateFlags& f) {
     j["token_ids"] = result.token_ids;
     j["text"] = result.text;
     j["finish_reason"] = engine::finish_reason_name(result.finish_reason);
+    j["sampling"] = sampling_json(*params);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "\n";
@@ -169,9 +207,11 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tokenizer", flags->tokenizer, "Tokenizer file (default: found beside the model)");
   cmd->add_option("--prompt", flags->prompt, "Prompt text; empty means BOS alone");
   cmd->add_option("--max-tokens", flags->params.max_tokens, "Most tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", flags->params.temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", flags->params.top_k, "0 = off");
-  cmd->add_option("--top-p", flags->params.top_p, "Nucleus mass in (0, 1]");
+  cmd->add_option("--temperature", flags->params.temperature, "0 = greedy (default: the model's, else 0)");
+  cmd->add_option("--top-k", flags->params.top_k, "0 = off (default: the model's, else 0)");
+  cmd->add_option("--top-p", flags->params.top_p, "Nucleus mass in (0, 1] (default: the model's, else 1)");
+  cmd->add_option("--repetition-penalty", flags->params.repetition_penalty,
+                  "> 0, 1 = off: seen tokens' logits divided (positive) or multiplied (default: the model's, else 1)");
   cmd->add_option("--seed", flags->params.seed, "Sampling seed (-1 = random)");
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
@@ -194,7 +234,11 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--api-key", flags->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->add_flag("--tls", flags->tls, "Connect to the router over TLS, trusting the system's CAs");
   cmd->add_option("--tls-ca", flags->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
-  cmd->callback([flags, exit_code] {
+  cmd->callback([cmd, flags, exit_code] {
+    flags->temperature_given = cmd->count("--temperature") > 0;
+    flags->top_k_given = cmd->count("--top-k") > 0;
+    flags->top_p_given = cmd->count("--top-p") > 0;
+    flags->repetition_penalty_given = cmd->count("--repetition-penalty") > 0;
     *exit_code = flags->router.empty() ? run_generate(*flags) : run_generate_remote(*flags);
   });
 }

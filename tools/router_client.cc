@@ -120,6 +120,7 @@ v1::SamplingParams to_proto(const engine::SamplingParams& p) {
   for (int t : p.stop_token_ids) s.add_stop_token_ids(t);
   for (const std::string& x : p.stop_strings) s.add_stop(x);
   s.set_ignore_eos(p.ignore_eos);
+  s.set_repetition_penalty(p.repetition_penalty);
   return s;
 }
 

@@ -4,8 +4,10 @@ namespace pdserve::worker {
 
 StatusOr<engine::SamplingParams> to_engine_params(const v1::SamplingParams& in) {
   engine::SamplingParams p;
-  p.temperature = in.temperature();
-  p.top_k = in.top_k();
+  // Unset: greedy, no top_k, no penalty (the router has applied the model's defaults already).
+  if (in.has_temperature()) p.temperature = in.temperature();
+  if (in.has_top_k()) p.top_k = in.top_k();
+  if (in.has_repetition_penalty()) p.repetition_penalty = in.repetition_penalty();
   if (in.has_top_p()) p.top_p = in.top_p();
   if (in.has_seed()) p.seed = in.seed();
   p.max_tokens = in.max_tokens();

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "engine/backend.h"
 #include "engine/tokenizer/chat_template.h"
+#include "proto/sampling_defaults.h"
 #include "kvtransfer/fault.h"
 #include "proto/grpc_status.h"
 #include "worker/sampling_params.h"
@@ -72,6 +73,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   for (int id : e.config().eos_ids) m->add_eos_ids(id);
   if (role_ == ROLE_AGGREGATED) m->set_kv_mode("aggregated");
   m->set_chat_format(engine::chat_format_name(e.model().chat_format));
+  *m->mutable_sampling_defaults() = sampling_defaults_proto(e.config().generation_defaults);
   reply->set_num_blocks(st.engine.num_blocks);
   reply->set_free_blocks(st.engine.free_blocks);
   reply->set_block_size(st.engine.block_size);

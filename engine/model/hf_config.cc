@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/model/generation_config.h"
+
 namespace pdserve::engine {
 namespace {
 
@@ -179,6 +181,7 @@ Status merge_generation_config(const std::string& text, const std::string& sourc
     for (int id : *ids)
       if (std::find(config.eos_ids.begin(), config.eos_ids.end(), id) == config.eos_ids.end())
         config.eos_ids.push_back(id);
+    PD_ASSIGN_OR_RETURN(config.generation_defaults, parse_generation_defaults(text, source));
     return absl::OkStatus();
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));

@@ -17,8 +17,9 @@ StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string
 // Reads and parses the config.json at `path`.
 StatusOr<ModelConfig> read_hf_config(const std::string& path);
 
-// Adds the eos_token_id(s) of a generation_config.json (text) to `config.eos_ids`: chat models
-// list their end-of-turn token there rather than in config.json.
+// Adds the eos_token_id(s) of a generation_config.json (text) to `config.eos_ids` — chat models
+// list their end-of-turn token there rather than in config.json — and sets
+// `config.generation_defaults` from its sampling keys (parse_generation_defaults).
 Status merge_generation_config(const std::string& text, const std::string& source, ModelConfig& config);
 
 // The config.json text for `config` whose weights are stored as `dtype` (inverse of

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/logging.h"
+#include "engine/model/generation_config.h"
 #include "engine/model/hf_config.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/model_files.h"
@@ -84,6 +86,9 @@ Status load_hf(const std::string& dir, const ModelLoadOptions& options, LoadedMo
     std::stringstream text;
     text << in.rdbuf();
     PD_RETURN_IF_ERROR(merge_generation_config(text.str(), generation.string(), m.config));
+    const GenerationDefaults& defaults = m.config.generation_defaults;
+    if (!defaults.not_applied.empty()) PD_LOG_WARN("{}: {}", generation.string(), describe_generation_defaults(defaults));
+    else if (!defaults.empty()) PD_LOG_INFO("{}: {}", generation.string(), describe_generation_defaults(defaults));
   }
   PD_ASSIGN_OR_RETURN(std::unique_ptr<TensorTable> table, read_safetensors_dir(dir));
   // Tied checkpoints store the embedding once; the engine always reads lm_head.weight.

@@ -24,6 +24,10 @@ Status SamplingParams::validate() const {
   for (const std::string& stop : stop_strings) {
     if (stop.empty()) return absl::InvalidArgumentError("stop strings must not be empty");
   }
+  if (!(repetition_penalty > 0.0f && std::isfinite(repetition_penalty))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty must be > 0 and finite (1 = off), got ", repetition_penalty));
+  }
   return absl::OkStatus();
 }
 
@@ -31,6 +35,7 @@ Sampler::Sampler(const SamplingParams& params)
     : temperature_(params.temperature),
       top_k_(params.top_k),
       top_p_(params.top_p),
+      repetition_penalty_(params.repetition_penalty),
       rng_(params.seed >= 0 ? static_cast<uint64_t>(params.seed)
                             : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                                   std::random_device{}()) {}
@@ -39,6 +44,7 @@ double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53
 
 kernels::cpu::SampleRow Sampler::next_row() {
   kernels::cpu::SampleRow row{temperature_, top_k_, top_p_, 0.0};
+  row.repetition_penalty = repetition_penalty_;
   // Greedy tokens take no draw.
   if (temperature_ != 0.0f && top_k_ != 1) row.u = uniform();
   return row;

@@ -23,9 +23,13 @@ struct SamplingParams {
   std::vector<int> stop_token_ids;        // Besides the model's EOS ids.
   std::vector<std::string> stop_strings;  // Generation stops before the first occurrence.
   bool ignore_eos = false;  // Keep going through the model's EOS ids (stop_token_ids still stop).
+  // > 0; 1: off. The logit of each id in the prompt or the output so far is divided by it when
+  // positive, multiplied by it otherwise (kernels::cpu::penalize).
+  float repetition_penalty = 1.0f;
 
   // InvalidArgument naming the offending field: temperature < 0 or NaN, top_p outside (0, 1],
-  // top_k < 0, max_tokens <= 0, a negative stop token id or an empty stop string.
+  // top_k < 0, max_tokens <= 0, a negative stop token id, an empty stop string, or a
+  // repetition_penalty not > 0 and finite.
   Status validate() const;
 };
 
@@ -34,13 +38,15 @@ class Sampler {
   // `params` should have passed validate().
   explicit Sampler(const SamplingParams& params);
 
-  // The next token given `vocab` logits (kernels::cpu::sample_token at next_row()): greedy, the
+  // The next token given `vocab` logits (kernels::cpu::sample_token at next_row(), without the
+  // repetition penalty, which needs the sequence's ids: kernels::cpu::sample_rows): greedy, the
   // argmax, lowest index on ties; otherwise softmax at the temperature, keep the top_k most
   // likely, then the smallest most-likely prefix holding at least top_p of the mass, and draw
   // from what is left. NaN logits are never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);
   // How to sample the next token, taking its random draw: for a backend that samples on the
-  // device, with the same result as sample() on the same logits.
+  // device, with the same result as sample() on the same logits. It carries the repetition
+  // penalty; the caller, which keeps the sequence's seen ids, fills in its seen slot.
   kernels::cpu::SampleRow next_row();
   // Consumes the random draw that sampling one token takes, without sampling: the decode side
   // of a P/D split calls it for the first token, drawn on the prefill side, so that a seeded
@@ -55,6 +61,7 @@ class Sampler {
   float temperature_;
   int top_k_;
   float top_p_;
+  float repetition_penalty_;
   std::mt19937_64 rng_;
   kernels::cpu::SampleScratch scratch_;
 };

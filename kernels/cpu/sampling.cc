@@ -71,10 +71,22 @@ int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScr
   return candidates.back();  // Rounding left a sliver past the last candidate.
 }
 
-void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, SampleScratch* scratch) {
+void update_seen(const SeenTokens& seen, const SampleRow& row) {
+  if (row.seen_slot < 0) return;
+  uint32_t* slot = seen.slot(row.seen_slot);
+  if (row.clear_slot) std::fill_n(slot, seen.words_per_slot(), 0u);
+  for (int i = 0; i < row.new_ids_count; ++i) {
+    const int id = seen.new_ids[row.new_ids_begin + i];
+    if (id >= 0 && id < seen.vocab) slot[id >> 5] |= 1u << (id & 31);
+  }
+}
+
+void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, const SeenTokens& seen,
+                 SampleScratch* scratch) {
   for (int r = 0; r < logits.rows; ++r) {
+    const SampleRow& p = params[r];
     const float* row = logits.row_of_shard(0, r);
-    if (logits.shards > 1) {
+    if (logits.shards > 1 || p.seen_slot >= 0) {
       scratch->row.resize(logits.vocab);
       for (int s = 0; s < logits.shards; ++s) {
         const int begin = logits.shard_begin(s), end = logits.shard_begin(s + 1);
@@ -82,7 +94,13 @@ void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* para
       }
       row = scratch->row.data();
     }
-    tokens[r] = sample_token(row, logits.vocab, params[r], scratch);
+    if (p.seen_slot >= 0) {
+      update_seen(seen, p);
+      const uint32_t* slot = seen.slot(p.seen_slot);
+      for (int i = 0; i < logits.vocab; ++i)
+        if (is_seen(slot, i)) scratch->row[i] = penalize(scratch->row[i], p.repetition_penalty);
+    }
+    tokens[r] = sample_token(row, logits.vocab, p, scratch);
   }
 }
 

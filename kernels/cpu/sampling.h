@@ -1,5 +1,5 @@
-// Token sampling, the reference every backend's sampling kernel follows: greedy argmax, or a
-// softmax at a temperature restricted to the top_k most likely tokens, then to the smallest
+// Token sampling, the reference every backend's sampling kernel follows: the repetition
+// penalty on the ids the row has seen, then greedy argmax, or a softmax at a temperature restricted to the top_k most likely tokens, then to the smallest
 // most-likely prefix holding top_p of their mass, and a draw from what is left at a uniform
 // number the caller supplies. The random generator stays with the caller (engine::Sampler owns
 // one per request), so a backend that samples on the device, given the same number, picks the
@@ -23,7 +23,34 @@ struct SampleRow {
   int top_k = 0;             // 0: off.
   float top_p = 1.0f;        // In (0, 1]; 1: off.
   double u = 0.0;            // The draw, uniform in [0, 1); unused when greedy.
+  // The repetition penalty, applied when seen_slot >= 0: each id of the slot's bitmap in
+  // SeenTokens, once the row's new ids are in it, has its logit divided by the penalty when
+  // positive and multiplied by it otherwise. The slot holds the sequence's ids across steps, so
+  // a step adds only what is new since the last (the whole prompt first, then one token).
+  float repetition_penalty = 1.0f;
+  int seen_slot = -1;       // -1: no penalty.
+  bool clear_slot = false;  // Empty the slot before adding (a slot's first use by a sequence).
+  int new_ids_begin = 0;    // SeenTokens::new_ids[begin, begin + count) join the slot first.
+  int new_ids_count = 0;
 };
+
+// The token ids each penalised sequence has seen (prompt and output so far), kept where the
+// rows are sampled: one bitmap of vocab bits per slot, [slots][words_per_slot()] 32-bit words,
+// and the step's new ids, which sampling adds to the rows' slots.
+struct SeenTokens {
+  uint32_t* bits = nullptr;
+  const int* new_ids = nullptr;
+  int vocab = 0;
+
+  PDSERVE_HOST_DEVICE int64_t words_per_slot() const { return (int64_t(vocab) + 31) / 32; }
+  PDSERVE_HOST_DEVICE uint32_t* slot(int s) const { return bits + int64_t(s) * words_per_slot(); }
+};
+
+// transformers' RepetitionPenaltyLogitsProcessor (and vLLM's) on one logit of a seen id.
+PDSERVE_HOST_DEVICE inline float penalize(float logit, float penalty) {
+  return logit > 0.0f ? logit / penalty : logit * penalty;
+}
+PDSERVE_HOST_DEVICE inline bool is_seen(const uint32_t* slot, int id) { return (slot[id >> 5] >> (id & 31)) & 1u; }
 
 // The logits of `rows` rows over `vocab` columns as tensor-parallel ranks gather them. Shard s
 // holds the columns [shard_begin(s), shard_begin(s+1)) of every row — the first vocab % shards
@@ -62,7 +89,13 @@ struct SampleScratch {
 // else is left).
 int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScratch* scratch);
 
-// tokens[r] = sample_token(row r of `logits`, params[r]) for every row.
-void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, SampleScratch* scratch);
+// Adds row's new ids to its slot of `seen` (emptying the slot first when clear_slot); ids
+// outside the vocabulary are skipped. Nothing for a row without a slot.
+void update_seen(const SeenTokens& seen, const SampleRow& row);
+
+// For every row: update_seen, then tokens[r] = sample_token(row r of `logits`, penalised by its
+// slot when it has one, params[r]). `seen` may be empty when no row has a slot.
+void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, const SeenTokens& seen,
+                 SampleScratch* scratch);
 
 }  // namespace pdserve::kernels::cpu

@@ -20,6 +20,7 @@ namespace pdserve::kernels::gpu {
 namespace {
 
 using cpu::SampleRow;
+using cpu::SeenTokens;
 using cpu::ShardedLogits;
 
 constexpr int kSampleThreads = 512;  // A block on the GPU: a multiple of both warp sizes.
@@ -125,13 +126,35 @@ __device__ Cut select(const float* probs, int n, Cut cut, bool mass, double targ
   return Cut{v, walk(probs, n, equal, mass, above, target, strict, shared, result)};
 }
 
-__global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow* params, float* scratch) {
+__global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow* params, SeenTokens seen,
+                              float* scratch) {
   __shared__ double shared[kSampleThreads + 1];
   __shared__ float best_v[kSampleThreads];
   __shared__ int best_i[kSampleThreads];
   __shared__ int result[3];
   const int row = blockIdx.x, n = logits.vocab;
   const SampleRow P = params[row];
+
+  // The repetition penalty (cpu::update_seen, then cpu::penalize on every seen id): the step's
+  // new ids join the row's slot first, which stays on the device between steps.
+  const uint32_t* slot = nullptr;
+  if (P.seen_slot >= 0) {
+    uint32_t* bits = seen.slot(P.seen_slot);
+    if (P.clear_slot)
+      for (int64_t w = threadIdx.x; w < seen.words_per_slot(); w += blockDim.x) bits[w] = 0u;
+    __syncthreads();
+    for (int i = threadIdx.x; i < P.new_ids_count; i += blockDim.x) {
+      const int id = seen.new_ids[P.new_ids_begin + i];
+      if (id >= 0 && id < n) atomicOr(&bits[id >> 5], 1u << (id & 31));
+    }
+    __syncthreads();
+    slot = bits;
+  }
+  const float penalty = P.repetition_penalty;
+  const auto logit_at = [slot, penalty](const float* src, int j, int col) {
+    const float x = src[j];
+    return slot != nullptr && cpu::is_seen(slot, col) ? cpu::penalize(x, penalty) : x;
+  };
 
   // The argmax, NaN skipped, lowest index on ties (n: none yet).
   float v = -INFINITY;
@@ -140,7 +163,7 @@ __global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow
     const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
     const float* src = logits.row_of_shard(s, row);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-      const float x = src[j];
+      const float x = logit_at(src, j, begin + j);
       if (!isnan(x) && (idx == n || x > v)) {
         v = x;
         idx = begin + j;
@@ -175,7 +198,7 @@ __global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow
     const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
     const float* src = logits.row_of_shard(s, row);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-      const float x = src[j];
+      const float x = logit_at(src, j, begin + j);
       probs[begin + j] = isnan(x) ? 0.0f : float(exp(double(x - max_logit) * inv_temperature));
     }
   }
@@ -210,10 +233,10 @@ __global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow
 
 }  // namespace
 
-void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, float* scratch,
-            gpuStream_t stream) {
+void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, const cpu::SeenTokens& seen,
+            float* scratch, gpuStream_t stream) {
   if (logits.rows <= 0) return;
-  gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logits, params, scratch);
+  gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logits, params, seen, scratch);
 }
 
 }  // namespace pdserve::kernels::gpu

@@ -143,6 +143,41 @@ TEST(DevicePath, SamplingOnTheBackendGathersTheVocabularyShards) {
   EXPECT_EQ(run_all(*backend, prompts), run_all(*host, prompts));
 }
 
+// The repetition penalty's bitmaps live on the backend between steps (only each step's new ids
+// go up): the guarded backend (the GPU code, memory the host cannot touch) and the CPU engine,
+// and a TP 2 engine sampling on the backend and on the host, give the same tokens, greedy and
+// seeded, penalties above and below 1 in one batch.
+SamplingParams penalised_greedy(int i) {
+  SamplingParams p;
+  p.repetition_penalty = std::array{1.3f, 0.8f, 1.0f, 2.0f}[i % 4];
+  return p;
+}
+SamplingParams penalised_seeded(int i) {
+  SamplingParams p = seeded(i);
+  p.repetition_penalty = std::array{1.2f, 0.9f, 1.6f}[i % 3];
+  return p;
+}
+
+TEST(DevicePath, RepetitionPenaltyOnTheBackendEqualsTheHost) {
+  auto device = make_engine(true), cpu = make_engine(false);
+  const auto prompts = random_prompts(12, 60, 512, 15);
+  const auto got = run_all(*device, prompts, penalised_greedy);
+  EXPECT_EQ(got, run_all(*cpu, prompts, penalised_greedy));
+  EXPECT_NE(got, run_all(*cpu, prompts));  // The penalty changed tokens.
+  EXPECT_EQ(run_all(*device, prompts, penalised_seeded), run_all(*cpu, prompts, penalised_seeded));
+  const auto tp2 = [](EngineOptions::SampleOn on) {
+    return [on](EngineOptions& o) {
+      o.tp = 2;
+      o.sample_on = on;
+    };
+  };
+  auto backend =
+      make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kBackend));
+  auto host = make_engine(false, pdserve::testing::stories_bin(), DType::kF32, tp2(EngineOptions::SampleOn::kHost));
+  EXPECT_EQ(run_all(*backend, prompts, penalised_greedy), got);
+  EXPECT_EQ(run_all(*backend, prompts, penalised_seeded), run_all(*host, prompts, penalised_seeded));
+}
+
 // A bf16 checkpoint: the CPU widens its weights to f32 exactly; a device keeping them bf16
 // (--weight-dtype bf16) multiplies the same values, so the tokens are the CPU's.
 TEST(DevicePath, Bf16WeightsOfABf16CheckpointEqualTheCpuEngine) {

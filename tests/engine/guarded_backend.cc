@@ -102,9 +102,10 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
   }
-  void sample(int* tokens, const k::ShardedLogits& logits, const k::SampleRow* params, float* scratch) override {
+  void sample(int* tokens, const k::ShardedLogits& logits, const k::SampleRow* params, const k::SeenTokens& seen,
+              float* scratch) override {
     Open open(this);
-    inner_->sample(tokens, logits, params, scratch);
+    inner_->sample(tokens, logits, params, seen, scratch);
   }
   void silu_mul(float* gate, const float* up, int64_t n) override {
     Open open(this);

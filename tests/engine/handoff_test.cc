@@ -197,6 +197,36 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
 }
 
+// The repetition penalty across the split: the prefill side samples the first token penalising
+// the prompt's ids, the decode side, given the same prompt, penalises them and the output; the
+// tokens are the undivided run's, greedy and seeded, at TP 1 and 2.
+TEST(Handoff, RepetitionPenaltyContinuesAcrossTheSplit) {
+  for (int tp : {1, 2})
+    for (float temperature : {0.0f, 0.9f}) {
+      auto prefill = make_engine(tp), decode = make_engine(tp);
+      std::vector<int> prompt = {1};
+      for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 53) % 500);
+      SamplingParams params;
+      params.max_tokens = 40;
+      params.temperature = temperature;
+      params.seed = 99;
+      params.ignore_eos = true;
+      params.repetition_penalty = 1.4f;
+      const std::vector<int> whole = make_engine(tp)->generate(prompt, params)->token_ids;
+      SamplingParams unpenalised = params;
+      unpenalised.repetition_penalty = 1.0f;
+      EXPECT_NE(whole, make_engine(tp)->generate(prompt, unpenalised)->token_ids);
+      const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
+      ASSERT_GE(first, 0);
+      auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+      ASSERT_TRUE(reserved.ok());
+      copy_kv(*prefill, handed, *decode, *reserved, int((prompt.size() + 15) / 16));
+      ASSERT_TRUE(prefill->release_blocks(handed).ok());
+      EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole)
+          << "TP " << tp << ", temperature " << temperature;
+    }
+}
+
 // A request migrated mid-stream: prompt + the k tokens already streamed, prefilled on one
 // engine and decoded on another, continues with exactly the draws of the undivided run.
 TEST(Handoff, ResumedRequestContinuesAcrossTheSplit) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -202,9 +203,68 @@ TEST(ShardedLogits, SamplingGatheredRowsEqualsSamplingPlainRows) {
     const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, std::nanf(""));
     logits.data = gathered.data();
     std::vector<int> got(rows);
-    sample_rows(got.data(), logits, params.data(), &scratch);
+    sample_rows(got.data(), logits, params.data(), {}, &scratch);
     EXPECT_EQ(got, want) << shards << " shards";
   }
+}
+
+// The repetition penalty in the reference sampler: a row with a slot samples what sample_token
+// picks from its logits penalised by hand (seen positive logits divided, the others multiplied),
+// over two steps — the first emptying a slot an earlier sequence left full and adding the
+// prompt (an id outside the vocabulary skipped), the second adding one id to what is there.
+TEST(RepetitionPenalty, SampleRowsPenalisesTheSeenIdsOfEachRowsSlot) {
+  const int vocab = 1000, rows = 4, slots = 3;
+  const float penalties[rows] = {1.5f, 0.6f, 2.0f, 1.0f};  // Row 3 has no slot.
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  SeenTokens seen{nullptr, nullptr, vocab};
+  std::vector<uint32_t> bits(slots * seen.words_per_slot(), ~0u);  // Left by earlier sequences.
+  seen.bits = bits.data();
+  std::vector<std::set<int>> ids(slots);  // What each slot should hold.
+  SampleScratch scratch;
+  int changed = 0;
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> logits(size_t(rows) * vocab);
+    for (float& x : logits) x = normal(rng);
+    std::vector<int> new_ids;
+    std::vector<SampleRow> params;
+    for (int r = 0; r < rows; ++r) {
+      SampleRow row{r == 2 ? 0.8f : 0.0f, 0, 1.0f, 0.3};  // Rows 0 and 1 greedy, 2 sampled.
+      if (r < slots) {
+        row.repetition_penalty = penalties[r];
+        row.seen_slot = r;
+        row.clear_slot = step == 0;
+        row.new_ids_begin = int(new_ids.size());
+        const float* lr = logits.data() + int64_t(r) * vocab;
+        // The row's argmax first, so that row 0 (greedy, > 1) must move; then the "prompt", or one token.
+        const int n = step == 0 ? 300 : 1;
+        for (int i = 0; i < n; ++i) {
+          const int id = i == 0 ? int(std::max_element(lr, lr + vocab) - lr) : int(rng() % vocab);
+          new_ids.push_back(id);
+          ids[r].insert(id);
+        }
+        if (step == 0 && r == 0) new_ids.push_back(vocab);  // Outside the vocabulary: skipped.
+        row.new_ids_count = int(new_ids.size()) - row.new_ids_begin;
+      }
+      params.push_back(row);
+    }
+    seen.new_ids = new_ids.data();
+    std::vector<int> got(rows);
+    sample_rows(got.data(), ShardedLogits{logits.data(), rows, vocab, 1}, params.data(), seen, &scratch);
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> row(logits.begin() + int64_t(r) * vocab, logits.begin() + int64_t(r + 1) * vocab);
+      if (r < slots)
+        for (int id : ids[r]) row[id] = row[id] > 0 ? row[id] / penalties[r] : row[id] * penalties[r];
+      EXPECT_EQ(got[r], sample_token(row.data(), vocab, params[r], &scratch)) << "step " << step << ", row " << r;
+      const int plain = sample_token(logits.data() + int64_t(r) * vocab, vocab, params[r], &scratch);
+      if (r == 0) changed += got[r] != plain;
+      if (r >= slots) EXPECT_EQ(got[r], plain);
+    }
+  }
+  EXPECT_EQ(changed, 2);  // Row 0's argmax was seen and penalised, at each step.
+  for (int slot = 0; slot < slots; ++slot)
+    for (int id = 0; id < vocab; ++id)
+      EXPECT_EQ(is_seen(seen.slot(slot), id), ids[slot].count(id) == 1) << "slot " << slot << ", id " << id;
 }
 
 TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {

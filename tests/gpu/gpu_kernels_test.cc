@@ -143,18 +143,88 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       logits.data = gathered.data();
       std::vector<int> want(rows);
       cpu::SampleScratch scratch;
-      cpu::sample_rows(want.data(), logits, params.data(), &scratch);
+      cpu::sample_rows(want.data(), logits, params.data(), {}, &scratch);
 
       Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
       Dev<cpu::SampleRow> dparams(params);
       Dev<int> dtokens(rows);
       logits.data = dlogits.get();
-      gpu::sample(dtokens.get(), logits, dparams.get(), dscratch.get(), nullptr);
+      gpu::sample(dtokens.get(), logits, dparams.get(), {}, dscratch.get(), nullptr);
       const std::vector<int> got = dtokens.host();
       for (int r = 0; r < rows; ++r)
         EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, row " << r << ": temperature "
                                    << params[r].temperature << " top_k " << params[r].top_k << " top_p "
                                    << params[r].top_p << " u " << params[r].u;
+    }
+}
+
+// The repetition penalty on the device, over two steps as the engine drives it: each row's new
+// ids join its slot (emptied first on the slot's first use, though an earlier sequence left it
+// full; an id outside the vocabulary skipped), seen logits are divided or multiplied, and the
+// token is the reference's for greedy, top-k and top-p rows, plain and TP-gathered, with a row
+// without a slot among them; after both steps the bitmaps are the reference's.
+TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const std::vector<int> vocabs = kEmulated ? std::vector<int>{7, 1000, 3001} : std::vector<int>{1000, 128256};
+  for (int vocab : vocabs)
+    for (int shards : {1, 3}) {
+      struct Mode {
+        float temperature;
+        int top_k;
+        float top_p;
+        float penalty;
+      };
+      const std::vector<Mode> modes = {{0.0f, 0, 1.0f, 1.3f}, {0.0f, 0, 1.0f, 0.7f}, {0.8f, 0, 0.9f, 2.0f},
+                                       {1.0f, 40, 1.0f, 1.1f}, {0.7f, 0, 1.0f, 1.5f}};
+      const int slots = int(modes.size());
+      const cpu::SeenTokens shape{nullptr, nullptr, vocab};
+      std::vector<uint32_t> want_bits(size_t(slots) * shape.words_per_slot(), 0xA5A5A5A5u);
+      Dev<uint32_t> dbits(want_bits);
+      int changed = 0;
+      for (int step = 0; step < 2; ++step) {
+        std::vector<cpu::SampleRow> params;
+        std::vector<int> new_ids;
+        for (int m = 0; m < slots; ++m) {
+          cpu::SampleRow row{modes[m].temperature, modes[m].top_k, modes[m].top_p, uniform(rng)};
+          row.repetition_penalty = modes[m].penalty;
+          row.seen_slot = (m + 2) % slots;  // Rows and slots in different orders.
+          row.clear_slot = step == 0;
+          row.new_ids_begin = int(new_ids.size());
+          const int n = step == 0 ? 1 + vocab / 3 : 1;  // The prompt, then one token.
+          for (int i = 0; i < n; ++i) new_ids.push_back(int(uniform(rng) * vocab));
+          if (step == 0) new_ids.push_back(vocab);  // Outside the vocabulary.
+          row.new_ids_count = int(new_ids.size()) - row.new_ids_begin;
+          params.push_back(row);
+        }
+        params.push_back({0.0f, 0, 1.0f, 0.0});  // No slot: no penalty.
+        const int rows = int(params.size());
+        const std::vector<float> plain = random_vec(size_t(rows) * vocab, 40 + vocab + shards + step, 3.0f);
+        cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+        const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
+        logits.data = gathered.data();
+        std::vector<int> want(rows), unpenalised(rows);
+        cpu::SampleScratch scratch;
+        cpu::sample_rows(want.data(), logits, params.data(), {want_bits.data(), new_ids.data(), vocab}, &scratch);
+        std::vector<cpu::SampleRow> without = params;
+        for (cpu::SampleRow& r : without) r.seen_slot = -1;
+        cpu::sample_rows(unpenalised.data(), logits, without.data(), {}, &scratch);
+
+        Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+        Dev<cpu::SampleRow> dparams(params);
+        Dev<int> dnew(new_ids), dtokens(rows);
+        logits.data = dlogits.get();
+        gpu::sample(dtokens.get(), logits, dparams.get(), {dbits.get(), dnew.get(), vocab}, dscratch.get(), nullptr);
+        const std::vector<int> got = dtokens.host();
+        for (int r = 0; r < rows; ++r) {
+          EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, step " << step << ", row " << r;
+          changed += want[r] != unpenalised[r];
+        }
+        EXPECT_EQ(want[rows - 1], unpenalised[rows - 1]);
+      }
+      EXPECT_EQ(dbits.host(), want_bits) << "vocab " << vocab << ", " << shards << " shards";
+      if (vocab > 7) EXPECT_GT(changed, 0) << "the penalty moved no token at vocab " << vocab;
     }
 }
 

@@ -210,12 +210,13 @@ struct Result {
 class RouterFlow : public ::testing::Test {
  protected:
   void start(std::vector<std::pair<FakeWorker*, worker::Role>> workers, RouterOptions options,
-             const Clock& clock = RealClock::instance(), RegistryOptions registry_options = {}) {
+             const Clock& clock = RealClock::instance(), RegistryOptions registry_options = {},
+             ServedModel model = stories_model()) {
     std::vector<WorkerRegistry::Endpoint> eps;
     for (auto& [w, role] : workers) eps.push_back({w->address, role});
     registry_ = std::make_unique<WorkerRegistry>(eps, registry_options, clock);
     registry_->poll_once();
-    router_ = std::make_unique<Router>(options, stories_model(), *registry_, metrics_, clock);
+    router_ = std::make_unique<Router>(options, std::move(model), *registry_, metrics_, clock);
   }
   Result run(v1::GenerateRequest req) {
     Result r;
@@ -598,6 +599,37 @@ TEST_F(RouterFlow, ValidationStatuses) {
   for (int i = 0; i < 16; ++i) named.mutable_sampling()->add_stop(std::string(256, 'z'));  // At the limits: served.
   EXPECT_TRUE(run(named).status.ok());
   EXPECT_TRUE(w.calls().size() == 1u);  // Only the valid one reached the worker.
+}
+
+// The model's generation_config defaults reach the worker as explicit values for what the
+// client left unset, the client's own values win, and ModelInfo reports the defaults.
+TEST_F(RouterFlow, TheModelsSamplingDefaultsFillWhatTheRequestLeftUnset) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  ServedModel model = stories_model();
+  model.config.generation_defaults.temperature = 0.6f;
+  model.config.generation_defaults.top_k = 20;
+  model.config.generation_defaults.repetition_penalty = 1.1f;
+  model.config.generation_defaults.not_applied = {"min_p 0.05: pdserve has no min_p sampling"};
+  start({{&w, worker::ROLE_AGGREGATED}}, o, RealClock::instance(), {}, std::move(model));
+  v1::GenerateRequest r = request();
+  r.mutable_sampling()->set_top_k(5);
+  ASSERT_TRUE(run(r).status.ok());
+  const v1::SamplingParams s = w.last_generate().sampling();
+  ASSERT_TRUE(s.has_temperature() && s.has_top_k() && s.has_repetition_penalty());
+  EXPECT_FLOAT_EQ(s.temperature(), 0.6f);
+  EXPECT_EQ(s.top_k(), 5);
+  EXPECT_FALSE(s.has_top_p());  // No default: the worker's 1.
+  EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.1f);
+  const v1::SamplingDefaults d = router_->model_info().sampling_defaults();
+  EXPECT_FLOAT_EQ(d.temperature(), 0.6f);
+  EXPECT_EQ(d.top_k(), 20);
+  EXPECT_FALSE(d.has_top_p());
+  ASSERT_EQ(d.not_applied_size(), 1);
+  // An out-of-range explicit value is still the client's error, not hidden by a default.
+  r.mutable_sampling()->set_repetition_penalty(0);
+  EXPECT_EQ(run(r).status.code(), absl::StatusCode::kInvalidArgument);
 }
 
 // An aggregated worker dies after streaming two tokens: the request moves to the other worker

@@ -280,6 +280,36 @@ TEST(OpenAiApi, ChatMessagesUseTheModelsChatFormat) {
   EXPECT_EQ(empty->request.text(), "user: \nassistant:");
 }
 
+// Fields a request leaves out: the model's defaults first, then OpenAI's temperature 1; what
+// the request gives wins over both. vLLM's repetition_penalty is read.
+TEST(OpenAiApi, DefaultsAreTheModelsThenOpenAis) {
+  v1::SamplingDefaults model;
+  model.set_temperature(0.6f);
+  model.set_top_p(0.9f);
+  model.set_repetition_penalty(1.2f);
+  struct Case {
+    const char* body;
+    v1::SamplingDefaults defaults;
+    float temperature, top_p, repetition_penalty;
+  };
+  const std::vector<Case> cases = {
+      {R"({"prompt":"x"})", {}, 1.0f, 1.0f, 1.0f},
+      {R"({"prompt":"x"})", model, 0.6f, 0.9f, 1.2f},
+      {R"({"prompt":"x","temperature":0,"top_p":0.5,"repetition_penalty":1.0})", model, 0.0f, 0.5f, 1.0f},
+      {R"({"prompt":"x","repetition_penalty":1.3})", {}, 1.0f, 1.0f, 1.3f},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_openai_request(c.body, false);
+    ASSERT_TRUE(r.ok()) << r.status();
+    v1::SamplingParams s = r->request.sampling();
+    apply_openai_defaults(c.defaults, &s);
+    EXPECT_FLOAT_EQ(s.temperature(), c.temperature) << c.body;
+    EXPECT_FLOAT_EQ(s.has_top_p() ? s.top_p() : 1.0f, c.top_p) << c.body;
+    EXPECT_FLOAT_EQ(s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f, c.repetition_penalty) << c.body;
+  }
+  EXPECT_FALSE(parse_openai_request(R"({"prompt":"x","repetition_penalty":"high"})", false).ok());
+}
+
 TEST(OpenAiApi, ParsesCompletionFields) {
   auto r = parse_openai_request(
       R"({"model":"m","prompt":"Once","max_tokens":5,"temperature":0,"top_p":0.5,"top_k":-1,"seed":7,
@@ -304,7 +334,9 @@ TEST(OpenAiApi, ParsesCompletionFields) {
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(ids->request.token_ids().ids_size(), 3);
   EXPECT_EQ(ids->request.sampling().max_tokens(), 16);  // OpenAI's default.
-  EXPECT_EQ(ids->request.sampling().temperature(), 1.0f);
+  EXPECT_FALSE(ids->request.sampling().has_temperature());  // apply_openai_defaults decides.
+  EXPECT_FALSE(ids->request.sampling().has_top_k());
+  EXPECT_FALSE(ids->request.sampling().has_repetition_penalty());
 
   auto chat = parse_openai_request(R"({"messages":[{"role":"user","content":"Hi"}]})", true);
   ASSERT_TRUE(chat.ok());

@@ -86,6 +86,7 @@ inline int atomicMax(int* address, int value) {
   }
   return old;
 }
+inline unsigned atomicOr(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_or(value); }
 inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
 template <typename T>
 T min(T a, T b) {
