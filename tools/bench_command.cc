@@ -123,6 +123,11 @@ std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::Mo
     v1::SamplingParams* s = r.mutable_sampling();
     s->set_max_tokens(out_len);
     s->set_temperature(f.temperature);
+    // Explicit, so that the model's generation_config defaults do not change what
+    // --verify-model recomputes from temperature and seed alone.
+    s->set_top_k(0);
+    s->set_top_p(1.0f);
+    s->set_repetition_penalty(1.0f);
     s->set_ignore_eos(f.ignore_eos);
     s->set_seed(int64_t(seed + i));
     out.push_back(std::move(r));

@@ -28,6 +28,9 @@ v1::GenerateRequest to_request(const GoldenPrompt& p) {
   r.mutable_token_ids()->mutable_ids()->Assign(p.tokens.begin(), p.tokens.end());
   v1::SamplingParams* s = r.mutable_sampling();
   s->set_temperature(0);
+  // Explicit: the model's generation_config defaults must not move the tokens the reference
+  // (plain greedy) computes.
+  s->set_repetition_penalty(1.0f);
   s->set_seed(0);
   s->set_max_tokens(p.max_tokens);
   s->set_ignore_eos(true);

@@ -42,6 +42,7 @@ struct Case {
   int max_tokens = 0;
   bool ignore_eos = true;
   int64_t seed = -1;  // >= 0: sampled at temperature 0.8, top_p 0.95 with this seed; else greedy.
+  float repetition_penalty = 1.0f;  // Every third case 1.3: its state must cross the P/D split.
 };
 
 struct Outcome {
@@ -69,6 +70,7 @@ std::vector<Case> make_cases(const engine::ModelConfig& config) {
     c.max_tokens = std::min(1 + int(rng() % 96), config.max_seq_len - prompt_len);
     c.ignore_eos = rng() % 4 != 0;
   }
+  for (size_t i = 0; i < cases.size(); i += 3) cases[i].repetition_penalty = 1.3f;
   return cases;
 }
 
@@ -79,6 +81,7 @@ engine::SamplingParams params_of(const Case& c) {
   p.seed = c.seed;
   p.max_tokens = c.max_tokens;
   p.ignore_eos = c.ignore_eos;
+  p.repetition_penalty = c.repetition_penalty;
   return p;
 }
 
@@ -105,6 +108,7 @@ Outcome stream(v1::Generation::Stub& stub, const Case& c, const std::function<vo
   }
   req.mutable_sampling()->set_max_tokens(c.max_tokens);
   req.mutable_sampling()->set_ignore_eos(c.ignore_eos);
+  if (c.repetition_penalty != 1.0f) req.mutable_sampling()->set_repetition_penalty(c.repetition_penalty);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 80s);
   Outcome o;
