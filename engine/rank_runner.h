@@ -110,17 +110,18 @@ class RankRunner {
   int max_tokens_ = 0;
   int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
   // Backend memory: activations for max_tokens_, the step's metadata, the logits rows, and for
-  // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens, and
-  // the repetition penalty's bitmaps (kept across steps) and the step's new ids.
+  // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens.
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
-      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_,
-      seen_bits_, seen_new_ids_;
+      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.
   std::vector<float> logits_host_;
+  // Rank 0, sampling on the backend: the repetition penalty's bitmaps (ForwardBatch::seen_slots
+  // of them, kept across steps) and the step's new ids.
+  BackendBuffer seen_bits_, seen_new_ids_;
 };
 
 }  // namespace pdserve::engine
