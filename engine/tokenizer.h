@@ -1,6 +1,6 @@
-// The tokenizer interface: text to token ids and back. Implementations: the llama2.c /
-// SentencePiece-style BPE (engine/tokenizer/sentencepiece_bpe.h) and the byte-level BPE of
-// tokenizer.json files (engine/tokenizer/byte_level_bpe.h).
+// The tokenizer interface: text to token ids and back. Implementations: llama2.c's
+// SentencePiece-style BPE (engine/tokenizer/sentencepiece_bpe.h) and the Hugging Face
+// tokenizer.json pipeline (engine/tokenizer/hf_tokenizer.h).
 #pragma once
 
 #include <memory>
@@ -15,14 +15,15 @@ namespace pdserve::engine {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // Encodes UTF-8 `text`; InvalidArgument on invalid UTF-8. With `add_bos` the result starts
-  // with the BOS id (if the tokenizer has one). Empty text gives just BOS (or nothing).
+  // Encodes UTF-8 `text`; InvalidArgument on invalid UTF-8. `add_bos` is transformers'
+  // add_special_tokens: with it the tokenizer's special tokens (BOS, and EOS where the file
+  // asks) go around the text. Empty text gives just those (or nothing).
   virtual StatusOr<std::vector<int>> encode(std::string_view text, bool add_bos) const = 0;
   // The bytes `token` stands for when it follows `prev` (-1 at the start). Bytes, not text:
   // a byte-fallback token can be half of a UTF-8 character. Special tokens decode to "".
   virtual std::string decode_token(int prev, int token) const = 0;
-  // The whole sequence's bytes (decode_token over it, each after its predecessor).
-  std::string decode(const std::vector<int>& tokens) const;
+  // The whole sequence's bytes; by default decode_token over it, each after its predecessor.
+  virtual std::string decode(const std::vector<int>& tokens) const;
   virtual int vocab_size() const = 0;
   virtual int bos_id() const = 0;  // -1 if none.
   virtual int eos_id() const = 0;  // -1 if none.

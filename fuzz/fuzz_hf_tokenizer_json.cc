@@ -1,12 +1,14 @@
-// The Hugging Face tokenizer.json parser on arbitrary bytes (the file a user's checkpoint
-// brings): bad JSON, wrong types, broken vocabularies and merges must give an error, never a
-// crash. The first byte picks whether a tokenizer_config.json (the rest, split at its first
-// NUL) comes with it.
+// The Hugging Face tokenizer.json loader on arbitrary bytes (the file a user's checkpoint
+// brings): bad JSON, wrong types, broken vocabularies, merges and components must give an
+// error, never a crash; a file that loads must encode and decode a fixed text cleanly. The
+// first byte picks whether a tokenizer_config.json (the rest, split at its first NUL) comes
+// with it.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string_view>
 
-#include "engine/tokenizer/hf_tokenizer_json.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -19,6 +21,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       rest = rest.substr(0, nul);
     }
   }
-  (void)pdserve::engine::parse_hf_tokenizer_json(rest, config, "fuzz");
+  auto tok = pdserve::engine::HfTokenizer::from_json(rest, config);
+  if (!tok.ok()) return 0;
+  auto ids = (*tok)->encode("Hello, w\xC3\xB6rld! 12345 <s>\n\t \xE4\xB8\x96\xF0\x9F\x98\x80", true);
+  if (!ids.ok()) return 0;
+  for (int id : *ids) {
+    if (id < 0 || id >= (*tok)->vocab_size()) std::abort();
+  }
+  (void)(*tok)->decode(*ids);
   return 0;
 }

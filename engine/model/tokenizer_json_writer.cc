@@ -58,7 +58,19 @@ Status write_byte_level_tokenizer(const std::string& dir) {
   tok["added_tokens"] = {special(kByteTokenizerBos, "<s>"), special(kByteTokenizerEos, "</s>")};
   tok["normalizer"] = nullptr;
   tok["pre_tokenizer"] = byte_level;
-  tok["post_processor"] = nullptr;
+  // BOS before the text when special tokens are added, as transformers' TemplateProcessing.
+  ojson bos_item = ojson::object();
+  bos_item["SpecialToken"] = {{"id", "<s>"}, {"type_id", 0}};
+  ojson text_item = ojson::object();
+  text_item["Sequence"] = {{"id", "A"}, {"type_id", 0}};
+  ojson bos_entry = {{"id", "<s>"}};
+  bos_entry["ids"] = ojson::array({kByteTokenizerBos});
+  bos_entry["tokens"] = ojson::array({"<s>"});
+  ojson template_processing = {{"type", "TemplateProcessing"}};
+  template_processing["single"] = ojson::array({bos_item, text_item});
+  template_processing["pair"] = ojson::array();
+  template_processing["special_tokens"] = {{"<s>", bos_entry}};
+  tok["post_processor"] = template_processing;
   tok["decoder"] = byte_level;
   tok["model"] = {{"type", "BPE"},
                   {"dropout", nullptr},

@@ -1,18 +1,13 @@
-// The merge loop shared by both BPE tokenizers: repeatedly merge the adjacent pair with the
-// highest priority (leftmost on ties) until no pair can merge. A heap over the live pairs
+// The merge loop shared by the BPE tokenizers (llama2.c's by score, tokenizer.json's by
+// rank): repeatedly merge the adjacent pair with the highest priority (leftmost on ties)
+// until no pair can merge. A heap over the live pairs
 // with lazy invalidation makes this O(n log n) rather than the naive rescan's O(n^2) per text.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <queue>
-#include <string>
-#include <unordered_map>
-#include <utility>
 #include <vector>
-
-#include "absl/strings/str_cat.h"
-#include "common/status.h"
 
 namespace pdserve::engine {
 
@@ -20,29 +15,6 @@ struct MergeCandidate {
   double priority;  // Higher merges first: a piece score, or minus a merge rank.
   int merged_id;
 };
-
-// Ranked merges keyed by (left id << 32 | right id): a tokenizer.json model's `merges`, in rank
-// order, resolved against its vocab; an earlier (better-ranked) duplicate wins. InvalidArgument,
-// prefixed with `name`, when a merge names a piece the vocab lacks.
-using MergeTable = std::unordered_map<uint64_t, MergeCandidate>;
-inline StatusOr<MergeTable> ranked_merge_table(const std::string& name,
-                                               const std::unordered_map<std::string, int>& vocab,
-                                               const std::vector<std::pair<std::string, std::string>>& merges) {
-  MergeTable table;
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [left, right] = merges[rank];
-    const auto left_it = vocab.find(left);
-    const auto right_it = vocab.find(right);
-    const auto merged_it = vocab.find(left + right);
-    if (left_it == vocab.end() || right_it == vocab.end() || merged_it == vocab.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, ": merge ", rank, " (", left, " ", right, ") uses unknown pieces"));
-    }
-    const uint64_t key = (static_cast<uint64_t>(left_it->second) << 32) | uint32_t(right_it->second);
-    table.emplace(key, MergeCandidate{-static_cast<double>(rank), merged_it->second});
-  }
-  return table;
-}
 
 // `lookup(left_id, right_id)` returns the merge of that pair, if any.
 template <typename PairLookup>

@@ -23,23 +23,6 @@ std::string byte_piece(int byte) {
   return buffer;
 }
 
-// "▁" (U+2581), SentencePiece's visible spelling of a space.
-constexpr std::string_view kMetaspace = "\xE2\x96\x81";
-
-std::string metaspace_to_space(std::string_view piece) {
-  std::string out;
-  size_t pos = 0;
-  while (pos < piece.size()) {
-    if (piece.substr(pos, kMetaspace.size()) == kMetaspace) {
-      out += ' ';
-      pos += kMetaspace.size();
-    } else {
-      out += piece[pos++];
-    }
-  }
-  return out;
-}
-
 int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
@@ -121,30 +104,6 @@ StatusOr<std::unique_ptr<SentencePieceBpe>> SentencePieceBpe::from_llama2c(
   return tok;
 }
 
-StatusOr<std::unique_ptr<SentencePieceBpe>> SentencePieceBpe::from_hf(const HfTokenizerJson& spec,
-                                                                     const std::string& name) {
-  std::unique_ptr<SentencePieceBpe> tok(new SentencePieceBpe());
-  int size = 0;
-  for (const auto& [piece, id] : spec.vocab) size = std::max(size, id + 1);
-  for (const AddedToken& added : spec.added_tokens) size = std::max(size, added.id + 1);
-  tok->pieces_.assign(size, std::string());
-  tok->scores_.assign(size, 0.0f);
-  tok->special_.assign(size, false);
-  for (const auto& [piece, id] : spec.vocab) tok->pieces_[id] = metaspace_to_space(piece);
-  for (const AddedToken& added : spec.added_tokens) {
-    tok->pieces_[added.id] = added.content;
-    tok->special_[added.id] = added.special;
-  }
-  PD_ASSIGN_OR_RETURN(tok->ranked_merges_, ranked_merge_table(name, spec.vocab, spec.merges));
-  if (!spec.added_tokens.empty()) tok->added_tokens_.emplace(spec.added_tokens);
-  tok->unk_id_ = spec.unk_id;
-  tok->bos_id_ = spec.bos_id;
-  tok->config_adds_bos_ = spec.add_bos;
-  tok->eos_id_ = spec.eos_id;
-  tok->index_pieces();
-  return tok;
-}
-
 void SentencePieceBpe::index_pieces() {
   byte_ids_.fill(-1);
   byte_value_.assign(pieces_.size(), -1);
@@ -168,11 +127,6 @@ const std::string& SentencePieceBpe::piece(int token) const {
 
 std::optional<MergeCandidate> SentencePieceBpe::lookup_merge(int left, int right,
                                                              std::string& scratch) const {
-  if (!ranked_merges_.empty()) {
-    const auto it = ranked_merges_.find((static_cast<uint64_t>(left) << 32) | right);
-    if (it == ranked_merges_.end()) return std::nullopt;
-    return it->second;
-  }
   scratch.assign(pieces_[left]);
   scratch.append(pieces_[right]);
   const auto it = piece_ids_.find(scratch);
@@ -210,21 +164,10 @@ StatusOr<std::vector<int>> SentencePieceBpe::encode(std::string_view text, bool 
     return absl::InvalidArgumentError(absl::StrCat("text is not valid UTF-8 (at byte ", bad, ")"));
   }
   std::vector<int> ids;
-  if (add_bos && config_adds_bos_ && bos_id_ >= 0) ids.push_back(bos_id_);
+  if (add_bos) ids.push_back(bos_id_);
   if (text.empty()) return ids;
-  if (!added_tokens_) {
-    std::vector<int> plain = encode_plain(text);
-    ids.insert(ids.end(), plain.begin(), plain.end());
-    return ids;
-  }
-  for (const TextSegment& segment : added_tokens_->split(text)) {
-    if (segment.added_id >= 0) {
-      ids.push_back(segment.added_id);
-      continue;
-    }
-    std::vector<int> plain = encode_plain(segment.text);
-    ids.insert(ids.end(), plain.begin(), plain.end());
-  }
+  std::vector<int> plain = encode_plain(text);
+  ids.insert(ids.end(), plain.begin(), plain.end());
   return ids;
 }
 

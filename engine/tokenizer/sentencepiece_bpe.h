@@ -1,8 +1,7 @@
 // The SentencePiece-style BPE tokenizer of llama2.c tokenizer files (tok512.bin,
-// tokenizer.bin) and of SentencePiece-converted tokenizer.json files (Llama-2, Mistral).
-// Text is split into code points (a " " dummy prefix first), unknown ones fall back to
-// <0xNN> byte pieces, then pairs merge greedily: by piece score (llama2.c, exactly as its
-// run.c `encode`) or by merge rank (tokenizer.json). Pieces store spaces as ' ', not "▁".
+// tokenizer.bin), exactly as llama2.c's run.c `encode`: text is split into code points (a
+// " " dummy prefix first), unknown ones fall back to <0xNN> byte pieces, then pairs merge
+// greedily by piece score. (tokenizer.json files go through hf_tokenizer.h instead.)
 // Immutable once built: encode and decode may run concurrently from any thread.
 #pragma once
 
@@ -17,9 +16,7 @@
 
 #include "common/status.h"
 #include "engine/tokenizer.h"
-#include "engine/tokenizer/added_tokens.h"
 #include "engine/tokenizer/bpe_merge.h"
-#include "engine/tokenizer/hf_tokenizer_json.h"
 
 namespace pdserve::engine {
 
@@ -30,11 +27,6 @@ class SentencePieceBpe final : public Tokenizer {
   // `name` (the path) is quoted in errors about truncated or corrupt contents.
   static StatusOr<std::unique_ptr<SentencePieceBpe>> from_llama2c(std::string_view bytes,
                                                                   const std::string& name);
-  // Builds from a parsed SentencePiece-style tokenizer.json (spec.sentencepiece_style).
-  static StatusOr<std::unique_ptr<SentencePieceBpe>> from_hf(const HfTokenizerJson& spec,
-                                                             const std::string& name);
-
-  // BOS is left out when tokenizer_config.json says add_bos_token: false.
   StatusOr<std::vector<int>> encode(std::string_view text, bool add_bos) const override;
   // A piece at the start of the text (after BOS, or with prev == -1) drops its leading space:
   // that space is the dummy prefix encode added.
@@ -59,13 +51,9 @@ class SentencePieceBpe final : public Tokenizer {
   std::vector<int> byte_value_;        // For <0xNN> pieces the byte, else -1.
   std::unordered_map<std::string, int> piece_ids_;
   std::array<int, 256> byte_ids_{};    // The <0xNN> piece of each byte, or -1.
-  // tokenizer.json flavour: (left << 32 | right) -> merge; when empty, merges go by score.
-  std::unordered_map<uint64_t, MergeCandidate> ranked_merges_;
-  std::optional<AddedTokenMatcher> added_tokens_;
   int unk_id_ = -1;
   int bos_id_ = -1;
   int eos_id_ = -1;
-  bool config_adds_bos_ = true;  // tokenizer_config.json's add_bos_token: false wins over add_bos.
 };
 
 }  // namespace pdserve::engine

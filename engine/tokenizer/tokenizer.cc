@@ -4,8 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/tokenizer/byte_level_bpe.h"
-#include "engine/tokenizer/hf_tokenizer_json.h"
+#include "engine/tokenizer/hf_tokenizer.h"
 #include "engine/tokenizer/sentencepiece_bpe.h"
 #include "engine/tokenizer/utf8.h"
 
@@ -38,13 +37,11 @@ StatusOr<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path
   if (std::filesystem::exists(config_path, error)) {
     PD_ASSIGN_OR_RETURN(config, read_file(config_path.string()));
   }
-  PD_ASSIGN_OR_RETURN(HfTokenizerJson spec, parse_hf_tokenizer_json(contents, config, path));
-  if (spec.sentencepiece_style) {
-    PD_ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceBpe> tok, SentencePieceBpe::from_hf(spec, path));
-    return std::unique_ptr<Tokenizer>(std::move(tok));
+  StatusOr<std::unique_ptr<HfTokenizer>> tok = HfTokenizer::from_json(contents, config);
+  if (!tok.ok()) {
+    return Status(tok.status().code(), absl::StrCat(path, ": ", tok.status().message()));
   }
-  PD_ASSIGN_OR_RETURN(std::unique_ptr<ByteLevelBpe> tok, ByteLevelBpe::from_hf(spec, path));
-  return std::unique_ptr<Tokenizer>(std::move(tok));
+  return std::unique_ptr<Tokenizer>(std::move(tok).value());
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "engine/model/hf_config.h"
 #include "engine/model/llama2c_checkpoint.h"
 #include "engine/model/safetensors.h"
+#include "engine/tokenizer.h"
 #include "engine/weights.h"
 #include "tests/model/test_util.h"
 
@@ -78,6 +79,10 @@ TEST_P(MakeTiny, WritesALoadableDirectory) {
   EXPECT_EQ(config->sliding_window, want->sliding_window);
   EXPECT_EQ(config->bos_id, 256);
   EXPECT_EQ(config->eos_ids, std::vector<int>{257});
+  // The tokenizer.json's post-processor puts BOS before the text, as transformers reads it.
+  auto tok = load_tokenizer((dir.path() / "tokenizer.json").string());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->encode("a", true).value(), (std::vector<int>{256, 'a'}));
 
   auto table = read_safetensors_dir(dir.str());
   ASSERT_TRUE(table.ok()) << table.status();

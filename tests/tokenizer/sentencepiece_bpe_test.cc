@@ -1,4 +1,4 @@
-// The llama2.c tokenizer (tok512.bin) and SentencePiece-style tokenizer.json files.
+// The llama2.c tokenizer (tok512.bin): run.c's encoder, decoding, and corrupt files.
 #include "engine/tokenizer/sentencepiece_bpe.h"
 
 #include <chrono>
@@ -273,48 +273,6 @@ TEST_F(CorruptLlama2cFile, RandomMutationsNeverCrash) {
 TEST(LoadTokenizer, MissingFileIsNotFound) {
   auto tok = load_tokenizer("/nonexistent/tok.bin");
   EXPECT_EQ(tok.status().code(), absl::StatusCode::kNotFound);
-}
-
-// A miniature of Llama-2's tokenizer.json: "▁" spaces, byte fallback, merges by rank.
-std::string sentencepiece_json() {
-  std::string vocab = R"("<unk>": 0, "<s>": 1, "</s>": 2)";
-  for (int byte = 0; byte < 256; ++byte) {
-    char piece[16];
-    std::snprintf(piece, sizeof(piece), "<0x%02X>", byte);
-    vocab += ", \"" + std::string(piece) + "\": " + std::to_string(3 + byte);
-  }
-  vocab += R"(, "▁": 259, "h": 260, "i": 261, "▁h": 262, "▁hi": 263)";
-  return R"({"version": "1.0",
-    "added_tokens": [
-      {"id": 0, "content": "<unk>", "special": true},
-      {"id": 1, "content": "<s>", "special": true},
-      {"id": 2, "content": "</s>", "special": true}],
-    "normalizer": {"type": "Sequence", "normalizers": [
-      {"type": "Prepend", "prepend": "▁"},
-      {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
-    "pre_tokenizer": null,
-    "post_processor": {"type": "TemplateProcessing",
-      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},
-    "model": {"type": "BPE", "unk_token": "<unk>", "byte_fallback": true,
-      "vocab": {)" + vocab + R"(},
-      "merges": ["▁ h", "▁h i"]}})";
-}
-
-TEST(SentencePieceJson, EncodesAndDecodes) {
-  const auto dir = temp_dir();
-  write_all(dir / "tokenizer.json", sentencepiece_json());
-  auto tok = load_tokenizer((dir / "tokenizer.json").string());
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_EQ((*tok)->bos_id(), 1);
-  EXPECT_EQ((*tok)->eos_id(), 2);
-  // "▁hi", then "▁" and the four bytes of U+1F600.
-  const std::string text = "hi \xF0\x9F\x98\x80";
-  auto ids = (*tok)->encode(text, true);
-  ASSERT_TRUE(ids.ok()) << ids.status();
-  EXPECT_THAT(*ids, ElementsAre(1, 263, 259, 243, 162, 155, 131));
-  EXPECT_EQ((*tok)->decode(*ids), text);
-  // The special token's text is matched as the token itself.
-  EXPECT_THAT((*tok)->encode("hi</s>", false).value(), ElementsAre(263, 2));
 }
 
 }  // namespace
