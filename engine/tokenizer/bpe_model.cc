@@ -124,7 +124,7 @@ std::optional<MergeCandidate> BpeModel::merge_of(int left, int right) const {
 Status BpeModel::encode_word(std::string_view word, std::vector<int>& ids) const {
   if (word.empty()) return absl::OkStatus();
   if (ignore_merges_) {
-    if (const auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
+    if (const auto it = vocab_.find(absl::string_view(word.data(), word.size())); it != vocab_.end()) {
       ids.push_back(it->second);
       return absl::OkStatus();
     }
@@ -169,7 +169,7 @@ Status BpeModel::encode_word(std::string_view word, std::vector<int>& ids) const
 }
 
 std::optional<int> BpeModel::token_to_id(std::string_view token) const {
-  const auto it = vocab_.find(std::string(token));
+  const auto it = vocab_.find(absl::string_view(token.data(), token.size()));
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }

@@ -10,11 +10,11 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/status.h"
 #include "engine/tokenizer/bpe_merge.h"
 #include "engine/tokenizer/tokenizer_model.h"
@@ -35,10 +35,10 @@ class BpeModel final : public TokenizerModel {
   BpeModel() = default;
   std::optional<MergeCandidate> merge_of(int left, int right) const;
 
-  std::unordered_map<std::string, int> vocab_;
+  absl::flat_hash_map<std::string, int> vocab_;
   std::vector<std::string> pieces_;  // By id; "" where the vocabulary skips an id.
   std::vector<bool> has_piece_;
-  std::unordered_map<uint64_t, MergeCandidate> merges_;  // (left << 32 | right) -> merge.
+  absl::flat_hash_map<uint64_t, MergeCandidate> merges_;  // (left << 32 | right) -> merge.
   std::array<int, 256> byte_ids_{};  // byte_fallback: the <0xNN> piece of each byte, or -1.
   std::optional<int> unk_id_;
   std::string continuing_subword_prefix_;

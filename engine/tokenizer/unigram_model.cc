@@ -109,7 +109,7 @@ Status UnigramModel::encode_word(std::string_view word, std::vector<int>& ids) c
   for (size_t i = spans.size(); i-- > 0;) {
     const std::string_view text = word.substr(spans[i].first, spans[i].second - spans[i].first);
     // A fused run is looked up as a piece; failing that, bytes or the unknown token.
-    if (const auto it = vocab_.find(std::string(text)); it != vocab_.end()) {
+    if (const auto it = vocab_.find(absl::string_view(text.data(), text.size())); it != vocab_.end()) {
       ids.push_back(it->second);
       continue;
     }
@@ -125,7 +125,7 @@ Status UnigramModel::encode_word(std::string_view word, std::vector<int>& ids) c
 }
 
 std::optional<int> UnigramModel::token_to_id(std::string_view token) const {
-  const auto it = vocab_.find(std::string(token));
+  const auto it = vocab_.find(absl::string_view(token.data(), token.size()));
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }

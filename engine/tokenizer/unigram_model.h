@@ -9,11 +9,11 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "common/status.h"
 #include "engine/tokenizer/byte_trie.h"
 #include "engine/tokenizer/tokenizer_model.h"
@@ -35,7 +35,7 @@ class UnigramModel final : public TokenizerModel {
 
   std::vector<std::string> pieces_;
   std::vector<double> scores_;
-  std::unordered_map<std::string, int> vocab_;
+  absl::flat_hash_map<std::string, int> vocab_;
   ByteTrie trie_;
   std::optional<int> unk_id_;
   double unk_score_ = 0;
