@@ -8,6 +8,7 @@
 #include "engine/tokenizer/json_fields.h"
 #include "engine/tokenizer/unigram_model.h"
 #include "engine/tokenizer/utf8.h"
+#include "engine/tokenizer/wordpiece_model.h"
 
 namespace pdserve::engine {
 namespace {
@@ -37,6 +38,10 @@ StatusOr<std::unique_ptr<TokenizerModel>> parse_model(const Json& model) {
   if (type == "Unigram") {
     PD_ASSIGN_OR_RETURN(std::unique_ptr<UnigramModel> unigram, UnigramModel::from_json(model));
     return std::unique_ptr<TokenizerModel>(std::move(unigram));
+  }
+  if (type == "WordPiece") {
+    PD_ASSIGN_OR_RETURN(std::unique_ptr<WordPieceModel> wordpiece, WordPieceModel::from_json(model));
+    return std::unique_ptr<TokenizerModel>(std::move(wordpiece));
   }
   return json_fields::unsupported("model", type);
 }

@@ -1,12 +1,13 @@
 // The tokenizer of a Hugging Face tokenizer.json, composed as the file says: added tokens cut
 // out of the raw text (added_vocabulary.h), the normalizer on the rest (normalizers.h), the
 // pre-tokenizer's words (pre_tokenizers.h), the model's ids per word (bpe_model.h,
-// unigram_model.h), the post-processor's special tokens (post_processor.h); decoding runs the
-// decoder chain (decoders.h) token by token. Whatever the file asks for that is not
-// implemented is refused at load, naming the component. tokenizer_config.json adds
-// transformers' rule for Llama / Gemma / CodeLlama tokenizer classes: their add_bos_token /
-// add_eos_token rebuild the post-processor as [bos] A [eos]; other classes keep the file's.
-// Immutable once built: encode and decode may run concurrently from any thread.
+// unigram_model.h, wordpiece_model.h), the post-processor's special tokens
+// (post_processor.h); decoding runs the decoder chain (decoders.h) token by token. Whatever
+// the file asks for that is not implemented is refused at load, naming the component.
+// tokenizer_config.json adds transformers' rule for Llama / Gemma / CodeLlama tokenizer
+// classes: their add_bos_token / add_eos_token rebuild the post-processor as [bos] A [eos];
+// other classes keep the file's. Immutable once built: encode and decode may run
+// concurrently from any thread.
 #pragma once
 
 #include <memory>

@@ -441,5 +441,27 @@ TEST(HfTokenizerUnigram, ViterbiSegmentation) {
   EXPECT_EQ(tok->decode({3, 4, 1, 6}), "ab c");
 }
 
+// BERT's shape: BertNormalizer, BertPreTokenizer, WordPiece, [CLS] A [SEP], WordPiece decoder.
+TEST(HfTokenizerWordPiece, BertStyle) {
+  const std::string json = R"({"added_tokens": [
+      {"id": 0, "content": "[UNK]", "special": true}, {"id": 1, "content": "[CLS]", "special": true},
+      {"id": 2, "content": "[SEP]", "special": true}],
+    "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true,
+                   "strip_accents": null, "lowercase": true},
+    "pre_tokenizer": {"type": "BertPreTokenizer"},
+    "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]},
+    "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+    "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+      "max_input_chars_per_word": 100,
+      "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "un": 3, "##aff": 4, "##able": 5, "hi": 6, "!": 7}}})";
+  auto tok = load_json(json);
+  ASSERT_NE(tok, nullptr);
+  // Lowercased and accents stripped; "unaffable" longest-first: un ##aff ##able; "xyz" has no
+  // pieces and is [UNK] as a whole.
+  const std::vector<int> ids = tok->encode("Unaff\xC3\xA1" "ble hi! xyz", true).value();
+  EXPECT_THAT(ids, ElementsAre(1, 3, 4, 5, 6, 7, 0, 2));
+  EXPECT_EQ(tok->decode({3, 4, 5, 6, 7}), "unaffable hi!");
+}
+
 }  // namespace
 }  // namespace pdserve::engine
