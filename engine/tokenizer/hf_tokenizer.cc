@@ -95,7 +95,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::from_json(std::string_view t
     return absl::InvalidArgumentError("\"added_tokens\" must be an array");
   }
   tok->vocab_size_ = tok->model_->vocab_size();
-  for (const Json& entry : added.is_array() ? added : Json::array()) {
+  for (const Json& entry : added) {  // null iterates as empty.
     PD_ASSIGN_OR_RETURN(AddedToken token, parse_added_token(entry));
     tok->vocab_size_ = std::max(tok->vocab_size_, token.id + 1);
     tok->added_tokens_.push_back(std::move(token));

@@ -3,7 +3,6 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/tokenizer/json_fields.h"
-#include "engine/tokenizer/utf8.h"
 
 namespace pdserve::engine {
 namespace {
