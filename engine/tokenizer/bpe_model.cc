@@ -23,15 +23,16 @@ std::string byte_piece(int byte) {
   return buffer;
 }
 
-// A merge: ["a", "b"] (tokenizers >= 0.20) or "a b".
-StatusOr<std::pair<std::string, std::string>> parse_merge(const Json& merge) {
+// A merge: ["a", "b"] (tokenizers >= 0.20) or "a b". Views into the JSON's strings.
+StatusOr<std::pair<absl::string_view, absl::string_view>> parse_merge(const Json& merge) {
   if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-    return std::make_pair(merge[0].get<std::string>(), merge[1].get<std::string>());
+    return std::make_pair(absl::string_view(merge[0].get_ref<const std::string&>()),
+                          absl::string_view(merge[1].get_ref<const std::string&>()));
   }
   if (merge.is_string()) {
-    const std::string text = merge.get<std::string>();
+    const absl::string_view text = merge.get_ref<const std::string&>();
     const size_t space = text.find(' ');
-    if (space != std::string::npos && text.find(' ', space + 1) == std::string::npos) {
+    if (space != absl::string_view::npos && text.find(' ', space + 1) == absl::string_view::npos) {
       return std::make_pair(text.substr(0, space), text.substr(space + 1));
     }
   }
@@ -96,13 +97,15 @@ StatusOr<std::unique_ptr<BpeModel>> BpeModel::from_json(const Json& model) {
   if (!merges.is_array()) return absl::InvalidArgumentError("BPE \"merges\" must be an array");
   bpe->merges_.reserve(merges.size());
   const size_t prefix_length = bpe->continuing_subword_prefix_.size();
+  std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     PD_ASSIGN_OR_RETURN(const auto merge, parse_merge(merges[rank]));
     const auto& [left, right] = merge;
     const auto left_it = bpe->vocab_.find(left);
     const auto right_it = bpe->vocab_.find(right);
-    const std::string merged =
-        left + (right.size() >= prefix_length ? right.substr(prefix_length) : right);
+    merged.assign(left.data(), left.size());
+    const absl::string_view right_rest = right.size() >= prefix_length ? right.substr(prefix_length) : right;
+    merged.append(right_rest.data(), right_rest.size());
     const auto merged_it = bpe->vocab_.find(merged);
     if (left_it == bpe->vocab_.end() || right_it == bpe->vocab_.end() ||
         merged_it == bpe->vocab_.end()) {
