@@ -60,8 +60,10 @@ class Backend {
   virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
                                int64_t ldw) = 0;
   virtual void add_bias(float* y, const float* bias, int rows, int out) = 0;
+  // `inv_freq`: the head dim's table (engine/rope_scaling.h) in backend memory.
   virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
-                    const int* positions, float theta, bool rotate_half) = 0;
+                    const int* positions, const float* inv_freq, float attention_scale,
+                    bool rotate_half) = 0;
   virtual void paged_kv_write(const kernels::cpu::PagedLayerView& kv,
                               const kernels::cpu::TokenPlacement& tokens, const float* k,
                               int64_t k_row_stride, const float* v, int64_t v_row_stride,

@@ -61,8 +61,8 @@ class CpuBackend final : public Backend {
   }
   void add_bias(float* y, const float* bias, int rows, int out) override { k::add_bias(y, bias, rows, out); }
   void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-            float theta, bool rotate_half) override {
-    k::rope(x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half);
+            const float* inv_freq, float attention_scale, bool rotate_half) override {
+    k::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
   }
   void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,

@@ -30,6 +30,7 @@ Status ModelConfig::validate() const {
     if (a.index_head_dim > 0 && a.index_top_k <= 0)
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, ": an index cache needs index_top_k > 0"));
   }
+  PD_RETURN_IF_ERROR(rope_scaling.validate());
   if (!(rms_eps > 0.0f)) return absl::InvalidArgumentError("rms_norm_eps must be positive");
   if (bos_id < 0 || bos_id >= vocab_size) return absl::InvalidArgumentError("BOS id outside the vocabulary");
   return absl::OkStatus();

@@ -1,4 +1,4 @@
-// The shape and hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2), whatever
+// The shape and hyper-parameters of a Llama-family model (Llama, Mistral, Qwen2, Qwen3), whatever
 // file format it came from, and the KV cache spec it implies.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "engine/generation_defaults.h"
 #include "engine/kv_spec.h"
+#include "engine/rope_scaling.h"
 
 namespace pdserve::engine {
 
@@ -35,7 +36,7 @@ struct LayerAttention {
 };
 
 struct ModelConfig {
-  std::string architecture = "llama";  // "llama", "mistral", "qwen2".
+  std::string architecture = "llama";  // "llama", "mistral", "qwen2", "qwen3".
   int dim = 0;
   int hidden_dim = 0;
   int n_layers = 0;
@@ -43,11 +44,15 @@ struct ModelConfig {
   int n_kv_heads = 0;
   int head_dim = 0;  // dim / n_heads unless the config says otherwise.
   int vocab_size = 0;
-  int max_seq_len = 0;
+  int max_seq_len = 0;  // max_position_embeddings: the engine refuses longer sequences.
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // How RoPE stretches past the pretraining context (default: not at all).
   float rms_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::kRotateHalf;
   bool qkv_bias = false;
+  // Qwen3: an RMSNorm over each q and k head (weights of head_dim, shared by all heads) between
+  // the projections and RoPE.
+  bool qk_norm = false;
   bool tie_embeddings = false;
   int sliding_window = 0;  // 0: full attention in every layer.
   int bos_id = 1;

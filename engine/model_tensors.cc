@@ -22,6 +22,10 @@ std::vector<TensorShape> model_tensors(const ModelConfig& c) {
       add("self_attn.k_proj.bias", {kv});
       add("self_attn.v_proj.bias", {kv});
     }
+    if (c.qk_norm) {
+      add("self_attn.q_norm.weight", {c.attention(l).head_dim});
+      add("self_attn.k_norm.weight", {c.attention(l).head_dim});
+    }
     add("self_attn.o_proj.weight", {dim, q});
     if (index > 0) {
       add("self_attn.index_q_proj.weight", {index, dim});

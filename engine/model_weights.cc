@@ -113,6 +113,10 @@ StatusOr<RankShard> shard_weights(const ModelConfig& c, const ModelWeightsF32& w
       ls.bk = get("self_attn.k_proj.bias") + ls.kv_heads.begin * hd;
       ls.bv = get("self_attn.v_proj.bias") + ls.kv_heads.begin * hd;
     }
+    if (c.qk_norm) {
+      ls.q_norm = get("self_attn.q_norm.weight");
+      ls.k_norm = get("self_attn.k_norm.weight");
+    }
     ls.w_gate = get("mlp.gate_proj.weight") + int64_t(s.hidden.begin) * c.dim;
     ls.w_up = get("mlp.up_proj.weight") + int64_t(s.hidden.begin) * c.dim;
     ls.w_down = get("mlp.down_proj.weight") + s.hidden.begin;

@@ -44,6 +44,8 @@ struct LayerShard {
   const float* bq = nullptr;  // Biases (Qwen2) or nullptr.
   const float* bk = nullptr;
   const float* bv = nullptr;
+  const float* q_norm = nullptr;  // Qwen3's per-head q/k RMSNorm weights [head_dim], whole on
+  const float* k_norm = nullptr;  // every rank; or nullptr.
   const float* wo = nullptr;  // [dim][q_local] columns, rows wo_stride apart.
   int64_t wo_stride = 0;      // q_dim in the full tensor; q_local once uploaded compact.
   const float* w_index_q = nullptr;  // [index_head_dim][dim], whole on every rank; or nullptr.

@@ -49,6 +49,7 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
     runner->views_.push_back(v);
   }
   PD_RETURN_IF_ERROR(runner->reserve(max_tokens));
+  PD_RETURN_IF_ERROR(runner->upload_rope_tables());
   return runner;
 }
 
@@ -87,6 +88,35 @@ Status RankRunner::reserve(int n) {
     PD_RETURN_IF_ERROR(q_index_.reserve(b, tokens * index * f));
     PD_RETURN_IF_ERROR(k_index_.reserve(b, tokens * index * f));
     PD_RETURN_IF_ERROR(block_mask_.reserve(b, tokens * mask_stride_));
+  }
+  return absl::OkStatus();
+}
+
+Status RankRunner::upload_rope_tables() {
+  const ModelConfig& c = config_;
+  std::vector<int> head_dims;        // Distinct, in order of first use.
+  std::vector<RopeFrequencies> tables;
+  std::vector<size_t> offset, table_of_layer(c.n_layers);
+  size_t floats = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const int hd = shard_.layers[l].head_dim;
+    const auto at = std::find(head_dims.begin(), head_dims.end(), hd);
+    table_of_layer[l] = size_t(at - head_dims.begin());
+    if (at != head_dims.end()) continue;
+    head_dims.push_back(hd);
+    tables.push_back(rope_frequencies(c.rope_scaling, c.rope_theta, hd, c.max_seq_len));
+    offset.push_back(floats);
+    floats += tables.back().inv_freq.size();
+  }
+  std::vector<float> host;
+  for (const RopeFrequencies& t : tables) host.insert(host.end(), t.inv_freq.begin(), t.inv_freq.end());
+  PD_RETURN_IF_ERROR(rope_tables_.reserve(backend_, std::max<size_t>(floats, 1) * sizeof(float)));
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(rope_tables_.as<void>(), host.data(), floats * sizeof(float)));
+  PD_RETURN_IF_ERROR(backend_->synchronize());  // `host` goes out of scope.
+  layer_rope_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const size_t t = table_of_layer[l];
+    layer_rope_[l] = {rope_tables_.as<float>() + offset[t], tables[t].attention_scale};
   }
   return absl::OkStatus();
 }
@@ -239,8 +269,13 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
       backend_->add_bias(k, w.bk, n, kv_local);
       backend_->add_bias(v, w.bv, n, kv_local);
     }
-    backend_->rope(q, n, q_local, nq, hd, positions, c.rope_theta, rotate_half);
-    backend_->rope(k, n, kv_local, nkv, hd, positions, c.rope_theta, rotate_half);
+    if (w.q_norm) {  // Qwen3: each head normalised on its own (rows of head_dim).
+      backend_->rms_norm(q, q, w.q_norm, n * nq, hd, c.rms_eps);
+      backend_->rms_norm(k, k, w.k_norm, n * nkv, hd, c.rms_eps);
+    }
+    const LayerRope& rope = layer_rope_[l];
+    backend_->rope(q, n, q_local, nq, hd, positions, rope.inv_freq, rope.attention_scale, rotate_half);
+    backend_->rope(k, n, kv_local, nkv, hd, positions, rope.inv_freq, rope.attention_scale, rotate_half);
     backend_->paged_kv_write(views_[l], place, k, kv_local, v, kv_local, nkv);
     const int index_layer = c.index_cache_layer(l);
     if (index_layer >= 0) {

@@ -94,6 +94,8 @@ class RankRunner {
   RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout layout, Backend* backend,
              Communicator* comm);
   Status reserve(int max_tokens);
+  // Uploads the RoPE table (engine/rope_scaling.h) of each distinct head dim into rope_tables_.
+  Status upload_rope_tables();
   // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their
   // own, marked so, and the rest in another.
   void attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
@@ -113,6 +115,13 @@ class RankRunner {
   // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens.
   BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
       block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
+  // The RoPE tables, one per distinct head dim, in backend memory; each layer's in layer_rope_.
+  BackendBuffer rope_tables_;
+  struct LayerRope {
+    const float* inv_freq = nullptr;
+    float attention_scale = 1.0f;
+  };
+  std::vector<LayerRope> layer_rope_;
   kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;

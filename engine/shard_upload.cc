@@ -86,6 +86,8 @@ StatusOr<std::unique_ptr<UploadedShard>> upload(const ModelConfig& c, const Rank
     PD_ASSIGN_OR_RETURN(d.bq, up.vector(h.bq, q_local));
     PD_ASSIGN_OR_RETURN(d.bk, up.vector(h.bk, kv_local));
     PD_ASSIGN_OR_RETURN(d.bv, up.vector(h.bv, kv_local));
+    PD_ASSIGN_OR_RETURN(d.q_norm, up.vector(h.q_norm, h.head_dim));
+    PD_ASSIGN_OR_RETURN(d.k_norm, up.vector(h.k_norm, h.head_dim));
     PD_ASSIGN_OR_RETURN(d.wo, up.rows(h.wo, dim, q_local, h.wo_stride, w));
     d.wo_stride = q_local;
     PD_ASSIGN_OR_RETURN(d.w_index_q, up.rows(h.w_index_q, index_dim, dim, dim, w));

@@ -19,7 +19,8 @@ struct Arch {
 };
 constexpr Arch kArchs[] = {{"llama", "LlamaForCausalLM"},
                            {"mistral", "MistralForCausalLM"},
-                           {"qwen2", "Qwen2ForCausalLM"}};
+                           {"qwen2", "Qwen2ForCausalLM"},
+                           {"qwen3", "Qwen3ForCausalLM"}};
 
 StatusOr<std::string> architecture_of(const json& j) {
   std::string seen;
@@ -35,7 +36,7 @@ StatusOr<std::string> architecture_of(const json& j) {
   }
   return absl::UnimplementedError(absl::StrCat(
       "unsupported architecture '", seen.empty() ? "(none given)" : seen,
-      "'; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"));
+      "'; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"));
 }
 
 // Reads an integer field; `fallback` < 0 makes it required.
@@ -96,6 +97,94 @@ StatusOr<bool> get_bool(const json& j, const char* key, bool fallback) {
   return j[key].get<bool>();
 }
 
+struct RopeScalingName {
+  const char* name;
+  RopeScalingType type;
+};
+constexpr RopeScalingName kRopeScalingNames[] = {{"default", RopeScalingType::kNone},
+                                                 {"linear", RopeScalingType::kLinear},
+                                                 {"dynamic", RopeScalingType::kDynamic},
+                                                 {"yarn", RopeScalingType::kYarn},
+                                                 {"llama3", RopeScalingType::kLlama3}};
+
+StatusOr<double> get_double(const json& j, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return absl::InvalidArgumentError(absl::StrCat("rope_scaling ", key, " is not a number"));
+  return j[key].get<double>();
+}
+
+// config.json's rope_scaling (or transformers v5's rope_parameters, which also carries
+// rope_theta): the type under "rope_type" or the older "type", and the fields that type uses.
+// Unknown types and fields are refused, not ignored: each one changes the positions.
+StatusOr<RopeScaling> rope_scaling_of(const json& r, const char* key, float& theta) {
+  if (!r.is_object()) return absl::InvalidArgumentError(absl::StrCat(key, " must be an object"));
+  std::string name;
+  for (const char* type_key : {"rope_type", "type"}) {
+    if (!r.contains(type_key)) continue;
+    if (!r[type_key].is_string()) return absl::InvalidArgumentError(absl::StrCat(key, " ", type_key, " is not a string"));
+    const std::string given = r[type_key].get<std::string>();
+    if (!name.empty() && given != name)
+      return absl::InvalidArgumentError(absl::StrCat(key, " gives two types, \"", name, "\" and \"", given, "\""));
+    name = given;
+  }
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(key, " has no rope_type"));
+  RopeScaling s;
+  const RopeScalingName* known = nullptr;
+  for (const RopeScalingName& n : kRopeScalingNames)
+    if (name == n.name) known = &n;
+  if (!known)
+    return absl::UnimplementedError(absl::StrCat(key, " type \"", name,
+                                                 "\" is not supported (supported: default, linear, dynamic, yarn, llama3)"));
+  s.type = known->type;
+  std::vector<std::string> allowed = {"rope_type", "type", "rope_theta"};
+  auto allow = [&](std::initializer_list<const char*> keys) { allowed.insert(allowed.end(), keys.begin(), keys.end()); };
+  if (s.type != RopeScalingType::kNone) {
+    allow({"factor"});
+    if (!r.contains("factor")) return absl::InvalidArgumentError(absl::StrCat(key, " type ", name, " needs a factor"));
+    PD_ASSIGN_OR_RETURN(s.factor, get_double(r, "factor", 1.0));
+  }
+  if (s.type == RopeScalingType::kLlama3) {
+    for (const char* needed : {"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"})
+      if (!r.contains(needed) || r[needed].is_null())
+        return absl::InvalidArgumentError(absl::StrCat(key, " type llama3 needs ", needed));
+  }
+  if (s.type == RopeScalingType::kLlama3 || s.type == RopeScalingType::kYarn) {
+    allow({"original_max_position_embeddings"});
+    PD_ASSIGN_OR_RETURN(s.original_max_position_embeddings, get_int(r, "original_max_position_embeddings", 0));
+  }
+  if (s.type == RopeScalingType::kLlama3) {
+    allow({"low_freq_factor", "high_freq_factor"});
+    PD_ASSIGN_OR_RETURN(s.low_freq_factor, get_double(r, "low_freq_factor", 0.0));
+    PD_ASSIGN_OR_RETURN(s.high_freq_factor, get_double(r, "high_freq_factor", 0.0));
+  }
+  if (s.type == RopeScalingType::kYarn) {
+    allow({"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"});
+    // HF reads beta_fast/beta_slow with `or`: an explicit 0 (or null) takes the default too.
+    PD_ASSIGN_OR_RETURN(s.beta_fast, get_double(r, "beta_fast", 32.0));
+    PD_ASSIGN_OR_RETURN(s.beta_slow, get_double(r, "beta_slow", 1.0));
+    if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+    if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+    if (r.contains("attention_factor") && !r["attention_factor"].is_null()) {
+      PD_ASSIGN_OR_RETURN(double f, get_double(r, "attention_factor", 1.0));
+      s.attention_factor = f;
+    }
+    PD_ASSIGN_OR_RETURN(s.mscale, get_double(r, "mscale", 0.0));
+    PD_ASSIGN_OR_RETURN(s.mscale_all_dim, get_double(r, "mscale_all_dim", 0.0));
+    if (r.contains("truncate") && !r["truncate"].is_boolean())
+      return absl::InvalidArgumentError(absl::StrCat(key, " truncate is not a boolean"));
+    s.truncate = r.value("truncate", true);
+  }
+  for (const auto& item : r.items())
+    if (std::find(allowed.begin(), allowed.end(), item.key()) == allowed.end())
+      return absl::UnimplementedError(absl::StrCat(key, " field \"", item.key(), "\" is not supported for type ", name));
+  if (r.contains("rope_theta")) {
+    if (!r["rope_theta"].is_number()) return absl::InvalidArgumentError(absl::StrCat(key, " rope_theta is not a number"));
+    theta = r["rope_theta"].get<float>();
+  }
+  PD_RETURN_IF_ERROR(s.validate());
+  return s;
+}
+
 // eos_token_id as an int or a list of ints, each inside the vocabulary.
 StatusOr<std::vector<int>> eos_ids_of(const json& j, int vocab_size) {
   std::vector<int> ids;
@@ -127,19 +216,25 @@ StatusOr<ModelConfig> parse(const json& j) {
   PD_ASSIGN_OR_RETURN(c.tie_embeddings, get_bool(j, "tie_word_embeddings", false));
   PD_ASSIGN_OR_RETURN(bool bias, get_bool(j, "attention_bias", false));
   c.qkv_bias = bias || c.architecture == "qwen2";
+  c.qk_norm = c.architecture == "qwen3";
   c.rope_style = RopeStyle::kRotateHalf;
 
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     return absl::UnimplementedError(absl::StrCat("hidden_act ", j["hidden_act"].dump(), " (only silu is supported)"));
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    return absl::UnimplementedError(absl::StrCat("rope_scaling ", j["rope_scaling"].dump(), " is not supported"));
+  PD_ASSIGN_OR_RETURN(double rotary_fraction, get_float(j, "partial_rotary_factor", 1.0f));
+  if (rotary_fraction != 1.0)
+    return absl::UnimplementedError(absl::StrCat("partial_rotary_factor ", rotary_fraction, " (only 1: RoPE over the whole head)"));
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    PD_ASSIGN_OR_RETURN(c.rope_scaling, rope_scaling_of(j[key], key, c.rope_theta));
+  }
 
-  // Mistral slides whenever sliding_window is set; Qwen2 only with use_sliding_window, and then
-  // only in layers from max_window_layers on.
+  // Mistral slides whenever sliding_window is set; Qwen2 and Qwen3 only with use_sliding_window,
+  // and then only in layers from max_window_layers on.
   PD_ASSIGN_OR_RETURN(int window, get_int(j, "sliding_window", 0));
   PD_ASSIGN_OR_RETURN(bool use_window, get_bool(j, "use_sliding_window", c.architecture == "mistral"));
   if (use_window && window > 0) {
-    if (c.architecture == "qwen2") {
+    if (c.architecture == "qwen2" || c.architecture == "qwen3") {
       PD_ASSIGN_OR_RETURN(int first, get_int(j, "max_window_layers", c.n_layers));
       if (first >= c.n_layers) window = 0;
       else if (first > 0)
@@ -215,19 +310,43 @@ StatusOr<std::string> hf_config_json(const ModelConfig& c, DType dtype) {
   j["vocab_size"] = c.vocab_size;
   j["max_position_embeddings"] = c.max_seq_len;
   j["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.type != RopeScalingType::kNone) {
+    const RopeScaling& r = c.rope_scaling;
+    nlohmann::ordered_json s;
+    for (const RopeScalingName& n : kRopeScalingNames)
+      if (n.type == r.type) s["rope_type"] = n.name;
+    s["factor"] = r.factor;
+    if (r.type == RopeScalingType::kLlama3 || (r.type == RopeScalingType::kYarn && r.original_max_position_embeddings > 0))
+      s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    if (r.type == RopeScalingType::kLlama3) {
+      s["low_freq_factor"] = r.low_freq_factor;
+      s["high_freq_factor"] = r.high_freq_factor;
+    }
+    if (r.type == RopeScalingType::kYarn) {
+      s["beta_fast"] = r.beta_fast;
+      s["beta_slow"] = r.beta_slow;
+      if (r.attention_factor) s["attention_factor"] = *r.attention_factor;
+      if (r.mscale != 0.0) s["mscale"] = r.mscale;
+      if (r.mscale_all_dim != 0.0) s["mscale_all_dim"] = r.mscale_all_dim;
+      s["truncate"] = r.truncate;
+    }
+    j["rope_scaling"] = s;
+  }
   j["rms_norm_eps"] = c.rms_eps;
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
   // Qwen2 always has q/k/v biases, and its loaders do not read attention_bias.
   if (c.architecture != "qwen2") j["attention_bias"] = c.qkv_bias;
   else if (!c.qkv_bias) return absl::InvalidArgumentError("qwen2 models always have q/k/v biases");
-  if (c.architecture == "qwen2") {
+  if (c.qk_norm != (c.architecture == "qwen3"))
+    return absl::InvalidArgumentError("per-head q/k norms are Qwen3's, and Qwen3 always has them");
+  if (c.architecture == "qwen2" || c.architecture == "qwen3") {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : c.max_seq_len;
     j["max_window_layers"] = c.sliding_window > 0 ? 0 : c.n_layers;
   } else if (c.sliding_window > 0) {
     if (c.architecture != "mistral")
-      return absl::InvalidArgumentError("a sliding window needs the mistral or qwen2 architecture");
+      return absl::InvalidArgumentError("a sliding window needs the mistral, qwen2 or qwen3 architecture");
     j["sliding_window"] = c.sliding_window;
   }
   for (const LayerAttention& a : c.layer_attention) {

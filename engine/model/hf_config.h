@@ -1,5 +1,6 @@
 // Hugging Face config.json for the Llama family (LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM) to and from ModelConfig, so HF directories and make-model's output agree.
+// Qwen2ForCausalLM, Qwen3ForCausalLM) to and from ModelConfig, so HF directories and make-model's
+// output agree.
 #pragma once
 
 #include <string>
@@ -10,8 +11,10 @@
 namespace pdserve::engine {
 
 // Parses config.json text. `source` names it in errors. Unimplemented for architectures or
-// features the engine lacks (rope_scaling, per-layer sliding windows); InvalidArgument for
-// missing or mistyped fields. The result uses rotate-half RoPE and is validate()d.
+// features the engine lacks (rope_scaling types other than linear, dynamic, yarn and llama3, or
+// fields of theirs it cannot honour; partial_rotary_factor; per-layer sliding windows);
+// InvalidArgument for missing or mistyped fields. The result uses rotate-half RoPE and is
+// validate()d.
 StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string& source);
 
 // Reads and parses the config.json at `path`.

@@ -19,6 +19,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// How a preset's random weights are drawn.
+enum class WeightInit : uint8_t {
+  kSmall = 0,  // N(0, 0.02), norm weights 1.
+  // N(0, 1/fan-in): unit-variance activations and sharp attention, so positions (RoPE) and KV
+  // bytes visibly change the logits; norm weights 1 + N(0, 0.2), so a norm applied with the wrong
+  // weights (a q/k norm to the wrong head) does too.
+  kFanIn = 1,
+};
+
 struct Preset {
   const char* name;
   const char* architecture;
@@ -26,7 +35,27 @@ struct Preset {
   float rope_theta, rms_eps;
   bool qkv_bias, tie;
   int sliding_window;
+  RopeScaling rope_scaling = {};
+  WeightInit init = WeightInit::kSmall;
 };
+
+constexpr RopeScaling llama3_scaling(double factor, double low, double high, int original) {
+  RopeScaling s;
+  s.type = RopeScalingType::kLlama3;
+  s.factor = factor;
+  s.low_freq_factor = low;
+  s.high_freq_factor = high;
+  s.original_max_position_embeddings = original;
+  return s;
+}
+
+constexpr RopeScaling yarn_scaling(double factor, int original) {
+  RopeScaling s;
+  s.type = RopeScalingType::kYarn;
+  s.factor = factor;
+  s.original_max_position_embeddings = original;
+  return s;
+}
 
 constexpr Preset kPresets[] = {
     {"tiny", "llama", 64, 128, 2, 4, 2, 16, 300, 256, 10000.f, 1e-5f, false, false, 0},
@@ -36,6 +65,17 @@ constexpr Preset kPresets[] = {
     {"synthetic-100m", "llama", 768, 2048, 12, 12, 4, 64, 32000, 2048, 10000.f, 1e-5f, false, true, 0},
     {"llama-3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 500000.f, 1e-5f, false, false, 0},
     {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 32768, 1000000.f, 1e-6f, true, false, 0},
+    // Llama-3.1's RoPE scaling with a 64-token original context: at head dim 16 and theta 10000
+    // pair 0 is kept, pairs 1-2 fall in the smoothed band and pairs 3-7 are divided by 8.
+    {"tiny-llama31", "llama", 64, 128, 2, 4, 2, 16, 300, 256, 10000.f, 1e-5f, false, false, 0,
+     llama3_scaling(8.0, 1.0, 4.0, 64), WeightInit::kFanIn},
+    // Qwen3: per-head q/k norms, head_dim 32 != hidden / heads, tied embeddings.
+    {"tiny-qwen3", "qwen3", 64, 128, 2, 4, 2, 32, 300, 256, 1000000.f, 1e-6f, false, true, 0, {},
+     WeightInit::kFanIn},
+    // YaRN x4 over a 64-token original context: pair 0 extrapolated, 1-2 blended, 3-7
+    // interpolated, cos/sin scaled by 0.1 ln 4 + 1.
+    {"tiny-yarn", "llama", 64, 128, 2, 4, 2, 16, 300, 256, 10000.f, 1e-5f, false, false, 0, yarn_scaling(4.0, 64),
+     WeightInit::kFanIn},
 };
 
 constexpr float kWeightStd = 0.02f;
@@ -67,12 +107,18 @@ uint64_t tensor_seed(uint64_t seed, const std::string& name) {
 // rather than the tiny N(0, 0.02) under which attention is nearly uniform and KV barely matters.
 constexpr const char* kMixedGeometry = "mixed-geometry";
 
-// Streams N(0, std) values (Box-Muller), or ones for norm weights.
-Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed, bool fan_in_scaled) {
+constexpr double kNoisyNormStd = 0.2;
+
+// Streams N(0, std) values (Box-Muller); norm weights are ones, or with `noisy_norms` 1 + N(0, 0.2).
+Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed, bool fan_in_scaled, bool noisy_norms) {
   int64_t n = 1;
   for (int64_t d : t.shape) n *= d;
-  const bool ones = t.name.find("norm") != std::string::npos;
-  const double std_dev = fan_in_scaled && t.shape.size() == 2 ? 1.0 / std::sqrt(double(t.shape[1])) : kWeightStd;
+  const bool norm = t.name.find("norm") != std::string::npos;
+  const bool ones = norm && !noisy_norms;
+  const double std_dev = norm                                  ? kNoisyNormStd
+                         : fan_in_scaled && t.shape.size() == 2 ? 1.0 / std::sqrt(double(t.shape[1]))
+                                                                : kWeightStd;
+  auto value = [norm](double v) { return norm ? 1.0f + float(v) : float(v); };
   SplitMix rng{tensor_seed(seed, t.name)};
   std::vector<float> buf(kChunk);
   for (int64_t done = 0; done < n;) {
@@ -83,8 +129,8 @@ Status write_random(SafetensorsWriter& w, const TensorSpec& t, uint64_t seed, bo
       for (size_t i = 0; i < k; i += 2) {
         double r = std::sqrt(-2.0 * std::log(rng.uniform())) * std_dev;
         double a = 2.0 * M_PI * rng.uniform();
-        buf[i] = float(r * std::cos(a));
-        if (i + 1 < k) buf[i + 1] = float(r * std::sin(a));
+        buf[i] = value(r * std::cos(a));
+        if (i + 1 < k) buf[i + 1] = value(r * std::sin(a));
       }
     }
     PD_RETURN_IF_ERROR(w.write_floats(buf.data(), k));
@@ -102,6 +148,12 @@ std::vector<TensorSpec> model_tensor_specs(const ModelConfig& c, DType dtype) {
   return t;
 }
 
+const Preset* find_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
 Status write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
@@ -117,8 +169,10 @@ Status make_preset(const MakeModelOptions& o, const fs::path& out) {
                                        (out / "model.safetensors").string(), tensors,
                                        {{"format", "pt"}, {"pdserve_preset", o.preset},
                                         {"pdserve_seed", std::to_string(o.seed)}}));
-  for (const TensorSpec& t : tensors)
-    PD_RETURN_IF_ERROR(write_random(*writer, t, o.seed, o.preset == kMixedGeometry));
+  const Preset* preset = find_preset(o.preset);
+  const bool fan_in = o.preset == kMixedGeometry || (preset && preset->init == WeightInit::kFanIn);
+  const bool noisy_norms = preset && preset->init == WeightInit::kFanIn;
+  for (const TensorSpec& t : tensors) PD_RETURN_IF_ERROR(write_random(*writer, t, o.seed, fan_in, noisy_norms));
   PD_RETURN_IF_ERROR(writer->finish());
   PD_RETURN_IF_ERROR(write_byte_level_tokenizer(out.string()));
   PD_ASSIGN_OR_RETURN(std::string config_json, hf_config_json(c, o.dtype));
@@ -201,8 +255,8 @@ ModelConfig mixed_geometry_config() {
 
 StatusOr<ModelConfig> make_model_preset_config(const std::string& preset) {
   if (preset == kMixedGeometry) return mixed_geometry_config();
-  for (const Preset& p : kPresets) {
-    if (preset != p.name) continue;
+  if (const Preset* found = find_preset(preset)) {
+    const Preset& p = *found;
     ModelConfig c;
     c.architecture = p.architecture;
     c.dim = p.dim;
@@ -214,6 +268,8 @@ StatusOr<ModelConfig> make_model_preset_config(const std::string& preset) {
     c.vocab_size = p.vocab;
     c.max_seq_len = p.max_seq_len;
     c.rope_theta = p.rope_theta;
+    c.rope_scaling = p.rope_scaling;
+    c.qk_norm = c.architecture == "qwen3";
     c.rms_eps = p.rms_eps;
     c.rope_style = RopeStyle::kRotateHalf;
     c.qkv_bias = p.qkv_bias;

@@ -21,7 +21,10 @@ struct MakeModelOptions {
   DType dtype = DType::kF32;
 };
 
-// Preset models: weights N(0, 0.02) (biases too), norm weights 1. They share the byte-level
+// Preset models: weights N(0, 0.02) (biases too), norm weights 1 — except tiny-llama31,
+// tiny-qwen3, tiny-yarn and mixed-geometry, whose weights are N(0, 1/fan-in) so that positions
+// and cached keys visibly change the logits (the first three also draw norm weights
+// 1 + N(0, 0.2)). They share the byte-level
 // tokenizer (BOS 256, EOS 257, 258 tokens), so bos_token_id/eos_token_id are 256/257 whatever
 // the real model uses; the model vocabulary is larger and the extra ids are never encoded.
 // Weights are streamed to disk: an 8B model in f32 needs 32 GB of disk, not of memory.
@@ -33,7 +36,7 @@ struct MakeModelOptions {
 Status make_model(const MakeModelOptions& options);
 
 // The preset names: tiny, tiny-mha, tiny-qwen2, tiny-mistral, synthetic-100m, llama-3-8b,
-// qwen2.5-7b.
+// qwen2.5-7b, tiny-llama31 (llama3 RoPE scaling), tiny-qwen3, tiny-yarn, mixed-geometry.
 std::vector<std::string> make_model_presets();
 
 // The config a preset writes; NotFound for unknown names (listing the known ones).

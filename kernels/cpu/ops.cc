@@ -16,15 +16,13 @@ void rms_norm(float* out, const float* in, const float* weight, int rows, int di
 }
 
 void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-          float theta, bool rotate_half) {
+          const float* inv_freq, float attention_scale, bool rotate_half) {
   const int half = head_dim / 2;
   for (int r = 0; r < rows; ++r) {
     const float pos = float(positions[r]);
     for (int i = 0; i < half; ++i) {
-      // Frequency of pair i: theta^(-2i/head_dim), as both conventions define it.
-      const float freq = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
-      const float angle = pos * freq;
-      const float c = std::cos(angle), s = std::sin(angle);
+      const float angle = pos * inv_freq[i];
+      const float c = std::cos(angle) * attention_scale, s = std::sin(angle) * attention_scale;
       for (int h = 0; h < n_heads; ++h) {
         float* head = x + r * row_stride + int64_t(h) * head_dim;
         float* a = rotate_half ? head + i : head + 2 * i;

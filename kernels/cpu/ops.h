@@ -11,10 +11,12 @@ namespace pdserve::kernels::cpu {
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps);
 
 // Rotates each head of `rows` rows in place by RoPE at the row's position. Row r starts at
-// x + r*row_stride and holds `n_heads` heads of `head_dim`. `rotate_half` pairs (i, i+hd/2)
+// x + r*row_stride and holds `n_heads` heads of `head_dim`. Pair i turns by position *
+// inv_freq[i] (head_dim/2 entries: engine/rope_scaling.h's table, scaling included), its cos and
+// sin multiplied by `attention_scale` (yarn; 1 otherwise). `rotate_half` pairs (i, i+hd/2)
 // (Hugging Face) instead of adjacent (2i, 2i+1) (llama2.c/Meta).
 void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-          float theta, bool rotate_half);
+          const float* inv_freq, float attention_scale, bool rotate_half);
 
 // gate[i] = silu(gate[i]) * up[i].
 void silu_mul(float* gate, const float* up, int64_t n);

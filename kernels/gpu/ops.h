@@ -27,8 +27,9 @@ void rms_norm(float* out, const float* in, const float* weight, int rows, int di
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows,
                   int dim, float eps, gpuStream_t stream);
 
+// inv_freq: head_dim/2 floats of device memory.
 void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-          float theta, bool rotate_half, gpuStream_t stream);
+          const float* inv_freq, float attention_scale, bool rotate_half, gpuStream_t stream);
 
 void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream);
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);

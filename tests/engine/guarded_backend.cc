@@ -81,10 +81,10 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->add_bias(y, bias, rows, out);
   }
-  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions, float theta,
-            bool rotate_half) override {
+  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+            const float* inv_freq, float attention_scale, bool rotate_half) override {
     Open open(this);
-    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, theta, rotate_half);
+    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
   }
   void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {

@@ -12,6 +12,7 @@
 
 #include "engine/communicator.h"
 #include "engine/kv_cache_layout.h"
+#include "engine/rope_scaling.h"
 #include "engine/tp_shard.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
@@ -39,13 +40,34 @@ TEST(Kernels, RopeRotateHalfEqualsAdjacentOnPermutedDims) {
       half[h * hd + i + hd / 2] = adj[h * hd + 2 * i + 1];
     }
   const int pos = 7;
-  rope(adj.data(), 1, hd * heads, heads, hd, &pos, 10000.0f, false);
-  rope(half.data(), 1, hd * heads, heads, hd, &pos, 10000.0f, true);
+  const std::vector<float> inv_freq = engine::rope_frequencies({}, 10000.0f, hd, 256).inv_freq;
+  rope(adj.data(), 1, hd * heads, heads, hd, &pos, inv_freq.data(), 1.0f, false);
+  rope(half.data(), 1, hd * heads, heads, hd, &pos, inv_freq.data(), 1.0f, true);
   for (int h = 0; h < heads; ++h)
     for (int i = 0; i < hd / 2; ++i) {
       EXPECT_FLOAT_EQ(half[h * hd + i], adj[h * hd + 2 * i]);
       EXPECT_FLOAT_EQ(half[h * hd + i + hd / 2], adj[h * hd + 2 * i + 1]);
     }
+}
+
+// Pair i of every head turns by position * inv_freq[i] of whatever table it is given, and its
+// cos and sin carry the attention scale.
+TEST(Kernels, RopeTurnsEachPairByItsTableEntryAndScales) {
+  const int hd = 6, heads = 2, rows = 2;
+  const std::vector<float> inv_freq = {0.9f, 0.05f, 0.3f};
+  const std::vector<int> pos = {3, 100};
+  const float scale = 1.25f;
+  const std::vector<float> x = random_vec(rows * hd * heads, 2);
+  std::vector<float> got = x;
+  rope(got.data(), rows, hd * heads, heads, hd, pos.data(), inv_freq.data(), scale, true);
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < hd / 2; ++i) {
+        const int a = r * hd * heads + h * hd + i, b = a + hd / 2;
+        const double angle = double(pos[r]) * inv_freq[i];
+        EXPECT_NEAR(got[a], scale * (x[a] * std::cos(angle) - x[b] * std::sin(angle)), 1e-5) << r << " " << h << " " << i;
+        EXPECT_NEAR(got[b], scale * (x[a] * std::sin(angle) + x[b] * std::cos(angle)), 1e-5) << r << " " << h << " " << i;
+      }
 }
 
 TEST(Kernels, MatmulWithColumnSliceStride) {

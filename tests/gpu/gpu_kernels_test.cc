@@ -12,6 +12,7 @@
 #include <string>
 
 #include "engine/kv_cache_layout.h"
+#include "engine/rope_scaling.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/sampling.h"
@@ -50,18 +51,30 @@ TEST(GpuKernels, RmsNormAndFusedResidual) {
   }
 }
 
-TEST(GpuKernels, RopeBothPairLayoutsOnStridedRows) {
+// Both pair layouts, unscaled and with a llama3 table, and a yarn table with its cos/sin scale.
+TEST(GpuKernels, RopeBothPairLayoutsOnStridedRowsWithScaledTables) {
   REQUIRE_GPU();
   const int rows = 6, heads = 3, hd = 64;
   const int64_t stride = heads * hd + 40;  // Rows of a wider buffer.
   std::vector<int> pos = {0, 1, 17, 255, 256, 300};
-  for (bool half : {false, true}) {
-    std::vector<float> x = random_vec(rows * stride, 4), want = x;
-    cpu::rope(want.data(), rows, stride, heads, hd, pos.data(), 10000.0f, half);
-    Dev<float> dx(x);
-    Dev<int> dpos(pos);
-    gpu::rope(dx.get(), rows, stride, heads, hd, dpos.get(), 10000.0f, half, nullptr);
-    EXPECT_LE(rel_error(dx.host(), want), kRopeTol) << "rotate_half " << half;
+  engine::RopeScaling llama3;
+  llama3.type = engine::RopeScalingType::kLlama3;
+  llama3.factor = 8.0;
+  llama3.original_max_position_embeddings = 64;
+  engine::RopeScaling yarn;
+  yarn.type = engine::RopeScalingType::kYarn;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 64;
+  for (const engine::RopeScaling& scaling : {engine::RopeScaling{}, llama3, yarn}) {
+    const engine::RopeFrequencies table = engine::rope_frequencies(scaling, 10000.0f, hd, 512);
+    for (bool half : {false, true}) {
+      std::vector<float> x = random_vec(rows * stride, 4), want = x;
+      cpu::rope(want.data(), rows, stride, heads, hd, pos.data(), table.inv_freq.data(), table.attention_scale, half);
+      Dev<float> dx(x), dfreq(table.inv_freq);
+      Dev<int> dpos(pos);
+      gpu::rope(dx.get(), rows, stride, heads, hd, dpos.get(), dfreq.get(), table.attention_scale, half, nullptr);
+      EXPECT_LE(rel_error(dx.host(), want), kRopeTol) << "type " << int(scaling.type) << " rotate_half " << half;
+    }
   }
 }
 

@@ -35,6 +35,138 @@ constexpr const char* kMistral = R"({
   "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
   "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 32000})";
 
+// From meta-llama/Llama-3.1-8B.
+constexpr const char* kLlama31 = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+  "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+
+// From Qwen/Qwen3-0.6B: head_dim 128 with hidden_size 1024 over 16 heads.
+constexpr const char* kQwen3 = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+
+// kQwen3 with `rope_scaling` set to `scaling` (JSON text).
+std::string qwen3_with_scaling(const std::string& scaling) {
+  std::string text = kQwen3;
+  text.replace(text.find("\"rope_scaling\": null"), 20, "\"rope_scaling\": " + scaling);
+  return text;
+}
+
+TEST(HfConfig, Llama31RopeScaling) {
+  auto c = parse_hf_config(kLlama31, "llama3.1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_seq_len, 131072);
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 8.0);
+  EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+}
+
+TEST(HfConfig, Qwen3) {
+  auto c = parse_hf_config(kQwen3, "qwen3");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "qwen3");
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_TRUE(c->tie_embeddings);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->q_dim(), 2048);  // Not hidden_size.
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->max_seq_len, 40960);
+  EXPECT_FLOAT_EQ(c->rope_theta, 1000000.0f);
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kNone);
+}
+
+// Each scaling type under "rope_type", the older "type", or both; transformers v5's
+// rope_parameters, which carries rope_theta too.
+TEST(HfConfig, RopeScalingTypesAndKeys) {
+  struct Case {
+    std::string scaling;
+    RopeScalingType type;
+  };
+  const Case cases[] = {
+      {R"({"type": "linear", "factor": 2.0})", RopeScalingType::kLinear},
+      {R"({"rope_type": "dynamic", "factor": 2.0})", RopeScalingType::kDynamic},
+      {R"({"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})",
+       RopeScalingType::kYarn},
+      {R"({"rope_type": "default"})", RopeScalingType::kNone},
+  };
+  for (const Case& k : cases) {
+    auto c = parse_hf_config(qwen3_with_scaling(k.scaling), "cfg");
+    ASSERT_TRUE(c.ok()) << c.status() << k.scaling;
+    EXPECT_EQ(c->rope_scaling.type, k.type) << k.scaling;
+  }
+  auto yarn = parse_hf_config(qwen3_with_scaling(
+      R"({"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 16,
+          "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": false, "attention_factor": null})"), "cfg");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope_scaling.factor, 40.0);
+  EXPECT_EQ(yarn->rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(yarn->rope_scaling.beta_fast, 16.0);
+  EXPECT_EQ(yarn->rope_scaling.beta_slow, 2.0);
+  EXPECT_EQ(yarn->rope_scaling.mscale, 0.707);
+  EXPECT_EQ(yarn->rope_scaling.mscale_all_dim, 1.0);
+  EXPECT_FALSE(yarn->rope_scaling.truncate);
+  EXPECT_FALSE(yarn->rope_scaling.attention_factor.has_value());
+
+  std::string v5 = kLlama31;
+  v5.replace(v5.find("\"rope_scaling\""), 14, "\"rope_parameters\"");
+  v5.replace(v5.find("\"rope_type\": \"llama3\""), 21, "\"rope_type\": \"llama3\", \"rope_theta\": 250000.0");
+  auto c = parse_hf_config(v5, "v5");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kLlama3);
+  EXPECT_FLOAT_EQ(c->rope_theta, 250000.0f);
+}
+
+// What the engine cannot honour is refused by name, never ignored.
+TEST(HfConfig, RopeScalingRefusals) {
+  struct Case {
+    std::string scaling;
+    absl::StatusCode code;
+    const char* names;
+  };
+  const Case cases[] = {
+      {R"({"rope_type": "longrope", "long_factor": [1], "short_factor": [1]})", absl::StatusCode::kUnimplemented, "longrope"},
+      {R"({"type": "su", "long_factor": [1], "short_factor": [1]})", absl::StatusCode::kUnimplemented, "su"},
+      {R"({"rope_type": "linear", "factor": 2.0, "long_factor": [1]})", absl::StatusCode::kUnimplemented, "long_factor"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192})",
+       absl::StatusCode::kInvalidArgument, "needs low_freq_factor"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1, "high_freq_factor": 4})",
+       absl::StatusCode::kInvalidArgument, "needs original_max_position_embeddings"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4, "high_freq_factor": 1,
+           "original_max_position_embeddings": 8192})", absl::StatusCode::kInvalidArgument, "high_freq_factor"},
+      {R"({"rope_type": "linear"})", absl::StatusCode::kInvalidArgument, "factor"},
+      {R"({"rope_type": "linear", "factor": 0.5})", absl::StatusCode::kInvalidArgument, "factor"},
+      {R"({"type": "linear", "rope_type": "dynamic", "factor": 2})", absl::StatusCode::kInvalidArgument, "two types"},
+      {R"({"factor": 2})", absl::StatusCode::kInvalidArgument, "rope_type"},
+      {R"("linear")", absl::StatusCode::kInvalidArgument, "object"},
+  };
+  for (const Case& k : cases) {
+    auto c = parse_hf_config(qwen3_with_scaling(k.scaling), "cfg");
+    EXPECT_EQ(c.status().code(), k.code) << k.scaling << " " << c.status();
+    EXPECT_NE(c.status().message().find(k.names), std::string::npos) << c.status();
+  }
+  std::string partial = kQwen3;
+  partial.replace(partial.find("\"head_dim\""), 0, "\"partial_rotary_factor\": 0.5, ");
+  auto p = parse_hf_config(partial, "cfg");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(p.status().message().find("partial_rotary_factor"), std::string::npos);
+}
+
 TEST(HfConfig, Llama3) {
   auto c = parse_hf_config(kLlama3, "llama3");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -113,7 +245,7 @@ TEST(HfConfig, Errors) {
   bad_type.replace(bad_type.find("4096"), 4, "\"4096\"");
   EXPECT_FALSE(parse_hf_config(bad_type, "cfg").ok());
   std::string scaled = llama;
-  scaled.replace(scaled.find("\"rope_scaling\": null"), 20, R"("rope_scaling": {"type":"llama3"})");
+  scaled.replace(scaled.find("\"rope_scaling\": null"), 20, R"("rope_scaling": {"type":"longrope"})");
   EXPECT_EQ(parse_hf_config(scaled, "cfg").status().code(), absl::StatusCode::kUnimplemented);
   std::string heads = llama;
   heads.replace(heads.find("\"num_key_value_heads\": 8"), 24, "\"num_key_value_heads\": 5");
@@ -132,7 +264,12 @@ TEST(HfConfig, GenerationConfigAddsEos) {
 }
 
 TEST(HfConfig, WriteThenParse) {
-  for (const char* text : {kLlama3, kQwen25, kMistral}) {
+  const std::string yarn = qwen3_with_scaling(
+      R"({"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 16,
+          "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": false, "attention_factor": 1.25})");
+  const std::string dynamic = qwen3_with_scaling(R"({"type": "dynamic", "factor": 2.0})");
+  for (const std::string& text : {std::string(kLlama3), std::string(kQwen25), std::string(kMistral),
+                                  std::string(kLlama31), std::string(kQwen3), yarn, dynamic}) {
     auto c = parse_hf_config(text, "in");
     ASSERT_TRUE(c.ok());
     auto json = hf_config_json(*c, DType::kBF16);
@@ -146,6 +283,11 @@ TEST(HfConfig, WriteThenParse) {
     EXPECT_EQ(back->sliding_window, c->sliding_window);
     EXPECT_EQ(back->eos_ids, c->eos_ids);
     EXPECT_FLOAT_EQ(back->rope_theta, c->rope_theta);
+    EXPECT_EQ(back->rope_scaling, c->rope_scaling);
+    EXPECT_EQ(back->qk_norm, c->qk_norm);
+    EXPECT_EQ(back->head_dim, c->head_dim);
+    EXPECT_EQ(back->tie_embeddings, c->tie_embeddings);
+    EXPECT_EQ(back->max_seq_len, c->max_seq_len);
   }
   ModelConfig adjacent;
   adjacent.rope_style = RopeStyle::kAdjacentPairs;
