@@ -109,6 +109,54 @@ INSTANTIATE_TEST_SUITE_P(Presets, MakeTiny, ::testing::Values("tiny", "tiny-mha"
                            return n;
                          });
 
+// The presets of issue 14's shapes: their config survives the file (RoPE scaling, q/k norms,
+// head_dim != hidden / heads), Qwen3 gets its per-head norm tensors, and the weights are drawn
+// at 1/sqrt(fan-in) with norm weights around 1 but not 1.
+class MakeFanIn : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MakeFanIn, ConfigRoundTripsAndWeightsAreFanInScaled) {
+  TempDir dir;
+  const std::string preset = GetParam();
+  ASSERT_TRUE(make_model({.preset = preset, .seed = 7, .out_dir = dir.str()}).ok());
+  auto config = read_hf_config((dir.path() / "config.json").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto want = make_model_preset_config(preset);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(config->architecture, want->architecture);
+  EXPECT_EQ(config->rope_scaling, want->rope_scaling);
+  EXPECT_EQ(config->rope_scaling.type, preset == "tiny-llama31" ? RopeScalingType::kLlama3
+                                       : preset == "tiny-yarn"  ? RopeScalingType::kYarn
+                                                                : RopeScalingType::kNone);
+  EXPECT_EQ(config->qk_norm, preset == "tiny-qwen3");
+  EXPECT_EQ(config->head_dim, want->head_dim);
+  EXPECT_EQ(config->tie_embeddings, want->tie_embeddings);
+
+  auto table = read_safetensors_dir(dir.str());
+  ASSERT_TRUE(table.ok()) << table.status();
+  auto q_norm = (*table)->tensor("model.layers.1.self_attn.q_norm.weight");
+  EXPECT_EQ(q_norm.ok(), want->qk_norm);
+  if (q_norm.ok()) EXPECT_EQ(q_norm->shape, (std::vector<int64_t>{want->head_dim}));
+  auto norm = (*table)->tensor("model.layers.1.post_attention_layernorm.weight");
+  ASSERT_TRUE(norm.ok());
+  double norm_sum = 0;
+  int ones = 0;
+  for (int64_t i = 0; i < norm->numel(); ++i) norm_sum += value(*norm, i), ones += value(*norm, i) == 1.0;
+  EXPECT_NEAR(norm_sum / double(norm->numel()), 1.0, 0.1);
+  EXPECT_EQ(ones, 0);
+  auto up = (*table)->tensor("model.layers.0.mlp.up_proj.weight");
+  ASSERT_TRUE(up.ok());
+  double sq = 0;
+  for (int64_t i = 0; i < up->numel(); ++i) sq += value(*up, i) * value(*up, i);
+  EXPECT_NEAR(std::sqrt(sq / double(up->numel())), 1.0 / std::sqrt(double(want->dim)), 0.01);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, MakeFanIn, ::testing::Values("tiny-llama31", "tiny-qwen3", "tiny-yarn"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
 TEST(MakeModel, SeededAndDtypeSized) {
   TempDir a, b, c, d;
   ASSERT_TRUE(make_model({.preset = "tiny", .seed = 1, .out_dir = a.str()}).ok());

@@ -48,7 +48,7 @@ TEST(ModelLoader, LoadsANameFromTheCache) {
 }
 
 TEST(ModelLoader, LoadsMadeModels) {
-  for (const char* preset : {"tiny", "tiny-mha", "tiny-qwen2"}) {
+  for (const char* preset : {"tiny", "tiny-mha", "tiny-qwen2", "tiny-llama31", "tiny-qwen3", "tiny-yarn"}) {
     TempDir dir;
     ASSERT_TRUE(make_model({.preset = preset, .seed = 3, .out_dir = dir.str()}).ok());
     auto m = load_model({.model = dir.str()});
