@@ -147,18 +147,15 @@ StatusOr<RopeScaling> rope_scaling_of(const json& r, const char* key, float& the
     for (const char* needed : {"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"})
       if (!r.contains(needed) || r[needed].is_null())
         return absl::InvalidArgumentError(absl::StrCat(key, " type llama3 needs ", needed));
-  }
-  if (s.type == RopeScalingType::kLlama3 || s.type == RopeScalingType::kYarn) {
-    allow({"original_max_position_embeddings"});
+    allow({"original_max_position_embeddings", "low_freq_factor", "high_freq_factor"});
     PD_ASSIGN_OR_RETURN(s.original_max_position_embeddings, get_int(r, "original_max_position_embeddings", 0));
-  }
-  if (s.type == RopeScalingType::kLlama3) {
-    allow({"low_freq_factor", "high_freq_factor"});
     PD_ASSIGN_OR_RETURN(s.low_freq_factor, get_double(r, "low_freq_factor", 0.0));
     PD_ASSIGN_OR_RETURN(s.high_freq_factor, get_double(r, "high_freq_factor", 0.0));
   }
   if (s.type == RopeScalingType::kYarn) {
-    allow({"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"});
+    allow({"original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+           "truncate"});
+    PD_ASSIGN_OR_RETURN(s.original_max_position_embeddings, get_int(r, "original_max_position_embeddings", 0));
     // HF reads beta_fast/beta_slow with `or`: an explicit 0 (or null) takes the default too.
     PD_ASSIGN_OR_RETURN(s.beta_fast, get_double(r, "beta_fast", 32.0));
     PD_ASSIGN_OR_RETURN(s.beta_slow, get_double(r, "beta_slow", 1.0));
