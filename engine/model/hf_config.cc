@@ -218,6 +218,8 @@ StatusOr<ModelConfig> parse(const json& j) {
 
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     return absl::UnimplementedError(absl::StrCat("hidden_act ", j["hidden_act"].dump(), " (only silu is supported)"));
+  PD_ASSIGN_OR_RETURN(bool mlp_bias, get_bool(j, "mlp_bias", false));
+  if (mlp_bias) return absl::UnimplementedError("mlp_bias true (MLP projections with biases) is not supported");
   PD_ASSIGN_OR_RETURN(double rotary_fraction, get_float(j, "partial_rotary_factor", 1.0f));
   if (rotary_fraction != 1.0)
     return absl::UnimplementedError(absl::StrCat("partial_rotary_factor ", rotary_fraction, " (only 1: RoPE over the whole head)"));

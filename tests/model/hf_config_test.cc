@@ -160,6 +160,11 @@ TEST(HfConfig, RopeScalingRefusals) {
     EXPECT_EQ(c.status().code(), k.code) << k.scaling << " " << c.status();
     EXPECT_NE(c.status().message().find(k.names), std::string::npos) << c.status();
   }
+  std::string mlp_bias = kLlama31;
+  mlp_bias.replace(mlp_bias.find("\"mlp_bias\": false"), 17, "\"mlp_bias\": true");
+  auto m = parse_hf_config(mlp_bias, "cfg");
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("mlp_bias"), std::string::npos);
   std::string partial = kQwen3;
   partial.replace(partial.find("\"head_dim\""), 0, "\"partial_rotary_factor\": 0.5, ");
   auto p = parse_hf_config(partial, "cfg");
