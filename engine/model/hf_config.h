@@ -12,7 +12,7 @@ namespace pdserve::engine {
 
 // Parses config.json text. `source` names it in errors. Unimplemented for architectures or
 // features the engine lacks (rope_scaling types other than linear, dynamic, yarn and llama3, or
-// fields of theirs it cannot honour; partial_rotary_factor; per-layer sliding windows);
+// fields of theirs it cannot honour; partial_rotary_factor; mlp_bias; per-layer sliding windows);
 // InvalidArgument for missing or mistyped fields. The result uses rotate-half RoPE and is
 // validate()d.
 StatusOr<ModelConfig> parse_hf_config(const std::string& text, const std::string& source);
