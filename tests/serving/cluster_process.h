@@ -186,11 +186,13 @@ class Process {
 // `pdserve up --model stories260K --port P <args>`.
 class Cluster : public Process {
  public:
-  explicit Cluster(std::vector<std::string> args) : Process(up_args(std::move(args))) {}
+  // `pdserve up ARGS` on `model` (the bundled stories260K unless given).
+  explicit Cluster(std::vector<std::string> args, const std::string& model = stories_bin())
+      : Process(up_args(std::move(args), model)) {}
 
  private:
-  static std::vector<std::string> up_args(std::vector<std::string> args) {
-    args.insert(args.begin(), {kBin, "up", "--model", stories_bin(), "--port", std::to_string(free_port_pair())});
+  static std::vector<std::string> up_args(std::vector<std::string> args, const std::string& model) {
+    args.insert(args.begin(), {kBin, "up", "--model", model, "--port", std::to_string(free_port_pair())});
     return args;
   }
 };
