@@ -21,7 +21,8 @@ struct LoadedModel {
   std::string path;    // The resolved file or directory.
   std::string format;  // "llama2c" or "hf".
   std::string name;    // Short name for APIs (e.g. "stories260K").
-  ChatFormat chat_format = ChatFormat::kPlain;  // From tokenizer_config.json's chat_template.
+  // From tokenizer_config.json's chat_template; plain (with the reason) when there is none.
+  ChatTemplate chat_template = ChatTemplate::plain("no tokenizer_config.json beside the tokenizer");
 };
 
 struct ModelLoadOptions {

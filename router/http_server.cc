@@ -127,7 +127,7 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
     return send_error(res, absl::ResourceExhaustedError(
                                "overloaded: every HTTP connection slot is busy (--max-running + --max-waiting)"));
   }
-  auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_format);
+  auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_template);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
   apply_openai_defaults(router_.model_info().sampling_defaults(), req->request.mutable_sampling());

@@ -103,7 +103,7 @@ int run(const Flags& f) {
   model.name = loaded->name;
   model.aliases = {f.model, loaded->path};
   model.config = loaded->config;
-  model.chat_format = loaded->chat_format;
+  model.chat_template = loaded->chat_template;
   model.tokenizer = std::move(loaded->tokenizer);
 
   std::vector<WorkerRegistry::Endpoint> endpoints;

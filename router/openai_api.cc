@@ -1,13 +1,17 @@
 #include "router/openai_api.h"
 
-#include "proto/sampling_defaults.h"
-
+#include <chrono>
 #include <cmath>
+
+#include "proto/sampling_defaults.h"
 
 namespace pdserve::router {
 namespace {
 
 using nlohmann::json;
+// Requests keep their objects' key order: tool definitions reach the prompt through tojson,
+// which writes them back in the order the client sent, as Python's json does.
+using RequestJson = nlohmann::ordered_json;
 
 Status field_error(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("'", field, "' ", what));
@@ -15,7 +19,7 @@ Status field_error(const std::string& field, const std::string& what) {
 
 // Reads an optional number field into `out`; InvalidArgument when it is present but not a number.
 template <typename T>
-Status read_number(const json& j, const std::string& field, T* out, bool* present = nullptr) {
+Status read_number(const RequestJson& j, const std::string& field, T* out, bool* present = nullptr) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_number()) return field_error(field, "must be a number");
@@ -37,7 +41,7 @@ Status read_number(const json& j, const std::string& field, T* out, bool* presen
   return absl::OkStatus();
 }
 
-Status read_bool(const json& j, const std::string& field, bool* out) {
+Status read_bool(const RequestJson& j, const std::string& field, bool* out) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_boolean()) return field_error(field, "must be a boolean");
@@ -45,10 +49,10 @@ Status read_bool(const json& j, const std::string& field, bool* out) {
   return absl::OkStatus();
 }
 
-Status parse_prompt(const json& j, v1::GenerateRequest* r) {
+Status parse_prompt(const RequestJson& j, v1::GenerateRequest* r) {
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) return field_error("prompt", "is required");
-  const json& p = *it;
+  const RequestJson& p = *it;
   if (p.is_string()) {
     r->set_text(p.get<std::string>());
     return absl::OkStatus();
@@ -61,7 +65,7 @@ Status parse_prompt(const json& j, v1::GenerateRequest* r) {
   if (!p.empty() && (p[0].is_array() || p[0].is_string()))
     return field_error("prompt", "may hold only one prompt (batches are not supported)");
   auto* ids = r->mutable_token_ids();
-  for (const json& t : p) {
+  for (const RequestJson& t : p) {
     if (!t.is_number_integer()) return field_error("prompt", "token ids must be integers");
     const int64_t v = t.get<int64_t>();
     if (v < 0 || v > std::numeric_limits<int32_t>::max()) return field_error("prompt", "has a token id out of range");
@@ -70,38 +74,114 @@ Status parse_prompt(const json& j, v1::GenerateRequest* r) {
   return absl::OkStatus();
 }
 
-Status parse_messages(const json& j, engine::ChatFormat chat_format, v1::GenerateRequest* r) {
+// A message's content: a string, a list of text parts (kept as a list for the template), or
+// null / absent.
+Status parse_content(const RequestJson& m, engine::ChatMessage* msg) {
+  auto content = m.find("content");
+  if (content == m.end() || content->is_null()) return absl::OkStatus();
+  if (content->is_string()) {
+    msg->content = content->get<std::string>();
+    return absl::OkStatus();
+  }
+  if (!content->is_array()) return field_error("messages[].content", "must be a string or an array of text parts");
+  std::vector<engine::ChatContentPart> parts;
+  for (const RequestJson& part : *content) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      return field_error("messages[].content", "parts must be {\"type\": \"text\", \"text\": ...}");
+    parts.push_back({part["text"].get<std::string>()});
+  }
+  msg->content = std::move(parts);
+  return absl::OkStatus();
+}
+
+Status read_optional_string(const RequestJson& j, const std::string& field, const std::string& name,
+                            std::optional<std::string>* out) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) return field_error(name, "must be a string");
+  *out = it->get<std::string>();
+  return absl::OkStatus();
+}
+
+// An assistant message's tool_calls: [{id, type, function: {name, arguments}}]. Arguments sent
+// as a JSON string reach the template parsed, as transformers and vLLM pass them.
+Status parse_tool_calls(const RequestJson& m, engine::ChatMessage* msg) {
+  auto calls = m.find("tool_calls");
+  if (calls == m.end() || calls->is_null()) return absl::OkStatus();
+  if (!calls->is_array()) return field_error("messages[].tool_calls", "must be an array");
+  for (const RequestJson& c : *calls) {
+    if (!c.is_object()) return field_error("messages[].tool_calls", "must hold objects");
+    engine::ChatToolCall call;
+    std::optional<std::string> id, type;
+    PD_RETURN_IF_ERROR(read_optional_string(c, "id", "messages[].tool_calls[].id", &id));
+    PD_RETURN_IF_ERROR(read_optional_string(c, "type", "messages[].tool_calls[].type", &type));
+    call.id = id.value_or("");
+    call.type = type.value_or("function");
+    auto function = c.find("function");
+    if (function == c.end() || !function->is_object())
+      return field_error("messages[].tool_calls[].function", "must be an object");
+    auto name = function->find("name");
+    if (name == function->end() || !name->is_string())
+      return field_error("messages[].tool_calls[].function.name", "must be a string");
+    call.name = name->get<std::string>();
+    auto arguments = function->find("arguments");
+    if (arguments != function->end() && arguments->is_string()) {
+      const std::string text = arguments->get<std::string>();
+      RequestJson parsed = RequestJson::parse(text, nullptr, /*allow_exceptions=*/false);
+      call.arguments = parsed.is_discarded() ? RequestJson(text) : std::move(parsed);
+    } else if (arguments != function->end() && arguments->is_object()) {
+      call.arguments = *arguments;
+    } else if (arguments != function->end() && !arguments->is_null()) {
+      return field_error("messages[].tool_calls[].function.arguments", "must be a JSON string or an object");
+    } else {
+      call.arguments = RequestJson::object();
+    }
+    msg->tool_calls.push_back(std::move(call));
+  }
+  return absl::OkStatus();
+}
+
+// The messages and the chat template's inputs (tools, add_generation_prompt,
+// continue_final_message, chat_template_kwargs), rendered with the model's chat template.
+Status parse_messages(const RequestJson& j, const engine::ChatTemplate& chat_template, v1::GenerateRequest* r) {
   auto it = j.find("messages");
   if (it == j.end() || !it->is_array() || it->empty()) return field_error("messages", "must be a non-empty array");
-  std::vector<engine::ChatMessage> messages;
-  for (const json& m : *it) {
+  engine::ChatRequest chat;
+  for (const RequestJson& m : *it) {
     if (!m.is_object()) return field_error("messages", "must hold objects");
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) return field_error("messages[].role", "must be a string");
-    engine::ChatMessage msg{role->get<std::string>(), ""};
-    auto content = m.find("content");
-    if (content != m.end() && content->is_string()) {
-      msg.content = content->get<std::string>();
-    } else if (content != m.end() && content->is_array()) {
-      // The structured form: only text parts.
-      for (const json& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-          return field_error("messages[].content", "parts must be {\"type\": \"text\", \"text\": ...}");
-        msg.content += part["text"].get<std::string>();
-      }
-    } else if (content != m.end() && !content->is_null()) {
-      return field_error("messages[].content", "must be a string or an array of text parts");
-    }
-    messages.push_back(std::move(msg));
+    engine::ChatMessage msg;
+    msg.role = role->get<std::string>();
+    PD_RETURN_IF_ERROR(parse_content(m, &msg));
+    PD_RETURN_IF_ERROR(parse_tool_calls(m, &msg));
+    PD_RETURN_IF_ERROR(read_optional_string(m, "tool_call_id", "messages[].tool_call_id", &msg.tool_call_id));
+    PD_RETURN_IF_ERROR(read_optional_string(m, "name", "messages[].name", &msg.name));
+    PD_RETURN_IF_ERROR(read_optional_string(m, "reasoning_content", "messages[].reasoning_content", &msg.reasoning_content));
+    chat.messages.push_back(std::move(msg));
   }
-  r->set_text(engine::render_chat(chat_format, messages));
+  if (auto tools = j.find("tools"); tools != j.end() && !tools->is_null()) {
+    if (!tools->is_array()) return field_error("tools", "must be an array of tool definitions");
+    for (const RequestJson& t : *tools)
+      if (!t.is_object()) return field_error("tools", "must hold objects");
+    chat.tools = *tools;
+  }
+  PD_RETURN_IF_ERROR(read_bool(j, "add_generation_prompt", &chat.add_generation_prompt));
+  PD_RETURN_IF_ERROR(read_bool(j, "continue_final_message", &chat.continue_final_message));
+  if (auto kwargs = j.find("chat_template_kwargs"); kwargs != j.end() && !kwargs->is_null()) {
+    if (!kwargs->is_object()) return field_error("chat_template_kwargs", "must be an object");
+    chat.template_kwargs = *kwargs;
+  }
+  PD_ASSIGN_OR_RETURN(std::string prompt, chat_template.render(chat, std::chrono::system_clock::now()));
+  r->set_text(std::move(prompt));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat, engine::ChatFormat chat_format) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
+                                             const engine::ChatTemplate& chat_template) {
+  RequestJson j = RequestJson::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   OpenAiRequest out;
@@ -111,7 +191,7 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
     if (!it->is_string()) return field_error("model", "must be a string");
     r.set_model(it->get<std::string>());
   }
-  PD_RETURN_IF_ERROR(chat ? parse_messages(j, chat_format, &r) : parse_prompt(j, &r));
+  PD_RETURN_IF_ERROR(chat ? parse_messages(j, chat_template, &r) : parse_prompt(j, &r));
 
   v1::SamplingParams* s = r.mutable_sampling();
   int max_tokens = 16;
@@ -146,7 +226,7 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
     if (it->is_string()) {
       s->add_stop(it->get<std::string>());
     } else if (it->is_array()) {
-      for (const json& x : *it) {
+      for (const RequestJson& x : *it) {
         if (!x.is_string()) return field_error("stop", "must be a string or an array of strings");
         s->add_stop(x.get<std::string>());
       }
@@ -156,7 +236,7 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   }
   if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
     if (!it->is_array()) return field_error("stop_token_ids", "must be an array of integers");
-    for (const json& x : *it) {
+    for (const RequestJson& x : *it) {
       if (!x.is_number_integer()) return field_error("stop_token_ids", "must be an array of integers");
       if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max())
                                  : x.get<int64_t>() < std::numeric_limits<int32_t>::min() ||

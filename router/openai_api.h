@@ -25,11 +25,14 @@ struct OpenAiRequest {
   bool max_tokens_given = false;       // Else: completions 16 (OpenAI's default), chat the rest of the context.
 };
 
-// Parses a request body; chat messages become the prompt text in the served model's
-// `chat_format` (engine/tokenizer/chat_template.h). InvalidArgument (naming the field) for
-// malformed JSON, wrong types, and unsupported options (n != 1, logprobs, echo, best_of).
-StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
-                                             engine::ChatFormat chat_format = engine::ChatFormat::kPlain);
+// Parses a request body; chat messages (with tools, add_generation_prompt,
+// continue_final_message, chat_template_kwargs) become the prompt text rendered by the served
+// model's `chat_template` (engine/tokenizer/chat_template.h). InvalidArgument (naming the
+// field) for malformed JSON, wrong types, unsupported options (n != 1, logprobs, echo,
+// best_of) and a template that fails to render (its message, e.g. a raise_exception's).
+StatusOr<OpenAiRequest> parse_openai_request(
+    const std::string& body, bool chat,
+    const engine::ChatTemplate& chat_template = engine::ChatTemplate::plain("no chat template given"));
 
 // The sampling a parsed request gets for the fields it left out: the model's defaults
 // (apply_sampling_defaults), then OpenAI's temperature 1 — vLLM's order.

@@ -88,7 +88,8 @@ v1::ModelInfo Router::model_info() const {
   m.set_bos_id(model_.config.bos_id);
   for (int e : model_.config.eos_ids) m.add_eos_ids(e);
   m.set_kv_mode(std::string(kv_mode_name(options_.kv_mode)));
-  m.set_chat_format(engine::chat_format_name(model_.chat_format));
+  m.set_chat_format(engine::chat_format_name(model_.chat_template.format()));
+  m.set_chat_format_reason(model_.chat_template.fallback_reason());
   *m.mutable_sampling_defaults() = sampling_defaults_proto(model_.config.generation_defaults);
   int ranks = 0;
   for (worker::Role role : {worker::ROLE_AGGREGATED, worker::ROLE_PREFILL, worker::ROLE_DECODE}) {

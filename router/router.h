@@ -60,7 +60,7 @@ struct ServedModel {
   engine::ModelConfig config;
   // The router renders chat prompts itself, with the format of the model it loaded (the same
   // files as the workers', whose Worker.Info reports theirs).
-  engine::ChatFormat chat_format = engine::ChatFormat::kPlain;
+  engine::ChatTemplate chat_template = engine::ChatTemplate::plain("no model loaded");
 };
 
 class Router {

@@ -72,7 +72,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   m->set_bos_id(e.config().bos_id);
   for (int id : e.config().eos_ids) m->add_eos_ids(id);
   if (role_ == ROLE_AGGREGATED) m->set_kv_mode("aggregated");
-  m->set_chat_format(engine::chat_format_name(e.model().chat_format));
+  m->set_chat_format(engine::chat_format_name(e.model().chat_template.format()));
+  m->set_chat_format_reason(e.model().chat_template.fallback_reason());
   *m->mutable_sampling_defaults() = sampling_defaults_proto(e.config().generation_defaults);
   reply->set_num_blocks(st.engine.num_blocks);
   reply->set_free_blocks(st.engine.free_blocks);

@@ -54,7 +54,7 @@ StatusOr<std::vector<Value>> iterate(const Value& v) {
 
 StatusOr<Value> get_item(const Value& object, const Value& key) {
   if (object.is_undefined())
-    return absl::InvalidArgumentError(absl::StrCat("'", object.undefined_name(), "' is undefined"));
+    return absl::InvalidArgumentError(object.undefined_reason());
   const std::string key_text = key.is_string() ? key.as_string() : to_str(key);
   if (object.is_dict() || object.is_namespace()) {
     const Dict& d = object.is_dict() ? object.as_dict() : object.namespace_attributes();
@@ -80,7 +80,7 @@ StatusOr<Value> get_item(const Value& object, const Value& key) {
   if (key.is_string()) {
     if (std::optional<Value> method = method_of(object, key.as_string())) return *method;
   }
-  return Value::undefined(absl::StrCat(object.type_name(), " object has no attribute or item '", key_text, "'"));
+  return Value::undefined(absl::StrCat("'", object.type_name(), "' object has no attribute or item '", key_text, "'"));
 }
 
 }  // namespace pdserve::jinja

@@ -16,7 +16,7 @@ Status located(SourcePosition at, const Status& s) {
 }
 
 Status undefined_error(const Value& v) {
-  return absl::InvalidArgumentError(absl::StrCat("'", v.undefined_name(), "' is undefined"));
+  return absl::InvalidArgumentError(v.undefined_reason());
 }
 
 Status operand_error(const char* op, const Value& a, const Value& b) {
@@ -90,7 +90,7 @@ class Evaluator {
     }
     if (const Value* v = context_.find(name)) return *v;
     if (const Value* v = globals_.find(name)) return *v;
-    return Value::undefined(name);
+    return Value::undefined(absl::StrCat("'", name, "' is undefined"));
   }
 
   void push_frame(size_t parent) { frames_.push_back(Frame{{}, parent}); }
@@ -198,8 +198,8 @@ class Evaluator {
       loop.set("length", Value::integer(length));
       loop.set("depth", Value::integer(1));
       loop.set("depth0", Value::integer(0));
-      loop.set("previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("loop.previtem"));
-      loop.set("nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("loop.nextitem"));
+      loop.set("previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("loop.previtem is undefined at the first item"));
+      loop.set("nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("loop.nextitem is undefined at the last item"));
       frames_.back().vars["loop"] = Value::dict(std::move(loop));
       status = assign(*n.target, items[size_t(i)]);
       if (!status.ok()) break;
@@ -239,7 +239,7 @@ class Evaluator {
     Status status;
     for (size_t i = 0; i < macro.params.size() && status.ok(); ++i) {
       if (frames_.back().vars.count(macro.params[i])) continue;
-      Value v = Value::undefined(macro.params[i]);
+      Value v = Value::undefined(absl::StrCat("'", macro.params[i], "' (an argument of macro '", macro.name, "' not given) is undefined"));
       if (macro.defaults[i]) {
         StatusOr<Value> d = eval(*macro.defaults[i]);
         if (!d.ok()) status = d.status();
@@ -405,7 +405,7 @@ class Evaluator {
       case ExprKind::kConditional: {
         PD_ASSIGN_OR_RETURN(Value cond, eval(*e.operands[1]));
         if (cond.truthy()) return eval(*e.operands[0]);
-        if (!e.operands[2]) return Value::undefined("the else branch of an inline if");
+        if (!e.operands[2]) return Value::undefined("an inline if without else whose condition is false is undefined");
         return eval(*e.operands[2]);
       }
       case ExprKind::kCall: {

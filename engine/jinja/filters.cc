@@ -252,7 +252,7 @@ StatusOr<Value> apply_filter(const std::string& name, const Value& subject, cons
   if (name == "first" || name == "last") {
     PD_ASSIGN_OR_RETURN(auto p, bind_arguments(fn, args, {}));
     PD_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(subject));
-    if (items.empty()) return Value::undefined(absl::StrCat("the ", name, " item of an empty sequence"));
+    if (items.empty()) return Value::undefined(absl::StrCat("the ", name, " item of an empty sequence is undefined"));
     return name == "first" ? items.front() : items.back();
   }
   if (name == "join") {

@@ -646,7 +646,7 @@ class Parser {
   }
 
   StatusOr<ExprPtr> parse_call(ExprPtr callee) {
-    auto e = make_expr(ExprKind::kCall, cur().position);
+    auto e = make_expr(ExprKind::kCall, callee->position);  // Errors point at what is called.
     e->operands.push_back(std::move(callee));
     PD_RETURN_IF_ERROR(parse_call_args(*e));
     return e;

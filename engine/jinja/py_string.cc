@@ -25,17 +25,22 @@ void append(std::string& out, char32_t c) {
   out.append(reinterpret_cast<const char*>(buf), size_t(n));
 }
 
+// Appends map(c, out) for each code point; bytes that are not UTF-8 are copied unchanged.
 template <typename Map>
 std::string map_code_points(absl::string_view s, Map map) {
   std::string out;
   out.reserve(s.size());
   size_t i = 0;
   while (i < s.size()) {
-    const size_t start = i;
-    const char32_t c = decode(s, i);
-    const char32_t m = map(c);
-    if (m == c) absl::StrAppend(&out, s.substr(start, i - start));
-    else append(out, m);
+    utf8proc_int32_t c = -1;
+    const utf8proc_ssize_t n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                                utf8proc_ssize_t(s.size() - i), &c);
+    if (n <= 0 || c < 0) {
+      out += s[i++];
+      continue;
+    }
+    i += size_t(n);
+    map(char32_t(c), out);
   }
   return out;
 }
@@ -195,24 +200,35 @@ std::string py_replace(absl::string_view s, absl::string_view old_text, absl::st
   return out;
 }
 
-std::string py_upper(absl::string_view s) { return map_code_points(s, upper); }
-std::string py_lower(absl::string_view s) { return map_code_points(s, lower); }
+// Python's full case mapping turns 'ß' into two letters; the rest maps one to one here.
+constexpr char32_t kSharpS = 0xdf;
+
+std::string py_upper(absl::string_view s) {
+  return map_code_points(s, [](char32_t c, std::string& out) {
+    if (c == kSharpS) out += "SS";
+    else append(out, upper(c));
+  });
+}
+
+std::string py_lower(absl::string_view s) {
+  return map_code_points(s, [](char32_t c, std::string& out) { append(out, lower(c)); });
+}
 
 std::string py_title(absl::string_view s) {
   bool previous_cased = false;
-  return map_code_points(s, [&](char32_t c) {
-    const char32_t m = previous_cased ? lower(c) : title(c);
+  return map_code_points(s, [&](char32_t c, std::string& out) {
+    if (!previous_cased && c == kSharpS) out += "Ss";
+    else append(out, previous_cased ? lower(c) : title(c));
     previous_cased = is_cased(c);
-    return m;
   });
 }
 
 std::string py_capitalize(absl::string_view s) {
   bool first = true;
-  return map_code_points(s, [&](char32_t c) {
-    const char32_t m = first ? title(c) : lower(c);
+  return map_code_points(s, [&](char32_t c, std::string& out) {
+    if (first && c == kSharpS) out += "Ss";
+    else append(out, first ? title(c) : lower(c));
     first = false;
-    return m;
   });
 }
 

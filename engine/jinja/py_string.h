@@ -2,7 +2,8 @@
 // .split('</think>'), | title, | length, slicing). Python counts and indexes code points and
 // has its own idea of whitespace and of word boundaries; these functions reproduce that so a
 // template renders as it does under jinja2. Case mapping is utf8proc's simple (one code point
-// to one) mapping, which Python's full mapping agrees with outside a few letters such as 'ß'.
+// to one) mapping plus Python's full mapping of 'ß' ("SS", title "Ss"); Python maps a few
+// other rare letters and ligatures (e.g. U+FB01) to several code points where this keeps one.
 #pragma once
 
 #include <cstdint>

@@ -51,8 +51,9 @@ class Value {
   enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kNamespace, kCallable };
 
   Value() : data_(Undefined{}) {}
-  // An undefined value remembers the name it was looked up by, for error messages.
-  static Value undefined(std::string name) { return Value(Undefined{std::move(name)}); }
+  // An undefined value remembers why it is undefined ("'x' is undefined", "'dict' object has
+  // no attribute 'y'"): the error when it is used further.
+  static Value undefined(std::string reason) { return Value(Undefined{std::move(reason)}); }
   static Value none() { return Value(None{}); }
   static Value boolean(bool b) { return Value(b); }
   static Value integer(int64_t i) { return Value(i); }
@@ -88,7 +89,7 @@ class Value {
   // The namespace's attributes; mutable through any copy of the value, as in Python.
   Dict& namespace_attributes() const { return *std::get<NamespacePtr>(data_); }
   const Callable& as_callable() const { return *std::get<CallablePtr>(data_); }
-  const std::string& undefined_name() const { return std::get<Undefined>(data_).name; }
+  const std::string& undefined_reason() const { return std::get<Undefined>(data_).reason; }
 
   // Python's truth: empty strings and containers, 0, None and undefined are false.
   bool truthy() const;
@@ -97,7 +98,7 @@ class Value {
 
  private:
   struct Undefined {
-    std::string name;
+    std::string reason;
   };
   struct None {};
   struct ListData {

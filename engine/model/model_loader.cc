@@ -53,13 +53,17 @@ Status attach_tokenizer(LoadedModel& m, const std::string& path) {
                                                    " tokens but the model only ", m.config.vocab_size));
   m.tokenizer = *std::move(tok);
   // The chat template travels with the tokenizer (tokenizer_config.json beside it); llama2.c
-  // tokenizers have none and keep the plain format.
+  // tokenizers have none and keep the plain format. Falling back is said at load, since a
+  // model then sees prompts in a format it was not trained on.
   std::ifstream config(fs::path(path).parent_path() / "tokenizer_config.json", std::ios::binary);
   if (config) {
     std::ostringstream text;
     text << config.rdbuf();
-    m.chat_format = detect_chat_format(chat_template_from_tokenizer_config(text.str()));
+    m.chat_template = ChatTemplate::from_tokenizer_config(text.str());
   }
+  if (m.chat_template.format() == ChatFormat::kPlain)
+    PD_LOG_WARN("model {}: chat prompts use the plain \"<role>: <content>\" format: {}", path,
+                m.chat_template.fallback_reason());
   return absl::OkStatus();
 }
 

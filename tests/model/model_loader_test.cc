@@ -79,18 +79,20 @@ TEST(ModelLoader, LoadsExportedStories) {
   EXPECT_EQ(m->weights->tensor("lm_head.weight")->data, m->weights->tensor("model.embed_tokens.weight")->data);
 }
 
-// The chat format comes from tokenizer_config.json's chat_template; llama2.c models and HF
-// directories without a template get the plain one.
-TEST(ModelLoader, ReadsTheChatFormatFromTokenizerConfig) {
+// The chat template comes from tokenizer_config.json; llama2.c models and HF directories
+// without a template (or with one that does not compile) get the plain format, saying why.
+TEST(ModelLoader, ReadsTheChatTemplateFromTokenizerConfig) {
   auto stories = load_model({.model = (bundled_model_dir() / "stories260K.bin").string()});
   ASSERT_TRUE(stories.ok()) << stories.status();
-  EXPECT_EQ(stories->chat_format, ChatFormat::kPlain);
+  EXPECT_EQ(stories->chat_template.format(), ChatFormat::kPlain);
+  EXPECT_NE(stories->chat_template.fallback_reason().find("no tokenizer_config.json"), std::string::npos);
 
   TempDir dir;
   ASSERT_TRUE(make_model({.preset = "tiny-qwen2", .seed = 3, .out_dir = dir.str()}).ok());
   auto plain = load_model({.model = dir.str()});
   ASSERT_TRUE(plain.ok()) << plain.status();
-  EXPECT_EQ(plain->chat_format, ChatFormat::kPlain);
+  EXPECT_EQ(plain->chat_template.format(), ChatFormat::kPlain);
+  EXPECT_NE(plain->chat_template.fallback_reason().find("has no chat_template"), std::string::npos);
 
   const fs::path config_path = dir.path() / "tokenizer_config.json";
   nlohmann::json config = nlohmann::json::parse(read_file(config_path));
@@ -98,7 +100,20 @@ TEST(ModelLoader, ReadsTheChatFormatFromTokenizerConfig) {
   write_file(config_path, config.dump());
   auto chatml = load_model({.model = dir.str()});
   ASSERT_TRUE(chatml.ok()) << chatml.status();
-  EXPECT_EQ(chatml->chat_format, ChatFormat::kChatMl);
+  EXPECT_EQ(chatml->chat_template.format(), ChatFormat::kJinja);
+  ChatRequest request;
+  request.messages.push_back({.role = "user", .content = std::string("Hi")});
+  auto text = chatml->chat_template.render(request, std::chrono::system_clock::now());
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "<|im_start|>user\nHi<|im_end|>");
+
+  config["chat_template"] = "{% extends 'base.jinja' %}";
+  write_file(config_path, config.dump());
+  auto broken = load_model({.model = dir.str()});
+  ASSERT_TRUE(broken.ok()) << broken.status();
+  EXPECT_EQ(broken->chat_template.format(), ChatFormat::kPlain);
+  EXPECT_NE(broken->chat_template.fallback_reason().find("the 'extends' tag is not supported"), std::string::npos)
+      << broken->chat_template.fallback_reason();
 }
 
 TEST(ModelLoader, ShapeMismatchNamesTheTensor) {

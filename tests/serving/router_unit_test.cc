@@ -266,14 +266,16 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
 }
 
-TEST(OpenAiApi, ChatMessagesUseTheModelsChatFormat) {
+TEST(OpenAiApi, ChatMessagesUseTheModelsChatTemplate) {
   const std::string body = R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]})";
   auto plain = parse_openai_request(body, true);
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->request.text(), "system: Be brief.\nuser: Hi\nassistant:");
-  auto chatml = parse_openai_request(body, true, engine::ChatFormat::kChatMl);
-  ASSERT_TRUE(chatml.ok()) << chatml.status();
-  EXPECT_EQ(chatml->request.text(),
+  const auto chatml = engine::ChatTemplate::from_tokenizer_config(R"({"chat_template":
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"})");
+  auto rendered = parse_openai_request(body, true, chatml);
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  EXPECT_EQ(rendered->request.text(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   auto empty = parse_openai_request(R"({"messages":[{"role":"user","content":""}]})", true);
   ASSERT_TRUE(empty.ok()) << empty.status();
@@ -308,6 +310,41 @@ TEST(OpenAiApi, DefaultsAreTheModelsThenOpenAis) {
     EXPECT_FLOAT_EQ(s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f, c.repetition_penalty) << c.body;
   }
   EXPECT_FALSE(parse_openai_request(R"({"prompt":"x","repetition_penalty":"high"})", false).ok());
+}
+
+// Tools, tool calls (arguments parsed from their JSON string, keys in the order sent),
+// add_generation_prompt and chat_template_kwargs reach the template.
+TEST(OpenAiApi, ChatTemplateInputsReachTheTemplate) {
+  const auto t = engine::ChatTemplate::from_tokenizer_config(R"({"chat_template":
+      "{{ tools | tojson }}|{% for m in messages %}{{ m.role }}{% for c in m.tool_calls | default([]) %} {{ c.id }} {{ c.function.name }} {{ c.function.arguments | tojson }}{% endfor %}{% if m.tool_call_id is defined %} {{ m.tool_call_id }}{% endif %};{% endfor %}{{ add_generation_prompt }}|{{ enable_thinking }}"})");
+  auto r = parse_openai_request(R"({"messages":[
+      {"role":"user","content":[{"type":"text","text":"weather?"}]},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get","arguments":"{\"z\": 1, \"a\": \"x\"}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+    "tools":[{"type":"function","function":{"name":"get","parameters":{"type":"object"}}}],
+    "add_generation_prompt":false,"chat_template_kwargs":{"enable_thinking":false}})",
+                                true, t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.text(),
+            "[{\"type\": \"function\", \"function\": {\"name\": \"get\", \"parameters\": {\"type\": \"object\"}}}]|"
+            "user;assistant c1 get {\"z\": 1, \"a\": \"x\"};tool c1;False|False");
+}
+
+TEST(OpenAiApi, ChatTemplateFailuresAreBadRequests) {
+  const auto t = engine::ChatTemplate::from_tokenizer_config(
+      R"({"chat_template": "{% if messages[0].role == 'tool' %}{{ raise_exception('no tool first') }}{% endif %}ok"})");
+  auto r = parse_openai_request(R"({"messages":[{"role":"tool","content":"x"}]})", true, t);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(http_error(r.status()).status, 400);
+  EXPECT_NE(r.status().message().find("no tool first"), std::string::npos) << r.status();
+  for (const char* bad : {R"({"messages":[{"role":"user","content":"x"}],"tools":{}})",
+                          R"({"messages":[{"role":"assistant","tool_calls":[{"function":{}}]}]})",
+                          R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":[]})",
+                          R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":"yes"})"}) {
+    auto e = parse_openai_request(bad, true, t);
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
 }
 
 TEST(OpenAiApi, ParsesCompletionFields) {
