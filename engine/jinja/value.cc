@@ -23,12 +23,12 @@ void Dict::set(const std::string& key, Value value) {
 }
 
 Value Value::list(std::vector<Value> items, bool tuple) {
-  return Value(ListPtr(std::make_shared<const ListData>(ListData{std::move(items), tuple})));
+  return Value(Data(ListPtr(std::make_shared<const ListData>(ListData{std::move(items), tuple}))));
 }
-Value Value::dict(Dict d) { return Value(DictPtr(std::make_shared<const Dict>(std::move(d)))); }
-Value Value::namespace_of(Dict d) { return Value(NamespacePtr(std::make_shared<Dict>(std::move(d)))); }
+Value Value::dict(Dict d) { return Value(Data(DictPtr(std::make_shared<const Dict>(std::move(d))))); }
+Value Value::namespace_of(Dict d) { return Value(Data(NamespacePtr(std::make_shared<Dict>(std::move(d))))); }
 Value Value::callable(std::string name, std::function<StatusOr<Value>(const CallArgs&)> call) {
-  return Value(CallablePtr(std::make_shared<const Callable>(Callable{std::move(name), std::move(call)})));
+  return Value(Data(CallablePtr(std::make_shared<const Callable>(Callable{std::move(name), std::move(call)}))));
 }
 
 double Value::as_double() const {

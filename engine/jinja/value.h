@@ -10,7 +10,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -20,24 +19,8 @@
 namespace pdserve::jinja {
 
 class Value;
-
-// A dict: keys in insertion order, as Python's dict keeps them (the order tojson writes).
-class Dict {
- public:
-  const Value* find(const std::string& key) const;
-  void set(const std::string& key, Value value);
-  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
-  size_t size() const { return entries_.size(); }
-
- private:
-  std::vector<std::pair<std::string, Value>> entries_;
-};
-
-// The arguments of a call: positional, then keyword in the order written.
-struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keyword;
-};
+class Dict;
+struct CallArgs;
 
 // A macro, a caller() block or a global function. Errors are Status values (raise_exception
 // is one).
@@ -53,12 +36,12 @@ class Value {
   Value() : data_(Undefined{}) {}
   // An undefined value remembers why it is undefined ("'x' is undefined", "'dict' object has
   // no attribute 'y'"): the error when it is used further.
-  static Value undefined(std::string reason) { return Value(Undefined{std::move(reason)}); }
-  static Value none() { return Value(None{}); }
-  static Value boolean(bool b) { return Value(b); }
-  static Value integer(int64_t i) { return Value(i); }
-  static Value number(double d) { return Value(d); }
-  static Value string(std::string s) { return Value(std::move(s)); }
+  static Value undefined(std::string reason) { return Value(Data(Undefined{std::move(reason)})); }
+  static Value none() { return Value(Data(std::in_place_type<None>)); }
+  static Value boolean(bool b) { return Value(Data(std::in_place_type<bool>, b)); }
+  static Value integer(int64_t i) { return Value(Data(std::in_place_type<int64_t>, i)); }
+  static Value number(double d) { return Value(Data(std::in_place_type<double>, d)); }
+  static Value string(std::string s) { return Value(Data(std::in_place_type<std::string>, std::move(s))); }
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value dict(Dict d);
   static Value namespace_of(Dict d);
@@ -112,11 +95,27 @@ class Value {
   using Data = std::variant<Undefined, None, bool, int64_t, double, std::string, ListPtr, DictPtr, NamespacePtr,
                             CallablePtr>;
 
-  // Not a candidate for copies: only the alternatives of Data.
-  template <typename T, typename = std::enable_if_t<!std::is_same_v<std::decay_t<T>, Value>>>
-  explicit Value(T&& v) : data_(std::forward<T>(v)) {}
+  explicit Value(Data data) : data_(std::move(data)) {}
 
   Data data_;
+};
+
+// A dict: keys in insertion order, as Python's dict keeps them (the order tojson writes).
+class Dict {
+ public:
+  const Value* find(const std::string& key) const;
+  void set(const std::string& key, Value value);
+  const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::vector<std::pair<std::string, Value>> entries_;
+};
+
+// The arguments of a call: positional, then keyword in the order written.
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keyword;
 };
 
 // Python's == (1 == 1.0, lists and dicts element-wise, different types unequal).
