@@ -74,12 +74,14 @@ class Backend {
   virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                                    const kernels::cpu::PagedLayerView& index_view,
                                    const kernels::cpu::TokenPlacement& tokens, int top_k) = 0;
-  // tokens[r] = the token kernels::cpu::sample_rows picks from row r of `logits` with params[r]
-  // and the repetition penalty's bitmaps `seen` (updated in place), so that only the tokens
-  // leave the device. Every pointer (logits.data and seen's too) is backend memory; `scratch`
-  // holds logits.rows * logits.vocab floats.
-  virtual void sample(int* tokens, const kernels::cpu::ShardedLogits& logits, const kernels::cpu::SampleRow* params,
-                      const kernels::cpu::SeenTokens& seen, float* scratch) = 0;
+  // tokens[r] (and logprobs[r] for rows asking) = what kernels::cpu::sample_rows gives for row
+  // r of `logits` with params[r], the penalties' state `seen` (updated in place) and the step's
+  // `edits`, so that only tokens and log-probabilities leave the device. Every pointer (logits.data,
+  // seen's and edits' too) is backend memory; `logprobs` may be null when no row asks;
+  // `scratch` holds logits.rows * logits.vocab floats.
+  virtual void sample(int* tokens, kernels::cpu::RowLogprobs* logprobs, const kernels::cpu::ShardedLogits& logits,
+                      const kernels::cpu::SampleRow* params, const kernels::cpu::SeenTokens& seen,
+                      const kernels::cpu::LogitEdits& edits, float* scratch) = 0;
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };

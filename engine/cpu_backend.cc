@@ -79,9 +79,9 @@ class CpuBackend final : public Backend {
                            int top_k) override {
     k::index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
   }
-  void sample(int* tokens, const k::ShardedLogits& logits, const k::SampleRow* params, const k::SeenTokens& seen,
-              float*) override {
-    k::sample_rows(tokens, logits, params, seen, &sample_scratch_);
+  void sample(int* tokens, k::RowLogprobs* logprobs, const k::ShardedLogits& logits, const k::SampleRow* params,
+              const k::SeenTokens& seen, const k::LogitEdits& edits, float*) override {
+    k::sample_rows(tokens, logprobs, logits, params, seen, edits, &sample_scratch_);
   }
   void silu_mul(float* gate, const float* up, int64_t n) override { k::silu_mul(gate, up, n); }
   void add_inplace(float* x, const float* y, int64_t n) override { k::add_inplace(x, y, n); }

@@ -345,10 +345,11 @@ Status Engine::step() {
   }
   if (!sample_on_backend_) {
     // The backend's sampling, on the host: the same rows and bitmaps, in host memory.
-    const kernels::cpu::SeenTokens seen{nullptr, seen_new_ids.data(), vocab};
+    const kernels::cpu::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
-    kernels::cpu::sample_rows(sampled_tokens_.data(), {logits_.data(), int(sampled.size()), vocab, 1}, rows.data(),
-                              {host_seen_bits_.data(), seen_new_ids.data(), vocab}, &host_scratch_);
+    kernels::cpu::sample_rows(sampled_tokens_.data(), nullptr, {logits_.data(), int(sampled.size()), vocab, 1},
+                              rows.data(), {host_seen_bits_.data(), nullptr, seen_new_ids.data(), vocab}, {},
+                              &host_scratch_);
   }
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
   sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();

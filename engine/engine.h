@@ -103,6 +103,13 @@ struct GenerationRequest {
   int resumed_tokens = 0;
 };
 
+// A token's log-probability and its most likely alternatives (kernels::cpu::RowLogprobs).
+struct TokenLogprob {
+  int token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int, float>> top;  // Most likely first.
+};
+
 // One step's news for one request.
 struct TokenEvent {
   std::string id;
@@ -112,6 +119,11 @@ struct TokenEvent {
   FinishReason reason = FinishReason::kNone;
   Status error;          // Set when the request failed.
   std::vector<int> blocks;  // prefill_only: the prompt's blocks, now the caller's.
+  // params.logprobs >= 0: of `token`; unset on events without one (a stop token is not output).
+  std::optional<TokenLogprob> logprob;
+  // params.prompt_logprobs >= 0, on the request's first event: one per prompt token from the
+  // second on (the first has none), in order.
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 

@@ -176,7 +176,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
         PD_RETURN_IF_ERROR(backend_->copy_to_device(sample_rows_.as<void>(), batch.samples.data(),
                                                     rows * sizeof(kernels::cpu::SampleRow)));
         if (batch.seen_slots > 0) {
-          const kernels::cpu::SeenTokens seen{nullptr, nullptr, config_.vocab_size};
+          const kernels::cpu::SeenTokens seen{nullptr, nullptr, nullptr, config_.vocab_size};
           // Doubled when it grows, so that slots handed out one by one do not copy every time.
           const size_t need = size_t(batch.seen_slots) * seen.words_per_slot() * sizeof(uint32_t);
           if (need > seen_bits_.bytes())
@@ -323,8 +323,9 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
         gathered.data = logits_gathered_.as<float>();
       }
       if (shard_.rank == 0) {
-        const kernels::cpu::SeenTokens seen{seen_bits_.as<uint32_t>(), seen_new_ids_.as<const int>(), c.vocab_size};
-        backend_->sample(tokens_.as<int>(), gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen,
+        const kernels::cpu::SeenTokens seen{seen_bits_.as<uint32_t>(), nullptr, seen_new_ids_.as<const int>(),
+                                            c.vocab_size};
+        backend_->sample(tokens_.as<int>(), nullptr, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen, {},
                          sample_scratch_.as<float>());
         status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
       }

@@ -26,10 +26,32 @@ struct SamplingParams {
   // > 0; 1: off. The logit of each id in the prompt or the output so far is divided by it when
   // positive, multiplied by it otherwise (kernels::cpu::penalize).
   float repetition_penalty = 1.0f;
+  // In [-2, 2]; 0: off. Over the output so far (vLLM's definitions, kernels/cpu/sampling.h):
+  // logit -= frequency_penalty * (times the id was generated) + presence_penalty * (was it).
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // Token id -> added to its logit, each in [-100, 100], at most kMaxLogitBias ids, each in the
+  // vocabulary (Engine::add_request checks that).
+  std::vector<std::pair<int, float>> logit_bias;
+  static constexpr int kMaxLogitBias = 1024;
+  // EOS and stop_token_ids cannot be sampled, and stop strings do not stop, until this many
+  // tokens were generated (vLLM's min_tokens). <= max_tokens.
+  int min_tokens = 0;
+  // -1: none. Else each generated token's log-probability and its `logprobs` most likely
+  // alternatives (<= kernels::cpu::kMaxLogprobs), log_softmax of the raw logits (vLLM's default
+  // logprobs_mode, raw_logprobs: before penalties, biases and temperature).
+  int logprobs = -1;
+  // -1: none. Else the same for every prompt token after the first, computed in the prefill
+  // pass (TokenEvent::prompt_logprobs).
+  int prompt_logprobs = -1;
+  // Whether streamed text leaves out special tokens' text (vLLM's default: true).
+  bool skip_special_tokens = true;
 
   // InvalidArgument naming the offending field: temperature < 0 or NaN, top_p outside (0, 1],
-  // top_k < 0, max_tokens <= 0, a negative stop token id, an empty stop string, or a
-  // repetition_penalty not > 0 and finite.
+  // top_k < 0, max_tokens <= 0, a negative stop token id, an empty stop string, a
+  // repetition_penalty not > 0 and finite, frequency or presence penalty outside [-2, 2], a
+  // logit bias outside [-100, 100] or on a negative id or too many of them, min_tokens outside
+  // [0, max_tokens], logprobs or prompt_logprobs outside [-1, kMaxLogprobs].
   Status validate() const;
 };
 

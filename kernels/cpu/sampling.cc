@@ -81,8 +81,10 @@ void update_seen(const SeenTokens& seen, const SampleRow& row) {
   }
 }
 
-void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, const SeenTokens& seen,
-                 SampleScratch* scratch) {
+void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits, const SampleRow* params,
+                 const SeenTokens& seen, const LogitEdits& edits, SampleScratch* scratch) {
+  (void)logprobs;  // Contract only: issue 15's kernel work fills these in.
+  (void)edits;
   for (int r = 0; r < logits.rows; ++r) {
     const SampleRow& p = params[r];
     const float* row = logits.row_of_shard(0, r);

@@ -1,5 +1,9 @@
-// Token sampling, the reference every backend's sampling kernel follows: the repetition
-// penalty on the ids the row has seen, then greedy argmax, or a softmax at a temperature restricted to the top_k most likely tokens, then to the smallest
+// Token sampling, the reference every backend's sampling kernel follows. Per row, in vLLM V1's
+// order: the log-probabilities of the raw logits (vLLM's default logprobs_mode, raw_logprobs:
+// before any of what follows), then the logit edits — logit_bias added, banned ids (min_tokens'
+// stop ids) set to -inf — then the penalties — repetition on the ids the row has seen (prompt
+// and output), frequency and presence on the output's counts — then greedy argmax, or a
+// softmax at a temperature restricted to the top_k most likely tokens, then to the smallest
 // most-likely prefix holding top_p of their mass, and a draw from what is left at a uniform
 // number the caller supplies. The random generator stays with the caller (engine::Sampler owns
 // one per request), so a backend that samples on the device, given the same number, picks the
@@ -17,6 +21,31 @@
 
 namespace pdserve::kernels::cpu {
 
+// The most alternatives a row's log-probabilities list (OpenAI's top_logprobs limit).
+inline constexpr int kMaxLogprobs = 20;
+
+// One logit_bias entry: `bias` is added to the logit of `id`.
+struct LogitBias {
+  int id = 0;
+  float bias = 0.0f;
+};
+
+// A step's sparse logit edits, shared by its rows (each row names its ranges in SampleRow).
+struct LogitEdits {
+  const LogitBias* biases = nullptr;
+  const int* banned = nullptr;  // Ids whose logit becomes -inf.
+};
+
+// A row's log-probabilities, log_softmax of its raw logits: of one token, and the row's
+// `top_count` most likely tokens, most likely first (the lower id first among equals). NaN
+// logits count as -inf.
+struct RowLogprobs {
+  float logprob = 0.0f;  // Of SampleRow::logprob_of, or of the sampled token.
+  int top_count = 0;
+  int top_ids[kMaxLogprobs] = {};
+  float top_logprobs[kMaxLogprobs] = {};
+};
+
 // How to pick one row's token.
 struct SampleRow {
   float temperature = 0.0f;  // 0: greedy.
@@ -32,18 +61,38 @@ struct SampleRow {
   bool clear_slot = false;  // Empty the slot before adding (a slot's first use by a sequence).
   int new_ids_begin = 0;    // SeenTokens::new_ids[begin, begin + count) join the slot first.
   int new_ids_count = 0;
+  // Of those new ids, the ones from new_ids_begin + new_output_from on are output tokens: they
+  // are also counted in the slot's output counts (SeenTokens::counts), which the frequency and
+  // presence penalties read: logit -= frequency_penalty * count + presence_penalty * (count > 0).
+  int new_output_from = 0;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // LogitEdits::biases[bias_begin, bias_begin + bias_count) are added to the row's logits,
+  // then LogitEdits::banned[banned_begin, banned_begin + banned_count) set to -inf. Ids outside
+  // the vocabulary are skipped.
+  int bias_begin = 0;
+  int bias_count = 0;
+  int banned_begin = 0;
+  int banned_count = 0;
+  // -1: no log-probabilities. Else, in the row's RowLogprobs, the log-probability of
+  // `logprob_of` (-1: of the sampled token) and the top `logprobs` (<= kMaxLogprobs) tokens.
+  int logprobs = -1;
+  int logprob_of = -1;
 };
 
 // The token ids each penalised sequence has seen (prompt and output so far), kept where the
-// rows are sampled: one bitmap of vocab bits per slot, [slots][words_per_slot()] 32-bit words,
-// and the step's new ids, which sampling adds to the rows' slots.
+// rows are sampled: one bitmap of vocab bits per slot, [slots][words_per_slot()] 32-bit words;
+// how often each id occurs in the sequence's output, [slots][vocab] counts; and the step's new
+// ids, which sampling adds to the rows' slots.
 struct SeenTokens {
   uint32_t* bits = nullptr;
+  int32_t* counts = nullptr;
   const int* new_ids = nullptr;
   int vocab = 0;
 
   PDSERVE_HOST_DEVICE int64_t words_per_slot() const { return (int64_t(vocab) + 31) / 32; }
   PDSERVE_HOST_DEVICE uint32_t* slot(int s) const { return bits + int64_t(s) * words_per_slot(); }
+  PDSERVE_HOST_DEVICE int32_t* counts_of(int s) const { return counts + int64_t(s) * vocab; }
 };
 
 // transformers' RepetitionPenaltyLogitsProcessor (and vLLM's) on one logit of a seen id.
@@ -89,13 +138,20 @@ struct SampleScratch {
 // else is left).
 int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScratch* scratch);
 
-// Adds row's new ids to its slot of `seen` (emptying the slot first when clear_slot); ids
-// outside the vocabulary are skipped. Nothing for a row without a slot.
+// Adds row's new ids to its slot of `seen` — the bitmap, and the output counts from
+// new_output_from on — emptying both first when clear_slot; ids outside the vocabulary are
+// skipped. Nothing for a row without a slot.
 void update_seen(const SeenTokens& seen, const SampleRow& row);
 
-// For every row: update_seen, then tokens[r] = sample_token(row r of `logits`, penalised by its
-// slot when it has one, params[r]). `seen` may be empty when no row has a slot.
-void sample_rows(int* tokens, const ShardedLogits& logits, const SampleRow* params, const SeenTokens& seen,
-                 SampleScratch* scratch);
+// log_softmax of one row of raw logits: the log-probability of `id` and of the `top` most
+// likely ids into `out` (the module comment's rules).
+void row_logprobs(const float* logits, int vocab, int id, int top, RowLogprobs* out);
+
+// For every row r: logprobs[r] from the raw row when params[r].logprobs >= 0; update_seen; the
+// edits and penalties (the module comment's order); tokens[r] = sample_token(the edited row,
+// params[r]). `seen` may be empty when no row has a slot, `edits` when no row has edits, and
+// `logprobs` null when no row asks for them.
+void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits, const SampleRow* params,
+                 const SeenTokens& seen, const LogitEdits& edits, SampleScratch* scratch);
 
 }  // namespace pdserve::kernels::cpu

@@ -200,10 +200,10 @@ class GpuBackend final : public Backend {
     bind();
     g::index_select_blocks(block_mask, mask_stride, q_index, index_view, g::Storage::kF32, tokens, top_k, stream_);
   }
-  void sample(int* tokens, const k::ShardedLogits& logits, const k::SampleRow* params, const k::SeenTokens& seen,
-              float* scratch) override {
+  void sample(int* tokens, k::RowLogprobs* logprobs, const k::ShardedLogits& logits, const k::SampleRow* params,
+              const k::SeenTokens& seen, const k::LogitEdits& edits, float* scratch) override {
     bind();
-    g::sample(tokens, logits, params, seen, scratch, stream_);
+    g::sample(tokens, logprobs, logits, params, seen, edits, scratch, stream_);
   }
   void silu_mul(float* gate, const float* up, int64_t n) override {
     bind();

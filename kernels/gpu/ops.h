@@ -41,11 +41,11 @@ void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
                 int64_t ldw, gpuStream_t stream);
 
-// As cpu::sample_rows: tokens[r] from row r of `logits` with params[r] (the repetition penalty
-// on the row's slot of `seen`, then greedy, or temperature, top_k, top_p and the row's draw).
-// `scratch` holds logits.rows * logits.vocab floats.
-void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, const cpu::SeenTokens& seen,
-            float* scratch, gpuStream_t stream);
+// As cpu::sample_rows: tokens[r] (and logprobs[r] for rows asking) from row r of `logits` with
+// params[r] (log-probabilities of the raw row; the edits and penalties; then greedy, or
+// temperature, top_k, top_p and the row's draw). `scratch` holds logits.rows * logits.vocab floats.
+void sample(int* tokens, cpu::RowLogprobs* logprobs, const cpu::ShardedLogits& logits, const cpu::SampleRow* params,
+            const cpu::SeenTokens& seen, const cpu::LogitEdits& edits, float* scratch, gpuStream_t stream);
 
 // `kv` as the CPU kernel's, its k/v pointers holding `storage` elements (strides in elements).
 void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::TokenPlacement& tokens,

@@ -233,8 +233,10 @@ __global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow
 
 }  // namespace
 
-void sample(int* tokens, const cpu::ShardedLogits& logits, const cpu::SampleRow* params, const cpu::SeenTokens& seen,
-            float* scratch, gpuStream_t stream) {
+void sample(int* tokens, cpu::RowLogprobs* logprobs, const cpu::ShardedLogits& logits, const cpu::SampleRow* params,
+            const cpu::SeenTokens& seen, const cpu::LogitEdits& edits, float* scratch, gpuStream_t stream) {
+  (void)logprobs;  // Contract only: issue 15's kernel work fills these in.
+  (void)edits;
   if (logits.rows <= 0) return;
   gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logits, params, seen, scratch);
 }

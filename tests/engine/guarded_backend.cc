@@ -102,10 +102,10 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
   }
-  void sample(int* tokens, const k::ShardedLogits& logits, const k::SampleRow* params, const k::SeenTokens& seen,
-              float* scratch) override {
+  void sample(int* tokens, k::RowLogprobs* logprobs, const k::ShardedLogits& logits, const k::SampleRow* params,
+              const k::SeenTokens& seen, const k::LogitEdits& edits, float* scratch) override {
     Open open(this);
-    inner_->sample(tokens, logits, params, seen, scratch);
+    inner_->sample(tokens, logprobs, logits, params, seen, edits, scratch);
   }
   void silu_mul(float* gate, const float* up, int64_t n) override {
     Open open(this);

@@ -225,7 +225,7 @@ TEST(ShardedLogits, SamplingGatheredRowsEqualsSamplingPlainRows) {
     const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, std::nanf(""));
     logits.data = gathered.data();
     std::vector<int> got(rows);
-    sample_rows(got.data(), logits, params.data(), {}, &scratch);
+    sample_rows(got.data(), nullptr, logits, params.data(), {}, {}, &scratch);
     EXPECT_EQ(got, want) << shards << " shards";
   }
 }
@@ -239,7 +239,7 @@ TEST(RepetitionPenalty, SampleRowsPenalisesTheSeenIdsOfEachRowsSlot) {
   const float penalties[rows] = {1.5f, 0.6f, 2.0f, 1.0f};  // Row 3 has no slot.
   std::mt19937 rng(8);
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  SeenTokens seen{nullptr, nullptr, vocab};
+  SeenTokens seen{nullptr, nullptr, nullptr, vocab};
   std::vector<uint32_t> bits(slots * seen.words_per_slot(), ~0u);  // Left by earlier sequences.
   seen.bits = bits.data();
   std::vector<std::set<int>> ids(slots);  // What each slot should hold.
@@ -272,7 +272,7 @@ TEST(RepetitionPenalty, SampleRowsPenalisesTheSeenIdsOfEachRowsSlot) {
     }
     seen.new_ids = new_ids.data();
     std::vector<int> got(rows);
-    sample_rows(got.data(), ShardedLogits{logits.data(), rows, vocab, 1}, params.data(), seen, &scratch);
+    sample_rows(got.data(), nullptr, ShardedLogits{logits.data(), rows, vocab, 1}, params.data(), seen, {}, &scratch);
     for (int r = 0; r < rows; ++r) {
       std::vector<float> row(logits.begin() + int64_t(r) * vocab, logits.begin() + int64_t(r + 1) * vocab);
       if (r < slots)

@@ -156,13 +156,13 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       logits.data = gathered.data();
       std::vector<int> want(rows);
       cpu::SampleScratch scratch;
-      cpu::sample_rows(want.data(), logits, params.data(), {}, &scratch);
+      cpu::sample_rows(want.data(), nullptr, logits, params.data(), {}, {}, &scratch);
 
       Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
       Dev<cpu::SampleRow> dparams(params);
       Dev<int> dtokens(rows);
       logits.data = dlogits.get();
-      gpu::sample(dtokens.get(), logits, dparams.get(), {}, dscratch.get(), nullptr);
+      gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {}, {}, dscratch.get(), nullptr);
       const std::vector<int> got = dtokens.host();
       for (int r = 0; r < rows; ++r)
         EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, row " << r << ": temperature "
@@ -192,7 +192,7 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
       const std::vector<Mode> modes = {{0.0f, 0, 1.0f, 1.3f}, {0.0f, 0, 1.0f, 0.7f}, {0.8f, 0, 0.9f, 2.0f},
                                        {1.0f, 40, 1.0f, 1.1f}, {0.7f, 0, 1.0f, 1.5f}};
       const int slots = int(modes.size());
-      const cpu::SeenTokens shape{nullptr, nullptr, vocab};
+      const cpu::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
       std::vector<uint32_t> want_bits(size_t(slots) * shape.words_per_slot(), 0xA5A5A5A5u);
       Dev<uint32_t> dbits(want_bits);
       int changed = 0;
@@ -219,16 +219,16 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
         logits.data = gathered.data();
         std::vector<int> want(rows), unpenalised(rows);
         cpu::SampleScratch scratch;
-        cpu::sample_rows(want.data(), logits, params.data(), {want_bits.data(), new_ids.data(), vocab}, &scratch);
+        cpu::sample_rows(want.data(), nullptr, logits, params.data(), {want_bits.data(), nullptr, new_ids.data(), vocab}, {}, &scratch);
         std::vector<cpu::SampleRow> without = params;
         for (cpu::SampleRow& r : without) r.seen_slot = -1;
-        cpu::sample_rows(unpenalised.data(), logits, without.data(), {}, &scratch);
+        cpu::sample_rows(unpenalised.data(), nullptr, logits, without.data(), {}, {}, &scratch);
 
         Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
         Dev<cpu::SampleRow> dparams(params);
         Dev<int> dnew(new_ids), dtokens(rows);
         logits.data = dlogits.get();
-        gpu::sample(dtokens.get(), logits, dparams.get(), {dbits.get(), dnew.get(), vocab}, dscratch.get(), nullptr);
+        gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {dbits.get(), nullptr, dnew.get(), vocab}, {}, dscratch.get(), nullptr);
         const std::vector<int> got = dtokens.host();
         for (int r = 0; r < rows; ++r) {
           EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, step " << step << ", row " << r;
