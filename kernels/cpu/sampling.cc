@@ -74,35 +74,105 @@ int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScr
 void update_seen(const SeenTokens& seen, const SampleRow& row) {
   if (row.seen_slot < 0) return;
   uint32_t* slot = seen.slot(row.seen_slot);
-  if (row.clear_slot) std::fill_n(slot, seen.words_per_slot(), 0u);
+  int32_t* counts = seen.counts != nullptr ? seen.counts_of(row.seen_slot) : nullptr;
+  if (row.clear_slot) {
+    std::fill_n(slot, seen.words_per_slot(), 0u);
+    if (counts != nullptr) std::fill_n(counts, seen.vocab, 0);
+  }
   for (int i = 0; i < row.new_ids_count; ++i) {
     const int id = seen.new_ids[row.new_ids_begin + i];
-    if (id >= 0 && id < seen.vocab) slot[id >> 5] |= 1u << (id & 31);
+    if (id < 0 || id >= seen.vocab) continue;
+    slot[id >> 5] |= 1u << (id & 31);
+    if (counts != nullptr && i >= row.new_output_from) ++counts[id];
   }
+}
+
+LogNormalizer log_normalizer(const float* logits, int vocab) {
+  float max = -INFINITY;
+  for (int i = 0; i < vocab; ++i)
+    if (logits[i] > max) max = logits[i];  // NaN compares false: skipped.
+  double sum = 0.0;
+  for (int i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i])) sum += std::exp(LogNormalizer::logprob_shift(logits[i], max));
+  return {max, std::log(sum)};
+}
+
+void row_logprobs(const float* logits, int vocab, int id, int top, RowLogprobs* out) {
+  top = std::max(0, std::min({top, kMaxLogprobs, vocab}));
+  const LogNormalizer normalizer = log_normalizer(logits, vocab);
+  const auto key = [logits](int i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
+  // The top ids kept sorted (more likely first, the lower id among equals) while scanning in id
+  // order: a later id enters only when strictly more likely than the last kept.
+  int count = 0;
+  for (int i = 0; i < vocab && top > 0; ++i) {
+    const float k = key(i);
+    if (count == top && !(k > key(out->top_ids[count - 1]))) continue;
+    int at = count < top ? count++ : top - 1;
+    while (at > 0 && k > key(out->top_ids[at - 1])) {
+      out->top_ids[at] = out->top_ids[at - 1];
+      --at;
+    }
+    out->top_ids[at] = i;
+  }
+  out->top_count = count;
+  for (int j = 0; j < count; ++j) out->top_logprobs[j] = normalizer.logprob(logits[out->top_ids[j]]);
+  out->logprob = id >= 0 && id < vocab ? normalizer.logprob(logits[id]) : -INFINITY;
 }
 
 void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits, const SampleRow* params,
                  const SeenTokens& seen, const LogitEdits& edits, SampleScratch* scratch) {
-  (void)logprobs;  // Contract only: issue 15's kernel work fills these in.
-  (void)edits;
+  const int vocab = logits.vocab;
   for (int r = 0; r < logits.rows; ++r) {
     const SampleRow& p = params[r];
+    update_seen(seen, p);
+    const bool penalised = p.seen_slot >= 0 && (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
+                                                p.presence_penalty != 0.0f);
+    const bool edited = p.bias_count > 0 || p.banned_count > 0 || penalised;
+    const bool want_logprobs = logprobs != nullptr && p.logprobs >= 0;
+    // A plain row is sampled where it lies; a gathered or edited one is copied into scratch.
     const float* row = logits.row_of_shard(0, r);
-    if (logits.shards > 1 || p.seen_slot >= 0) {
-      scratch->row.resize(logits.vocab);
+    if (logits.shards > 1 || edited) {
+      scratch->row.resize(vocab);
       for (int s = 0; s < logits.shards; ++s) {
         const int begin = logits.shard_begin(s), end = logits.shard_begin(s + 1);
         std::copy_n(logits.row_of_shard(s, r), end - begin, scratch->row.data() + begin);
       }
       row = scratch->row.data();
     }
-    if (p.seen_slot >= 0) {
-      update_seen(seen, p);
-      const uint32_t* slot = seen.slot(p.seen_slot);
-      for (int i = 0; i < logits.vocab; ++i)
-        if (is_seen(slot, i)) scratch->row[i] = penalize(scratch->row[i], p.repetition_penalty);
+    // Of the raw row, before any edit; the sampled token's log-probability once it is known.
+    LogNormalizer normalizer;
+    if (want_logprobs) {
+      row_logprobs(row, vocab, p.logprob_of, p.logprobs, &logprobs[r]);
+      if (p.logprob_of < 0) normalizer = log_normalizer(row, vocab);
     }
-    tokens[r] = sample_token(row, logits.vocab, p, scratch);
+    if (edited) {
+      float* edit = scratch->row.data();
+      for (int i = 0; i < p.bias_count; ++i) {
+        const LogitBias& b = edits.biases[p.bias_begin + i];
+        if (b.id >= 0 && b.id < vocab) edit[b.id] += b.bias;
+      }
+      for (int i = 0; i < p.banned_count; ++i) {
+        const int id = edits.banned[p.banned_begin + i];
+        if (id >= 0 && id < vocab) edit[id] = -INFINITY;
+      }
+      if (penalised) {
+        const uint32_t* slot = seen.slot(p.seen_slot);
+        const int32_t* counts = seen.counts != nullptr ? seen.counts_of(p.seen_slot) : nullptr;
+        for (int i = 0; i < vocab; ++i) {
+          if (is_seen(slot, i)) edit[i] = penalize(edit[i], p.repetition_penalty);
+          if (counts != nullptr && counts[i] != 0)
+            edit[i] = penalize_counted(edit[i], counts[i], p.frequency_penalty, p.presence_penalty);
+        }
+      }
+    }
+    tokens[r] = sample_token(row, vocab, p, scratch);
+    if (want_logprobs && p.logprob_of < 0) {
+      // The raw logit of the token: the row was edited in scratch, the shards were not.
+      int s = 0;
+      while (logits.shard_begin(s + 1) <= tokens[r]) ++s;
+      const float raw = logits.row_of_shard(s, r)[tokens[r] - logits.shard_begin(s)];
+      logprobs[r].logprob = normalizer.logprob(raw);
+    }
   }
 }
 

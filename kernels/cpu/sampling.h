@@ -10,6 +10,7 @@
 // same token and a seeded request draws the same tokens wherever it is sampled.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -101,6 +102,30 @@ PDSERVE_HOST_DEVICE inline float penalize(float logit, float penalty) {
 }
 PDSERVE_HOST_DEVICE inline bool is_seen(const uint32_t* slot, int id) { return (slot[id >> 5] >> (id & 31)) & 1u; }
 
+// The frequency and presence penalties on one logit of an id the output holds `count` times.
+// In double, where frequency * count is exact (counts below 2^29), so that no backend's fused
+// multiply-add can round it differently; one rounding to float at the end.
+PDSERVE_HOST_DEVICE inline float penalize_counted(float logit, int32_t count, float frequency, float presence) {
+  if (count <= 0) return logit;
+  return float(double(logit) - (double(frequency) * double(count) + double(presence)));
+}
+
+// log_softmax's normaliser of a row: its largest logit (NaN skipped) and log sum exp(x - max)
+// over its non-NaN logits, in double. NaN gets -inf, as does everything in a row with no logit
+// above -inf (it has no mass to share); x == max counts as x - max = 0, so a row whose max is
+// +inf shares the mass among its +inf logits.
+struct LogNormalizer {
+  float max = -INFINITY;
+  double log_sum = 0.0;
+
+  PDSERVE_HOST_DEVICE float logprob(float x) const {
+    return x != x || max == -INFINITY ? -INFINITY : float(logprob_shift(x, max) - log_sum);
+  }
+  PDSERVE_HOST_DEVICE static double logprob_shift(float x, float max) {
+    return x == max ? 0.0 : double(x) - double(max);
+  }
+};
+
 // The logits of `rows` rows over `vocab` columns as tensor-parallel ranks gather them. Shard s
 // holds the columns [shard_begin(s), shard_begin(s+1)) of every row — the first vocab % shards
 // shards one column more, as the engine splits the LM head — as a [rows][its columns] matrix
@@ -143,14 +168,21 @@ int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScr
 // skipped. Nothing for a row without a slot.
 void update_seen(const SeenTokens& seen, const SampleRow& row);
 
-// log_softmax of one row of raw logits: the log-probability of `id` and of the `top` most
-// likely ids into `out` (the module comment's rules).
+// The normaliser of one row of `vocab` logits.
+LogNormalizer log_normalizer(const float* logits, int vocab);
+
+// log_softmax of one row of raw logits: the log-probability of `id` (-inf outside the
+// vocabulary) and of the min(top, kMaxLogprobs, vocab) most likely ids into `out` (NaN ranked as
+// -inf, the lower id first among equal logits).
 void row_logprobs(const float* logits, int vocab, int id, int top, RowLogprobs* out);
 
-// For every row r: logprobs[r] from the raw row when params[r].logprobs >= 0; update_seen; the
-// edits and penalties (the module comment's order); tokens[r] = sample_token(the edited row,
-// params[r]). `seen` may be empty when no row has a slot, `edits` when no row has edits, and
-// `logprobs` null when no row asks for them.
+// For every row r: logprobs[r] from the raw row when params[r].logprobs >= 0 (row_logprobs; the
+// sampled token's, when logprob_of is -1, is of its raw logit too; other rows' entries are left
+// as they were); update_seen; the edits and penalties (the module comment's order);
+// tokens[r] = sample_token(the edited row, params[r]). `seen` may be empty when no row has a
+// slot, its counts null when no row has a frequency or presence penalty, `edits` empty when no
+// row has edits, and `logprobs` null when no row asks for them. A row that is neither gathered
+// (shards > 1) nor edited is sampled in place, not copied.
 void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits, const SampleRow* params,
                  const SeenTokens& seen, const LogitEdits& edits, SampleScratch* scratch);
 

@@ -1,10 +1,12 @@
 // CPU kernels against naive formulas, paged attention through every block layout against dense
-// attention over the same K/V, and sampling from logits gathered over TP ranks.
+// attention over the same K/V, and sampling from logits gathered over TP ranks, with its logit
+// edits, penalties and log-probabilities against hand-computed values.
 #include <bit>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -287,6 +289,454 @@ TEST(RepetitionPenalty, SampleRowsPenalisesTheSeenIdsOfEachRowsSlot) {
   for (int slot = 0; slot < slots; ++slot)
     for (int id = 0; id < vocab; ++id)
       EXPECT_EQ(is_seen(seen.slot(slot), id), ids[slot].count(id) == 1) << "slot " << slot << ", id " << id;
+}
+
+// One row through sample_rows, for the hand-computed cases below: `logits` is the row, the
+// edits its own, `seen` (when given) one slot's state, `logprobs` (when given) filled.
+struct OneRow {
+  std::vector<LogitBias> biases;
+  std::vector<int> banned;
+  std::vector<int> new_ids;
+};
+int sample_one(const std::vector<float>& logits, SampleRow row, const OneRow& edits = {}, SeenTokens seen = {},
+               RowLogprobs* logprobs = nullptr) {
+  row.bias_begin = row.banned_begin = row.new_ids_begin = 0;
+  row.bias_count = int(edits.biases.size());
+  row.banned_count = int(edits.banned.size());
+  if (row.seen_slot >= 0) row.new_ids_count = int(edits.new_ids.size());
+  seen.new_ids = edits.new_ids.data();
+  SampleScratch scratch;
+  int token = -1;
+  sample_rows(&token, logprobs, ShardedLogits{logits.data(), 1, int(logits.size()), 1}, &row, seen,
+              LogitEdits{edits.biases.data(), edits.banned.data()}, &scratch);
+  return token;
+}
+
+// A slot's penalty state over `slots` slots of `vocab` ids, kept across steps as the engine keeps it.
+struct SlotState {
+  int vocab;
+  std::vector<uint32_t> bits;
+  std::vector<int32_t> counts;
+  SlotState(int vocab, int slots, uint32_t bit_fill = 0u, int32_t count_fill = 0)
+      : vocab(vocab),
+        bits(size_t(slots) * SeenTokens{nullptr, nullptr, nullptr, vocab}.words_per_slot(), bit_fill),
+        counts(size_t(slots) * vocab, count_fill) {}
+  SeenTokens view() { return {bits.data(), counts.data(), nullptr, vocab}; }
+};
+
+SampleRow greedy() { return SampleRow{}; }
+SampleRow with_slot(SampleRow row, float repetition, float frequency, float presence) {
+  row.seen_slot = 0;
+  row.repetition_penalty = repetition;
+  row.frequency_penalty = frequency;
+  row.presence_penalty = presence;
+  return row;
+}
+
+// logit_bias and banned ids on greedy rows of {1, 2, 3, 0.5}: the argmax is id 2 unedited.
+TEST(LogitEdits, BiasAndBannedIdsMoveTheArgmax) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f};
+  struct Case {
+    const char* name;
+    OneRow edits;
+    int want;
+  };
+  const std::vector<Case> cases = {
+      {"none", {}, 2},
+      {"bias flips the argmax", {{{0, 2.5f}}}, 0},  // 3.5 > 3.
+      {"bias just short", {{{0, 1.9f}}}, 2},        // 2.9 < 3.
+      {"+100", {{{3, 100.0f}}}, 3},
+      {"-100 on the max", {{{2, -100.0f}}}, 1},
+      {"every entry added", {{{1, 0.6f}, {1, 0.6f}}}, 1},  // 3.2 > 3; one entry alone is not.
+      {"one entry of those", {{{1, 0.6f}}}, 2},
+      {"ids outside the vocabulary skipped", {{{-1, 100.0f}, {4, 100.0f}}}, 2},
+      {"banned max", {{}, {2}}, 1},
+      {"banned two", {{}, {2, 1}}, 0},
+      {"banned after the bias", {{{2, 100.0f}}, {2}}, 1},
+      {"banned outside the vocabulary skipped", {{}, {7, -3}}, 2},
+  };
+  for (const Case& c : cases) EXPECT_EQ(sample_one(logits, greedy(), c.edits), c.want) << c.name;
+  // A sampled row never draws a banned id, at any draw, even the row's most likely.
+  for (double u : {0.0, 0.3, 0.7, 1.0 - 1e-12}) {
+    const SampleRow row{1.0f, 0, 1.0f, u};
+    EXPECT_EQ(sample_one(logits, row, {{}, {0, 1, 2}}), 3) << u;
+    const int got = sample_one(logits, row, {{}, {2}});
+    EXPECT_NE(got, 2) << u;
+  }
+}
+
+// The frequency and presence penalties on output counts, at the thresholds where they move a
+// greedy token off id 1 (2.5) to id 0 (2.0): id 1 is in the output twice, so f subtracts 2f
+// (flips above f = 0.25) and p subtracts p once (flips above p = 0.5).
+TEST(CountPenalties, FrequencyTimesCountPresenceOnce) {
+  const std::vector<float> logits = {2.0f, 2.5f};
+  struct Case {
+    float frequency, presence;
+    int want;
+  };
+  const std::vector<Case> cases = {{0.0f, 0.0f, 1}, {0.24f, 0.0f, 1}, {0.26f, 0.0f, 0}, {0.0f, 0.3f, 1},
+                                   {0.0f, 0.49f, 1}, {0.0f, 0.51f, 0}, {0.1f, 0.25f, 1}, {0.1f, 0.35f, 0},
+                                   {-1.0f, 0.0f, 1}};
+  for (const Case& c : cases) {
+    SlotState state(2, 1);
+    SampleRow row = with_slot(greedy(), 1.0f, c.frequency, c.presence);
+    row.clear_slot = true;
+    EXPECT_EQ(sample_one(logits, row, {{}, {}, {1, 1}}, state.view()), c.want)
+        << "frequency " << c.frequency << " presence " << c.presence;
+    EXPECT_EQ(state.counts, (std::vector<int32_t>{0, 2}));
+  }
+  // The exact values, in double then rounded once.
+  EXPECT_EQ(penalize_counted(2.5f, 2, 0.25f, 0.0f), 2.0f);
+  EXPECT_EQ(penalize_counted(2.5f, 3, 0.5f, 0.25f), 0.75f);
+  EXPECT_EQ(penalize_counted(2.5f, 0, 0.5f, 0.25f), 2.5f);
+  EXPECT_EQ(penalize_counted(-INFINITY, 4, 0.5f, 0.25f), -INFINITY);
+}
+
+// The order: logit_bias, then repetition, then frequency/presence. Each case picks a different
+// token in any other order: id 1 at logit x, seen once in the output, against id 0 at `other`.
+TEST(CountPenalties, BiasThenRepetitionThenFrequency) {
+  struct Case {
+    float x, other, bias, repetition, frequency;
+    int want;
+  };
+  const std::vector<Case> cases = {
+      // 3 / 2 - 1 = 0.5 < 0.8; frequency first: (3 - 1) / 2 = 1 > 0.8.
+      {3.0f, 0.8f, 0.0f, 2.0f, 1.0f, 0},
+      // -1 * 2 - 1 = -3 > -3.5; frequency first: (-1 - 1) * 2 = -4 < -3.5.
+      {-1.0f, -3.5f, 0.0f, 2.0f, 1.0f, 1},
+      // (1 + 1) / 2 = 1 < 1.2; bias after the penalty: 1 / 2 + 1 = 1.5 > 1.2.
+      {1.0f, 1.2f, 1.0f, 2.0f, 0.0f, 0},
+      // (-1 + 2) / 2 = 0.5 > 0.3; bias after: -1 * 2 + 2 = 0 < 0.3.
+      {-1.0f, 0.3f, 2.0f, 2.0f, 0.0f, 1},
+  };
+  for (const Case& c : cases) {
+    SlotState state(2, 1);
+    SampleRow row = with_slot(greedy(), c.repetition, c.frequency, 0.0f);
+    row.clear_slot = true;
+    OneRow edits{{{1, c.bias}}, {}, {1}};
+    EXPECT_EQ(sample_one({c.other, c.x}, row, edits, state.view()), c.want) << "x " << c.x << " other " << c.other;
+  }
+}
+
+// Of a step's new ids, those before new_output_from are the prompt: in the bitmap (the
+// repetition penalty) but not counted (frequency, presence).
+TEST(CountPenalties, PromptIdsAreSeenButNotCounted) {
+  SlotState state(4, 1, ~0u, 7);  // Left by an earlier sequence.
+  SampleRow row = with_slot(greedy(), 1.0f, 0.0f, 1.0f);
+  row.clear_slot = true;
+  row.new_output_from = 2;
+  // Prompt {1, 1}, output {0, 3, 3}: id 1 keeps 2.5, id 0 drops to 1.0.
+  EXPECT_EQ(sample_one({2.0f, 2.5f, 0.0f, 1.0f}, row, {{}, {}, {1, 1, 0, 3, 3}}, state.view()), 1);
+  EXPECT_EQ(state.counts, (std::vector<int32_t>{1, 0, 0, 2}));
+  EXPECT_EQ(state.bits[0], 0b1011u);
+  // The next step's new id is an output token: id 1 is counted now, and the presence penalty
+  // moves the argmax to id 2 (id 1 at 1.5, id 0 at 1.0).
+  row.clear_slot = false;
+  row.new_output_from = 0;
+  EXPECT_EQ(sample_one({2.0f, 2.5f, 1.8f, 1.0f}, row, {{}, {}, {1}}, state.view()), 2);
+  EXPECT_EQ(state.counts, (std::vector<int32_t>{1, 1, 0, 2}));
+}
+
+// clear_slot empties the counts as well as the bitmap: a slot reused by a new sequence carries
+// no penalty from the last.
+TEST(CountPenalties, ClearSlotZeroesTheCounts) {
+  SlotState state(3, 2, ~0u, 5);
+  std::fill(state.counts.begin() + 4, state.counts.end(), 0);  // Slot 1: {5, 0, 0}.
+  SampleRow row = with_slot(greedy(), 1.0f, 1.0f, 1.0f);
+  row.seen_slot = 1;
+  // Not cleared: id 0 drops by 6 to -5.
+  EXPECT_EQ(sample_one({1.0f, 0.0f, 0.5f}, row, {}, state.view()), 2);
+  // Cleared, then id 2 counted once: id 2 drops to -1.5 and id 0 keeps 1 (-5 if its count stayed).
+  row.clear_slot = true;
+  EXPECT_EQ(sample_one({1.0f, 0.0f, 0.5f}, row, {{}, {}, {2}}, state.view()), 0);
+  EXPECT_EQ(state.counts, (std::vector<int32_t>{5, 5, 5, 0, 0, 1}));
+  EXPECT_EQ(state.bits, (std::vector<uint32_t>{~0u, 0b100u}));
+}
+
+// log_softmax by hand: of {1, 2, 3, 3}, normalised by log(e + e^2 + 2e^3).
+TEST(Logprobs, LogSoftmaxOfTheRawRowTopIdsAndTies) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 3.0f};
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + 2.0 * std::exp(3.0));
+  struct Case {
+    int top, of;
+    std::vector<int> ids;
+    double of_logit;
+  };
+  const std::vector<Case> cases = {
+      {3, 0, {2, 3, 1}, 1.0},     // The tie 2, 3: the lower id first.
+      {0, 1, {}, 2.0},            // No alternatives, one token's.
+      {4, -1, {2, 3, 1, 0}, 3.0}, // -1: of the sampled (greedy: 2).
+      {9, 3, {2, 3, 1, 0}, 3.0},  // No more than the vocabulary.
+      {2, 4, {2, 3}, -INFINITY},  // Outside the vocabulary: -inf.
+  };
+  for (const Case& c : cases) {
+    SampleRow row = greedy();
+    row.logprobs = c.top;
+    row.logprob_of = c.of;
+    RowLogprobs lp;
+    EXPECT_EQ(sample_one(logits, row, {}, {}, &lp), 2);
+    ASSERT_EQ(lp.top_count, int(c.ids.size())) << c.top;
+    for (int j = 0; j < lp.top_count; ++j) {
+      EXPECT_EQ(lp.top_ids[j], c.ids[j]) << c.top << " #" << j;
+      EXPECT_NEAR(lp.top_logprobs[j], logits[c.ids[j]] - lse, 1e-6) << c.top << " #" << j;
+    }
+    if (std::isinf(c.of_logit)) EXPECT_EQ(lp.logprob, -INFINITY) << c.of;
+    else EXPECT_NEAR(lp.logprob, c.of_logit - lse, 1e-6) << c.of;
+  }
+  // Never more than kMaxLogprobs.
+  SampleRow row = greedy();
+  row.logprobs = 25;
+  RowLogprobs lp;
+  sample_one(std::vector<float>(30, 0.0f), row, {}, {}, &lp);
+  ASSERT_EQ(lp.top_count, kMaxLogprobs);
+  for (int j = 0; j < kMaxLogprobs; ++j) {
+    EXPECT_EQ(lp.top_ids[j], j);
+    EXPECT_NEAR(lp.top_logprobs[j], -std::log(30.0), 1e-6);
+  }
+}
+
+// The sampled token's log-probability, for a sampled (not greedy) row, is its raw one; and a
+// row that asks for none leaves its entry as it was.
+TEST(Logprobs, OfTheSampledTokenAndOnlyForRowsThatAsk) {
+  const std::vector<float> logits = {0.5f, 1.0f, 1.5f, -1.0f, 0.25f};
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(double(x));
+  for (double u : {0.05, 0.4, 0.8, 0.97}) {
+    SampleRow row{1.0f, 0, 1.0f, u};
+    row.logprobs = 1;
+    RowLogprobs lp;
+    const int token = sample_one(logits, row, {}, {}, &lp);
+    SampleScratch scratch;
+    EXPECT_EQ(token, sample_token(logits.data(), int(logits.size()), row, &scratch));
+    EXPECT_NEAR(lp.logprob, logits[token] - std::log(sum), 1e-6) << u;
+    EXPECT_EQ(lp.top_ids[0], 2);
+  }
+  RowLogprobs untouched;
+  untouched.logprob = 42.0f;
+  untouched.top_count = 3;
+  sample_one(logits, greedy(), {}, {}, &untouched);
+  EXPECT_EQ(untouched.logprob, 42.0f);
+  EXPECT_EQ(untouched.top_count, 3);
+}
+
+// Log-probabilities are of the raw logits (vLLM's raw_logprobs) even when bias, banned ids and
+// every penalty change the token.
+TEST(Logprobs, OfTheRawLogitsWhateverTheEdits) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 3.0f};
+  const double lse = std::log(std::exp(1.0) + std::exp(2.0) + 2.0 * std::exp(3.0));
+  SlotState state(4, 1);
+  SampleRow row = with_slot(greedy(), 3.0f, 1.0f, 0.5f);
+  row.clear_slot = true;
+  row.logprobs = 4;
+  RowLogprobs lp;
+  // 1 + 10 = 11 beats 3 (banned), 3 / 3 - 1.5 (id 3, seen once) and 2.
+  EXPECT_EQ(sample_one(logits, row, {{{0, 10.0f}}, {2}, {3}}, state.view(), &lp), 0);
+  ASSERT_EQ(lp.top_count, 4);
+  const int ids[] = {2, 3, 1, 0};
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(lp.top_ids[j], ids[j]);
+    EXPECT_NEAR(lp.top_logprobs[j], logits[ids[j]] - lse, 1e-6);
+  }
+  EXPECT_NEAR(lp.logprob, 1.0 - lse, 1e-6);  // The sampled id 0's raw log-probability.
+}
+
+// NaN counts as -inf (ranked with them, the lower id first; no mass); +inf logits share the
+// mass; a row with nothing above -inf has none to share.
+TEST(Logprobs, NanAndInfiniteLogits) {
+  const float nan = std::nanf("");
+  struct Case {
+    std::vector<float> logits;
+    std::vector<int> ids;
+    std::vector<double> want;
+  };
+  const double half = -std::log(2.0);
+  const std::vector<Case> cases = {
+      {{nan, 1.0f, nan, 1.0f}, {1, 3, 0, 2}, {half, half, -INFINITY, -INFINITY}},
+      {{INFINITY, 0.0f, INFINITY}, {0, 2, 1}, {half, half, -INFINITY}},
+      {{-INFINITY, nan, -INFINITY}, {0, 1, 2}, {-INFINITY, -INFINITY, -INFINITY}},
+      {{nan, -INFINITY, 5.0f}, {2, 0, 1}, {0.0, -INFINITY, -INFINITY}},
+  };
+  for (const Case& c : cases) {
+    RowLogprobs lp;
+    row_logprobs(c.logits.data(), int(c.logits.size()), 1, 5, &lp);
+    ASSERT_EQ(lp.top_count, int(c.logits.size()));
+    for (int j = 0; j < lp.top_count; ++j) {
+      EXPECT_EQ(lp.top_ids[j], c.ids[j]) << c.logits[0] << " #" << j;
+      if (std::isinf(c.want[j])) EXPECT_EQ(lp.top_logprobs[j], float(c.want[j])) << c.logits[0] << " #" << j;
+      else EXPECT_NEAR(lp.top_logprobs[j], c.want[j], 1e-6) << c.logits[0] << " #" << j;
+    }
+  }
+}
+
+// Every feature at once on random rows over several steps (counts carried in the slots), against
+// the module comment's formulas applied by hand, from plain rows and rows gathered over 2-4 TP
+// shards, which must give the plain rows' tokens and log-probabilities bit for bit.
+TEST(SampleRows, EveryFeatureAgainstTheFormulasPlainAndSharded) {
+  const int vocab = 61, rows = 7, slots = 7, steps = 4;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const auto pick = [&rng](int n) { return int(rng() % unsigned(n)); };
+  struct Step {
+    std::vector<float> logits;
+    std::vector<SampleRow> params;
+    std::vector<LogitBias> biases;
+    std::vector<int> banned, new_ids;
+    std::vector<std::vector<int>> prompts;  // Of each row, at the first step.
+  };
+  // The steps' inputs; the new ids after the first are each row's previous (plain) token.
+  std::vector<Step> plan(steps);
+  for (Step& s : plan) {
+    s.logits.resize(size_t(rows) * vocab);
+    for (float& x : s.logits) x = normal(rng);
+    for (int r = 0; r < rows; ++r) {
+      float* row = s.logits.data() + r * vocab;
+      if (r % 3 == 0)
+        for (int i = 0; i < vocab; ++i) row[i] = std::round(row[i] * 2.0f) / 2.0f;  // Ties.
+      if (r == 4) row[pick(vocab)] = std::nanf("");
+      SampleRow p{r % 3 == 0 ? 0.0f : 0.8f, r == 2 ? 6 : 0, r == 5 ? 0.85f : 1.0f, uniform(rng)};
+      if (r != rows - 1) {  // The last row has no slot.
+        p.seen_slot = (r + 3) % slots;
+        p.repetition_penalty = r % 2 ? 1.3f : 0.8f;
+        p.frequency_penalty = r % 3 == 1 ? -0.2f : 0.6f;
+        p.presence_penalty = r % 4 == 0 ? 0.0f : 0.9f;
+      }
+      p.bias_begin = int(s.biases.size());
+      for (int b = pick(4); b > 0; --b) s.biases.push_back({pick(vocab + 2) - 1, float(normal(rng) * 3.0f)});
+      if (r == 1) s.biases.push_back(s.biases.empty() ? LogitBias{3, 1.0f} : s.biases.back());  // A repeat.
+      p.bias_count = int(s.biases.size()) - p.bias_begin;
+      p.banned_begin = int(s.banned.size());
+      for (int b = pick(3); b > 0; --b) s.banned.push_back(pick(vocab + 1));
+      p.banned_count = int(s.banned.size()) - p.banned_begin;
+      p.logprobs = std::vector<int>{-1, 0, 3, 20}[r % 4];
+      p.logprob_of = r % 2 ? -1 : pick(vocab);
+      s.params.push_back(p);
+      s.prompts.emplace_back();
+      for (int i = 0; i < 12; ++i) s.prompts.back().push_back(pick(vocab));
+    }
+  }
+  struct Result {
+    std::vector<int> tokens;
+    std::vector<RowLogprobs> logprobs;
+  };
+  const auto run = [&](int shards) {
+    SlotState state(vocab, slots, ~0u, 3);
+    std::vector<Result> results;
+    SampleScratch scratch;
+    std::vector<int> previous;
+    for (int step = 0; step < steps; ++step) {
+      Step& s = plan[step];
+      s.new_ids.clear();
+      for (int r = 0; r < rows; ++r) {
+        SampleRow& p = s.params[r];
+        p.new_ids_begin = int(s.new_ids.size());
+        p.clear_slot = step == 0;
+        if (step == 0) {
+          // The prompt, its last 2 counted as output (a preempted sequence's), an id skipped.
+          s.new_ids.insert(s.new_ids.end(), s.prompts[r].begin(), s.prompts[r].end());
+          p.new_output_from = 10;
+          s.new_ids.push_back(vocab);
+        } else {
+          s.new_ids.push_back(previous[r]);
+          p.new_output_from = 0;
+        }
+        p.new_ids_count = int(s.new_ids.size()) - p.new_ids_begin;
+      }
+      ShardedLogits logits{nullptr, rows, vocab, shards};
+      const std::vector<float> gathered = pdserve::testing::gather_logits(s.logits, logits, std::nanf(""));
+      logits.data = gathered.data();
+      Result out{std::vector<int>(rows), std::vector<RowLogprobs>(rows)};
+      SeenTokens seen = state.view();
+      seen.new_ids = s.new_ids.data();
+      sample_rows(out.tokens.data(), out.logprobs.data(), logits, s.params.data(), seen,
+                  LogitEdits{s.biases.data(), s.banned.data()}, &scratch);
+      previous = out.tokens;
+      results.push_back(out);
+    }
+    return results;
+  };
+
+  // The formulas, by hand.
+  const std::vector<Result> plain = run(1);
+  std::vector<std::set<int>> seen(slots);
+  std::vector<std::vector<int>> counts(slots, std::vector<int>(vocab, 0));
+  int moved = 0;
+  for (int step = 0; step < steps; ++step) {
+    const Step& s = plan[step];
+    for (int r = 0; r < rows; ++r) {
+      const SampleRow& p = s.params[r];
+      const float* raw = s.logits.data() + r * vocab;
+      std::vector<float> row(raw, raw + vocab);
+      if (p.seen_slot >= 0) {
+        if (p.clear_slot) {
+          seen[p.seen_slot].clear();
+          counts[p.seen_slot].assign(vocab, 0);
+        }
+        for (int i = 0; i < p.new_ids_count; ++i) {
+          const int id = s.new_ids[p.new_ids_begin + i];
+          if (id >= vocab) continue;
+          seen[p.seen_slot].insert(id);
+          if (i >= p.new_output_from) ++counts[p.seen_slot][id];
+        }
+      }
+      for (int i = 0; i < p.bias_count; ++i) {
+        const LogitBias& b = s.biases[p.bias_begin + i];
+        if (b.id >= 0 && b.id < vocab) row[b.id] += b.bias;
+      }
+      for (int i = 0; i < p.banned_count; ++i)
+        if (s.banned[p.banned_begin + i] < vocab) row[s.banned[p.banned_begin + i]] = -INFINITY;
+      if (p.seen_slot >= 0)
+        for (int id = 0; id < vocab; ++id) {
+          if (seen[p.seen_slot].count(id))
+            row[id] = row[id] > 0 ? row[id] / p.repetition_penalty : row[id] * p.repetition_penalty;
+          const int c = counts[p.seen_slot][id];
+          row[id] = float(double(row[id]) - (double(p.frequency_penalty) * c + double(p.presence_penalty) * (c > 0)));
+        }
+      SampleScratch scratch;
+      const int want = sample_token(row.data(), vocab, p, &scratch);
+      EXPECT_EQ(plain[step].tokens[r], want) << "step " << step << ", row " << r;
+      moved += want != sample_token(raw, vocab, p, &scratch);
+      if (p.logprobs < 0) continue;
+      // log_softmax in long double, NaN as -inf; the top by sorting.
+      long double max = -INFINITY, sum = 0.0L;
+      for (int i = 0; i < vocab; ++i)
+        if (!std::isnan(raw[i])) max = std::max<long double>(max, raw[i]);
+      for (int i = 0; i < vocab; ++i)
+        if (!std::isnan(raw[i])) sum += std::exp((long double)raw[i] - max);
+      const auto lp = [&](int id) {
+        return std::isnan(raw[id]) ? -INFINITY : double((long double)raw[id] - max - std::log(sum));
+      };
+      std::vector<int> order(vocab);
+      std::iota(order.begin(), order.end(), 0);
+      const auto key = [raw](int i) { return std::isnan(raw[i]) ? -INFINITY : raw[i]; };
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) > key(b); });
+      const RowLogprobs& got = plain[step].logprobs[r];
+      ASSERT_EQ(got.top_count, p.logprobs);
+      for (int j = 0; j < p.logprobs; ++j) {
+        EXPECT_EQ(got.top_ids[j], order[j]) << "step " << step << ", row " << r << " #" << j;
+        EXPECT_NEAR(got.top_logprobs[j], lp(order[j]), 1e-6) << "step " << step << ", row " << r << " #" << j;
+      }
+      const double of = lp(p.logprob_of >= 0 ? p.logprob_of : want);
+      if (std::isinf(of)) EXPECT_EQ(got.logprob, float(of));
+      else EXPECT_NEAR(got.logprob, of, 1e-6) << "step " << step << ", row " << r;
+    }
+  }
+  EXPECT_GT(moved, rows * steps / 3) << "the edits moved too few tokens to test them";
+  for (int shards = 2; shards <= 4; ++shards) {
+    const std::vector<Result> got = run(shards);
+    for (int step = 0; step < steps; ++step) {
+      EXPECT_EQ(got[step].tokens, plain[step].tokens) << shards << " shards, step " << step;
+      for (int r = 0; r < rows; ++r) {
+        const RowLogprobs &a = got[step].logprobs[r], &b = plain[step].logprobs[r];
+        EXPECT_EQ(a.logprob, b.logprob) << shards << " shards, step " << step << ", row " << r;
+        EXPECT_EQ(a.top_count, b.top_count);
+        for (int j = 0; j < a.top_count; ++j) {
+          EXPECT_EQ(a.top_ids[j], b.top_ids[j]);
+          EXPECT_EQ(a.top_logprobs[j], b.top_logprobs[j]);
+        }
+      }
+    }
+  }
 }
 
 TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {
