@@ -1,5 +1,8 @@
 // Token sampling on the device, one block per row, picking what kernels/cpu/sampling.h's
-// reference picks, so that only one int per row leaves the GPU instead of the row's logits.
+// reference picks, so that only one int per row (and, for rows asking, its RowLogprobs) leaves
+// the GPU instead of the row's logits. The log-probabilities come from the raw row first; a row
+// with logit edits or count penalties is then edited into its scratch row, on which the rest
+// runs as on a plain row.
 //
 // The reference sorts candidates; a block cannot sort a 128K vocabulary cheaply, so it works
 // with cuts of the sorted order instead. Most likely first, lower index first among equals, the
@@ -126,50 +129,31 @@ __device__ Cut select(const float* probs, int n, Cut cut, bool mass, double targ
   return Cut{v, walk(probs, n, equal, mass, above, target, strict, shared, result)};
 }
 
-__global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow* params, SeenTokens seen,
-                              float* scratch) {
-  __shared__ double shared[kSampleThreads + 1];
-  __shared__ float best_v[kSampleThreads];
-  __shared__ int best_i[kSampleThreads];
-  __shared__ int result[3];
-  const int row = blockIdx.x, n = logits.vocab;
-  const SampleRow P = params[row];
-
-  // The repetition penalty (cpu::update_seen, then cpu::penalize on every seen id): the step's
-  // new ids join the row's slot first, which stays on the device between steps.
-  const uint32_t* slot = nullptr;
-  if (P.seen_slot >= 0) {
-    uint32_t* bits = seen.slot(P.seen_slot);
-    if (P.clear_slot)
-      for (int64_t w = threadIdx.x; w < seen.words_per_slot(); w += blockDim.x) bits[w] = 0u;
-    __syncthreads();
-    for (int i = threadIdx.x; i < P.new_ids_count; i += blockDim.x) {
-      const int id = seen.new_ids[P.new_ids_begin + i];
-      if (id >= 0 && id < n) atomicOr(&bits[id >> 5], 1u << (id & 31));
-    }
-    __syncthreads();
-    slot = bits;
-  }
-  const float penalty = P.repetition_penalty;
-  const auto logit_at = [slot, penalty](const float* src, int j, int col) {
-    const float x = src[j];
-    return slot != nullptr && cpu::is_seen(slot, col) ? cpu::penalize(x, penalty) : x;
-  };
-
-  // The argmax, NaN skipped, lowest index on ties (n: none yet).
+// The largest value(x, col) over row `row`'s columns with eligible(value, col), the lowest column
+// among equals, into every thread; i == vocab when none is eligible. Each thread walks its
+// columns in increasing order, then a fixed tree picks among the threads.
+struct Best {
+  float v;
+  int i;
+};
+template <typename Value, typename Eligible>
+__device__ Best block_argmax(const ShardedLogits& logits, int row, Value value, Eligible eligible, float* best_v,
+                             int* best_i) {
+  const int n = logits.vocab;
   float v = -INFINITY;
   int idx = n;
   for (int s = 0; s < logits.shards; ++s) {
     const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
     const float* src = logits.row_of_shard(s, row);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-      const float x = logit_at(src, j, begin + j);
-      if (!isnan(x) && (idx == n || x > v)) {
+      const float x = value(src[j], begin + j);
+      if (eligible(x, begin + j) && (idx == n || x > v)) {
         v = x;
         idx = begin + j;
       }
     }
   }
+  __syncthreads();  // best_v and best_i may still be read by a previous call.
   best_v[threadIdx.x] = v;
   best_i[threadIdx.x] = idx;
   __syncthreads();
@@ -185,60 +169,199 @@ __global__ void sample_kernel(int* tokens, ShardedLogits logits, const SampleRow
     }
     __syncthreads();
   }
-  const int best = best_i[0] < n ? best_i[0] : 0;
-  const float max_logit = best_v[0];
-  if (P.temperature == 0.0f || P.top_k == 1 || best_i[0] == n || !isfinite(max_logit)) {
-    if (threadIdx.x == 0) tokens[row] = best;
-    return;
-  }
+  return Best{best_v[0], best_i[0]};
+}
 
-  float* probs = scratch + int64_t(row) * n;
-  const double inv_temperature = 1.0 / double(P.temperature);
-  for (int s = 0; s < logits.shards; ++s) {
-    const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
-    const float* src = logits.row_of_shard(s, row);
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-      const float x = logit_at(src, j, begin + j);
-      probs[begin + j] = isnan(x) ? 0.0f : float(exp(double(x - max_logit) * inv_temperature));
+// The raw logit of column `col` of row `row`.
+__device__ float logit_of(const ShardedLogits& logits, int row, int col) {
+  int s = 0;
+  while (logits.shard_begin(s + 1) <= col) ++s;
+  return logits.row_of_shard(s, row)[col - logits.shard_begin(s)];
+}
+
+__global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLogits logits, const SampleRow* params,
+                              SeenTokens seen, cpu::LogitEdits edits, float* scratch) {
+  __shared__ double shared[kSampleThreads + 1];
+  __shared__ float best_v[kSampleThreads];
+  __shared__ int best_i[kSampleThreads];
+  __shared__ int result[3];
+  __shared__ int top_ids[cpu::kMaxLogprobs];
+  __shared__ float top_v[cpu::kMaxLogprobs];
+  const int row = blockIdx.x, n = logits.vocab;
+  const SampleRow P = params[row];
+  const auto no_nan = [](float x, int) { return !isnan(x); };
+
+  // The log-probabilities of the raw row (cpu::row_logprobs), before anything edits it: the
+  // max, the sum of exp in double, and the top ids by passes of an argmax, each excluding what
+  // the passes before chose — everything at or before the last in the order (logit descending,
+  // id ascending) — with NaN ranked as -inf.
+  const bool want_logprobs = logprobs != nullptr && P.logprobs >= 0;
+  cpu::LogNormalizer normalizer;
+  int top = 0;
+  if (want_logprobs) {
+    const auto key = [](float x, int) { return isnan(x) ? -INFINITY : x; };
+    const auto any = [](float, int) { return true; };
+    normalizer.max = block_argmax(logits, row, key, any, best_v, best_i).v;
+    double sum = 0.0;
+    for (int s = 0; s < logits.shards; ++s) {
+      const int cols = logits.shard_begin(s + 1) - logits.shard_begin(s);
+      const float* src = logits.row_of_shard(s, row);
+      for (int j = threadIdx.x; j < cols; j += blockDim.x)
+        if (!isnan(src[j])) sum += exp(cpu::LogNormalizer::logprob_shift(src[j], normalizer.max));
+    }
+    normalizer.log_sum = log(block_sum(sum, shared));
+    top = P.logprobs < cpu::kMaxLogprobs ? P.logprobs : cpu::kMaxLogprobs;
+    if (top > n) top = n;
+    for (int j = 0; j < top; ++j) {
+      const float last_v = j > 0 ? top_v[j - 1] : 0.0f;
+      const int last_i = j > 0 ? top_ids[j - 1] : -1;
+      const auto after_last = [j, last_v, last_i](float x, int col) {
+        return j == 0 || x < last_v || (x == last_v && col > last_i);
+      };
+      const Best b = block_argmax(logits, row, key, after_last, best_v, best_i);
+      if (threadIdx.x == 0) {
+        top_ids[j] = b.i;
+        top_v[j] = b.v;
+      }
+      __syncthreads();  // Every thread reads the pass's choice before the next.
     }
   }
-  __syncthreads();  // Each thread reads every thread's probabilities from here on.
 
-  Cut cut{0.0f, -1};
-  bool sorted = false;  // Whether the reference walks the candidates most likely first.
-  if (P.top_k > 0 && double(P.top_k) < measure(probs, n, cut, 0.0f, false, shared)) {
-    cut = select(probs, n, cut, false, double(P.top_k), false, shared, result);
-    sorted = true;
+  // cpu::update_seen: the step's new ids join the row's slot, which stays on the device
+  // between steps; the output's among them are counted. One thread counts, so that a repeated
+  // id needs no atomic add (a step brings one output token, or a preempted sequence's few).
+  uint32_t* slot = nullptr;
+  int32_t* counts = nullptr;
+  if (P.seen_slot >= 0) {
+    slot = seen.slot(P.seen_slot);
+    if (seen.counts != nullptr) counts = seen.counts_of(P.seen_slot);
+    if (P.clear_slot) {
+      for (int64_t w = threadIdx.x; w < seen.words_per_slot(); w += blockDim.x) slot[w] = 0u;
+      if (counts != nullptr)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) counts[i] = 0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < P.new_ids_count; i += blockDim.x) {
+      const int id = seen.new_ids[P.new_ids_begin + i];
+      if (id >= 0 && id < n) atomicOr(&slot[id >> 5], 1u << (id & 31));
+    }
+    if (counts != nullptr && threadIdx.x == 0)
+      for (int i = P.new_output_from > 0 ? P.new_output_from : 0; i < P.new_ids_count; ++i) {
+        const int id = seen.new_ids[P.new_ids_begin + i];
+        if (id >= 0 && id < n) ++counts[id];
+      }
+    __syncthreads();
   }
-  double total = measure(probs, n, cut, 0.0f, true, shared);
-  if (P.top_p < 1.0f) {
-    cut = select(probs, n, cut, true, double(P.top_p) * total, false, shared, result);
-    total = measure(probs, n, cut, 0.0f, true, shared);
-    sorted = true;
+  const float penalty = P.repetition_penalty, frequency = P.frequency_penalty, presence = P.presence_penalty;
+  // The penalties on one logit, in the reference's order: repetition, then frequency and presence.
+  const auto penalise = [slot, counts, penalty, frequency, presence](float x, int col) {
+    if (slot == nullptr) return x;
+    if (cpu::is_seen(slot, col)) x = cpu::penalize(x, penalty);
+    return counts != nullptr ? cpu::penalize_counted(x, counts[col], frequency, presence) : x;
+  };
+
+  // A row with logit_bias, banned ids or count penalties is edited into its scratch row first:
+  // a full copy, the sparse edits (biases by one thread in their order, as the reference adds
+  // them, so that a repeated id rounds alike), then the penalties; the rest reads that. A row
+  // with the repetition penalty alone is penalised as it is read.
+  ShardedLogits source = logits;
+  const bool sparse = P.bias_count > 0 || P.banned_count > 0;
+  if (sparse || (slot != nullptr && counts != nullptr && (frequency != 0.0f || presence != 0.0f))) {
+    float* edited = scratch + int64_t(row) * n;
+    for (int s = 0; s < logits.shards; ++s) {
+      const int begin = logits.shard_begin(s), cols = logits.shard_begin(s + 1) - begin;
+      const float* src = logits.row_of_shard(s, row);
+      for (int j = threadIdx.x; j < cols; j += blockDim.x)
+        edited[begin + j] = sparse ? src[j] : penalise(src[j], begin + j);
+    }
+    if (sparse) {
+      __syncthreads();
+      if (threadIdx.x == 0)
+        for (int i = 0; i < P.bias_count; ++i) {
+          const cpu::LogitBias b = edits.biases[P.bias_begin + i];
+          if (b.id >= 0 && b.id < n) edited[b.id] += b.bias;
+        }
+      __syncthreads();
+      for (int i = threadIdx.x; i < P.banned_count; i += blockDim.x) {
+        const int id = edits.banned[P.banned_begin + i];
+        if (id >= 0 && id < n) edited[id] = -INFINITY;
+      }
+      __syncthreads();
+      if (slot != nullptr)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) edited[i] = penalise(edited[i], i);
+    }
+    __syncthreads();
+    source = ShardedLogits{scratch, logits.rows, n, 1};
+    slot = nullptr;  // Penalised already.
   }
-  const double target = P.u * total;
-  int token;
-  if (!sorted) {
-    // Every positive probability, walked in index order.
-    const auto candidate = [cut](float p, int i) { return cut.holds(p, i); };
-    token = walk(probs, n, candidate, true, 0.0, target, true, shared, result);
-  } else if (reaches(total, target, true)) {
-    token = select(probs, n, cut, true, target, true, shared, result).c;
-  } else {
-    // Rounding left a sliver past the last candidate: the last in sorted order.
-    token = select(probs, n, cut, false, measure(probs, n, cut, 0.0f, false, shared), false, shared, result).c;
+  const auto logit_at = [slot, penalise](float x, int col) { return slot != nullptr ? penalise(x, col) : x; };
+
+  // The argmax, NaN skipped, lowest index on ties.
+  const Best argmax = block_argmax(source, row, logit_at, no_nan, best_v, best_i);
+  const int best = argmax.i < n ? argmax.i : 0;
+  const float max_logit = argmax.v;
+  int token = best;
+  if (!(P.temperature == 0.0f || P.top_k == 1 || argmax.i == n || !isfinite(max_logit))) {
+    // In place over an edited row: each thread turns the logits it reads into probabilities.
+    float* probs = scratch + int64_t(row) * n;
+    const double inv_temperature = 1.0 / double(P.temperature);
+    for (int s = 0; s < source.shards; ++s) {
+      const int begin = source.shard_begin(s), cols = source.shard_begin(s + 1) - begin;
+      const float* src = source.row_of_shard(s, row);
+      for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float x = logit_at(src[j], begin + j);
+        probs[begin + j] = isnan(x) ? 0.0f : float(exp(double(x - max_logit) * inv_temperature));
+      }
+    }
+    __syncthreads();  // Each thread reads every thread's probabilities from here on.
+
+    Cut cut{0.0f, -1};
+    bool sorted = false;  // Whether the reference walks the candidates most likely first.
+    if (P.top_k > 0 && double(P.top_k) < measure(probs, n, cut, 0.0f, false, shared)) {
+      cut = select(probs, n, cut, false, double(P.top_k), false, shared, result);
+      sorted = true;
+    }
+    double total = measure(probs, n, cut, 0.0f, true, shared);
+    if (P.top_p < 1.0f) {
+      cut = select(probs, n, cut, true, double(P.top_p) * total, false, shared, result);
+      total = measure(probs, n, cut, 0.0f, true, shared);
+      sorted = true;
+    }
+    const double target = P.u * total;
+    int picked;
+    if (!sorted) {
+      // Every positive probability, walked in index order.
+      const auto candidate = [cut](float p, int i) { return cut.holds(p, i); };
+      picked = walk(probs, n, candidate, true, 0.0, target, true, shared, result);
+    } else if (reaches(total, target, true)) {
+      picked = select(probs, n, cut, true, target, true, shared, result).c;
+    } else {
+      // Rounding left a sliver past the last candidate: the last in sorted order.
+      picked = select(probs, n, cut, false, measure(probs, n, cut, 0.0f, false, shared), false, shared, result).c;
+    }
+    if (picked >= 0) token = picked;
   }
-  if (threadIdx.x == 0) tokens[row] = token >= 0 ? token : best;
+  if (threadIdx.x != 0) return;
+  tokens[row] = token;
+  if (!want_logprobs) return;
+  // Of the raw logits, which the edits left in place.
+  cpu::RowLogprobs& out = logprobs[row];
+  const int of = P.logprob_of >= 0 ? P.logprob_of : token;
+  out.logprob = of < n ? normalizer.logprob(logit_of(logits, row, of)) : -INFINITY;
+  out.top_count = top;
+  for (int j = 0; j < top; ++j) {
+    out.top_ids[j] = top_ids[j];
+    out.top_logprobs[j] = normalizer.logprob(top_v[j]);
+  }
 }
 
 }  // namespace
 
 void sample(int* tokens, cpu::RowLogprobs* logprobs, const cpu::ShardedLogits& logits, const cpu::SampleRow* params,
             const cpu::SeenTokens& seen, const cpu::LogitEdits& edits, float* scratch, gpuStream_t stream) {
-  (void)logprobs;  // Contract only: issue 15's kernel work fills these in.
-  (void)edits;
   if (logits.rows <= 0) return;
-  gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logits, params, seen, scratch);
+  gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logprobs, logits, params, seen, edits,
+             scratch);
 }
 
 }  // namespace pdserve::kernels::gpu

@@ -282,7 +282,9 @@ TEST(RepetitionPenalty, SampleRowsPenalisesTheSeenIdsOfEachRowsSlot) {
       EXPECT_EQ(got[r], sample_token(row.data(), vocab, params[r], &scratch)) << "step " << step << ", row " << r;
       const int plain = sample_token(logits.data() + int64_t(r) * vocab, vocab, params[r], &scratch);
       if (r == 0) changed += got[r] != plain;
-      if (r >= slots) EXPECT_EQ(got[r], plain);
+      if (r >= slots) {
+        EXPECT_EQ(got[r], plain);
+      }
     }
   }
   EXPECT_EQ(changed, 2);  // Row 0's argmax was seen and penalised, at each step.

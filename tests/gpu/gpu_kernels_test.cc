@@ -237,7 +237,173 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
         EXPECT_EQ(want[rows - 1], unpenalised[rows - 1]);
       }
       EXPECT_EQ(dbits.host(), want_bits) << "vocab " << vocab << ", " << shards << " shards";
-      if (vocab > 7) EXPECT_GT(changed, 0) << "the penalty moved no token at vocab " << vocab;
+      if (vocab > 7) {
+        EXPECT_GT(changed, 0) << "the penalty moved no token at vocab " << vocab;
+      }
+    }
+}
+
+// logit_bias, banned ids, the frequency and presence penalties and log-probabilities on the
+// device, each alone and all together, with the repetition penalty, for greedy, top-k, top-p and
+// plain sampled rows, plain and gathered over 2 and 3 TP shards, at vocabularies no multiple of
+// the block (also a 7-id one): over three steps as the engine drives them — the prompt first (its last ids counted
+// as output), then each row's previous token — with the bitmaps and counts kept in device
+// memory, the tokens are the reference's, the log-probabilities within 1e-5 (ids exactly), rows
+// that ask for none untouched, and the slots' state the reference's after every step.
+TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const auto pick = [&rng](int n) { return int(rng() % unsigned(n)); };
+  const std::vector<int> vocabs = kEmulated ? std::vector<int>{7, 1100} : std::vector<int>{1000, 32000, 128256};
+  enum Feature { kBias = 1, kBanned = 2, kRepetition = 4, kFrequency = 8, kPresence = 16, kLogprobs = 32 };
+  const std::vector<int> features = {0,
+                                     kBias,
+                                     kBanned,
+                                     kRepetition,
+                                     kFrequency,
+                                     kPresence,
+                                     kLogprobs,
+                                     kBias | kBanned | kLogprobs,
+                                     kRepetition | kFrequency | kPresence,
+                                     63};
+  struct Mode {
+    float temperature;
+    int top_k;
+    float top_p;
+  };
+  const std::vector<Mode> modes = {{0.0f, 0, 1.0f}, {0.8f, 0, 1.0f}, {1.0f, 40, 1.0f}, {0.7f, 0, 0.9f}};
+  // Each row's features and mode: no feature and the combinations in every mode, each feature
+  // alone greedy and in one of the sampled modes (the emulation's time goes to the modes' passes).
+  std::vector<std::pair<int, int>> row_kinds;
+  for (size_t fi = 0; fi < features.size(); ++fi) {
+    const bool alone = fi > 0 && fi < 7;
+    for (int m = 0; m < int(modes.size()); ++m)
+      if (!alone || m == 0 || m == 1 + int(fi) % 3) row_kinds.push_back({features[fi], m});
+  }
+  const int rows = int(row_kinds.size()), slots = rows + 2, steps = 3;
+  cpu::RowLogprobs sentinel;
+  sentinel.logprob = 7.0f;
+  sentinel.top_count = -3;
+  for (int vocab : vocabs)
+    for (int shards : {1, 2, 3}) {
+      const cpu::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
+      std::vector<uint32_t> want_bits(size_t(slots) * shape.words_per_slot(), 0x5A5A5A5Au);
+      std::vector<int32_t> want_counts(size_t(slots) * vocab, 4);  // Left by earlier sequences.
+      Dev<uint32_t> dbits(want_bits);
+      Dev<int32_t> dcounts(want_counts);
+      std::vector<int> previous(rows, 0);
+      int moved = 0, with_logprobs = 0;
+      for (int step = 0; step < steps; ++step) {
+        std::vector<float> plain = random_vec(size_t(rows) * vocab, 50 + vocab + shards + step, 3.0f);
+        std::vector<cpu::SampleRow> params;
+        std::vector<cpu::LogitBias> biases;
+        std::vector<int> banned, new_ids;
+        for (int r = 0; r < rows; ++r) {
+          float* lr = plain.data() + int64_t(r) * vocab;
+          if (r % 3 == 0)  // Ties everywhere.
+            for (int i = 0; i < vocab; ++i) lr[i] = std::round(lr[i] * 2.0f) / 2.0f;
+          if (r % 5 == 1) lr[r % vocab] = std::nanf("");
+          const int f = row_kinds[r].first;
+          const Mode& m = modes[row_kinds[r].second];
+          cpu::SampleRow p{m.temperature, m.top_k, m.top_p, uniform(rng)};
+          const int argmax =
+              int(std::max_element(lr, lr + vocab,
+                                   [](float a, float b) { return std::isnan(a) || (!std::isnan(b) && a < b); }) -
+                  lr);
+          if (f & (kRepetition | kFrequency | kPresence)) {
+            p.seen_slot = (r * 7 + 3) % slots;  // Rows and slots in different orders.
+            p.clear_slot = step == 0;
+            p.repetition_penalty = f & kRepetition ? (r % 2 ? 1.4f : 0.7f) : 1.0f;
+            p.frequency_penalty = f & kFrequency ? (r % 2 ? 0.8f : -0.3f) : 0.0f;
+            p.presence_penalty = f & kPresence ? 1.1f : 0.0f;
+            p.new_ids_begin = int(new_ids.size());
+            if (step == 0) {
+              for (int i = 0; i < 1 + vocab / 4; ++i) new_ids.push_back(i == 0 ? argmax : pick(vocab));
+              for (int i = 0; i < 3; ++i)
+                new_ids.push_back(i == 0 ? argmax : pick(vocab));  // Output, twice the argmax.
+              new_ids.push_back(argmax);
+              new_ids.push_back(vocab);  // Outside the vocabulary.
+              p.new_output_from = 1 + vocab / 4;
+            } else {
+              new_ids.push_back(previous[r]);
+              new_ids.push_back(argmax);  // So that the penalties bite at every step.
+            }
+            p.new_ids_count = int(new_ids.size()) - p.new_ids_begin;
+          }
+          if (f & kBias) {
+            p.bias_begin = int(biases.size());
+            for (int b = 0; b < 5; ++b) biases.push_back({pick(vocab + 2) - 1, normal(rng)});
+            biases.push_back({argmax, -4.0f});
+            biases.push_back(biases[p.bias_begin]);  // A repeated id: both added.
+            p.bias_count = int(biases.size()) - p.bias_begin;
+          }
+          if (f & kBanned) {
+            p.banned_begin = int(banned.size());
+            banned.push_back(argmax);
+            for (int b = 0; b < 3; ++b) banned.push_back(pick(vocab + 1));
+            p.banned_count = int(banned.size()) - p.banned_begin;
+          }
+          if (f & kLogprobs) {
+            p.logprobs = std::vector<int>{0, 1, 5, cpu::kMaxLogprobs}[(r + step) % 4];
+            p.logprob_of = r % 2 ? -1 : pick(vocab);
+            ++with_logprobs;
+          }
+          params.push_back(p);
+        }
+        cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+        const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
+        logits.data = gathered.data();
+        std::vector<int> want(rows), unedited(rows);
+        std::vector<cpu::RowLogprobs> want_lp(rows, sentinel);
+        cpu::SampleScratch scratch;
+        cpu::sample_rows(want.data(), want_lp.data(), logits, params.data(),
+                         {want_bits.data(), want_counts.data(), new_ids.data(), vocab}, {biases.data(), banned.data()},
+                         &scratch);
+        std::vector<cpu::SampleRow> plain_params(rows);
+        for (int r = 0; r < rows; ++r)
+          plain_params[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].u};
+        cpu::sample_rows(unedited.data(), nullptr, logits, plain_params.data(), {}, {}, &scratch);
+
+        Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+        Dev<cpu::SampleRow> dparams(params);
+        Dev<cpu::LogitBias> dbiases(biases);
+        Dev<int> dbanned(banned), dnew(new_ids), dtokens(rows);
+        Dev<cpu::RowLogprobs> dlp(std::vector<cpu::RowLogprobs>(rows, sentinel));
+        logits.data = dlogits.get();
+        gpu::sample(dtokens.get(), dlp.get(), logits, dparams.get(), {dbits.get(), dcounts.get(), dnew.get(), vocab},
+                    {dbiases.get(), dbanned.get()}, dscratch.get(), nullptr);
+        const std::vector<int> got = dtokens.host();
+        const std::vector<cpu::RowLogprobs> got_lp = dlp.host();
+        for (int r = 0; r < rows; ++r) {
+          const std::string where = "vocab " + std::to_string(vocab) + ", " + std::to_string(shards) +
+                                    " shards, step " + std::to_string(step) + ", row " + std::to_string(r) +
+                                    " (features " + std::to_string(row_kinds[r].first) + ", mode " +
+                                    std::to_string(row_kinds[r].second) + ")";
+          EXPECT_EQ(got[r], want[r]) << where;
+          moved += want[r] != unedited[r];
+          const cpu::RowLogprobs &g = got_lp[r], &w = want_lp[r];
+          ASSERT_EQ(g.top_count, w.top_count) << where;
+          const auto near = [](float a, float b) {
+            return std::isinf(b) ? a == b
+                                 : std::abs(double(a) - double(b)) <= kF32Tol * std::max(1.0, std::abs(double(b)));
+          };
+          EXPECT_TRUE(near(g.logprob, w.logprob)) << where << ": " << g.logprob << " vs " << w.logprob;
+          for (int j = 0; j < w.top_count; ++j) {
+            EXPECT_EQ(g.top_ids[j], w.top_ids[j]) << where << " #" << j;
+            EXPECT_TRUE(near(g.top_logprobs[j], w.top_logprobs[j]))
+                << where << " #" << j << ": " << g.top_logprobs[j] << " vs " << w.top_logprobs[j];
+          }
+        }
+        EXPECT_EQ(dbits.host(), want_bits) << "vocab " << vocab << ", " << shards << " shards, step " << step;
+        EXPECT_EQ(dcounts.host(), want_counts) << "vocab " << vocab << ", " << shards << " shards, step " << step;
+        previous = want;
+      }
+      if (vocab > 7) {
+        EXPECT_GT(moved, rows) << "the edits moved too few tokens at vocab " << vocab;
+      }
+      EXPECT_GT(with_logprobs, 0);
     }
 }
 
