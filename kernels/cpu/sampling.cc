@@ -125,8 +125,8 @@ void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits
   for (int r = 0; r < logits.rows; ++r) {
     const SampleRow& p = params[r];
     update_seen(seen, p);
-    const bool penalised = p.seen_slot >= 0 && (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
-                                                p.presence_penalty != 0.0f);
+    const bool penalised =
+        p.seen_slot >= 0 && (p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
     const bool edited = p.bias_count > 0 || p.banned_count > 0 || penalised;
     const bool want_logprobs = logprobs != nullptr && p.logprobs >= 0;
     // A plain row is sampled where it lies; a gathered or edited one is copied into scratch.

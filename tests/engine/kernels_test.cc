@@ -1,10 +1,10 @@
 // CPU kernels against naive formulas, paged attention through every block layout against dense
 // attention over the same K/V, and sampling from logits gathered over TP ranks, with its logit
 // edits, penalties and log-probabilities against hand-computed values.
-#include <bit>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -376,9 +376,9 @@ TEST(CountPenalties, FrequencyTimesCountPresenceOnce) {
     float frequency, presence;
     int want;
   };
-  const std::vector<Case> cases = {{0.0f, 0.0f, 1}, {0.24f, 0.0f, 1}, {0.26f, 0.0f, 0}, {0.0f, 0.3f, 1},
-                                   {0.0f, 0.49f, 1}, {0.0f, 0.51f, 0}, {0.1f, 0.25f, 1}, {0.1f, 0.35f, 0},
-                                   {-1.0f, 0.0f, 1}};
+  const std::vector<Case> cases = {{0.0f, 0.0f, 1},  {0.24f, 0.0f, 1}, {0.26f, 0.0f, 0},
+                                   {0.0f, 0.3f, 1},  {0.0f, 0.49f, 1}, {0.0f, 0.51f, 0},
+                                   {0.1f, 0.25f, 1}, {0.1f, 0.35f, 0}, {-1.0f, 0.0f, 1}};
   for (const Case& c : cases) {
     SlotState state(2, 1);
     SampleRow row = with_slot(greedy(), 1.0f, c.frequency, c.presence);
@@ -465,11 +465,11 @@ TEST(Logprobs, LogSoftmaxOfTheRawRowTopIdsAndTies) {
     double of_logit;
   };
   const std::vector<Case> cases = {
-      {3, 0, {2, 3, 1}, 1.0},     // The tie 2, 3: the lower id first.
-      {0, 1, {}, 2.0},            // No alternatives, one token's.
-      {4, -1, {2, 3, 1, 0}, 3.0}, // -1: of the sampled (greedy: 2).
-      {9, 3, {2, 3, 1, 0}, 3.0},  // No more than the vocabulary.
-      {2, 4, {2, 3}, -INFINITY},  // Outside the vocabulary: -inf.
+      {3, 0, {2, 3, 1}, 1.0},      // The tie 2, 3: the lower id first.
+      {0, 1, {}, 2.0},             // No alternatives, one token's.
+      {4, -1, {2, 3, 1, 0}, 3.0},  // -1: of the sampled (greedy: 2).
+      {9, 3, {2, 3, 1, 0}, 3.0},   // No more than the vocabulary.
+      {2, 4, {2, 3}, -INFINITY},   // Outside the vocabulary: -inf.
   };
   for (const Case& c : cases) {
     SampleRow row = greedy();
@@ -482,8 +482,10 @@ TEST(Logprobs, LogSoftmaxOfTheRawRowTopIdsAndTies) {
       EXPECT_EQ(lp.top_ids[j], c.ids[j]) << c.top << " #" << j;
       EXPECT_NEAR(lp.top_logprobs[j], logits[c.ids[j]] - lse, 1e-6) << c.top << " #" << j;
     }
-    if (std::isinf(c.of_logit)) EXPECT_EQ(lp.logprob, -INFINITY) << c.of;
-    else EXPECT_NEAR(lp.logprob, c.of_logit - lse, 1e-6) << c.of;
+    if (std::isinf(c.of_logit))
+      EXPECT_EQ(lp.logprob, -INFINITY) << c.of;
+    else
+      EXPECT_NEAR(lp.logprob, c.of_logit - lse, 1e-6) << c.of;
   }
   // Never more than kMaxLogprobs.
   SampleRow row = greedy();
@@ -564,8 +566,10 @@ TEST(Logprobs, NanAndInfiniteLogits) {
     ASSERT_EQ(lp.top_count, int(c.logits.size()));
     for (int j = 0; j < lp.top_count; ++j) {
       EXPECT_EQ(lp.top_ids[j], c.ids[j]) << c.logits[0] << " #" << j;
-      if (std::isinf(c.want[j])) EXPECT_EQ(lp.top_logprobs[j], float(c.want[j])) << c.logits[0] << " #" << j;
-      else EXPECT_NEAR(lp.top_logprobs[j], c.want[j], 1e-6) << c.logits[0] << " #" << j;
+      if (std::isinf(c.want[j]))
+        EXPECT_EQ(lp.top_logprobs[j], float(c.want[j])) << c.logits[0] << " #" << j;
+      else
+        EXPECT_NEAR(lp.top_logprobs[j], c.want[j], 1e-6) << c.logits[0] << " #" << j;
     }
   }
 }
@@ -719,8 +723,10 @@ TEST(SampleRows, EveryFeatureAgainstTheFormulasPlainAndSharded) {
         EXPECT_NEAR(got.top_logprobs[j], lp(order[j]), 1e-6) << "step " << step << ", row " << r << " #" << j;
       }
       const double of = lp(p.logprob_of >= 0 ? p.logprob_of : want);
-      if (std::isinf(of)) EXPECT_EQ(got.logprob, float(of));
-      else EXPECT_NEAR(got.logprob, of, 1e-6) << "step " << step << ", row " << r;
+      if (std::isinf(of))
+        EXPECT_EQ(got.logprob, float(of));
+      else
+        EXPECT_NEAR(got.logprob, of, 1e-6) << "step " << step << ", row " << r;
     }
   }
   EXPECT_GT(moved, rows * steps / 3) << "the edits moved too few tokens to test them";
