@@ -14,8 +14,26 @@ struct Engine::Sequence {
       : request(capped(std::move(r), config.max_seq_len)), callback(std::move(c)),
         sampler(request.params), stop(with_resumed(request.params, request.resumed_tokens), config.eos_ids) {
     tokens = request.prompt;
+    const SamplingParams& p = request.params;
+    for (const auto& [id, bias] : p.logit_bias) biases.push_back({id, bias});
+    // Sorted by id, one entry per id (the last given wins), so that a row's edits are a set.
+    std::stable_sort(biases.begin(), biases.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+    for (size_t i = 0; i + 1 < biases.size();) {
+      if (biases[i].id == biases[i + 1].id) {
+        biases.erase(biases.begin() + int64_t(i));
+      } else {
+        ++i;
+      }
+    }
+    if (p.min_tokens > 0) {
+      min_tokens_banned = p.stop_token_ids;
+      if (!p.ignore_eos) min_tokens_banned.insert(min_tokens_banned.end(), config.eos_ids.begin(), config.eos_ids.end());
+      std::sort(min_tokens_banned.begin(), min_tokens_banned.end());
+      min_tokens_banned.erase(std::unique(min_tokens_banned.begin(), min_tokens_banned.end()), min_tokens_banned.end());
+    }
   }
-  // The stop rules' token budget covers the resumed output too: they count every token pushed.
+  // The stop rules' token budget covers the resumed output too: they count every token pushed
+  // (min_tokens already counts all of the output).
   static SamplingParams with_resumed(SamplingParams p, int resumed) {
     p.max_tokens += resumed;
     return p;
@@ -32,7 +50,9 @@ struct Engine::Sequence {
   Status resume(const Tokenizer& tokenizer) {
     const int first = int(tokens.size()) - request.resumed_tokens;
     for (int i = first; i < int(tokens.size()); ++i) {
-      (void)stop.push(tokens[i], tokenizer.decode_token(tokens[i - 1], tokens[i]));
+      std::string bytes = tokenizer.decode_token(tokens[i - 1], tokens[i]);
+      if (!request.params.skip_special_tokens) bytes += tokenizer.special_token_text(tokens[i]);
+      (void)stop.push(tokens[i], bytes);
       if (stop.finished())
         return absl::InvalidArgumentError(absl::StrCat("resumed output token ", i - first,
                                                        " already ends generation (", std::string(finish_reason_name(stop.finish_reason())), ")"));
@@ -50,8 +70,16 @@ struct Engine::Sequence {
   // `tokens` are in it.
   int seen_slot = -1;
   size_t seen_synced = 0;
+  std::vector<kernels::cpu::LogitBias> biases;  // params.logit_bias, sorted by id.
+  std::vector<int> min_tokens_banned;           // Stop ids, banned before min_tokens.
+  std::vector<TokenLogprob> prompt_logprobs;    // Collected over the prefill steps.
+  bool prompt_logprobs_sent = false;
   std::vector<int> blocks;
   bool finished = false;
+
+  // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
+  int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
+  int generated() const { return int(tokens.size()) - output_start(); }
 };
 
 namespace {
@@ -167,6 +195,10 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
   if (request.resumed_tokens < 0 || request.resumed_tokens >= int(request.prompt.size()))
     return absl::InvalidArgumentError(absl::StrCat("resumed_tokens ", request.resumed_tokens,
                                                    " must be in [0, prompt length ", request.prompt.size(), ")"));
+  for (const auto& [id, bias] : request.params.logit_bias)
+    if (id >= c.vocab_size)
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias token id ", id, " outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
   const KvHandoff& h = request.handoff;
   const int need = blocks_needed(int(request.prompt.size()), h.prefill_only ? 1 : request.params.max_tokens);
   if (h.first_token_streamed && h.preloaded_blocks.empty())
@@ -225,8 +257,27 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   ev.finished = true;
   ev.reason = reason;
   ev.error = std::move(error);
+  if (ev.error.ok() && reason != FinishReason::kAbort) attach_prompt_logprobs(seq, ev);
   if (seq.callback) seq.callback(ev);
 }
+
+void Engine::attach_prompt_logprobs(Sequence& seq, TokenEvent& ev) {
+  if (seq.request.params.prompt_logprobs < 0 || seq.prompt_logprobs_sent ||
+      seq.prompt_logprobs.size() + 1 != seq.request.prompt.size())
+    return;
+  ev.prompt_logprobs = std::move(seq.prompt_logprobs);
+  seq.prompt_logprobs_sent = true;
+}
+
+namespace {
+
+TokenLogprob token_logprob(int token, const kernels::cpu::RowLogprobs& lp) {
+  TokenLogprob t{token, lp.logprob, {}};
+  for (int i = 0; i < lp.top_count; ++i) t.top.push_back({lp.top_ids[i], lp.top_logprobs[i]});
+  return t;
+}
+
+}  // namespace
 
 void Engine::admit(std::vector<Sequence*>* admitted) {
   std::lock_guard lock(mu_);
@@ -290,7 +341,14 @@ Status Engine::step() {
 
   ForwardBatch batch;
   std::vector<std::pair<Sequence*, int>> fed;  // Sequence and tokens fed this step.
-  std::vector<Sequence*> sampled;
+  // The step's logit rows, in batch order: the rows that sample a sequence's next token
+  // (prompt_pos -1), and for params.prompt_logprobs one per position of a prompt chunk that
+  // has a next prompt token, whose log-probability it gives (its sampled token is unused).
+  struct LogitRow {
+    Sequence* seq;
+    int prompt_pos;
+  };
+  std::vector<LogitRow> logit_of;
   StepSample sample;
   int budget = options_.max_batch_tokens;
   for (Sequence* s : order) {
@@ -307,14 +365,20 @@ Status Engine::step() {
       sample.kv_tokens += s->num_computed + 1;
     }
     budget -= n;
+    const bool prompt_logprobs = s->request.params.prompt_logprobs >= 0;
     for (int i = 0; i < n; ++i) {
-      batch.tokens.push_back(s->tokens[s->num_computed + i]);
-      batch.positions.push_back(s->num_computed + i);
+      const int pos = s->num_computed + i;
+      batch.tokens.push_back(s->tokens[pos]);
+      batch.positions.push_back(pos);
       batch.block_tables.push_back(s->blocks.data());
+      if (prompt_logprobs && pos + 1 < int(s->request.prompt.size())) {
+        batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
+        logit_of.push_back({s, pos});
+      }
     }
     if (n == pending) {
       batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
-      sampled.push_back(s);
+      logit_of.push_back({s, -1});
       if (s->num_computed + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
     }
     fed.push_back({s, n});
@@ -323,13 +387,33 @@ Status Engine::step() {
   if (layer_hook_) batch.layer_hook = &layer_hook_;
   StepOutput out;
   std::vector<kernels::cpu::SampleRow> rows;
-  std::vector<int> seen_new_ids;
-  for (Sequence* s : sampled) rows.push_back(sample_row(*s, &seen_new_ids));
-  sampled_tokens_.resize(sampled.size());
+  std::vector<int> seen_new_ids, banned;
+  std::vector<kernels::cpu::LogitBias> biases;
+  bool want_logprobs = false;
+  for (const LogitRow& r : logit_of) {
+    if (r.prompt_pos >= 0) {
+      // Greedy, no slot, no edits: only its log-probabilities are used.
+      kernels::cpu::SampleRow row;
+      row.logprobs = r.seq->request.params.prompt_logprobs;
+      row.logprob_of = r.seq->request.prompt[r.prompt_pos + 1];
+      rows.push_back(row);
+    } else {
+      rows.push_back(sample_row(*r.seq, &seen_new_ids, &biases, &banned));
+    }
+    want_logprobs |= rows.back().logprobs >= 0;
+  }
+  const int num_rows = int(rows.size());
+  sampled_tokens_.resize(num_rows);
+  if (want_logprobs) {
+    step_logprobs_.resize(num_rows);
+    out.logprobs = step_logprobs_.data();
+  }
   if (sample_on_backend_) {
     batch.samples = std::move(rows);
     batch.seen_new_ids = std::move(seen_new_ids);
     batch.seen_slots = seen_slots_;
+    batch.biases = std::move(biases);
+    batch.banned = std::move(banned);
     out.tokens = sampled_tokens_.data();
   } else {
     logits_.resize(size_t(batch.logit_rows.size()) * vocab);
@@ -344,12 +428,14 @@ Status Engine::step() {
     return s;
   }
   if (!sample_on_backend_) {
-    // The backend's sampling, on the host: the same rows and bitmaps, in host memory.
+    // The backend's sampling, on the host: the same rows, bitmaps, counts and edits, in host
+    // memory (resize keeps the slots' contents, as the backend's grow_keeping does).
     const kernels::cpu::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
-    kernels::cpu::sample_rows(sampled_tokens_.data(), nullptr, {logits_.data(), int(sampled.size()), vocab, 1},
-                              rows.data(), {host_seen_bits_.data(), nullptr, seen_new_ids.data(), vocab}, {},
-                              &host_scratch_);
+    host_counts_.resize(size_t(seen_slots_) * vocab);
+    kernels::cpu::sample_rows(sampled_tokens_.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1},
+                              rows.data(), {host_seen_bits_.data(), host_counts_.data(), seen_new_ids.data(), vocab},
+                              {biases.data(), banned.data()}, &host_scratch_);
   }
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
   sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();
@@ -359,15 +445,36 @@ Status Engine::step() {
   stats_.step_seconds += sample.wall_s;
 
   for (auto& [s, n] : fed) s->num_computed += n;
-  for (size_t i = 0; i < sampled.size(); ++i) accept_token(*sampled[i], sampled_tokens_[i]);
+  // A sequence's prompt rows come before its sampling row: its first event finds them all.
+  for (int i = 0; i < num_rows; ++i) {
+    const LogitRow& r = logit_of[i];
+    if (r.prompt_pos >= 0) {
+      r.seq->prompt_logprobs.push_back(token_logprob(r.seq->request.prompt[r.prompt_pos + 1], step_logprobs_[i]));
+    } else {
+      const bool asked = r.seq->request.params.logprobs >= 0;
+      accept_token(*r.seq, sampled_tokens_[i], false, asked ? &step_logprobs_[i] : nullptr);
+    }
+  }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   publish_stats(std::nullopt, &sample);
   return absl::OkStatus();
 }
 
-kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_ids) {
+kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_ids,
+                                           std::vector<kernels::cpu::LogitBias>* biases, std::vector<int>* banned) {
   kernels::cpu::SampleRow row = s.sampler.next_row();
-  if (row.repetition_penalty == 1.0f) return row;
+  if (!s.biases.empty()) {
+    row.bias_begin = int(biases->size());
+    row.bias_count = int(s.biases.size());
+    biases->insert(biases->end(), s.biases.begin(), s.biases.end());
+  }
+  // vLLM's min_tokens: the token sampled now would be output token generated() + 1.
+  if (s.generated() < s.request.params.min_tokens && !s.min_tokens_banned.empty()) {
+    row.banned_begin = int(banned->size());
+    row.banned_count = int(s.min_tokens_banned.size());
+    banned->insert(banned->end(), s.min_tokens_banned.begin(), s.min_tokens_banned.end());
+  }
+  if (row.repetition_penalty == 1.0f && row.frequency_penalty == 0.0f && row.presence_penalty == 0.0f) return row;
   if (s.seen_slot < 0) {
     if (free_seen_slots_.empty()) free_seen_slots_.push_back(seen_slots_++);
     s.seen_slot = free_seen_slots_.back();
@@ -378,25 +485,38 @@ kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_n
   row.seen_slot = s.seen_slot;
   row.new_ids_begin = int(seen_new_ids->size());
   row.new_ids_count = int(s.tokens.size() - s.seen_synced);
+  // The output's ids among them are counted for the frequency and presence penalties: at the
+  // first sync those after the prompt proper (a migrated request's resumed tokens, the decode
+  // side's handed-over first token), later all.
+  row.new_output_from = int(std::clamp<int64_t>(int64_t(s.output_start()) - int64_t(s.seen_synced), 0,
+                                                row.new_ids_count));
   seen_new_ids->insert(seen_new_ids->end(), s.tokens.begin() + int64_t(s.seen_synced), s.tokens.end());
   s.seen_synced = s.tokens.size();
   return row;
 }
 
-void Engine::accept_token(Sequence& s, int token, bool streamed) {
+void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::cpu::RowLogprobs* logprobs) {
   const int prev = s.tokens.back();
   s.tokens.push_back(token);
-  const StopStep st = s.stop.push(token, model_.tokenizer->decode_token(prev, token));
+  const StopStep st = s.stop.push(token, token_bytes(s.request.params, prev, token));
   TokenEvent ev;
   ev.id = s.request.id;
   ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
   ev.text = st.delta;
-  if (st.finish == FinishReason::kNone) {
-    if (s.callback && !streamed) s.callback(ev);
-    return;
+  if (logprobs && ev.token >= 0) ev.logprob = token_logprob(token, *logprobs);
+  const bool send = s.callback && !streamed && (st.finish == FinishReason::kNone || ev.token >= 0 || !ev.text.empty());
+  if (send) {
+    attach_prompt_logprobs(s, ev);
+    s.callback(ev);
   }
-  if (s.callback && !streamed && (ev.token >= 0 || !ev.text.empty())) s.callback(ev);
-  finish(s, st.finish);
+  if (st.finish != FinishReason::kNone) finish(s, st.finish);
+}
+
+std::string Engine::token_bytes(const SamplingParams& params, int prev, int token) const {
+  std::string bytes = model_.tokenizer->decode_token(prev, token);
+  // decode_token leaves special tokens out; skip_special_tokens off shows their text.
+  if (!params.skip_special_tokens) bytes += model_.tokenizer->special_token_text(token);
+  return bytes;
 }
 
 int Engine::blocks_needed(int prompt_len, int max_tokens) const {
@@ -432,6 +552,8 @@ StatusOr<GenerationResult> Engine::generate(std::vector<int> prompt, const Sampl
   GenerationRequest request{"generate", std::move(prompt), params};
   PD_RETURN_IF_ERROR(add_request(std::move(request), [&](const TokenEvent& ev) {
     if (ev.token >= 0) result.token_ids.push_back(ev.token);
+    if (ev.logprob) result.logprobs.push_back(*ev.logprob);
+    result.prompt_logprobs.insert(result.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
     result.text += ev.text;
     if (ev.finished) {
       result.finish_reason = ev.reason;

@@ -99,7 +99,10 @@ struct GenerationRequest {
   // of `prompt` are output that an earlier run already generated and streamed. The sampler
   // skips their random draws and the stop rules see them (text held back as a possible stop
   // string stays held back), so the run goes on exactly where the earlier one stopped; their
-  // text is not streamed again. params.max_tokens counts the tokens still to generate.
+  // text is not streamed again. params.max_tokens counts the tokens still to generate, but
+  // params.min_tokens all of the output, the resumed tokens included (as the frequency and
+  // presence penalties count them). The resumed tokens are part of the prompt for
+  // params.prompt_logprobs (the router does not ask for those on re-placement).
   int resumed_tokens = 0;
 };
 
@@ -119,10 +122,13 @@ struct TokenEvent {
   FinishReason reason = FinishReason::kNone;
   Status error;          // Set when the request failed.
   std::vector<int> blocks;  // prefill_only: the prompt's blocks, now the caller's.
-  // params.logprobs >= 0: of `token`; unset on events without one (a stop token is not output).
+  // params.logprobs >= 0: of `token`; unset on events without one (a stop token is not output),
+  // and on the decode side of a P/D split for the handed-over first token (the prefill side's
+  // event carries it).
   std::optional<TokenLogprob> logprob;
   // params.prompt_logprobs >= 0, on the request's first event: one per prompt token from the
-  // second on (the first has none), in order.
+  // second on (the first has none), in order. Only the engine that computes the prompt has
+  // them: a preloaded request's come from its prefill side.
   std::vector<TokenLogprob> prompt_logprobs;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
@@ -131,6 +137,9 @@ struct GenerationResult {
   std::vector<int> prompt_token_ids;
   std::vector<int> token_ids;  // Generated, without the stop token.
   std::string text;
+  // With params.logprobs >= 0, one per token_ids entry; with params.prompt_logprobs >= 0, one
+  // per prompt token from the second on.
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
 };
 
@@ -215,11 +224,21 @@ class Engine {
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   // `streamed`: the client already has this token; only its finish (if any) is reported.
-  void accept_token(Sequence& seq, int token, bool streamed = false);
-  // The next row to sample `seq` with (Sampler::next_row) and, with a repetition penalty, its
-  // seen slot (handed out on first use) and the ids of its tokens not yet in the slot, appended
-  // to `seen_new_ids`: the whole prompt at its first sample, then the last token.
-  kernels::cpu::SampleRow sample_row(Sequence& seq, std::vector<int>* seen_new_ids);
+  // `logprobs`: the row it was sampled from asked for them (params.logprobs >= 0).
+  void accept_token(Sequence& seq, int token, bool streamed = false,
+                    const kernels::cpu::RowLogprobs* logprobs = nullptr);
+  // Moves the sequence's prompt log-probabilities into `ev` when it asked for them and they are
+  // all computed, once: the request's first event carries them.
+  void attach_prompt_logprobs(Sequence& seq, TokenEvent& ev);
+  // The bytes the stop rules get for `token` after `prev`: special tokens' text included when
+  // params.skip_special_tokens is off.
+  std::string token_bytes(const SamplingParams& params, int prev, int token) const;
+  // The next row to sample `seq` with (Sampler::next_row); its logit_bias entries, appended
+  // to `biases`, and before min_tokens its stop ids, appended to `banned`; and, with any
+  // penalty, its seen slot (handed out on first use) and the ids of its tokens not yet in the
+  // slot, appended to `seen_new_ids`: the whole prompt at its first sample, then the new token.
+  kernels::cpu::SampleRow sample_row(Sequence& seq, std::vector<int>* seen_new_ids,
+                                     std::vector<kernels::cpu::LogitBias>* biases, std::vector<int>* banned);
   // Copies the scheduler's counters and running count for stats() (scheduler thread), and
   // `waiting` when the caller holds mu_, which guards waiting_; records the `step` that
   // brought the counters there, so that the window and the counters agree.
@@ -237,11 +256,13 @@ class Engine {
   std::vector<float> logits_;
   bool sample_on_backend_ = false;
   std::vector<int> sampled_tokens_;  // A step's tokens (the backend's, or sampled from logits_).
-  // The repetition penalty's slots (kernels::cpu::SeenTokens): seen_slots_ handed out so far,
-  // those free again (a finished sequence's), and, sampling on the host, their bitmaps.
+  // The penalties' slots (kernels::cpu::SeenTokens): seen_slots_ handed out so far, those free
+  // again (a finished sequence's), and, sampling on the host, their bitmaps and output counts.
   int seen_slots_ = 0;
   std::vector<int> free_seen_slots_;
   std::vector<uint32_t> host_seen_bits_;
+  std::vector<int32_t> host_counts_;
+  std::vector<kernels::cpu::RowLogprobs> step_logprobs_;  // A step's, when some row asks.
   kernels::cpu::SampleScratch host_scratch_;
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).

@@ -181,7 +181,22 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
           const size_t need = size_t(batch.seen_slots) * seen.words_per_slot() * sizeof(uint32_t);
           if (need > seen_bits_.bytes())
             PD_RETURN_IF_ERROR(seen_bits_.grow_keeping(backend_, std::max(need, 2 * seen_bits_.bytes())));
+          const size_t counts = size_t(batch.seen_slots) * size_t(config_.vocab_size) * sizeof(int32_t);
+          if (counts > seen_counts_.bytes())
+            PD_RETURN_IF_ERROR(seen_counts_.grow_keeping(backend_, std::max(counts, 2 * seen_counts_.bytes())));
         }
+        if (!batch.biases.empty()) {
+          const size_t bytes = batch.biases.size() * sizeof(kernels::cpu::LogitBias);
+          PD_RETURN_IF_ERROR(biases_.reserve(backend_, bytes));
+          PD_RETURN_IF_ERROR(backend_->copy_to_device(biases_.as<void>(), batch.biases.data(), bytes));
+        }
+        if (!batch.banned.empty()) {
+          const size_t bytes = batch.banned.size() * sizeof(int);
+          PD_RETURN_IF_ERROR(banned_.reserve(backend_, bytes));
+          PD_RETURN_IF_ERROR(backend_->copy_to_device(banned_.as<void>(), batch.banned.data(), bytes));
+        }
+        if (std::any_of(batch.samples.begin(), batch.samples.end(), [](const auto& r) { return r.logprobs >= 0; }))
+          PD_RETURN_IF_ERROR(logprobs_.reserve(backend_, size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
         if (!batch.seen_new_ids.empty()) {
           PD_RETURN_IF_ERROR(seen_new_ids_.reserve(backend_, batch.seen_new_ids.size() * sizeof(int)));
           PD_RETURN_IF_ERROR(backend_->copy_to_device(seen_new_ids_.as<void>(), batch.seen_new_ids.data(),
@@ -323,11 +338,17 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
         gathered.data = logits_gathered_.as<float>();
       }
       if (shard_.rank == 0) {
-        const kernels::cpu::SeenTokens seen{seen_bits_.as<uint32_t>(), nullptr, seen_new_ids_.as<const int>(),
-                                            c.vocab_size};
-        backend_->sample(tokens_.as<int>(), nullptr, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen, {},
-                         sample_scratch_.as<float>());
+        const kernels::cpu::SeenTokens seen{seen_bits_.as<uint32_t>(), seen_counts_.as<int32_t>(),
+                                            seen_new_ids_.as<const int>(), c.vocab_size};
+        const kernels::cpu::LogitEdits edits{biases_.as<const kernels::cpu::LogitBias>(), banned_.as<const int>()};
+        // The engine asks for log-probabilities only when some row does (prepare reserved them).
+        kernels::cpu::RowLogprobs* logprobs = result.logprobs ? logprobs_.as<kernels::cpu::RowLogprobs>() : nullptr;
+        backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen,
+                         edits, sample_scratch_.as<float>());
         status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
+        if (logprobs)
+          status.Update(backend_->copy_to_host(result.logprobs, logprobs,
+                                               size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
       }
     } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)

@@ -35,6 +35,9 @@ struct ForwardBatch {
   // vocabulary in backend memory across steps, so a step uploads only the new ids.
   std::vector<int> seen_new_ids;
   int seen_slots = 0;
+  // With samples: the step's logit edits (kernels::cpu::LogitEdits), which rows name by range.
+  std::vector<kernels::cpu::LogitBias> biases;
+  std::vector<int> banned;
   // Called after each layer's KV is written (see Engine::set_layer_hook), with
   // `completed_prefills` — the requests whose whole prompt is in the cache after this step.
   const std::function<void(int, int, const std::vector<std::string>&)>* layer_hook = nullptr;
@@ -42,10 +45,12 @@ struct ForwardBatch {
 };
 
 // Where a forward pass leaves its result, in host memory: [logit_rows][vocab] logits, or for a
-// batch with samples one token per logit row.
+// batch with samples one token per logit row and, when `logprobs` is set (some row asks:
+// SampleRow::logprobs >= 0), the rows' log-probabilities (those of rows not asking undefined).
 struct StepOutput {
   float* logits = nullptr;
   int* tokens = nullptr;
+  kernels::cpu::RowLogprobs* logprobs = nullptr;
 };
 
 // A step's metadata packed once for all ranks: [tokens][positions][each distinct block table,
@@ -128,9 +133,10 @@ class RankRunner {
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.
   std::vector<float> logits_host_;
-  // Rank 0, sampling on the backend: the repetition penalty's bitmaps (ForwardBatch::seen_slots
-  // of them, kept across steps) and the step's new ids.
-  BackendBuffer seen_bits_, seen_new_ids_;
+  // Rank 0, sampling on the backend: the penalties' bitmaps and output counts
+  // (ForwardBatch::seen_slots of each, kept across steps), the step's new ids, logit edits and
+  // the rows' log-probabilities.
+  BackendBuffer seen_bits_, seen_counts_, seen_new_ids_, biases_, banned_, logprobs_;
 };
 
 }  // namespace pdserve::engine

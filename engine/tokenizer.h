@@ -22,6 +22,12 @@ class Tokenizer {
   // The bytes `token` stands for when it follows `prev` (-1 at the start). Bytes, not text:
   // a byte-fallback token can be half of a UTF-8 character. Special tokens decode to "".
   virtual std::string decode_token(int prev, int token) const = 0;
+  // A special token's own text ("</s>", "<|eot_id|>"), which decode_token leaves out: what
+  // streamed text shows for it with skip_special_tokens off. "" for any other token.
+  virtual std::string special_token_text(int token) const {
+    (void)token;
+    return std::string();
+  }
   // The whole sequence's bytes; by default decode_token over it, each after its predecessor.
   virtual std::string decode(const std::vector<int>& tokens) const;
   virtual int vocab_size() const = 0;

@@ -67,8 +67,9 @@ class Sampler {
   // from what is left. NaN logits are never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);
   // How to sample the next token, taking its random draw: for a backend that samples on the
-  // device, with the same result as sample() on the same logits. It carries the repetition
-  // penalty; the caller, which keeps the sequence's seen ids, fills in its seen slot.
+  // device, with the same result as sample() on the same logits. It carries the penalties and
+  // the logprobs wanted; the caller, which keeps the sequence's seen ids and its logit edits,
+  // fills in its seen slot and its bias and banned ranges.
   kernels::cpu::SampleRow next_row();
   // Consumes the random draw that sampling one token takes, without sampling: the decode side
   // of a P/D split calls it for the first token, drawn on the prefill side, so that a seeded
@@ -84,6 +85,9 @@ class Sampler {
   int top_k_;
   float top_p_;
   float repetition_penalty_;
+  float frequency_penalty_;
+  float presence_penalty_;
+  int logprobs_;
   std::mt19937_64 rng_;
   kernels::cpu::SampleScratch scratch_;
 };

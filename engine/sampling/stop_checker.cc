@@ -21,7 +21,8 @@ std::string_view finish_reason_name(FinishReason reason) {
 StopChecker::StopChecker(const SamplingParams& params, std::vector<int> eos_ids)
     : stop_token_ids_(params.stop_token_ids),
       stop_strings_(params.stop_strings),
-      max_tokens_(params.max_tokens) {
+      max_tokens_(params.max_tokens),
+      min_tokens_(params.min_tokens) {
   if (!params.ignore_eos) {
     stop_token_ids_.insert(stop_token_ids_.end(), eos_ids.begin(), eos_ids.end());
   }
@@ -68,13 +69,16 @@ StopStep StopChecker::finish(FinishReason reason) {
 StopStep StopChecker::push(int token, std::string_view bytes) {
   if (finished()) return {finish_, std::string()};
   ++num_tokens_;
-  if (is_stop_token(token)) {
+  // vLLM's min_tokens: the first min_tokens tokens neither stop nor match a stop string (the
+  // sampler bans the stop tokens meanwhile; one that still arrives is plain output).
+  const bool may_stop = num_tokens_ > min_tokens_;
+  if (may_stop && is_stop_token(token)) {
     StopStep step = finish(FinishReason::kStop);
     step.stop_token = true;
     return step;
   }
   text_.append(bytes);
-  if (!stop_strings_.empty()) {
+  if (may_stop && !stop_strings_.empty()) {
     const size_t at = find_stop_string(bytes.size());
     if (at != std::string::npos) {
       // Text already streamed cannot contain the match: it was held back as a possible prefix.

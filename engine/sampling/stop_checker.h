@@ -29,7 +29,9 @@ struct StopStep {
 
 class StopChecker {
  public:
-  // `eos_ids`: the model's end-of-sequence tokens (ignored with params.ignore_eos).
+  // `eos_ids`: the model's end-of-sequence tokens (ignored with params.ignore_eos). Until
+  // params.min_tokens tokens were pushed, neither stop tokens nor stop strings stop (vLLM's
+  // min_tokens); max_tokens always does.
   StopChecker(const SamplingParams& params, std::vector<int> eos_ids);
 
   // Feeds the next generated token and the bytes it decodes to. A stop token contributes no
@@ -55,6 +57,7 @@ class StopChecker {
   std::vector<int> stop_token_ids_;
   std::vector<std::string> stop_strings_;
   int max_tokens_;
+  int min_tokens_;
   std::string text_;
   size_t streamed_ = 0;  // Bytes of text_ already handed to the UTF-8 decoder.
   Utf8StreamDecoder utf8_;

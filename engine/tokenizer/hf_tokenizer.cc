@@ -249,6 +249,14 @@ std::string HfTokenizer::decode_piece(int token, bool first) const {
   return decoder_.decode(*piece, first, added >= 0).value_or(std::string());
 }
 
+std::string HfTokenizer::special_token_text(int token) const {
+  if (token < 0 || token >= vocab_size_ || !special_[size_t(token)]) return std::string();
+  const int added = added_index_[size_t(token)];
+  if (added >= 0) return added_tokens_[size_t(added)].content;
+  const std::string* piece = model_->id_to_token(token);
+  return piece ? *piece : std::string();
+}
+
 std::string HfTokenizer::decode_token(int prev, int token) const {
   return decode_piece(token, skipped(prev));
 }

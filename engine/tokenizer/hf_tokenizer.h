@@ -39,6 +39,9 @@ class HfTokenizer final : public Tokenizer {
   // The decoder's output for `token` after `prev`; special tokens add nothing, and a token
   // after -1 or a special token is the first of the text (the decoders' start rules apply).
   std::string decode_token(int prev, int token) const override;
+  // The added token's content (or the vocabulary's piece for one only tokenizer_config.json
+  // names special), as transformers' decode with skip_special_tokens=False shows it.
+  std::string special_token_text(int token) const override;
   // transformers' decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False).
   std::string decode(const std::vector<int>& tokens) const override;
   int vocab_size() const override { return vocab_size_; }

@@ -171,6 +171,14 @@ StatusOr<std::vector<int>> SentencePieceBpe::encode(std::string_view text, bool 
   return ids;
 }
 
+std::string SentencePieceBpe::special_token_text(int token) const {
+  if (token < 0 || token >= vocab_size() || !special_[token]) return std::string();
+  std::string_view piece = pieces_[token];
+  while (!piece.empty() && piece.front() == '\n') piece.remove_prefix(1);
+  while (!piece.empty() && piece.back() == '\n') piece.remove_suffix(1);
+  return std::string(piece);
+}
+
 std::string SentencePieceBpe::decode_token(int prev, int token) const {
   if (token < 0 || token >= vocab_size() || special_[token]) return std::string();
   if (byte_value_[token] >= 0) return std::string(1, static_cast<char>(byte_value_[token]));

@@ -31,6 +31,8 @@ class SentencePieceBpe final : public Tokenizer {
   // A piece at the start of the text (after BOS, or with prev == -1) drops its leading space:
   // that space is the dummy prefix encode added.
   std::string decode_token(int prev, int token) const override;
+  // The control piece without the newlines llama2.c's export wraps <s> and </s> in.
+  std::string special_token_text(int token) const override;
   int vocab_size() const override { return static_cast<int>(pieces_.size()); }
   int bos_id() const override { return bos_id_; }
   int eos_id() const override { return eos_id_; }

@@ -38,6 +38,76 @@ TEST(SamplingParams, Validation) {
   EXPECT_NE(params.validate().message().find("top_p"), std::string::npos);
 }
 
+// Issue 15's fields: each bound on both sides, refused naming the field, the bounds accepted.
+TEST(SamplingParams, ValidationOfPenaltiesBiasesMinTokensAndLogprobs) {
+  struct Case {
+    const char* what;
+    void (*mutate)(SamplingParams&);
+    const char* field;  // nullptr: valid.
+  };
+  const Case cases[] = {
+      {"frequency -2", [](SamplingParams& p) { p.frequency_penalty = -2.0f; }, nullptr},
+      {"frequency 2", [](SamplingParams& p) { p.frequency_penalty = 2.0f; }, nullptr},
+      {"frequency 2.01", [](SamplingParams& p) { p.frequency_penalty = 2.01f; }, "frequency_penalty"},
+      {"frequency -2.01", [](SamplingParams& p) { p.frequency_penalty = -2.01f; }, "frequency_penalty"},
+      {"frequency NaN", [](SamplingParams& p) { p.frequency_penalty = std::nanf(""); }, "frequency_penalty"},
+      {"presence 2", [](SamplingParams& p) { p.presence_penalty = 2.0f; }, nullptr},
+      {"presence -3", [](SamplingParams& p) { p.presence_penalty = -3.0f; }, "presence_penalty"},
+      {"presence NaN", [](SamplingParams& p) { p.presence_penalty = std::nanf(""); }, "presence_penalty"},
+      {"bias 100", [](SamplingParams& p) { p.logit_bias = {{5, 100.0f}, {6, -100.0f}}; }, nullptr},
+      {"bias 100.5", [](SamplingParams& p) { p.logit_bias = {{5, 100.5f}}; }, "logit_bias"},
+      {"bias -101", [](SamplingParams& p) { p.logit_bias = {{5, -101.0f}}; }, "logit_bias"},
+      {"bias NaN", [](SamplingParams& p) { p.logit_bias = {{5, std::nanf("")}}; }, "logit_bias"},
+      {"bias id -1", [](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }, "logit_bias"},
+      {"bias 1024 ids",
+       [](SamplingParams& p) {
+         for (int i = 0; i < SamplingParams::kMaxLogitBias; ++i) p.logit_bias.push_back({i, 1.0f});
+       },
+       nullptr},
+      {"bias 1025 ids",
+       [](SamplingParams& p) {
+         for (int i = 0; i <= SamplingParams::kMaxLogitBias; ++i) p.logit_bias.push_back({i, 1.0f});
+       },
+       "logit_bias"},
+      {"min_tokens = max_tokens", [](SamplingParams& p) { p.min_tokens = p.max_tokens; }, nullptr},
+      {"min_tokens > max_tokens", [](SamplingParams& p) { p.min_tokens = p.max_tokens + 1; }, "min_tokens"},
+      {"min_tokens -1", [](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens"},
+      {"logprobs 0", [](SamplingParams& p) { p.logprobs = 0; }, nullptr},
+      {"logprobs 20", [](SamplingParams& p) { p.logprobs = kernels::cpu::kMaxLogprobs; }, nullptr},
+      {"logprobs 21", [](SamplingParams& p) { p.logprobs = kernels::cpu::kMaxLogprobs + 1; }, "logprobs"},
+      {"logprobs -2", [](SamplingParams& p) { p.logprobs = -2; }, "logprobs"},
+      {"prompt_logprobs 20", [](SamplingParams& p) { p.prompt_logprobs = 20; }, nullptr},
+      {"prompt_logprobs 21", [](SamplingParams& p) { p.prompt_logprobs = 21; }, "prompt_logprobs"},
+      {"prompt_logprobs -2", [](SamplingParams& p) { p.prompt_logprobs = -2; }, "prompt_logprobs"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams params;
+    c.mutate(params);
+    const Status s = params.validate();
+    if (c.field == nullptr) {
+      EXPECT_TRUE(s.ok()) << c.what << ": " << s;
+    } else {
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.what << ": " << s;
+      EXPECT_NE(s.message().find(c.field), std::string::npos) << c.what << ": " << s;
+    }
+  }
+}
+
+// next_row carries the penalties and the logprobs wanted into the kernel's row.
+TEST(Sampler, RowCarriesPenaltiesAndLogprobs) {
+  SamplingParams params;
+  params.frequency_penalty = 0.5f;
+  params.presence_penalty = -1.25f;
+  params.logprobs = 3;
+  Sampler sampler(params);
+  const kernels::cpu::SampleRow row = sampler.next_row();
+  EXPECT_EQ(row.frequency_penalty, 0.5f);
+  EXPECT_EQ(row.presence_penalty, -1.25f);
+  EXPECT_EQ(row.logprobs, 3);
+  EXPECT_EQ(row.logprob_of, -1);  // Of the sampled token.
+  EXPECT_EQ(Sampler(SamplingParams{}).next_row().logprobs, -1);
+}
+
 TEST(Sampler, GreedyIsArgmaxLowestIndexOnTies) {
   Sampler sampler{SamplingParams{}};
   const float logits[] = {0.5f, 3.0f, -1.0f, 3.0f};

@@ -86,6 +86,29 @@ TEST(StopChecker, StopTokenBeatsLength) {
   EXPECT_EQ(checker.push(2, "").finish, FinishReason::kStop);
 }
 
+// vLLM's min_tokens: neither stop tokens nor stop strings stop the first min_tokens tokens,
+// then both do again; max_tokens is unaffected.
+TEST(StopChecker, MinTokensHoldsOffStopTokensAndStopStrings) {
+  SamplingParams params = with_stops({"END"}, 10);
+  params.stop_token_ids = {7};
+  params.min_tokens = 3;
+  StopChecker checker(params, {2});
+  EXPECT_EQ(checker.push(2, "").finish, FinishReason::kNone);      // EOS, token 1.
+  EXPECT_EQ(checker.push(5, "END").finish, FinishReason::kNone);   // A stop string, token 2.
+  EXPECT_EQ(checker.push(7, "").finish, FinishReason::kNone);      // A stop id, token 3.
+  const StopStep step = checker.push(5, "xEND");                    // Token 4 may stop.
+  EXPECT_EQ(step.finish, FinishReason::kStop);
+  EXPECT_EQ(checker.text(), "ENDx");
+  StopChecker by_token(params, {2});
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(by_token.push(2, "").finish, FinishReason::kNone) << i;
+  EXPECT_TRUE(by_token.push(2, "").stop_token);
+  params.min_tokens = 10;
+  params.max_tokens = 2;  // Length still ends it (validate would refuse this; the cap may not).
+  StopChecker capped(params, {2});
+  EXPECT_EQ(capped.push(2, "").finish, FinishReason::kNone);
+  EXPECT_EQ(capped.push(2, "").finish, FinishReason::kLength);
+}
+
 TEST(StopChecker, DeltasAreWholeUtf8Characters) {
   StopChecker checker(with_stops({}), {});
   EXPECT_EQ(checker.push(1, "a\xF0\x9F").delta, "a");  // Byte-fallback halves of U+1F600.
