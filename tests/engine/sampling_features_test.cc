@@ -183,7 +183,8 @@ TEST(SamplingFeatures, FrequencyAndPresencePenaltiesEqualTheDefinitionByHand) {
                   l[id] = l[id] > 0 ? l[id] / c.repetition : l[id] * c.repetition;
               std::map<int, int> counts;
               for (int id : out) ++counts[id];
-              for (const auto& [id, n] : counts) l[id] -= c.frequency * float(n) + c.presence;
+              for (const auto& [id, n] : counts)
+                l[id] = float(double(l[id]) - (double(c.frequency) * n + double(c.presence)));
             });
         const std::string what = std::string(name(where)) + ", TP " + std::to_string(tp) + ", frequency " +
                                  std::to_string(c.frequency) + ", presence " + std::to_string(c.presence);
