@@ -183,7 +183,9 @@ void Engine::publish_stats(std::optional<int> waiting, const StepSample* step) {
 
 Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
   const ModelConfig& c = model_.config;
-  PD_RETURN_IF_ERROR(request.params.validate());
+  // A migrated request's max_tokens counts the tokens still to generate, its min_tokens all of
+  // the output: min_tokens is bounded by both together.
+  PD_RETURN_IF_ERROR(Sequence::with_resumed(request.params, std::max(0, request.resumed_tokens)).validate());
   if (request.prompt.empty()) return absl::InvalidArgumentError("empty prompt: no tokens to start from");
   for (int t : request.prompt)
     if (t < 0 || t >= c.vocab_size)
