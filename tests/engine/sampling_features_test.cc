@@ -227,7 +227,8 @@ TEST(SamplingFeatures, MinTokensMasksEosUntilReached) {
     auto engine = make_engine(where);
     const EarlyEos e = early_eos(*engine);
     const int n = int(e.plain.size());
-    for (int min_tokens : {n + 1, n + 25}) {
+    // At n EOS may come where it did (the n+1-th token); after, it cannot until min_tokens.
+    for (int min_tokens : {n, n + 1, n + 25}) {
       SamplingParams p;
       p.max_tokens = 300;
       p.min_tokens = min_tokens;
@@ -271,7 +272,7 @@ TEST(SamplingFeatures, LogprobsAreTheRawLogSoftmax) {
       p.frequency_penalty = 0.5f;
       p.temperature = 0.7f;
       p.seed = 11;
-      p.logit_bias = {{300, 3.0f}};
+      p.logit_bias = {{300, 8.0f}};
       auto r = engine->generate(prompt, p);
       ASSERT_TRUE(r.ok());
       ASSERT_EQ(r->logprobs.size(), r->token_ids.size());
@@ -400,25 +401,25 @@ TEST(SamplingFeatures, HostAndBackendSamplingAgreeOnAMixedBatch) {
   }
 }
 
-// Every feature at once, seeded: the parameters of the P/D and migration tests, with a
-// min_tokens past where the run without it ends with EOS (so that it matters).
-SamplingParams all_features(Engine& engine, const EarlyEos& e) {
+// Every feature at once: the parameters of the P/D and migration tests. EOS is biased up so
+// that it comes as soon as min_tokens lets it (so an off-by-one in either shows), and another
+// token so that it is the first and would come back if its count were missed.
+SamplingParams all_features(Engine& engine, const EarlyEos& e, float temperature) {
   SamplingParams p;
-  p.max_tokens = 300;
-  p.temperature = 0.8f;
+  p.max_tokens = 80;
+  p.min_tokens = 40;
+  p.temperature = temperature;
   p.seed = 2024;
-  p.frequency_penalty = 0.6f;
-  p.presence_penalty = 0.4f;
+  p.frequency_penalty = 1.5f;
+  p.presence_penalty = 0.5f;
   p.repetition_penalty = 1.1f;
-  // EOS made likelier, so that the run without min_tokens ends early (min_tokens' ban wins).
-  p.logit_bias = {{e.plain[0], -100.0f}, {300, 1.5f}, {engine.config().eos_ids[0], 6.0f}};
-  auto free_run = engine.generate(e.prompt, p);
+  p.logit_bias = {{e.plain[0], -100.0f}, {300, 8.0f}, {engine.config().eos_ids[0], 15.0f}};
+  SamplingParams free = p;
+  free.min_tokens = 0;
+  auto free_run = engine.generate(e.prompt, free);
   EXPECT_TRUE(free_run.ok());
   EXPECT_EQ(free_run->finish_reason, FinishReason::kStop);
-  const int ends_at = int(free_run->token_ids.size());
-  EXPECT_LT(ends_at, 260);
-  p.min_tokens = ends_at + 5;
-  p.max_tokens = ends_at + 40;
+  EXPECT_LT(int(free_run->token_ids.size()), p.min_tokens);
   return p;
 }
 
@@ -427,14 +428,15 @@ SamplingParams all_features(Engine& engine, const EarlyEos& e) {
 // presence penalties and min_tokens: the tokens are the undivided run's.
 TEST(SamplingFeatures, AllFeaturesContinueAcrossThePdSplit) {
   // Host engines: copy_kv reads and writes the arenas from the host.
-  for (int tp : {1, 2}) {
+  for (int tp : {1, 2})
+    for (float temperature : {0.0f, 0.8f}) {
     auto whole_engine = make_engine(Where::kHost, tp);
     const EarlyEos e = early_eos(*whole_engine);
-    const SamplingParams params = all_features(*whole_engine, e);
+    const SamplingParams params = all_features(*whole_engine, e, temperature);
     const std::vector<int> whole = whole_engine->generate(e.prompt, params)->token_ids;
     SamplingParams plain_seeded;
     plain_seeded.max_tokens = params.max_tokens;
-    plain_seeded.temperature = 0.8f;
+    plain_seeded.temperature = temperature;
     plain_seeded.seed = 2024;
     EXPECT_NE(whole, whole_engine->generate(e.prompt, plain_seeded)->token_ids);
     ASSERT_GE(int(whole.size()), params.min_tokens);
@@ -446,17 +448,19 @@ TEST(SamplingFeatures, AllFeaturesContinueAcrossThePdSplit) {
     pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, int((e.prompt.size() + 15) / 16));
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     // The decode side streams the handed-over first token too (first_token_streamed unset).
-    EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, *reserved, first), whole) << "TP " << tp;
+    EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, *reserved, first), whole)
+        << "TP " << tp << ", temperature " << temperature;
   }
 }
 
 // A migrated request (prompt + the k tokens already streamed, resumed_tokens k): the resumed
 // tokens count as output for the penalties and min_tokens, so the rest is the undivided run's.
 TEST(SamplingFeatures, AllFeaturesContinueAcrossAMigration) {
-  for (Where where : {Where::kHost, Where::kGuarded}) {
+  for (Where where : {Where::kHost, Where::kGuarded})
+    for (float temperature : {0.0f, 0.8f}) {
     auto engine = make_engine(where);
     const EarlyEos e = early_eos(*engine);
-    const SamplingParams params = all_features(*engine, e);
+    const SamplingParams params = all_features(*engine, e, temperature);
     const std::vector<int> whole = engine->generate(e.prompt, params)->token_ids;
     ASSERT_GE(int(whole.size()), params.min_tokens);
     // Cut early, and just before min_tokens (the resumed tokens count towards it).
@@ -473,7 +477,7 @@ TEST(SamplingFeatures, AllFeaturesContinueAcrossAMigration) {
       });
       ASSERT_TRUE(added.ok()) << added << ", resumed after " << k << " of " << whole.size();
       ASSERT_TRUE(engine->run_until_idle().ok());
-      EXPECT_EQ(got, whole) << name(where) << ", resumed after " << k;
+      EXPECT_EQ(got, whole) << name(where) << ", temperature " << temperature << ", resumed after " << k;
     }
   }
 }
