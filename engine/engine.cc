@@ -27,7 +27,8 @@ struct Engine::Sequence {
     }
     if (p.min_tokens > 0) {
       min_tokens_banned = p.stop_token_ids;
-      if (!p.ignore_eos) min_tokens_banned.insert(min_tokens_banned.end(), config.eos_ids.begin(), config.eos_ids.end());
+      if (!p.ignore_eos)
+        min_tokens_banned.insert(min_tokens_banned.end(), config.eos_ids.begin(), config.eos_ids.end());
       std::sort(min_tokens_banned.begin(), min_tokens_banned.end());
       min_tokens_banned.erase(std::unique(min_tokens_banned.begin(), min_tokens_banned.end()), min_tokens_banned.end());
     }
@@ -199,8 +200,8 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
                                                    " must be in [0, prompt length ", request.prompt.size(), ")"));
   for (const auto& [id, bias] : request.params.logit_bias)
     if (id >= c.vocab_size)
-      return absl::InvalidArgumentError(absl::StrCat("logit_bias token id ", id, " outside the vocabulary [0, ",
-                                                     c.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias token id ", id, " outside the vocabulary [0, ", c.vocab_size, ")"));
   const KvHandoff& h = request.handoff;
   const int need = blocks_needed(int(request.prompt.size()), h.prefill_only ? 1 : request.params.max_tokens);
   if (h.first_token_streamed && h.preloaded_blocks.empty())
@@ -435,8 +436,8 @@ Status Engine::step() {
     const kernels::cpu::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
     host_counts_.resize(size_t(seen_slots_) * vocab);
-    kernels::cpu::sample_rows(sampled_tokens_.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1},
-                              rows.data(), {host_seen_bits_.data(), host_counts_.data(), seen_new_ids.data(), vocab},
+    kernels::cpu::sample_rows(sampled_tokens_.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1}, rows.data(),
+                              {host_seen_bits_.data(), host_counts_.data(), seen_new_ids.data(), vocab},
                               {biases.data(), banned.data()}, &host_scratch_);
   }
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
@@ -490,8 +491,8 @@ kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_n
   // The output's ids among them are counted for the frequency and presence penalties: at the
   // first sync those after the prompt proper (a migrated request's resumed tokens, the decode
   // side's handed-over first token), later all.
-  row.new_output_from = int(std::clamp<int64_t>(int64_t(s.output_start()) - int64_t(s.seen_synced), 0,
-                                                row.new_ids_count));
+  row.new_output_from =
+      int(std::clamp<int64_t>(int64_t(s.output_start()) - int64_t(s.seen_synced), 0, row.new_ids_count));
   seen_new_ids->insert(seen_new_ids->end(), s.tokens.begin() + int64_t(s.seen_synced), s.tokens.end());
   s.seen_synced = s.tokens.size();
   return row;

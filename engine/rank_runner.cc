@@ -343,12 +343,12 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
         const kernels::cpu::LogitEdits edits{biases_.as<const kernels::cpu::LogitBias>(), banned_.as<const int>()};
         // The engine asks for log-probabilities only when some row does (prepare reserved them).
         kernels::cpu::RowLogprobs* logprobs = result.logprobs ? logprobs_.as<kernels::cpu::RowLogprobs>() : nullptr;
-        backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen,
-                         edits, sample_scratch_.as<float>());
+        backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen, edits,
+                         sample_scratch_.as<float>());
         status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
         if (logprobs)
-          status.Update(backend_->copy_to_host(result.logprobs, logprobs,
-                                               size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
+          status.Update(
+              backend_->copy_to_host(result.logprobs, logprobs, size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
       }
     } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)

@@ -53,8 +53,8 @@ Status SamplingParams::validate() const {
         absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
   }
   if (logprobs < -1 || logprobs > kernels::cpu::kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [-1, ", kernels::cpu::kMaxLogprobs,
-                                                   "] (-1 = none), got ", logprobs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("logprobs must be in [-1, ", kernels::cpu::kMaxLogprobs, "] (-1 = none), got ", logprobs));
   }
   if (prompt_logprobs < -1 || prompt_logprobs > kernels::cpu::kMaxLogprobs) {
     return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [-1, ", kernels::cpu::kMaxLogprobs,
@@ -72,8 +72,7 @@ Sampler::Sampler(const SamplingParams& params)
       presence_penalty_(params.presence_penalty),
       logprobs_(params.logprobs),
       rng_(params.seed >= 0 ? static_cast<uint64_t>(params.seed)
-                            : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                                  std::random_device{}()) {}
+                            : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()) {}
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 

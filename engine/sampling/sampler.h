@@ -61,8 +61,8 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   // The next token given `vocab` logits (kernels::cpu::sample_token at next_row(), without the
-  // repetition penalty, which needs the sequence's ids: kernels::cpu::sample_rows): greedy, the
-  // argmax, lowest index on ties; otherwise softmax at the temperature, keep the top_k most
+  // penalties and logit edits, which need the sequence's state: kernels::cpu::sample_rows):
+  // greedy, the argmax, lowest index on ties; otherwise softmax at the temperature, keep the top_k most
   // likely, then the smallest most-likely prefix holding at least top_p of the mass, and draw
   // from what is left. NaN logits are never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);

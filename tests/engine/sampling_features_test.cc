@@ -143,10 +143,12 @@ TEST(SamplingFeatures, LogitBiasForcesAndForbidsTokens) {
     banned.logit_bias = {{plain[0], 5.0f}, {plain[0], -100.0f}, {7, -3.0f}};
     const std::vector<int> got = engine->generate(prompt, banned)->token_ids;
     EXPECT_NE(got[0], plain[0]) << name(where);
-    EXPECT_EQ(got, greedy_by_hand(ref, prompt, 24, [&](std::vector<float>& l, const std::vector<int>&) {
-                l[plain[0]] += -100.0f;
-                l[7] += -3.0f;
-              })) << name(where);
+    EXPECT_EQ(got, greedy_by_hand(ref, prompt, 24,
+                                  [&](std::vector<float>& l, const std::vector<int>&) {
+                                    l[plain[0]] += -100.0f;
+                                    l[7] += -3.0f;
+                                  }))
+        << name(where);
   }
 }
 
@@ -304,20 +306,27 @@ TEST(SamplingFeatures, PromptLogprobsOverAChunkedPrefill) {
     p.logprobs = 1;
     // Another request decoding in the same steps.
     std::vector<int> other_tokens;
-    ASSERT_TRUE(engine->add_request({"other", story_prompt(*engine), greedy(30)}, [&](const TokenEvent& ev) {
-      if (ev.token >= 0) other_tokens.push_back(ev.token);
-      EXPECT_TRUE(ev.prompt_logprobs.empty());
-    }).ok());
+    ASSERT_TRUE(engine
+                    ->add_request({"other", story_prompt(*engine), greedy(30)},
+                                  [&](const TokenEvent& ev) {
+                                    if (ev.token >= 0) other_tokens.push_back(ev.token);
+                                    EXPECT_TRUE(ev.prompt_logprobs.empty());
+                                  })
+                    .ok());
     ASSERT_TRUE(engine->step().ok());
     int events = 0;
     GenerationResult r;
-    ASSERT_TRUE(engine->add_request({"r", prompt, p}, [&](const TokenEvent& ev) {
-      if (events++ > 0) {
-        EXPECT_TRUE(ev.prompt_logprobs.empty()) << "only the first event carries them";
-      }
-      if (ev.token >= 0) r.token_ids.push_back(ev.token);
-      r.prompt_logprobs.insert(r.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
-    }).ok());
+    ASSERT_TRUE(engine
+                    ->add_request({"r", prompt, p},
+                                  [&](const TokenEvent& ev) {
+                                    if (events++ > 0) {
+                                      EXPECT_TRUE(ev.prompt_logprobs.empty()) << "only the first event carries them";
+                                    }
+                                    if (ev.token >= 0) r.token_ids.push_back(ev.token);
+                                    r.prompt_logprobs.insert(r.prompt_logprobs.end(), ev.prompt_logprobs.begin(),
+                                                             ev.prompt_logprobs.end());
+                                  })
+                    .ok());
     ASSERT_TRUE(engine->run_until_idle().ok());
     ASSERT_EQ(r.prompt_logprobs.size(), prompt.size() - 1) << name(where);
     for (size_t i = 1; i < prompt.size(); ++i) {
@@ -334,10 +343,13 @@ TEST(SamplingFeatures, PromptLogprobsOverAChunkedPrefill) {
     req.handoff.prefill_only = true;
     std::vector<TokenLogprob> handed;
     std::vector<int> blocks;
-    ASSERT_TRUE(engine->add_request(req, [&](const TokenEvent& ev) {
-      handed.insert(handed.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
-      if (ev.finished) blocks = ev.blocks;
-    }).ok());
+    ASSERT_TRUE(engine
+                    ->add_request(req,
+                                  [&](const TokenEvent& ev) {
+                                    handed.insert(handed.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
+                                    if (ev.finished) blocks = ev.blocks;
+                                  })
+                    .ok());
     ASSERT_TRUE(engine->run_until_idle().ok());
     ASSERT_TRUE(engine->release_blocks(blocks).ok());
     ASSERT_EQ(handed.size(), prompt.size() - 1);
@@ -370,12 +382,16 @@ TEST(SamplingFeatures, HostAndBackendSamplingAgreeOnAMixedBatch) {
         p.logprobs = i;
         p.prompt_logprobs = i == 1 ? 3 : -1;
         std::vector<int> prompt = i % 2 ? e.prompt : story_prompt(*engine);
-        ASSERT_TRUE(engine->add_request({std::to_string(i), prompt, p}, [&got, i](const TokenEvent& ev) {
-          if (ev.token >= 0) got[i].token_ids.push_back(ev.token);
-          if (ev.logprob) got[i].logprobs.push_back(*ev.logprob);
-          got[i].prompt_logprobs.insert(got[i].prompt_logprobs.end(), ev.prompt_logprobs.begin(),
-                                        ev.prompt_logprobs.end());
-        }).ok());
+        ASSERT_TRUE(engine
+                        ->add_request({std::to_string(i), prompt, p},
+                                      [&got, i](const TokenEvent& ev) {
+                                        if (ev.token >= 0) got[i].token_ids.push_back(ev.token);
+                                        if (ev.logprob) got[i].logprobs.push_back(*ev.logprob);
+                                        got[i].prompt_logprobs.insert(got[i].prompt_logprobs.end(),
+                                                                      ev.prompt_logprobs.begin(),
+                                                                      ev.prompt_logprobs.end());
+                                      })
+                        .ok());
       }
       ASSERT_TRUE(engine->run_until_idle().ok());
       results.push_back(std::move(got));
@@ -428,27 +444,27 @@ TEST(SamplingFeatures, AllFeaturesContinueAcrossThePdSplit) {
   // Host engines: copy_kv reads and writes the arenas from the host.
   for (int tp : {1, 2})
     for (float temperature : {0.0f, 0.8f}) {
-    auto whole_engine = make_engine(Where::kHost, tp);
-    const EarlyEos e = early_eos(*whole_engine);
-    const SamplingParams params = all_features(*whole_engine, e, temperature);
-    const std::vector<int> whole = whole_engine->generate(e.prompt, params)->token_ids;
-    SamplingParams plain_seeded;
-    plain_seeded.max_tokens = params.max_tokens;
-    plain_seeded.temperature = temperature;
-    plain_seeded.seed = 2024;
-    EXPECT_NE(whole, whole_engine->generate(e.prompt, plain_seeded)->token_ids);
-    ASSERT_GE(int(whole.size()), params.min_tokens);
-    auto prefill = make_engine(Where::kHost, tp), decode = make_engine(Where::kHost, tp);
-    const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, e.prompt, params);
-    ASSERT_EQ(first, whole[0]) << "TP " << tp;
-    auto reserved = decode->reserve_blocks(int(e.prompt.size()) + params.max_tokens);
-    ASSERT_TRUE(reserved.ok());
-    pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, int((e.prompt.size() + 15) / 16));
-    ASSERT_TRUE(prefill->release_blocks(handed).ok());
-    // The decode side streams the handed-over first token too (first_token_streamed unset).
-    EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, *reserved, first), whole)
-        << "TP " << tp << ", temperature " << temperature;
-  }
+      auto whole_engine = make_engine(Where::kHost, tp);
+      const EarlyEos e = early_eos(*whole_engine);
+      const SamplingParams params = all_features(*whole_engine, e, temperature);
+      const std::vector<int> whole = whole_engine->generate(e.prompt, params)->token_ids;
+      SamplingParams plain_seeded;
+      plain_seeded.max_tokens = params.max_tokens;
+      plain_seeded.temperature = temperature;
+      plain_seeded.seed = 2024;
+      EXPECT_NE(whole, whole_engine->generate(e.prompt, plain_seeded)->token_ids);
+      ASSERT_GE(int(whole.size()), params.min_tokens);
+      auto prefill = make_engine(Where::kHost, tp), decode = make_engine(Where::kHost, tp);
+      const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, e.prompt, params);
+      ASSERT_EQ(first, whole[0]) << "TP " << tp;
+      auto reserved = decode->reserve_blocks(int(e.prompt.size()) + params.max_tokens);
+      ASSERT_TRUE(reserved.ok());
+      pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, int((e.prompt.size() + 15) / 16));
+      ASSERT_TRUE(prefill->release_blocks(handed).ok());
+      // The decode side streams the handed-over first token too (first_token_streamed unset).
+      EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, *reserved, first), whole)
+          << "TP " << tp << ", temperature " << temperature;
+    }
 }
 
 // A migrated request (prompt + the k tokens already streamed, resumed_tokens k): the resumed
@@ -456,28 +472,28 @@ TEST(SamplingFeatures, AllFeaturesContinueAcrossThePdSplit) {
 TEST(SamplingFeatures, AllFeaturesContinueAcrossAMigration) {
   for (Where where : {Where::kHost, Where::kGuarded})
     for (float temperature : {0.0f, 0.8f}) {
-    auto engine = make_engine(where);
-    const EarlyEos e = early_eos(*engine);
-    const SamplingParams params = all_features(*engine, e, temperature);
-    const std::vector<int> whole = engine->generate(e.prompt, params)->token_ids;
-    ASSERT_GE(int(whole.size()), params.min_tokens);
-    // Cut early, and just before min_tokens (the resumed tokens count towards it).
-    for (int k : std::set<int>{1, params.min_tokens / 2, params.min_tokens - 2}) {
-      std::vector<int> prompt = e.prompt;
-      prompt.insert(prompt.end(), whole.begin(), whole.begin() + k);
-      SamplingParams rest = params;
-      rest.max_tokens = params.max_tokens - k;  // min_tokens counts the resumed output too.
-      GenerationRequest req{"m", prompt, rest};
-      req.resumed_tokens = k;
-      std::vector<int> got(whole.begin(), whole.begin() + k);
-      const Status added = engine->add_request(req, [&](const TokenEvent& ev) {
-        if (ev.token >= 0) got.push_back(ev.token);
-      });
-      ASSERT_TRUE(added.ok()) << added << ", resumed after " << k << " of " << whole.size();
-      ASSERT_TRUE(engine->run_until_idle().ok());
-      EXPECT_EQ(got, whole) << name(where) << ", temperature " << temperature << ", resumed after " << k;
+      auto engine = make_engine(where);
+      const EarlyEos e = early_eos(*engine);
+      const SamplingParams params = all_features(*engine, e, temperature);
+      const std::vector<int> whole = engine->generate(e.prompt, params)->token_ids;
+      ASSERT_GE(int(whole.size()), params.min_tokens);
+      // Cut early, and just before min_tokens (the resumed tokens count towards it).
+      for (int k : std::set<int>{1, params.min_tokens / 2, params.min_tokens - 2}) {
+        std::vector<int> prompt = e.prompt;
+        prompt.insert(prompt.end(), whole.begin(), whole.begin() + k);
+        SamplingParams rest = params;
+        rest.max_tokens = params.max_tokens - k;  // min_tokens counts the resumed output too.
+        GenerationRequest req{"m", prompt, rest};
+        req.resumed_tokens = k;
+        std::vector<int> got(whole.begin(), whole.begin() + k);
+        const Status added = engine->add_request(req, [&](const TokenEvent& ev) {
+          if (ev.token >= 0) got.push_back(ev.token);
+        });
+        ASSERT_TRUE(added.ok()) << added << ", resumed after " << k << " of " << whole.size();
+        ASSERT_TRUE(engine->run_until_idle().ok());
+        EXPECT_EQ(got, whole) << name(where) << ", temperature " << temperature << ", resumed after " << k;
+      }
     }
-  }
 }
 
 // skip_special_tokens off: a special token the model generates (EOS, ignored as a stop) shows

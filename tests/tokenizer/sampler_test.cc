@@ -54,11 +54,31 @@ TEST(SamplingParams, ValidationOfPenaltiesBiasesMinTokensAndLogprobs) {
       {"presence 2", [](SamplingParams& p) { p.presence_penalty = 2.0f; }, nullptr},
       {"presence -3", [](SamplingParams& p) { p.presence_penalty = -3.0f; }, "presence_penalty"},
       {"presence NaN", [](SamplingParams& p) { p.presence_penalty = std::nanf(""); }, "presence_penalty"},
-      {"bias 100", [](SamplingParams& p) { p.logit_bias = {{5, 100.0f}, {6, -100.0f}}; }, nullptr},
-      {"bias 100.5", [](SamplingParams& p) { p.logit_bias = {{5, 100.5f}}; }, "logit_bias"},
-      {"bias -101", [](SamplingParams& p) { p.logit_bias = {{5, -101.0f}}; }, "logit_bias"},
-      {"bias NaN", [](SamplingParams& p) { p.logit_bias = {{5, std::nanf("")}}; }, "logit_bias"},
-      {"bias id -1", [](SamplingParams& p) { p.logit_bias = {{-1, 1.0f}}; }, "logit_bias"},
+      {"bias 100",
+       [](SamplingParams& p) {
+         p.logit_bias = {{5, 100.0f}, {6, -100.0f}};
+       },
+       nullptr},
+      {"bias 100.5",
+       [](SamplingParams& p) {
+         p.logit_bias = {{5, 100.5f}};
+       },
+       "logit_bias"},
+      {"bias -101",
+       [](SamplingParams& p) {
+         p.logit_bias = {{5, -101.0f}};
+       },
+       "logit_bias"},
+      {"bias NaN",
+       [](SamplingParams& p) {
+         p.logit_bias = {{5, std::nanf("")}};
+       },
+       "logit_bias"},
+      {"bias id -1",
+       [](SamplingParams& p) {
+         p.logit_bias = {{-1, 1.0f}};
+       },
+       "logit_bias"},
       {"bias 1024 ids",
        [](SamplingParams& p) {
          for (int i = 0; i < SamplingParams::kMaxLogitBias; ++i) p.logit_bias.push_back({i, 1.0f});

@@ -93,10 +93,10 @@ TEST(StopChecker, MinTokensHoldsOffStopTokensAndStopStrings) {
   params.stop_token_ids = {7};
   params.min_tokens = 3;
   StopChecker checker(params, {2});
-  EXPECT_EQ(checker.push(2, "").finish, FinishReason::kNone);      // EOS, token 1.
-  EXPECT_EQ(checker.push(5, "END").finish, FinishReason::kNone);   // A stop string, token 2.
-  EXPECT_EQ(checker.push(7, "").finish, FinishReason::kNone);      // A stop id, token 3.
-  const StopStep step = checker.push(5, "xEND");                    // Token 4 may stop.
+  EXPECT_EQ(checker.push(2, "").finish, FinishReason::kNone);     // EOS, token 1.
+  EXPECT_EQ(checker.push(5, "END").finish, FinishReason::kNone);  // A stop string, token 2.
+  EXPECT_EQ(checker.push(7, "").finish, FinishReason::kNone);     // A stop id, token 3.
+  const StopStep step = checker.push(5, "xEND");                  // Token 4 may stop.
   EXPECT_EQ(step.finish, FinishReason::kStop);
   EXPECT_EQ(checker.text(), "ENDx");
   StopChecker by_token(params, {2});
