@@ -62,9 +62,9 @@ class Sampler {
 
   // The next token given `vocab` logits (kernels::cpu::sample_token at next_row(), without the
   // penalties and logit edits, which need the sequence's state: kernels::cpu::sample_rows):
-  // greedy, the argmax, lowest index on ties; otherwise softmax at the temperature, keep the top_k most
-  // likely, then the smallest most-likely prefix holding at least top_p of the mass, and draw
-  // from what is left. NaN logits are never chosen (unless nothing else is left).
+  // greedy, the argmax, lowest index on ties; otherwise softmax at the temperature, keep the
+  // top_k most likely, then the smallest most-likely prefix holding at least top_p of the mass,
+  // and draw from what is left. NaN logits are never chosen (unless nothing else is left).
   int sample(const float* logits, int vocab);
   // How to sample the next token, taking its random draw: for a backend that samples on the
   // device, with the same result as sample() on the same logits. It carries the penalties and
