@@ -19,4 +19,11 @@ void apply_sampling_defaults(const v1::SamplingDefaults& d, v1::SamplingParams* 
   if (!p->has_repetition_penalty() && d.has_repetition_penalty()) p->set_repetition_penalty(d.repetition_penalty());
 }
 
+void set_neutral_sampling(v1::SamplingParams* p) {
+  p->set_temperature(0.0f);
+  p->set_top_k(0);
+  p->set_top_p(1.0f);
+  p->set_repetition_penalty(1.0f);
+}
+
 }  // namespace pdserve

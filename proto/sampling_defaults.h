@@ -17,4 +17,10 @@ v1::SamplingDefaults sampling_defaults_proto(const engine::GenerationDefaults& d
 // `defaults` has; fields set in `params` are kept.
 void apply_sampling_defaults(const v1::SamplingDefaults& defaults, v1::SamplingParams* params);
 
+// Sets each of those fields to its "off" value (temperature 0, top_k 0, top_p 1,
+// repetition_penalty 1: engine::SamplingParams' defaults), so no model default applies: for
+// requests whose output is checked against an engine run with plain parameters (`pdserve
+// bench --verify-model`, the tuner's gate).
+void set_neutral_sampling(v1::SamplingParams* params);
+
 }  // namespace pdserve

@@ -26,6 +26,11 @@ Router::Attempt Router::run_pull(Flow& f) {
     Status s =
         from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
     f.act->remove(&pctx);
+    if (s.ok()) {
+      s = check_prefill(f, p, presp);
+      // The prefill worker holds the KV of an answer that cannot be used.
+      if (!s.ok()) abort_on_workers(f.worker_id, {p});
+    }
     if (!s.ok()) {
       if (Status st = f.act->status(); !st.ok()) {
         abort_on_workers(f.worker_id, {p});
@@ -40,11 +45,12 @@ Router::Attempt Router::run_pull(Flow& f) {
     }
   }
   f.prefill_worker = registry_.address(p);
+  f.take_prompt_logprobs(presp.prompt_logprobs());
   if (!presp.finish_reason().empty()) {
     // The first token ended the request: there is nothing for a decode worker to do. Its text
     // goes through the same stop rules the workers apply, after the output the client has.
     abort_on_workers(f.worker_id, {p});
-    f.final_event = first_token_event(f, presp.first_token());
+    f.final_event = first_token_event(f, presp);
     f.final_event.set_finished(true);
     f.final_event.set_finish_reason(presp.finish_reason());
     f.finished = true;
@@ -60,13 +66,13 @@ Router::Attempt Router::run_pull(Flow& f) {
   registry_.note_assigned(d, f.blocks_per_worker, 0);
   f.decode_worker = registry_.address(d);
   worker::WorkerGenerateRequest dreq;
-  f.fill(dreq);
+  f.fill_decode(dreq);
   dreq.set_kv_mode("pull");
   dreq.set_kv_source(presp.kv_source());
   dreq.set_first_token(presp.first_token());
   // The client gets the first token now, not after the decode side read the KV.
   dreq.set_first_token_streamed(true);
-  forward_first_token(f, presp.first_token());
+  forward_first_token(f, presp);
   // The prefill worker holds the KV until the decode side has read it: both matter until the
   // first token streams.
   f.act->begin_attempt({p, d}, clock_.now());

@@ -85,7 +85,7 @@ Router::Attempt Router::run_push(Flow& f) {
   preq.mutable_target_blocks()->CopyFrom(reserved.block_ids());
 
   worker::WorkerGenerateRequest dreq;
-  f.fill(dreq);
+  f.fill_decode(dreq);
   dreq.set_kv_mode("push");
   dreq.mutable_reserved_blocks()->CopyFrom(reserved.block_ids());
   // The router streams the first token from the prefill reply, which comes as soon as it is
@@ -112,9 +112,14 @@ Router::Attempt Router::run_push(Flow& f) {
   // sealed; it is read only after the prefill reply, whose first token comes before its events.
   auto decode_stream = registry_.stub(d)->Generate(&dctx, dreq);
   prefill_done.get_future().wait();
+  if (prefill_status.ok()) {
+    prefill_status = check_prefill(f, p, presp);
+    if (!prefill_status.ok()) dctx.TryCancel();
+  }
   Status ds;
   if (prefill_status.ok()) {
-    forward_first_token(f, presp.first_token());
+    f.take_prompt_logprobs(presp.prompt_logprobs());
+    forward_first_token(f, presp);
     ds = read_events(f, d, *decode_stream);
   } else {
     // Without the first token the decode stream cannot be shown: it was cancelled.

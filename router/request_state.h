@@ -7,6 +7,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -16,26 +17,12 @@
 #include "common/clock.h"
 #include "engine/sampling/sampler.h"
 #include "kvtransfer/fault.h"
+#include "proto/engine_sampling.h"
 #include "router/router.h"
 
 namespace pdserve::router {
 
 inline double seconds(Duration d) { return std::chrono::duration<double>(d).count(); }
-
-// The engine's sampling parameters for the client's (as every worker converts them).
-inline engine::SamplingParams to_engine(const v1::SamplingParams& s) {
-  engine::SamplingParams p;
-  p.temperature = s.has_temperature() ? s.temperature() : 0.0f;
-  p.top_k = s.has_top_k() ? s.top_k() : 0;
-  p.repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f;
-  p.top_p = s.has_top_p() ? s.top_p() : 1.0f;
-  p.seed = s.has_seed() ? s.seed() : -1;
-  p.max_tokens = s.max_tokens();
-  p.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
-  p.stop_strings.assign(s.stop().begin(), s.stop().end());
-  p.ignore_eos = s.ignore_eos();
-  return p;
-}
 
 // Whether a worker call's status says the worker (or the way to it) failed, not the request.
 inline bool worker_failure(const Status& s) {
@@ -172,6 +159,12 @@ struct Router::Flow {
   // Tokens the client already has. A placement after a mid-stream failure prefills prompt +
   // output and decodes the rest (engine::GenerationRequest::resumed_tokens).
   std::vector<int> output;
+  // sampling.prompt_logprobs set: the prompt's, from the placement that computed them (the
+  // prefill side's PrefillResponse, or an aggregated worker's first event), held until the
+  // client's first message carries them.
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> prompt_logprobs;
+  // Whether a placement computed them: a later one (a migration) is not asked again.
+  bool prompt_logprobs_done = false;
   int migrations = 0;  // Placements after the first.
   int blocks_per_worker = 0;
   const Emit* emit = nullptr;
@@ -197,11 +190,23 @@ struct Router::Flow {
     t.insert(t.end(), output.begin(), output.end());
     return t;
   }
-  // The placement's sampling parameters: max_tokens counts what is still to generate.
+  // The placement's sampling parameters (engine::GenerationRequest::resumed_tokens): max_tokens
+  // counts what is still to generate; min_tokens, like the frequency and presence penalties,
+  // all of the output, the resumed tokens included, so it stays — or is 0 once the output
+  // already reached it. The prompt's log-probabilities are asked for only until a placement
+  // computed them (with output in the prompt they would be over other tokens anyway).
   v1::SamplingParams placement_sampling() const {
     v1::SamplingParams s = sampling;
-    s.set_max_tokens(s.max_tokens() - int(output.size()));
+    const int streamed = int(output.size());
+    s.set_max_tokens(s.max_tokens() - streamed);
+    if (streamed >= s.min_tokens()) s.set_min_tokens(0);
+    if (prompt_logprobs_done || streamed > 0) s.clear_prompt_logprobs();
     return s;
+  }
+  // A placement's prompt log-probabilities (empty for a one-token prompt, or when not asked).
+  void take_prompt_logprobs(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& lps) {
+    if (!lps.empty()) prompt_logprobs = lps;
+    prompt_logprobs_done = true;
   }
   // Fills what every worker request of this placement carries.
   template <typename WorkerRequest>
@@ -211,6 +216,12 @@ struct Router::Flow {
     for (int t : output) r.add_prompt(t);
     *r.mutable_sampling() = placement_sampling();
     r.set_resumed_tokens(int(output.size()));
+  }
+  // The same for a P/D placement's decode side, which is never asked for the prompt's
+  // log-probabilities: the prefill side computed them.
+  void fill_decode(worker::WorkerGenerateRequest& r) const {
+    fill(r);
+    r.mutable_sampling()->clear_prompt_logprobs();
   }
 };
 

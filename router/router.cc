@@ -183,9 +183,11 @@ void Router::emit_output(Flow& f, const worker::WorkerEvent& ev) {
   v1::GenerateResponse r;
   r.set_request_id(f.id);
   r.mutable_token_ids()->CopyFrom(ev.token_ids());
+  r.mutable_logprobs()->CopyFrom(ev.logprobs());
   r.set_text(ev.text());
   if (!f.sent_first) {
     for (int t : f.prompt) r.add_prompt_token_ids(t);
+    r.mutable_prompt_logprobs()->Swap(&f.prompt_logprobs);
     f.sent_first = true;
   }
   f.output.insert(f.output.end(), ev.token_ids().begin(), ev.token_ids().end());
@@ -199,19 +201,50 @@ void Router::forward(Flow& f, int worker, const worker::WorkerEvent& ev) {
   f.act->on_tokens(worker, ev.token_ids_size(), clock_.now());
 }
 
-worker::WorkerEvent Router::first_token_event(const Flow& f, int token) const {
+worker::WorkerEvent Router::first_token_event(const Flow& f, const worker::PrefillResponse& prefill) const {
   worker::WorkerEvent ev;
+  const int token = prefill.first_token();
   if (token < 0 || token >= model_.config.vocab_size) return ev;
   engine::StopChecker stop = stop_after_output(f);
   const int prev = f.output.empty() ? f.prompt.back() : f.output.back();
   const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(prev, token));
-  if (!step.stop_token) ev.add_token_ids(token);
+  if (!step.stop_token) {
+    ev.add_token_ids(token);
+    if (prefill.has_first_token_logprob()) *ev.add_logprobs() = prefill.first_token_logprob();
+  }
   ev.set_text(step.delta);
   return ev;
 }
 
-void Router::forward_first_token(Flow& f, int token) {
-  const worker::WorkerEvent ev = first_token_event(f, token);
+Status Router::check_logprobs(const Flow& f, const std::string& from,
+                              const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& logprobs,
+                              int tokens) const {
+  // GenerateResponse.logprobs pairs with token_ids one to one: a worker that breaks the pairing
+  // (an engine bug, or a worker that ignores the field) fails, rather than the client getting
+  // log-probabilities of other tokens.
+  const int want = f.sampling.has_logprobs() ? tokens : 0;
+  if (logprobs.size() == want) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(from, " sent ", logprobs.size(), " log-probabilities for ", tokens, " tokens (want ", want, ")"));
+}
+
+Status Router::check_prefill(const Flow& f, int p, const worker::PrefillResponse& r) const {
+  const std::string from = absl::StrCat("Prefill on ", registry_.address(p));
+  // A stop token (-1) is not output and has no log-probability.
+  const bool want_first = f.sampling.has_logprobs() && r.first_token() >= 0;
+  if (want_first != r.has_first_token_logprob())
+    return absl::InternalError(absl::StrCat(from, (want_first ? " sent no" : " sent a"),
+                                            " log-probability for its first token"));
+  const v1::SamplingParams asked = f.placement_sampling();
+  const int want_prompt = asked.has_prompt_logprobs() ? int(f.prompt.size()) - 1 : 0;
+  if (r.prompt_logprobs_size() != want_prompt)
+    return absl::InternalError(absl::StrCat(from, " sent ", r.prompt_logprobs_size(),
+                                            " prompt log-probabilities (want ", want_prompt, ")"));
+  return absl::OkStatus();
+}
+
+void Router::forward_first_token(Flow& f, const worker::PrefillResponse& prefill) {
+  const worker::WorkerEvent ev = first_token_event(f, prefill);
   // Not progress of the placement's stream: the watchdog goes on watching every worker of the
   // placement until the decode worker streams.
   if (ev.token_ids_size() > 0 || !ev.text().empty()) emit_output(f, ev);
@@ -224,7 +257,17 @@ Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, 
 
 Status Router::read_events(Flow& f, int decode_index, grpc::ClientReaderInterface<worker::WorkerEvent>& reader) {
   worker::WorkerEvent ev;
+  Status bad;
   while (reader.Read(&ev)) {
+    // After a broken event nothing more reaches the client; the stream is read to its end so
+    // that the call finishes cleanly (the request is then placed again).
+    if (!bad.ok()) continue;
+    bad = check_logprobs(f, absl::StrCat("Generate on ", registry_.address(decode_index)), ev.logprobs(),
+                         ev.token_ids_size());
+    if (!bad.ok()) continue;
+    // An aggregated worker's first event carries the prompt's (a decode worker's none).
+    if (ev.prompt_logprobs_size() > 0 || ev.token_ids_size() > 0 || ev.finished())
+      f.take_prompt_logprobs(ev.prompt_logprobs());
     if (ev.finished()) {
       f.final_event = ev;
       f.finished = true;
@@ -233,6 +276,10 @@ Status Router::read_events(Flow& f, int decode_index, grpc::ClientReaderInterfac
     }
   }
   Status s = from_grpc(reader.Finish(), absl::StrCat("Generate on ", registry_.address(decode_index)));
+  if (!bad.ok()) {
+    f.finished = false;
+    return bad;
+  }
   // A stream that delivered its final event is done, whatever its status says after.
   if (f.finished) return absl::OkStatus();
   if (s.ok()) s = absl::InternalError(absl::StrCat("Generate on ", registry_.address(decode_index), " ended without finishing"));
@@ -258,7 +305,7 @@ Router::Attempt Router::no_pair(const Flow& f, const std::vector<WorkerLoad>& pr
 }
 
 engine::StopChecker Router::stop_after_output(const Flow& f) const {
-  engine::SamplingParams p = to_engine(f.sampling);
+  engine::SamplingParams p = engine_sampling(f.sampling);
   // The engine's cap: generation ends when the next token would need a position past the context.
   p.max_tokens = int(std::min<int64_t>(p.max_tokens, int64_t(model_.config.max_seq_len) + 1 - int64_t(f.prompt.size())));
   engine::StopChecker stop(p, model_.config.eos_ids);
@@ -395,11 +442,14 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   last.set_request_id(f.id);
   if (!aborted) {
     last.mutable_token_ids()->CopyFrom(f.final_event.token_ids());
+    last.mutable_logprobs()->CopyFrom(f.final_event.logprobs());
     last.set_text(f.final_event.text());
     if (f.final_event.token_ids_size() > 0 && f.first_token_s < 0) f.first_token_s = seconds(end - arrival);
   }
-  if (!f.sent_first)
+  if (!f.sent_first) {
     for (int t : f.prompt) last.add_prompt_token_ids(t);
+    last.mutable_prompt_logprobs()->Swap(&f.prompt_logprobs);
+  }
   last.set_finished(true);
   const std::string reason = aborted ? "abort" : f.final_event.finish_reason();
   last.set_finish_reason(reason);
@@ -412,6 +462,8 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   last.set_prefill_worker(f.prefill_worker);
   last.set_decode_worker(f.decode_worker);
   last.set_migrations(f.migrations);
+  // No prefix cache yet: every prompt token was computed.
+  last.set_cached_tokens(0);
   emit(last);
 
   const int generated = int(f.output.size()) + (aborted ? 0 : f.final_event.token_ids_size());

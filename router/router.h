@@ -127,10 +127,17 @@ class Router {
   void forward(Flow& f, int worker, const worker::WorkerEvent& ev);
   // The event for the first token a prefill worker answered (P/D): its text through the stop
   // rules after the output so far, as the decode worker's engine counts it; no token for a
-  // stop token (or -1).
-  worker::WorkerEvent first_token_event(const Flow& f, int token) const;
+  // stop token (or -1); its log-probability with it (PrefillResponse.first_token_logprob).
+  worker::WorkerEvent first_token_event(const Flow& f, const worker::PrefillResponse& prefill) const;
   // Streams that event before any decode event (WorkerGenerateRequest.first_token_streamed).
-  void forward_first_token(Flow& f, int token);
+  void forward_first_token(Flow& f, const worker::PrefillResponse& prefill);
+  // Internal unless prefill worker `p`'s answer has the log-probabilities the placement asked
+  // for: the first token's (unless it is a stop token), one per prompt token after the first.
+  Status check_prefill(const Flow& f, int p, const worker::PrefillResponse& prefill) const;
+  // Internal (naming `from`) unless a message's `tokens` come with one log-probability each
+  // when the request asked for them, and with none otherwise.
+  Status check_logprobs(const Flow& f, const std::string& from,
+                        const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& logprobs, int tokens) const;
   // Sends an event's tokens and text to the client (cancelling the request if it is gone).
   void emit_output(Flow& f, const worker::WorkerEvent& ev);
   // Counts a failure of worker `index` (down after a few in a row) and keeps it out of this

@@ -44,15 +44,36 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", r.token_ids().ids_size(),
                                                    " tokens is longer than the model's context of ",
                                                    model_.config.max_seq_len, " tokens"));
+  if (s.logit_bias_size() > engine::SamplingParams::kMaxLogitBias)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: at most ", engine::SamplingParams::kMaxLogitBias,
+                                                   " token ids (got ", s.logit_bias_size(), ")"));
   if (s.max_tokens() <= 0)
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be > 0 (got ", s.max_tokens(), ")"));
-  const engine::SamplingParams p = to_engine(s);
+  if (s.min_tokens() > s.max_tokens())
+    return absl::InvalidArgumentError(absl::StrCat("sampling.min_tokens (", s.min_tokens(),
+                                                   ") must be <= sampling.max_tokens (", s.max_tokens(), ")"));
+  // Several samples of one prompt are the parallel-samples front end's (router/parallel_samples.h),
+  // which calls generate() once per sample with n = 1: here n > 1 would be ignored.
+  if (s.n() < 0 || s.n() > 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.n = ", s.n(), ": n > 1 goes through the parallel-samples front end (n must be 0 or 1 here)"));
+  // On the wire "none" is unset; an explicit negative count is a client's mistake, not "none".
+  if (s.has_logprobs() && s.logprobs() < 0)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.logprobs must be >= 0 when set (got ", s.logprobs(), ")"));
+  if (s.has_prompt_logprobs() && s.prompt_logprobs() < 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.prompt_logprobs must be >= 0 when set (got ", s.prompt_logprobs(), ")"));
+  const engine::SamplingParams p = engine_sampling(s);
   if (Status st = p.validate(); !st.ok()) return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
   const int vocab = model_.config.vocab_size;
   for (int t : p.stop_token_ids)
     if (t >= vocab)
       return absl::InvalidArgumentError(
           absl::StrCat("sampling.stop_token_ids: ", t, " is outside the vocabulary [0, ", vocab, ")"));
+  for (const auto& [t, bias] : p.logit_bias)
+    if (t >= vocab)
+      return absl::InvalidArgumentError(
+          absl::StrCat("sampling.logit_bias: token id ", t, " is outside the vocabulary [0, ", vocab, ")"));
 
   std::vector<int> prompt;
   switch (r.prompt_case()) {

@@ -13,7 +13,10 @@
 
 #include "engine/engine.h"
 #include "engine/model_loader.h"
+#include "proto/engine_sampling.h"
+#include "proto/sampling_defaults.h"
 #include "tools/router_client.h"
+#include "tools/sampling_flags.h"
 
 namespace pdserve::tools {
 namespace {
@@ -36,6 +39,9 @@ struct BenchFlags {
   int num_warmups = 0;
   uint64_t seed = 0;
   float temperature = 0.0f;
+  // The output penalties, logit bias, min_tokens, logprobs and special-token flags every
+  // request carries (tools/sampling_flags.h); its other fields are unused.
+  engine::SamplingParams sampling;
   std::string result_file;
   bool save_detailed = false;  // The result gains request_details' "requests".
   std::string label;
@@ -56,12 +62,9 @@ StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::G
   for (size_t i = 0; i < requests.size(); ++i) {
     if (!records[i].ok) continue;
     const v1::GenerateRequest& r = requests[i];
-    engine::SamplingParams p;
-    p.temperature = r.sampling().temperature();
-    p.seed = r.sampling().seed();
-    p.max_tokens = r.sampling().max_tokens();
-    p.ignore_eos = r.sampling().ignore_eos();
-    engine::GenerationRequest g{std::to_string(i), {r.token_ids().ids().begin(), r.token_ids().ids().end()}, p};
+    // The request's own parameters, every field explicit (make_requests), as a worker reads them.
+    engine::GenerationRequest g{std::to_string(i), {r.token_ids().ids().begin(), r.token_ids().ids().end()},
+                                engine_sampling(r.sampling())};
     PD_RETURN_IF_ERROR(eng->add_request(std::move(g), [&want, i](const engine::TokenEvent& ev) {
       if (ev.token >= 0) want[i].push_back(ev.token);
     }));
@@ -120,16 +123,17 @@ std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::Mo
       if (t == info.bos_id() || std::find(info.eos_ids().begin(), info.eos_ids().end(), t) != info.eos_ids().end()) continue;
       ids->add_ids(t);
     }
+    engine::SamplingParams p = f.sampling;
+    p.max_tokens = out_len;
+    p.min_tokens = std::min(p.min_tokens, out_len);  // The lengths vary; min_tokens may not pass them.
+    p.ignore_eos = f.ignore_eos;
+    p.seed = int64_t(seed + i);
     v1::SamplingParams* s = r.mutable_sampling();
-    s->set_max_tokens(out_len);
+    *s = wire_sampling(p);
+    // Explicitly neutral, so that the model's generation_config defaults do not change what
+    // --verify-model recomputes from the request's parameters.
+    set_neutral_sampling(s);
     s->set_temperature(f.temperature);
-    // Explicit, so that the model's generation_config defaults do not change what
-    // --verify-model recomputes from temperature and seed alone.
-    s->set_top_k(0);
-    s->set_top_p(1.0f);
-    s->set_repetition_penalty(1.0f);
-    s->set_ignore_eos(f.ignore_eos);
-    s->set_seed(int64_t(seed + i));
     out.push_back(std::move(r));
   }
   return out;
@@ -496,6 +500,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--num-warmups", f->num_warmups, "Warm-up requests before measuring")->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed for lengths, tokens and arrivals")->capture_default_str();
   cmd->add_option("--temperature", f->temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  add_output_sampling_flags(cmd, &f->sampling);
   cmd->add_option("--percentile-metrics-values,--percentiles", f->percentiles, "Percentiles to report")->capture_default_str();
   cmd->add_option("--result-file", f->result_file, "Write the result as JSON here");
   cmd->add_flag("--save-detailed", f->save_detailed,

@@ -1,6 +1,7 @@
 #include "tools/generate_command.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -12,7 +13,9 @@
 #include "engine/engine.h"
 #include "proto/sampling_defaults.h"
 #include "tools/router_client.h"
+#include "tools/sampling_flags.h"
 #include "worker/sampling_params.h"
+#include "worker/token_logprobs.h"
 
 namespace pdserve::tools {
 namespace {
@@ -45,8 +48,38 @@ v1::SamplingParams requested_sampling(const GenerateFlags& f) {
 
 // The sampling a request ran with, for --json.
 nlohmann::json sampling_json(const engine::SamplingParams& p) {
-  return {{"temperature", p.temperature}, {"top_k", p.top_k}, {"top_p", p.top_p},
-          {"repetition_penalty", p.repetition_penalty}};
+  nlohmann::json bias = nlohmann::json::object();
+  for (const auto& [id, b] : p.logit_bias) bias[std::to_string(id)] = b;
+  return {{"temperature", p.temperature},
+          {"top_k", p.top_k},
+          {"top_p", p.top_p},
+          {"repetition_penalty", p.repetition_penalty},
+          {"frequency_penalty", p.frequency_penalty},
+          {"presence_penalty", p.presence_penalty},
+          {"logit_bias", bias},
+          {"min_tokens", p.min_tokens},
+          {"logprobs", p.logprobs},
+          {"prompt_logprobs", p.prompt_logprobs},
+          {"skip_special_tokens", p.skip_special_tokens}};
+}
+
+// --json's form of log-probabilities: {"token_id", "logprob", "top": [[id, logprob], ...]}.
+nlohmann::json logprobs_json(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& lps) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const v1::TokenLogprob& lp : lps) {
+    nlohmann::json top = nlohmann::json::array();
+    for (int i = 0; i < std::min(lp.top_ids_size(), lp.top_logprobs_size()); ++i)
+      top.push_back({lp.top_ids(i), lp.top_logprobs(i)});
+    out.push_back({{"token_id", lp.token_id()}, {"logprob", lp.logprob()}, {"top", std::move(top)}});
+  }
+  return out;
+}
+
+// Adds the log-probabilities --json prints, when the request asked for them.
+void add_logprobs_json(const engine::SamplingParams& p, const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& lps,
+                       const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& prompt_lps, nlohmann::json* j) {
+  if (p.logprobs >= 0) (*j)["logprobs"] = logprobs_json(lps);
+  if (p.prompt_logprobs >= 0) (*j)["prompt_logprobs"] = logprobs_json(prompt_lps);
 }
 
 // The same run through a router: the same output, the text streamed or the same JSON object.
@@ -79,11 +112,14 @@ int run_generate_remote(const GenerateFlags& f) {
     return 1;
   }
   std::vector<int> prompt_ids, token_ids;
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs, prompt_logprobs;
   std::string text, finish;
   v1::GenerateResponse last;
   Status s = client->generate(req, [&](const v1::GenerateResponse& r) {
     prompt_ids.insert(prompt_ids.end(), r.prompt_token_ids().begin(), r.prompt_token_ids().end());
     token_ids.insert(token_ids.end(), r.token_ids().begin(), r.token_ids().end());
+    logprobs.MergeFrom(r.logprobs());
+    prompt_logprobs.MergeFrom(r.prompt_logprobs());
     text += r.text();
     if (!f.json) {
       std::fwrite(r.text().data(), 1, r.text().size(), stdout);
@@ -103,6 +139,7 @@ int run_generate_remote(const GenerateFlags& f) {
     j["text"] = text;
     j["finish_reason"] = last.finish_reason();
     j["sampling"] = sampling_json(*effective);
+    add_logprobs_json(*effective, logprobs, prompt_logprobs, &j);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "\n";
@@ -157,10 +194,13 @@ int run_generate(const GenerateFlags& f) {
 
   engine::GenerationResult result;
   result.prompt_token_ids = *prompt;
+  google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs, prompt_logprobs;
   Status error;
   const auto t1 = Clock::now();
   Status added = e.add_request({"cli", *prompt, *params}, [&](const engine::TokenEvent& ev) {
     if (ev.token >= 0) result.token_ids.push_back(ev.token);
+    if (ev.logprob) *logprobs.Add() = worker::to_wire(*ev.logprob);
+    worker::append_wire(ev.prompt_logprobs, &prompt_logprobs);
     result.text += ev.text;
     if (!f.json) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
@@ -186,6 +226,7 @@ int run_generate(const GenerateFlags& f) {
     j["text"] = result.text;
     j["finish_reason"] = engine::finish_reason_name(result.finish_reason);
     j["sampling"] = sampling_json(*params);
+    add_logprobs_json(*params, logprobs, prompt_logprobs, &j);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "\n";
@@ -215,6 +256,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", flags->params.seed, "Sampling seed (-1 = random)");
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
+  add_output_sampling_flags(cmd, &flags->params);
   cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--device", flags->engine.backend,
       "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
@@ -229,7 +271,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
   cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
                   "KV cache as a fraction of device memory");
-  cmd->add_flag("--json", flags->json, "Print one JSON object instead of streaming text");
+  cmd->add_flag("--json", flags->json,
+                "Print one JSON object instead of streaming text (with \"logprobs\" / \"prompt_logprobs\" when asked)");
   cmd->add_option("--router", flags->router, "Generate through the router at HOST:PORT instead of in process");
   cmd->add_option("--api-key", flags->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->add_flag("--tls", flags->tls, "Connect to the router over TLS, trusting the system's CAs");

@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
+#include "proto/engine_sampling.h"
 #include "proto/grpc_status.h"
 
 namespace pdserve::tools {
@@ -89,6 +90,8 @@ Status RouterClient::generate(const v1::GenerateRequest& request,
     while (reader->Read(&e)) {
       v1::GenerateResponse r;
       r.mutable_token_ids()->CopyFrom(e.token_ids());
+      r.mutable_logprobs()->CopyFrom(e.logprobs());
+      r.mutable_prompt_logprobs()->CopyFrom(e.prompt_logprobs());
       r.set_text(e.text());
       on_response(r);
     }
@@ -110,19 +113,7 @@ StatusOr<ConnectedClient> connect_and_describe(const std::string& router, const 
   return c;
 }
 
-v1::SamplingParams to_proto(const engine::SamplingParams& p) {
-  v1::SamplingParams s;
-  s.set_temperature(p.temperature);
-  s.set_top_k(p.top_k);
-  s.set_top_p(p.top_p);
-  if (p.seed >= 0) s.set_seed(p.seed);
-  s.set_max_tokens(p.max_tokens);
-  for (int t : p.stop_token_ids) s.add_stop_token_ids(t);
-  for (const std::string& x : p.stop_strings) s.add_stop(x);
-  s.set_ignore_eos(p.ignore_eos);
-  s.set_repetition_penalty(p.repetition_penalty);
-  return s;
-}
+v1::SamplingParams to_proto(const engine::SamplingParams& p) { return wire_sampling(p); }
 
 Status grpc_health_serving(const std::string& address, Duration timeout, const ClientTls& tls) {
   // Debian ships no health.proto: the generic stub, an empty request, and SERVING is a

@@ -64,7 +64,8 @@ std::string api_key_or_env(const std::string& flag);
 // (saying why) otherwise.
 Status grpc_health_serving(const std::string& address, Duration timeout, const ClientTls& tls = {});
 
-// The API's sampling parameters for the CLI's (seed -1, "random", is left unset).
+// The API's sampling parameters for the CLI's: proto/engine_sampling.h's wire_sampling (seed -1,
+// "random", and logprobs / prompt_logprobs -1, none, are left unset).
 v1::SamplingParams to_proto(const engine::SamplingParams& p);
 
 }  // namespace pdserve::tools

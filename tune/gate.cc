@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
+#include "proto/engine_sampling.h"
 #include "proto/grpc_status.h"
+#include "proto/sampling_defaults.h"
 #include "proto/worker.grpc.pb.h"
 #include "tools/router_client.h"
 
@@ -27,10 +29,9 @@ v1::GenerateRequest to_request(const GoldenPrompt& p) {
   v1::GenerateRequest r;
   r.mutable_token_ids()->mutable_ids()->Assign(p.tokens.begin(), p.tokens.end());
   v1::SamplingParams* s = r.mutable_sampling();
-  s->set_temperature(0);
-  // Explicit: the model's generation_config defaults must not move the tokens the reference
-  // (plain greedy) computes.
-  s->set_repetition_penalty(1.0f);
+  // Explicitly neutral (greedy): the model's generation_config defaults must not move the
+  // tokens the reference computes from the same parameters.
+  set_neutral_sampling(s);
   s->set_seed(0);
   s->set_max_tokens(p.max_tokens);
   s->set_ignore_eos(true);
@@ -82,12 +83,8 @@ StatusOr<Reference> compute_reference(const std::string& model_path, const std::
   Reference ref;
   ref.tokens.resize(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    engine::SamplingParams p;
-    p.temperature = 0;
-    p.seed = 0;
-    p.max_tokens = prompts[i].max_tokens;
-    p.ignore_eos = true;
-    engine::GenerationRequest g{std::to_string(i), prompts[i].tokens, p};
+    // The very parameters the router gets (to_request), as a worker reads them.
+    engine::GenerationRequest g{std::to_string(i), prompts[i].tokens, engine_sampling(to_request(prompts[i]).sampling())};
     std::vector<int>& out = ref.tokens[i];
     PD_RETURN_IF_ERROR(eng->add_request(std::move(g), [&out](const engine::TokenEvent& ev) {
       if (ev.token >= 0) out.push_back(ev.token);

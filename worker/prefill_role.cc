@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "worker/sampling_params.h"
+#include "worker/token_logprobs.h"
 
 namespace pdserve::worker {
 
@@ -21,6 +22,9 @@ struct PrefillRole::Job {
   bool prefilled = false;
   Status error;
   std::optional<int> first_token;  // Unset when the first token is a stop token.
+  bool want_logprobs = false;      // sampling.logprobs set: the first token's goes back.
+  std::optional<engine::TokenLogprob> first_logprob;
+  std::vector<engine::TokenLogprob> prompt_logprobs;  // sampling.prompt_logprobs set.
   engine::FinishReason reason = engine::FinishReason::kNone;
   std::vector<int> kv_blocks;      // The prompt's blocks, held for the transfer.
   // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
@@ -60,7 +64,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   const bool push = request.kv_mode() == "push";
   if (!push && request.kv_mode() != "pull")
     return absl::InvalidArgumentError(absl::StrCat("kv_mode must be push or pull, not '", request.kv_mode(), "'"));
-  PD_ASSIGN_OR_RETURN(engine::SamplingParams params, to_engine_params(request.sampling()));
+  PD_ASSIGN_OR_RETURN(engine::SamplingParams params, to_engine_params(request.sampling(), request.resumed_tokens()));
   const int prompt_len = request.prompt_size();
   const int block_size = engine_.kv_layout(0).block_size();
   const int prompt_blocks = (prompt_len + block_size - 1) / block_size;
@@ -68,6 +72,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   job.push = push;
   job.prompt_len = prompt_len;
   job.request_ends_at_first_token = params.max_tokens == 1 || prompt_len >= engine_.config().max_seq_len;
+  job.want_logprobs = params.logprobs >= 0;
   job.start = clock_->now();
   if (push) {
     PD_ASSIGN_OR_RETURN(job.consumer, parse_kv_group(request.kv_target(), "kv_target"));
@@ -120,8 +125,12 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   }
   PrefillResponse response;
   Status error = j.error;
+  if (error.ok() && j.want_logprobs && j.first_token && !j.first_logprob)
+    error = absl::InternalError(absl::StrCat("the engine gave no log-probability for the first token of ", id));
   if (error.ok()) {
     response.set_first_token(j.first_token.value_or(-1));
+    if (j.first_token && j.first_logprob) *response.mutable_first_token_logprob() = to_wire(*j.first_logprob);
+    append_wire(j.prompt_logprobs, response.mutable_prompt_logprobs());
     response.set_prefill_s(std::chrono::duration<double>(j.prefilled_at - j.start).count());
     if (j.reason == engine::FinishReason::kStop) response.set_finish_reason("stop");
     if (j.reason == engine::FinishReason::kLength && j.request_ends_at_first_token) response.set_finish_reason("length");
@@ -157,7 +166,11 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  if (ev.token >= 0) job.first_token = ev.token;
+  if (ev.token >= 0) {
+    job.first_token = ev.token;
+    job.first_logprob = ev.logprob;
+  }
+  if (!ev.prompt_logprobs.empty()) job.prompt_logprobs = ev.prompt_logprobs;
   if (!ev.finished) return;
   job.prefilled = true;
   job.prefilled_at = clock_->now();

@@ -1,20 +1,20 @@
 #include "worker/sampling_params.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "proto/engine_sampling.h"
+
 namespace pdserve::worker {
 
-StatusOr<engine::SamplingParams> to_engine_params(const v1::SamplingParams& in) {
-  engine::SamplingParams p;
-  // Unset: greedy, no top_k, no penalty (the router has applied the model's defaults already).
-  if (in.has_temperature()) p.temperature = in.temperature();
-  if (in.has_top_k()) p.top_k = in.top_k();
-  if (in.has_repetition_penalty()) p.repetition_penalty = in.repetition_penalty();
-  if (in.has_top_p()) p.top_p = in.top_p();
-  if (in.has_seed()) p.seed = in.seed();
-  p.max_tokens = in.max_tokens();
-  p.stop_token_ids.assign(in.stop_token_ids().begin(), in.stop_token_ids().end());
-  p.stop_strings.assign(in.stop().begin(), in.stop().end());
-  p.ignore_eos = in.ignore_eos();
-  PD_RETURN_IF_ERROR(p.validate());
+StatusOr<engine::SamplingParams> to_engine_params(const v1::SamplingParams& in, int resumed_tokens) {
+  engine::SamplingParams p = engine_sampling(in);
+  // Checked over the whole output, as min_tokens counts it.
+  engine::SamplingParams whole = p;
+  whole.max_tokens += std::max(0, resumed_tokens);
+  PD_RETURN_IF_ERROR(whole.validate());
+  if (p.max_tokens <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("max_tokens must be > 0, got ", p.max_tokens));
   return p;
 }
 

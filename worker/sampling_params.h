@@ -1,5 +1,6 @@
-// Conversion of the wire sampling parameters (pdserve.v1.SamplingParams) to the engine's,
-// shared by every role so that a request samples the same way whichever worker runs it.
+// The wire sampling parameters (pdserve.v1.SamplingParams) as the engine's, validated: what
+// every role runs a request with, so that it samples the same way whichever worker runs it.
+// The conversion itself is proto/engine_sampling.h (shared with the router).
 #pragma once
 
 #include "common/status.h"
@@ -8,7 +9,9 @@
 
 namespace pdserve::worker {
 
-// The engine's parameters; InvalidArgument naming the bad field.
-StatusOr<engine::SamplingParams> to_engine_params(const v1::SamplingParams& params);
+// The engine's parameters; InvalidArgument naming the bad field. `resumed_tokens`: a migrated
+// request's output so far (engine::GenerationRequest::resumed_tokens), which min_tokens counts
+// but max_tokens does not: min_tokens may exceed max_tokens by up to that many.
+StatusOr<engine::SamplingParams> to_engine_params(const v1::SamplingParams& params, int resumed_tokens = 0);
 
 }  // namespace pdserve::worker

@@ -13,6 +13,7 @@
 #include "kvtransfer/fault.h"
 #include "proto/grpc_status.h"
 #include "worker/sampling_params.h"
+#include "worker/token_logprobs.h"
 #include "worker/token_stream.h"
 
 namespace pdserve::worker {
@@ -144,7 +145,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
   InFlight counted(in_flight_);
   // A push Generate claims blocks reserved before the drain began: refusing it would strand them.
   if (draining_ && request->kv_mode() != "push") return draining_error();
-  StatusOr<engine::SamplingParams> params = to_engine_params(request->sampling());
+  StatusOr<engine::SamplingParams> params = to_engine_params(request->sampling(), request->resumed_tokens());
   if (!params.ok()) return to_grpc(params.status());
   const std::string& mode = request->kv_mode();
   if (role_ == ROLE_AGGREGATED) {
@@ -157,6 +158,16 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");
   if (mode != "push" && mode != "pull")
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a decode worker needs kv_mode push or pull");
+  // The prompt's log-probabilities come from the prefill pass, which ran on the prefill side
+  // (PrefillResponse.prompt_logprobs); so does the first token's, so this side can give the
+  // logprobs only of the tokens it samples itself, after a first token the router streamed.
+  if (params->prompt_logprobs >= 0)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "sampling.prompt_logprobs: the prefill worker computes them (PrefillResponse), not the decode one");
+  if (params->logprobs >= 0 && !request->first_token_streamed())
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "sampling.logprobs needs first_token_streamed: the first token's log-probability is the "
+                        "prefill worker's (PrefillResponse.first_token_logprob)");
   StatusOr<PreparedDecode> prepared = decode_->prepare(*request, *params, [context] { return context->IsCancelled(); });
   if (!prepared.ok()) return to_grpc(context, prepared.status());
   if (prepared->finished_by_prefill) {
@@ -175,6 +186,7 @@ grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::Generat
   const std::string id = request.id;
   const std::vector<int> preloaded = request.handoff.preloaded_blocks;
   const bool aggregated = preloaded.empty();
+  const bool want_logprobs = request.params.logprobs >= 0;
   auto events = std::make_shared<TokenStream>();
   const auto start = std::chrono::steady_clock::now();
   Status submitted = loop_.submit(std::move(request), [events](const engine::TokenEvent& ev) { events->push(ev); });
@@ -194,7 +206,20 @@ grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::Generat
     WorkerEvent out;
     const engine::TokenEvent* last = nullptr;
     for (const engine::TokenEvent& ev : batch) {
-      if (ev.token >= 0) out.add_token_ids(ev.token);
+      if (ev.token >= 0) {
+        out.add_token_ids(ev.token);
+        // WorkerEvent.logprobs pairs with token_ids one to one; a token without one would
+        // shift every later pair, so the request fails instead.
+        if (want_logprobs) {
+          if (!ev.logprob) {
+            loop_.abort(id);
+            return grpc::Status(grpc::StatusCode::INTERNAL,
+                                absl::StrCat("the engine gave no log-probability for token ", ev.token));
+          }
+          *out.add_logprobs() = to_wire(*ev.logprob);
+        }
+      }
+      if (!ev.prompt_logprobs.empty()) append_wire(ev.prompt_logprobs, out.mutable_prompt_logprobs());
       out.mutable_text()->append(ev.text);
       if (ev.finished) last = &ev;
     }

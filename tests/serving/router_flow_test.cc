@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iostream>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "engine/model_loader.h"
+#include "proto/engine_sampling.h"
 #include "router/http_server.h"
 #include "router/router.h"
 #include "tests/engine/test_model.h"
@@ -65,6 +68,22 @@ class FakeWorker final : public worker::Worker::Service {
   FakeWorker* peer_prefill = nullptr;  // Decode (push): waits until the prefill has run.
   // Decode: streams nothing until this turns true (the client has the first token).
   const std::atomic<bool>* first_token_seen = nullptr;
+  // Answers sampling.logprobs with no log-probabilities (a worker breaking the pairing).
+  std::atomic<bool> drop_logprobs{false};
+  std::atomic<bool> prefill_finishes{false};  // Prefill says the first token ended the request.
+
+  // The log-probability this fake reports for `token` (distinct per token, so a shifted pairing
+  // shows): its own and two alternatives, most likely first.
+  static v1::TokenLogprob fake_logprob(int token) {
+    v1::TokenLogprob lp;
+    lp.set_token_id(token);
+    lp.set_logprob(-0.125f * float(token));
+    lp.add_top_ids(1);
+    lp.add_top_logprobs(-0.5f);
+    lp.add_top_ids(token);
+    lp.add_top_logprobs(-0.125f * float(token));
+    return lp;
+  }
 
   std::vector<std::string> calls() {
     std::lock_guard l(mu_);
@@ -83,6 +102,10 @@ class FakeWorker final : public worker::Worker::Service {
   worker::WorkerGenerateRequest last_generate() {
     std::lock_guard l(mu_);
     return last_generate_;
+  }
+  worker::PrefillRequest last_prefill() {
+    std::lock_guard l(mu_);
+    return last_prefill_;
   }
 
   grpc::Status Info(grpc::ServerContext*, const worker::InfoRequest*, worker::WorkerInfo* r) override {
@@ -110,6 +133,10 @@ class FakeWorker final : public worker::Worker::Service {
   }
   grpc::Status Prefill(grpc::ServerContext* ctx, const worker::PrefillRequest* req, worker::PrefillResponse* r) override {
     record("Prefill:" + req->request_id() + ":" + req->kv_mode() + ":" + req->kv_target());
+    {
+      std::lock_guard l(mu_);
+      last_prefill_ = *req;
+    }
     if (fail_prefill) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "prefill rank died");
     if (blame_peer.fetch_sub(1) > 0) return peer_lost(ctx);
     if (peer_decode) {
@@ -119,8 +146,13 @@ class FakeWorker final : public worker::Worker::Service {
     }
     prefill_done = true;
     r->set_first_token(tokens[req->resumed_tokens()]);
+    if (req->sampling().has_logprobs() && !drop_logprobs)
+      *r->mutable_first_token_logprob() = fake_logprob(r->first_token());
+    if (req->sampling().has_prompt_logprobs())
+      for (int i = 1; i < req->prompt_size(); ++i) *r->add_prompt_logprobs() = fake_logprob(req->prompt(i));
     r->set_kv_source("source");
     r->set_prefill_s(0.25);
+    if (prefill_finishes) r->set_finish_reason("length");
     return grpc::Status::OK;
   }
   grpc::Status Generate(grpc::ServerContext* ctx, const worker::WorkerGenerateRequest* req,
@@ -143,6 +175,18 @@ class FakeWorker final : public worker::Worker::Service {
     const size_t start = size_t(req->resumed_tokens()) + (req->first_token_streamed() ? 1 : 0);
     if (first_token_seen && !wait_for(*first_token_seen, 3s))
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the client never saw the first token");
+    // An aggregated worker computes the prompt's log-probabilities itself: on its first event.
+    bool prompt_logprobs_due = role_ == worker::ROLE_AGGREGATED && req->sampling().has_prompt_logprobs();
+    auto add_token = [&](worker::WorkerEvent& e, int token) {
+      e.add_token_ids(token);
+      e.set_text("t" + std::to_string(token));
+      if (req->sampling().has_logprobs() && !drop_logprobs) *e.add_logprobs() = fake_logprob(token);
+    };
+    auto add_prompt_logprobs = [&](worker::WorkerEvent& e) {
+      if (!prompt_logprobs_due) return;
+      for (int i = 1; i < req->prompt_size(); ++i) *e.add_prompt_logprobs() = fake_logprob(req->prompt(i));
+      prompt_logprobs_due = false;
+    };
     for (size_t i = start; i + 1 < tokens.size(); ++i) {
       if (int(i - start) == die_after) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
       if (int(i - start) == stall_after) {
@@ -150,15 +194,13 @@ class FakeWorker final : public worker::Worker::Service {
         return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
       }
       worker::WorkerEvent e;
-      e.add_token_ids(tokens[i]);
-      e.set_text("t" + std::to_string(tokens[i]));
+      add_token(e, tokens[i]);
+      add_prompt_logprobs(e);
       if (!w->Write(e)) return grpc::Status::OK;
     }
     worker::WorkerEvent last;
-    if (start < tokens.size()) {
-      last.add_token_ids(tokens.back());
-      last.set_text("t" + std::to_string(tokens.back()));
-    }
+    if (start < tokens.size()) add_token(last, tokens.back());
+    add_prompt_logprobs(last);
     last.set_finished(true);
     last.set_finish_reason("length");
     last.set_prefill_s(0.5);
@@ -185,6 +227,7 @@ class FakeWorker final : public worker::Worker::Service {
   std::mutex mu_;
   std::vector<std::string> calls_;
   worker::WorkerGenerateRequest last_generate_;
+  worker::PrefillRequest last_prefill_;
 };
 
 ServedModel stories_model() {
@@ -599,6 +642,231 @@ TEST_F(RouterFlow, ValidationStatuses) {
   for (int i = 0; i < 16; ++i) named.mutable_sampling()->add_stop(std::string(256, 'z'));  // At the limits: served.
   EXPECT_TRUE(run(named).status.ok());
   EXPECT_TRUE(w.calls().size() == 1u);  // Only the valid one reached the worker.
+}
+
+// Issue 15's sampling fields: each bad value is INVALID_ARGUMENT naming its field, before any
+// worker sees the request; the limits themselves are served. The router checks what needs the
+// model (ids against the vocabulary) or the wire (explicit negative counts, n, the map's size,
+// min_tokens against max_tokens) itself and the ranges through SamplingParams::validate.
+TEST_F(RouterFlow, ValidationOfPenaltiesBiasesMinTokensLogprobsAndN) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  struct Case {
+    const char* name;
+    std::function<void(v1::SamplingParams&)> edit;
+    const char* field;  // Empty: served.
+    bool by_engine = false;  // Refused by SamplingParams::validate, not the router's own checks.
+  } cases[] = {
+      {"frequency_penalty 2.5", [](v1::SamplingParams& s) { s.set_frequency_penalty(2.5f); }, "frequency_penalty", true},
+      {"frequency_penalty -2 (the limit)", [](v1::SamplingParams& s) { s.set_frequency_penalty(-2); }, ""},
+      {"presence_penalty -3", [](v1::SamplingParams& s) { s.set_presence_penalty(-3); }, "presence_penalty", true},
+      {"presence_penalty 2 (the limit)", [](v1::SamplingParams& s) { s.set_presence_penalty(2); }, ""},
+      {"logit_bias id past the vocabulary", [](v1::SamplingParams& s) { (*s.mutable_logit_bias())[512] = 1; },
+       "sampling.logit_bias: token id 512"},
+      {"logit_bias on the vocabulary's last id", [](v1::SamplingParams& s) { (*s.mutable_logit_bias())[511] = 100; }, ""},
+      {"logit_bias id -1", [](v1::SamplingParams& s) { (*s.mutable_logit_bias())[-1] = 1; }, "bias", true},
+      {"logit_bias 101", [](v1::SamplingParams& s) { (*s.mutable_logit_bias())[5] = 101; }, "bias", true},
+      {"1025 logit biases",
+       [](v1::SamplingParams& s) {
+         for (int i = 0; i < 1025; ++i) (*s.mutable_logit_bias())[i] = 1;
+       },
+       "sampling.logit_bias: at most 1024"},
+      {"min_tokens > max_tokens", [](v1::SamplingParams& s) { s.set_min_tokens(4); }, "sampling.min_tokens (4)"},
+      {"min_tokens = max_tokens", [](v1::SamplingParams& s) { s.set_min_tokens(3); }, ""},
+      {"min_tokens -1", [](v1::SamplingParams& s) { s.set_min_tokens(-1); }, "min_tokens", true},
+      {"logprobs 21", [](v1::SamplingParams& s) { s.set_logprobs(21); }, "logprobs", true},
+      {"logprobs -1 set", [](v1::SamplingParams& s) { s.set_logprobs(-1); }, "sampling.logprobs must be >= 0"},
+      {"logprobs 20 (the limit)", [](v1::SamplingParams& s) { s.set_logprobs(20); }, ""},
+      {"prompt_logprobs 21", [](v1::SamplingParams& s) { s.set_prompt_logprobs(21); }, "prompt_logprobs", true},
+      {"prompt_logprobs -2", [](v1::SamplingParams& s) { s.set_prompt_logprobs(-2); }, "sampling.prompt_logprobs must"},
+      {"n 2", [](v1::SamplingParams& s) { s.set_n(2); }, "n > 1 goes through the parallel-samples front end"},
+      {"n -1", [](v1::SamplingParams& s) { s.set_n(-1); }, "sampling.n = -1"},
+      {"n 1", [](v1::SamplingParams& s) { s.set_n(1); }, ""},
+  };
+  size_t served = 0;
+  std::vector<std::string> not_yet;
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = request("Once upon", 3);
+    c.edit(*r.mutable_sampling());
+    if (c.by_engine && engine_sampling(r.sampling()).validate().ok()) {
+      // An engine whose validate() predates issue 15's checks (before the engine's part is
+      // merged): the router would pass the value on. Say so rather than fail or pretend.
+      not_yet.push_back(c.name);
+      ++served;
+      (void)run(r);
+      continue;
+    }
+    const Status s = run(r).status;
+    if (std::string(c.field).empty()) {
+      EXPECT_TRUE(s.ok()) << c.name << ": " << s;
+      ++served;
+      continue;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.name << ": " << s;
+    EXPECT_NE(s.message().find(c.field), std::string_view::npos) << c.name << ": " << s;
+    // gRPC clients see INVALID_ARGUMENT.
+    EXPECT_EQ(to_grpc(s).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+  }
+  EXPECT_EQ(w.calls().size(), served);  // Only the valid ones reached the worker.
+  if (!not_yet.empty())
+    std::cerr << "note: engine::SamplingParams::validate() does not refuse yet: " << absl::StrJoin(not_yet, "; ") << "\n";
+}
+
+struct ModeCase {
+  const char* name;
+  KvMode mode;
+};
+
+// Log-probabilities in every mode: one per token in every message (the first token's, in P/D,
+// from the prefill reply), the prompt's in the first message only, computed where the prompt
+// was prefilled (never asked of a decode worker), cached_tokens 0 at the end; and none at all
+// when the request did not ask.
+TEST_F(RouterFlow, LogprobsFollowTheTokensInEveryMode) {
+  for (const ModeCase& m : {ModeCase{"aggregated", KvMode::kAggregated}, ModeCase{"push", KvMode::kPush},
+                            ModeCase{"pull", KvMode::kPull}}) {
+    for (bool ask : {true, false}) {
+      SCOPED_TRACE(std::string(m.name) + (ask ? " asking" : " not asking"));
+      FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE), a(worker::ROLE_AGGREGATED);
+      p.tokens = d.tokens = a.tokens = {10, 11, 12, 13};
+      RouterOptions o;
+      o.kv_mode = m.mode;
+      if (m.mode == KvMode::kAggregated) start({{&a, worker::ROLE_AGGREGATED}}, o);
+      else start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
+      v1::GenerateRequest req = request("Once upon a time", 4);
+      if (ask) {
+        req.mutable_sampling()->set_logprobs(3);
+        req.mutable_sampling()->set_prompt_logprobs(2);
+      }
+      Result r = run(req);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ASSERT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+      const v1::GenerateResponse& first = r.responses.front();
+      const int prompt_len = first.prompt_token_ids_size();
+      ASSERT_GT(prompt_len, 2);
+      std::vector<int> logprob_tokens;
+      for (size_t i = 0; i < r.responses.size(); ++i) {
+        const v1::GenerateResponse& x = r.responses[i];
+        EXPECT_EQ(x.logprobs_size(), ask ? x.token_ids_size() : 0) << "message " << i;
+        for (int k = 0; k < x.logprobs_size(); ++k) {
+          EXPECT_EQ(x.logprobs(k).token_id(), x.token_ids(k)) << "message " << i;
+          EXPECT_EQ(x.logprobs(k).logprob(), FakeWorker::fake_logprob(x.token_ids(k)).logprob()) << "message " << i;
+          EXPECT_EQ(x.logprobs(k).top_ids_size(), 2);
+          logprob_tokens.push_back(x.logprobs(k).token_id());
+        }
+        if (i > 0) EXPECT_EQ(x.prompt_logprobs_size(), 0) << "message " << i;
+      }
+      if (ask) EXPECT_EQ(logprob_tokens, r.tokens());
+      ASSERT_EQ(first.prompt_logprobs_size(), ask ? prompt_len - 1 : 0);
+      for (int k = 0; k < first.prompt_logprobs_size(); ++k)
+        EXPECT_EQ(first.prompt_logprobs(k).token_id(), first.prompt_token_ids(k + 1));
+      EXPECT_TRUE(r.responses.back().finished());
+      EXPECT_EQ(r.responses.back().cached_tokens(), 0);
+      if (m.mode == KvMode::kAggregated) {
+        EXPECT_EQ(a.last_generate().sampling().has_prompt_logprobs(), ask);
+      } else {
+        EXPECT_EQ(p.last_prefill().sampling().has_prompt_logprobs(), ask);
+        EXPECT_EQ(p.last_prefill().sampling().has_logprobs(), ask);
+        EXPECT_FALSE(d.last_generate().sampling().has_prompt_logprobs()) << "the decode side was asked";
+        EXPECT_EQ(d.last_generate().sampling().has_logprobs(), ask);
+      }
+    }
+  }
+}
+
+// The first token of a pull request ends it (max_tokens 1): the final message carries the
+// prefill side's log-probabilities, the token's and the prompt's.
+TEST_F(RouterFlow, AFirstTokenThatEndsThePullRequestKeepsItsLogprobs) {
+  FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+  RouterOptions o;
+  o.kv_mode = KvMode::kPull;
+  start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
+  p.prefill_finishes = true;  // The request ends at its first token.
+  v1::GenerateRequest req = request("Once upon", 1);
+  req.mutable_sampling()->set_logprobs(0);
+  req.mutable_sampling()->set_prompt_logprobs(0);
+  Result r = run(req);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  ASSERT_EQ(r.tokens(), (std::vector<int>{10}));
+  int logprobs = 0, prompt_logprobs = 0;
+  for (const auto& x : r.responses) {
+    logprobs += x.logprobs_size();
+    prompt_logprobs += x.prompt_logprobs_size();
+  }
+  EXPECT_EQ(logprobs, 1);
+  EXPECT_EQ(prompt_logprobs, r.responses.front().prompt_token_ids_size() - 1);
+}
+
+// A worker that streams tokens without the log-probabilities asked for fails the placement
+// (INTERNAL), rather than the client getting them out of step.
+TEST_F(RouterFlow, AWorkerBreakingTheLogprobPairingFailsThePlacement) {
+  for (const ModeCase& m : {ModeCase{"aggregated", KvMode::kAggregated}, ModeCase{"push", KvMode::kPush},
+                            ModeCase{"pull", KvMode::kPull}}) {
+    SCOPED_TRACE(m.name);
+    FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE), a(worker::ROLE_AGGREGATED);
+    p.drop_logprobs = d.drop_logprobs = a.drop_logprobs = true;
+    RouterOptions o;
+    o.kv_mode = m.mode;
+    o.max_migrations = 0;
+    if (m.mode == KvMode::kAggregated) start({{&a, worker::ROLE_AGGREGATED}}, o);
+    else start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, o);
+    v1::GenerateRequest req = request("Once upon", 3);
+    req.mutable_sampling()->set_logprobs(1);
+    Result r = run(req);
+    EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
+    EXPECT_NE(r.status.message().find("log-probabilit"), std::string_view::npos) << r.status;
+  }
+}
+
+// A migration after tokens streamed: the new placement is not asked for the prompt's
+// log-probabilities again (the client has them), min_tokens still counts all of the output
+// (the engine counts the resumed tokens, as it does for the penalties) while max_tokens counts
+// what is still to generate, and log-probabilities go on for the new tokens.
+TEST_F(RouterFlow, AMigratedRequestKeepsItsLogprobsAndIsNotAskedForThePromptsAgain) {
+  for (const ModeCase& m : {ModeCase{"aggregated", KvMode::kAggregated}, ModeCase{"push", KvMode::kPush}}) {
+    SCOPED_TRACE(m.name);
+    FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+    FakeWorker p(worker::ROLE_PREFILL), d1(worker::ROLE_DECODE), d2(worker::ROLE_DECODE);
+    a.tokens = b.tokens = p.tokens = d1.tokens = d2.tokens = {10, 11, 12, 13, 14};
+    a.die_after = 2;
+    d1.die_after = 1;  // After 11 (the router streamed 10 from the prefill reply).
+    RouterOptions o;
+    o.kv_mode = m.mode;
+    if (m.mode == KvMode::kAggregated)
+      start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+    else
+      start({{&p, worker::ROLE_PREFILL}, {&d1, worker::ROLE_DECODE}, {&d2, worker::ROLE_DECODE}}, o);
+    v1::GenerateRequest req = request("Once upon", 5);
+    req.mutable_sampling()->set_logprobs(2);
+    req.mutable_sampling()->set_prompt_logprobs(1);
+    req.mutable_sampling()->set_min_tokens(4);
+    req.mutable_sampling()->set_frequency_penalty(0.5f);
+    Result r = run(req);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ASSERT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13, 14}));
+    EXPECT_EQ(r.responses.back().migrations(), 1);
+    std::vector<int> logprob_tokens;
+    int prompt_logprobs = 0;
+    for (const auto& x : r.responses) {
+      EXPECT_EQ(x.logprobs_size(), x.token_ids_size());
+      for (const auto& lp : x.logprobs()) logprob_tokens.push_back(lp.token_id());
+      prompt_logprobs += x.prompt_logprobs_size();
+    }
+    EXPECT_EQ(logprob_tokens, r.tokens());
+    EXPECT_EQ(prompt_logprobs, r.responses.front().prompt_token_ids_size() - 1) << "sent once";
+    const v1::SamplingParams resumed =
+        m.mode == KvMode::kAggregated ? b.last_generate().sampling() : p.last_prefill().sampling();
+    EXPECT_EQ(resumed.max_tokens(), 3);
+    EXPECT_EQ(resumed.min_tokens(), 4);
+    EXPECT_FALSE(resumed.has_prompt_logprobs());
+    EXPECT_EQ(resumed.logprobs(), 2);
+    EXPECT_EQ(resumed.frequency_penalty(), 0.5f);
+    if (m.mode == KvMode::kPush) {
+      EXPECT_EQ(p.last_prefill().resumed_tokens(), 2);
+      EXPECT_FALSE(d2.last_generate().sampling().has_prompt_logprobs());
+    }
+  }
 }
 
 // The model's generation_config defaults reach the worker as explicit values for what the
