@@ -755,9 +755,13 @@ TEST_F(RouterFlow, LogprobsFollowTheTokensInEveryMode) {
           EXPECT_EQ(x.logprobs(k).top_ids_size(), 2);
           logprob_tokens.push_back(x.logprobs(k).token_id());
         }
-        if (i > 0) EXPECT_EQ(x.prompt_logprobs_size(), 0) << "message " << i;
+        if (i > 0) {
+          EXPECT_EQ(x.prompt_logprobs_size(), 0) << "message " << i;
+        }
       }
-      if (ask) EXPECT_EQ(logprob_tokens, r.tokens());
+      if (ask) {
+        EXPECT_EQ(logprob_tokens, r.tokens());
+      }
       ASSERT_EQ(first.prompt_logprobs_size(), ask ? prompt_len - 1 : 0);
       for (int k = 0; k < first.prompt_logprobs_size(); ++k)
         EXPECT_EQ(first.prompt_logprobs(k).token_id(), first.prompt_token_ids(k + 1));
