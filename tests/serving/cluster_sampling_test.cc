@@ -21,7 +21,6 @@
 #include "proto/engine_sampling.h"
 #include "proto/grpc_status.h"
 #include "proto/pdserve.grpc.pb.h"
-#include "proto/sampling_defaults.h"
 #include "tests/serving/cluster_process.h"
 #include "worker/token_logprobs.h"
 
@@ -45,24 +44,26 @@ struct Output {
   std::vector<engine::TokenLogprob> logprobs, prompt_logprobs;
 };
 
+// The engine's parameters, set by hand: the reference does not go through the conversions
+// under test (proto/engine_sampling.h), so a field they dropped would show.
 struct SampleCase {
   const char* name;
-  std::function<void(v1::SamplingParams&)> edit;
+  std::function<void(engine::SamplingParams&)> edit;
 };
 
 // The issue-15 fields cleared (logprobs kept: they change nothing sampled).
-v1::SamplingParams without_new_fields(v1::SamplingParams s) {
-  s.clear_frequency_penalty();
-  s.clear_presence_penalty();
-  s.clear_logit_bias();
-  s.clear_min_tokens();
-  return s;
+engine::SamplingParams without_new_fields(engine::SamplingParams p) {
+  p.frequency_penalty = 0;
+  p.presence_penalty = 0;
+  p.logit_bias.clear();
+  p.min_tokens = 0;
+  return p;
 }
 
-StatusOr<Output> run_in_process(engine::Engine& e, const std::vector<int>& prompt, const v1::SamplingParams& s) {
+StatusOr<Output> run_in_process(engine::Engine& e, const std::vector<int>& prompt, const engine::SamplingParams& p) {
   Output out;
   Status error;
-  PD_RETURN_IF_ERROR(e.add_request({"ref", prompt, engine_sampling(s)}, [&](const engine::TokenEvent& ev) {
+  PD_RETURN_IF_ERROR(e.add_request({"ref", prompt, p}, [&](const engine::TokenEvent& ev) {
     if (ev.token >= 0) out.tokens.push_back(ev.token);
     if (ev.logprob) out.logprobs.push_back(*ev.logprob);
     out.prompt_logprobs.insert(out.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
@@ -133,52 +134,47 @@ TEST_P(ClusterSampling, PenaltiesBiasMinTokensAndLogprobsMatchTheInProcessEngine
 
   const SampleCase cases[] = {
       {"seeded, both penalties, a logit bias",
-       [](v1::SamplingParams& s) {
-         s.set_temperature(0.9f);
-         s.set_top_k(40);
-         s.set_seed(7);
-         s.set_frequency_penalty(1.5f);
-         s.set_presence_penalty(0.5f);
-         (*s.mutable_logit_bias())[100] = 4;
-         (*s.mutable_logit_bias())[200] = -100;
-         s.set_max_tokens(24);
-         s.set_ignore_eos(true);
+       [](engine::SamplingParams& p) {
+         p.temperature = 0.9f;
+         p.top_k = 40;
+         p.seed = 7;
+         p.frequency_penalty = 1.5f;
+         p.presence_penalty = 0.5f;
+         p.logit_bias = {{100, 4.0f}, {200, -100.0f}};
+         p.max_tokens = 24;
+         p.ignore_eos = true;
        }},
       {"greedy, EOS biased up, held off by min_tokens",
-       [eos](v1::SamplingParams& s) {
-         s.set_temperature(0);
-         (*s.mutable_logit_bias())[eos] = 100;
-         s.set_min_tokens(6);
-         s.set_max_tokens(16);
+       [eos](engine::SamplingParams& p) {
+         p.temperature = 0;
+         p.logit_bias = {{eos, 100.0f}};
+         p.min_tokens = 6;
+         p.max_tokens = 16;
        }},
       {"greedy, a negative presence penalty and a frequency penalty",
-       [](v1::SamplingParams& s) {
-         s.set_temperature(0);
-         s.set_presence_penalty(-2);
-         s.set_frequency_penalty(0.75f);
-         s.set_max_tokens(20);
-         s.set_ignore_eos(true);
+       [](engine::SamplingParams& p) {
+         p.temperature = 0;
+         p.presence_penalty = -2;
+         p.frequency_penalty = 0.75f;
+         p.max_tokens = 20;
+         p.ignore_eos = true;
        }},
   };
   std::mt19937 rng(5);
   std::vector<std::vector<int>> prompts;
   std::vector<v1::SamplingParams> sampling;
   std::vector<Output> want;
-  const v1::SamplingDefaults defaults = sampling_defaults_proto(config.generation_defaults);
   for (const SampleCase& c : cases) {
     std::vector<int> prompt = {config.bos_id >= 0 ? config.bos_id : 1};
     const int len = 8 + int(rng() % 24);
     while (int(prompt.size()) < len) prompt.push_back(3 + int(rng() % uint32_t(config.vocab_size - 3)));
-    v1::SamplingParams s;
-    c.edit(s);
-    s.set_logprobs(3);
-    s.set_prompt_logprobs(2);
-    // What the router runs it with: the model's defaults for what is unset.
-    v1::SamplingParams resolved = s;
-    apply_sampling_defaults(defaults, &resolved);
-    auto ref = run_in_process(e, prompt, resolved);
+    engine::SamplingParams p;
+    c.edit(p);
+    p.logprobs = 3;
+    p.prompt_logprobs = 2;
+    auto ref = run_in_process(e, prompt, p);
     ASSERT_TRUE(ref.ok()) << c.name << ": " << ref.status();
-    auto plain = run_in_process(e, prompt, without_new_fields(resolved));
+    auto plain = run_in_process(e, prompt, without_new_fields(p));
     ASSERT_TRUE(plain.ok()) << c.name << ": " << plain.status();
     // Else the comparison below could not tell a dropped field.
     ASSERT_NE(ref->tokens, plain->tokens) << c.name << ": the issue-15 fields change nothing here";
@@ -187,7 +183,9 @@ TEST_P(ClusterSampling, PenaltiesBiasMinTokensAndLogprobsMatchTheInProcessEngine
     for (const engine::TokenLogprob& lp : ref->logprobs) ASSERT_EQ(lp.top.size(), 3u) << c.name;
     for (const engine::TokenLogprob& lp : ref->prompt_logprobs) ASSERT_EQ(lp.top.size(), 2u) << c.name;
     prompts.push_back(std::move(prompt));
-    sampling.push_back(std::move(s));
+    // Every field explicit on the wire (temperature, top_k, top_p and repetition_penalty too),
+    // so no model default applies.
+    sampling.push_back(wire_sampling(p));
     want.push_back(std::move(*ref));
   }
   // min_tokens held EOS off for exactly that many tokens, then the bias made it the next one.
