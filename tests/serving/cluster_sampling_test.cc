@@ -35,6 +35,7 @@ struct ModeCase {
   std::string name;
   std::vector<std::string> args;
 };
+void PrintTo(const ModeCase& m, std::ostream* os) { *os << m.name; }
 
 // What one request gave: through the cluster, or from the in-process engine.
 struct Output {
