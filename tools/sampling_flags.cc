@@ -19,14 +19,14 @@ StatusOr<std::vector<std::pair<int, float>>> parse_logit_bias(absl::string_view 
     float bias = 0;
     if (colon == absl::string_view::npos || !absl::SimpleAtoi(entry.substr(0, colon), &id) ||
         !absl::SimpleAtof(entry.substr(colon + 1), &bias))
-      return absl::InvalidArgumentError(absl::StrCat("--logit-bias: '", entry, "' is not ID:BIAS"));
-    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("--logit-bias: token id ", id, " is negative"));
+      return absl::InvalidArgumentError(absl::StrCat("'", entry, "' is not ID:BIAS"));
+    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is negative"));
     out.emplace_back(id, bias);
   }
   std::sort(out.begin(), out.end());
   for (size_t i = 1; i < out.size(); ++i)
     if (out[i].first == out[i - 1].first)
-      return absl::InvalidArgumentError(absl::StrCat("--logit-bias: token id ", out[i].first, " is given twice"));
+      return absl::InvalidArgumentError(absl::StrCat("token id ", out[i].first, " is given twice"));
   return out;
 }
 
