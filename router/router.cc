@@ -207,7 +207,7 @@ worker::WorkerEvent Router::first_token_event(const Flow& f, const worker::Prefi
   if (token < 0 || token >= model_.config.vocab_size) return ev;
   engine::StopChecker stop = stop_after_output(f);
   const int prev = f.output.empty() ? f.prompt.back() : f.output.back();
-  const engine::StopStep step = stop.push(token, model_.tokenizer->decode_token(prev, token));
+  const engine::StopStep step = stop.push(token, token_bytes(f, prev, token));
   if (!step.stop_token) {
     ev.add_token_ids(token);
     if (prefill.has_first_token_logprob()) *ev.add_logprobs() = prefill.first_token_logprob();
@@ -311,10 +311,17 @@ engine::StopChecker Router::stop_after_output(const Flow& f) const {
   engine::StopChecker stop(p, model_.config.eos_ids);
   int prev = f.prompt.back();
   for (int t : f.output) {
-    (void)stop.push(t, model_.tokenizer->decode_token(prev, t));
+    (void)stop.push(t, token_bytes(f, prev, t));
     prev = t;
   }
   return stop;
+}
+
+std::string Router::token_bytes(const Flow& f, int prev, int token) const {
+  std::string bytes = model_.tokenizer->decode_token(prev, token);
+  if (f.sampling.has_skip_special_tokens() && !f.sampling.skip_special_tokens())
+    bytes += model_.tokenizer->special_token_text(token);
+  return bytes;
 }
 
 Status Router::run_placements(Flow& f) {

@@ -150,6 +150,10 @@ class Router {
   void abort_on_workers(const std::string& worker_request_id, const std::vector<int>& workers);
   // The stop rules fed with the output the client already has (what a resumed worker replays).
   engine::StopChecker stop_after_output(const Flow& f) const;
+  // The bytes a worker's stop rules get for `token` after `prev` (engine::Engine's rule): the
+  // token's text, and a special token's own text too when the request keeps special tokens
+  // (skip_special_tokens false).
+  std::string token_bytes(const Flow& f, int prev, int token) const;
   void watchdog_loop();
   // The watchdog's look at one request's placement: gives it up when a worker it depends on is
   // down or its stream stalled.

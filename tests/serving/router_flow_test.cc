@@ -802,6 +802,29 @@ TEST_F(RouterFlow, AFirstTokenThatEndsThePullRequestKeepsItsLogprobs) {
   EXPECT_EQ(prompt_logprobs, r.responses.front().prompt_token_ids_size() - 1);
 }
 
+// The first token of a P/D request comes from the prefill reply, its text from the router's own
+// stop rules: a special token shows its text only when the request keeps special tokens, as the
+// workers' engines stream it.
+TEST_F(RouterFlow, TheFirstTokensTextKeepsSpecialTokensOnlyWhenAsked) {
+  ServedModel model = stories_model();
+  const std::string special = model.tokenizer->special_token_text(2);  // EOS.
+  ASSERT_FALSE(special.empty());
+  for (bool skip : {true, false}) {
+    SCOPED_TRACE(skip ? "skipping special tokens" : "keeping special tokens");
+    FakeWorker p(worker::ROLE_PREFILL), d(worker::ROLE_DECODE);
+    p.tokens = d.tokens = {2, 11, 12};
+    start({{&p, worker::ROLE_PREFILL}, {&d, worker::ROLE_DECODE}}, RouterOptions{}, RealClock::instance(), {},
+          stories_model());
+    v1::GenerateRequest req = request("Once upon", 3);
+    req.mutable_sampling()->set_ignore_eos(true);  // EOS is plain output.
+    req.mutable_sampling()->set_skip_special_tokens(skip);
+    Result r = run(req);
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ASSERT_EQ(r.tokens(), (std::vector<int>{2, 11, 12}));
+    EXPECT_EQ(r.responses.front().text(), skip ? "" : special);
+  }
+}
+
 // A worker that streams tokens without the log-probabilities asked for fails the placement
 // (INTERNAL), rather than the client getting them out of step.
 TEST_F(RouterFlow, AWorkerBreakingTheLogprobPairingFailsThePlacement) {
