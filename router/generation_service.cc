@@ -1,5 +1,7 @@
 #include "router/generation_service.h"
 
+#include "router/parallel_samples.h"
+
 namespace pdserve::router {
 
 grpc::Status GenerationService::authorize(grpc::ServerContext* ctx, std::string* client) const {
@@ -20,16 +22,42 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
   std::string client;
   if (grpc::Status auth = authorize(ctx, &client); !auth.ok()) return auth;
-  return to_grpc(router_.generate(
-      *request, [ctx] { return ctx->IsCancelled(); },
-      [writer](const v1::GenerateResponse& r) { return writer->Write(r); }, client));
+  const int n = request->sampling().n();
+  if (n < 0 || n > kMaxSamples)
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("sampling.n must be in [0, ", kMaxSamples, "] (got ", n, ")"));
+  // A parent id aborts every sample ("<id>-<i>", sample_requests) while it runs.
+  const bool fanned_out = n > 1 && !request->request_id().empty();
+  if (fanned_out) {
+    std::lock_guard lock(fanouts_mu_);
+    fanouts_[{client, request->request_id()}] = n;
+  }
+  const Status s = generate_samples(
+      *request,
+      [&](const v1::GenerateRequest& r, const std::function<bool()>& gone, const SampleEmit& emit) {
+        return router_.generate(r, gone, emit, client);
+      },
+      [ctx] { return ctx->IsCancelled(); }, [writer](const v1::GenerateResponse& r) { return writer->Write(r); });
+  if (fanned_out) {
+    std::lock_guard lock(fanouts_mu_);
+    fanouts_.erase({client, request->request_id()});
+  }
+  return to_grpc(s);
 }
 
 grpc::Status GenerationService::Abort(grpc::ServerContext* ctx, const v1::AbortRequest* request, v1::AbortResponse* response) {
   std::string client;
   if (grpc::Status auth = authorize(ctx, &client); !auth.ok()) return auth;
   if (request->request_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is required");
-  response->set_found(router_.abort(request->request_id(), client));
+  bool found = router_.abort(request->request_id(), client);
+  int samples = 0;
+  {
+    std::lock_guard lock(fanouts_mu_);
+    auto it = fanouts_.find({client, request->request_id()});
+    if (it != fanouts_.end()) samples = it->second;
+  }
+  for (int i = 0; i < samples; ++i) found |= router_.abort(absl::StrCat(request->request_id(), "-", i), client);
+  response->set_found(found);
   return grpc::Status::OK;
 }
 

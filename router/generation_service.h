@@ -1,7 +1,13 @@
 // The client gRPC API (pdserve.v1.Generation) over a Router: Generate streams the router's
-// responses, Abort cancels by id, GetModelInfo describes the served model. With API keys, every
+// responses (SamplingParams.n > 1: n concurrent samples, router/parallel_samples.h), Abort
+// cancels by id (a fanned-out request's id: each of its samples), GetModelInfo describes the served model. With API keys, every
 // call needs `authorization: Bearer KEY` metadata (else UNAUTHENTICATED).
 #pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "proto/pdserve.grpc.pb.h"
 #include "router/api_keys.h"
@@ -29,6 +35,9 @@ class GenerationService final : public v1::Generation::Service {
 
   Router& router_;
   const ApiKeys& keys_;
+  // Running fanned-out requests by (client, request id): their sample count, for Abort.
+  std::mutex fanouts_mu_;
+  std::map<std::pair<std::string, std::string>, int> fanouts_;
 };
 
 }  // namespace pdserve::router

@@ -8,13 +8,17 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <numeric>
 #include <random>
+
+#include <absl/strings/str_join.h>
 
 #include "common/logging.h"
 #include "common/tcp_state.h"
 #include "common/tls.h"
 #include "router/bounded_task_queue.h"
 #include "router/openai_api.h"
+#include "router/parallel_samples.h"
 
 namespace pdserve::router {
 namespace {
@@ -93,6 +97,10 @@ HttpServer::HttpServer(Router& router, HttpServerOptions options)
   server_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, /*chat=*/true, res);
   });
+  server_->Post("/v1/tokenize", [this](const httplib::Request& req, httplib::Response& res) { handle_tokenize(req, res); });
+  server_->Post("/v1/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_detokenize(req, res);
+  });
   server_->set_error_handler([](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     // 413 (body too large), 404 (no such path), ...: OpenAI-style bodies for those too.
@@ -130,7 +138,16 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
   auto parsed = parse_openai_request(http_request.body, chat, router_.model().chat_template);
   if (!parsed.ok()) return send_error(res, parsed.status());
   auto req = std::make_shared<OpenAiRequest>(std::move(*parsed));
+  if (!req->ignored_fields.empty())
+    PD_LOG_WARN("{}: the following fields were present in the request but ignored: {}", http_request.path,
+                absl::StrJoin(req->ignored_fields, ", "));
   apply_openai_defaults(router_.model_info().sampling_defaults(), req->request.mutable_sampling());
+  // Bias on an id outside the vocabulary: the client's mistake (400), found before any work.
+  for (const auto& [token, bias] : req->request.sampling().logit_bias())
+    if (token >= router_.model().tokenizer->vocab_size())
+      return send_error(res, absl::InvalidArgumentError(absl::StrCat("'logit_bias': token id ", token,
+                                                                     " is outside the vocabulary [0, ",
+                                                                     router_.model().tokenizer->vocab_size(), ")")));
   // The client's namespace for request ids (the pre-routing check already let it in).
   const std::string client =
       api_keys_ != nullptr ? api_keys_->client_of(http_request.get_header_value("Authorization")).value_or("") : "";
@@ -138,12 +155,35 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
     // OpenAI's chat default: as much as the context leaves.
     v1::GenerateRequest probe = req->request;
     probe.mutable_sampling()->set_max_tokens(1);
+    probe.mutable_sampling()->set_min_tokens(0);
     auto p = router_.validate(probe);
     if (!p.ok()) return send_error(res, p.status());
     req->request.mutable_sampling()->set_max_tokens(std::max<int>(1, router_.model_info().max_context() - int(p->size())));
   }
-  // Checked here so that a bad request gets its HTTP status even when it asked for a stream.
-  if (auto prompt = router_.validate(req->request); !prompt.ok()) return send_error(res, prompt.status());
+  // Every prompt is checked here, so that a bad request gets its HTTP status even when it asked
+  // for a stream. Then one router request per sample of each prompt: choice index = prompt * n +
+  // sample (vLLM's order); best_of runs best_of samples per prompt and keeps the n best.
+  const engine::Tokenizer& tokenizer = *router_.model().tokenizer;
+  const int samples = req->stream ? req->n : req->best_of;
+  auto children = std::make_shared<std::vector<v1::GenerateRequest>>();
+  auto echo_texts = std::make_shared<std::vector<std::string>>();
+  for (int p = 0; p < req->num_prompts(); ++p) {
+    const v1::GenerateRequest prompt = req->prompt_request(p);
+    auto ids = router_.validate(prompt);
+    if (!ids.ok()) return send_error(res, ids.status());
+    echo_texts->push_back(prompt.prompt_case() == v1::GenerateRequest::kText ? prompt.text() : tokenizer.decode(*ids));
+    if (req->num_prompts() == 1 && samples == 1) {
+      children->push_back(prompt);  // A plain request keeps its id.
+      break;
+    }
+    for (v1::GenerateRequest& r : sample_requests(prompt, samples)) {
+      // Ids unique across the batch: "<id>-<flat index>".
+      if (!req->request.request_id().empty()) r.set_request_id(absl::StrCat(req->request.request_id(), "-", children->size()));
+      children->push_back(std::move(r));
+    }
+  }
+  GenerateFn generate = [this, client](const v1::GenerateRequest& r, const std::function<bool()>& gone,
+                                       const SampleEmit& emit) { return router_.generate(r, gone, emit, client); };
   const std::string model = router_.model_info().name();
   const int64_t created = unix_now();
   // Unique within the process (a count) and across router processes (a random salt).
@@ -175,54 +215,93 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
       if (*state == TcpConnectionState::kEstablished) *seen_established = true;
       return *seen_established && *state != TcpConnectionState::kEstablished;
     };
-    std::string text, finish;
-    int prompt_tokens = 0, completion_tokens = 0;
-    Status s = router_.generate(req->request, client_gone, [&](const v1::GenerateResponse& r) {
-      text += r.text();
-      completion_tokens += r.token_ids_size();
-      prompt_tokens += r.prompt_token_ids_size();
-      if (r.finished()) finish = r.finish_reason();
+    std::vector<ChoiceOutput> outputs(children->size());
+    Status s = run_parallel(*children, {}, generate, client_gone, [&](const v1::GenerateResponse& r) {
+      outputs[size_t(r.index())].add(r);  // run_parallel emits one at a time.
       return true;
-    }, client);
+    });
     if (!s.ok()) return send_error(res, s);
-    res.set_content(completion_body(*req, id, created, model, text, finish, prompt_tokens, completion_tokens).dump(-1, ' ', false, json::error_handler_t::replace),
+    std::vector<ChoiceOutput> choices;
+    int prompt_tokens = 0, cached_tokens = 0;
+    for (int p = 0; p < req->num_prompts(); ++p) {
+      std::vector<ChoiceOutput> group(outputs.begin() + p * samples, outputs.begin() + (p + 1) * samples);
+      prompt_tokens += int(group[0].prompt_ids.size());  // Once per prompt.
+      cached_tokens += group[0].cached_tokens;
+      std::vector<int> order(size_t(req->n));
+      std::iota(order.begin(), order.end(), 0);
+      if (samples > req->n) order = best_samples(group, req->n);
+      for (int rank = 0; rank < req->n; ++rank) {
+        ChoiceOutput c = std::move(group[size_t(order[size_t(rank)])]);
+        c.index = p * req->n + rank;
+        c.prompt_text = (*echo_texts)[size_t(p)];
+        choices.push_back(std::move(c));
+      }
+    }
+    res.set_content(completion_body(*req, id, created, model, choices, tokenizer, prompt_tokens, cached_tokens)
+                        .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, client](size_t, httplib::DataSink& sink) {
-    bool first = true;
+  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, children, echo_texts,
+                                                         generate](size_t, httplib::DataSink& sink) {
+    const engine::Tokenizer& tokenizer = *router_.model().tokenizer;
+    std::vector<StreamChoice> states(children->size());
     // Written here, read by the router's watchdog thread through client_gone.
     std::atomic<bool> gone{false};
-    int prompt_tokens = 0, completion_tokens = 0;
+    int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     auto write = [&](const std::string& s) {
       if (gone || !sink.is_writable() || !sink.write(s.data(), s.size())) gone = true;
       return !gone.load();
     };
-    Status s = router_.generate(
-        req->request, [&] { return gone.load(); },
+    Status s = run_parallel(
+        *children, {}, generate, [&] { return gone.load(); },
         [&](const v1::GenerateResponse& r) {
-          prompt_tokens += r.prompt_token_ids_size();
+          const bool prompt_first = r.index() % req->n == 0;  // Prompt tokens once per prompt.
+          if (prompt_first) prompt_tokens += r.prompt_token_ids_size();
+          if (prompt_first && r.finished()) cached_tokens += r.cached_tokens();
           completion_tokens += r.token_ids_size();
-          std::optional<std::string> finish;
-          if (r.finished()) finish = r.finish_reason();
-          if (r.text().empty() && !finish && !(first && req->chat)) return !gone;
-          const bool ok = write(sse(chunk_body(*req, id, created, model, r.text(), finish, first)));
-          first = false;
-          return ok;
-        },
-        client);
+          auto chunk = chunk_body(*req, id, created, model, r, (*echo_texts)[size_t(r.index() / req->n)], tokenizer,
+                                  &states[size_t(r.index())]);
+          if (!chunk) return !gone.load();
+          return write(sse(*chunk));
+        });
     if (!s.ok()) write(sse(http_error(s).body));
-    if (s.ok() && req->include_usage) {
-      json u = chunk_body(*req, id, created, model, "", std::nullopt, false);
-      u["choices"] = json::array();
-      u["usage"] = usage_body(prompt_tokens, completion_tokens);
-      write(sse(u));
-    }
+    if (s.ok() && req->include_usage) write(sse(usage_chunk(*req, id, created, model, prompt_tokens, completion_tokens, cached_tokens)));
     write("data: [DONE]\n\n");
     sink.done();
     return true;
   });
+}
+
+Status HttpServer::check_model(const std::string& name) const {
+  const ServedModel& m = router_.model();
+  if (name.empty() || name == m.name || std::find(m.aliases.begin(), m.aliases.end(), name) != m.aliases.end())
+    return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("model '", name, "' is not served here; this router serves '", m.name, "'"));
+}
+
+void HttpServer::handle_tokenize(const httplib::Request& http_request, httplib::Response& res) {
+  auto t = parse_tokenize_request(http_request.body, router_.model().chat_template);
+  if (!t.ok()) return send_error(res, t.status());
+  if (Status m = check_model(t->model); !m.ok()) return send_error(res, m);
+  auto ids = router_.model().tokenizer->encode(t->text, t->add_special_tokens);
+  if (!ids.ok()) return send_error(res, absl::InvalidArgumentError(absl::StrCat("prompt: ", ids.status().message())));
+  json body = {{"count", ids->size()}, {"max_model_len", router_.model_info().max_context()}, {"tokens", *ids}};
+  res.set_content(body.dump(), "application/json");
+}
+
+void HttpServer::handle_detokenize(const httplib::Request& http_request, httplib::Response& res) {
+  auto d = parse_detokenize_request(http_request.body);
+  if (!d.ok()) return send_error(res, d.status());
+  if (Status m = check_model(d->model); !m.ok()) return send_error(res, m);
+  const engine::Tokenizer& tokenizer = *router_.model().tokenizer;
+  for (int t : d->tokens)
+    if (t < 0 || t >= tokenizer.vocab_size())
+      return send_error(res, absl::InvalidArgumentError(
+                                 absl::StrCat("'tokens': ", t, " is outside the vocabulary [0, ", tokenizer.vocab_size(), ")")));
+  json body = {{"prompt", tokenizer.decode(d->tokens)}};
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 }  // namespace pdserve::router

@@ -1,5 +1,6 @@
 // The router's HTTP front end (cpp-httplib): the OpenAI-compatible /v1/completions,
-// /v1/chat/completions (with SSE streaming) and /v1/models, /health for load balancers, and
+// /v1/chat/completions (with SSE streaming; n samples and batched prompts as concurrent router
+// requests, router/parallel_samples.h), /v1/models, vLLM's /v1/tokenize and /v1/detokenize, /health for load balancers, and
 // Prometheus /metrics. Every request is served by the same Router as the gRPC API. Connections
 // are served by a bounded pool (bounded_task_queue.h): beyond it, 429 like a full admission queue.
 // Over HTTPS when the router has --tls-cert (clients are not asked for certificates).
@@ -61,6 +62,11 @@ class HttpServer {
  private:
   // Serves /v1/completions (chat = false) and /v1/chat/completions.
   void handle_generate(const httplib::Request& http_request, bool chat, httplib::Response& res);
+  // vLLM's /v1/tokenize and /v1/detokenize.
+  void handle_tokenize(const httplib::Request& http_request, httplib::Response& res);
+  void handle_detokenize(const httplib::Request& http_request, httplib::Response& res);
+  // NotFound (as Router::validate words it) unless `name` is empty or names the served model.
+  Status check_model(const std::string& name) const;
 
   Router& router_;
   const ApiKeys* api_keys_;  // May be null: no keys.

@@ -1,8 +1,15 @@
 #include "router/openai_api.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <numeric>
+#include <set>
 
+#include "engine/sampling/sampler.h"
+#include "kernels/cpu/sampling.h"
 #include "proto/sampling_defaults.h"
 
 namespace pdserve::router {
@@ -49,27 +56,41 @@ Status read_bool(const RequestJson& j, const std::string& field, bool* out) {
   return absl::OkStatus();
 }
 
-Status parse_prompt(const RequestJson& j, v1::GenerateRequest* r) {
+// A token-id list; InvalidArgument naming `prompt` for anything else.
+Status parse_ids(const RequestJson& p, v1::TokenIds* ids) {
+  for (const RequestJson& t : p) {
+    if (!t.is_number_integer()) return field_error("prompt", "token ids must be integers");
+    if (t.is_number_unsigned() ? t.get<uint64_t>() > uint64_t(std::numeric_limits<int32_t>::max())
+                               : t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      return field_error("prompt", "has a token id out of range");
+    ids->add_ids(int32_t(t.get<int64_t>()));
+  }
+  return absl::OkStatus();
+}
+
+// `prompt`: a string, a token-id list, or a batch (a list of strings or of token-id lists): one
+// GenerateRequest holding just the prompt per entry, in order.
+Status parse_prompts(const RequestJson& j, std::vector<v1::GenerateRequest>* out) {
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) return field_error("prompt", "is required");
   const RequestJson& p = *it;
   if (p.is_string()) {
-    r->set_text(p.get<std::string>());
+    out->emplace_back().set_text(p.get<std::string>());
     return absl::OkStatus();
   }
-  if (!p.is_array()) return field_error("prompt", "must be a string, an array of token ids, or an array of one string");
-  if (p.size() == 1 && p[0].is_string()) {
-    r->set_text(p[0].get<std::string>());
-    return absl::OkStatus();
-  }
-  if (!p.empty() && (p[0].is_array() || p[0].is_string()))
-    return field_error("prompt", "may hold only one prompt (batches are not supported)");
-  auto* ids = r->mutable_token_ids();
-  for (const RequestJson& t : p) {
-    if (!t.is_number_integer()) return field_error("prompt", "token ids must be integers");
-    const int64_t v = t.get<int64_t>();
-    if (v < 0 || v > std::numeric_limits<int32_t>::max()) return field_error("prompt", "has a token id out of range");
-    ids->add_ids(int32_t(v));
+  constexpr const char* kShapes = "must be a string, an array of token ids, an array of strings, or an array of token-id arrays";
+  if (!p.is_array() || p.empty()) return field_error("prompt", kShapes);
+  if (p[0].is_number()) return parse_ids(p, out->emplace_back().mutable_token_ids());
+  if (p.size() > size_t(kMaxBatchPrompts))
+    return field_error("prompt", absl::StrCat("may batch at most ", kMaxBatchPrompts, " prompts (got ", p.size(), ")"));
+  for (const RequestJson& x : p) {
+    if (x.is_string() && p[0].is_string()) {
+      out->emplace_back().set_text(x.get<std::string>());
+    } else if (x.is_array() && p[0].is_array()) {
+      PD_RETURN_IF_ERROR(parse_ids(x, out->emplace_back().mutable_token_ids()));
+    } else {
+      return field_error("prompt", kShapes);
+    }
   }
   return absl::OkStatus();
 }
@@ -177,7 +198,161 @@ Status parse_messages(const RequestJson& j, const engine::ChatTemplate& chat_tem
   return absl::OkStatus();
 }
 
+// Fields pdserve knows but cannot honour: refused with 400 naming them unless absent, null or
+// the value that changes nothing (`neutral`), so a client never gets output computed without
+// what it asked for.
+struct UnsupportedField {
+  const char* name;
+  int endpoints;  // kCompletions | kChat.
+  std::function<bool(const RequestJson&)> neutral;
+  const char* why;
+};
+constexpr int kCompletions = 1, kChat = 2, kBoth = 3;
+
+bool is_false(const RequestJson& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_true(const RequestJson& v) { return v.is_boolean() && v.get<bool>(); }
+// (nlohmann's empty() is false for every string.)
+bool is_empty(const RequestJson& v) {
+  return v.is_string() ? v.get_ref<const std::string&>().empty() : (v.is_array() || v.is_object()) && v.empty();
+}
+bool is_number(const RequestJson& v, double x) { return v.is_number() && v.get<double>() == x; }
+bool never(const RequestJson&) { return false; }
+
+const std::vector<UnsupportedField>& unsupported_fields() {
+  static const std::vector<UnsupportedField> table = {
+      {"suffix", kCompletions, is_empty, "(no insertion: the model continues the prompt)"},
+      {"bad_words", kBoth, is_empty, "(use logit_bias with -100 on their token ids)"},
+      {"allowed_token_ids", kBoth, is_empty, "(use logit_bias)"},
+      {"guided_json", kBoth, never, "(no guided decoding)"},
+      {"guided_regex", kBoth, never, "(no guided decoding)"},
+      {"guided_choice", kBoth, never, "(no guided decoding)"},
+      {"guided_grammar", kBoth, never, "(no guided decoding)"},
+      {"guided_decoding_backend", kBoth, never, "(no guided decoding)"},
+      {"guided_whitespace_pattern", kBoth, never, "(no guided decoding)"},
+      {"structured_outputs", kBoth, never, "(no guided decoding)"},
+      {"response_format", kBoth, [](const RequestJson& v) { return v.is_object() && v.value("type", "") == "text"; },
+       "(only {\"type\": \"text\"}: no JSON mode or schemas)"},
+      {"use_beam_search", kBoth, is_false, "(no beam search)"},
+      {"length_penalty", kBoth, [](const RequestJson& v) { return is_number(v, 1); }, "(beam search only)"},
+      {"min_p", kBoth, [](const RequestJson& v) { return is_number(v, 0); }, "(no min_p sampling)"},
+      {"prompt_logprobs", kBoth, never, "(completions: use echo with logprobs; gRPC: SamplingParams.prompt_logprobs)"},
+      {"include_stop_str_in_output", kBoth, is_false, ""},
+      {"spaces_between_special_tokens", kBoth, is_true, ""},
+      {"truncate_prompt_tokens", kBoth, never, "(a prompt longer than the context is refused)"},
+      {"return_tokens_as_token_ids", kBoth, is_false, ""},
+      {"priority", kBoth, [](const RequestJson& v) { return is_number(v, 0); }, "(admission is first come, first served)"},
+      // Prompts are always encoded with the tokenizer's special tokens (BOS).
+      {"add_special_tokens", kCompletions, is_true, "(the prompt always gets the tokenizer's special tokens)"},
+      {"add_special_tokens", kChat, never, "(the prompt always gets the tokenizer's special tokens)"},
+      {"echo", kChat, is_false, "(chat: no echo of the last message)"},
+      {"best_of", kChat, [](const RequestJson& v) { return is_number(v, 1); }, "(chat: use n)"},
+      {"chat_template", kChat, never, "(the served model's template is used)"},
+      {"documents", kChat, never, ""},
+  };
+  return table;
+}
+
+// Fields read by parse_openai_request.
+const std::set<std::string>& known_fields(bool chat) {
+  static const std::set<std::string> common = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "stop_token_ids", "stream",
+      "stream_options", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+      "min_tokens", "ignore_eos", "skip_special_tokens", "request_id", "logprobs"};
+  static const std::set<std::string> completions = [] {
+    std::set<std::string> s = common;
+    s.insert({"prompt", "best_of", "echo"});
+    return s;
+  }();
+  static const std::set<std::string> chat_fields = [] {
+    std::set<std::string> s = common;
+    s.insert({"messages", "top_logprobs", "max_completion_tokens", "tools", "add_generation_prompt",
+              "continue_final_message", "chat_template_kwargs"});
+    return s;
+  }();
+  return chat ? chat_fields : completions;
+}
+
+// The refusal for a known but unsupported field, and the unknown fields (ignored).
+Status check_fields(const RequestJson& j, bool chat, std::vector<std::string>* ignored) {
+  const int endpoint = chat ? kChat : kCompletions;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    bool handled = false;
+    for (const UnsupportedField& f : unsupported_fields()) {
+      if (key != f.name || !(f.endpoints & endpoint)) continue;
+      handled = true;
+      if (!it->is_null() && !f.neutral(*it))
+        return field_error(key, absl::StrCat("is not supported", *f.why ? " " : "", f.why));
+    }
+    if (!handled && !known_fields(chat).count(key)) ignored->push_back(key);
+  }
+  return absl::OkStatus();
+}
+
+// An integer field in [lo, hi]; `present` tells whether it was given.
+Status read_int_in(const RequestJson& j, const std::string& field, int lo, int hi, int* out, bool* present = nullptr) {
+  bool given = false;
+  int v = *out;
+  PD_RETURN_IF_ERROR(read_number(j, field, &v, &given));
+  if (given && (v < lo || v > hi)) return field_error(field, absl::StrCat("must be in [", lo, ", ", hi, "] (got ", v, ")"));
+  if (given) *out = v;
+  if (present) *present = given;
+  return absl::OkStatus();
+}
+
+Status read_penalty(const RequestJson& j, const std::string& field, float* out) {
+  bool given = false;
+  float v = 0;
+  PD_RETURN_IF_ERROR(read_number(j, field, &v, &given));
+  if (given && !(v >= -2.0f && v <= 2.0f)) return field_error(field, absl::StrCat("must be in [-2, 2] (got ", v, ")"));
+  if (given) *out = v;
+  return absl::OkStatus();
+}
+
+// logit_bias: {"<token id>": bias}; biases clamped to [-100, 100] as vLLM does.
+Status read_logit_bias(const RequestJson& j, v1::SamplingParams* s) {
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) return field_error("logit_bias", "must be an object of token id -> bias");
+  if (it->size() > size_t(engine::SamplingParams::kMaxLogitBias))
+    return field_error("logit_bias", absl::StrCat("may hold at most ", engine::SamplingParams::kMaxLogitBias, " ids"));
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    const std::string& key = e.key();
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0)
+      return field_error("logit_bias", absl::StrCat("key '", key, "' is not a token id"));
+    if (!e->is_number() || !std::isfinite(e->get<double>()))
+      return field_error("logit_bias", absl::StrCat("bias of '", key, "' must be a finite number"));
+    (*s->mutable_logit_bias())[id] = float(std::clamp(e->get<double>(), -100.0, 100.0));
+  }
+  return absl::OkStatus();
+}
+
+// logprobs (completions: the top-k, an integer; chat: a boolean with top_logprobs the top-k).
+Status read_logprobs(const RequestJson& j, bool chat, int* logprobs) {
+  const int max = kernels::cpu::kMaxLogprobs;
+  if (!chat) return read_int_in(j, "logprobs", 0, max, logprobs);
+  bool on = false;
+  PD_RETURN_IF_ERROR(read_bool(j, "logprobs", &on));
+  int top = 0;
+  bool top_given = false;
+  PD_RETURN_IF_ERROR(read_int_in(j, "top_logprobs", 0, max, &top, &top_given));
+  if (top_given && !on) return field_error("top_logprobs", "needs 'logprobs': true");
+  if (on) *logprobs = top;
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+v1::GenerateRequest OpenAiRequest::prompt_request(int i) const {
+  v1::GenerateRequest r = request;
+  if (i == 0) return r;
+  const v1::GenerateRequest& p = more_prompts[size_t(i - 1)];
+  if (p.prompt_case() == v1::GenerateRequest::kText) r.set_text(p.text());
+  else *r.mutable_token_ids() = p.token_ids();
+  return r;
+}
 
 StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
                                              const engine::ChatTemplate& chat_template) {
@@ -186,16 +361,26 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   OpenAiRequest out;
   out.chat = chat;
+  PD_RETURN_IF_ERROR(check_fields(j, chat, &out.ignored_fields));
   v1::GenerateRequest& r = out.request;
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return field_error("model", "must be a string");
     r.set_model(it->get<std::string>());
   }
-  PD_RETURN_IF_ERROR(chat ? parse_messages(j, chat_template, &r) : parse_prompt(j, &r));
+  if (chat) {
+    PD_RETURN_IF_ERROR(parse_messages(j, chat_template, &r));
+  } else {
+    std::vector<v1::GenerateRequest> prompts;
+    PD_RETURN_IF_ERROR(parse_prompts(j, &prompts));
+    if (prompts[0].prompt_case() == v1::GenerateRequest::kText) r.set_text(prompts[0].text());
+    else *r.mutable_token_ids() = prompts[0].token_ids();
+    out.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1), std::make_move_iterator(prompts.end()));
+  }
 
   v1::SamplingParams* s = r.mutable_sampling();
   int max_tokens = 16;
   PD_RETURN_IF_ERROR(read_number(j, "max_tokens", &max_tokens, &out.max_tokens_given));
+  // The newer name wins over the deprecated one.
   if (chat) PD_RETURN_IF_ERROR(read_number(j, "max_completion_tokens", &max_tokens, &out.max_tokens_given));
   s->set_max_tokens(max_tokens);
   // Fields left out stay unset, for apply_openai_defaults.
@@ -215,6 +400,17 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   bool has_repetition_penalty = false;
   PD_RETURN_IF_ERROR(read_number(j, "repetition_penalty", &repetition_penalty, &has_repetition_penalty));
   if (has_repetition_penalty) s->set_repetition_penalty(repetition_penalty);
+  float frequency_penalty = 0, presence_penalty = 0;
+  PD_RETURN_IF_ERROR(read_penalty(j, "frequency_penalty", &frequency_penalty));
+  PD_RETURN_IF_ERROR(read_penalty(j, "presence_penalty", &presence_penalty));
+  s->set_frequency_penalty(frequency_penalty);
+  s->set_presence_penalty(presence_penalty);
+  PD_RETURN_IF_ERROR(read_logit_bias(j, s));
+  int min_tokens = 0;
+  PD_RETURN_IF_ERROR(read_int_in(j, "min_tokens", 0, std::numeric_limits<int>::max(), &min_tokens));
+  if (out.max_tokens_given && min_tokens > max_tokens)
+    return field_error("min_tokens", absl::StrCat("must be <= max_tokens (", min_tokens, " > ", max_tokens, ")"));
+  s->set_min_tokens(min_tokens);
   int64_t seed = 0;
   bool has_seed = false;
   PD_RETURN_IF_ERROR(read_number(j, "seed", &seed, &has_seed));
@@ -222,6 +418,11 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   bool ignore_eos = false;
   PD_RETURN_IF_ERROR(read_bool(j, "ignore_eos", &ignore_eos));
   s->set_ignore_eos(ignore_eos);
+  if (auto it = j.find("skip_special_tokens"); it != j.end() && !it->is_null()) {
+    bool skip = true;
+    PD_RETURN_IF_ERROR(read_bool(j, "skip_special_tokens", &skip));
+    s->set_skip_special_tokens(skip);
+  }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
       s->add_stop(it->get<std::string>());
@@ -251,22 +452,78 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   }
 
   PD_RETURN_IF_ERROR(read_bool(j, "stream", &out.stream));
-  if (auto it = j.find("stream_options"); it != j.end() && it->is_object())
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return field_error("stream_options", "must be an object");
+    if (!out.stream) return field_error("stream_options", "is only allowed with 'stream': true");
+    for (auto o = it->begin(); o != it->end(); ++o)
+      if (o.key() != "include_usage" && !o->is_null() && !is_false(*o))
+        return field_error("stream_options." + o.key(), "is not supported");
     PD_RETURN_IF_ERROR(read_bool(*it, "include_usage", &out.include_usage));
-  int n = 1;
-  PD_RETURN_IF_ERROR(read_number(j, "n", &n));
-  if (n != 1) return field_error("n", "must be 1 (one completion per request)");
-  int best_of = 1;
-  PD_RETURN_IF_ERROR(read_number(j, "best_of", &best_of));
-  if (best_of != 1) return field_error("best_of", "is not supported");
-  bool echo = false;
-  PD_RETURN_IF_ERROR(read_bool(j, "echo", &echo));
-  if (echo) return field_error("echo", "is not supported");
-  if (auto it = j.find("logprobs"); it != j.end() && !it->is_null() && !(it->is_boolean() && !it->get<bool>()))
-    return field_error("logprobs", "is not supported");
+  }
+  PD_RETURN_IF_ERROR(read_int_in(j, "n", 1, kMaxSamples, &out.n));
+  out.best_of = out.n;
+  if (!chat) {
+    bool has_best_of = false;
+    PD_RETURN_IF_ERROR(read_int_in(j, "best_of", 1, kMaxSamples, &out.best_of, &has_best_of));
+    if (has_best_of && out.best_of < out.n)
+      return field_error("best_of", absl::StrCat("must be >= n (", out.best_of, " < ", out.n, ")"));
+    if (out.stream && out.best_of != out.n) return field_error("best_of", "must equal n when streaming");
+    PD_RETURN_IF_ERROR(read_bool(j, "echo", &out.echo));
+  }
+  if (out.num_prompts() * out.best_of > kMaxChoices)
+    return field_error(out.best_of > 1 ? "best_of" : "n",
+                       absl::StrCat("prompts x samples must be <= ", kMaxChoices, " (got ", out.num_prompts(), " x ",
+                                    out.best_of, ")"));
+  PD_RETURN_IF_ERROR(read_logprobs(j, chat, &out.logprobs));
+  // What the engine computes for the response: best_of ranks samples by their logprobs even
+  // when the client did not ask for them (they are left out of its response then).
+  const int engine_logprobs = out.best_of > out.n ? std::max(out.logprobs, 0) : out.logprobs;
+  if (engine_logprobs >= 0) s->set_logprobs(engine_logprobs);
+  if (out.echo && out.logprobs >= 0) s->set_prompt_logprobs(out.logprobs);
   return out;
 }
 
+StatusOr<TokenizeRequest> parse_tokenize_request(const std::string& body, const engine::ChatTemplate& chat_template) {
+  RequestJson j = RequestJson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  TokenizeRequest out;
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return field_error("model", "must be a string");
+    out.model = it->get<std::string>();
+  }
+  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+  const bool has_messages = j.contains("messages") && !j["messages"].is_null();
+  if (has_prompt == has_messages) return absl::InvalidArgumentError("give exactly one of 'prompt' and 'messages'");
+  if (has_prompt) {
+    if (!j["prompt"].is_string()) return field_error("prompt", "must be a string");
+    out.text = j["prompt"].get<std::string>();
+  } else {
+    v1::GenerateRequest r;
+    PD_RETURN_IF_ERROR(parse_messages(j, chat_template, &r));
+    out.text = r.text();
+    out.add_special_tokens = false;  // vLLM's default for messages: the template has them.
+  }
+  PD_RETURN_IF_ERROR(read_bool(j, "add_special_tokens", &out.add_special_tokens));
+  return out;
+}
+
+StatusOr<DetokenizeRequest> parse_detokenize_request(const std::string& body) {
+  RequestJson j = RequestJson::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  DetokenizeRequest out;
+  if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return field_error("model", "must be a string");
+    out.model = it->get<std::string>();
+  }
+  auto it = j.find("tokens");
+  if (it == j.end() || !it->is_array()) return field_error("tokens", "must be an array of token ids");
+  v1::TokenIds ids;
+  if (Status st = parse_ids(*it, &ids); !st.ok()) return field_error("tokens", "must be an array of token ids");
+  out.tokens.assign(ids.ids().begin(), ids.ids().end());
+  return out;
+}
 void apply_openai_defaults(const v1::SamplingDefaults& model, v1::SamplingParams* s) {
   apply_sampling_defaults(model, s);
   if (!s->has_temperature()) s->set_temperature(1.0f);  // OpenAI's default.
@@ -314,41 +571,207 @@ HttpError http_error(const Status& status) {
   return e;
 }
 
-json usage_body(int prompt_tokens, int completion_tokens) {
+void ChoiceOutput::add(const v1::GenerateResponse& r) {
+  if (prompt_ids.empty()) prompt_ids.assign(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  if (prompt_logprobs.empty()) prompt_logprobs.assign(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
+  text += r.text();
+  token_ids.insert(token_ids.end(), r.token_ids().begin(), r.token_ids().end());
+  logprobs.insert(logprobs.end(), r.logprobs().begin(), r.logprobs().end());
+  if (r.finished()) {
+    finish_reason = r.finish_reason();
+    cached_tokens = r.cached_tokens();
+  }
+}
+
+double ChoiceOutput::cumulative_logprob() const {
+  double sum = 0;
+  for (const v1::TokenLogprob& l : logprobs) sum += l.logprob();
+  return sum;
+}
+
+std::vector<int> best_samples(const std::vector<ChoiceOutput>& outputs, int n) {
+  std::vector<int> order(outputs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<double> score(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) score[i] = outputs[i].cumulative_logprob();
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return score[size_t(a)] > score[size_t(b)]; });
+  order.resize(std::min(order.size(), size_t(std::max(n, 0))));
+  return order;
+}
+
+namespace {
+
+// JSON has no infinities: a -inf logprob (a token no sampling could pick) is written as vLLM
+// writes it.
+double finite_logprob(float v) { return std::isfinite(v) ? double(v) : -9999.0; }
+
+// UTF-8 characters in `bytes` (each non-continuation byte starts one): text_offset counts
+// characters, as vLLM's Python strings do.
+int utf8_chars(const std::string& bytes) {
+  int n = 0;
+  for (unsigned char c : bytes) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// The legacy completions logprobs object, built token by token.
+struct LegacyLogprobs {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  // Token `token` after `prev`; `lp` null: no logprob (the first prompt token).
+  void add(const engine::Tokenizer& tok, int prev, int token, const v1::TokenLogprob* lp, int* offset) {
+    const std::string text = tok.decode_token(prev, token);
+    tokens.push_back(text);
+    text_offset.push_back(*offset);
+    *offset += utf8_chars(text);
+    if (lp == nullptr) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      return;
+    }
+    token_logprobs.push_back(finite_logprob(lp->logprob()));
+    json top = json::object();
+    for (int k = 0; k < lp->top_ids_size() && k < lp->top_logprobs_size(); ++k) {
+      const std::string alt = tok.decode_token(prev, lp->top_ids(k));
+      if (!top.contains(alt)) top[alt] = finite_logprob(lp->top_logprobs(k));  // Most likely first wins.
+    }
+    top_logprobs.push_back(std::move(top));
+  }
+  json body() const {
+    return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", text_offset}};
+  }
+};
+
+json bytes_of(const std::string& text) {
+  json b = json::array();
+  for (unsigned char c : text) b.push_back(int(c));
+  return b;
+}
+
+// Chat logprobs' content entries for `ids` (after `prev`).
+json chat_logprob_content(const engine::Tokenizer& tok, int prev, const std::vector<int>& ids,
+                          const std::vector<v1::TokenLogprob>& lps) {
+  json content = json::array();
+  for (size_t i = 0; i < ids.size() && i < lps.size(); ++i) {
+    const v1::TokenLogprob& lp = lps[i];
+    const std::string text = tok.decode_token(prev, ids[i]);
+    json top = json::array();
+    for (int k = 0; k < lp.top_ids_size() && k < lp.top_logprobs_size(); ++k) {
+      const std::string alt = tok.decode_token(prev, lp.top_ids(k));
+      top.push_back({{"token", alt}, {"logprob", finite_logprob(lp.top_logprobs(k))}, {"bytes", bytes_of(alt)}});
+    }
+    content.push_back({{"token", text}, {"logprob", finite_logprob(lp.logprob())}, {"bytes", bytes_of(text)}, {"top_logprobs", top}});
+    prev = ids[i];
+  }
+  return content;
+}
+
+// Completions logprobs for the echoed prompt (when `echo`) and the output tokens `ids`
+// after `prev`; `offset` is the text offset so far.
+json completion_logprobs(const engine::Tokenizer& tok, bool echo, const std::vector<int>& prompt_ids,
+                         const std::vector<v1::TokenLogprob>& prompt_lps, int prev, const std::vector<int>& ids,
+                         const std::vector<v1::TokenLogprob>& lps, int* offset) {
+  LegacyLogprobs out;
+  if (echo) {
+    for (size_t i = 0; i < prompt_ids.size(); ++i) {
+      const v1::TokenLogprob* lp = i >= 1 && i - 1 < prompt_lps.size() ? &prompt_lps[i - 1] : nullptr;
+      out.add(tok, i == 0 ? -1 : prompt_ids[i - 1], prompt_ids[i], lp, offset);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    out.add(tok, prev, ids[i], i < lps.size() ? &lps[i] : nullptr, offset);
+    prev = ids[i];
+  }
+  return out.body();
+}
+
+json nullable(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
+}  // namespace
+
+json usage_body(int prompt_tokens, int completion_tokens, int cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 json completion_body(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
-                     const std::string& text, const std::string& finish_reason, int prompt_tokens, int completion_tokens) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}, {"logprobs", nullptr}};
-  if (req.chat) choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else choice["text"] = text;
+                     const std::vector<ChoiceOutput>& choices, const engine::Tokenizer& tokenizer, int prompt_tokens,
+                     int cached_tokens) {
+  json out_choices = json::array();
+  int completion_tokens = 0;
+  for (const ChoiceOutput& c : choices) {
+    completion_tokens += int(c.token_ids.size());
+    const int prev = c.prompt_ids.empty() ? -1 : c.prompt_ids.back();
+    json choice = {{"index", c.index}, {"finish_reason", nullable(c.finish_reason)}, {"logprobs", nullptr}};
+    if (req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (req.logprobs >= 0)
+        choice["logprobs"] = {{"content", chat_logprob_content(tokenizer, prev, c.token_ids, c.logprobs)}, {"refusal", nullptr}};
+    } else {
+      choice["text"] = req.echo ? c.prompt_text + c.text : c.text;
+      int offset = 0;
+      if (req.logprobs >= 0)
+        choice["logprobs"] = completion_logprobs(tokenizer, req.echo, c.prompt_ids, c.prompt_logprobs, prev, c.token_ids,
+                                                 c.logprobs, &offset);
+    }
+    out_choices.push_back(std::move(choice));
+  }
   return {{"id", id},
           {"object", req.chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", model},
-          {"choices", json::array({choice})},
-          {"usage", usage_body(prompt_tokens, completion_tokens)}};
+          {"choices", std::move(out_choices)},
+          {"usage", usage_body(prompt_tokens, completion_tokens, cached_tokens)}};
 }
 
-json chunk_body(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
-                const std::string& text, const std::optional<std::string>& finish_reason, bool first) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}, {"logprobs", nullptr}};
+std::optional<json> chunk_body(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
+                               const v1::GenerateResponse& r, const std::string& echo_text,
+                               const engine::Tokenizer& tokenizer, StreamChoice* state) {
+  const bool first = !state->started;
+  const std::vector<int> prompt_ids(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  if (first && !prompt_ids.empty()) state->prev_token = prompt_ids.back();
+  const std::vector<int> ids(r.token_ids().begin(), r.token_ids().end());
+  const std::vector<v1::TokenLogprob> lps(r.logprobs().begin(), r.logprobs().end());
+  const bool echo_now = first && req.echo;
+  const bool has_logprobs = req.logprobs >= 0 && (!ids.empty() || (echo_now && !prompt_ids.empty()));
+  std::optional<std::string> finish;
+  if (r.finished()) finish = r.finish_reason();
+  if (r.text().empty() && !finish && !(first && (req.chat || req.echo)) && !has_logprobs) return std::nullopt;
+  state->started = true;
+
+  json choice = {{"index", r.index()}, {"finish_reason", finish ? json(*finish) : json(nullptr)}, {"logprobs", nullptr}};
   if (req.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || !finish_reason) delta["content"] = text;
+    if (!r.text().empty() || !finish) delta["content"] = r.text();
     choice["delta"] = delta;
+    if (req.logprobs >= 0)
+      choice["logprobs"] = {{"content", chat_logprob_content(tokenizer, state->prev_token, ids, lps)}, {"refusal", nullptr}};
   } else {
-    choice["text"] = text;
+    choice["text"] = echo_now ? echo_text + r.text() : r.text();
+    if (req.logprobs >= 0) {
+      const std::vector<v1::TokenLogprob> prompt_lps(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
+      choice["logprobs"] = completion_logprobs(tokenizer, echo_now, prompt_ids, prompt_lps, state->prev_token, ids, lps,
+                                               &state->text_offset);
+    }
   }
+  if (!ids.empty()) state->prev_token = ids.back();
+  return json{{"id", id},
+              {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", json::array({std::move(choice)})}};
+}
+
+json usage_chunk(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
+                 int prompt_tokens, int completion_tokens, int cached_tokens) {
   return {{"id", id},
           {"object", req.chat ? "chat.completion.chunk" : "text_completion"},
           {"created", created},
           {"model", model},
-          {"choices", json::array({choice})}};
+          {"choices", json::array()},
+          {"usage", usage_body(prompt_tokens, completion_tokens, cached_tokens)}};
 }
 
 std::string sse(const json& j) {

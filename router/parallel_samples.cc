@@ -1,0 +1,71 @@
+#include "router/parallel_samples.h"
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace pdserve::router {
+
+std::vector<v1::GenerateRequest> sample_requests(const v1::GenerateRequest& request, int samples) {
+  std::vector<v1::GenerateRequest> out;
+  out.reserve(size_t(std::max(samples, 0)));
+  for (int i = 0; i < samples; ++i) {
+    v1::GenerateRequest r = request;
+    r.mutable_sampling()->clear_n();
+    if (request.sampling().has_seed()) r.mutable_sampling()->set_seed(request.sampling().seed() + i);
+    if (!request.request_id().empty()) r.set_request_id(absl::StrCat(request.request_id(), "-", i));
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Status run_parallel(const std::vector<v1::GenerateRequest>& requests, const std::vector<int>& indices,
+                    const GenerateFn& generate, const std::function<bool()>& client_gone, const SampleEmit& emit) {
+  if (requests.empty()) return absl::OkStatus();
+  std::mutex mu;  // Serialises emits, client_gone polls (the front end's per-call state) and `failure`.
+  std::atomic<bool> cancel{false};
+  std::optional<Status> failure;  // The first request's failure that was not our own cancel.
+  auto gone = [&] {
+    if (cancel.load()) return true;
+    std::lock_guard lock(mu);
+    if (client_gone && client_gone()) cancel = true;
+    return cancel.load();
+  };
+  auto run_one = [&](size_t i) {
+    const int index = indices.empty() ? int(i) : indices[i];
+    Status s = generate(requests[i], gone, [&, index](const v1::GenerateResponse& r) {
+      std::lock_guard lock(mu);
+      if (cancel.load()) return false;
+      v1::GenerateResponse tagged = r;
+      tagged.set_index(index);
+      if (!emit(tagged)) cancel = true;
+      return !cancel.load();
+    });
+    if (!s.ok()) {
+      std::lock_guard lock(mu);
+      if (!cancel.load() && !failure) failure = s;
+      cancel = true;
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(requests.size() - 1);
+  for (size_t i = 1; i < requests.size(); ++i) threads.emplace_back(run_one, i);
+  run_one(0);
+  for (std::thread& t : threads) t.join();
+  if (failure) return *failure;
+  if (cancel.load()) return absl::CancelledError("the client is gone");
+  return absl::OkStatus();
+}
+
+Status generate_samples(const v1::GenerateRequest& request, const GenerateFn& generate,
+                        const std::function<bool()>& client_gone, const SampleEmit& emit) {
+  if (request.sampling().n() <= 1) {
+    v1::GenerateRequest single = request;
+    single.mutable_sampling()->clear_n();
+    return generate(single, client_gone, emit);
+  }
+  return run_parallel(sample_requests(request, request.sampling().n()), {}, generate, client_gone, emit);
+}
+
+}  // namespace pdserve::router
