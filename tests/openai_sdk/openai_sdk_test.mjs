@@ -3,11 +3,19 @@
 // min_tokens, usage, vLLM's tokenize/detokenize, and the errors (404 unknown model, 400 bad
 // values) — each checked against its definition, not against recorded outputs.
 //
-//   node openai_sdk_test.mjs http://HOST:PORT
+//   REFERENCE_NODE_MODULES=... node openai_sdk_test.mjs http://HOST:PORT
 //
-// Run by tests/openai_sdk/run.sh against a `pdserve up` P/D cluster on stories260K. Prints one
-// PASS/FAIL line per check and exits non-zero if any failed.
-import OpenAI from 'openai';
+// Run by tests/openai_sdk/run.sh against a `pdserve up` P/D cluster on stories260K; the SDK is
+// loaded from REFERENCE_NODE_MODULES (scripts/reference-tools.sh tests/openai_sdk installs it
+// outside the checkout). Prints one PASS/FAIL line per check and exits non-zero if any failed.
+import { createRequire } from 'node:module';
+
+const modules = process.env.REFERENCE_NODE_MODULES;
+if (!modules) {
+  console.error('REFERENCE_NODE_MODULES is not set: eval "$(scripts/reference-tools.sh tests/openai_sdk)"');
+  process.exit(2);
+}
+const { OpenAI } = createRequire(`${modules}/`)('openai');
 
 const base = process.argv[2];
 if (!base) {
