@@ -143,11 +143,11 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
                 absl::StrJoin(req->ignored_fields, ", "));
   apply_openai_defaults(router_.model_info().sampling_defaults(), req->request.mutable_sampling());
   // Bias on an id outside the vocabulary: the client's mistake (400), found before any work.
+  const int vocab = router_.model().config.vocab_size;
   for (const auto& [token, bias] : req->request.sampling().logit_bias())
-    if (token >= router_.model().tokenizer->vocab_size())
-      return send_error(res, absl::InvalidArgumentError(absl::StrCat("'logit_bias': token id ", token,
-                                                                     " is outside the vocabulary [0, ",
-                                                                     router_.model().tokenizer->vocab_size(), ")")));
+    if (token >= vocab)
+      return send_error(res, absl::InvalidArgumentError(
+                                 absl::StrCat("'logit_bias': token id ", token, " is outside the vocabulary [0, ", vocab, ")")));
   // The client's namespace for request ids (the pre-routing check already let it in).
   const std::string client =
       api_keys_ != nullptr ? api_keys_->client_of(http_request.get_header_value("Authorization")).value_or("") : "";

@@ -23,12 +23,16 @@ std::vector<v1::GenerateRequest> sample_requests(const v1::GenerateRequest& requ
 Status run_parallel(const std::vector<v1::GenerateRequest>& requests, const std::vector<int>& indices,
                     const GenerateFn& generate, const std::function<bool()>& client_gone, const SampleEmit& emit) {
   if (requests.empty()) return absl::OkStatus();
-  std::mutex mu;  // Serialises emits, client_gone polls (the front end's per-call state) and `failure`.
+  std::mutex mu;  // Serialises emits and `failure`.
+  // Serialises client_gone polls (the front end's per-call state, not made for several
+  // watchers). Not `mu`: an emit blocked on a slow client must not hold up the router's
+  // watchdog, which polls this.
+  std::mutex gone_mu;
   std::atomic<bool> cancel{false};
   std::optional<Status> failure;  // The first request's failure that was not our own cancel.
   auto gone = [&] {
     if (cancel.load()) return true;
-    std::lock_guard lock(mu);
+    std::lock_guard lock(gone_mu);
     if (client_gone && client_gone()) cancel = true;
     return cancel.load();
   };
