@@ -1,0 +1,74 @@
+// gRPC Generate with SamplingParams.n > 1 on a `pdserve up` P/D cluster: the samples fanned out
+// by router/parallel_samples.h, each message tagged with its index, sample i equal to a single
+// request with seed + i; n beyond the limit refused.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "proto/pdserve.grpc.pb.h"
+#include "tests/serving/cluster_process.h"
+
+namespace pdserve {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+
+struct Samples {
+  grpc::Status status;
+  std::map<int, std::vector<int>> tokens;  // By index.
+  std::map<int, int> finished;
+};
+
+Samples generate(v1::Generation::Stub& s, const v1::GenerateRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  Samples out;
+  auto reader = s.Generate(&ctx, req);
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    out.tokens[r.index()].insert(out.tokens[r.index()].end(), r.token_ids().begin(), r.token_ids().end());
+    out.finished[r.index()] += r.finished();
+  }
+  out.status = reader->Finish();
+  return out;
+}
+
+TEST(GrpcSamples, NSeededSamplesEqualSingleRequestsWithSeedPlusIndex) {
+  Cluster c({"--prefill", "1", "--decode", "1", "--kv-mode", "push"});
+  ASSERT_TRUE(c.wait_ready(60s)) << c.log();
+  auto ch = grpc::CreateChannel(c.grpc(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(ch->WaitForConnected(std::chrono::system_clock::now() + 10s));
+  auto stub = v1::Generation::NewStub(ch);
+
+  v1::GenerateRequest r;
+  r.set_text("Once upon a time");
+  r.set_request_id("fan");
+  r.mutable_sampling()->set_max_tokens(12);
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_seed(40);
+  r.mutable_sampling()->set_n(4);
+  const Samples all = generate(*stub, r);
+  ASSERT_TRUE(all.status.ok()) << all.status.error_message();
+  ASSERT_EQ(all.tokens.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(all.finished.at(i), 1) << i;  // Each sample has its own final message.
+    v1::GenerateRequest single = r;
+    single.mutable_sampling()->set_n(0);
+    single.mutable_sampling()->set_seed(40 + i);
+    single.set_request_id("single-" + std::to_string(i));
+    const Samples one = generate(*stub, single);
+    ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+    EXPECT_EQ(all.tokens.at(i), one.tokens.at(0)) << "sample " << i;
+  }
+  EXPECT_NE(all.tokens.at(0), all.tokens.at(1));  // Different seeds: different samples.
+
+  r.mutable_sampling()->set_n(17);
+  EXPECT_EQ(generate(*stub, r).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace pdserve
