@@ -68,6 +68,32 @@ TEST(GrpcSamples, NSeededSamplesEqualSingleRequestsWithSeedPlusIndex) {
 
   r.mutable_sampling()->set_n(17);
   EXPECT_EQ(generate(*stub, r).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // Abort by the request's id reaches every sample: each ends with "abort".
+  v1::GenerateRequest longer = r;
+  longer.set_request_id("fan-abort");
+  longer.mutable_sampling()->set_n(2);
+  longer.mutable_sampling()->set_max_tokens(500);  // Near the context (512): ~100x an Abort round trip of work left.
+  longer.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub->Generate(&ctx, longer);
+  v1::GenerateResponse m;
+  std::map<int, std::string> finish;
+  ASSERT_TRUE(reader->Read(&m));  // Running.
+  {
+    grpc::ClientContext actx;
+    v1::AbortRequest a;
+    a.set_request_id("fan-abort");
+    v1::AbortResponse ar;
+    ASSERT_TRUE(stub->Abort(&actx, a, &ar).ok());
+    EXPECT_TRUE(ar.found());
+  }
+  do {
+    if (m.finished()) finish[m.index()] = m.finish_reason();
+  } while (reader->Read(&m));
+  reader->Finish();
+  EXPECT_EQ(finish, (std::map<int, std::string>{{0, "abort"}, {1, "abort"}}));
 }
 
 }  // namespace
