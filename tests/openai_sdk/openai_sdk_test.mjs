@@ -119,6 +119,7 @@ await check('best_of=3: the sample with the highest cumulative logprob', async (
     const sum = s.choices[0].logprobs.token_logprobs.reduce((a, b) => a + b, 0);
     if (top === null || sum > top.sum) top = { sum, text: s.choices[0].text };
   }
+  assert(top.sum < 0, `the samples' log-probabilities are real (sum ${top.sum})`);
   eq(best.choices[0].text, top.text, 'best_of picked');
 });
 
