@@ -2,11 +2,11 @@
 // and response field a request may give, the fields refused and the ones ignored, batched
 // prompts, vLLM's tokenize/detokenize bodies, and the response objects (logprobs in both
 // formats, echo, choice indices, usage).
+#include "router/openai_api.h"
+
 #include <gtest/gtest.h>
 
 #include <functional>
-
-#include "router/openai_api.h"
 
 namespace pdserve::router {
 namespace {
@@ -97,7 +97,7 @@ TEST(OpenAiFields, AcceptedValuesReachTheGenerateRequest) {
       {R"({"prompt":"x","n":2,"best_of":4})", false,
        [](const OpenAiRequest& r) {
          EXPECT_EQ(r.best_of, 4);
-         EXPECT_EQ(r.logprobs, -1);  // Not in the response...
+         EXPECT_EQ(r.logprobs, -1);                      // Not in the response...
          EXPECT_EQ(r.request.sampling().logprobs(), 0);  // ...but computed, to rank the samples.
        }},
       {R"({"prompt":"x","n":2,"best_of":4,"logprobs":3})", false,
@@ -108,7 +108,8 @@ TEST(OpenAiFields, AcceptedValuesReachTheGenerateRequest) {
          EXPECT_EQ(r.request.sampling().logprobs(), 2);
          EXPECT_FALSE(r.request.sampling().has_prompt_logprobs());
        }},
-      {R"({"prompt":"x","logprobs":0})", false, [](const OpenAiRequest& r) { EXPECT_EQ(r.request.sampling().logprobs(), 0); }},
+      {R"({"prompt":"x","logprobs":0})", false,
+       [](const OpenAiRequest& r) { EXPECT_EQ(r.request.sampling().logprobs(), 0); }},
       {R"({"prompt":"x","echo":true})", false,
        [](const OpenAiRequest& r) {
          EXPECT_TRUE(r.echo);
@@ -144,11 +145,13 @@ TEST(OpenAiFields, AcceptedValuesReachTheGenerateRequest) {
        [](const OpenAiRequest& r) { EXPECT_EQ(r.request.sampling().max_tokens(), 7); }},
       // Neutral values of unsupported fields change nothing and are accepted.
       {R"({"prompt":"x","suffix":"","bad_words":[],"use_beam_search":false,"min_p":0,"response_format":{"type":"text"},
-          "add_special_tokens":true,"include_stop_str_in_output":false,"guided_json":null})", false,
-       [](const OpenAiRequest& r) { EXPECT_TRUE(r.ignored_fields.empty()); }},
+          "add_special_tokens":true,"include_stop_str_in_output":false,"guided_json":null})",
+       false, [](const OpenAiRequest& r) { EXPECT_TRUE(r.ignored_fields.empty()); }},
       // Unknown fields: accepted, listed for the warning in the order sent (vLLM's behaviour).
       {R"({"prompt":"x","user":"u1","frobnicate":3})", false,
-       [](const OpenAiRequest& r) { EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"user", "frobnicate"})); }},
+       [](const OpenAiRequest& r) {
+         EXPECT_EQ(r.ignored_fields, (std::vector<std::string>{"user", "frobnicate"}));
+       }},
       {R"({"messages":[{"role":"user","content":"Hi"}],"echo_not_a_field":1,"tool_choice":"none"})", true,
        [](const OpenAiRequest& r) { EXPECT_EQ(r.ignored_fields.size(), 2u); }},
   };
@@ -196,7 +199,8 @@ TEST(OpenAiFields, BadValuesAreRefusedNamingTheField) {
       {R"({"prompt":[[1,-2]]})", false, "'prompt'"},
       {R"({"prompt":[{"a":1}]})", false, "'prompt'"},
       {R"({"messages":[{"role":"user","content":"Hi"}],"top_logprobs":21,"logprobs":true})", true, "'top_logprobs'"},
-      {R"({"messages":[{"role":"user","content":"Hi"}],"top_logprobs":2})", true, "'top_logprobs' needs 'logprobs': true"},
+      {R"({"messages":[{"role":"user","content":"Hi"}],"top_logprobs":2})", true,
+       "'top_logprobs' needs 'logprobs': true"},
       {R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":2})", true, "'logprobs' must be a boolean"},
       {R"({"messages":[{"role":"user","content":"Hi"}],"n":0})", true, "'n'"},
   };
@@ -252,7 +256,8 @@ TEST(OpenAiFields, UnsupportedFieldsAreRefused) {
       {R"({"messages":[{"role":"user","content":"Hi"}],"echo":true})", true, "'echo'"},
       {R"({"messages":[{"role":"user","content":"Hi"}],"best_of":2})", true, "'best_of'"},
       {R"({"messages":[{"role":"user","content":"Hi"}],"chat_template":"{{ x }}"})", true, "'chat_template'"},
-      {R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema"}})", true, "'response_format'"},
+      {R"({"messages":[{"role":"user","content":"Hi"}],"response_format":{"type":"json_schema"}})", true,
+       "'response_format'"},
   };
   for (const Case& c : cases) {
     auto r = parse_openai_request(c.body, c.chat);
@@ -298,7 +303,8 @@ TEST(OpenAiTokenize, Bodies) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->text, "user: Hi\nassistant:");
   EXPECT_FALSE(m->add_special_tokens);  // vLLM's default for messages.
-  auto no_special = parse_tokenize_request(R"({"prompt":"a","add_special_tokens":false})", engine::ChatTemplate::plain("x"));
+  auto no_special =
+      parse_tokenize_request(R"({"prompt":"a","add_special_tokens":false})", engine::ChatTemplate::plain("x"));
   ASSERT_TRUE(no_special.ok());
   EXPECT_FALSE(no_special->add_special_tokens);
   for (const char* bad : {R"({})", R"({"prompt":"a","messages":[]})", R"({"prompt":5})", R"({"prompt":"a","model":1})"})
@@ -330,8 +336,8 @@ TEST(OpenAiResponse, CompletionLogprobsAndEcho) {
   FakeTokenizer tok;
   auto req = parse_openai_request(R"({"prompt":"p","logprobs":2,"echo":true,"n":2})", false);
   ASSERT_TRUE(req.ok());
-  ChoiceOutput a = output(0, {0, 5}, {7, 8}, {lp(7, -0.5f, {{7, -0.5f}, {9, -1.5f}}), lp(8, -0.25f, {{8, -0.25f}, {3, -2.f}})},
-                          " w7 w8");
+  ChoiceOutput a = output(0, {0, 5}, {7, 8},
+                          {lp(7, -0.5f, {{7, -0.5f}, {9, -1.5f}}), lp(8, -0.25f, {{8, -0.25f}, {3, -2.f}})}, " w7 w8");
   a.prompt_text = "w5";
   a.prompt_logprobs = {lp(5, -3.0f, {{2, -0.1f}, {5, -3.0f}})};
   ChoiceOutput b = output(1, {0, 5}, {9}, {lp(9, -1.5f, {{7, -0.5f}, {9, -1.5f}})}, " w9");
@@ -375,10 +381,11 @@ TEST(OpenAiResponse, CompletionLogprobsAndEcho) {
 
 TEST(OpenAiResponse, ChatLogprobsContent) {
   FakeTokenizer tok;
-  auto req = parse_openai_request(R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2})", true);
+  auto req =
+      parse_openai_request(R"({"messages":[{"role":"user","content":"Hi"}],"logprobs":true,"top_logprobs":2})", true);
   ASSERT_TRUE(req.ok());
-  ChoiceOutput a = output(0, {0, 5}, {7, 8}, {lp(7, -0.5f, {{7, -0.5f}, {9, -1.5f}}), lp(8, -0.25f, {{8, -0.25f}, {3, -2.f}})},
-                          " w7 w8");
+  ChoiceOutput a = output(0, {0, 5}, {7, 8},
+                          {lp(7, -0.5f, {{7, -0.5f}, {9, -1.5f}}), lp(8, -0.25f, {{8, -0.25f}, {3, -2.f}})}, " w7 w8");
   const json body = completion_body(*req, "chatcmpl-1", 1, "m", {a}, tok, 2, 0);
   const json& c = body["choices"][0];
   EXPECT_EQ(c["message"]["content"], " w7 w8");
@@ -397,10 +404,10 @@ TEST(OpenAiResponse, ChatLogprobsContent) {
 // best_of: the n samples with the highest sum of sampled-token logprobs, most likely first.
 TEST(OpenAiResponse, BestSamplesRankByCumulativeLogprob) {
   std::vector<ChoiceOutput> outs = {
-      output(0, {}, {1, 2}, {lp(1, -1.f, {}), lp(2, -1.f, {})}, ""),     // -2
-      output(1, {}, {1}, {lp(1, -0.5f, {})}, ""),                          // -0.5
-      output(2, {}, {1, 2}, {lp(1, -3.f, {}), lp(2, -0.1f, {})}, ""),    // -3.1
-      output(3, {}, {1}, {lp(1, -0.5f, {})}, ""),                          // -0.5 (tie: after 1)
+      output(0, {}, {1, 2}, {lp(1, -1.f, {}), lp(2, -1.f, {})}, ""),   // -2
+      output(1, {}, {1}, {lp(1, -0.5f, {})}, ""),                      // -0.5
+      output(2, {}, {1, 2}, {lp(1, -3.f, {}), lp(2, -0.1f, {})}, ""),  // -3.1
+      output(3, {}, {1}, {lp(1, -0.5f, {})}, ""),                      // -0.5 (tie: after 1)
   };
   EXPECT_EQ(best_samples(outs, 2), (std::vector<int>{1, 3}));
   EXPECT_EQ(best_samples(outs, 4), (std::vector<int>{1, 3, 0, 2}));
@@ -427,7 +434,8 @@ v1::GenerateResponse message(int index, std::vector<int> prompt, std::vector<int
 // context across chunks.
 TEST(OpenAiResponse, StreamChunks) {
   FakeTokenizer tok;
-  auto chat = parse_openai_request(R"({"messages":[{"role":"user","content":"Hi"}],"n":2,"stream":true,"logprobs":true})", true);
+  auto chat = parse_openai_request(
+      R"({"messages":[{"role":"user","content":"Hi"}],"n":2,"stream":true,"logprobs":true})", true);
   ASSERT_TRUE(chat.ok());
   std::vector<StreamChoice> st(2);
   auto c1 = chunk_body(*chat, "id", 1, "m", message(1, {0, 5}, {7}, " w7", {lp(7, -0.5f, {})}), "", tok, &st[1]);

@@ -1,6 +1,8 @@
 // router/parallel_samples.h over a fake generate function: the samples' requests (seed + i,
 // ids), concurrent runs whose responses are tagged with their index and emitted one at a time,
 // and cancellation (a failing sample, a gone client) reaching every sample.
+#include "router/parallel_samples.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,8 +10,6 @@
 #include <map>
 #include <mutex>
 #include <thread>
-
-#include "router/parallel_samples.h"
 
 namespace pdserve::router {
 namespace {
@@ -110,8 +110,9 @@ TEST(ParallelSamples, ExplicitIndices) {
   FakeRouter fake;
   std::map<int, int> count;
   const Status s = run_parallel(
-      sample_requests(seeded("", 1, 2), 2), {5, 9}, [&](auto& r, auto& gone, auto& emit) { return fake(r, gone, emit); },
-      nullptr, [&](const v1::GenerateResponse& m) {
+      sample_requests(seeded("", 1, 2), 2), {5, 9},
+      [&](auto& r, auto& gone, auto& emit) { return fake(r, gone, emit); }, nullptr,
+      [&](const v1::GenerateResponse& m) {
         ++count[m.index()];
         return true;
       });
