@@ -287,11 +287,12 @@ int run(const Options& o) {
 
   // Sampling rows of the model's vocabulary on the device against copying them to the host.
   for (int rows : {1, 32, 128}) {
-    BackendBuffer logits, scratch, params, tokens;
+    BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
     if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
         !params.reserve(backend, rows * sizeof(kernels::cpu::SampleRow)).ok() ||
-        !tokens.reserve(backend, rows * 4).ok()) {
+        !tokens.reserve(backend, rows * 4).ok() ||
+        !logprobs.reserve(backend, rows * sizeof(kernels::cpu::RowLogprobs)).ok()) {
       std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
       return 1;
     }
@@ -307,6 +308,12 @@ int run(const Options& o) {
       return (now_s() - t0) / iters;
     };
     const double copy = time_it([&] { (void)backend->copy_to_host(host.data(), logits.as<void>(), n * 4); });
+    // The same rows asking for the sampled token's log-probability and the top 20 (OpenAI's
+    // most): what a logprobs request adds to a step.
+    const auto with_logprobs = [](kernels::cpu::SampleRow row) {
+      row.logprobs = kernels::cpu::kMaxLogprobs;
+      return row;
+    };
     const struct {
       const char* name;
       kernels::cpu::SampleRow row;
@@ -314,14 +321,16 @@ int run(const Options& o) {
                  {"top_p_0.95", {1.0f, 0, 0.95f, 0.5}},
                  {"top_k_50", {1.0f, 50, 1.0f, 0.5}},
                  {"top_k_50_top_p_0.9", {1.0f, 50, 0.9f, 0.5}},
-                 {"temperature_only", {1.0f, 0, 1.0f, 0.5}}};
+                 {"temperature_only", {1.0f, 0, 1.0f, 0.5}},
+                 {"greedy_logprobs_20", with_logprobs({0.0f, 0, 1.0f, 0.0})},
+                 {"top_p_0.95_logprobs_20", with_logprobs({1.0f, 0, 0.95f, 0.5})}};
     for (const auto& m : modes) {
       const std::vector<kernels::cpu::SampleRow> rows_params(rows, m.row);
       cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
       const kernels::cpu::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
       const double t = time_it([&] {
-        kernels::gpu::sample(tokens.as<int>(), view, params.as<kernels::cpu::SampleRow>(), {}, scratch.as<float>(),
-                             nullptr);
+        kernels::gpu::sample(tokens.as<int>(), logprobs.as<kernels::cpu::RowLogprobs>(), view,
+                             params.as<kernels::cpu::SampleRow>(), {}, {}, scratch.as<float>(), nullptr);
       });
       const cudaError_t e = cudaGetLastError();
       std::snprintf(buf, sizeof buf,

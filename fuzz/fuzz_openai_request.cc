@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "router/openai_api.h"
+#include "router/openai_request.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pdserve;

@@ -17,7 +17,8 @@
 #include "common/tcp_state.h"
 #include "common/tls.h"
 #include "router/bounded_task_queue.h"
-#include "router/openai_api.h"
+#include "router/openai_request.h"
+#include "router/openai_response.h"
 #include "router/parallel_samples.h"
 
 namespace pdserve::router {

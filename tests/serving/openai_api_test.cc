@@ -1,8 +1,9 @@
-// Table tests of the OpenAI mapping's issue-15 surface (router/openai_api.h): every sampling
-// and response field a request may give, the fields refused and the ones ignored, batched
-// prompts, vLLM's tokenize/detokenize bodies, and the response objects (logprobs in both
-// formats, echo, choice indices, usage).
-#include "router/openai_api.h"
+// Table tests of the OpenAI mapping's issue-15 surface (router/openai_request.h and
+// router/openai_response.h): every sampling and response field a request may give, the fields
+// refused and the ones ignored, batched prompts, vLLM's tokenize/detokenize bodies, and the
+// response objects (logprobs in both formats, echo, choice indices, usage).
+#include "router/openai_request.h"
+#include "router/openai_response.h"
 
 #include <gtest/gtest.h>
 

@@ -19,7 +19,8 @@
 #include "router/api_keys.h"
 #include "router/bounded_task_queue.h"
 #include "router/metrics.h"
-#include "router/openai_api.h"
+#include "router/openai_request.h"
+#include "router/openai_response.h"
 #include "router/policy.h"
 #include "tools/bench_command.h"
 
