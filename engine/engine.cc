@@ -51,8 +51,7 @@ struct Engine::Sequence {
   Status resume(const Tokenizer& tokenizer) {
     const int first = int(tokens.size()) - request.resumed_tokens;
     for (int i = first; i < int(tokens.size()); ++i) {
-      std::string bytes = tokenizer.decode_token(tokens[i - 1], tokens[i]);
-      if (!request.params.skip_special_tokens) bytes += tokenizer.special_token_text(tokens[i]);
+      const std::string bytes = tokenizer.token_text(tokens[i - 1], tokens[i], request.params.skip_special_tokens);
       (void)stop.push(tokens[i], bytes);
       if (stop.finished())
         return absl::InvalidArgumentError(absl::StrCat("resumed output token ", i - first,
@@ -354,10 +353,20 @@ Status Engine::step() {
   std::vector<LogitRow> logit_of;
   StepSample sample;
   int budget = options_.max_batch_tokens;
+  int prompt_logprob_rows = kMaxPromptLogprobRows;
   for (Sequence* s : order) {
     if (budget == 0) break;
     const int pending = int(s->tokens.size()) - s->num_computed;
-    const int n = std::min(pending, budget);
+    int n = std::min(pending, budget);
+    // Each prompt position of a prompt_logprobs chunk is a logit row (rows × vocab floats in
+    // every logits buffer): chunks shrink to keep a step's under the cap, and a sequence whose
+    // next chunk gets none waits for the next step (the first such one always gets some).
+    const int prompt_rows_left = int(s->request.prompt.size()) - 1 - s->num_computed;
+    if (s->request.params.prompt_logprobs >= 0 && prompt_rows_left > 0) {
+      if (prompt_logprob_rows == 0) continue;
+      if (std::min(n, prompt_rows_left) > prompt_logprob_rows) n = prompt_logprob_rows;
+      prompt_logprob_rows -= std::min(n, prompt_rows_left);
+    }
     // A prompt chunk while the prompt is not all computed (a one-token prompt included), else
     // a decode step, whose attention reads the whole context.
     if (s->num_computed < int(s->request.prompt.size())) {
@@ -501,7 +510,7 @@ kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_n
 void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::cpu::RowLogprobs* logprobs) {
   const int prev = s.tokens.back();
   s.tokens.push_back(token);
-  const StopStep st = s.stop.push(token, token_bytes(s.request.params, prev, token));
+  const StopStep st = s.stop.push(token, model_.tokenizer->token_text(prev, token, s.request.params.skip_special_tokens));
   TokenEvent ev;
   ev.id = s.request.id;
   ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
@@ -513,13 +522,6 @@ void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::
     s.callback(ev);
   }
   if (st.finish != FinishReason::kNone) finish(s, st.finish);
-}
-
-std::string Engine::token_bytes(const SamplingParams& params, int prev, int token) const {
-  std::string bytes = model_.tokenizer->decode_token(prev, token);
-  // decode_token leaves special tokens out; skip_special_tokens off shows their text.
-  if (!params.skip_special_tokens) bytes += model_.tokenizer->special_token_text(token);
-  return bytes;
 }
 
 int Engine::blocks_needed(int prompt_len, int max_tokens) const {

@@ -159,6 +159,10 @@ struct EngineStats {
 
 class Engine {
  public:
+  // The most prompt-log-probability logit rows a step computes (SamplingParams::prompt_logprobs):
+  // they bound the logits buffers to (this + max_running) rows of the vocabulary.
+  static constexpr int kMaxPromptLogprobRows = 256;
+
   // Builds the engine over a loaded model (which it keeps).
   static StatusOr<std::unique_ptr<Engine>> create(LoadedModel model, const EngineOptions& options);
   ~Engine();
@@ -230,9 +234,6 @@ class Engine {
   // Moves the sequence's prompt log-probabilities into `ev` when it asked for them and they are
   // all computed, once: the request's first event carries them.
   void attach_prompt_logprobs(Sequence& seq, TokenEvent& ev);
-  // The bytes the stop rules get for `token` after `prev`: special tokens' text included when
-  // params.skip_special_tokens is off.
-  std::string token_bytes(const SamplingParams& params, int prev, int token) const;
   // The next row to sample `seq` with (Sampler::next_row); its logit_bias entries, appended
   // to `biases`, and before min_tokens its stop ids, appended to `banned`; and, with any
   // penalty, its seen slot (handed out on first use) and the ids of its tokens not yet in the

@@ -28,6 +28,14 @@ class Tokenizer {
     (void)token;
     return std::string();
   }
+  // What a token after `prev` shows in streamed text: decode_token's bytes, and with
+  // skip_special_tokens off a special token's own text too. The engine, the router and the
+  // OpenAI logprobs objects all use it, so token strings and streamed text agree.
+  std::string token_text(int prev, int token, bool skip_special_tokens) const {
+    std::string bytes = decode_token(prev, token);
+    if (!skip_special_tokens) bytes += special_token_text(token);
+    return bytes;
+  }
   // The whole sequence's bytes; by default decode_token over it, each after its predecessor.
   virtual std::string decode(const std::vector<int>& tokens) const;
   virtual int vocab_size() const = 0;

@@ -120,7 +120,7 @@ Router::Attempt Router::run_push(Flow& f) {
   if (prefill_status.ok()) {
     f.take_prompt_logprobs(presp.prompt_logprobs());
     forward_first_token(f, presp);
-    ds = read_events(f, d, *decode_stream);
+    ds = read_events(f, d, dctx, *decode_stream);
   } else {
     // Without the first token the decode stream cannot be shown: it was cancelled.
     for (worker::WorkerEvent unread; decode_stream->Read(&unread);) {

@@ -92,13 +92,25 @@ int utf8_chars(const std::string& bytes) {
   return n;
 }
 
+// Token strings of logprobs objects, as the streamed text shows them (special tokens' text only
+// when the request keeps special tokens).
+struct TokenText {
+  const engine::Tokenizer& tokenizer;
+  bool skip_special_tokens = true;
+  std::string operator()(int prev, int token) const { return tokenizer.token_text(prev, token, skip_special_tokens); }
+};
+TokenText token_text_of(const OpenAiRequest& req, const engine::Tokenizer& tokenizer) {
+  const v1::SamplingParams& s = req.request.sampling();
+  return {tokenizer, !s.has_skip_special_tokens() || s.skip_special_tokens()};
+}
+
 // The legacy completions logprobs object, built token by token.
 struct LegacyLogprobs {
   json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
        text_offset = json::array();
   // Token `token` after `prev`; `lp` null: no logprob (the first prompt token).
-  void add(const engine::Tokenizer& tok, int prev, int token, const v1::TokenLogprob* lp, int* offset) {
-    const std::string text = tok.decode_token(prev, token);
+  void add(const TokenText& tok, int prev, int token, const v1::TokenLogprob* lp, int* offset) {
+    const std::string text = tok(prev, token);
     tokens.push_back(text);
     text_offset.push_back(*offset);
     *offset += utf8_chars(text);
@@ -110,7 +122,7 @@ struct LegacyLogprobs {
     token_logprobs.push_back(finite_logprob(lp->logprob()));
     json top = json::object();
     for (int k = 0; k < lp->top_ids_size() && k < lp->top_logprobs_size(); ++k) {
-      const std::string alt = tok.decode_token(prev, lp->top_ids(k));
+      const std::string alt = tok(prev, lp->top_ids(k));
       if (!top.contains(alt)) top[alt] = finite_logprob(lp->top_logprobs(k));  // Most likely first wins.
     }
     top_logprobs.push_back(std::move(top));
@@ -127,15 +139,15 @@ json bytes_of(const std::string& text) {
 }
 
 // Chat logprobs' content entries for `ids` (after `prev`).
-json chat_logprob_content(const engine::Tokenizer& tok, int prev, const std::vector<int>& ids,
+json chat_logprob_content(const TokenText& tok, int prev, const std::vector<int>& ids,
                           const std::vector<v1::TokenLogprob>& lps) {
   json content = json::array();
   for (size_t i = 0; i < ids.size() && i < lps.size(); ++i) {
     const v1::TokenLogprob& lp = lps[i];
-    const std::string text = tok.decode_token(prev, ids[i]);
+    const std::string text = tok(prev, ids[i]);
     json top = json::array();
     for (int k = 0; k < lp.top_ids_size() && k < lp.top_logprobs_size(); ++k) {
-      const std::string alt = tok.decode_token(prev, lp.top_ids(k));
+      const std::string alt = tok(prev, lp.top_ids(k));
       top.push_back({{"token", alt}, {"logprob", finite_logprob(lp.top_logprobs(k))}, {"bytes", bytes_of(alt)}});
     }
     content.push_back({{"token", text}, {"logprob", finite_logprob(lp.logprob())}, {"bytes", bytes_of(text)}, {"top_logprobs", top}});
@@ -146,7 +158,7 @@ json chat_logprob_content(const engine::Tokenizer& tok, int prev, const std::vec
 
 // Completions logprobs for the echoed prompt (when `echo`) and the output tokens `ids`
 // after `prev`; `offset` is the text offset so far.
-json completion_logprobs(const engine::Tokenizer& tok, bool echo, const std::vector<int>& prompt_ids,
+json completion_logprobs(const TokenText& tok, bool echo, const std::vector<int>& prompt_ids,
                          const std::vector<v1::TokenLogprob>& prompt_lps, int prev, const std::vector<int>& ids,
                          const std::vector<v1::TokenLogprob>& lps, int* offset) {
   LegacyLogprobs out;
@@ -177,6 +189,7 @@ json usage_body(int prompt_tokens, int completion_tokens, int cached_tokens) {
 json completion_body(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
                      const std::vector<ChoiceOutput>& choices, const engine::Tokenizer& tokenizer, int prompt_tokens,
                      int cached_tokens) {
+  const TokenText text_of = token_text_of(req, tokenizer);
   json out_choices = json::array();
   int completion_tokens = 0;
   for (const ChoiceOutput& c : choices) {
@@ -186,12 +199,12 @@ json completion_body(const OpenAiRequest& req, const std::string& id, int64_t cr
     if (req.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       if (req.logprobs >= 0)
-        choice["logprobs"] = {{"content", chat_logprob_content(tokenizer, prev, c.token_ids, c.logprobs)}, {"refusal", nullptr}};
+        choice["logprobs"] = {{"content", chat_logprob_content(text_of, prev, c.token_ids, c.logprobs)}, {"refusal", nullptr}};
     } else {
       choice["text"] = req.echo ? c.prompt_text + c.text : c.text;
       int offset = 0;
       if (req.logprobs >= 0)
-        choice["logprobs"] = completion_logprobs(tokenizer, req.echo, c.prompt_ids, c.prompt_logprobs, prev, c.token_ids,
+        choice["logprobs"] = completion_logprobs(text_of, req.echo, c.prompt_ids, c.prompt_logprobs, prev, c.token_ids,
                                                  c.logprobs, &offset);
     }
     out_choices.push_back(std::move(choice));
@@ -207,6 +220,7 @@ json completion_body(const OpenAiRequest& req, const std::string& id, int64_t cr
 std::optional<json> chunk_body(const OpenAiRequest& req, const std::string& id, int64_t created, const std::string& model,
                                const v1::GenerateResponse& r, const std::string& echo_text,
                                const engine::Tokenizer& tokenizer, StreamChoice* state) {
+  const TokenText text_of = token_text_of(req, tokenizer);
   const bool first = !state->started;
   const std::vector<int> prompt_ids(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
   if (first && !prompt_ids.empty()) state->prev_token = prompt_ids.back();
@@ -226,12 +240,12 @@ std::optional<json> chunk_body(const OpenAiRequest& req, const std::string& id, 
     if (!r.text().empty() || !finish) delta["content"] = r.text();
     choice["delta"] = delta;
     if (req.logprobs >= 0)
-      choice["logprobs"] = {{"content", chat_logprob_content(tokenizer, state->prev_token, ids, lps)}, {"refusal", nullptr}};
+      choice["logprobs"] = {{"content", chat_logprob_content(text_of, state->prev_token, ids, lps)}, {"refusal", nullptr}};
   } else {
     choice["text"] = echo_now ? echo_text + r.text() : r.text();
     if (req.logprobs >= 0) {
       const std::vector<v1::TokenLogprob> prompt_lps(r.prompt_logprobs().begin(), r.prompt_logprobs().end());
-      choice["logprobs"] = completion_logprobs(tokenizer, echo_now, prompt_ids, prompt_lps, state->prev_token, ids, lps,
+      choice["logprobs"] = completion_logprobs(text_of, echo_now, prompt_ids, prompt_lps, state->prev_token, ids, lps,
                                                &state->text_offset);
     }
   }

@@ -1,8 +1,10 @@
 #include "router/parallel_samples.h"
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 namespace pdserve::router {
@@ -13,7 +15,10 @@ std::vector<v1::GenerateRequest> sample_requests(const v1::GenerateRequest& requ
   for (int i = 0; i < samples; ++i) {
     v1::GenerateRequest r = request;
     r.mutable_sampling()->clear_n();
-    if (request.sampling().has_seed()) r.mutable_sampling()->set_seed(request.sampling().seed() + i);
+    // seed + i, modulo 2^63 past the largest seed (no signed overflow; a negative seed stays
+    // negative, for validation to refuse).
+    if (const int64_t seed = request.sampling().has_seed() ? request.sampling().seed() : -1; seed >= 0)
+      r.mutable_sampling()->set_seed(int64_t((uint64_t(seed) + uint64_t(i)) & uint64_t(INT64_MAX)));
     if (!request.request_id().empty()) r.set_request_id(absl::StrCat(request.request_id(), "-", i));
     out.push_back(std::move(r));
   }
@@ -54,9 +59,17 @@ Status run_parallel(const std::vector<v1::GenerateRequest>& requests, const std:
   };
   std::vector<std::thread> threads;
   threads.reserve(requests.size() - 1);
-  for (size_t i = 1; i < requests.size(); ++i) threads.emplace_back(run_one, i);
-  run_one(0);
+  Status started = absl::OkStatus();
+  try {
+    for (size_t i = 1; i < requests.size(); ++i) threads.emplace_back(run_one, i);
+  } catch (const std::system_error& e) {
+    // Out of threads: the samples already started are cancelled and joined, not abandoned.
+    cancel = true;
+    started = absl::ResourceExhaustedError(absl::StrCat("cannot start a thread per sample: ", e.what()));
+  }
+  if (started.ok()) run_one(0);
   for (std::thread& t : threads) t.join();
+  if (!started.ok()) return started;
   if (failure) return *failure;
   if (cancel.load()) return absl::CancelledError("the client is gone");
   return absl::OkStatus();

@@ -252,20 +252,31 @@ void Router::forward_first_token(Flow& f, const worker::PrefillResponse& prefill
 
 Status Router::read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req) {
   auto reader = registry_.stub(decode_index)->Generate(&ctx, req);
-  return read_events(f, decode_index, *reader);
+  // An aggregated worker asked for them computes the prompt's log-probabilities (a decode
+  // worker is never asked).
+  const int want_prompt = req.sampling().has_prompt_logprobs() ? std::max(0, req.prompt_size() - 1) : 0;
+  return read_events(f, decode_index, ctx, *reader, want_prompt);
 }
 
-Status Router::read_events(Flow& f, int decode_index, grpc::ClientReaderInterface<worker::WorkerEvent>& reader) {
+Status Router::read_events(Flow& f, int decode_index, grpc::ClientContext& ctx,
+                           grpc::ClientReaderInterface<worker::WorkerEvent>& reader, int want_prompt_logprobs) {
+  const std::string from = absl::StrCat("Generate on ", registry_.address(decode_index));
   worker::WorkerEvent ev;
   Status bad;
+  bool first = true;
   while (reader.Read(&ev)) {
-    // After a broken event nothing more reaches the client; the stream is read to its end so
-    // that the call finishes cleanly (the request is then placed again).
+    // After a broken event nothing more reaches the client: the call is cancelled and read to
+    // its end so that it finishes cleanly (the request is then placed again).
     if (!bad.ok()) continue;
-    bad = check_logprobs(f, absl::StrCat("Generate on ", registry_.address(decode_index)), ev.logprobs(),
-                         ev.token_ids_size());
-    if (!bad.ok()) continue;
-    // An aggregated worker's first event carries the prompt's (a decode worker's none).
+    bad = check_logprobs(f, from, ev.logprobs(), ev.token_ids_size());
+    if (bad.ok() && first && ev.prompt_logprobs_size() != want_prompt_logprobs)
+      bad = absl::InternalError(absl::StrCat(from, " sent ", ev.prompt_logprobs_size(),
+                                             " prompt log-probabilities (want ", want_prompt_logprobs, ")"));
+    first = false;
+    if (!bad.ok()) {
+      ctx.TryCancel();
+      continue;
+    }
     if (ev.prompt_logprobs_size() > 0 || ev.token_ids_size() > 0 || ev.finished())
       f.take_prompt_logprobs(ev.prompt_logprobs());
     if (ev.finished()) {
@@ -318,10 +329,7 @@ engine::StopChecker Router::stop_after_output(const Flow& f) const {
 }
 
 std::string Router::token_bytes(const Flow& f, int prev, int token) const {
-  std::string bytes = model_.tokenizer->decode_token(prev, token);
-  if (f.sampling.has_skip_special_tokens() && !f.sampling.skip_special_tokens())
-    bytes += model_.tokenizer->special_token_text(token);
-  return bytes;
+  return model_.tokenizer->token_text(prev, token, !f.sampling.has_skip_special_tokens() || f.sampling.skip_special_tokens());
 }
 
 Status Router::run_placements(Flow& f) {

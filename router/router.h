@@ -121,8 +121,11 @@ class Router {
   Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
   // Opens a worker's Generate stream and reads it (read_events).
   Status read_stream(Flow& f, int decode_index, grpc::ClientContext& ctx, const worker::WorkerGenerateRequest& req);
-  // Reads an open Generate stream of worker `decode_index` to its end, forwarding its events.
-  Status read_events(Flow& f, int decode_index, grpc::ClientReaderInterface<worker::WorkerEvent>& reader);
+  // Reads an open Generate stream (call `ctx`) of worker `decode_index` to its end, forwarding
+  // its events; its first event must carry `want_prompt_logprobs` prompt log-probabilities. A
+  // broken event cancels the call: the request is placed again at once.
+  Status read_events(Flow& f, int decode_index, grpc::ClientContext& ctx,
+                     grpc::ClientReaderInterface<worker::WorkerEvent>& reader, int want_prompt_logprobs = 0);
   // Forwards one non-final event of the worker streaming the request to the client.
   void forward(Flow& f, int worker, const worker::WorkerEvent& ev);
   // The event for the first token a prefill worker answered (P/D): its text through the stop
@@ -150,9 +153,8 @@ class Router {
   void abort_on_workers(const std::string& worker_request_id, const std::vector<int>& workers);
   // The stop rules fed with the output the client already has (what a resumed worker replays).
   engine::StopChecker stop_after_output(const Flow& f) const;
-  // The bytes a worker's stop rules get for `token` after `prev` (engine::Engine's rule): the
-  // token's text, and a special token's own text too when the request keeps special tokens
-  // (skip_special_tokens false).
+  // The bytes a worker's stop rules get for `token` after `prev` (engine::Tokenizer::token_text,
+  // as the engine's).
   std::string token_bytes(const Flow& f, int prev, int token) const;
   void watchdog_loop();
   // The watchdog's look at one request's placement: gives it up when a worker it depends on is

@@ -49,6 +49,9 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
                                                    " token ids (got ", s.logit_bias_size(), ")"));
   if (s.max_tokens() <= 0)
     return absl::InvalidArgumentError(absl::StrCat("sampling.max_tokens must be > 0 (got ", s.max_tokens(), ")"));
+  // The engine seeds only a non-negative seed: a negative one would silently mean "random".
+  if (s.has_seed() && s.seed() < 0)
+    return absl::InvalidArgumentError(absl::StrCat("sampling.seed must be >= 0 (got ", s.seed(), "; unset: random)"));
   if (s.min_tokens() > s.max_tokens())
     return absl::InvalidArgumentError(absl::StrCat("sampling.min_tokens (", s.min_tokens(),
                                                    ") must be <= sampling.max_tokens (", s.max_tokens(), ")"));

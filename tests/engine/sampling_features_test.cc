@@ -359,6 +359,30 @@ TEST(SamplingFeatures, PromptLogprobsOverAChunkedPrefill) {
   }
 }
 
+// A prompt longer than a step's cap on prompt-log-probability rows (Engine::kMaxPromptLogprobRows)
+// is prefilled in chunks of at most that many rows, even with the token budget for all of it,
+// and its log-probabilities are complete and right across the chunk boundary.
+TEST(SamplingFeatures, PromptLogprobRowsPerStepAreCapped) {
+  ReferenceLlama ref(stories_bin());
+  auto engine = make_engine(Where::kHost, 1, /*max_batch_tokens=*/512);
+  std::vector<int> prompt = {1};
+  for (int i = 0; i < 299; ++i) prompt.push_back(3 + (i * 37) % 500);
+  SamplingParams p = greedy(2);
+  p.prompt_logprobs = 1;
+  auto r = engine->generate(prompt, p);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompt_logprobs.size(), prompt.size() - 1);
+  std::vector<int64_t> prefill_chunks;
+  for (const StepSample& s : engine->steps_after(0))
+    if (s.prefill_tokens > 0) prefill_chunks.push_back(s.prefill_tokens);
+  EXPECT_EQ(prefill_chunks, (std::vector<int64_t>{Engine::kMaxPromptLogprobRows, 300 - Engine::kMaxPromptLogprobRows}));
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const std::vector<float> logits = ref.forward(prompt[i - 1], int(i - 1));
+    expect_logprob(r->prompt_logprobs[i - 1], prompt[i], logits, 1, "prompt token " + std::to_string(i));
+  }
+  EXPECT_EQ(r->token_ids, engine->generate(prompt, greedy(2))->token_ids);
+}
+
 // A mixed batch, every feature on some request, seeded sampling: sampling on the host and on
 // the guarded backend give the same tokens and log-probabilities, at TP 1 and 2.
 TEST(SamplingFeatures, HostAndBackendSamplingAgreeOnAMixedBatch) {

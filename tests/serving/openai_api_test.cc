@@ -22,6 +22,7 @@ class FakeTokenizer : public engine::Tokenizer {
     if (token == 0) return "";
     return (prev <= 0 ? "" : " ") + std::string("w") + std::to_string(token);
   }
+  std::string special_token_text(int token) const override { return token == 0 ? "<s0>" : ""; }
   int vocab_size() const override { return 100; }
   int bos_id() const override { return 0; }
   int eos_id() const override { return 1; }
@@ -378,6 +379,23 @@ TEST(OpenAiResponse, CompletionLogprobsAndEcho) {
   auto none = parse_openai_request(R"({"prompt":"p"})", false);
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(completion_body(*none, "c", 1, "m", {a}, tok, 2, 0)["choices"][0]["logprobs"], nullptr);
+}
+
+// Special tokens' strings in logprobs objects follow skip_special_tokens as the streamed text
+// does: "" when skipped, their own text when kept.
+TEST(OpenAiResponse, LogprobTokenStringsKeepSpecialTokensOnlyWhenAsked) {
+  FakeTokenizer tok;
+  for (bool skip : {true, false}) {
+    SCOPED_TRACE(skip ? "skipping" : "keeping");
+    const std::string body = std::string(R"({"prompt":"p","logprobs":2,"skip_special_tokens":)") +
+                             (skip ? "true" : "false") + "}";
+    auto req = parse_openai_request(body, false);
+    ASSERT_TRUE(req.ok()) << req.status();
+    ChoiceOutput a = output(0, {5}, {0}, {lp(0, -0.5f, {{0, -0.5f}, {1, -1.5f}})}, "");
+    const json l = completion_body(*req, "c", 1, "m", {a}, tok, 1, 0)["choices"][0]["logprobs"];
+    EXPECT_EQ(l["tokens"], json({skip ? "" : "<s0>"}));
+    EXPECT_TRUE(l["top_logprobs"][0].contains(skip ? "" : "<s0>")) << l.dump();
+  }
 }
 
 TEST(OpenAiResponse, ChatLogprobsContent) {

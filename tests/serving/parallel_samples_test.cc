@@ -24,6 +24,21 @@ v1::GenerateRequest seeded(const std::string& id, int64_t seed, int n) {
   return r;
 }
 
+// seed + i past the largest seed wraps to 0 (no signed overflow); a negative seed is kept for
+// validation to refuse, not dropped (which would make the samples silently random).
+TEST(ParallelSamples, SeedsWrapPastTheLargestAndNegativeOnesAreKept) {
+  const auto top = sample_requests(seeded("req", INT64_MAX, 2), 2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].sampling().seed(), INT64_MAX);
+  EXPECT_EQ(top[1].sampling().seed(), 0);
+  const auto negative = sample_requests(seeded("req", -2, 2), 2);
+  ASSERT_EQ(negative.size(), 2u);
+  for (const auto& r : negative) {
+    EXPECT_TRUE(r.sampling().has_seed());
+    EXPECT_EQ(r.sampling().seed(), -2);
+  }
+}
+
 TEST(ParallelSamples, SampleRequestsGetSeedPlusIndexAndTheirOwnIds) {
   const auto reqs = sample_requests(seeded("req", 7, 3), 3);
   ASSERT_EQ(reqs.size(), 3u);

@@ -70,6 +70,7 @@ class FakeWorker final : public worker::Worker::Service {
   const std::atomic<bool>* first_token_seen = nullptr;
   // Answers sampling.logprobs with no log-probabilities (a worker breaking the pairing).
   std::atomic<bool> drop_logprobs{false};
+  std::atomic<bool> drop_prompt_logprobs{false};  // An aggregated worker's, asked for.
   std::atomic<bool> prefill_finishes{false};  // Prefill says the first token ended the request.
 
   // The log-probability this fake reports for `token` (distinct per token, so a shifted pairing
@@ -176,7 +177,8 @@ class FakeWorker final : public worker::Worker::Service {
     if (first_token_seen && !wait_for(*first_token_seen, 3s))
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the client never saw the first token");
     // An aggregated worker computes the prompt's log-probabilities itself: on its first event.
-    bool prompt_logprobs_due = role_ == worker::ROLE_AGGREGATED && req->sampling().has_prompt_logprobs();
+    bool prompt_logprobs_due =
+        role_ == worker::ROLE_AGGREGATED && req->sampling().has_prompt_logprobs() && !drop_prompt_logprobs;
     auto add_token = [&](worker::WorkerEvent& e, int token) {
       e.add_token_ids(token);
       e.set_text("t" + std::to_string(token));
@@ -684,6 +686,8 @@ TEST_F(RouterFlow, ValidationOfPenaltiesBiasesMinTokensLogprobsAndN) {
       {"n 2", [](v1::SamplingParams& s) { s.set_n(2); }, "n > 1 goes through the parallel-samples front end"},
       {"n -1", [](v1::SamplingParams& s) { s.set_n(-1); }, "sampling.n = -1"},
       {"n 1", [](v1::SamplingParams& s) { s.set_n(1); }, ""},
+      {"seed -1", [](v1::SamplingParams& s) { s.set_seed(-1); }, "sampling.seed must be >= 0"},
+      {"seed 0", [](v1::SamplingParams& s) { s.set_seed(0); }, ""},
   };
   size_t served = 0;
   std::vector<std::string> not_yet;
@@ -844,6 +848,25 @@ TEST_F(RouterFlow, AWorkerBreakingTheLogprobPairingFailsThePlacement) {
     EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
     EXPECT_NE(r.status.message().find("log-probabilit"), std::string_view::npos) << r.status;
   }
+}
+
+// An aggregated worker asked for the prompt's log-probabilities that streams its tokens without
+// them fails the placement (INTERNAL) at its first event, rather than the client getting an echo
+// with every prompt log-probability null.
+TEST_F(RouterFlow, AnAggregatedWorkerWithoutThePromptLogprobsFailsThePlacement) {
+  FakeWorker a(worker::ROLE_AGGREGATED);
+  a.drop_prompt_logprobs = true;
+  a.tokens = std::vector<int>(200, 11);  // A long stream: the broken one is cancelled, not read out.
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.max_migrations = 0;
+  start({{&a, worker::ROLE_AGGREGATED}}, o);
+  v1::GenerateRequest req = request("Once upon", 200);
+  req.mutable_sampling()->set_prompt_logprobs(1);
+  Result r = run(req);
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kInternal) << r.status;
+  EXPECT_NE(r.status.message().find("prompt log-probabilities (want "), std::string_view::npos) << r.status;
+  EXPECT_TRUE(r.tokens().empty()) << "tokens of a broken stream reached the client";
 }
 
 // A migration after tokens streamed: the new placement is not asked for the prompt's
