@@ -6,6 +6,7 @@
 #include "engine/model_weights.h"
 #include "engine/rank_pool.h"
 #include "engine/shard_upload.h"
+#include "engine/weights_digest.h"
 
 namespace pdserve::engine {
 
@@ -76,6 +77,15 @@ struct Engine::Sequence {
   bool prompt_logprobs_sent = false;
   std::vector<int> blocks;
   bool finished = false;
+  // The prefix cache: the namespace's chain start, the keys of the leading full blocks (as far
+  // as computed), how many leading blocks are cached or were offered to the cache, the link
+  // the chain goes on from, and whether it cannot go on (a collision or an evicted link).
+  BlockKey ns_root;
+  std::vector<BlockKey> keys;
+  int chain_done = 0;
+  std::optional<CachedLink> chain;
+  bool chain_broken = false;
+  int cached_tokens = 0;
 
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
@@ -134,7 +144,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->sample_on_backend_ =
       options.sample_on == SampleOn::kBackend ||
       (options.sample_on == SampleOn::kAuto && !engine->ranks_->rank(0).backend().host_memory());
-  engine->blocks_ = std::make_unique<BlockAllocator>(int(num_blocks));
+  engine->blocks_ =
+      std::make_unique<BlockAllocator>(int(num_blocks), options.block_size, options.prefix_cache.event_sink);
+  engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
+                                uint32_t(options.block_size), options.prefix_cache.secret});
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
@@ -164,6 +177,9 @@ EngineStats Engine::stats() const {
     s = published_;
   }
   s.free_blocks = blocks_->num_free();
+  s.evictable_blocks = blocks_->num_evictable();
+  s.cached_blocks = blocks_->num_cached();
+  s.prefix_collisions = blocks_->collisions();
   return s;
 }
 
@@ -222,6 +238,7 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
                                                      stats_.num_blocks, " in all"));
   auto seq = std::make_unique<Sequence>(std::move(request), std::move(callback), c);
   PD_RETURN_IF_ERROR(seq->resume(*model_.tokenizer));
+  seq->ns_root = namespace_root(key_root_, canonical_namespace(seq->request.cache_salt));
   std::lock_guard lock(mu_);
   waiting_.push_back(std::move(seq));
   std::lock_guard published(stats_mu_);
@@ -258,6 +275,7 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   seq.seen_slot = -1;
   ev.finished = true;
   ev.reason = reason;
+  ev.cached_tokens = seq.cached_tokens;
   ev.error = std::move(error);
   if (ev.error.ok() && reason != FinishReason::kAbort) attach_prompt_logprobs(seq, ev);
   if (seq.callback) seq.callback(ev);
@@ -302,6 +320,7 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     Sequence& seq = **it;
     seq.blocks = seq.request.handoff.preloaded_blocks;
     seq.num_computed = int(seq.request.prompt.size());
+    cache_computed_blocks(seq);  // Its KV arrived whole.
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
     seq.sampler.skip_draw();
@@ -311,9 +330,24 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
   // the whole request are reserved up front, so a running sequence never runs out mid-way.
   while (!waiting_.empty() && int(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
-    const int need = blocks_needed(int(seq.request.prompt.size()), seq.request.params.max_tokens);
-    if (blocks_->num_free() < need) break;
-    seq.blocks = *blocks_->allocate(need);
+    const int prompt_len = int(seq.request.prompt.size());
+    const int need = blocks_needed(prompt_len, seq.request.params.max_tokens);
+    // The last prompt token is always computed (its logits give the first token), and prompt
+    // log-probabilities need every prompt position's logits: neither can come from the cache.
+    const bool lookup = options_.prefix_cache.enabled && seq.request.params.prompt_logprobs < 0;
+    const int max_hit = lookup ? (prompt_len - 1) / options_.block_size : 0;
+    extend_keys(seq, max_hit);
+    auto a = blocks_->allocate_cached(std::span(seq.keys).first(size_t(max_hit)), seq.ns_root,
+                                      seq.request.prompt, need);
+    if (!a.ok()) break;
+    seq.blocks = std::move(a->blocks);
+    seq.chain_done = a->cached_blocks;
+    seq.chain = a->last_hit;
+    seq.num_computed = seq.cached_tokens = a->cached_blocks * options_.block_size;
+    if (lookup) {
+      stats_.prefix_query_tokens += uint64_t(prompt_len);
+      stats_.prefix_hit_tokens += uint64_t(seq.cached_tokens);
+    }
     if (seq.request.handoff.on_admitted) admitted->push_back(&seq);
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -323,6 +357,13 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
 }
 
 Status Engine::step() {
+  Status s = run_step();
+  // One KV event batch per step: what admission evicted and the step cached.
+  if (options_.prefix_cache.event_sink) options_.prefix_cache.event_sink->step_end();
+  return s;
+}
+
+Status Engine::run_step() {
   std::vector<Sequence*> admitted;
   admit(&admitted);
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
@@ -456,7 +497,10 @@ Status Engine::step() {
   stats_.decode_tokens += uint64_t(sample.decode_seqs);
   stats_.step_seconds += sample.wall_s;
 
-  for (auto& [s, n] : fed) s->num_computed += n;
+  for (auto& [s, n] : fed) {
+    s->num_computed += n;
+    cache_computed_blocks(*s);
+  }
   // A sequence's prompt rows come before its sampling row: its first event finds them all.
   for (int i = 0; i < num_rows; ++i) {
     const LogitRow& r = logit_of[i];
@@ -513,6 +557,7 @@ void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::
   const StopStep st = s.stop.push(token, model_.tokenizer->token_text(prev, token, s.request.params.skip_special_tokens));
   TokenEvent ev;
   ev.id = s.request.id;
+  ev.cached_tokens = s.cached_tokens;
   ev.token = st.stop_token ? -1 : token;  // A stop token is not part of the output.
   ev.text = st.delta;
   if (logprobs && ev.token >= 0) ev.logprob = token_logprob(token, *logprobs);
@@ -537,6 +582,53 @@ StatusOr<std::vector<int>> Engine::reserve_blocks(int num_tokens) {
 
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
 
+void Engine::extend_keys(Sequence& s, int blocks) {
+  const int b = options_.block_size;
+  blocks = std::min<int>(blocks, int(s.tokens.size()) / b);
+  while (int(s.keys.size()) < blocks) {
+    const BlockKey& parent = s.keys.empty() ? s.ns_root : s.keys.back();
+    const auto tokens = std::span<const int32_t>(s.tokens).subspan(s.keys.size() * size_t(b), size_t(b));
+    s.keys.push_back(options_.prefix_cache.key_fn ? options_.prefix_cache.key_fn(parent, tokens)
+                                                  : chain_key(parent, tokens));
+  }
+}
+
+void Engine::cache_computed_blocks(Sequence& s) {
+  if (!options_.prefix_cache.enabled || s.chain_broken) return;
+  const int b = options_.block_size;
+  const int full = std::min<int>(s.num_computed / b, int(s.blocks.size()));
+  if (s.chain_done >= full) return;
+  extend_keys(s, full);
+  for (int i = s.chain_done; i < full; ++i) {
+    const auto tokens = std::span<const int32_t>(s.tokens).subspan(size_t(i) * b, size_t(b));
+    s.chain = blocks_->cache(s.blocks[size_t(i)], s.keys[size_t(i)], s.chain, s.ns_root, uint32_t(i), tokens);
+    if (!s.chain) {
+      s.chain_broken = true;
+      return;
+    }
+    s.chain_done = i + 1;
+  }
+}
+
+int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt) {
+  if (!options_.prefix_cache.enabled || tokens.empty()) return 0;
+  const int b = options_.block_size;
+  const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
+  const auto span = std::span<const int32_t>(tokens);
+  std::vector<BlockKey> keys;
+  BlockKey parent = ns_root;
+  for (size_t i = 0; i < (tokens.size() - 1) / size_t(b); ++i) {
+    const auto block = span.subspan(i * size_t(b), size_t(b));
+    parent = options_.prefix_cache.key_fn ? options_.prefix_cache.key_fn(parent, block) : chain_key(parent, block);
+    keys.push_back(parent);
+  }
+  return blocks_->cached_prefix(keys, ns_root, span) * b;
+}
+
+std::vector<BlockKey> Engine::cached_keys() const { return blocks_->cached_keys(); }
+
+void Engine::reset_prefix_cache() { blocks_->reset_cache(); }
+
 void Engine::set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 
 uint8_t* Engine::kv_arena(int rank) const { return ranks_->rank(rank).kv_arena(); }
@@ -560,6 +652,7 @@ StatusOr<GenerationResult> Engine::generate(std::vector<int> prompt, const Sampl
     if (ev.logprob) result.logprobs.push_back(*ev.logprob);
     result.prompt_logprobs.insert(result.prompt_logprobs.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
     result.text += ev.text;
+    result.cached_tokens = ev.cached_tokens;
     if (ev.finished) {
       result.finish_reason = ev.reason;
       error = ev.error;

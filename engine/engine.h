@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "engine/block_allocator.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_loader.h"
+#include "engine/prefix/block_key.h"
+#include "engine/prefix/kv_event_sink.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/stop_checker.h"
 #include "engine/step_window.h"
@@ -28,6 +31,19 @@ namespace pdserve::engine {
 class Backend;
 class RankPool;
 class ModelWeightsF32;
+
+// The prefix cache (docs/prefix_caching.md): full prompt and output blocks stay cached after
+// their request ends, keyed by their content, and a later request with the same leading
+// tokens (in the same namespace) starts from them instead of computing them.
+struct PrefixCacheOptions {
+  bool enabled = true;
+  // Mixed into every key (--kv-hash-secret-file): keys are unpredictable without it.
+  std::string secret;
+  // Gets the cache's KV events; may be null. Must outlive the engine.
+  KvEventSink* event_sink = nullptr;
+  // Tests: replaces chain_key, e.g. with one that makes every key equal (collision safety).
+  std::function<BlockKey(const BlockKey& parent, std::span<const int32_t> tokens)> key_fn;
+};
 
 struct EngineOptions {
   int tp = 1;
@@ -65,6 +81,7 @@ struct EngineOptions {
   const Clock* clock = &RealClock::instance();
   // Steps the step window keeps (Engine::steps_after).
   size_t step_window = StepWindow::kDefaultCapacity;
+  PrefixCacheOptions prefix_cache;
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.
@@ -104,6 +121,9 @@ struct GenerationRequest {
   // presence penalties count them). The resumed tokens are part of the prompt for
   // params.prompt_logprobs (the router does not ask for those on re-placement).
   int resumed_tokens = 0;
+  // The request's prefix-cache namespace: it shares cached blocks only with requests of the
+  // same salt (vLLM's cache_salt; isolates tenants from each other's timing side channel).
+  std::string cache_salt;
 };
 
 // A token's log-probability and its most likely alternatives (kernels::cpu::RowLogprobs).
@@ -130,6 +150,9 @@ struct TokenEvent {
   // second on (the first has none), in order. Only the engine that computes the prompt has
   // them: a preloaded request's come from its prefill side.
   std::vector<TokenLogprob> prompt_logprobs;
+  // Prompt tokens whose KV came from the prefix cache instead of being computed (on every
+  // event; 0 for a preloaded request, whose KV came from elsewhere).
+  int cached_tokens = 0;
 };
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
@@ -141,11 +164,14 @@ struct GenerationResult {
   // per prompt token from the second on.
   std::vector<TokenLogprob> logprobs, prompt_logprobs;
   FinishReason finish_reason = FinishReason::kNone;
+  int cached_tokens = 0;  // TokenEvent::cached_tokens.
 };
 
 struct EngineStats {
   int num_blocks = 0;
-  int free_blocks = 0;
+  int free_blocks = 0;       // Blocks a request can take: free or evictable.
+  int evictable_blocks = 0;  // Cached blocks no request holds (the LRU list).
+  int cached_blocks = 0;     // Blocks the prefix cache names (evictable or in use).
   int block_size = 0;
   int waiting = 0;
   int running = 0;
@@ -155,6 +181,11 @@ struct EngineStats {
   uint64_t prefill_tokens = 0;  // Prompt tokens computed.
   uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
   double step_seconds = 0;      // Forward passes and sampling.
+  // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
+  // them it held, and key collisions found by the exact token check (each a miss).
+  uint64_t prefix_query_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t prefix_collisions = 0;
 };
 
 class Engine {
@@ -187,6 +218,18 @@ class Engine {
   Status release_blocks(const std::vector<int>& blocks);
   // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.
   int blocks_needed(int prompt_len, int max_tokens) const;
+
+  // The prefix cache's key root (block_key.h): with a request's namespace it gives the keys
+  // this engine's cache and KV events use; routers compute the same keys from it.
+  const BlockKey& kv_key_root() const { return key_root_; }
+  bool prefix_caching() const { return options_.prefix_cache.enabled; }
+  // Leading tokens of `tokens` the prefix cache holds now, in namespace `cache_salt` (whole
+  // blocks; read only; the last token never counts, as a request always computes it).
+  int cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt = "");
+  // The cached keys (the KV events' exactness checks).
+  std::vector<BlockKey> cached_keys() const;
+  // Uncaches every block (running requests keep theirs, uncached); events get "cleared".
+  void reset_prefix_cache();
 
   // Called on every rank's thread right after the rank wrote entry `layer` of the KV cache spec
   // (an attention layer, or an index cache: see ModelConfig::index_cache_layer) for this step;
@@ -225,12 +268,17 @@ class Engine {
   // Moves waiting requests into running_; appends those with a KvHandoff::on_admitted to
   // `admitted` (the caller runs the callbacks once mu_ is released).
   void admit(std::vector<Sequence*>* admitted);
+  Status run_step();  // step() but for the KV events' step end.
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   // `streamed`: the client already has this token; only its finish (if any) is reported.
   // `logprobs`: the row it was sampled from asked for them (params.logprobs >= 0).
   void accept_token(Sequence& seq, int token, bool streamed = false,
                     const kernels::cpu::RowLogprobs* logprobs = nullptr);
+  // The prefix cache: the keys of `seq`'s first `blocks` full blocks (computed once), and
+  // caching its blocks whose KV every rank has written (at the end of a step).
+  void extend_keys(Sequence& seq, int blocks);
+  void cache_computed_blocks(Sequence& seq);
   // Moves the sequence's prompt log-probabilities into `ev` when it asked for them and they are
   // all computed, once: the request's first event carries them.
   void attach_prompt_logprobs(Sequence& seq, TokenEvent& ev);
@@ -271,6 +319,7 @@ class Engine {
   EngineStats published_;  // Guarded by stats_mu_.
   StepWindow step_window_;  // Guarded by stats_mu_.
   LayerHook layer_hook_;
+  BlockKey key_root_;
 };
 
 }  // namespace pdserve::engine

@@ -23,6 +23,7 @@ Router::Attempt Router::run_aggregated(Flow& f) {
   if (s.ok()) {
     registry_.report_success(w);
     f.prefill_s = f.final_event.prefill_s();
+    f.cached_tokens = f.final_event.cached_tokens();
     return {absl::OkStatus(), false};
   }
   if (Status st = f.act->status(); !st.ok()) {

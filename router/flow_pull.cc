@@ -55,6 +55,7 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.final_event.set_finish_reason(presp.finish_reason());
     f.finished = true;
     f.prefill_s = presp.prefill_s();
+    f.cached_tokens = presp.cached_tokens();
     return {absl::OkStatus(), false};
   }
   const int d =

@@ -175,6 +175,7 @@ struct Router::Flow {
   worker::WorkerEvent final_event;
   bool finished = false;
   double prefill_s = 0, kv_transfer_s = 0;
+  int cached_tokens = 0;  // GenerateResponse.cached_tokens.
   std::string prefill_worker, decode_worker;
   double queued_s = 0;
   // Workers that failed this request: not tried again for it.

@@ -301,6 +301,7 @@ Router::Attempt Router::pd_served(Flow& f, int p, int d, const worker::PrefillRe
   registry_.report_success(p);
   registry_.report_success(d);
   f.prefill_s = prefill.prefill_s();
+  f.cached_tokens = prefill.cached_tokens();
   f.kv_transfer_s = f.final_event.kv_transfer_s();
   return {absl::OkStatus(), false};
 }
@@ -477,8 +478,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   last.set_prefill_worker(f.prefill_worker);
   last.set_decode_worker(f.decode_worker);
   last.set_migrations(f.migrations);
-  // No prefix cache yet: every prompt token was computed.
-  last.set_cached_tokens(0);
+  last.set_cached_tokens(f.cached_tokens);
   emit(last);
 
   const int generated = int(f.output.size()) + (aborted ? 0 : f.final_event.token_ids_size());

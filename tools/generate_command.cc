@@ -138,6 +138,9 @@ int run_generate_remote(const GenerateFlags& f) {
     j["token_ids"] = token_ids;
     j["text"] = text;
     j["finish_reason"] = last.finish_reason();
+    j["cached_tokens"] = last.cached_tokens();
+    j["prefill_worker"] = last.prefill_worker();
+    j["decode_worker"] = last.decode_worker();
     j["sampling"] = sampling_json(*effective);
     add_logprobs_json(*effective, logprobs, prompt_logprobs, &j);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
@@ -146,7 +149,8 @@ int run_generate_remote(const GenerateFlags& f) {
   }
   const v1::Timings& t = last.timings();
   std::cerr << "prompt " << prompt_ids.size() << " tokens, generated " << token_ids.size() << " tokens, finish "
-            << last.finish_reason() << "; prefill " << last.prefill_worker() << ", decode " << last.decode_worker()
+            << last.finish_reason() << ", " << last.cached_tokens() << " prompt tokens cached; prefill "
+            << last.prefill_worker() << ", decode " << last.decode_worker()
             << "; queued " << t.queued_s() << " s, prefill " << t.prefill_s() << " s, KV transfer " << t.kv_transfer_s()
             << " s, first token " << t.first_token_s() << " s, total " << t.total_s() << " s\n";
   return 0;

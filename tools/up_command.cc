@@ -42,6 +42,8 @@ struct UpFlags {
   int port = 8000;
   int block_size = 0;
   uint64_t kv_cache_bytes = 0;
+  std::string prefix_caching = "on";
+  std::string kv_hash_secret_file;
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
   double startup_timeout_s = 120;
@@ -256,6 +258,8 @@ int run_up(const UpFlags& f) {
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
+    a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
+    if (!f.kv_hash_secret_file.empty()) a.insert(a.end(), {"--kv-hash-secret-file", f.kv_hash_secret_file});
     if (tls->mode == TlsMode::kMutual) a.insert(a.end(), tls_args.begin(), tls_args.end());
     if (role != "aggregated" && !f.kv_key_file.empty()) a.insert(a.end(), {"--kv-key-file", f.kv_key_file});
     return a;
@@ -399,6 +403,12 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1; with 0, both any free ports)")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");
   cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
+  cmd->add_option("--prefix-caching", f->prefix_caching, "Workers' prefix cache (docs/prefix_caching.md)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-hash-secret-file", f->kv_hash_secret_file,
+                  "Workers: a secret mixed into every prefix-cache block key")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--max-running", f->max_running, "Router: requests out at the workers at once");
   cmd->add_option("--max-waiting", f->max_waiting, "Router: requests queued before refusing");
   cmd->add_option("--request-timeout", f->request_timeout_s, "Router: per-request timeout in seconds");

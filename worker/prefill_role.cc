@@ -25,6 +25,7 @@ struct PrefillRole::Job {
   bool want_logprobs = false;      // sampling.logprobs set: the first token's goes back.
   std::optional<engine::TokenLogprob> first_logprob;
   std::vector<engine::TokenLogprob> prompt_logprobs;  // sampling.prompt_logprobs set.
+  int cached_tokens = 0;           // Of the prompt, from the prefix cache.
   engine::FinishReason reason = engine::FinishReason::kNone;
   std::vector<int> kv_blocks;      // The prompt's blocks, held for the transfer.
   // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
@@ -132,6 +133,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
     if (j.first_token && j.first_logprob) *response.mutable_first_token_logprob() = to_wire(*j.first_logprob);
     append_wire(j.prompt_logprobs, response.mutable_prompt_logprobs());
     response.set_prefill_s(std::chrono::duration<double>(j.prefilled_at - j.start).count());
+    response.set_cached_tokens(j.cached_tokens);
     if (j.reason == engine::FinishReason::kStop) response.set_finish_reason("stop");
     if (j.reason == engine::FinishReason::kLength && j.request_ends_at_first_token) response.set_finish_reason("length");
     if (!push && j.transfer_started) {
@@ -171,6 +173,7 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
     job.first_logprob = ev.logprob;
   }
   if (!ev.prompt_logprobs.empty()) job.prompt_logprobs = ev.prompt_logprobs;
+  job.cached_tokens = ev.cached_tokens;
   if (!ev.finished) return;
   job.prefilled = true;
   job.prefilled_at = clock_->now();

@@ -56,6 +56,8 @@ struct WorkerFlags {
   double drain_timeout_s = 30;
   std::string kv_compat;
   TlsFiles tls;
+  std::string prefix_caching = "on";
+  std::string kv_hash_secret_file;  // Mixed into the prefix cache's block keys.
 };
 
 int fail(const std::string& what, const Status& s) {
@@ -117,6 +119,16 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
       return 2;
     }
     cluster_token = tokens->front();
+  }
+  engine::EngineOptions engine_options = f.engine;
+  engine_options.prefix_cache.enabled = f.prefix_caching == "on";
+  if (!f.kv_hash_secret_file.empty()) {
+    auto secret = read_secret_file(f.kv_hash_secret_file);
+    if (!secret.ok()) {
+      std::cerr << "error: --kv-hash-secret-file: " << secret.status().message() << "\n";
+      return 2;
+    }
+    engine_options.prefix_cache.secret = secret->front();
   }
   // A worker's TLS is mutual or none: only the router (a certificate of the CA) may drive it.
   auto tls = load_tls(f.tls);
@@ -194,7 +206,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   auto model = engine::load_model({f.model, f.tokenizer});
   if (!model.ok()) return fail("model", model.status());
   const std::string model_name = model->name;
-  engine::EngineOptions options = f.engine;
+  engine::EngineOptions options = engine_options;
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
   auto created = engine::Engine::create(std::move(*model), options);
   if (!created.ok()) return fail("engine", created.status());
@@ -367,6 +379,15 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
   app.add_option("--max-batch-tokens", f.engine.max_batch_tokens, "Tokens per engine step")->capture_default_str();
   app.add_option("--max-running", f.engine.max_running, "Sequences in flight")->capture_default_str();
+  app.add_option("--prefix-caching", f.prefix_caching,
+                 "Keep full KV blocks cached after their request and start later requests with the same "
+                 "leading tokens from them (docs/prefix_caching.md)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  app.add_option("--kv-hash-secret-file", f.kv_hash_secret_file,
+                 "File whose first secret line is mixed into every prefix-cache block key (keys unpredictable "
+                 "without it)")
+      ->check(CLI::ExistingFile);
   app.add_option("--kv-lease-ms", f.kv_lease_ms, "How long KV transfers and reservations may take")->capture_default_str();
   app.add_option("--kv-peer-timeout-ms", f.kv_peer_timeout_ms, "A silent kvtransfer peer is lost after this")
       ->capture_default_str();

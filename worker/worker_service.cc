@@ -228,7 +228,10 @@ grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::Generat
       if (!last->error.ok()) return to_grpc(last->error);
       out.set_finished(true);
       out.set_finish_reason(std::string(engine::finish_reason_name(last->reason)));
-      if (aggregated) out.set_prefill_s(first_token_s);
+      if (aggregated) {
+        out.set_prefill_s(first_token_s);
+        out.set_cached_tokens(last->cached_tokens);
+      }
       out.set_kv_transfer_s(kv_transfer_s);
       out.set_first_token_s(first_token_s);
     }

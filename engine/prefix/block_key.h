@@ -29,7 +29,7 @@ struct BlockKey {
 
 // What a key root covers: two engines share keys only when all of it is equal.
 struct KeyRootInputs {
-  uint64_t kv_spec_fingerprint = 0;       // engine::KvCacheSpec::fingerprint(): geometry, dtypes.
+  uint64_t kv_spec_fingerprint = 0;          // engine::KvCacheSpec::fingerprint(): geometry, dtypes.
   std::array<uint8_t, 32> weights_digest{};  // engine::weights_digest(): which checkpoint.
   uint32_t block_size = 0;
   std::string secret;  // Optional per-deployment salt (--kv-hash-secret-file); may be empty.
