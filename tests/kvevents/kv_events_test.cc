@@ -147,8 +147,10 @@ KvEventSubscriberOptions subscriber_options() {
 }
 
 // Runs `steps` random steps, waits for the publisher to send them and expects the index to
-// match the model within kConvergence; returns how long that took.
+// match the model within kConvergence; returns how long that took. The workload starts once the
+// index is EXACT, so that its batches travel the live path.
 Duration run_and_converge(ModelCache& model, KvEventPublisher& publisher, const KvIndex& index, int steps) {
+  EXPECT_TRUE(eventually([&] { return index.state("w") == WorkerKvState::kExact; }, kConvergence));
   for (int i = 0; i < steps; ++i) model.step(publisher);
   publisher.flush();
   const auto start = std::chrono::steady_clock::now();
