@@ -63,7 +63,6 @@ struct KvEventPublisher::Io {
 };
 
 StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::create(KvEventPublisherOptions options) {
-  if (options.worker_id.empty()) return absl::InvalidArgumentError("KV events need a worker id");
   if (options.max_batch_events == 0) return absl::InvalidArgumentError("max_batch_events must be positive");
   auto io = std::make_unique<Io>(options);
   std::string bound_pub, bound_replay;
@@ -87,13 +86,20 @@ StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::create(KvEventPubl
   std::unique_ptr<KvEventPublisher> p(new KvEventPublisher(std::move(options), std::move(io), epoch));
   p->bound_pub_ = std::move(bound_pub);
   p->bound_replay_ = std::move(bound_replay);
-  p->thread_ = std::thread([raw = p.get()] { raw->run(); });
   return p;
+}
+
+Status KvEventPublisher::start(KvEventSource source) {
+  if (source.worker_id.empty()) return absl::InvalidArgumentError("KV events need a worker id");
+  if (thread_.joinable()) return absl::FailedPreconditionError("KV event publisher already started");
+  source_ = std::move(source);
+  io_->topic = topic_for(source_.worker_id);
+  thread_ = std::thread([this] { run(); });
+  return absl::OkStatus();
 }
 
 KvEventPublisher::KvEventPublisher(KvEventPublisherOptions options, std::unique_ptr<Io> io, uint64_t epoch)
     : options_(std::move(options)), io_(std::move(io)), epoch_(epoch) {
-  io_->topic = topic_for(options_.worker_id);
   io_->next_heartbeat = options_.clock->now() + options_.heartbeat_interval;
 }
 
@@ -225,11 +231,11 @@ void KvEventPublisher::publish_step(const Step& step) {
   for (KvEventBatch& b : batches) {
     b.set_epoch(epoch_);
     b.set_seq(++io_->last_seq);
-    b.set_worker_id(options_.worker_id);
+    b.set_worker_id(source_.worker_id);
     b.set_ts_unix(ts);
-    b.set_block_size(options_.block_size);
-    b.set_compat_hash(options_.compat_hash);
-    b.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(options_.key_root));
+    b.set_block_size(source_.block_size);
+    b.set_compat_hash(source_.compat_hash);
+    b.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(source_.key_root));
     std::string payload = b.SerializeAsString();
     if (options_.drop_policy->drop(b.seq(), false)) {
       ++dropped;
@@ -250,11 +256,11 @@ void KvEventPublisher::publish_step(const Step& step) {
 void KvEventPublisher::send_heartbeat() {
   KvEventBatch b;
   b.set_epoch(epoch_);
-  b.set_worker_id(options_.worker_id);
+  b.set_worker_id(source_.worker_id);
   b.set_ts_unix(unix_now());
-  b.set_block_size(options_.block_size);
-  b.set_compat_hash(options_.compat_hash);
-  b.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(options_.key_root));
+  b.set_block_size(source_.block_size);
+  b.set_compat_hash(source_.compat_hash);
+  b.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(source_.key_root));
   auto* hb = b.add_events()->mutable_heartbeat();
   hb->set_last_seq(io_->last_seq);
   hb->set_num_keys_device(io_->mirror.size(engine::KvTier::kDevice));
@@ -315,10 +321,10 @@ void KvEventPublisher::run() {
   auto& io = *io_;
   KvEventBatch header;
   header.set_epoch(epoch_);
-  header.set_worker_id(options_.worker_id);
-  header.set_block_size(options_.block_size);
-  header.set_compat_hash(options_.compat_hash);
-  header.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(options_.key_root));
+  header.set_worker_id(source_.worker_id);
+  header.set_block_size(source_.block_size);
+  header.set_compat_hash(source_.compat_hash);
+  header.set_key_scheme(std::string(kKeySchemeV1) + key_bytes(source_.key_root));
 
   while (!stop_) {
     const TimePoint now = options_.clock->now();

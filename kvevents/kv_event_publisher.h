@@ -30,8 +30,17 @@
 
 namespace pdserve::kvevents {
 
-struct KvEventPublisherOptions {
+// Who publishes: every batch's header. Known only once the worker has its id and its engine,
+// which is after the publisher must exist (the engine takes the sink at creation), so it is
+// given to start().
+struct KvEventSource {
   std::string worker_id;
+  uint32_t block_size = 0;
+  uint64_t compat_hash = 0;
+  engine::BlockKey key_root;  // Goes into key_scheme, so consumers can reject another key space.
+};
+
+struct KvEventPublisherOptions {
   std::string pub_endpoint = "tcp://*:0";     // ZeroMQ bind address; port 0 picks a free port.
   std::string replay_endpoint = "tcp://*:0";  // Empty: no replay socket (consumers degrade).
   uint32_t block_size = 0;
@@ -60,9 +69,11 @@ struct KvEventPublisherStats {
 
 class KvEventPublisher final : public engine::KvEventSink {
  public:
-  // Binds the sockets and starts the I/O thread.
+  // Binds the sockets; nothing is sent before start(), sink calls until then are queued.
   static StatusOr<std::unique_ptr<KvEventPublisher>> create(KvEventPublisherOptions options);
   ~KvEventPublisher() override;  // Stops the I/O thread; queued, unpublished events are lost.
+  // Starts the I/O thread, publishing as `source`. Once.
+  Status start(KvEventSource source);
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
 
@@ -79,7 +90,8 @@ class KvEventPublisher final : public engine::KvEventSink {
   const std::string& replay_endpoint() const { return bound_replay_; }
   uint64_t epoch() const { return epoch_; }
   KvEventPublisherStats stats() const;
-  // Blocks until every step ended before the call is published (tests, orderly shutdown).
+  // After start(): blocks until every step ended before the call is published (tests,
+  // orderly shutdown).
   void flush();
 
  private:
@@ -101,6 +113,7 @@ class KvEventPublisher final : public engine::KvEventSink {
   void send_heartbeat();
 
   const KvEventPublisherOptions options_;
+  KvEventSource source_;  // Set by start(), before the I/O thread, which alone reads it.
   const std::unique_ptr<Io> io_;
   const uint64_t epoch_;
   std::string bound_pub_;

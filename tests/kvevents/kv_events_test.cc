@@ -129,14 +129,20 @@ KvEventPublisherOptions publisher_options(std::shared_ptr<kvevents::PubDropPolic
                                           std::string pub = "tcp://127.0.0.1:0",
                                           std::string replay = "tcp://127.0.0.1:0") {
   KvEventPublisherOptions o;
-  o.worker_id = "w";
   o.pub_endpoint = std::move(pub);
   o.replay_endpoint = std::move(replay);
-  o.block_size = 16;
   o.max_batch_events = 64;  // Small, so that steps split into several batches.
   o.heartbeat_interval = Ms(50);
   o.drop_policy = std::move(drops);
   return o;
+}
+
+std::unique_ptr<KvEventPublisher> start_publisher(KvEventPublisherOptions options) {
+  auto created = KvEventPublisher::create(std::move(options));
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return nullptr;
+  EXPECT_TRUE((*created)->start({.worker_id = "w", .block_size = 16}).ok());
+  return std::move(*created);
 }
 
 KvEventSubscriberOptions subscriber_options() {
@@ -174,7 +180,7 @@ void print_stats(const char* phase, const KvIndex& index, const KvEventPublisher
 TEST(KvEvents, RandomWorkloadWithDropsAndRestartsConvergesExactly) {
   auto drops = std::make_shared<TestDrops>(0.01, 1);
   ModelCache model(42);
-  auto publisher = *KvEventPublisher::create(publisher_options(drops));
+  auto publisher = start_publisher(publisher_options(drops));
   const std::string pub = publisher->pub_endpoint(), replay = publisher->replay_endpoint();
   auto index = std::make_unique<KvIndex>();
   auto subscriber = std::make_unique<KvEventSubscriber>(*index, subscriber_options());
@@ -188,7 +194,7 @@ TEST(KvEvents, RandomWorkloadWithDropsAndRestartsConvergesExactly) {
   const uint64_t old_epoch = publisher->epoch();
   publisher.reset();
   model.reset();
-  publisher = *KvEventPublisher::create(publisher_options(drops, pub, replay));
+  publisher = start_publisher(publisher_options(drops, pub, replay));
   ASSERT_NE(publisher->epoch(), old_epoch);
   print_stats("publisher restart", *index, *publisher, run_and_converge(model, *publisher, *index, 2000));
   EXPECT_GE(index->stats().epochs, 1u);
@@ -205,7 +211,7 @@ TEST(KvEvents, RandomWorkloadWithDropsAndRestartsConvergesExactly) {
   // Publisher restart elsewhere (new ports), which the registry tells the subscriber.
   publisher.reset();
   model.reset();
-  publisher = *KvEventPublisher::create(publisher_options(drops));
+  publisher = start_publisher(publisher_options(drops));
   ASSERT_TRUE(subscriber->add_worker("w", publisher->pub_endpoint(), publisher->replay_endpoint()).ok());
   print_stats("new ports", *index, *publisher, run_and_converge(model, *publisher, *index, 2000));
 }
@@ -215,7 +221,7 @@ TEST(KvEvents, SmallReplayRingFallsBackToSnapshots) {
   auto options = publisher_options(drops);
   options.buffer_batches = 4;
   ModelCache model(7);
-  auto publisher = *KvEventPublisher::create(options);
+  auto publisher = start_publisher(options);
   KvIndex index;
   KvEventSubscriber subscriber(index, subscriber_options());
   ASSERT_TRUE(subscriber.add_worker("w", publisher->pub_endpoint(), publisher->replay_endpoint()).ok());
@@ -226,7 +232,7 @@ TEST(KvEvents, SmallReplayRingFallsBackToSnapshots) {
 TEST(KvEvents, HeartbeatDetectsLossOfTheLastBatch) {
   auto drops = std::make_shared<TestDrops>(0, 3);
   ModelCache model(9);
-  auto publisher = *KvEventPublisher::create(publisher_options(drops));
+  auto publisher = start_publisher(publisher_options(drops));
   KvIndex index;
   KvEventSubscriber subscriber(index, subscriber_options());
   ASSERT_TRUE(subscriber.add_worker("w", publisher->pub_endpoint(), publisher->replay_endpoint()).ok());
@@ -248,7 +254,7 @@ TEST(KvEvents, WithoutReplayEndpointTheWorkerIsDegradedNeverExact) {
   auto options = publisher_options(drops);
   options.replay_endpoint = "";
   ModelCache model(11);
-  auto publisher = *KvEventPublisher::create(options);
+  auto publisher = start_publisher(options);
   KvIndex index;
   auto sub_options = subscriber_options();
   sub_options.retry_backoff = Ms(10);
@@ -266,7 +272,7 @@ TEST(KvEvents, ThroughputAndLag) {
   options.max_batch_events = 4096;
   options.heartbeat_interval = Ms(1000);
   ModelCache model(13);
-  auto publisher = *KvEventPublisher::create(options);
+  auto publisher = start_publisher(options);
   KvIndex index;
   KvEventSubscriber subscriber(index, subscriber_options());
   ASSERT_TRUE(subscriber.add_worker("w", publisher->pub_endpoint(), publisher->replay_endpoint()).ok());
