@@ -215,6 +215,7 @@ void KvEventSubscriber::run() {
           std::lock_guard lock(mu_);
           ++stats_.replay_messages;
         }
+        c.deadline = options_.clock->now() + options_.replay_timeout;  // Progress, however long the reply.
         if (kv::decode_u64(parts[2].to_string_view()) == kv::kEndSeq) {
           c.dealer.reset();
           c.deadline.reset();

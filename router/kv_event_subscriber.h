@@ -23,7 +23,7 @@ namespace pdserve::router {
 
 struct KvEventSubscriberOptions {
   Clock* clock = &RealClock::instance();
-  Duration replay_timeout = std::chrono::seconds(2);  // A reply's end marker must arrive by then.
+  Duration replay_timeout = std::chrono::seconds(2);  // Longest silence of a pending reply.
   Duration retry_backoff = std::chrono::seconds(1);
   Duration degraded_retry = std::chrono::seconds(10);
 };

@@ -4,7 +4,7 @@
 #                              and worker integration tests (their worker processes sanitized too)
 #   scripts/sanitize.sh tsan   TSan: the concurrency that does not run inside gRPC — the engine
 #                              loop, the prefill/decode roles and KV ranks, admission, the HTTP
-#                              task queue, block release, kvtransfer sessions. (Suites built on
+#                              task queue, block release, kvtransfer sessions, KV events. (Suites built on
 #                              gRPC servers report races inside Debian's uninstrumented libgrpc
 #                              and Abseil; they need an instrumented gRPC first.)
 # Every finding is fatal (-fno-sanitize-recover), so a race, an overflow or a leak fails the run.
@@ -36,7 +36,8 @@ case "$mode" in
     sanitize=thread
     tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*"
            "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
-           tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests)
+           tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
+           "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
     ;;
   *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;

@@ -149,6 +149,7 @@ KvEventSubscriberOptions subscriber_options() {
   KvEventSubscriberOptions o;
   o.replay_timeout = Ms(300);
   o.retry_backoff = Ms(50);
+  o.degraded_retry = Ms(100);
   return o;
 }
 
