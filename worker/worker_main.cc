@@ -19,6 +19,7 @@
 #include "common/host_port.h"
 #include "common/logging.h"
 #include "engine/engine_loop.h"
+#include "kvevents/kv_event_publisher.h"
 #include "kvtransfer/control/curve.h"
 #include "kvtransfer/ucx/ucx_resources.h"
 #include "worker/decode_role.h"
@@ -55,10 +56,21 @@ struct WorkerFlags {
   bool require_rdma = false;
   double drain_timeout_s = 30;
   std::string kv_compat;
+  std::string kv_events_endpoint;  // Empty: no KV events.
+  std::string kv_replay_endpoint = "tcp://*:0";
+  int64_t kv_events_heartbeat_ms = 1000;
+  size_t kv_events_max_batch = 4096;
+  size_t kv_events_buffer = 10000;
   TlsFiles tls;
   std::string prefix_caching = "on";
   std::string kv_hash_secret_file;  // Mixed into the prefix cache's block keys.
 };
+
+// A bound ZeroMQ endpoint ("tcp://0.0.0.0:41234") as peers connect to it: on `host`.
+std::string connect_endpoint(const std::string& bound, const std::string& host) {
+  if (bound.empty()) return "";
+  return "tcp://" + bracket_host(host) + bound.substr(bound.rfind(':'));
+}
 
 int fail(const std::string& what, const Status& s) {
   std::cerr << "error: " << what << ": " << s.message() << "\n";
@@ -206,11 +218,28 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   auto model = engine::load_model({f.model, f.tokenizer});
   if (!model.ok()) return fail("model", model.status());
   const std::string model_name = model->name;
+  // KV events: bound now, since the engine's prefix cache reports to the publisher from its
+  // creation on (EngineOptions::kv_event_sink), and started once the worker has its id.
+  // Declared before the engine loop, so that it outlives the engine that calls it.
+  std::unique_ptr<kvevents::KvEventPublisher> kv_events;
+  if (!f.kv_events_endpoint.empty()) {
+    kvevents::KvEventPublisherOptions ko;
+    ko.pub_endpoint = f.kv_events_endpoint;
+    ko.replay_endpoint = f.kv_replay_endpoint;
+    ko.heartbeat_interval = std::chrono::milliseconds(f.kv_events_heartbeat_ms);
+    ko.max_batch_events = f.kv_events_max_batch;
+    ko.buffer_batches = f.kv_events_buffer;
+    auto created = kvevents::KvEventPublisher::create(std::move(ko));
+    if (!created.ok()) return fail("--kv-events-endpoint", created.status());
+    kv_events = std::move(*created);
+  }
   engine::EngineOptions options = engine_options;
+  options.prefix_cache.event_sink = kv_events.get();
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
   auto created = engine::Engine::create(std::move(*model), options);
   if (!created.ok()) return fail("engine", created.status());
   std::unique_ptr<engine::Engine> eng = std::move(*created);
+  const engine::BlockKey kv_key_root = eng->kv_key_root();
 
   KvRanksOptions kv;
   kv.model_id = model_name;
@@ -281,10 +310,24 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   const std::string address = f.host + ":" + std::to_string(port);
   if (worker_id.empty()) worker_id = role_name + "@" + address;
   service.set_worker_id(worker_id);
+  std::string kv_events_endpoint, kv_replay_endpoint;
+  if (kv_events) {
+    const std::string host = f.advertise.empty() ? f.host : split_host_port(f.advertise)->host;  // Checked above.
+    kv_events_endpoint = connect_endpoint(kv_events->pub_endpoint(), host);
+    kv_replay_endpoint = connect_endpoint(kv_events->replay_endpoint(), host);
+    const KvRanks* kv_ranks = prefill ? &prefill->kv() : decode ? &decode->kv() : nullptr;
+    const Status started = kv_events->start({.worker_id = worker_id,
+                                             .block_size = uint32_t(f.engine.block_size),
+                                             .compat_hash = kv_ranks ? kv_ranks->compat_hash() : 0,
+                                             .key_root = kv_key_root});
+    if (!started.ok()) return fail("KV events", started);
+    service.set_kv_events(kv_events_endpoint, kv_replay_endpoint);
+  }
   health.set_serving();
   std::cout << "READY grpc=" << address << " role=" << role_name << " tp=" << f.engine.tp << " model=" << model_name;
   if (probes) std::cout << " probe=" << f.host << ":" << probes->port();
   if (role != ROLE_AGGREGATED) std::cout << " kv-control=" << (kv.curve_secret_key.empty() ? "plaintext" : "curve");
+  if (kv_events) std::cout << " kv-events=" << kv_events_endpoint << " kv-replay=" << kv_replay_endpoint;
   std::cout << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
@@ -314,6 +357,8 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
       r.set_num_blocks(info.num_blocks());
       r.set_block_size(info.block_size());
       r.set_compat_hash(info.compat_hash());
+      r.set_kv_events_endpoint(info.kv_events_endpoint());
+      r.set_kv_replay_endpoint(info.kv_replay_endpoint());
       return r;
     });
     registration->start();
@@ -415,6 +460,20 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_option("--kv-compat", f.kv_compat,
                  "KV-compatibility label; the router pairs prefill and decode workers only when theirs are equal")
       ->envname("PDSERVE_KV_COMPAT");
+  app.add_option("--kv-events-endpoint", f.kv_events_endpoint,
+                 "Publish KV events on this ZeroMQ bind address, e.g. tcp://*:0 (default: none; docs/kv_events.md)");
+  app.add_option("--kv-replay-endpoint", f.kv_replay_endpoint,
+                 "The KV events' replay/snapshot socket (with --kv-events-endpoint; empty: none)")
+      ->capture_default_str();
+  app.add_option("--kv-events-heartbeat-ms", f.kv_events_heartbeat_ms, "KV-event heartbeat interval")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--kv-events-max-batch", f.kv_events_max_batch, "Block events per KV-event batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--kv-events-buffer", f.kv_events_buffer, "KV-event batches kept for replay")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--tls-cert", f.tls.cert,
                  "Mutual TLS (with --tls-key and --tls-ca): serve gRPC over TLS with this PEM certificate (chain), "
                  "presented to the router too");

@@ -63,6 +63,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   {
     std::lock_guard lock(id_mu_);
     reply->set_worker_id(worker_id_);
+    reply->set_kv_events_endpoint(kv_events_endpoint_);
+    reply->set_kv_replay_endpoint(kv_replay_endpoint_);
   }
   reply->set_role(role_);
   reply->set_tp(e.tp());

@@ -35,6 +35,13 @@ class WorkerService final : public Worker::Service {
     worker_id_ = std::move(id);
   }
 
+  // The KV-event endpoints Info reports (known once the publisher is bound).
+  void set_kv_events(std::string pub_endpoint, std::string replay_endpoint) {
+    std::lock_guard lock(id_mu_);
+    kv_events_endpoint_ = std::move(pub_endpoint);
+    kv_replay_endpoint_ = std::move(replay_endpoint);
+  }
+
   grpc::Status Info(grpc::ServerContext* context, const InfoRequest* request, WorkerInfo* reply) override;
   grpc::Status Reserve(grpc::ServerContext* context, const ReserveRequest* request,
                        ReserveResponse* reply) override;
@@ -58,7 +65,9 @@ class WorkerService final : public Worker::Service {
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
   std::mutex id_mu_;
-  std::string worker_id_;
+  std::string worker_id_;           // Guarded by id_mu_.
+  std::string kv_events_endpoint_;  // Guarded by id_mu_.
+  std::string kv_replay_endpoint_;  // Guarded by id_mu_.
   engine::EngineLoop& loop_;
   PrefillRole* prefill_;
   DecodeRole* decode_;
