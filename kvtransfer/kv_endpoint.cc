@@ -216,6 +216,27 @@ StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::dial(const std::string& endpoi
   return remote;
 }
 
+StatusOr<KvRankEndpoint::Fan> KvRankEndpoint::connect_fan(
+    const std::string& request_id, const std::vector<int>& ranks,
+    const std::vector<std::string>& endpoints, int tp, const std::vector<uint64_t>& incarnations,
+    const std::vector<int>* remote_blocks, const char* what) {
+  Fan fan;
+  for (int r : ranks) {
+    StatusOr<Remote*> remote = dial(endpoints[r], tp, r, incarnation_at(incarnations, r));
+    if (!remote.ok()) {
+      fan.unreachable = unreachable_peer(absl::Status(
+          remote.status().code(), absl::StrCat("request ", request_id, ": ", what, " rank ", r, ": ",
+                                               std::string(remote.status().message()))));
+      break;
+    }
+    if (remote_blocks) {
+      PD_RETURN_IF_ERROR(check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what));
+    }
+    fan.remotes[r] = *remote;
+  }
+  return fan;
+}
+
 Status KvRankEndpoint::ensure_transport(Remote& remote) {
   // A lost peer, or one whose data path cannot be opened, is the peer's fault (fault.h).
   if (!remote.error.ok()) return peer_fault(remote.error);
@@ -232,7 +253,8 @@ Status KvRankEndpoint::ensure_transport(Remote& remote) {
 
 StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank,
                                             const Remote& remote, const Request& request,
-                                            const std::vector<int>& consumer_blocks) {
+                                            const std::vector<int>& consumer_blocks,
+                                            int skip_blocks) {
   PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(request.producer_tp, request.consumer_tp));
   const bool producer = options_.side == SessionSide::kProducer;
   if (options_.test_faults.planning_spec) {
@@ -242,11 +264,11 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
     PD_ASSIGN_OR_RETURN(auto other, engine::KvCacheLayout::create(spec, remote.rank, remote.tp,
                                                                   remote.layout->num_blocks()));
     return plan_for_pair(producer_rank, consumer_rank, *map, producer ? local : other,
-                         producer ? other : local, request.producer_blocks, consumer_blocks);
+                         producer ? other : local, request.producer_blocks, consumer_blocks, skip_blocks);
   }
   return plan_for_pair(producer_rank, consumer_rank, *map, producer ? layout_ : *remote.layout,
                        producer ? *remote.layout : layout_, request.producer_blocks,
-                       consumer_blocks);
+                       consumer_blocks, skip_blocks);
 }
 
 Status KvRankEndpoint::check_blocks(const std::vector<int>& blocks, int num_blocks,
@@ -318,43 +340,33 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
   PD_REFUSE_IF_ERROR(static_cast<int>(in.consumer_endpoints.size()) == in.consumer_tp
                          ? absl::OkStatus()
                          : absl::InvalidArgumentError("need one endpoint per consumer rank"));
+  PD_REFUSE_IF_ERROR(sent_blocks(in.producer_blocks, in.skip_blocks).status());
   StatusOr<const RankMap*> map = map_for(options_.tp, in.consumer_tp);
   PD_REFUSE_IF_ERROR(map.status());
   // Connect first, so that block ids outside a consumer's arena are refused like other bad
   // input; a consumer that cannot be reached fails the registered request instead.
-  std::map<int, Remote*> consumers;
-  Status unreachable;
-  for (int c : (*map)->fan_out[options_.rank]) {
-    StatusOr<Remote*> remote =
-        dial(in.consumer_endpoints[c], in.consumer_tp, c, incarnation_at(in.consumer_incarnations, c));
-    if (remote.ok()) {
-      PD_REFUSE_IF_ERROR(check_blocks(in.consumer_blocks, (*remote)->layout->num_blocks(),
-                                      "consumer"));
-      consumers[c] = *remote;
-      continue;
-    }
-    unreachable = unreachable_peer(absl::Status(remote.status().code(),
-                               absl::StrCat("request ", in.request_id, ": consumer rank ", c, ": ",
-                                            std::string(remote.status().message()))));
-    break;
-  }
+  StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_out[options_.rank], in.consumer_endpoints,
+                                  in.consumer_tp, in.consumer_incarnations, &in.consumer_blocks, "consumer");
+  PD_REFUSE_IF_ERROR(fan.status());
   Request& request = add_request(in.request_id, TransferMode::kPush, in.producer_blocks,
                                  (*map)->fan_out[options_.rank], in.lease);
   request.producer_tp = options_.tp;
   request.consumer_tp = in.consumer_tp;
   request.producer_blocks = in.producer_blocks;
   request.consumer_blocks = in.consumer_blocks;
+  request.skip_blocks = in.skip_blocks;
   request.layers_posted.assign(layout_.num_layers(), false);
-  if (!unreachable.ok()) {
-    fail(request, unreachable);
-    return unreachable;
+  if (!fan->unreachable.ok()) {
+    fail(request, fan->unreachable);
+    return fan->unreachable;
   }
   for (auto& [c, leg] : request.legs) {
-    Remote& remote = *consumers.at(c);
+    Remote& remote = *fan->remotes.at(c);
     leg.remote = remote.address;
     Status status = ensure_transport(remote);
     if (status.ok()) {
-      StatusOr<TransferPlan> p = plan(options_.rank, c, remote, request, request.consumer_blocks);
+      StatusOr<TransferPlan> p =
+          plan(options_.rank, c, remote, request, request.consumer_blocks, request.skip_blocks);
       status = p.status();
       if (p.ok()) leg.plan = std::move(*p);
     }
@@ -458,6 +470,7 @@ Status KvRankEndpoint::expect_push(const ExpectPushRequest& in) {
                              static_cast<int>(in.producer_endpoints.size()) == in.producer_tp
                          ? absl::OkStatus()
                          : absl::InvalidArgumentError("need one endpoint per producer rank"));
+  PD_REFUSE_IF_ERROR(sent_blocks(in.consumer_blocks, in.skip_blocks).status());
   StatusOr<const RankMap*> map = map_for(in.producer_tp, options_.tp);
   PD_REFUSE_IF_ERROR(map.status());
   Request& request = add_request(in.request_id, TransferMode::kPush, in.consumer_blocks,
@@ -465,23 +478,20 @@ Status KvRankEndpoint::expect_push(const ExpectPushRequest& in) {
   request.producer_tp = in.producer_tp;
   request.consumer_tp = options_.tp;
   request.consumer_blocks = in.consumer_blocks;
+  request.skip_blocks = in.skip_blocks;
   if (in.producer_endpoints.empty()) return absl::OkStatus();
-  for (auto& [p, leg] : request.legs) {
-    StatusOr<Remote*> remote =
-        dial(in.producer_endpoints[p], in.producer_tp, p, incarnation_at(in.producer_incarnations, p));
-    if (!remote.ok()) {
-      const Status why = unreachable_peer(absl::Status(remote.status().code(),
-                                      absl::StrCat("request ", in.request_id, ": producer rank ",
-                                                   p, ": ",
-                                                   std::string(remote.status().message()))));
-      // Nobody has written yet: the producer could not be reached, so it is quiet.
-      for (auto& [q, l] : request.legs) request.session->leg_quiet(q);
-      fail(request, why);
-      return why;
-    }
-    leg.remote = (*remote)->address;
+  // The producer's blocks are unknown until its WRITE_DONE: nothing to range-check yet.
+  StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_in[options_.rank], in.producer_endpoints,
+                                  in.producer_tp, in.producer_incarnations, nullptr, "producer");
+  if (fan.ok() && fan->unreachable.ok()) {
+    for (auto& [p, leg] : request.legs) leg.remote = fan->remotes.at(p)->address;
+    return absl::OkStatus();
   }
-  return absl::OkStatus();
+  const Status why = fan.ok() ? fan->unreachable : fan.status();
+  // Nobody has written yet: the producer could not be reached, so it is quiet.
+  for (auto& [q, l] : request.legs) request.session->leg_quiet(q);
+  fail(request, why);
+  return why;
 }
 
 void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope) {
@@ -530,9 +540,13 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
   Status status = request.producer_blocks.size() == request.consumer_blocks.size()
                       ? check_blocks(request.producer_blocks, from.layout->num_blocks(), "producer")
                       : absl::InvalidArgumentError("write_done without the producer's block ids");
+  if (status.ok() && static_cast<int>(done.skip_blocks()) != request.skip_blocks) {
+    status = absl::InvalidArgumentError(absl::StrCat("producer skipped ", done.skip_blocks(),
+                                                     " blocks, this consumer expected ", request.skip_blocks));
+  }
   StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
   if (status.ok()) {
-    planned = plan(p, options_.rank, from, request, request.consumer_blocks);
+    planned = plan(p, options_.rank, from, request, request.consumer_blocks, request.skip_blocks);
     status = planned.status();
   }
   session.leg_quiet(p);
@@ -601,41 +615,30 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
   PD_REFUSE_IF_ERROR(static_cast<int>(in.producer_endpoints.size()) == in.producer_tp
                          ? absl::OkStatus()
                          : absl::InvalidArgumentError("need one endpoint per producer rank"));
+  PD_REFUSE_IF_ERROR(sent_blocks(in.consumer_blocks, in.skip_blocks).status());
   StatusOr<const RankMap*> map = map_for(in.producer_tp, options_.tp);
   PD_REFUSE_IF_ERROR(map.status());
-  std::map<int, Remote*> producers;
-  Status unreachable;
-  for (int p : (*map)->fan_in[options_.rank]) {
-    StatusOr<Remote*> remote =
-        dial(in.producer_endpoints[p], in.producer_tp, p, incarnation_at(in.producer_incarnations, p));
-    if (remote.ok()) {
-      PD_REFUSE_IF_ERROR(check_blocks(in.producer_blocks, (*remote)->layout->num_blocks(),
-                                      "producer"));
-      producers[p] = *remote;
-      continue;
-    }
-    unreachable = unreachable_peer(absl::Status(remote.status().code(),
-                               absl::StrCat("request ", in.request_id, ": producer rank ", p, ": ",
-                                            std::string(remote.status().message()))));
-    break;
-  }
+  StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_in[options_.rank], in.producer_endpoints,
+                                  in.producer_tp, in.producer_incarnations, &in.producer_blocks, "producer");
+  PD_REFUSE_IF_ERROR(fan.status());
   Request& request = add_request(in.request_id, TransferMode::kPull, in.consumer_blocks,
                                  (*map)->fan_in[options_.rank], in.lease);
   request.producer_tp = in.producer_tp;
   request.consumer_tp = options_.tp;
   request.producer_blocks = in.producer_blocks;
   request.consumer_blocks = in.consumer_blocks;
-  if (!unreachable.ok()) {
-    fail(request, unreachable);
-    return unreachable;
+  request.skip_blocks = in.skip_blocks;
+  if (!fan->unreachable.ok()) {
+    fail(request, fan->unreachable);
+    return fan->unreachable;
   }
   for (auto& [p, leg] : request.legs) {
-    Remote& remote = *producers.at(p);
+    Remote& remote = *fan->remotes.at(p);
     leg.remote = remote.address;
     Status status = ensure_transport(remote);
     StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
     if (status.ok()) {
-      planned = plan(p, options_.rank, remote, request, request.consumer_blocks);
+      planned = plan(p, options_.rank, remote, request, request.consumer_blocks, request.skip_blocks);
       status = planned.status();
     }
     if (status.ok()) {
@@ -668,6 +671,7 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
       ask.set_consumer_tp(options_.tp);
       ask.set_producer_rank(p);
       for (int b : in.consumer_blocks) ask.add_consumer_blocks(b);
+      ask.set_skip_blocks(in.skip_blocks);
       status = send(remote, message);
     }
     if (!status.ok()) {
@@ -775,13 +779,15 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
     Status status = consumer_blocks.size() == request.producer_blocks.size()
                         ? check_blocks(consumer_blocks, from.layout->num_blocks(), "consumer")
                         : absl::InvalidArgumentError("producer and consumer block counts differ");
+    const int skip = static_cast<int>(ask.skip_blocks());
     StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
     if (status.ok()) {
-      planned = plan(options_.rank, c, from, request, consumer_blocks);
+      planned = plan(options_.rank, c, from, request, consumer_blocks, skip);
       status = planned.status();
     }
     if (!status.ok()) return refuse(status.ToString());
-    for (uint64_t sum : checksums(consumer_blocks, *planned, from, /*source=*/true)) {
+    const std::span<const int> sent(consumer_blocks.begin() + skip, consumer_blocks.end());
+    for (uint64_t sum : checksums(sent, *planned, from, /*source=*/true)) {
       reply.add_checksums(sum);
     }
   }
@@ -970,8 +976,9 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
     if (request.first_token) done.set_first_token(*request.first_token);
     done.set_seal_to_send_s(std::chrono::duration<double>(options_.clock->now() - request.sealed_at).count());
     for (int b : request.producer_blocks) done.add_producer_blocks(b);
+    done.set_skip_blocks(request.skip_blocks);
     if (options_.checksums) {
-      for (uint64_t sum : checksums(request.consumer_blocks, leg.plan, remotes_.at(leg.remote),
+      for (uint64_t sum : checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote),
                                     /*source=*/true)) {
         done.add_block_checksums(sum);
       }
@@ -1230,7 +1237,12 @@ void KvRankEndpoint::remember_finished(const std::string& id, const std::string&
 // Debug checksums: one per request block position, over the bytes the pair's ops move into
 // that consumer block, in op order. Both sides attribute bytes by the consumer's offsets.
 
-std::vector<uint64_t> KvRankEndpoint::checksums(const std::vector<int>& consumer_blocks,
+std::span<const int> KvRankEndpoint::sent_consumer_blocks(const Request& request) {
+  // skip_blocks was checked against the list when the request was registered.
+  return std::span<const int>(request.consumer_blocks).subspan(static_cast<size_t>(request.skip_blocks));
+}
+
+std::vector<uint64_t> KvRankEndpoint::checksums(std::span<const int> consumer_blocks,
                                                 const TransferPlan& plan, const Remote& remote,
                                                 bool source) const {
   const engine::KvCacheLayout& consumer =
@@ -1275,14 +1287,15 @@ Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& re
                                         int producer_rank, const Leg& leg,
                                         const std::vector<uint64_t>& expected) const {
   const std::vector<uint64_t> mine =
-      checksums(request.consumer_blocks, leg.plan, remotes_.at(leg.remote), /*source=*/false);
+      checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), /*source=*/false);
   if (expected.size() != mine.size()) {
     return absl::DataLossError(absl::StrCat("request ", id, ": producer rank ", producer_rank,
                                             " sent ", expected.size(), " block checksums for ",
                                             mine.size(), " blocks"));
   }
-  for (size_t i = 0; i < mine.size(); ++i) {
-    if (mine[i] != expected[i]) {
+  for (size_t s = 0; s < mine.size(); ++s) {
+    if (mine[s] != expected[s]) {
+      const size_t i = s + static_cast<size_t>(request.skip_blocks);  // The request block.
       return absl::DataLossError(absl::StrCat(
           "request ", id, ": checksum mismatch in consumer block ", request.consumer_blocks[i],
           " (producer block ", request.producer_blocks[i], ", request block ", i,

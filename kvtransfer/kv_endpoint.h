@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,10 @@ struct PushRequest {
   // Optional, one per endpoint: the incarnation (incarnation()) each was when last heard of; a
   // cached connection to an older process there is dropped and dialed again.
   std::vector<uint64_t> consumer_incarnations;
+  // Prefix reuse: request blocks [0, skip_blocks) are already in the consumer's blocks (its own
+  // prefix cache); only [k, n) of both lists is sent, counted and checksummed. The consumer's
+  // ExpectPushRequest must name the same k (WRITE_DONE carries it; a mismatch fails the request).
+  int skip_blocks = 0;
 };
 
 // Push, consumer rank: blocks reserved for a request that a producer TP group will write.
@@ -123,6 +128,7 @@ struct ExpectPushRequest {
   std::vector<std::string> producer_endpoints;
   Duration lease{0};
   std::vector<uint64_t> producer_incarnations;  // Optional, as PushRequest::consumer_incarnations.
+  int skip_blocks = 0;  // As PushRequest::skip_blocks.
 };
 
 // Pull, producer rank: blocks held for consumers to read. `consumer_tp` (0: unknown) gives
@@ -143,6 +149,9 @@ struct PullRequest {
   std::vector<int> consumer_blocks;
   Duration lease{0};
   std::vector<uint64_t> producer_incarnations;  // Optional, as PushRequest::consumer_incarnations.
+  // As PushRequest::skip_blocks: reads only request blocks [k, n). The producer's hold() needs
+  // no k: it only serves reads (and checksums, whose request carries k).
+  int skip_blocks = 0;
 };
 
 // The outcome of a request on this rank, returned by progress().
@@ -264,6 +273,7 @@ class KvRankEndpoint {
     std::unique_ptr<Session> session;
     int producer_tp = 0, consumer_tp = 0;
     std::vector<int> producer_blocks, consumer_blocks;
+    int skip_blocks = 0;  // Request blocks [0, k) are not sent (PushRequest::skip_blocks).
     std::map<int, Leg> legs;  // By peer rank.
     std::vector<bool> layers_posted;
     std::optional<int32_t> first_token;
@@ -281,10 +291,23 @@ class KvRankEndpoint {
   // Dials a peer endpoint (cached unless `incarnation`, 0: any, names a newer process) and
   // records it; checks its role, TP and rank.
   StatusOr<Remote*> dial(const std::string& endpoint, int tp, int rank, uint64_t incarnation);
+  // The peers a push producer or pull consumer exchanges with, dialed before the request is
+  // registered: `remotes` by rank, or `unreachable` (a peer fault, for the registered request to
+  // fail with) naming the first rank that could not be dialed. Returns an error (a refusal of
+  // caller input) when a reached peer's arena cannot hold `remote_blocks`.
+  struct Fan {
+    std::map<int, Remote*> remotes;
+    Status unreachable;
+  };
+  StatusOr<Fan> connect_fan(const std::string& request_id, const std::vector<int>& ranks,
+                            const std::vector<std::string>& endpoints, int tp,
+                            const std::vector<uint64_t>& incarnations,
+                            const std::vector<int>* remote_blocks, const char* what);
   Status record_remote(const ControlPeer& peer, Remote** out);
   Status ensure_transport(Remote& remote);
   StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
-                              const Request& request, const std::vector<int>& consumer_blocks);
+                              const Request& request, const std::vector<int>& consumer_blocks,
+                              int skip_blocks);
   Status check_blocks(const std::vector<int>& blocks, int num_blocks, const char* what) const;
   Status check_new_request(const std::string& request_id) const;
   Request& add_request(const std::string& id, TransferMode mode, std::vector<int> blocks,
@@ -316,9 +339,11 @@ class KvRankEndpoint {
   bool leg_ops_ended(Leg& leg, std::string* error);
   // Debug checksums of a pair's plan, over the local arena at the ops' source (producer) or
   // destination (consumer) offsets.
-  std::vector<uint64_t> checksums(const std::vector<int>& consumer_blocks,
+  std::vector<uint64_t> checksums(std::span<const int> consumer_blocks,
                                   const TransferPlan& plan, const Remote& remote,
                                   bool source) const;
+  // The consumer blocks a request sends into: [skip_blocks, n).
+  static std::span<const int> sent_consumer_blocks(const Request& request);
   // DATA_LOSS naming the block and ranks unless the received bytes match `expected`.
   Status verify_checksums(const std::string& id, const Request& request, int producer_rank,
                           const Leg& leg, const std::vector<uint64_t>& expected) const;

@@ -21,11 +21,20 @@ Status check_side(const char* side, const engine::KvCacheLayout& layout, int ran
 
 }  // namespace
 
+StatusOr<std::span<const int>> sent_blocks(std::span<const int> blocks, int skip_blocks) {
+  if (skip_blocks < 0 || static_cast<size_t>(skip_blocks) > blocks.size()) {
+    return absl::OutOfRangeError(absl::StrCat("transfer plan: skip_blocks ", skip_blocks, " outside [0, ",
+                                              blocks.size(), "]"));
+  }
+  return blocks.subspan(static_cast<size_t>(skip_blocks));
+}
+
 StatusOr<TransferPlan> plan_for_pair(int producer_rank, int consumer_rank, const RankMap& map,
                                      const engine::KvCacheLayout& producer,
                                      const engine::KvCacheLayout& consumer,
                                      std::span<const int> producer_blocks,
-                                     std::span<const int> consumer_blocks) {
+                                     std::span<const int> consumer_blocks,
+                                     int skip_blocks) {
   PD_RETURN_IF_ERROR(check_side("producer", producer, producer_rank, map.producer_tp, map.spec_fingerprint));
   PD_RETURN_IF_ERROR(check_side("consumer", consumer, consumer_rank, map.consumer_tp, map.spec_fingerprint));
   if (producer_blocks.size() != consumer_blocks.size()) {
@@ -39,12 +48,15 @@ StatusOr<TransferPlan> plan_for_pair(int producer_rank, int consumer_rank, const
     return absl::InvalidArgumentError(absl::StrCat("transfer plan: consumer block ", *dup, " listed twice"));
   }
 
+  PD_ASSIGN_OR_RETURN(std::span<const int> producer_sent, sent_blocks(producer_blocks, skip_blocks));
+  PD_ASSIGN_OR_RETURN(std::span<const int> consumer_sent, sent_blocks(consumer_blocks, skip_blocks));
+
   TransferPlan plan;
   plan.producer_rank = producer_rank;
   plan.consumer_rank = consumer_rank;
   plan.layers.resize(producer.num_layers());
   for (const RankMapEntry& e : map.entries_between(producer_rank, consumer_rank)) {
-    PD_RETURN_IF_ERROR(append_copy_ops(producer, consumer, e, producer_blocks, consumer_blocks,
+    PD_RETURN_IF_ERROR(append_copy_ops(producer, consumer, e, producer_sent, consumer_sent,
                                        &plan.layers[e.layer].ops));
   }
   for (LayerCopies& layer : plan.layers) {

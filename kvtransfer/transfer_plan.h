@@ -31,8 +31,14 @@ struct TransferPlan {
   uint64_t total_ops = 0;
 };
 
+// The request blocks a transfer that starts at request block `skip_blocks` moves: [k, n) of
+// `blocks`. Prefix reuse: the consumer's first k blocks already hold that KV (its own prefix
+// cache), so neither side plans, moves, counts or checksums them. Fails unless 0 <= k <= n.
+StatusOr<std::span<const int>> sent_blocks(std::span<const int> blocks, int skip_blocks);
+
 // Plans the request whose KV sits in producer blocks `producer_blocks` and goes to consumer
-// blocks `consumer_blocks` (block i ↔ block i). `producer` and `consumer` are the two ranks'
+// blocks `consumer_blocks` (block i ↔ block i), from request block `skip_blocks` on (see
+// sent_blocks(): only blocks [k, n) are planned, so the totals count only what is sent). `producer` and `consumer` are the two ranks'
 // cache layouts; they must be of ranks `producer_rank` and `consumer_rank` of the map's TP
 // sizes and of the spec the map was built for. A pair that exchanges nothing gets an empty
 // plan. Fails on any mismatch, or when a consumer block appears twice (two copies would land
@@ -41,6 +47,7 @@ StatusOr<TransferPlan> plan_for_pair(int producer_rank, int consumer_rank, const
                                      const engine::KvCacheLayout& producer,
                                      const engine::KvCacheLayout& consumer,
                                      std::span<const int> producer_blocks,
-                                     std::span<const int> consumer_blocks);
+                                     std::span<const int> consumer_blocks,
+                                     int skip_blocks = 0);
 
 }  // namespace pdserve::kvtransfer

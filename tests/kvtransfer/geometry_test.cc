@@ -1,8 +1,12 @@
 // Geometry and plan: op lists for known layouts (coalescing), validation, and plan totals.
 #include "kvtransfer/geometry.h"
 
+#include <span>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvtransfer/transfer_plan.h"
@@ -215,6 +219,77 @@ TEST(TransferPlanTest, RejectsMismatchedInput) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(plan_for_pair(0, 0, map, p0, c0, b, std::vector<int>{2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+
+TEST(TransferPlanTest, SentBlocksTable) {
+  const std::vector<int> blocks{7, 3, 5, 1};
+  struct Case {
+    int skip;
+    std::vector<int> want;
+    absl::StatusCode code;
+  };
+  const Case cases[] = {
+      {0, {7, 3, 5, 1}, absl::StatusCode::kOk}, {1, {3, 5, 1}, absl::StatusCode::kOk},
+      {3, {1}, absl::StatusCode::kOk},          {4, {}, absl::StatusCode::kOk},
+      {5, {}, absl::StatusCode::kOutOfRange},   {-1, {}, absl::StatusCode::kOutOfRange},
+  };
+  for (const Case& c : cases) {
+    StatusOr<std::span<const int>> sent = sent_blocks(blocks, c.skip);
+    EXPECT_EQ(sent.status().code(), c.code) << "skip " << c.skip;
+    if (sent.ok()) EXPECT_EQ(std::vector<int>(sent->begin(), sent->end()), c.want) << "skip " << c.skip;
+  }
+}
+
+// Skipping k blocks plans exactly what a transfer of blocks [k, n) alone would: same ops (no op
+// touches a consumer block below k), and totals that count only the sent blocks. Over TP pairs
+// including heterogeneous ones (2->1, 1->2, 4->2).
+TEST(TransferPlanTest, SkipBlocksPlansOnlyTheSentSuffix) {
+  const KvCacheSpec spec = testing::mixed_spec();
+  const std::vector<int> pb{5, 0, 1, 4}, cb{0, 3, 4, 2};
+  for (auto [P, C] : {std::pair{1, 1}, {2, 1}, {1, 2}, {4, 2}, {2, 2}}) {
+    const RankMap map = build_rank_map(P, C, spec).value();
+    for (int p = 0; p < P; ++p) {
+      for (int c = 0; c < C; ++c) {
+        const KvCacheLayout pl = layout_of(spec, p, P, 6), cl = layout_of(spec, c, C, 5);
+        for (int k = 0; k <= static_cast<int>(pb.size()); ++k) {
+          const std::string where = absl::StrCat(P, "->", C, " pair ", p, ",", c, " k=", k);
+          const TransferPlan skipped = plan_for_pair(p, c, map, pl, cl, pb, cb, k).value();
+          const std::vector<int> pb_sent(pb.begin() + k, pb.end()), cb_sent(cb.begin() + k, cb.end());
+          const TransferPlan suffix = plan_for_pair(p, c, map, pl, cl, pb_sent, cb_sent).value();
+          EXPECT_EQ(skipped.total_ops, suffix.total_ops) << where;
+          EXPECT_EQ(skipped.total_bytes, suffix.total_bytes) << where;
+          ASSERT_EQ(skipped.layers.size(), suffix.layers.size());
+          for (size_t l = 0; l < skipped.layers.size(); ++l) {
+            ASSERT_EQ(skipped.layers[l].ops.size(), suffix.layers[l].ops.size()) << where;
+            for (size_t i = 0; i < skipped.layers[l].ops.size(); ++i) {
+              const CopyOp& a = skipped.layers[l].ops[i];
+              const CopyOp& b = suffix.layers[l].ops[i];
+              EXPECT_EQ(std::tie(a.src_offset, a.dst_offset, a.length),
+                        std::tie(b.src_offset, b.dst_offset, b.length))
+                  << where;
+              // No destination byte lies in a skipped consumer block.
+              for (int s = 0; s < k; ++s) {
+                std::vector<engine::ByteRange> ranges;
+                for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
+                  if (part == engine::KvPart::kV && !spec.layers[l].has_v()) continue;
+                  cl.ranges(static_cast<int>(l), cb[s], part, 0, cl.num_local_heads(static_cast<int>(l)), &ranges);
+                }
+                for (const engine::ByteRange& r : ranges) {
+                  EXPECT_TRUE(a.dst_offset + a.length <= r.offset || a.dst_offset >= r.offset + r.length)
+                      << where << " op writes skipped consumer block " << cb[s];
+                }
+              }
+            }
+          }
+          if (k == static_cast<int>(pb.size())) EXPECT_EQ(skipped.total_ops, 0u) << where;
+        }
+      }
+    }
+  }
+  const RankMap map = build_rank_map(1, 1, spec).value();
+  EXPECT_EQ(plan_for_pair(0, 0, map, layout_of(spec, 0, 1, 6), layout_of(spec, 0, 1, 5), pb, cb, 5).status().code(),
+            absl::StatusCode::kOutOfRange);
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ uint64_t mix(uint64_t x) {
 // Calls fn(byte offset, value) for every element of the request's blocks.
 template <typename Fn>
 void for_each(const engine::KvCacheLayout& layout, const std::vector<int>& blocks, uint64_t salt,
-              int stride, Fn fn) {
+              int stride, Fn fn, size_t first_block = 0) {
   const int bs = layout.block_size();
   for (int l = 0; l < layout.num_layers(); ++l) {
     const engine::LayerKvSpec& spec = layout.spec().layers[l];
@@ -23,7 +23,7 @@ void for_each(const engine::KvCacheLayout& layout, const std::vector<int>& block
     for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
       if (part == engine::KvPart::kV && !spec.has_v()) continue;
       const int dim = layout.part_head_dim(l, part);
-      for (size_t i = 0; i < blocks.size(); ++i) {
+      for (size_t i = first_block; i < blocks.size(); ++i) {
         for (int slot = 0; slot < bs; ++slot) {
           // Sampling by token position keeps the same elements on sides of different TP.
           if (stride > 1 && (i * bs + slot) % stride != 0) continue;
@@ -57,13 +57,34 @@ void fill_request(const engine::KvCacheLayout& layout, void* arena, const std::v
 }
 
 int64_t count_wrong(const engine::KvCacheLayout& layout, const void* arena,
-                    const std::vector<int>& blocks, uint64_t salt, int stride) {
+                    const std::vector<int>& blocks, uint64_t salt, int stride, int first_block) {
   const auto* bytes = static_cast<const uint8_t*>(arena);
   int64_t wrong = 0;
-  for_each(layout, blocks, salt, stride, [&](uint64_t off, uint64_t v, size_t esize) {
-    wrong += std::memcmp(bytes + off, &v, esize) != 0;
-  });
+  for_each(
+      layout, blocks, salt, stride,
+      [&](uint64_t off, uint64_t v, size_t esize) { wrong += std::memcmp(bytes + off, &v, esize) != 0; },
+      static_cast<size_t>(first_block));
   return wrong;
+}
+
+int64_t count_not_sentinel(const engine::KvCacheLayout& layout, const void* arena,
+                           const std::vector<int>& blocks, uint8_t sentinel) {
+  const auto* bytes = static_cast<const uint8_t*>(arena);
+  int64_t touched = 0;
+  std::vector<engine::ByteRange> ranges;
+  for (int l = 0; l < layout.num_layers(); ++l) {
+    for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
+      if (part == engine::KvPart::kV && !layout.spec().layers[l].has_v()) continue;
+      for (int b : blocks) {
+        ranges.clear();
+        layout.ranges(l, b, part, 0, layout.num_local_heads(l), &ranges);
+        for (const engine::ByteRange& r : ranges) {
+          for (uint64_t i = 0; i < r.length; ++i) touched += bytes[r.offset + i] != sentinel;
+        }
+      }
+    }
+  }
+  return touched;
 }
 
 }  // namespace pdserve::kvtransfer::testing

@@ -22,8 +22,15 @@ void fill_request(const engine::KvCacheLayout& layout, void* arena, const std::v
                   uint64_t salt, int stride = 1);
 
 // Counts the elements of `blocks` that differ from the request's values. `stride` > 1 checks
-// only every stride-th token position (for large arenas).
+// only every stride-th token position (for large arenas). `first_block` > 0 checks only request
+// blocks [first_block, n) (a transfer with skip_blocks), still at their request positions.
 int64_t count_wrong(const engine::KvCacheLayout& layout, const void* arena,
-                    const std::vector<int>& blocks, uint64_t salt, int stride = 1);
+                    const std::vector<int>& blocks, uint64_t salt, int stride = 1,
+                    int first_block = 0);
+
+// Counts the bytes of `blocks` (every layer and part this rank holds) that are not `sentinel`:
+// blocks a transfer must not have touched.
+int64_t count_not_sentinel(const engine::KvCacheLayout& layout, const void* arena,
+                           const std::vector<int>& blocks, uint8_t sentinel);
 
 }  // namespace pdserve::kvtransfer::testing

@@ -83,13 +83,16 @@ engine::KvCacheSpec mutated(const engine::KvCacheSpec& spec, const std::string& 
   return out;
 }
 
+// What a consumer arena holds before a request: its skipped blocks must still hold it after.
+constexpr uint8_t kSentinel = 0xEE;
+
 class Rank {
  public:
   Rank(const Args& args, const engine::KvCacheSpec& spec, int tp, int rank)
       : args_(args), tp_(tp), rank_(rank) {
     const uint64_t bytes =
         engine::KvCacheLayout::create(spec, rank, tp, args.blocks).value().total_bytes();
-    arena_.assign(bytes, 0xEE);
+    arena_.assign(bytes, kSentinel);
     KvEndpointOptions o;
     o.spec = spec;
     o.model_id = args.model;
@@ -164,14 +167,20 @@ class Rank {
       const char* kind = e.kind == KvTransferEvent::Kind::kReady      ? "ready"
                          : e.kind == KvTransferEvent::Kind::kComplete ? "complete"
                                                                       : "failed";
-      int64_t wrong = -1;
+      int64_t wrong = -1, kept = -1;
       if (e.kind == KvTransferEvent::Kind::kReady) {
-        wrong = testing::count_wrong(endpoint_->layout(), arena_.data(), blocks_[e.request_id],
-                                     testing::request_salt(e.request_id));
+        const std::vector<int>& blocks = blocks_[e.request_id];
+        const int skip = skips_[e.request_id];
+        wrong = testing::count_wrong(endpoint_->layout(), arena_.data(), blocks,
+                                     testing::request_salt(e.request_id), 1, skip);
+        // Skipped blocks hold the consumer's own KV (here the sentinel): bytes changed there.
+        kept = testing::count_not_sentinel(endpoint_->layout(), arena_.data(),
+                                           std::vector<int>(blocks.begin(), blocks.begin() + skip),
+                                           kSentinel);
       }
       const std::string first = e.first_token ? std::to_string(*e.first_token) : "-";
-      say("EVENT %s %d %d %s wrong=%lld first=%s error=%s", e.request_id.c_str(), tp_, rank_,
-          kind, (long long)wrong, first.c_str(),
+      say("EVENT %s %d %d %s wrong=%lld touched=%lld first=%s error=%s", e.request_id.c_str(), tp_,
+          rank_, kind, (long long)wrong, (long long)kept, first.c_str(),
           e.error.ok() ? "" : e.error.ToString().c_str());
     }
   }
@@ -184,11 +193,20 @@ class Rank {
     const std::string& cmd = w[0];
     const std::string& id = w[1];
     auto num = [&](size_t i) { return std::atoi(w.at(i).c_str()); };
-    if (cmd == "push") {  // push id P C lease eps pblocks cblocks [stall=k]
+    // Optional trailing words: skip=k (skip_blocks), stall=k (push: stop after layer k).
+    auto option = [&](const char* name, int none) {
+      const std::string prefix = std::string(name) + "=";
+      for (size_t i = 6; i < w.size(); ++i) {
+        if (w[i].rfind(prefix, 0) == 0) return std::atoi(w[i].c_str() + prefix.size());
+      }
+      return none;
+    };
+    const int skip = option("skip", 0);
+    if (cmd == "push") {  // push id P C lease eps pblocks cblocks [stall=k] [skip=k]
       PushRequest r{id, num(3), strings(w[5]), ints(w[6]), ints(w[7]),
                     std::chrono::milliseconds(num(4))};
-      int stall = -1;
-      if (w.size() > 8 && w[8].rfind("stall=", 0) == 0) stall = std::atoi(w[8].c_str() + 6);
+      r.skip_blocks = skip;
+      const int stall = option("stall", -1);
       bool in_range = true;
       for (int b : r.producer_blocks) in_range &= b >= 0 && b < args_.blocks;
       if (in_range) {
@@ -210,11 +228,13 @@ class Rank {
         }
       }
       (void)endpoint_->seal(id, rank_ == 0 ? std::optional<int32_t>(42) : std::nullopt);
-    } else if (cmd == "expect") {  // expect id C P lease eps|- cblocks
+    } else if (cmd == "expect") {  // expect id C P lease eps|- cblocks [skip=k]
       blocks_[id] = ints(w[6]);
-      std::fill(arena_.begin(), arena_.end(), 0xEE);
-      ack(id, endpoint_->expect_push({id, num(3), blocks_[id], strings(w[5]),
-                                      std::chrono::milliseconds(num(4))}));
+      skips_[id] = skip;
+      std::fill(arena_.begin(), arena_.end(), kSentinel);
+      ExpectPushRequest r{id, num(3), blocks_[id], strings(w[5]), std::chrono::milliseconds(num(4))};
+      r.skip_blocks = skip;
+      ack(id, endpoint_->expect_push(r));
     } else if (cmd == "hold") {  // hold id P C lease pblocks
       HoldRequest r{id, ints(w[5]), num(3), std::chrono::milliseconds(num(4))};
       bool in_range = true;
@@ -224,11 +244,13 @@ class Rank {
                               testing::request_salt(id));
       }
       ack(id, endpoint_->hold(r));
-    } else if (cmd == "pull") {  // pull id C P lease eps pblocks cblocks
+    } else if (cmd == "pull") {  // pull id C P lease eps pblocks cblocks [skip=k]
       blocks_[id] = ints(w[7]);
-      std::fill(arena_.begin(), arena_.end(), 0xEE);
-      ack(id, endpoint_->pull({id, num(3), strings(w[5]), ints(w[6]), blocks_[id],
-                               std::chrono::milliseconds(num(4))}));
+      skips_[id] = skip;
+      std::fill(arena_.begin(), arena_.end(), kSentinel);
+      PullRequest r{id, num(3), strings(w[5]), ints(w[6]), blocks_[id], std::chrono::milliseconds(num(4))};
+      r.skip_blocks = skip;
+      ack(id, endpoint_->pull(r));
     } else if (cmd == "abort") {
       ack(id, endpoint_->abort(id, "asked by the test"));
     }
@@ -239,6 +261,7 @@ class Rank {
   std::vector<uint8_t> arena_;
   std::unique_ptr<KvRankEndpoint> endpoint_;
   std::map<std::string, std::vector<int>> blocks_;
+  std::map<std::string, int> skips_;  // Consumer: the request's skip_blocks.
   std::mutex mu_;
   std::deque<std::vector<std::string>> queue_;
   std::atomic<bool> stop_{false};

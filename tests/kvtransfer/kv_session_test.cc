@@ -64,7 +64,8 @@ class SessionProcessTest : public ::testing::Test {
         timeout);
     Outcome o;
     for (const auto& l : consumer.lines(ev)) {
-      if (l.find(" ready wrong=0 ") != std::string::npos) ++o.ready_ok;
+      // Right elements in the sent blocks, and no byte changed in the skipped ones.
+      if (l.find(" ready wrong=0 touched=0 ") != std::string::npos) ++o.ready_ok;
       else if (l.find(" ready ") != std::string::npos) ++o.ready_wrong;
       else ++o.consumer_failed;
       if (l.find("first=42") != std::string::npos) o.first_token = true;
@@ -90,21 +91,24 @@ class SessionProcessTest : public ::testing::Test {
   // Generous default leases: a transfer that works is not slowed by them, and a loaded test
   // machine must not turn a slow transfer into a failure.
   Outcome push(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
-               int lease_ms = 30000) {
+               int lease_ms = 30000, int skip = 0) {
+    const std::string skip_word = skip > 0 ? absl::StrCat(" skip=", skip) : "";
     consumer.send(absl::StrCat("expect ", id, " ", C, " ", P, " ", lease_ms, " ",
-                               producer.endpoints(P), " ", kConsumerBlocks));
+                               producer.endpoints(P), " ", kConsumerBlocks, skip_word));
     EXPECT_TRUE(all_acked(consumer, id, C)) << consumer.output();
     producer.send(absl::StrCat("push ", id, " ", P, " ", C, " ", lease_ms, " ",
-                               consumer.endpoints(C), " ", kProducerBlocks, " ", kConsumerBlocks));
+                               consumer.endpoints(C), " ", kProducerBlocks, " ", kConsumerBlocks,
+                               skip_word));
     return finish(producer, consumer, id, P, C, std::chrono::milliseconds(lease_ms) + 10s);
   }
 
   Outcome pull(PeerProcess& producer, PeerProcess& consumer, const std::string& id, int P, int C,
-               int lease_ms = 30000) {
+               int lease_ms = 30000, int skip = 0) {
     producer.send(absl::StrCat("hold ", id, " ", P, " ", C, " ", lease_ms, " ", kProducerBlocks));
     EXPECT_TRUE(all_acked(producer, id, P)) << producer.output();
     consumer.send(absl::StrCat("pull ", id, " ", C, " ", P, " ", lease_ms / 2, " ",
-                               producer.endpoints(P), " ", kProducerBlocks, " ", kConsumerBlocks));
+                               producer.endpoints(P), " ", kProducerBlocks, " ", kConsumerBlocks,
+                               skip > 0 ? absl::StrCat(" skip=", skip) : ""));
     return finish(producer, consumer, id, P, C, std::chrono::milliseconds(lease_ms) + 10s);
   }
 
@@ -304,6 +308,48 @@ TEST_F(SessionProcessTest, UnmutatedControlPassesTheSamePairs) {
                                                   : push(*producer, *consumer, id, P, C),
                       P, C, mode);
     }
+  }
+}
+
+// Prefix reuse: a transfer from request block k on moves exactly blocks [k, n). The consumer's
+// first k blocks hold a sentinel (its "prefix cache") that must be untouched, the rest must be
+// bit-identical, and every count (the producer's seal, the consumer's re-planned check) covers
+// only the sent blocks, or the request would fail. Equal and heterogeneous TP, push and pull,
+// with debug checksums on so that they too cover only [k, n).
+TEST_F(SessionProcessTest, SkipBlocksMovesOnlyTheSuffix) {
+  for (const char* mode : {"push", "pull"}) {
+    auto producer = spawn("producer", {"--checksums", "1"});
+    auto consumer = spawn("consumer", {"--checksums", "1"});
+    for (auto [P, C] : {std::pair{1, 1}, {2, 1}, {1, 2}, {2, 2}, {4, 2}}) {
+      for (int k : {1, 3, 4}) {
+        const std::string id = absl::StrCat("skip-", mode, "-p", P, "c", C, "k", k);
+        const Outcome o = std::string(mode) == "push" ? push(*producer, *consumer, id, P, C, 30000, k)
+                                                      : pull(*producer, *consumer, id, P, C, 30000, k);
+        expect_verified(o, P, C, mode);
+      }
+    }
+    EXPECT_EQ(producer->quit(10s), 0) << producer->log();
+    EXPECT_EQ(consumer->quit(10s), 0) << consumer->log();
+    for (PeerProcess* p : {producer.get(), consumer.get()}) {
+      for (const auto& l : p->lines("COUNTERS ")) EXPECT_NE(l.find("refused=0 "), std::string::npos) << l;
+    }
+  }
+}
+
+// The two sides disagreeing on k is caught: the consumer refuses the WRITE_DONE and fails.
+TEST_F(SessionProcessTest, SkipBlocksMismatchFailsThePush) {
+  auto producer = spawn("producer");
+  auto consumer = spawn("consumer");
+  consumer->send(absl::StrCat("expect skipbad 2 1 30000 ", producer->endpoints(1), " ", kConsumerBlocks,
+                              " skip=2"));
+  ASSERT_TRUE(all_acked(*consumer, "skipbad", 2)) << consumer->output();
+  producer->send(absl::StrCat("push skipbad 1 2 30000 ", consumer->endpoints(2), " ", kProducerBlocks, " ",
+                              kConsumerBlocks, " skip=1"));
+  ASSERT_TRUE(consumer->wait_until([&] { return consumer->count("EVENT skipbad ") == 2u; }, 20s))
+      << consumer->output();
+  for (const auto& l : consumer->lines("EVENT skipbad ")) {
+    EXPECT_NE(l.find(" failed "), std::string::npos) << l;
+    EXPECT_NE(l.find("skipped 1 blocks"), std::string::npos) << l;
   }
 }
 
