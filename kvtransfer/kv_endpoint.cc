@@ -1,11 +1,11 @@
 #include "kvtransfer/kv_endpoint.h"
 
+#include "kvtransfer/block_checksums.h"
 #include "kvtransfer/fault.h"
 
 #include <algorithm>
 #include <cstring>
 #include <random>
-#include <tuple>
 
 #include "absl/strings/match.h"
 
@@ -19,14 +19,8 @@ namespace {
 constexpr const char* kArenaRegion = "kv_arena";
 // An Abort whose reason starts with this answers another Abort; it is never answered itself.
 constexpr const char* kAbortAckPrefix = "ack: ";
+// How many finished ids an endpoint remembers (FinishedIds).
 constexpr size_t kFinishedMemory = 4096;
-
-// FNV-1a, continued over the pieces of one block in op order.
-uint64_t fnv1a(uint64_t h, const uint8_t* p, uint64_t n) {
-  for (uint64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-constexpr uint64_t kFnvSeed = 0xcbf29ce484222325ull;
 
 uint64_t new_incarnation() {
   std::random_device device;
@@ -62,7 +56,10 @@ StatusOr<std::unique_ptr<KvRankEndpoint>> KvRankEndpoint::create(KvEndpointOptio
 }
 
 KvRankEndpoint::KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout layout)
-    : options_(std::move(options)), layout_(std::move(layout)), incarnation_(new_incarnation()) {}
+    : options_(std::move(options)),
+      layout_(std::move(layout)),
+      incarnation_(new_incarnation()),
+      finished_(kFinishedMemory) {}
 
 KvRankEndpoint::~KvRankEndpoint() {
   // Sessions still open die with the process's arena; nothing may call back into us now.
@@ -289,7 +286,7 @@ Status KvRankEndpoint::check_blocks(const std::vector<int>& blocks, int num_bloc
 
 Status KvRankEndpoint::check_new_request(const std::string& request_id) const {
   if (request_id.empty()) return absl::InvalidArgumentError("empty request id");
-  if (requests_.count(request_id) || finished_.count(request_id)) {
+  if (requests_.count(request_id) || finished_.contains(request_id)) {
     return absl::AlreadyExistsError(absl::StrCat("request ", request_id, " already seen"));
   }
   return absl::OkStatus();
@@ -738,13 +735,13 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
   auto it = requests_.find(ask.request_id());
   if (it == requests_.end()) {
     ++counters_.stale_ignored;
-    if (auto ended = finished_.find(ask.request_id()); ended != finished_.end()) {
+    if (const std::string* ended = finished_.find(ask.request_id())) {
       // It ended here (another consumer rank aborted it) before this rank asked: without an
       // answer the asker would wait for its checksums until its lease. The reason travels on,
       // so every consumer rank reports the first failure, not only that there was one.
       proto::Envelope reply;
       reply.mutable_abort()->set_request_id(ask.request_id());
-      reply.mutable_abort()->set_reason(absl::StrCat("the producer no longer holds the request: ", ended->second));
+      reply.mutable_abort()->set_reason(absl::StrCat("the producer no longer holds the request: ", *ended));
       (void)send(from, reply);
     }
     return;
@@ -761,7 +758,15 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
   if (!from_pull_consumer(from, request, c, consumer_tp, static_cast<int>(ask.producer_rank())))
     return refuse("sender or ranks do not match");
   if (!session.active()) {
+    // Failed here (another consumer rank aborted it) but not yet forgotten: as for a finished
+    // id, the asker must hear why, or it would wait for its checksums until its lease (a pull
+    // producer's legs are unbound, so step_abort's aborts do not reach it).
     ++counters_.stale_ignored;
+    proto::Envelope reply;
+    reply.mutable_abort()->set_request_id(ask.request_id());
+    reply.mutable_abort()->set_reason(
+        absl::StrCat("the producer no longer holds the request: ", session.error().ToString()));
+    (void)send(from, reply);
     return;
   }
   const Status learnt = learn_fan_out(request, consumer_tp);
@@ -787,7 +792,7 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
     }
     if (!status.ok()) return refuse(status.ToString());
     const std::span<const int> sent(consumer_blocks.begin() + skip, consumer_blocks.end());
-    for (uint64_t sum : checksums(sent, *planned, from, /*source=*/true)) {
+    for (uint64_t sum : checksums(sent, *planned, from, ChecksumSide::kSource)) {
       reply.add_checksums(sum);
     }
   }
@@ -848,7 +853,7 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
     ++counters_.stale_ignored;
     if (!is_ack) {
       // Answering lets the peer free at once; remembering the id refuses a late start of it.
-      remember_finished(abort.request_id(), abort.reason());
+      finished_.remember(abort.request_id(), abort.reason());
       proto::Envelope reply;
       reply.mutable_abort()->set_request_id(abort.request_id());
       reply.mutable_abort()->set_reason(absl::StrCat(kAbortAckPrefix, "request not active"));
@@ -979,7 +984,7 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
     done.set_skip_blocks(request.skip_blocks);
     if (options_.checksums) {
       for (uint64_t sum : checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote),
-                                    /*source=*/true)) {
+                                    ChecksumSide::kSource)) {
         done.add_block_checksums(sum);
       }
     }
@@ -1211,7 +1216,7 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
         if (leg.flush) (void)transport_->release_batch(*leg.flush);
       }
       const Session& ended = *it->second.session;
-      remember_finished(it->first, ended.error().ok() ? "finished" : ended.error().ToString());
+      finished_.remember(it->first, ended.error().ok() ? "finished" : ended.error().ToString());
       it = requests_.erase(it);
     } else {
       ++it;
@@ -1224,85 +1229,26 @@ std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
   return events;
 }
 
-void KvRankEndpoint::remember_finished(const std::string& id, const std::string& why) {
-  if (!finished_.emplace(id, why).second) return;
-  finished_order_.push_back(id);
-  if (finished_order_.size() > kFinishedMemory) {
-    finished_.erase(finished_order_.front());
-    finished_order_.pop_front();
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Debug checksums: one per request block position, over the bytes the pair's ops move into
-// that consumer block, in op order. Both sides attribute bytes by the consumer's offsets.
+// Debug checksums (block_checksums.h)
 
 std::span<const int> KvRankEndpoint::sent_consumer_blocks(const Request& request) {
   // skip_blocks was checked against the list when the request was registered.
   return std::span<const int>(request.consumer_blocks).subspan(static_cast<size_t>(request.skip_blocks));
 }
 
-std::vector<uint64_t> KvRankEndpoint::checksums(std::span<const int> consumer_blocks,
-                                                const TransferPlan& plan, const Remote& remote,
-                                                bool source) const {
-  const engine::KvCacheLayout& consumer =
-      options_.side == SessionSide::kConsumer ? layout_ : *remote.layout;
-  const uint8_t* arena = static_cast<const uint8_t*>(options_.arena);
-  std::vector<uint64_t> sums(consumer_blocks.size(), kFnvSeed);
-  for (size_t l = 0; l < plan.layers.size(); ++l) {
-    const int layer = static_cast<int>(l);
-    // (start, end, position) of every consumer block part of the request in this layer.
-    std::vector<std::tuple<uint64_t, uint64_t, size_t>> parts;
-    const bool has_v = options_.spec.layers[l].has_v();
-    std::vector<engine::ByteRange> ranges;
-    for (size_t i = 0; i < consumer_blocks.size(); ++i) {
-      for (engine::KvPart part : {engine::KvPart::kK, engine::KvPart::kV}) {
-        if (part == engine::KvPart::kV && !has_v) continue;
-        // A block's part is one range, or one per head in head-outer order: the layout says.
-        ranges.clear();
-        consumer.ranges(layer, consumer_blocks[i], part, 0, consumer.num_local_heads(layer), &ranges);
-        for (const engine::ByteRange& r : ranges) parts.emplace_back(r.offset, r.offset + r.length, i);
-      }
-    }
-    std::sort(parts.begin(), parts.end());
-    for (const CopyOp& op : plan.layers[l].ops) {
-      uint64_t done = 0;
-      while (done < op.length) {
-        const uint64_t dst = op.dst_offset + done;
-        auto it = std::upper_bound(parts.begin(), parts.end(),
-                                   std::make_tuple(dst, UINT64_MAX, SIZE_MAX));
-        if (it == parts.begin() || std::get<1>(*std::prev(it)) <= dst) break;  // Outside.
-        const auto& [start, end, pos] = *std::prev(it);
-        const uint64_t n = std::min(op.length - done, end - dst);
-        const uint64_t at = (source ? op.src_offset : op.dst_offset) + done;
-        sums[pos] = fnv1a(sums[pos], arena + at, n);
-        done += n;
-      }
-    }
-  }
-  return sums;
+std::vector<uint64_t> KvRankEndpoint::checksums(std::span<const int> consumer_blocks, const TransferPlan& plan,
+                                                const Remote& remote, ChecksumSide side) const {
+  const engine::KvCacheLayout& consumer = options_.side == SessionSide::kConsumer ? layout_ : *remote.layout;
+  return block_checksums(consumer, arena(), consumer_blocks, plan, side);
 }
 
-Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& request,
-                                        int producer_rank, const Leg& leg,
-                                        const std::vector<uint64_t>& expected) const {
+Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& request, int producer_rank,
+                                        const Leg& leg, const std::vector<uint64_t>& expected) const {
   const std::vector<uint64_t> mine =
-      checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), /*source=*/false);
-  if (expected.size() != mine.size()) {
-    return absl::DataLossError(absl::StrCat("request ", id, ": producer rank ", producer_rank,
-                                            " sent ", expected.size(), " block checksums for ",
-                                            mine.size(), " blocks"));
-  }
-  for (size_t s = 0; s < mine.size(); ++s) {
-    if (mine[s] != expected[s]) {
-      const size_t i = s + static_cast<size_t>(request.skip_blocks);  // The request block.
-      return absl::DataLossError(absl::StrCat(
-          "request ", id, ": checksum mismatch in consumer block ", request.consumer_blocks[i],
-          " (producer block ", request.producer_blocks[i], ", request block ", i,
-          ") between producer rank ", producer_rank, " and consumer rank ", options_.rank));
-    }
-  }
-  return absl::OkStatus();
+      checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), ChecksumSide::kDestination);
+  return compare_block_checksums(mine, expected, id, producer_rank, options_.rank, request.producer_blocks,
+                                 request.consumer_blocks, request.skip_blocks);
 }
 
 void KvRankEndpoint::corrupt_if_asked(const TransferPlan& plan) {

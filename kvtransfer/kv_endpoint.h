@@ -19,7 +19,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,7 +32,9 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "engine/kv_cache_layout.h"
+#include "kvtransfer/block_checksums.h"
 #include "kvtransfer/control/control_channel.h"
+#include "kvtransfer/finished_ids.h"
 #include "kvtransfer/rank_map.h"
 #include "kvtransfer/session.h"
 #include "kvtransfer/transfer_plan.h"
@@ -339,16 +340,14 @@ class KvRankEndpoint {
   bool leg_ops_ended(Leg& leg, std::string* error);
   // Debug checksums of a pair's plan, over the local arena at the ops' source (producer) or
   // destination (consumer) offsets.
-  std::vector<uint64_t> checksums(std::span<const int> consumer_blocks,
-                                  const TransferPlan& plan, const Remote& remote,
-                                  bool source) const;
+  std::vector<uint64_t> checksums(std::span<const int> consumer_blocks, const TransferPlan& plan,
+                                  const Remote& remote, ChecksumSide side) const;
   // The consumer blocks a request sends into: [skip_blocks, n).
   static std::span<const int> sent_consumer_blocks(const Request& request);
   // DATA_LOSS naming the block and ranks unless the received bytes match `expected`.
   Status verify_checksums(const std::string& id, const Request& request, int producer_rank,
                           const Leg& leg, const std::vector<uint64_t>& expected) const;
   void corrupt_if_asked(const TransferPlan& plan);
-  void remember_finished(const std::string& id, const std::string& why);
 
   KvEndpointOptions options_;
   engine::KvCacheLayout layout_;
@@ -363,8 +362,7 @@ class KvRankEndpoint {
   std::map<uint64_t, std::string> remote_by_control_;  // Control peer id → address.
   std::map<std::string, Request> requests_;
   // Recently finished or aborted ids and why they ended, for stale messages.
-  std::map<std::string, std::string> finished_;
-  std::deque<std::string> finished_order_;
+  FinishedIds finished_;
   std::mutex transport_errors_mu_;  // Transport callbacks run on its progress thread.
   std::vector<std::pair<PeerId, Status>> transport_errors_;
   KvEndpointCounters counters_;
