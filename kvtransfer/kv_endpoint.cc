@@ -59,7 +59,8 @@ KvRankEndpoint::KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout 
     : options_(std::move(options)),
       layout_(std::move(layout)),
       incarnation_(new_incarnation()),
-      finished_(kFinishedMemory) {}
+      finished_(kFinishedMemory),
+      seams_(make_endpoint_seams(options_.spec, options_.test_faults)) {}
 
 KvRankEndpoint::~KvRankEndpoint() {
   // Sessions still open die with the process's arena; nothing may call back into us now.
@@ -93,6 +94,8 @@ Status KvRankEndpoint::init() {
                                                              options_.arena_memory, options_.arena_device}));
   }
   region_ = region.id;
+  PD_ASSIGN_OR_RETURN(planning_layout_, engine::KvCacheLayout::create(seams_.planning_spec, options_.rank,
+                                                                      options_.tp, layout_.num_blocks()));
 
   ControlChannelOptions copts;
   copts.bind_endpoint = options_.bind_endpoint;
@@ -154,10 +157,8 @@ std::string KvRankEndpoint::describe() const {
 StatusOr<const RankMap*> KvRankEndpoint::map_for(int producer_tp, int consumer_tp) {
   const auto key = std::make_pair(producer_tp, consumer_tp);
   if (auto it = maps_.find(key); it != maps_.end()) return &it->second;
-  const engine::KvCacheSpec& spec =
-      options_.test_faults.planning_spec ? *options_.test_faults.planning_spec : options_.spec;
-  PD_ASSIGN_OR_RETURN(RankMap map, build_rank_map(producer_tp, consumer_tp, spec));
-  if (options_.test_faults.mutate_map) options_.test_faults.mutate_map(map);
+  PD_ASSIGN_OR_RETURN(RankMap map, build_rank_map(producer_tp, consumer_tp, seams_.planning_spec));
+  seams_.mutate_map(map);
   return &maps_.emplace(key, std::move(map)).first->second;
 }
 
@@ -186,7 +187,10 @@ Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
   remote.role = peer.role;
   remote.tp = static_cast<int>(peer.tp_size);
   remote.rank = static_cast<int>(peer.rank);
+  PD_ASSIGN_OR_RETURN(engine::KvCacheLayout planning,
+                      engine::KvCacheLayout::create(seams_.planning_spec, peer.rank, peer.tp_size, info.num_blocks()));
   remote.layout = std::move(layout);
+  remote.planning_layout = std::move(planning);
   remote.arena_descriptor = arena_it->second;
   // Prefer a connection we dialed for sending: it exists as long as we keep it.
   if (remote.control_id == 0 || peer.dialed || !remote.dialed) {
@@ -253,19 +257,12 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
                                             const std::vector<int>& consumer_blocks,
                                             int skip_blocks) {
   PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(request.producer_tp, request.consumer_tp));
+  // Planned with the seams' layouts: the real ones, except in the mutation tests (TestFaults).
   const bool producer = options_.side == SessionSide::kProducer;
-  if (options_.test_faults.planning_spec) {
-    const engine::KvCacheSpec& spec = *options_.test_faults.planning_spec;
-    PD_ASSIGN_OR_RETURN(auto local, engine::KvCacheLayout::create(spec, options_.rank, options_.tp,
-                                                                  layout_.num_blocks()));
-    PD_ASSIGN_OR_RETURN(auto other, engine::KvCacheLayout::create(spec, remote.rank, remote.tp,
-                                                                  remote.layout->num_blocks()));
-    return plan_for_pair(producer_rank, consumer_rank, *map, producer ? local : other,
-                         producer ? other : local, request.producer_blocks, consumer_blocks, skip_blocks);
-  }
-  return plan_for_pair(producer_rank, consumer_rank, *map, producer ? layout_ : *remote.layout,
-                       producer ? *remote.layout : layout_, request.producer_blocks,
-                       consumer_blocks, skip_blocks);
+  const engine::KvCacheLayout& other = *remote.planning_layout;
+  return plan_for_pair(producer_rank, consumer_rank, *map, producer ? *planning_layout_ : other,
+                       producer ? other : *planning_layout_, request.producer_blocks, consumer_blocks,
+                       skip_blocks);
 }
 
 Status KvRankEndpoint::check_blocks(const std::vector<int>& blocks, int num_blocks,
@@ -555,7 +552,7 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
     return;
   }
   leg.plan = std::move(*planned);
-  corrupt_if_asked(leg.plan);
+  seams_.received->before_verify(arena(), leg.plan);
   if (options_.checksums && done.block_checksums_size() > 0) {
     const Status verified = verify_checksums(done.request_id(), request, p, leg,
                                              {done.block_checksums().begin(),
@@ -906,6 +903,11 @@ Status KvRankEndpoint::send(Remote& remote, const proto::Envelope& message) {
   return control_->send(remote.control_id, message);
 }
 
+Status KvRankEndpoint::notify(Remote& remote, const proto::Envelope& message) {
+  if (!remote.error.ok()) return remote.error;
+  return seams_.notifier->notify(*control_, remote.control_id, message);
+}
+
 void KvRankEndpoint::send_abort(Request& request, int rank, Leg& leg, const std::string& reason) {
   if (leg.abort_sent) return;
   leg.abort_sent = true;
@@ -988,9 +990,7 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
         done.add_block_checksums(sum);
       }
     }
-    const Status sent = options_.test_faults.drop_notifications
-                            ? absl::OkStatus()
-                            : send(remotes_.at(leg.remote), message);
+    const Status sent = notify(remotes_.at(leg.remote), message);
     if (!sent.ok()) {
       fail(request, peer_fault(absl::UnavailableError(absl::StrCat("request ", id, ": write_done to consumer rank ",
                                                         c, ": ", std::string(sent.message())))));
@@ -1021,7 +1021,7 @@ void KvRankEndpoint::step_pull_consumer(const std::string& id, Request& request)
     if (options_.checksums) {
       // The producer's checksums come over the control channel, maybe after the gets ended.
       if (!leg.expected_checksums) continue;
-      corrupt_if_asked(leg.plan);
+      seams_.received->before_verify(arena(), leg.plan);
       if (!leg.expected_checksums->empty()) {
         const Status verified = verify_checksums(id, request, p, leg, *leg.expected_checksums);
         if (!verified.ok()) {
@@ -1036,9 +1036,7 @@ void KvRankEndpoint::step_pull_consumer(const std::string& id, Request& request)
     release.set_consumer_rank(options_.rank);
     release.set_consumer_tp(options_.tp);
     release.set_producer_rank(p);
-    const Status sent = options_.test_faults.drop_notifications
-                            ? absl::OkStatus()
-                            : send(remotes_.at(leg.remote), message);
+    const Status sent = notify(remotes_.at(leg.remote), message);
     if (!sent.ok()) {
       PD_LOG_WARN("kvtransfer {}.{}: release of {} to producer rank {}: {}", options_.name,
                   options_.rank, id, p, sent.ToString());
@@ -1249,15 +1247,6 @@ Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& re
       checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), ChecksumSide::kDestination);
   return compare_block_checksums(mine, expected, id, producer_rank, options_.rank, request.producer_blocks,
                                  request.consumer_blocks, request.skip_blocks);
-}
-
-void KvRankEndpoint::corrupt_if_asked(const TransferPlan& plan) {
-  if (!options_.test_faults.corrupt_received) return;
-  for (const LayerCopies& layer : plan.layers) {
-    if (layer.ops.empty()) continue;
-    arena()[layer.ops.front().dst_offset] ^= 0x5a;
-    return;
-  }
 }
 
 }  // namespace pdserve::kvtransfer

@@ -34,6 +34,7 @@
 #include "engine/kv_cache_layout.h"
 #include "kvtransfer/block_checksums.h"
 #include "kvtransfer/control/control_channel.h"
+#include "kvtransfer/endpoint_seams.h"
 #include "kvtransfer/finished_ids.h"
 #include "kvtransfer/rank_map.h"
 #include "kvtransfer/session.h"
@@ -44,7 +45,7 @@ namespace pdserve::kvtransfer {
 
 // Deliberate faults for the mutation and fault tests, which prove that the end-to-end checks
 // catch a broken geometry or rank map and that a lost notification is survived. Never set in
-// production.
+// production. The endpoint turns them into seams once, at creation (endpoint_seams.h).
 struct TestFaults {
   std::optional<engine::KvCacheSpec> planning_spec;  // Plan with this spec's layouts and map.
   std::function<void(RankMap&)> mutate_map;
@@ -251,6 +252,7 @@ class KvRankEndpoint {
     proto::Role role = proto::ROLE_UNSPECIFIED;
     int tp = 0, rank = 0;
     std::optional<engine::KvCacheLayout> layout;
+    std::optional<engine::KvCacheLayout> planning_layout;  // Of the seams' planning spec.
     std::string arena_descriptor;
     uint64_t control_id = 0;  // Where notifications go.
     bool dialed = false;
@@ -335,6 +337,8 @@ class KvRankEndpoint {
   void fail(Request& request, const Status& why);
   void send_abort(Request& request, int rank, Leg& leg, const std::string& reason);
   Status send(Remote& remote, const proto::Envelope& message);
+  // A leg-completing notification (WRITE_DONE, RELEASE), through the seams' notifier.
+  Status notify(Remote& remote, const proto::Envelope& message);
   // State of a batch: in progress, done, or failed (with the error).
   BatchState batch_state(BatchId batch, std::string* error);
   bool leg_ops_ended(Leg& leg, std::string* error);
@@ -347,7 +351,6 @@ class KvRankEndpoint {
   // DATA_LOSS naming the block and ranks unless the received bytes match `expected`.
   Status verify_checksums(const std::string& id, const Request& request, int producer_rank,
                           const Leg& leg, const std::vector<uint64_t>& expected) const;
-  void corrupt_if_asked(const TransferPlan& plan);
 
   KvEndpointOptions options_;
   engine::KvCacheLayout layout_;
@@ -363,6 +366,8 @@ class KvRankEndpoint {
   std::map<std::string, Request> requests_;
   // Recently finished or aborted ids and why they ended, for stale messages.
   FinishedIds finished_;
+  EndpointSeams seams_;  // Production behaviour unless TestFaults asked otherwise.
+  std::optional<engine::KvCacheLayout> planning_layout_;  // This rank's, of the planning spec.
   std::mutex transport_errors_mu_;  // Transport callbacks run on its progress thread.
   std::vector<std::pair<PeerId, Status>> transport_errors_;
   KvEndpointCounters counters_;

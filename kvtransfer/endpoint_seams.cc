@@ -1,0 +1,57 @@
+#include "kvtransfer/endpoint_seams.h"
+
+#include "kvtransfer/kv_endpoint.h"
+
+namespace pdserve::kvtransfer {
+namespace {
+
+class ControlNotifier final : public Notifier {
+ public:
+  Status notify(ControlChannel& control, uint64_t control_id, const proto::Envelope& message) override {
+    return control.send(control_id, message);
+  }
+};
+
+// TestFaults::drop_notifications: "sent", but they never leave.
+class DroppingNotifier final : public Notifier {
+ public:
+  Status notify(ControlChannel&, uint64_t, const proto::Envelope&) override { return absl::OkStatus(); }
+};
+
+class NoReceivedBytesHook final : public ReceivedBytesHook {
+ public:
+  void before_verify(uint8_t*, const TransferPlan&) override {}
+};
+
+// TestFaults::corrupt_received: flips the first byte the leg's first op wrote.
+class CorruptingHook final : public ReceivedBytesHook {
+ public:
+  void before_verify(uint8_t* arena, const TransferPlan& plan) override {
+    for (const LayerCopies& layer : plan.layers) {
+      if (layer.ops.empty()) continue;
+      arena[layer.ops.front().dst_offset] ^= 0x5a;
+      return;
+    }
+  }
+};
+
+}  // namespace
+
+EndpointSeams make_endpoint_seams(const engine::KvCacheSpec& spec, const TestFaults& faults) {
+  EndpointSeams seams;
+  seams.planning_spec = faults.planning_spec ? *faults.planning_spec : spec;
+  seams.mutate_map = faults.mutate_map ? faults.mutate_map : [](RankMap&) {};
+  if (faults.drop_notifications) {
+    seams.notifier = std::make_unique<DroppingNotifier>();
+  } else {
+    seams.notifier = std::make_unique<ControlNotifier>();
+  }
+  if (faults.corrupt_received) {
+    seams.received = std::make_unique<CorruptingHook>();
+  } else {
+    seams.received = std::make_unique<NoReceivedBytesHook>();
+  }
+  return seams;
+}
+
+}  // namespace pdserve::kvtransfer
