@@ -3,10 +3,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 namespace pdserve::tune {
 
@@ -21,8 +20,10 @@ const char* device_flag(Device device) {
 }
 
 std::vector<std::string> up_arguments(const Topology& t, const ClusterOptions& o) {
-  std::vector<std::string> a = {o.pdserve, "up", "--model", o.model, "--device", device_flag(o.device), "--port", "0",
-                                "--restart", "never"};
+  // No prefix cache: profiles and gates measure computed prefill, and their seeded prompts
+  // recur from one load point to the next.
+  std::vector<std::string> a = {o.pdserve, "up", "--model",   o.model, "--device",         device_flag(o.device),
+                                "--port",  "0",  "--restart", "never", "--prefix-caching", "off"};
   if (t.aggregated) {
     a.insert(a.end(), {"--aggregated", std::to_string(t.n_d), "--tp", std::to_string(t.tp_d)});
   } else {
@@ -48,7 +49,8 @@ StatusOr<ClusterEndpoints> parse_ready_file(const std::string& text) {
     we.role = w.value("role", "");
     we.grpc = w.value("grpc", "");
     we.tp = std::stoi(w.value("tp", "1"));
-    if (we.grpc.empty() || we.role.empty()) return absl::InvalidArgumentError("ready file has a worker without grpc/role");
+    if (we.grpc.empty() || we.role.empty())
+      return absl::InvalidArgumentError("ready file has a worker without grpc/role");
     e.workers.push_back(we);
   }
   return e;
@@ -71,14 +73,15 @@ StatusOr<LocalCluster> LocalCluster::start(const Topology& topology, const Clust
   std::vector<std::string> argv = up_arguments(topology, options);
   argv.insert(argv.end(), {"--ready-file", ready, "--startup-timeout", std::to_string(options.startup_timeout_s)});
   PD_ASSIGN_OR_RETURN(ChildProcess up, ChildProcess::start(argv, log));
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(int64_t(options.startup_timeout_s * 1000) + 5000);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(options.startup_timeout_s * 1000) + 5000);
   // up writes the file (renamed into place) once every process is ready, or exits.
   while (!fs::exists(ready)) {
     if (up.exited())
       return absl::UnavailableError("pdserve up (" + tag + ") exited with " + std::to_string(up.exit_code()) +
                                     " before it was ready: " + log_tail(log));
-    if (std::chrono::steady_clock::now() >= deadline) return absl::DeadlineExceededError("pdserve up (" + tag + ") not ready in time");
+    if (std::chrono::steady_clock::now() >= deadline)
+      return absl::DeadlineExceededError("pdserve up (" + tag + ") not ready in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::ifstream in(ready);
