@@ -66,22 +66,28 @@ StatusOr<std::vector<int>> BlockAllocator::allocate(int count) {
   return take(count);
 }
 
-StatusOr<BlockAllocator::Allocation> BlockAllocator::allocate_cached(std::span<const BlockKey> keys,
-                                                                     const BlockKey& ns_root,
-                                                                     std::span<const int32_t> tokens, int total) {
-  std::lock_guard lock(mu_);
-  if (total < 0) return absl::InvalidArgumentError("negative block count");
+BlockAllocator::Allocation BlockAllocator::match_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                                        std::span<const int32_t> tokens, int limit) {
   Allocation a;
-  int evictable_hits = 0;
-  for (size_t i = 0; i < keys.size() && int(a.blocks.size()) < total; ++i) {
+  for (size_t i = 0; i < keys.size() && int(a.blocks.size()) < limit; ++i) {
     if ((i + 1) * size_t(block_size_) > tokens.size()) break;
     const auto link =
         index_.match(keys[i], a.last_hit, ns_root, tokens.subspan(i * size_t(block_size_), size_t(block_size_)));
     if (!link) break;
     a.blocks.push_back(link->block);
     a.last_hit = link;
-    evictable_hits += refs_[size_t(link->block)] == 0;
   }
+  return a;
+}
+
+StatusOr<BlockAllocator::Allocation> BlockAllocator::allocate_cached(std::span<const BlockKey> keys,
+                                                                     const BlockKey& ns_root,
+                                                                     std::span<const int32_t> tokens, int total) {
+  std::lock_guard lock(mu_);
+  if (total < 0) return absl::InvalidArgumentError("negative block count");
+  Allocation a = match_prefix(keys, ns_root, tokens, total);
+  int evictable_hits = 0;
+  for (int b : a.blocks) evictable_hits += refs_[size_t(b)] == 0;
   const int fresh = total - int(a.blocks.size());
   if (fresh > int(free_.size()) + lru_size_ - evictable_hits)
     return absl::ResourceExhaustedError(absl::StrCat("need ", fresh, " new KV blocks beside ", a.blocks.size(),
@@ -100,13 +106,7 @@ StatusOr<BlockAllocator::Allocation> BlockAllocator::allocate_cached(std::span<c
 int BlockAllocator::cached_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root,
                                   std::span<const int32_t> tokens) {
   std::lock_guard lock(mu_);
-  std::optional<CachedLink> last;
-  int n = 0;
-  for (size_t i = 0; i < keys.size() && (i + 1) * size_t(block_size_) <= tokens.size(); ++i, ++n) {
-    last = index_.match(keys[i], last, ns_root, tokens.subspan(i * size_t(block_size_), size_t(block_size_)));
-    if (!last) break;
-  }
-  return n;
+  return int(match_prefix(keys, ns_root, tokens, int(keys.size())).blocks.size());
 }
 
 std::optional<CachedLink> BlockAllocator::cache(int block, const BlockKey& key, const std::optional<CachedLink>& parent,
@@ -179,19 +179,9 @@ int BlockAllocator::num_free() const {
   return int(free_.size()) + lru_size_;
 }
 
-int BlockAllocator::num_evictable() const {
+BlockAllocator::Counts BlockAllocator::counts() const {
   std::lock_guard lock(mu_);
-  return lru_size_;
-}
-
-int BlockAllocator::num_cached() const {
-  std::lock_guard lock(mu_);
-  return int(index_.size());
-}
-
-uint64_t BlockAllocator::collisions() const {
-  std::lock_guard lock(mu_);
-  return index_.collisions();
+  return {int(free_.size()) + lru_size_, lru_size_, int(index_.size()), index_.collisions()};
 }
 
 int BlockAllocator::ref_count(int block) const {

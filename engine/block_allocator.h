@@ -64,9 +64,14 @@ class BlockAllocator {
   int num_blocks() const { return int(refs_.size()); }
   // Blocks an allocation can take: free plus evictable.
   int num_free() const;
-  int num_evictable() const;
-  int num_cached() const;  // Cached keys (evictable or in use).
-  uint64_t collisions() const;
+  // The pool's counts, read together (one lock for EngineStats).
+  struct Counts {
+    int free = 0;       // num_free().
+    int evictable = 0;  // Cached blocks no one holds.
+    int cached = 0;     // Cached keys (evictable or in use).
+    uint64_t collisions = 0;  // Lookups whose key matched but whose tokens or parent did not.
+  };
+  Counts counts() const;
   int ref_count(int block) const;
   std::vector<BlockKey> cached_keys() const;
   // Checks every invariant (the three sets partition the pool, counts, LRU links, the index's
@@ -75,6 +80,10 @@ class BlockAllocator {
 
  private:
   // Caller holds mu_ for all of these.
+  // The longest cached prefix of `keys` (at most `limit` blocks), not retained: the shared
+  // walk of allocate_cached and cached_prefix.
+  Allocation match_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                          int limit);
   Status check_held(const std::vector<int>& blocks) const;
   std::vector<int> take(int count);
   void evict_lru_head();

@@ -148,6 +148,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
       std::make_unique<BlockAllocator>(int(num_blocks), options.block_size, options.prefix_cache.event_sink);
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
                                 uint32_t(options.block_size), options.prefix_cache.secret});
+  engine->key_fn_ = options.prefix_cache.key_fn ? options.prefix_cache.key_fn : BlockKeyFn(chain_key);
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
@@ -176,10 +177,11 @@ EngineStats Engine::stats() const {
     std::lock_guard lock(stats_mu_);
     s = published_;
   }
-  s.free_blocks = blocks_->num_free();
-  s.evictable_blocks = blocks_->num_evictable();
-  s.cached_blocks = blocks_->num_cached();
-  s.prefix_collisions = blocks_->collisions();
+  const BlockAllocator::Counts counts = blocks_->counts();
+  s.free_blocks = counts.free;
+  s.evictable_blocks = counts.evictable;
+  s.cached_blocks = counts.cached;
+  s.prefix_collisions = counts.collisions;
   return s;
 }
 
@@ -583,14 +585,7 @@ StatusOr<std::vector<int>> Engine::reserve_blocks(int num_tokens) {
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
 
 void Engine::extend_keys(Sequence& s, int blocks) {
-  const int b = options_.block_size;
-  blocks = std::min<int>(blocks, int(s.tokens.size()) / b);
-  while (int(s.keys.size()) < blocks) {
-    const BlockKey& parent = s.keys.empty() ? s.ns_root : s.keys.back();
-    const auto tokens = std::span<const int32_t>(s.tokens).subspan(s.keys.size() * size_t(b), size_t(b));
-    s.keys.push_back(options_.prefix_cache.key_fn ? options_.prefix_cache.key_fn(parent, tokens)
-                                                  : chain_key(parent, tokens));
-  }
+  extend_block_keys(s.keys, s.ns_root, s.tokens, options_.block_size, blocks, key_fn_);
 }
 
 void Engine::cache_computed_blocks(Sequence& s) {
@@ -614,15 +609,9 @@ int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_vie
   if (!options_.prefix_cache.enabled || tokens.empty()) return 0;
   const int b = options_.block_size;
   const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
-  const auto span = std::span<const int32_t>(tokens);
   std::vector<BlockKey> keys;
-  BlockKey parent = ns_root;
-  for (size_t i = 0; i < (tokens.size() - 1) / size_t(b); ++i) {
-    const auto block = span.subspan(i * size_t(b), size_t(b));
-    parent = options_.prefix_cache.key_fn ? options_.prefix_cache.key_fn(parent, block) : chain_key(parent, block);
-    keys.push_back(parent);
-  }
-  return blocks_->cached_prefix(keys, ns_root, span) * b;
+  extend_block_keys(keys, ns_root, tokens, b, int(tokens.size() - 1) / b, key_fn_);
+  return blocks_->cached_prefix(keys, ns_root, tokens) * b;
 }
 
 std::vector<BlockKey> Engine::cached_keys() const { return blocks_->cached_keys(); }

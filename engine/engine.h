@@ -42,7 +42,7 @@ struct PrefixCacheOptions {
   // Gets the cache's KV events; may be null. Must outlive the engine.
   KvEventSink* event_sink = nullptr;
   // Tests: replaces chain_key, e.g. with one that makes every key equal (collision safety).
-  std::function<BlockKey(const BlockKey& parent, std::span<const int32_t> tokens)> key_fn;
+  BlockKeyFn key_fn;
 };
 
 struct EngineOptions {
@@ -320,6 +320,7 @@ class Engine {
   StepWindow step_window_;  // Guarded by stats_mu_.
   LayerHook layer_hook_;
   BlockKey key_root_;
+  BlockKeyFn key_fn_;  // PrefixCacheOptions::key_fn, else chain_key.
 };
 
 }  // namespace pdserve::engine

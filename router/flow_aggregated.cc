@@ -7,7 +7,7 @@ namespace pdserve::router {
 
 Router::Attempt Router::run_aggregated(Flow& f) {
   const auto loads = registry_.loads(worker::ROLE_AGGREGATED);
-  const int w = pick_decode(loads, f.blocks_per_worker, f.exclude_decode);
+  const int w = pick_decode(loads, f.blocks_per_worker, f.exclude_decode, nullptr, preferred(f, loads, false));
   if (w < 0) return Attempt::unplaced(absl::UnavailableError("no aggregated worker is up with room for this request"));
   f.assign(clock_);
   worker::WorkerGenerateRequest req;

@@ -9,7 +9,7 @@ namespace pdserve::router {
 Router::Attempt Router::run_pull(Flow& f) {
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode);
+                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true));
   if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
@@ -58,8 +58,9 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.cached_tokens = presp.cached_tokens();
     return {absl::OkStatus(), false};
   }
-  const int d =
-      pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
+  const std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+  const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
+                            preferred(f, decode_loads, false));
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));

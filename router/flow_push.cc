@@ -24,7 +24,7 @@ Router::Attempt Router::run_push(Flow& f) {
   // group (TP and endpoints) at Reserve time, before any write can arrive.
   const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode);
+                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true));
   if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
@@ -36,7 +36,9 @@ Router::Attempt Router::run_push(Flow& f) {
   auto backoff = std::chrono::duration_cast<Duration>(kReserveBackoffMin);
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
-    d = pick_decode(registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker, f.exclude_decode, &producer_load);
+    const std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+    d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
+                    preferred(f, decode_loads, false));
     if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),

@@ -34,9 +34,8 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   }
   const Status s = generate_samples(
       *request,
-      [&](const v1::GenerateRequest& r, const std::function<bool()>& gone, const SampleEmit& emit) {
-        return router_.generate(r, gone, emit, client);
-      },
+      [&](const v1::GenerateRequest& r, const PromptAffinity& affinity, const std::function<bool()>& gone,
+          const SampleEmit& emit) { return router_.generate(r, gone, emit, client, affinity); },
       [ctx] { return ctx->IsCancelled(); }, [writer](const v1::GenerateResponse& r) { return writer->Write(r); });
   if (fanned_out) {
     std::lock_guard lock(fanouts_mu_);

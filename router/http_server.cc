@@ -183,8 +183,10 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
       children->push_back(std::move(r));
     }
   }
-  GenerateFn generate = [this, client](const v1::GenerateRequest& r, const std::function<bool()>& gone,
-                                       const SampleEmit& emit) { return router_.generate(r, gone, emit, client); };
+  GenerateFn generate = [this, client](const v1::GenerateRequest& r, const PromptAffinity& affinity,
+                                       const std::function<bool()>& gone, const SampleEmit& emit) {
+    return router_.generate(r, gone, emit, client, affinity);
+  };
   const std::string model = router_.model_info().name();
   const int64_t created = unix_now();
   // Unique within the process (a count) and across router processes (a random salt).
@@ -217,7 +219,7 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
       return *seen_established && *state != TcpConnectionState::kEstablished;
     };
     std::vector<ChoiceOutput> outputs(children->size());
-    Status s = run_parallel(*children, {}, generate, client_gone, [&](const v1::GenerateResponse& r) {
+    Status s = run_parallel(*children, {}, samples, generate, client_gone, [&](const v1::GenerateResponse& r) {
       outputs[size_t(r.index())].add(r);  // run_parallel emits one at a time.
       return true;
     });
@@ -244,7 +246,7 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
     return;
   }
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, children, echo_texts,
+  res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, children, echo_texts, samples,
                                                          generate](size_t, httplib::DataSink& sink) {
     const engine::Tokenizer& tokenizer = *router_.model().tokenizer;
     std::vector<StreamChoice> states(children->size());
@@ -256,7 +258,7 @@ void HttpServer::handle_generate(const httplib::Request& http_request, bool chat
       return !gone.load();
     };
     Status s = run_parallel(
-        *children, {}, generate, [&] { return gone.load(); },
+        *children, {}, samples, generate, [&] { return gone.load(); },
         [&](const v1::GenerateResponse& r) {
           const bool prompt_first = r.index() % req->n == 0;  // Prompt tokens once per prompt.
           if (prompt_first) prompt_tokens += r.prompt_token_ids_size();

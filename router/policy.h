@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,17 +33,25 @@ bool kv_pairable(const WorkerLoad& p, const WorkerLoad& d);
 int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude);
 
 // The same, among prefill workers that some decode worker in `decode` (up, not in
-// `exclude_decode`, whose cache could ever hold `blocks_needed`) is kv_pairable with.
+// `exclude_decode`, whose cache could ever hold `blocks_needed`) is kv_pairable with; worker
+// `preferred` (an index, -1 for none: router/prompt_affinity.h) whenever it is among them.
 int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude,
-                 const std::vector<WorkerLoad>& decode, int blocks_needed, const std::vector<int>& exclude_decode);
+                 const std::vector<WorkerLoad>& decode, int blocks_needed, const std::vector<int>& exclude_decode,
+                 int preferred = -1);
 
 // The decode (or aggregated) worker for a request needing `blocks_needed` KV blocks: among up
 // workers with that many free blocks, the one running the fewest sequences; when none has room
 // now, the one with the most free blocks whose cache could ever hold the request (its engine
 // queues it). Skips `exclude`; -1 when no worker could ever serve it.
 // With `paired_with` (the chosen prefill worker), only decode workers kv_pairable with it.
+// Worker `preferred` (-1 for none) goes first among those with room, and among those without.
 int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const std::vector<int>& exclude,
-                const WorkerLoad* paired_with = nullptr);
+                const WorkerLoad* paired_with = nullptr, int preferred = -1);
+
+// The index of the worker at `address` among `workers` (registry indices, `address_of` giving
+// each one's address); -1 when `address` is empty or not there.
+int index_of(const std::vector<WorkerLoad>& workers, const std::string& address,
+             const std::function<const std::string&(int)>& address_of);
 
 // KV blocks a request occupies on a decode worker: its whole length, capped to the context.
 int blocks_needed(int prompt_len, int max_tokens, int max_context, int block_size);

@@ -168,6 +168,7 @@ struct Router::Flow {
   int migrations = 0;  // Placements after the first.
   int blocks_per_worker = 0;
   const Emit* emit = nullptr;
+  const PromptAffinity* affinity = nullptr;
   TimePoint arrival;
   bool assigned = false;
   bool sent_first = false;

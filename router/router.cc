@@ -78,6 +78,12 @@ void Router::watch_placement(Active& a, TimePoint now) {
                                     " s (mean inter-token time ", seconds(itl) * 1e3, " ms)"));
 }
 
+int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const {
+  const PromptPlacement& p = f.affinity->prefer;
+  return index_of(loads, prefill ? p.prefill_worker : p.decode_worker,
+                  [this](int i) -> const std::string& { return registry_.address(i); });
+}
+
 std::string Router::new_request_id() { return absl::StrCat("req-", id_prefix_, "-", next_id_++); }
 
 v1::ModelInfo Router::model_info() const {
@@ -189,6 +195,7 @@ void Router::emit_output(Flow& f, const worker::WorkerEvent& ev) {
     for (int t : f.prompt) r.add_prompt_token_ids(t);
     r.mutable_prompt_logprobs()->Swap(&f.prompt_logprobs);
     f.sent_first = true;
+    if (f.affinity->on_prompt_computed) f.affinity->on_prompt_computed({f.prefill_worker, f.decode_worker});
   }
   f.output.insert(f.output.end(), ev.token_ids().begin(), ev.token_ids().end());
   if (ev.token_ids_size() > 0 && f.first_token_s < 0) f.first_token_s = seconds(clock_.now() - f.arrival);
@@ -390,7 +397,7 @@ Status Router::run_placements(Flow& f) {
 }
 
 Status Router::generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit,
-                        const std::string& client) {
+                        const std::string& client, const PromptAffinity& affinity) {
   const TimePoint arrival = clock_.now();
   // Every entry point comes here: the fields the client left unset take the model's defaults,
   // and the workers get explicit values.
@@ -437,6 +444,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   f.prompt = std::move(*prompt);
   f.sampling = resolved.sampling();
   f.emit = &emit;
+  f.affinity = &affinity;
   f.arrival = arrival;
 
   Status s = admission_.acquire([&] { return act->status(); });

@@ -29,6 +29,7 @@
 #include "router/admission_queue.h"
 #include "router/kv_mode.h"
 #include "router/metrics.h"
+#include "router/prompt_affinity.h"
 #include "router/worker_registry.h"
 
 namespace pdserve::router {
@@ -76,8 +77,10 @@ class Router {
   // client sees. `client_gone` is polled to notice a cancelled client and stop the workers.
   // `client` names who sent it (its API key's tag; empty without keys): request ids live in the
   // client's namespace, so one client can neither abort nor collide with another's requests.
+  // `affinity` places it where a sibling sample computed its prompt, and reports where this
+  // one's was computed (router/prompt_affinity.h).
   Status generate(const v1::GenerateRequest& request, const std::function<bool()>& client_gone, const Emit& emit,
-                  const std::string& client = "");
+                  const std::string& client = "", const PromptAffinity& affinity = {});
   // Aborts `client`'s running request by id: its workers free it and its stream ends with "abort".
   bool abort(const std::string& request_id, const std::string& client = "");
   // Checks a request and returns its prompt tokens: InvalidArgument for a missing or too long
@@ -161,6 +164,8 @@ class Router {
   // down or its stream stalled.
   void watch_placement(Active& a, TimePoint now);
   std::string new_request_id();
+  // The index of `f`'s preferred prefill or decode worker among `loads` (-1: none, or gone).
+  int preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const;
 
   const RouterOptions options_;
   const ServedModel model_;

@@ -82,17 +82,21 @@ BlockKey chain_key(const BlockKey& parent, std::span<const int32_t> tokens) {
   return m.digest();
 }
 
+void extend_block_keys(std::vector<BlockKey>& keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                       int block_size, int max_blocks, const BlockKeyFn& key_fn) {
+  if (block_size <= 0) return;
+  const size_t n = std::min<size_t>(tokens.size() / size_t(block_size), size_t(std::max(0, max_blocks)));
+  keys.reserve(n);
+  while (keys.size() < n) {
+    const BlockKey& parent = keys.empty() ? ns_root : keys.back();
+    keys.push_back(key_fn(parent, tokens.subspan(keys.size() * size_t(block_size), size_t(block_size))));
+  }
+}
+
 std::vector<BlockKey> block_keys(const BlockKey& ns_root, std::span<const int32_t> tokens, int block_size,
                                  int max_blocks) {
   std::vector<BlockKey> keys;
-  if (block_size <= 0) return keys;
-  const size_t n = std::min<size_t>(tokens.size() / size_t(block_size), size_t(std::max(0, max_blocks)));
-  keys.reserve(n);
-  BlockKey parent = ns_root;
-  for (size_t i = 0; i < n; ++i) {
-    parent = chain_key(parent, tokens.subspan(i * size_t(block_size), size_t(block_size)));
-    keys.push_back(parent);
-  }
+  extend_block_keys(keys, ns_root, tokens, block_size, max_blocks, chain_key);
   return keys;
 }
 

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,8 +52,18 @@ BlockKey namespace_root(const BlockKey& root, std::string_view ns);
 // block holding `tokens` whose predecessor's key is `parent` (the namespace root for block 0).
 BlockKey chain_key(const BlockKey& parent, std::span<const int32_t> tokens);
 
+// How a block's key follows from its parent's and its tokens: chain_key, or a test's stand-in
+// (PrefixCacheOptions::key_fn).
+using BlockKeyFn = std::function<BlockKey(const BlockKey& parent, std::span<const int32_t> tokens)>;
+
+// Appends to `keys` (the keys of tokens' leading blocks so far) the keys of the following full
+// blocks of `tokens`, chained from `ns_root`, until there are min(max_blocks, |tokens| /
+// block_size): the one chaining loop of the engine, its sequences and lookups alike.
+void extend_block_keys(std::vector<BlockKey>& keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                       int block_size, int max_blocks, const BlockKeyFn& key_fn);
+
 // The keys of the first min(max_blocks, |tokens| / block_size) full blocks of `tokens`,
-// chained from `ns_root`.
+// chained from `ns_root` by chain_key.
 std::vector<BlockKey> block_keys(const BlockKey& ns_root, std::span<const int32_t> tokens, int block_size,
                                  int max_blocks = 1 << 30);
 

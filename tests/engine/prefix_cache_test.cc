@@ -89,8 +89,8 @@ TEST_F(CachedPool, ReleasedCachedBlocksAreHitAndCountAsFree) {
   cache_all(a, first->blocks, prompt, 3);
   ASSERT_TRUE(a.release(first->blocks).ok());
   EXPECT_EQ(a.num_free(), 8);
-  EXPECT_EQ(a.num_evictable(), 3);
-  EXPECT_EQ(a.num_cached(), 3);
+  EXPECT_EQ(a.counts().evictable, 3);
+  EXPECT_EQ(a.counts().cached, 3);
   auto second = a.allocate_cached(std::span<const BlockKey>(keys(prompt)).first(2), ns, prompt, 4);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->cached_blocks, 2);
@@ -108,7 +108,7 @@ TEST_F(CachedPool, AnEvictableHitIsNotRoom) {
   // 4 evictable blocks; a request hitting 2 of them needs 3 more: only 2 are left.
   auto second = a.allocate_cached(std::span<const BlockKey>(keys(prompt)).first(2), ns, prompt, 5);
   EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
-  EXPECT_EQ(a.num_evictable(), 4);  // Unchanged.
+  EXPECT_EQ(a.counts().evictable, 4);  // Unchanged.
   EXPECT_TRUE(a.allocate_cached(std::span<const BlockKey>(keys(prompt)).first(2), ns, prompt, 4).ok());
   EXPECT_TRUE(a.check_invariants().ok());
 }
@@ -124,7 +124,7 @@ TEST_F(CachedPool, EvictingABlockUncachesItsDescendants) {
   auto one = a.allocate(1);
   ASSERT_TRUE(one.ok());
   EXPECT_EQ((*one)[0], first->blocks[1]);
-  EXPECT_EQ(a.num_cached(), 1);  // Block 2 went with its parent.
+  EXPECT_EQ(a.counts().cached, 1);  // Block 2 went with its parent.
   EXPECT_EQ(a.ref_count(first->blocks[2]), 1);
   EXPECT_TRUE(a.check_invariants().ok()) << a.check_invariants();
   // Block 0 alone still hits.
@@ -140,7 +140,7 @@ TEST_F(CachedPool, TokensAreComparedOnEveryHit) {
   // Same keys, other tokens: a collision, and a miss.
   auto other = iota(100, 8);
   EXPECT_EQ(a.cached_prefix(keys(prompt), ns, other), 0);
-  EXPECT_EQ(a.collisions(), 1u);
+  EXPECT_EQ(a.counts().collisions, 1u);
   // Other namespace root with the same keys: a miss.
   BlockKey other_ns{};
   other_ns.bytes[0] = 1;
@@ -158,10 +158,10 @@ TEST_F(CachedPool, ADuplicateStaysPrivateAndTheChainGoesOnThroughTheCanonicalBlo
   auto link = a.cache(y->blocks[0], k[0], std::nullopt, ns, 0, std::span(prompt).first(kBlock));
   ASSERT_TRUE(link.has_value());
   EXPECT_EQ(link->block, x->blocks[0]);  // The canonical one stands for it.
-  EXPECT_EQ(a.num_cached(), 2);
+  EXPECT_EQ(a.counts().cached, 2);
   ASSERT_TRUE(a.release(y->blocks).ok());
   EXPECT_EQ(a.num_free(), 6);
-  EXPECT_EQ(a.num_evictable(), 0);  // x holds the cached ones; y's were private.
+  EXPECT_EQ(a.counts().evictable, 0);  // x holds the cached ones; y's were private.
   EXPECT_TRUE(a.check_invariants().ok());
 }
 
@@ -172,8 +172,8 @@ TEST_F(CachedPool, ResetUncachesEverything) {
   cache_all(a, x->blocks, prompt, 2);
   ASSERT_TRUE(a.release({x->blocks[1]}).ok());
   a.reset_cache();
-  EXPECT_EQ(a.num_cached(), 0);
-  EXPECT_EQ(a.num_evictable(), 0);
+  EXPECT_EQ(a.counts().cached, 0);
+  EXPECT_EQ(a.counts().evictable, 0);
   EXPECT_EQ(a.num_free(), 3);
   EXPECT_TRUE(a.check_invariants().ok());
 }
@@ -208,11 +208,7 @@ void run_property(std::function<BlockKey(const BlockKey&, std::span<const int32_
   }
   auto keys_of = [&](const std::vector<int32_t>& tokens) {
     std::vector<BlockKey> out;
-    BlockKey parent = ns;
-    for (size_t i = 0; i + kBlock <= tokens.size(); i += kBlock) {
-      parent = key_fn(parent, std::span(tokens).subspan(i, kBlock));
-      out.push_back(parent);
-    }
+    extend_block_keys(out, ns, tokens, kBlock, int(tokens.size()) / kBlock, key_fn);
     return out;
   };
   for (int op = 0; op < 100000; ++op) {
@@ -278,7 +274,7 @@ void run_property(std::function<BlockKey(const BlockKey&, std::span<const int32_
     const Status ok = a.check_invariants();
     ASSERT_TRUE(ok.ok()) << "op " << op << ": " << ok;
   }
-  *collisions = a.collisions();
+  *collisions = a.counts().collisions;
   for (Request& r : reqs) {
     if (!r.active) continue;
     ASSERT_TRUE(a.release(r.blocks).ok());

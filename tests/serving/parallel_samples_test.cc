@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -57,13 +58,25 @@ TEST(ParallelSamples, SampleRequestsGetSeedPlusIndexAndTheirOwnIds) {
   EXPECT_TRUE(u[1].request_id().empty());    // The router names each.
 }
 
-// A generate that emits `steps` messages carrying its seed (3 tokens each, the last finished).
+// A generate that emits `steps` messages carrying its seed (3 tokens each, the last finished),
+// reporting its prompt computed "on" the workers named by its seed at the first.
 struct FakeRouter {
   std::atomic<int> calls{0};
   int steps = 3;
-  Status operator()(const v1::GenerateRequest& r, const std::function<bool()>&, const SampleEmit& emit) {
+  std::mutex mu;
+  std::map<int64_t, PromptPlacement> preferred;  // By seed: the placement each call was asked for.
+  Status operator()(const v1::GenerateRequest& r, const PromptAffinity& affinity, const std::function<bool()>&,
+                    const SampleEmit& emit) {
     ++calls;
+    {
+      std::lock_guard lock(mu);
+      preferred[r.sampling().seed()] = affinity.prefer;
+    }
     for (int s = 0; s < steps; ++s) {
+      if (s == 0 && affinity.on_prompt_computed) {
+        const std::string at = std::to_string(r.sampling().seed());
+        affinity.on_prompt_computed({"p" + at, "d" + at});
+      }
       v1::GenerateResponse m;
       m.set_request_id(r.request_id());
       m.add_token_ids(int(r.sampling().seed()));
@@ -83,7 +96,7 @@ TEST(ParallelSamples, RunsEverySampleAndTagsItsIndex) {
   std::atomic<int> in_emit{0};  // The client's emits never overlap (the samples' threads race).
   std::atomic<bool> overlapped{false};
   const Status s = generate_samples(
-      seeded("r", 100, 4), [&](auto& r, auto& gone, auto& emit) { return fake(r, gone, emit); }, [] { return false; },
+      seeded("r", 100, 4), [&](auto& r, auto& a, auto& gone, auto& emit) { return fake(r, a, gone, emit); }, [] { return false; },
       [&](const v1::GenerateResponse& m) {
         if (in_emit.fetch_add(1) != 0) overlapped = true;
         std::this_thread::yield();  // Widens the window another emit would need.
@@ -101,13 +114,101 @@ TEST(ParallelSamples, RunsEverySampleAndTagsItsIndex) {
     EXPECT_EQ(text[i], seed + seed + seed) << i;  // Sample i ran with seed + i, tagged i.
     EXPECT_EQ(finished[i], 1);
   }
+  // Sample 0 was placed by load; the others where sample 0 computed the prompt.
+  EXPECT_EQ(fake.preferred[100].prefill_worker, "");
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(fake.preferred[100 + i].prefill_worker, "p100") << i;
+    EXPECT_EQ(fake.preferred[100 + i].decode_worker, "d100") << i;
+  }
+}
+
+// Two prompts of three samples each: each group's followers start only once their own leader
+// computed its prompt, and are placed there; the leaders do not wait for each other (leader 0
+// computes its prompt only after leader 1 started).
+TEST(ParallelSamples, FollowersStartAfterTheirLeadersPromptOnItsWorkers) {
+  std::vector<v1::GenerateRequest> requests = sample_requests(seeded("", 10, 3), 3);
+  for (v1::GenerateRequest& r : sample_requests(seeded("", 20, 3), 3)) requests.push_back(r);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool leader1_started = false;
+  std::map<int64_t, bool> computed;                 // By leader seed: its prompt was reported.
+  std::map<int64_t, PromptPlacement> preferred;     // By seed.
+  std::map<int64_t, bool> started_after_leader;     // By follower seed.
+  const Status s = run_parallel(
+      requests, {}, 3,
+      [&](const v1::GenerateRequest& r, const PromptAffinity& a, const std::function<bool()>&,
+          const SampleEmit& emit) -> Status {
+        const int64_t seed = r.sampling().seed();
+        const int64_t leader = seed < 20 ? 10 : 20;
+        {
+          std::unique_lock lock(mu);
+          preferred[seed] = a.prefer;
+          if (seed == leader) {
+            if (seed == 20) leader1_started = true;
+            cv.notify_all();
+            if (seed == 10 && !cv.wait_for(lock, std::chrono::seconds(20), [&] { return leader1_started; }))
+              return absl::DeadlineExceededError("leader 1 never started");
+          } else {
+            started_after_leader[seed] = computed[leader];
+          }
+        }
+        if (a.on_prompt_computed) {
+          {
+            std::lock_guard lock(mu);
+            computed[seed] = true;
+          }
+          a.on_prompt_computed({"p" + std::to_string(seed), "d" + std::to_string(seed)});
+        }
+        v1::GenerateResponse m;
+        m.set_finished(true);
+        return emit(m) ? absl::OkStatus() : absl::CancelledError("gone");
+      },
+      [] { return false; }, [](const v1::GenerateResponse&) { return true; });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(preferred[10].prefill_worker, "");
+  EXPECT_EQ(preferred[20].prefill_worker, "");
+  for (int64_t seed : {11, 12, 21, 22}) {
+    const std::string leader = seed < 20 ? "10" : "20";
+    EXPECT_TRUE(started_after_leader[seed]) << seed;
+    EXPECT_EQ(preferred[seed].prefill_worker, "p" + leader) << seed;
+    EXPECT_EQ(preferred[seed].decode_worker, "d" + leader) << seed;
+  }
+}
+
+// A leader that fails before its prompt is computed fails the request; its followers never run.
+// One that ends without output but well lets them run, placed by load.
+TEST(ParallelSamples, ALeaderEndingBeforeItsPromptReleasesItsFollowers) {
+  std::atomic<int> follower_calls{0};
+  const Status failed = run_parallel(
+      sample_requests(seeded("", 1, 3), 3), {}, 3,
+      [&](const v1::GenerateRequest& r, const PromptAffinity&, const std::function<bool()>&, const SampleEmit&) {
+        if (r.sampling().seed() != 1) ++follower_calls;
+        return absl::UnavailableError("worker died");
+      },
+      [] { return false; }, [](const v1::GenerateResponse&) { return true; });
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_EQ(follower_calls, 0);
+
+  std::mutex mu;
+  std::map<int64_t, PromptPlacement> preferred;
+  const Status quiet = run_parallel(
+      sample_requests(seeded("", 1, 3), 3), {}, 3,
+      [&](const v1::GenerateRequest& r, const PromptAffinity& a, const std::function<bool()>&, const SampleEmit&) {
+        std::lock_guard lock(mu);
+        preferred[r.sampling().seed()] = a.prefer;
+        return absl::OkStatus();
+      },
+      [] { return false; }, [](const v1::GenerateResponse&) { return true; });
+  ASSERT_TRUE(quiet.ok()) << quiet;
+  ASSERT_EQ(preferred.size(), 3u);
+  for (const auto& [seed, p] : preferred) EXPECT_EQ(p.prefill_worker, "") << seed;
 }
 
 TEST(ParallelSamples, SingleSampleIsOnePlainCall) {
   std::vector<v1::GenerateRequest> seen;
   const Status s = generate_samples(
       seeded("keep", 3, 1),
-      [&](const v1::GenerateRequest& r, auto&, const SampleEmit& emit) {
+      [&](const v1::GenerateRequest& r, const PromptAffinity&, auto&, const SampleEmit& emit) {
         seen.push_back(r);
         v1::GenerateResponse m;
         m.set_index(0);
@@ -125,8 +226,8 @@ TEST(ParallelSamples, ExplicitIndices) {
   FakeRouter fake;
   std::map<int, int> count;
   const Status s = run_parallel(
-      sample_requests(seeded("", 1, 2), 2), {5, 9},
-      [&](auto& r, auto& gone, auto& emit) { return fake(r, gone, emit); }, nullptr,
+      sample_requests(seeded("", 1, 2), 2), {5, 9}, 2,
+      [&](auto& r, auto& a, auto& gone, auto& emit) { return fake(r, a, gone, emit); }, nullptr,
       [&](const v1::GenerateResponse& m) {
         ++count[m.index()];
         return true;
@@ -148,8 +249,9 @@ Status wait_for_cancel(const std::function<bool()>& gone) {
 TEST(ParallelSamples, OneFailureFailsTheRequestAndCancelsTheRest) {
   std::atomic<int> cancelled{0};
   const Status s = run_parallel(
-      sample_requests(seeded("", 1, 4), 4), {},
-      [&](const v1::GenerateRequest& r, const std::function<bool()>& gone, const SampleEmit&) -> Status {
+      sample_requests(seeded("", 1, 4), 4), {}, 1,
+      [&](const v1::GenerateRequest& r, const PromptAffinity&, const std::function<bool()>& gone,
+          const SampleEmit&) -> Status {
         if (r.sampling().seed() == 3) return absl::UnavailableError("worker died");
         Status w = wait_for_cancel(gone);
         if (absl::IsCancelled(w)) ++cancelled;
@@ -165,8 +267,9 @@ TEST(ParallelSamples, GoneClientCancelsEverySample) {
   std::atomic<bool> client_left{false};
   std::atomic<int> cancelled{0};
   const Status s = run_parallel(
-      sample_requests(seeded("", 1, 3), 3), {},
-      [&](const v1::GenerateRequest& r, const std::function<bool()>& gone, const SampleEmit&) -> Status {
+      sample_requests(seeded("", 1, 3), 3), {}, 1,
+      [&](const v1::GenerateRequest& r, const PromptAffinity&, const std::function<bool()>& gone,
+          const SampleEmit&) -> Status {
         if (r.sampling().seed() == 2) client_left = true;
         Status w = wait_for_cancel(gone);
         if (absl::IsCancelled(w)) ++cancelled;
@@ -179,8 +282,9 @@ TEST(ParallelSamples, GoneClientCancelsEverySample) {
   // An emit that fails (the stream's write did) cancels the others too.
   std::atomic<int> cancelled2{0};
   const Status s2 = run_parallel(
-      sample_requests(seeded("", 1, 3), 3), {},
-      [&](const v1::GenerateRequest& r, const std::function<bool()>& gone, const SampleEmit& emit) -> Status {
+      sample_requests(seeded("", 1, 3), 3), {}, 1,
+      [&](const v1::GenerateRequest& r, const PromptAffinity&, const std::function<bool()>& gone,
+          const SampleEmit& emit) -> Status {
         if (r.sampling().seed() == 1 && !emit(v1::GenerateResponse())) return absl::CancelledError("gone");
         Status w = wait_for_cancel(gone);
         if (absl::IsCancelled(w)) ++cancelled2;

@@ -112,6 +112,33 @@ TEST(RouterPolicy, PairsPrefillAndDecodeOnlyWithinAKvCompatGeneration) {
   EXPECT_EQ(pick_decode({d_old, d_new}, 10, {}), 5) << "without a pair, any decode worker";
 }
 
+// A sample's preferred workers (where its prompt was just computed) win over less loaded ones
+// whenever they could take it, and never when they could not (router/prompt_affinity.h).
+TEST(RouterPolicy, PreferredWorkersWinWhenEligible) {
+  const std::vector<WorkerLoad> prefill = {load(0, true, 0, 0, /*queued=*/0), load(1, true, 0, 4, /*queued=*/900),
+                                           load(2, false, 0, 0)};
+  const std::vector<WorkerLoad> decode = {load(5, true, 90, 0), load(6, true, 50, 7), load(7, true, 5, 0)};
+  EXPECT_EQ(pick_prefill(prefill, {}, decode, 10, {}), 0) << "no preference: by load";
+  EXPECT_EQ(pick_prefill(prefill, {}, decode, 10, {}, 1), 1) << "preferred, though busier";
+  EXPECT_EQ(pick_prefill(prefill, {1}, decode, 10, {}, 1), 0) << "preferred but failed for this request";
+  EXPECT_EQ(pick_prefill(prefill, {}, decode, 10, {}, 2), 0) << "preferred but down";
+  EXPECT_EQ(pick_prefill(prefill, {}, decode, 10, {}, 9), 0) << "preferred but gone from the registry";
+  EXPECT_EQ(pick_prefill(prefill, {}, {load(5, true, 90, 0, 0, 5)}, 10, {}, 1), -1) << "preferred but unpairable";
+
+  EXPECT_EQ(pick_decode(decode, 10, {}), 5) << "no preference: by load";
+  EXPECT_EQ(pick_decode(decode, 10, {}, nullptr, 6), 6) << "preferred with room, though busier";
+  EXPECT_EQ(pick_decode(decode, 10, {}, nullptr, 7), 5) << "preferred without room: another with room";
+  EXPECT_EQ(pick_decode({load(5, true, 6, 0), load(7, true, 5, 0)}, 10, {}, nullptr, 7), 7)
+      << "none with room: the preferred one queues it";
+  EXPECT_EQ(pick_decode(decode, 10, {6}, nullptr, 6), 5) << "preferred but excluded";
+
+  const std::vector<std::string> addresses = {"a:1", "b:2", "c:3", "", "", "d:5", "e:6", "f:7"};
+  auto address_of = [&](int i) -> const std::string& { return addresses[size_t(i)]; };
+  EXPECT_EQ(index_of(decode, "e:6", address_of), 6);
+  EXPECT_EQ(index_of(decode, "a:1", address_of), -1) << "another role's worker";
+  EXPECT_EQ(index_of(decode, "", address_of), -1);
+}
+
 TEST(RouterPolicy, BlocksNeeded) {
   EXPECT_EQ(blocks_needed(10, 6, 512, 16), 1);
   EXPECT_EQ(blocks_needed(10, 7, 512, 16), 2);
