@@ -99,7 +99,12 @@ v1::ModelInfo Router::model_info() const {
   *m.mutable_sampling_defaults() = sampling_defaults_proto(model_.config.generation_defaults);
   int ranks = 0;
   for (worker::Role role : {worker::ROLE_AGGREGATED, worker::ROLE_PREFILL, worker::ROLE_DECODE}) {
-    for (const WorkerLoad& l : registry_.loads(role)) ranks += l.up ? l.tp : 0;
+    for (const WorkerLoad& l : registry_.loads(role)) {
+      if (!l.up) continue;
+      ranks += l.tp;
+      if (m.kv_block_size() == 0)
+        if (const auto info = registry_.info(l.index)) m.set_kv_block_size(info->block_size());
+    }
   }
   m.set_num_ranks(ranks);
   return m;

@@ -15,6 +15,7 @@
 #include "engine/model_loader.h"
 #include "proto/engine_sampling.h"
 #include "proto/sampling_defaults.h"
+#include "tools/bench_workload.h"
 #include "tools/router_client.h"
 #include "tools/sampling_flags.h"
 
@@ -50,6 +51,13 @@ struct BenchFlags {
   bool tls = false;    // --tls: the router serves TLS (system CAs).
   std::string tls_ca;  // --tls-ca: ... signed by this CA.
   std::string verify_model;  // Compare every output with this model's in-process engine.
+  // --workload and its shape: session workloads' fields left -1 take the workload's default
+  // (default_session_spec); --num-prompts and the random lengths are the random workload's.
+  std::string workload = "random";
+  SessionSpec session{-1, -1, -1, -1, -1, -1, -1, -1};
+  std::string trace_file;
+  int trace_block_tokens = 512;  // Mooncake's block: 512 tokens per hash id.
+  double trace_speed = 1.0;
 };
 
 // The requests whose successful output differs from the in-process engine's for the same
@@ -96,6 +104,28 @@ StatusOr<int> count_mismatches(const std::string& model, const std::vector<v1::G
 
 double seconds_since(Steady::time_point t) { return std::chrono::duration<double>(Steady::now() - t).count(); }
 
+// A benchmark request's sampling: the flags', `max_tokens` and `seed`.
+v1::SamplingParams request_sampling(const BenchFlags& f, int max_tokens, int64_t seed) {
+  engine::SamplingParams p = f.sampling;
+  p.max_tokens = max_tokens;
+  p.min_tokens = std::min(p.min_tokens, max_tokens);  // The lengths vary; min_tokens may not pass them.
+  p.ignore_eos = f.ignore_eos;
+  p.seed = seed;
+  v1::SamplingParams s = wire_sampling(p);
+  // Explicitly neutral, so that the model's generation_config defaults do not change what
+  // --verify-model recomputes from the request's parameters.
+  set_neutral_sampling(&s);
+  s.set_temperature(f.temperature);
+  return s;
+}
+
+v1::GenerateRequest token_request(const BenchFlags& f, const std::vector<int>& prompt, int max_tokens, int64_t seed) {
+  v1::GenerateRequest r;
+  for (int t : prompt) r.mutable_token_ids()->add_ids(t);
+  *r.mutable_sampling() = request_sampling(f, max_tokens, seed);
+  return r;
+}
+
 // Draws the benchmark's prompts: random token ids (not the special ids 0..2 nor BOS/EOS) after
 // BOS, with lengths uniform in [len*(1-ratio), len*(1+ratio)], capped so prompt + output fits.
 std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::ModelInfo& info, int n, uint64_t seed) {
@@ -123,17 +153,7 @@ std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::Mo
       if (t == info.bos_id() || std::find(info.eos_ids().begin(), info.eos_ids().end(), t) != info.eos_ids().end()) continue;
       ids->add_ids(t);
     }
-    engine::SamplingParams p = f.sampling;
-    p.max_tokens = out_len;
-    p.min_tokens = std::min(p.min_tokens, out_len);  // The lengths vary; min_tokens may not pass them.
-    p.ignore_eos = f.ignore_eos;
-    p.seed = int64_t(seed + i);
-    v1::SamplingParams* s = r.mutable_sampling();
-    *s = wire_sampling(p);
-    // Explicitly neutral, so that the model's generation_config defaults do not change what
-    // --verify-model recomputes from the request's parameters.
-    set_neutral_sampling(s);
-    s->set_temperature(f.temperature);
+    *r.mutable_sampling() = request_sampling(f, out_len, int64_t(seed + i));
     out.push_back(std::move(r));
   }
   return out;
@@ -153,6 +173,7 @@ RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& r
       rec.server_kv_transfer_s = r.timings().kv_transfer_s();
       rec.prefill_worker = r.prefill_worker();
       rec.decode_worker = r.decode_worker();
+      rec.cached_tokens = r.cached_tokens();
     }
     if (r.token_ids_size() == 0) return;
     const Steady::time_point now = Steady::now();
@@ -248,9 +269,214 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
   std::cout << "==================================================" << std::endl;
 }
 
+// What one run sent and measured, in send order; `turns` only for session and trace workloads.
+struct RunRecords {
+  std::vector<v1::GenerateRequest> requests;
+  std::vector<RequestRecord> records;
+  std::vector<TurnRecord> turns;
+  double duration_s = 0;
+};
+
+// The random workload: `requests` at their arrival times, at most --max-concurrency at once.
+RunRecords run_random(const BenchFlags& f, RouterClient& client, const v1::ModelInfo& info) {
+  RunRecords run;
+  run.requests = make_requests(f, info, f.num_prompts, f.seed);
+  const std::vector<double> arrivals = arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed);
+  run.records.resize(run.requests.size());
+  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(run.requests.size()));
+  std::mutex mu;
+  int done = 0;
+  progress(0, int(run.requests.size()));
+  std::vector<std::thread> threads;
+  const Steady::time_point start = Steady::now();
+  for (size_t i = 0; i < run.requests.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[i])));
+    slots.acquire();
+    const double offset = seconds_since(start);
+    threads.emplace_back([&, i, offset] {
+      run.records[i] = run_one(client, run.requests[i], f.retries);
+      run.records[i].start_s = offset;
+      slots.release();
+      std::lock_guard lock(mu);
+      progress(++done, int(run.requests.size()));
+    });
+  }
+  for (auto& t : threads) t.join();
+  run.duration_s = seconds_since(start);
+  return run;
+}
+
+TokenRange token_range(const v1::ModelInfo& info) {
+  TokenRange range{std::max(4, info.vocab_size()), {info.eos_ids().begin(), info.eos_ids().end()}};
+  range.avoid.push_back(info.bos_id());
+  return range;
+}
+
+// The shape a session workload runs: its defaults, overridden by the flags given.
+SessionSpec session_spec(const BenchFlags& f, Workload w) {
+  SessionSpec s = default_session_spec(w);
+  const SessionSpec& o = f.session;
+  for (auto [flag, field] : {std::pair{o.sessions, &s.sessions}, {o.turns, &s.turns}, {o.shared_prefixes, &s.shared_prefixes},
+                             {o.prefix_len, &s.prefix_len}, {o.turn_len, &s.turn_len}, {o.output_len, &s.output_len},
+                             {o.fanout, &s.fanout}})
+    if (flag >= 0) *field = flag;
+  if (o.think_time_s >= 0) s.think_time_s = o.think_time_s;
+  return s;
+}
+
+// Multi-turn and agentic sessions: each session starts at its arrival time (at most
+// --max-concurrency sessions at once) and sends its turns one after the other, each turn's
+// prompt the last prompt, the first sibling's output and the turn's new tokens; a turn's
+// siblings go out together. A session ends early when its next turn would not fit the context,
+// or when a turn failed.
+RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClient& client, const v1::ModelInfo& info,
+                        int block_size) {
+  const SessionTokens tokens(spec, token_range(info), f.seed);
+  ReuseOracle oracle(block_size);
+  RunRecords run;
+  std::mutex mu;  // Guards run's vectors and `done`.
+  const int total = spec.sessions * spec.turns * spec.fanout;
+  int done = 0;
+  progress(0, total);
+  const std::vector<double> arrivals = arrival_times(spec.sessions, f.request_rate, f.burstiness, f.seed);
+  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : std::max(1, spec.sessions));
+  const Steady::time_point start = Steady::now();
+  auto session = [&](int s) {
+    std::vector<int> history = tokens.prefix(s);
+    for (int t = 0; t < spec.turns; ++t) {
+      std::vector<int> prompt = history;
+      const std::vector<int> added = tokens.turn(s, t);
+      prompt.insert(prompt.end(), added.begin(), added.end());
+      if (info.max_context() > 0 && int(prompt.size()) + spec.output_len > info.max_context()) break;
+      std::vector<RequestRecord> siblings(size_t(spec.fanout));
+      std::vector<v1::GenerateRequest> sent(size_t(spec.fanout));
+      std::vector<int> reusable(size_t(spec.fanout));
+      std::vector<std::thread> threads;
+      for (int k = 0; k < spec.fanout; ++k) {
+        const int64_t seed = int64_t(f.seed) + (int64_t(s) * spec.turns + t) * spec.fanout + k;
+        sent[size_t(k)] = token_request(f, prompt, spec.output_len, seed);
+        reusable[size_t(k)] = oracle.on_send(prompt);
+        const double offset = seconds_since(start);
+        threads.emplace_back([&, k, offset] {
+          siblings[size_t(k)] = run_one(client, sent[size_t(k)], f.retries);
+          siblings[size_t(k)].start_s = offset;
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      bool failed = false;
+      for (int k = 0; k < spec.fanout; ++k) {
+        const RequestRecord& r = siblings[size_t(k)];
+        failed |= !r.ok;
+        std::vector<int> sequence = prompt;
+        sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+        if (r.ok) oracle.on_end(sequence);
+        std::lock_guard lock(mu);
+        run.requests.push_back(sent[size_t(k)]);
+        run.records.push_back(r);
+        run.turns.push_back({t, r.ok, r.ttft_s, r.prompt_tokens, r.cached_tokens, reusable[size_t(k)]});
+        progress(++done, total);
+      }
+      if (failed) break;
+      history = prompt;
+      history.insert(history.end(), siblings[0].tokens.begin(), siblings[0].tokens.end());
+      if (spec.think_time_s > 0 && t + 1 < spec.turns)
+        std::this_thread::sleep_for(std::chrono::duration<double>(spec.think_time_s));
+    }
+    slots.release();
+  };
+  std::vector<std::thread> threads;
+  for (int s = 0; s < spec.sessions; ++s) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[size_t(s)])));
+    slots.acquire();
+    threads.emplace_back(session, s);
+  }
+  for (std::thread& t : threads) t.join();
+  if (done < total) progress(total, total);
+  run.duration_s = seconds_since(start);
+  return run;
+}
+
+// A Mooncake trace: every request at its (rescaled) timestamp, at most --max-concurrency at once.
+RunRecords run_trace(const BenchFlags& f, const std::vector<TraceRequest>& trace, RouterClient& client, int block_size) {
+  ReuseOracle oracle(block_size);
+  RunRecords run;
+  run.records.resize(trace.size());
+  run.turns.resize(trace.size());
+  for (size_t i = 0; i < trace.size(); ++i)
+    run.requests.push_back(token_request(f, trace[i].prompt, trace[i].output_len, int64_t(f.seed + i)));
+  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(trace.size()));
+  std::mutex mu;
+  int done = 0;
+  progress(0, int(trace.size()));
+  std::vector<std::thread> threads;
+  const Steady::time_point start = Steady::now();
+  for (size_t i = 0; i < trace.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(trace[i].arrival_s)));
+    slots.acquire();
+    const double offset = seconds_since(start);
+    const int reusable = oracle.on_send(trace[i].prompt);
+    threads.emplace_back([&, i, offset, reusable] {
+      RequestRecord r = run_one(client, run.requests[i], f.retries);
+      r.start_s = offset;
+      std::vector<int> sequence = trace[i].prompt;
+      sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
+      if (r.ok) oracle.on_end(sequence);
+      run.turns[i] = {0, r.ok, r.ttft_s, r.prompt_tokens, r.cached_tokens, reusable};
+      run.records[i] = std::move(r);
+      slots.release();
+      std::lock_guard lock(mu);
+      progress(++done, int(trace.size()));
+    });
+  }
+  for (auto& t : threads) t.join();
+  run.duration_s = seconds_since(start);
+  return run;
+}
+
+json session_json(const SessionSummary& s, bool by_turn) {
+  json j = {{"hit_rate", s.hit_rate},
+            {"oracle_hit_rate", s.oracle_hit_rate},
+            {"hit_efficiency", s.oracle_hit_rate > 0 ? json(s.hit_efficiency) : json(nullptr)}};
+  if (by_turn) {
+    j["turn1"] = {{"requests", s.turn1_requests},
+                  {"median_ttft_ms", s.turn1_ttft_p50_ms},
+                  {"p90_ttft_ms", s.turn1_ttft_p90_ms},
+                  {"hit_rate", s.turn1_hit_rate}};
+    j["turn2plus"] = {{"requests", s.later_requests},
+                      {"median_ttft_ms", s.later_ttft_p50_ms},
+                      {"p90_ttft_ms", s.later_ttft_p90_ms},
+                      {"hit_rate", s.later_hit_rate}};
+  }
+  return j;
+}
+
+void print_reuse(const json& r) {
+  auto line = [](const std::string& name, const std::string& value) {
+    std::cout << name << std::string(name.size() < 40 ? 40 - name.size() : 1, ' ') << value << "\n";
+  };
+  std::cout << "------------------Prefix reuse-------------------\n";
+  line("Cached prompt tokens (server):", fmt(100 * r["hit_rate"].get<double>(), 1) + " %");
+  line("Reusable prompt tokens (oracle):", fmt(100 * r["oracle_hit_rate"].get<double>(), 1) + " %");
+  if (!r["hit_efficiency"].is_null()) line("Hit efficiency (server / oracle):", fmt(r["hit_efficiency"].get<double>(), 3));
+  for (const char* bucket : {"turn1", "turn2plus"}) {
+    if (!r.contains(bucket)) continue;
+    const json& b = r[bucket];
+    const std::string name = std::string(bucket) == "turn1" ? "turn 1" : "turns >= 2";
+    line("Median / P90 TTFT, " + name + " (ms):",
+         fmt(b["median_ttft_ms"].get<double>()) + " / " + fmt(b["p90_ttft_ms"].get<double>()) + "  (" +
+             std::to_string(b["requests"].get<int>()) + " req, " + fmt(100 * b["hit_rate"].get<double>(), 1) +
+             " % cached)");
+  }
+}
+
 int run_bench(const BenchFlags& f) {
   if (f.router.empty() == f.worker.empty()) {
     std::cerr << "error: give --router, or --worker to bypass the router\n";
+    return 2;
+  }
+  auto workload = parse_workload(f.workload);
+  if (!workload.ok()) {
+    std::cerr << "error: " << workload.status().message() << "\n";
     return 2;
   }
   auto tls = load_client_tls(f.tls, f.tls_ca);
@@ -271,12 +497,45 @@ int run_bench(const BenchFlags& f) {
                  "[0, 1), --burstiness > 0, --request-rate > 0\n";
     return 2;
   }
+  const SessionSpec spec = session_spec(f, *workload);
+  const bool sessions = *workload == Workload::kMultiturn || *workload == Workload::kAgentic;
+  if (sessions && (spec.sessions <= 0 || spec.turns <= 0 || spec.shared_prefixes <= 0 || spec.prefix_len < 0 ||
+                   spec.turn_len <= 0 || spec.output_len <= 0 || spec.fanout <= 0 || spec.fanout > 16)) {
+    std::cerr << "error: need --sessions, --turns, --shared-prefixes, --turn-len, --turn-output-len > 0, "
+                 "--prefix-len >= 0 and --fanout in 1..16\n";
+    return 2;
+  }
+  std::vector<TraceRequest> trace;
+  if (*workload == Workload::kTrace) {
+    std::ifstream in(f.trace_file);
+    if (f.trace_file.empty() || !in) {
+      std::cerr << "error: --workload trace needs a readable --trace FILE (Mooncake JSONL)\n";
+      return 2;
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto parsed = parse_mooncake_trace(text, f.trace_block_tokens, token_range(*info), f.trace_speed, f.seed);
+    if (!parsed.ok()) {
+      std::cerr << "error: --trace " << f.trace_file << ": " << parsed.status().message() << "\n";
+      return 2;
+    }
+    trace = std::move(*parsed);
+  }
+  // The oracle counts in the servers' unit: the KV block of the workers serving (16 when the
+  // router cannot tell, the workers' default).
+  const int block_size = info->kv_block_size() > 0 ? info->kv_block_size() : 16;
   std::cerr << "bench: " << info->name() << " via "
-            << (f.worker.empty() ? f.router + " (" + info->kv_mode() + ")" : f.worker + " (worker, no router)") << ", "
-            << f.num_prompts
-            << " prompts, input " << f.input_len << ", output " << f.output_len << ", concurrency "
-            << (f.max_concurrency > 0 ? std::to_string(f.max_concurrency) : "unlimited") << ", rate "
-            << f.request_rate << "/s\n";
+            << (f.worker.empty() ? f.router + " (" + info->kv_mode() + ")" : f.worker + " (worker, no router)")
+            << ", workload " << workload_name(*workload) << ", ";
+  if (sessions)
+    std::cerr << spec.sessions << " sessions x " << spec.turns << " turns x " << spec.fanout << ", prefix "
+              << spec.prefix_len << " (" << spec.shared_prefixes << " shared), turn " << spec.turn_len << ", output "
+              << spec.output_len;
+  else if (*workload == Workload::kTrace)
+    std::cerr << trace.size() << " trace requests at speed " << f.trace_speed;
+  else
+    std::cerr << f.num_prompts << " prompts, input " << f.input_len << ", output " << f.output_len;
+  std::cerr << ", concurrency " << (f.max_concurrency > 0 ? std::to_string(f.max_concurrency) : "unlimited")
+            << ", rate " << f.request_rate << "/s\n";
 
   if (f.num_warmups > 0) {
     std::cerr << "bench: " << f.num_warmups << " warm-up requests\n";
@@ -289,39 +548,40 @@ int run_bench(const BenchFlags& f) {
     }
   }
 
-  const std::vector<v1::GenerateRequest> requests = make_requests(f, *info, f.num_prompts, f.seed);
-  const std::vector<double> arrivals = arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed);
-  std::vector<RequestRecord> records(requests.size());
-  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(requests.size()));
-  std::mutex mu;
-  int done = 0;
-  progress(0, int(requests.size()));
-  std::vector<std::thread> threads;
-  const Steady::time_point start = Steady::now();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[i])));
-    slots.acquire();
-    const double offset = seconds_since(start);
-    threads.emplace_back([&, i, offset] {
-      records[i] = run_one(*client, requests[i], f.retries);
-      records[i].start_s = offset;
-      slots.release();
-      std::lock_guard lock(mu);
-      progress(++done, int(requests.size()));
-    });
-  }
-  for (auto& t : threads) t.join();
-  const double duration = seconds_since(start);
+  const RunRecords run = sessions ? run_sessions(f, spec, *client, *info, block_size)
+                         : *workload == Workload::kTrace ? run_trace(f, trace, *client, block_size)
+                                                         : run_random(f, *client, *info);
+  const std::vector<RequestRecord>& records = run.records;
 
-  json result = summarize(records, duration, f.percentiles);
+  json result = summarize(records, run.duration_s, f.percentiles);
   result["backend"] = "pdserve";
   result["label"] = f.label;
   result["model_id"] = info->name();
   result["kv_mode"] = f.worker.empty() ? info->kv_mode() : "direct-worker";
-  result["num_prompts"] = f.num_prompts;
-  result["random_input_len"] = f.input_len;
-  result["random_output_len"] = f.output_len;
-  result["random_range_ratio"] = f.range_ratio;
+  result["workload"] = workload_name(*workload);
+  if (sessions) {
+    result["sessions"] = spec.sessions;
+    result["turns"] = spec.turns;
+    result["shared_prefixes"] = spec.shared_prefixes;
+    result["prefix_len"] = spec.prefix_len;
+    result["turn_len"] = spec.turn_len;
+    result["turn_output_len"] = spec.output_len;
+    result["fanout"] = spec.fanout;
+    result["think_time_s"] = spec.think_time_s;
+  } else if (*workload == Workload::kTrace) {
+    result["trace"] = f.trace_file;
+    result["trace_requests"] = trace.size();
+    result["trace_speed"] = f.trace_speed;
+  } else {
+    result["num_prompts"] = f.num_prompts;
+    result["random_input_len"] = f.input_len;
+    result["random_output_len"] = f.output_len;
+    result["random_range_ratio"] = f.range_ratio;
+  }
+  if (!run.turns.empty()) {
+    result["kv_block_size"] = block_size;
+    result["prefix_reuse"] = session_json(summarize_sessions(run.turns), sessions);
+  }
   result["request_rate"] = std::isinf(f.request_rate) ? json("inf") : json(f.request_rate);
   result["burstiness"] = f.burstiness;
   result["max_concurrency"] = f.max_concurrency > 0 ? json(f.max_concurrency) : json(nullptr);
@@ -335,7 +595,7 @@ int run_bench(const BenchFlags& f) {
   if (!f.verify_model.empty()) {
     std::cerr << "bench: checking every output against the in-process engine (" << f.verify_model << ")\n";
     json details;
-    StatusOr<int> mismatched = count_mismatches(f.verify_model, requests, records, &details);
+    StatusOr<int> mismatched = count_mismatches(f.verify_model, run.requests, records, &details);
     if (!mismatched.ok()) {
       std::cerr << "error: --verify-model: " << mismatched.status().message() << "\n";
       return 1;
@@ -345,6 +605,10 @@ int run_bench(const BenchFlags& f) {
   }
   if (f.save_detailed) result["requests"] = request_details(records);
   print_table(result, f.percentiles);
+  if (result.contains("prefix_reuse")) {
+    print_reuse(result["prefix_reuse"]);
+    std::cout << "==================================================" << std::endl;
+  }
   for (const RequestRecord& r : records)
     if (!r.ok) {
       std::cerr << "bench: first failure: " << r.error << "\n";
@@ -380,7 +644,7 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
   std::vector<double> ttft, tpot, itl, e2el, queued, prefill, kv_transfer, outside_prefill;
   int completed = 0, failed = 0, retried = 0, migrations = 0;
-  int64_t input = 0, output = 0;
+  int64_t input = 0, output = 0, cached = 0;
   for (const RequestRecord& r : records) {
     retried += r.retries;
     migrations += r.migrations;
@@ -391,6 +655,7 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
     ++completed;
     input += r.prompt_tokens;
     output += r.output_tokens;
+    cached += r.cached_tokens;
     if (r.output_tokens > 0) ttft.push_back(r.ttft_s);
     if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
@@ -410,6 +675,7 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   j["migrations"] = migrations;  // The router's, over every request it finished.
   j["total_input_tokens"] = input;
   j["total_output_tokens"] = output;
+  j["total_cached_tokens"] = cached;  // Prompt tokens the servers' prefix caches held.
   const double d = duration_s > 0 ? duration_s : 1;
   j["request_throughput"] = completed / d;
   j["output_throughput"] = double(output) / d;
@@ -463,6 +729,7 @@ json request_details(const std::vector<RequestRecord>& records) {
                    {"tpot_s", r.output_tokens > 1 ? json((r.e2e_s - r.ttft_s) / (r.output_tokens - 1)) : json(nullptr)},
                    {"output_tokens", r.output_tokens},
                    {"prompt_tokens", r.prompt_tokens},
+                   {"cached_tokens", r.cached_tokens},
                    {"itl_s", r.itl_s},
                    {"server_queued_s", r.server_queued_s},
                    {"server_prefill_s", r.server_prefill_s},
@@ -509,6 +776,24 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                   "After the run, compare every successful output with this model's in-process engine (same prompt "
                   "and sampling, seeded); mismatches are counted and fail the run");
   cmd->add_option("--label", f->label, "A name for this run in the result");
+  cmd->add_option("--workload", f->workload,
+                  "random (independent prompts), multiturn (chat sessions resending their history), agentic "
+                  "(a long shared preamble, short steps, sibling fan-out) or trace (--trace, Mooncake JSONL)")
+      ->capture_default_str();
+  SessionSpec& spec = f->session;
+  cmd->add_option("--sessions", spec.sessions, "Sessions (multiturn/agentic; default 16 / 8)");
+  cmd->add_option("--turns", spec.turns, "Requests per session, one after the other (default 4 / 6)");
+  cmd->add_option("--shared-prefixes", spec.shared_prefixes,
+                  "Distinct system prompts the sessions share, round robin (default 4 / 1)");
+  cmd->add_option("--prefix-len", spec.prefix_len, "Tokens of each system prompt (default 128 / 192)");
+  cmd->add_option("--turn-len", spec.turn_len, "New tokens per turn (default 32 / 16)");
+  cmd->add_option("--turn-output-len", spec.output_len, "max_tokens of each turn (default 32 / 16)");
+  cmd->add_option("--fanout", spec.fanout, "Sibling requests per turn with the same history (default 1 / 2)");
+  cmd->add_option("--think-time", spec.think_time_s, "Seconds between an answer and the session's next turn (default 0)");
+  cmd->add_option("--trace", f->trace_file,
+                  "A Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids)");
+  cmd->add_option("--trace-block-tokens", f->trace_block_tokens, "Tokens per trace hash id")->capture_default_str();
+  cmd->add_option("--trace-speed", f->trace_speed, "Replay speed (2: twice as fast)")->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = run_bench(*f); });
 }
 

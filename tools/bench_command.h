@@ -37,6 +37,7 @@ struct RequestRecord {
   double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
   // The workers that served it, from the final message (empty through --worker).
   std::string prefill_worker, decode_worker;
+  int cached_tokens = 0;  // Prompt tokens the serving worker's prefix cache held.
 };
 
 // The statistics' percentile (common/percentile.h).

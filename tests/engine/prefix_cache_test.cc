@@ -78,16 +78,23 @@ class CachedPool : public ::testing::Test {
       ASSERT_TRUE(link.has_value()) << i;
     }
   }
+  // A finished request's `total` blocks, its first `n` cached and all released: they wait,
+  // evictable, for a hit.
+  std::vector<int> cache_and_release(BlockAllocator& a, const std::vector<int32_t>& tokens, int total, int n) {
+    auto got = a.allocate_cached({}, ns, tokens, total);
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) return {};
+    EXPECT_EQ(got->cached_blocks, 0);
+    cache_all(a, got->blocks, tokens, n);
+    EXPECT_TRUE(a.release(got->blocks).ok());
+    return got->blocks;
+  }
 };
 
 TEST_F(CachedPool, ReleasedCachedBlocksAreHitAndCountAsFree) {
   BlockAllocator a(8, kBlock);
   const auto prompt = iota(0, 12);
-  auto first = a.allocate_cached(keys(prompt), ns, prompt, 4);
-  ASSERT_TRUE(first.ok());
-  EXPECT_EQ(first->cached_blocks, 0);
-  cache_all(a, first->blocks, prompt, 3);
-  ASSERT_TRUE(a.release(first->blocks).ok());
+  const std::vector<int> first = cache_and_release(a, prompt, 4, 3);
   EXPECT_EQ(a.num_free(), 8);
   EXPECT_EQ(a.counts().evictable, 3);
   EXPECT_EQ(a.counts().cached, 3);
@@ -95,16 +102,14 @@ TEST_F(CachedPool, ReleasedCachedBlocksAreHitAndCountAsFree) {
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->cached_blocks, 2);
   EXPECT_EQ(std::vector<int>(second->blocks.begin(), second->blocks.begin() + 2),
-            std::vector<int>(first->blocks.begin(), first->blocks.begin() + 2));
+            std::vector<int>(first.begin(), first.begin() + 2));
   EXPECT_TRUE(a.check_invariants().ok()) << a.check_invariants();
 }
 
 TEST_F(CachedPool, AnEvictableHitIsNotRoom) {
   BlockAllocator a(4, kBlock);
   const auto prompt = iota(0, 16);
-  auto first = a.allocate_cached({}, ns, prompt, 4);
-  cache_all(a, first->blocks, prompt, 4);
-  ASSERT_TRUE(a.release(first->blocks).ok());
+  cache_and_release(a, prompt, 4, 4);
   // 4 evictable blocks; a request hitting 2 of them needs 3 more: only 2 are left.
   auto second = a.allocate_cached(std::span<const BlockKey>(keys(prompt)).first(2), ns, prompt, 5);
   EXPECT_TRUE(absl::IsResourceExhausted(second.status())) << second.status();
@@ -134,9 +139,7 @@ TEST_F(CachedPool, EvictingABlockUncachesItsDescendants) {
 TEST_F(CachedPool, TokensAreComparedOnEveryHit) {
   BlockAllocator a(8, kBlock);
   const auto prompt = iota(0, 8);
-  auto first = a.allocate_cached({}, ns, prompt, 2);
-  cache_all(a, first->blocks, prompt, 2);
-  ASSERT_TRUE(a.release(first->blocks).ok());
+  cache_and_release(a, prompt, 2, 2);
   // Same keys, other tokens: a collision, and a miss.
   auto other = iota(100, 8);
   EXPECT_EQ(a.cached_prefix(keys(prompt), ns, other), 0);

@@ -106,7 +106,7 @@ struct ShareCase {
   const char* name;
   std::vector<std::string> args;
 };
-class GrpcSamplesShare : public testing::TestWithParam<ShareCase> {};
+class GrpcSamplesShare : public ::testing::TestWithParam<ShareCase> {};
 
 TEST_P(GrpcSamplesShare, SamplesComputeTheirPromptOnce) {
   std::vector<std::string> args = GetParam().args;
@@ -144,10 +144,10 @@ TEST_P(GrpcSamplesShare, SamplesComputeTheirPromptOnce) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, GrpcSamplesShare,
-                         testing::Values(ShareCase{"aggregated", {"--aggregated", "2"}},
+                         ::testing::Values(ShareCase{"aggregated", {"--aggregated", "2"}},
                                          ShareCase{"push", {"--prefill", "2", "--decode", "2", "--kv-mode", "push"}},
                                          ShareCase{"pull", {"--prefill", "2", "--decode", "2", "--kv-mode", "pull"}}),
-                         [](const testing::TestParamInfo<ShareCase>& i) { return std::string(i.param.name); });
+                         [](const ::testing::TestParamInfo<ShareCase>& i) { return std::string(i.param.name); });
 
 }  // namespace
 }  // namespace pdserve

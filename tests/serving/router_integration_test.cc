@@ -299,6 +299,63 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_FALSE(j.contains("requests")) << "per-request details without --save-detailed";
 }
 
+// The session and trace workloads on one worker, one session (or request) at a time: the
+// servers' prefix-cache hits equal the single-cache oracle's exactly (shared system prompts,
+// each turn resending the last output), later turns hit, and every turn's output equals the
+// in-process engine's. Bad workload flags are refused before anything is sent.
+TEST_F(RouterAggregated, BenchSessionAndTraceWorkloadsHitWhatTheOracleSays) {
+  const fs::path out = fs::temp_directory_path() / ("pdserve_bench_mt_" + std::to_string(getpid()) + ".json");
+  // Agentic siblings run at once: the second may not hit what the first is still computing,
+  // which the oracle counts, so only multiturn's hits must equal the oracle's.
+  for (const auto& [workload, fanout] : {std::pair<std::string, int>{"multiturn", 1}, {"agentic", 2}}) {
+    CommandOutput r = pdserve({"bench", "--router", cluster_->grpc(), "--workload", workload, "--sessions", "3",
+                               "--turns", "3", "--shared-prefixes", "2", "--prefix-len", "40", "--turn-len", "10",
+                               "--turn-output-len", "6", "--fanout", std::to_string(fanout), "--max-concurrency", "1",
+                               // Its own prompts: the oracle starts empty each run, the worker's cache does not.
+                               "--seed", std::to_string(10 + fanout), "--ignore-eos",
+                               "--verify-model", testing::stories_bin(), "--result-file", out.string()});
+    ASSERT_EQ(r.exit_code, 0) << workload << "\n" << r.out;
+    EXPECT_NE(r.out.find("Prefix reuse"), std::string::npos) << r.out;
+    std::ifstream in(out);
+    json j = json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["completed"], 9 * fanout) << workload;
+    EXPECT_EQ(j["mismatched"], 0) << workload;
+    EXPECT_EQ(j["workload"], workload);
+    const json& p = j["prefix_reuse"];
+    EXPECT_GT(p["oracle_hit_rate"].get<double>(), 0.5) << p.dump();
+    if (fanout == 1) EXPECT_DOUBLE_EQ(p["hit_rate"].get<double>(), p["oracle_hit_rate"].get<double>()) << p.dump();
+    else EXPECT_LE(p["hit_rate"].get<double>(), p["oracle_hit_rate"].get<double>()) << p.dump();
+    EXPECT_EQ(p["turn2plus"]["requests"], 6 * fanout);
+    EXPECT_GT(p["turn2plus"]["hit_rate"].get<double>(), 0.5) << p.dump();
+    EXPECT_GT(p["turn1"]["hit_rate"].get<double>(), 0) << "session 2 shares session 0's system prompt";
+  }
+  const fs::path trace = fs::temp_directory_path() / ("pdserve_trace_" + std::to_string(getpid()) + ".jsonl");
+  {
+    std::ofstream t(trace);
+    t << "{\"timestamp\": 0, \"input_length\": 40, \"output_length\": 4, \"hash_ids\": [1, 2, 3]}\n"
+      << "{\"timestamp\": 50, \"input_length\": 45, \"output_length\": 4, \"hash_ids\": [1, 2, 4]}\n"
+      << "{\"timestamp\": 100, \"input_length\": 30, \"output_length\": 4, \"hash_ids\": [5, 6]}\n";
+  }
+  CommandOutput r = pdserve({"bench", "--router", cluster_->grpc(), "--workload", "trace", "--trace", trace.string(),
+                             "--trace-block-tokens", "16", "--max-concurrency", "1", "--ignore-eos", "--result-file",
+                             out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(out);
+  json j = json::parse(in, nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["completed"], 3);
+  EXPECT_EQ(j["total_cached_tokens"], 32) << "the second request reuses hash ids 1 and 2";
+  EXPECT_DOUBLE_EQ(j["prefix_reuse"]["hit_rate"].get<double>(), j["prefix_reuse"]["oracle_hit_rate"].get<double>());
+  EXPECT_FALSE(j["prefix_reuse"].contains("turn1"));
+  fs::remove(out);
+  fs::remove(trace);
+
+  EXPECT_EQ(pdserve({"bench", "--router", cluster_->grpc(), "--workload", "chat"}).exit_code, 2);
+  EXPECT_EQ(pdserve({"bench", "--router", cluster_->grpc(), "--workload", "trace"}).exit_code, 2);
+  EXPECT_EQ(pdserve({"bench", "--router", cluster_->grpc(), "--workload", "multiturn", "--fanout", "0"}).exit_code, 2);
+}
+
 // --worker bypasses the router (to measure what it adds): the same requests, straight to the
 // aggregated worker's Worker.Generate; a router address there is refused as not a worker.
 TEST_F(RouterAggregated, BenchCanTalkToTheWorkerDirectly) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# multiturn: what the prefix cache buys a multi-turn (or agentic) workload, arm by arm in one run:
+# starts `pdserve up` for each arm in turn (the cache off, then on), drives it with `pdserve bench
+# --workload WORKLOAD`, and prints one row per arm: the servers' hit rate, the single-cache
+# oracle's, their ratio, TTFT median / p90 for turn 1 and for turns >= 2, and the turns >= 2 TTFT
+# median of the cache-off arm divided by this arm's (the speed-up).
+#   bench/multiturn.sh MODEL [WORKLOAD=multiturn] [pdserve up topology flags...] [-- bench flags...]
+# Topology defaults to 2 prefill + 2 decode workers, push; bench flags to the workload's defaults.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pdserve=${PDSERVE:-$root/build/tools/pdserve}
+model=${1:?usage: $0 MODEL [WORKLOAD] [up flags] [-- bench flags]}
+workload=${2:-multiturn}
+shift $(( $# >= 2 ? 2 : 1 ))
+topology=() bench=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+bench=("$@")
+[ ${#topology[@]} -gt 0 ] || topology=(--prefill 2 --decode 2 --kv-mode push)
+work=$(mktemp -d)
+up_pid=""
+stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
+trap 'stop; rm -rf "$work"' EXIT
+
+run() {  # ARM, then extra `pdserve up` flags
+  local arm=$1; shift
+  "$pdserve" up --model "$model" --port 0 "${topology[@]}" "$@" >"$work/up.out" 2>"$work/up.err" &
+  up_pid=$!
+  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
+  local router
+  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
+  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "multiturn: $arm did not start" >&2; exit 1; }
+  "$pdserve" bench --router "$router" --workload "$workload" --ignore-eos --result-file "$work/$arm.json" \
+    "${bench[@]}" >"$work/bench.out" 2>"$work/bench.err" ||
+    { cat "$work/bench.err" >&2; echo "multiturn: $arm: bench failed" >&2; }
+  stop
+}
+
+run cache-off --prefix-caching off
+run cache-on --prefix-caching on
+printf 'model %s; workload %s; up %s; bench %s\n' "$model" "$workload" "${topology[*]}" "${bench[*]}"
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+rows = [(arm, json.load(open(f"{work}/{arm}.json"))) for arm in ("cache-off", "cache-on")]
+base = rows[0][1]["prefix_reuse"]["turn2plus"]["median_ttft_ms"]
+print("arm\tok\tfailed\thit\toracle\tefficiency\tTTFT t1 med/p90 ms\tTTFT t>=2 med/p90 ms\tt>=2 speed-up")
+for arm, r in rows:
+    p = r["prefix_reuse"]
+    t1, t2 = p["turn1"], p["turn2plus"]
+    eff = "-" if p["hit_efficiency"] is None else f'{p["hit_efficiency"]:.3f}'
+    speed = base / t2["median_ttft_ms"] if t2["median_ttft_ms"] > 0 else float("nan")
+    print(f'{arm}\t{r["completed"]}\t{r["failed"]}\t{p["hit_rate"]:.3f}\t{p["oracle_hit_rate"]:.3f}\t{eff}\t'
+          f'{t1["median_ttft_ms"]:.1f} / {t1["p90_ttft_ms"]:.1f}\t{t2["median_ttft_ms"]:.1f} / {t2["p90_ttft_ms"]:.1f}\t'
+          f'{speed:.2f}x')
+PY
