@@ -3,7 +3,7 @@
 #   scripts/sanitize.sh asan   ASan + UBSan: the unit tests of every component and the router
 #                              and worker integration tests (their worker processes sanitized too)
 #   scripts/sanitize.sh tsan   TSan: the concurrency that does not run inside gRPC — the engine
-#                              loop, the prefill/decode roles and KV ranks, admission, the HTTP
+#                              loop, the prefill/decode roles and KV ranks, admission, the parallel samples, the HTTP
 #                              task queue, block release, kvtransfer sessions, KV events. (Suites built on
 #                              gRPC servers report races inside Debian's uninstrumented libgrpc
 #                              and Abseil; they need an instrumented gRPC first.)
@@ -34,7 +34,7 @@ case "$mode" in
     ;;
   tsan)
     sanitize=thread
-    tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*"
+    tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*:ParallelSamples.*"
            "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
            "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*")
