@@ -7,18 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/percentile.h"
+#include "common/splitmix64.h"
 
 namespace pdserve::tools {
 namespace {
 
-// splitmix64: a seeded stream per (seed, purpose, index), so that a session's tokens do not
-// depend on how many other sessions there are.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// A seeded stream per (seed, purpose, index), so that a session's tokens do not depend on how
+// many other sessions there are.
+uint64_t mix(uint64_t x) { return splitmix64(x); }
 
 std::vector<int> seeded_tokens(uint64_t stream, int len, const TokenRange& range) {
   std::mt19937_64 rng(mix(stream));

@@ -2,15 +2,12 @@
 
 #include <cmath>
 
+#include "common/splitmix64.h"
+
 namespace pdserve::tune {
 
 // Seeds pass through splitmix64 first, so nearby seeds (1, 2, 3) start far apart.
-Sampler::Sampler(uint64_t seed) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  engine_.seed(z ^ (z >> 31));
-}
+Sampler::Sampler(uint64_t seed) { engine_.seed(splitmix64(seed)); }
 
 double Sampler::uniform() { return double(engine_() >> 11) * 0x1.0p-53; }
 

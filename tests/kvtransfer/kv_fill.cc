@@ -2,15 +2,12 @@
 
 #include <cstring>
 
+#include "common/splitmix64.h"
+
 namespace pdserve::kvtransfer::testing {
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return splitmix64(x); }
 
 // Calls fn(byte offset, value) for every element of the request's blocks.
 template <typename Fn>

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/splitmix64.h"
 #include "engine/kv_cache_layout.h"
 
 namespace pdserve::kvtransfer::testing {
@@ -17,22 +18,16 @@ using engine::KvPart;
 using engine::KvSharding;
 using engine::LayerKvSpec;
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // The value element `elem` of global head `head` at token position `pos` holds. Positions of
 // blocks outside the request are made distinct from every request position, so copying the
 // wrong block is caught too.
 uint64_t element_value(int layer, int head, int64_t pos, KvPart part, int elem) {
-  uint64_t x = splitmix(uint64_t(layer) + 1);
-  x = splitmix(x ^ uint64_t(head));
-  x = splitmix(x ^ uint64_t(pos));
-  x = splitmix(x ^ uint64_t(part));
-  return splitmix(x ^ uint64_t(elem));
+  uint64_t x = splitmix64(uint64_t(layer) + 1);
+  x = splitmix64(x ^ uint64_t(head));
+  x = splitmix64(x ^ uint64_t(pos));
+  x = splitmix64(x ^ uint64_t(part));
+  return splitmix64(x ^ uint64_t(elem));
 }
 
 // Calls fn(slot, local_head, elem, byte offset) for every element of `part` of `block`.
