@@ -582,6 +582,23 @@ StatusOr<std::vector<int>> Engine::reserve_blocks(int num_tokens) {
   return blocks_->allocate(blocks_for(num_tokens, options_.block_size));
 }
 
+StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<int>& prompt,
+                                                            std::string_view cache_salt, int num_tokens) {
+  if (num_tokens <= 0 || num_tokens > model_.config.max_seq_len || int(prompt.size()) > num_tokens)
+    return absl::InvalidArgumentError(absl::StrCat("cannot reserve KV for ", num_tokens, " tokens and a prompt of ",
+                                                   prompt.size()));
+  const int total = blocks_for(num_tokens, options_.block_size);
+  if (!options_.prefix_cache.enabled) {
+    PD_ASSIGN_OR_RETURN(std::vector<int> blocks, blocks_->allocate(total));
+    return Reservation{std::move(blocks), 0};
+  }
+  const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
+  std::vector<BlockKey> keys;
+  extend_block_keys(keys, ns_root, prompt, options_.block_size, int(prompt.size()) / options_.block_size, key_fn_);
+  PD_ASSIGN_OR_RETURN(BlockAllocator::Allocation a, blocks_->allocate_cached(keys, ns_root, prompt, total));
+  return Reservation{std::move(a.blocks), a.cached_blocks};
+}
+
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
 
 void Engine::extend_keys(Sequence& s, int blocks) {

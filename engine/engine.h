@@ -214,6 +214,18 @@ class Engine {
   // Blocks for a request of `num_tokens` tokens whose KV will arrive from elsewhere (the decode
   // side of push mode); ResourceExhausted when too few are free.
   StatusOr<std::vector<int>> reserve_blocks(int num_tokens);
+  // The same for a request whose prompt is `prompt` (the decode side of P/D with prefix reuse):
+  // its leading blocks come from the prefix cache (namespace `cache_salt`) where it holds them,
+  // each retained, so that only blocks[cached_blocks, ...) need the prompt's KV from elsewhere.
+  // Every full prompt block may hit, the last one included: the decode side never computes the
+  // prompt (the first token comes from the prefill side), unlike add_request's lookup, which
+  // leaves the last prompt token to compute. release_blocks gives hit and new blocks back alike.
+  struct Reservation {
+    std::vector<int> blocks;
+    int cached_blocks = 0;  // blocks[0, cached_blocks) hold the KV of prompt[0, cached_blocks·B).
+  };
+  StatusOr<Reservation> reserve_cached_blocks(const std::vector<int>& prompt, std::string_view cache_salt,
+                                              int num_tokens);
   // Returns blocks from reserve_blocks or a prefill_only hand-off.
   Status release_blocks(const std::vector<int>& blocks);
   // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.

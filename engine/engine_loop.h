@@ -47,7 +47,8 @@ class EngineLoop {
   void shutdown();
 
   // The engine, for its thread-safe members only: config, tokenizer, reserve_blocks,
-  // release_blocks, blocks_needed, kv_arena, kv_layout, tp, stats, steps_after.
+  // reserve_cached_blocks, release_blocks, blocks_needed, kv_arena, kv_layout, tp, stats,
+  // steps_after.
   Engine& engine() { return *engine_; }
   const Engine& engine() const { return *engine_; }
 

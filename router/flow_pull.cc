@@ -1,7 +1,7 @@
 // Router::run_pull: one P/D placement where the decode side pulls the KV. Prefill on a
 // prefill worker, which holds the prompt's KV and returns the first token and where the KV is;
-// the router streams that token at once, then Generate on a decode worker reads the KV and
-// streams from the token after it.
+// the router streams that token at once, then Generate on a decode worker reads the KV it lacks
+// (its own prefix cache holds the rest) and streams from the token after it.
 #include "router/policy.h"
 #include "router/request_state.h"
 

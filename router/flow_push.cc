@@ -1,7 +1,8 @@
 // Router::run_push: one P/D placement where the prefill side pushes the KV. Reserve on a
-// decode worker (blocks for the whole request, bound to the chosen prefill worker's group),
-// then Prefill towards those blocks while the decode worker's Generate stream is already open:
-// the decode side starts the moment the KV is sealed. The prefill reply comes at the first
+// decode worker (blocks for the whole request, bound to the chosen prefill worker's group, the
+// leading ones from its own prefix cache), then Prefill towards those blocks, skipping the
+// cached ones, while the decode worker's Generate stream is already open: the decode side
+// starts the moment the KV is sealed. The prefill reply comes at the first
 // token, which the router streams at once; the decode stream goes on from the token after it.
 #include <future>
 #include <thread>
@@ -49,6 +50,8 @@ Router::Attempt Router::run_push(Flow& f) {
     req.set_num_tokens(
         int(std::min<int64_t>(int64_t(tokens.size()) + sampling.max_tokens(), model_.config.max_seq_len)));
     req.set_prompt_len(int(tokens.size()));
+    // The decode worker starts the reservation from its own prefix cache for these tokens.
+    for (int t : tokens) req.add_prompt(t);
     req.set_producer_tp(producer ? producer->tp() : 1);
     if (producer) req.set_kv_producer(producer->kv_endpoint());
     Status s =
@@ -85,6 +88,7 @@ Router::Attempt Router::run_push(Flow& f) {
   preq.set_kv_mode("push");
   preq.set_kv_target(reserved.kv_target());
   preq.mutable_target_blocks()->CopyFrom(reserved.block_ids());
+  preq.set_skip_blocks(reserved.cached_prefix_blocks());  // Only the blocks the decode side lacks move.
 
   worker::WorkerGenerateRequest dreq;
   f.fill_decode(dreq);

@@ -315,6 +315,8 @@ Router::Attempt Router::pd_served(Flow& f, int p, int d, const worker::PrefillRe
   f.prefill_s = prefill.prefill_s();
   f.cached_tokens = prefill.cached_tokens();
   f.kv_transfer_s = f.final_event.kv_transfer_s();
+  f.decode_cached_tokens = f.final_event.decode_cached_tokens();
+  f.transferred_blocks = f.final_event.transferred_blocks();
   return {absl::OkStatus(), false};
 }
 
@@ -488,6 +490,8 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   t->set_kv_transfer_s(f.kv_transfer_s);
   t->set_first_token_s(std::max(0.0, f.first_token_s));
   t->set_total_s(seconds(end - arrival));
+  t->set_decode_cached_tokens(f.decode_cached_tokens);
+  t->set_transferred_blocks(f.transferred_blocks);
   last.set_prefill_worker(f.prefill_worker);
   last.set_decode_worker(f.decode_worker);
   last.set_migrations(f.migrations);

@@ -139,6 +139,8 @@ int run_generate_remote(const GenerateFlags& f) {
     j["text"] = text;
     j["finish_reason"] = last.finish_reason();
     j["cached_tokens"] = last.cached_tokens();
+    j["decode_cached_tokens"] = last.timings().decode_cached_tokens();
+    j["transferred_blocks"] = last.timings().transferred_blocks();
     j["prefill_worker"] = last.prefill_worker();
     j["decode_worker"] = last.decode_worker();
     j["sampling"] = sampling_json(*effective);
@@ -150,7 +152,9 @@ int run_generate_remote(const GenerateFlags& f) {
   const v1::Timings& t = last.timings();
   std::cerr << "prompt " << prompt_ids.size() << " tokens, generated " << token_ids.size() << " tokens, finish "
             << last.finish_reason() << ", " << last.cached_tokens() << " prompt tokens cached; prefill "
-            << last.prefill_worker() << ", decode " << last.decode_worker()
+            << last.prefill_worker() << ", decode " << last.decode_worker() << " ("
+            << last.timings().decode_cached_tokens() << " tokens cached there, " << last.timings().transferred_blocks()
+            << " KV blocks moved)"
             << "; queued " << t.queued_s() << " s, prefill " << t.prefill_s() << " s, KV transfer " << t.kv_transfer_s()
             << " s, first token " << t.first_token_s() << " s, total " << t.total_s() << " s\n";
   return 0;

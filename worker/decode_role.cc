@@ -15,6 +15,9 @@ struct DecodeRole::Job {
   bool push = true;
   std::vector<int> blocks;  // Every block reserved for the request (prompt + generation).
   std::vector<int> kv_blocks;  // The prompt's share of them, which the transfer fills.
+  // kv_blocks[0, skip) came from the prefix cache (retained): the transfer skips them.
+  int skip = 0;
+  std::string cache_salt;
   RankProgress ranks;
   std::optional<int> first_token;
   Duration push_tail{0};  // Push: the longest producer rank's seal-to-WRITE_DONE time.
@@ -26,6 +29,8 @@ struct DecodeRole::Job {
 
   // No rank can still be written into by a producer: each is ready or gave its blocks back.
   bool quiet() const { return ranks.all_of_any(RankProgress::kReady | RankProgress::kReleased); }
+  // The blocks the transfer writes: kv_blocks[skip, n).
+  std::vector<int> sent_blocks() const { return {kv_blocks.begin() + skip, kv_blocks.end()}; }
 };
 
 StatusOr<std::unique_ptr<DecodeRole>> DecodeRole::create(engine::Engine& engine, const KvRanksOptions& options) {
@@ -56,6 +61,9 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   if (request.prompt_len() <= 0 || request.num_tokens() < request.prompt_len())
     return absl::InvalidArgumentError(absl::StrCat("Reserve needs 0 < prompt_len <= num_tokens (got ",
                                                    request.prompt_len(), ", ", request.num_tokens(), ")"));
+  if (request.prompt_size() > 0 && request.prompt_size() != request.prompt_len())
+    return absl::InvalidArgumentError(absl::StrCat("Reserve's prompt has ", request.prompt_size(),
+                                                   " tokens, its prompt_len says ", request.prompt_len()));
   std::vector<std::string> producer_endpoints;
   std::vector<uint64_t> producer_incarnations;
   if (!request.kv_producer().empty()) {
@@ -71,11 +79,16 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   const int num_tokens = std::min(request.num_tokens(), engine_.config().max_seq_len);
   if (request.prompt_len() > num_tokens)
     return absl::InvalidArgumentError("the prompt is longer than the model's context");
-  PD_ASSIGN_OR_RETURN(std::vector<int> blocks, engine_.reserve_blocks(num_tokens));
+  PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
+                      engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
+                                                    request.cache_salt(), num_tokens));
+  const std::vector<int> blocks = std::move(reservation.blocks);
   Job job;
   job.push = true;
   job.blocks = blocks;
   job.kv_blocks.assign(blocks.begin(), blocks.begin() + blocks_for(request.prompt_len(), block_size));
+  job.skip = reservation.cached_blocks;
+  job.cache_salt = request.cache_salt();
   job.ranks = RankProgress(kv_->tp());
   job.start = clock_->now();
   job.deadline = job.start + lease_;
@@ -86,6 +99,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   expect.producer_endpoints = producer_endpoints;
   expect.producer_incarnations = producer_incarnations;
   expect.lease = lease_;
+  expect.skip_blocks = job.skip;
   std::unique_lock lock(mu_);
   if (jobs_.count(id)) {
     release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate reservation"));
@@ -104,6 +118,7 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   ReserveResponse response;
   for (int b : blocks) response.add_block_ids(b);
   response.set_kv_target(kv_->group().SerializeAsString());
+  response.set_cached_prefix_blocks(reservation.cached_blocks);
   return response;
 }
 
@@ -141,12 +156,17 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     if (source.blocks_size() != blocks_for(prompt_len, block_size))
       return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source.blocks_size(), " blocks; a prompt of ",
                                                      prompt_len, " tokens fills ", blocks_for(prompt_len, block_size)));
-    PD_ASSIGN_OR_RETURN(std::vector<int> blocks,
-                        engine_.reserve_blocks(std::min(prompt_len + params.max_tokens, engine_.config().max_seq_len)));
+    const int num_tokens = std::min(prompt_len + params.max_tokens, engine_.config().max_seq_len);
+    PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
+                        engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
+                                                      request.cache_salt(), num_tokens));
+    const std::vector<int> blocks = std::move(reservation.blocks);
     Job job;
     job.push = false;
     job.blocks = blocks;
     job.kv_blocks.assign(blocks.begin(), blocks.begin() + source.blocks_size());
+    job.skip = reservation.cached_blocks;
+    job.cache_salt = request.cache_salt();
     job.ranks = RankProgress(kv_->tp());
     job.first_token = request.first_token();
     job.start = clock_->now();
@@ -159,6 +179,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     pull.producer_blocks.assign(source.blocks().begin(), source.blocks().end());
     pull.consumer_blocks = job.kv_blocks;
     pull.lease = lease_;
+    pull.skip_blocks = job.skip;
     lock.lock();
     if (jobs_.count(id)) {
       release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate pull"));
@@ -198,6 +219,9 @@ StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::uniq
   // Push: what the prefill's compute did not hide (the reservation waited for the prefill too).
   prepared.kv_transfer_s = std::chrono::duration<double>(job.push ? job.push_tail : clock_->now() - job.start).count();
   prepared.request.id = id;
+  prepared.request.cache_salt = job.cache_salt;  // Its prompt blocks are cached in that namespace.
+  prepared.cached_tokens = job.skip * engine_.kv_layout(0).block_size();
+  prepared.transferred_blocks = int(job.kv_blocks.size()) - job.skip;
   if (!job.first_token) {
     // WRITE_DONE without a first token: the prefill side's first token ended the request.
     prepared.finished_by_prefill = true;
@@ -238,8 +262,9 @@ void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   if (ev.kind == KvTransferEvent::Kind::kReady && staging != nullptr) {
     // The rank's share is complete in the host mirror: on to the device before the engine may
     // decode from it. The blocks stay reserved for this request meanwhile (a failure or abort
-    // frees them only once every rank reported, and this rank has not yet).
-    const std::vector<int> blocks = it->second.kv_blocks;
+    // frees them only once every rank reported, and this rank has not yet). Only the sent
+    // blocks: the mirror's copy of a prefix-cache hit is stale, the device's is the KV.
+    const std::vector<int> blocks = it->second.sent_blocks();
     lock.unlock();
     Status staged = staging->to_device(blocks);
     lock.lock();

@@ -2,9 +2,12 @@
 // the engine and registers the transfer with every kvtransfer rank before the producer can
 // write; Worker.Generate then waits (bounded by the lease) until every rank's fan-in sealed with
 // matching counts. Pull: Worker.Generate takes blocks and every rank reads its share from the
-// producer's kv_source, then releases it. Either way the ready blocks and the first token become
-// a preloaded engine request, which the caller submits. Blocks never claimed by a Generate, or
-// of a failed transfer, go back to the engine once every rank has let go of them.
+// producer's kv_source, then releases it. Either way the blocks start with the engine's own
+// prefix-cache hit for the prompt (Engine::reserve_cached_blocks, retained), which the transfer
+// skips: only the prompt blocks this worker lacks move, and the fan-in counts cover only them.
+// The ready blocks and the first token become a preloaded engine request, which the caller
+// submits. Blocks never claimed by a Generate, or of a failed transfer, go back to the engine
+// (one reference each, hit blocks included) once every rank has let go of them.
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +32,8 @@ struct PreparedDecode {
   // The prefill side's first token was a stop token: nothing to decode (blocks already freed).
   bool finished_by_prefill = false;
   double kv_transfer_s = 0;  // Push: the transfer's unhidden tail (KvTransferEvent::push_tail); pull: the read.
+  int cached_tokens = 0;       // Prompt tokens this worker's prefix cache held (whole blocks).
+  int transferred_blocks = 0;  // Prompt blocks that moved in: the prompt's blocks less the hit.
 };
 
 class DecodeRole {
@@ -37,7 +42,7 @@ class DecodeRole {
   static StatusOr<std::unique_ptr<DecodeRole>> create(engine::Engine& engine, const KvRanksOptions& options);
   ~DecodeRole();
 
-  // Serves Worker.Reserve (push).
+  // Serves Worker.Reserve (push): ReserveResponse.cached_prefix_blocks is the hit.
   StatusOr<ReserveResponse> reserve(const ReserveRequest& request);
   // Waits for a push or pull request's KV and returns the preloaded request; `cancelled` is
   // polled while waiting (a cancelled wait aborts the transfer).

@@ -16,6 +16,7 @@ struct PrefillRole::Job {
   bool push = true;
   KvGroup consumer;                // push: the decode worker's ranks.
   std::vector<int> target_blocks;  // push: the decode worker's reserved blocks.
+  int skip_blocks = 0;             // push: prompt blocks the decode side holds already (not sent).
   int prompt_len = 0;
   bool request_ends_at_first_token = false;  // max_tokens 1, or the prompt fills the context.
 
@@ -83,6 +84,10 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
       return absl::InvalidArgumentError(absl::StrCat("the prompt fills ", prompt_blocks, " blocks, ",
                                                      request.target_blocks_size(), " target blocks given"));
     job.target_blocks.assign(request.target_blocks().begin(), request.target_blocks().begin() + prompt_blocks);
+    if (request.skip_blocks() < 0 || request.skip_blocks() > prompt_blocks)
+      return absl::InvalidArgumentError(absl::StrCat("skip_blocks ", request.skip_blocks(), " outside [0, ",
+                                                     prompt_blocks, "] (the prompt's blocks)"));
+    job.skip_blocks = request.skip_blocks();
   }
   const int tp = kv_->tp();
   if (push) job.layer_posted.assign(tp, std::vector<char>(engine_.kv_layout(0).num_layers(), 0));
@@ -239,6 +244,7 @@ void PrefillRole::begin_push(const std::string& id, Job& job) {
   push.producer_blocks = job.kv_blocks;
   push.consumer_blocks = job.target_blocks;
   push.lease = lease_;
+  push.skip_blocks = job.skip_blocks;
   kv_->post_all([this, push](int rank, kvtransfer::KvRankEndpoint& ep) {
     if (Status s = ep.begin_push(push); !s.ok()) command_failed(rank, ep, push.request_id, s);
   });
@@ -260,7 +266,11 @@ void PrefillRole::on_layer(int rank, int layer, const std::vector<std::string>& 
     auto it = jobs_.find(id);
     if (it == jobs_.end()) continue;
     Job& job = it->second;
-    if (job.push && job.transfer_started && !job.aborting) pushes.emplace_back(id, job.kv_blocks);
+    // Only the sent blocks go through the host mirror.
+    if (job.push && job.transfer_started && !job.aborting) {
+      const size_t skip = std::min<size_t>(size_t(job.skip_blocks), job.kv_blocks.size());
+      pushes.emplace_back(id, std::vector<int>(job.kv_blocks.begin() + int64_t(skip), job.kv_blocks.end()));
+    }
   }
   if (kvtransfer::KvStaging* staging = kv_->staging(rank); staging != nullptr && !pushes.empty()) {
     // The layer goes to the host mirror before any put reads it. The blocks stay ours until

@@ -155,7 +155,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
     engine::GenerationRequest r{request->request_id(), {request->prompt().begin(), request->prompt().end()}, *params};
     r.resumed_tokens = request->resumed_tokens();
-    return stream(context, std::move(r), 0, writer);
+    return stream(context, std::move(r), nullptr, writer);
   }
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");
   if (mode != "push" && mode != "pull")
@@ -177,14 +177,16 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
     ev.set_finished(true);
     ev.set_finish_reason("stop");
     ev.set_kv_transfer_s(prepared->kv_transfer_s);
+    ev.set_decode_cached_tokens(prepared->cached_tokens);
+    ev.set_transferred_blocks(prepared->transferred_blocks);
     writer->Write(ev);
     return grpc::Status::OK;
   }
-  return stream(context, std::move(prepared->request), prepared->kv_transfer_s, writer);
+  return stream(context, std::move(prepared->request), &*prepared, writer);
 }
 
 grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::GenerationRequest request,
-                                   double kv_transfer_s, grpc::ServerWriter<WorkerEvent>* writer) {
+                                   const PreparedDecode* kv, grpc::ServerWriter<WorkerEvent>* writer) {
   const std::string id = request.id;
   const std::vector<int> preloaded = request.handoff.preloaded_blocks;
   const bool aggregated = preloaded.empty();
@@ -234,7 +236,11 @@ grpc::Status WorkerService::stream(grpc::ServerContext* context, engine::Generat
         out.set_prefill_s(first_token_s);
         out.set_cached_tokens(last->cached_tokens);
       }
-      out.set_kv_transfer_s(kv_transfer_s);
+      if (kv) {
+        out.set_kv_transfer_s(kv->kv_transfer_s);
+        out.set_decode_cached_tokens(kv->cached_tokens);
+        out.set_transferred_blocks(kv->transferred_blocks);
+      }
       out.set_first_token_s(first_token_s);
     }
     if (!writer->Write(out)) {

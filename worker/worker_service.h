@@ -53,8 +53,10 @@ class WorkerService final : public Worker::Service {
                      WorkerAbortResponse* reply) override;
 
  private:
-  // Streams an engine request's events until it finishes or the client goes away.
-  grpc::Status stream(grpc::ServerContext* context, engine::GenerationRequest request, double kv_transfer_s,
+  // Streams an engine request's events until it finishes or the client goes away. `kv`: how a
+  // P/D request's KV arrived (PreparedDecode's transfer fields; null for an aggregated one),
+  // for the final event.
+  grpc::Status stream(grpc::ServerContext* context, engine::GenerationRequest request, const PreparedDecode* kv,
                       grpc::ServerWriter<WorkerEvent>* writer);
 
   // Counts a handler as in flight for its lifetime.

@@ -67,6 +67,90 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
   }
 }
 
+// The decode side of P/D with prefix reuse: reserve_cached_blocks starts a request's blocks
+// with the decode engine's own hit — every full prompt block, the last one included, since the
+// decode side never computes the prompt — and only blocks [hit, n) need KV from the prefill
+// side. Decoding from the hit plus the copied suffix gives the undivided run's tokens, for a
+// second send of a prompt and for a follow-up turn; a reservation given back returns its hit
+// blocks to the cache (evictable again) and its new blocks to the free stack.
+TEST(Handoff, DecodeSideHitSkipsItsCachedBlocks) {
+  for (int tp : {1, 2}) {
+    for (int len : {38, 48}) {  // 2 full blocks and a part, and 3 full blocks (all of them hit).
+      auto prefill = make_engine(tp), decode = make_engine(tp);
+      std::vector<int> prompt = {1};
+      for (int i = 1; i < len; ++i) prompt.push_back(3 + (i * 53) % 500);
+      SamplingParams params;
+      params.max_tokens = 40;
+      params.ignore_eos = true;
+      // Sends the prompt through the split; returns the decode side's hit (blocks) and tokens.
+      auto send = [&](const std::vector<int>& p) {
+        const int n = int((p.size() + 15) / 16);
+        auto reserved = decode->reserve_cached_blocks(p, "", int(p.size()) + params.max_tokens);
+        EXPECT_TRUE(reserved.ok()) << reserved.status();
+        const auto [first, handed] = run_prefill_only(*prefill, p, params);
+        const int hit = reserved->cached_blocks;
+        copy_kv(*prefill, {handed.begin() + hit, handed.end()}, *decode,
+                {reserved->blocks.begin() + hit, reserved->blocks.end()}, n - hit);
+        EXPECT_TRUE(prefill->release_blocks(handed).ok());
+        return std::pair{hit, decode_preloaded(*decode, p, params, reserved->blocks, first)};
+      };
+      const std::vector<int> whole = make_engine(tp)->generate(prompt, params)->token_ids;
+      const auto [hit1, out1] = send(prompt);
+      EXPECT_EQ(hit1, 0);
+      EXPECT_EQ(out1, whole) << "TP " << tp << ", " << len << " tokens";
+      const auto [hit2, out2] = send(prompt);
+      EXPECT_EQ(hit2, len / 16) << "every full prompt block hits on the decode side";
+      EXPECT_EQ(out2, whole) << "TP " << tp << ", " << len << " tokens, second send";
+      // A follow-up turn: the prompt, the output (its blocks were cached as they filled), more.
+      std::vector<int> turn = prompt;
+      turn.insert(turn.end(), whole.begin(), whole.end());
+      turn.insert(turn.end(), {7, 8, 9});
+      const auto [hit3, out3] = send(turn);
+      EXPECT_GT(hit3, len / 16);
+      EXPECT_EQ(out3, make_engine(tp)->generate(turn, params)->token_ids) << "TP " << tp << ", follow-up";
+      EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+      // Given back unused (an abort): the hit goes back to the cache, the rest to the free stack.
+      const EngineStats before = decode->stats();
+      auto r = decode->reserve_cached_blocks(turn, "", int(turn.size()) + 8);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->cached_blocks, int(turn.size()) / 16);
+      EXPECT_EQ(decode->stats().free_blocks, before.num_blocks - int(r->blocks.size()));
+      EXPECT_EQ(decode->stats().evictable_blocks, before.evictable_blocks - r->cached_blocks);
+      ASSERT_TRUE(decode->release_blocks(r->blocks).ok());
+      const EngineStats after = decode->stats();
+      EXPECT_EQ(after.free_blocks, after.num_blocks);
+      EXPECT_EQ(after.evictable_blocks, before.evictable_blocks);
+      EXPECT_EQ(after.cached_blocks, before.cached_blocks);
+      // Another namespace shares nothing.
+      auto other = decode->reserve_cached_blocks(turn, "tenant-b", int(turn.size()) + 8);
+      ASSERT_TRUE(other.ok());
+      EXPECT_EQ(other->cached_blocks, 0);
+      ASSERT_TRUE(decode->release_blocks(other->blocks).ok());
+    }
+  }
+}
+
+// With the prefix cache off, nothing hits.
+TEST(Handoff, DecodeSideReservationWithTheCacheOffHitsNothing) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions o;
+  o.kv_cache_bytes = 8 << 20;
+  o.prefix_cache.enabled = false;
+  auto e = Engine::create(std::move(*model), o);
+  ASSERT_TRUE(e.ok());
+  std::vector<int> prompt = {1};
+  for (int i = 1; i < 40; ++i) prompt.push_back(3 + i);
+  SamplingParams params;
+  params.max_tokens = 4;
+  ASSERT_TRUE((*e)->generate(prompt, params).ok());
+  auto r = (*e)->reserve_cached_blocks(prompt, "", 44);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->cached_blocks, 0);
+  EXPECT_EQ(int(r->blocks.size()), 3);
+  ASSERT_TRUE((*e)->release_blocks(r->blocks).ok());
+}
+
 // Push mode posts each layer from the layer hook, so it needs the blocks before any layer of
 // the request is written, and must get them back however the request ends.
 TEST(Handoff, OnAdmittedGivesTheBlocksBeforeTheFirstLayerAndTheyAlwaysComeBack) {

@@ -127,9 +127,12 @@ class FakeWorker final : public worker::Worker::Service {
     }
     if (req->producer_tp() != 1 || req->kv_producer() != "endpoint" || req->prompt_len() <= 0)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Reserve without its producer");
+    if (req->prompt_size() != req->prompt_len())
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Reserve without the prompt's tokens");
     r->add_block_ids(1);
     r->add_block_ids(2);
     r->set_kv_target("target");
+    r->set_cached_prefix_blocks(1);  // As if its prefix cache held the first block.
     return grpc::Status::OK;
   }
   grpc::Status Prefill(grpc::ServerContext* ctx, const worker::PrefillRequest* req, worker::PrefillResponse* r) override {
@@ -207,6 +210,10 @@ class FakeWorker final : public worker::Worker::Service {
     last.set_finish_reason("length");
     last.set_prefill_s(0.5);
     last.set_kv_transfer_s(0.0625);
+    if (role_ == worker::ROLE_DECODE) {
+      last.set_decode_cached_tokens(16);
+      last.set_transferred_blocks(3);
+    }
     w->Write(last);
     return grpc::Status::OK;
   }
@@ -330,6 +337,10 @@ TEST_F(RouterFlow, PushOpensTheDecodeStreamBeforeThePrefillReply) {
   EXPECT_EQ(last.decode_worker(), d.address);
   EXPECT_DOUBLE_EQ(last.timings().prefill_s(), 0.25);
   EXPECT_DOUBLE_EQ(last.timings().kv_transfer_s(), 0.0625);  // The decode side's.
+  // Prefix reuse: the prefill side skips the decode side's hit; the timings carry its report.
+  EXPECT_EQ(p.last_prefill().skip_blocks(), 1);
+  EXPECT_EQ(last.timings().decode_cached_tokens(), 16);
+  EXPECT_EQ(last.timings().transferred_blocks(), 3);
   EXPECT_NE(router_->metrics_text().find("pdserve:kv_transfer_seconds_count{prefill=\"" + p.address), std::string::npos);
 }
 
@@ -344,6 +355,9 @@ TEST_F(RouterFlow, PullHandsTheSourceAndFirstTokenToDecode) {
   EXPECT_EQ(d.last_generate().kv_source(), "source");
   EXPECT_EQ(d.last_generate().first_token(), 10);
   EXPECT_DOUBLE_EQ(r.responses.back().timings().kv_transfer_s(), 0.0625);
+  EXPECT_EQ(p.last_prefill().skip_blocks(), 0);  // Pull: the decode side skips by itself.
+  EXPECT_EQ(r.responses.back().timings().decode_cached_tokens(), 16);
+  EXPECT_EQ(r.responses.back().timings().transferred_blocks(), 3);
 }
 
 // P/D: the client gets the first token from the prefill reply, before the decode side has

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "proto/pdserve.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
 #include "tools/router_client.h"
@@ -70,12 +71,16 @@ GrpcResult grpc_generate(v1::Generation::Stub& s, const v1::GenerateRequest& req
   return r;
 }
 
-// `generate --router --json` output less where it was served (the workers, and how much of the
-// prompt their prefix caches held), which the in-process reference does not have.
+// `generate --router --json` output less where it was served (the workers, how much of the
+// prompt their prefix caches held, the KV blocks moved), which the in-process reference does not
+// have.
 json output_of(json j) {
   EXPECT_TRUE(j.contains("cached_tokens") && j.contains("prefill_worker") && j.contains("decode_worker")) << j;
+  EXPECT_TRUE(j.contains("decode_cached_tokens") && j.contains("transferred_blocks")) << j;
   EXPECT_GE(j.value("cached_tokens", 0), 0);
-  for (const char* k : {"cached_tokens", "prefill_worker", "decode_worker"}) j.erase(k);
+  for (const char* k :
+       {"cached_tokens", "prefill_worker", "decode_worker", "decode_cached_tokens", "transferred_blocks"})
+    j.erase(k);
   return j;
 }
 
@@ -667,6 +672,90 @@ TEST_P(RouterPd, MixedGeometryModelEqualsInProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvModes, RouterPd, ::testing::Values("push", "pull"));
+
+// P/D with prefix reuse on the decode side, in push and pull at TP pairs (1,1), (1,2), (2,1): a
+// prompt of over 100 tokens sent twice, then a follow-up turn (prompt + output + new text). Each
+// send gives the in-process engine's tokens (one request in a fresh process: nothing cached);
+// the second finds every full prompt block in the decode worker's cache, and the follow-up a
+// hit too; every send moves exactly ceil(prompt / B) − hit blocks — as reported, and as the
+// decode worker's own kvtransfer byte counter shows (bytes per block are the first send's).
+class RouterPdReuse : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {};
+
+TEST_P(RouterPdReuse, RepeatedPromptsMoveOnlyTheBlocksTheDecodeWorkerLacks) {
+  const auto& [ptp, dtp, mode] = GetParam();
+  Cluster c({"--prefill", "1", "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp",
+             std::to_string(dtp), "--kv-mode", mode});
+  ASSERT_TRUE(c.wait_ready(90s)) << c.log();
+  const std::vector<std::string> gen = {"--max-tokens", "32", "--ignore-eos", "--json"};
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.end(), gen.begin(), gen.end());
+    CommandOutput r = pdserve(args);
+    EXPECT_EQ(r.exit_code, 0) << r.out << c.log();
+    return json::parse(r.out, nullptr, false);
+  };
+  const std::string story =
+      "Once upon a time, there was a little girl named Lily. She lived in a small house near the big "
+      "forest with her mom, her dad and her dog Max. Every morning Lily and Max ran to the river to "
+      "look at the fish and the frogs. One day they found a shiny red ball under a tree. Lily wanted "
+      "to play with it, but Max wanted it too.";
+  const json first = run({"generate", "--model", testing::stories_bin(), "--prompt", story});
+  ASSERT_FALSE(first.is_discarded());
+  const std::string follow_up = story + first["text"].get<std::string>() + " Then they went home to eat.";
+  const json second = run({"generate", "--model", testing::stories_bin(), "--prompt", follow_up});
+  ASSERT_FALSE(second.is_discarded());
+  const int block = 16;  // The workers' default --block-size.
+  uint64_t bytes_per_block = 0;
+  std::unique_ptr<worker::Worker::Stub> decode;
+  uint64_t bytes_before = 0;
+  auto decode_bytes = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    worker::WorkerInfo info;
+    EXPECT_TRUE(decode->Info(&ctx, worker::InfoRequest(), &info).ok());
+    return info.kv_transfer_bytes();
+  };
+  const std::vector<std::pair<std::string, const json*>> sends = {
+      {story, &first}, {story, &first}, {follow_up, &second}};
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const json j = run({"generate", "--router", c.grpc(), "--prompt", sends[i].first});
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["token_ids"], (*sends[i].second)["token_ids"]) << "send " << i;
+    if (!decode) {
+      auto ch = grpc::CreateChannel(j["decode_worker"].get<std::string>(), grpc::InsecureChannelCredentials());
+      decode = worker::Worker::NewStub(ch);
+      bytes_before = 0;  // Nothing moved before the first send.
+    }
+    const int prompt = int(j["prompt_token_ids"].size());
+    ASSERT_GE(prompt, 100);
+    const int cached = j["decode_cached_tokens"].get<int>(), moved = j["transferred_blocks"].get<int>();
+    EXPECT_EQ(cached % block, 0);
+    const int hit = cached / block;
+    EXPECT_EQ(moved, (prompt + block - 1) / block - hit) << "send " << i;
+    if (i == 0) EXPECT_EQ(hit, 0);
+    if (i == 1) EXPECT_EQ(hit, prompt / block) << "every full prompt block hits on the decode side";
+    if (i == 2) EXPECT_GT(hit, 0);
+    const uint64_t bytes = decode_bytes();
+    const uint64_t delta = bytes - bytes_before;
+    bytes_before = bytes;
+    if (i == 0) {
+      ASSERT_GT(moved, 0);
+      ASSERT_EQ(delta % uint64_t(moved), 0u);
+      bytes_per_block = delta / uint64_t(moved);
+      EXPECT_GT(bytes_per_block, 0u);
+    } else {
+      EXPECT_EQ(delta, uint64_t(moved) * bytes_per_block) << "send " << i << ": the KV bytes that really moved";
+    }
+  }
+}
+
+using ReuseCase = std::tuple<int, int, std::string>;
+INSTANTIATE_TEST_SUITE_P(TpPairs, RouterPdReuse,
+                         ::testing::Values(ReuseCase{1, 1, "push"}, ReuseCase{1, 2, "push"}, ReuseCase{2, 1, "push"},
+                                           ReuseCase{1, 1, "pull"}, ReuseCase{1, 2, "pull"}, ReuseCase{2, 1, "pull"}),
+                         [](const auto& info) {
+                           return "P" + std::to_string(std::get<0>(info.param)) + "D" +
+                                  std::to_string(std::get<1>(info.param)) + "_" + std::get<2>(info.param);
+                         });
 
 // Every prefill TP × decode TP in {1,2,4,8}², push and pull, on stories260K (4 KV heads:
 // replicated at TP 8) — greedy through the cluster equals in-process.

@@ -53,6 +53,9 @@ struct Streamed {
   std::string text;
   std::string finish_reason;
   int messages = 0;
+  // The final event's (P/D): the decode worker's own hit and the prompt blocks that moved.
+  int decode_cached_tokens = 0;
+  int transferred_blocks = 0;
 };
 
 // Runs a Generate stream to its end.
@@ -67,7 +70,11 @@ inline Streamed generate(worker::Worker::Stub& stub, const worker::WorkerGenerat
     ++out.messages;
     out.tokens.insert(out.tokens.end(), ev.token_ids().begin(), ev.token_ids().end());
     out.text += ev.text();
-    if (ev.finished()) out.finish_reason = ev.finish_reason();
+    if (ev.finished()) {
+      out.finish_reason = ev.finish_reason();
+      out.decode_cached_tokens = ev.decode_cached_tokens();
+      out.transferred_blocks = ev.transferred_blocks();
+    }
   }
   out.status = reader->Finish();
   return out;

@@ -1,5 +1,6 @@
 // A prefill worker and a decode worker on loopback, and a test client that plays the router:
-// push (Reserve → Prefill beside Generate) and pull (Prefill → Generate from the kv_source).
+// push (Reserve with the prompt → Prefill skipping the decode worker's hit, beside Generate) and
+// pull (Prefill → Generate from the kv_source, which reads only what the decode worker lacks).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@ struct PdResult {
   grpc::Status prefill;
   worker::PrefillResponse prefill_response;
   Streamed decode;
+  worker::ReserveResponse reserved;  // Push.
 };
 
 class PdPair {
@@ -63,6 +65,7 @@ class PdPair {
     r.set_prompt_len(int(prompt.size()));
     r.set_producer_tp(prefill_tp_);
     r.set_kv_producer(prefill_kv_);
+    for (int t : prompt) r.add_prompt(t);
     return r;
   }
 
@@ -85,6 +88,8 @@ class PdPair {
     preq.set_kv_mode("push");
     preq.set_kv_target(reserved.kv_target());
     *preq.mutable_target_blocks() = reserved.block_ids();
+    preq.set_skip_blocks(reserved.cached_prefix_blocks());
+    out.reserved = reserved;
     std::thread prefill_call([&] {
       grpc::ClientContext pctx;
       pctx.set_deadline(in(std::chrono::seconds(30)));

@@ -2,7 +2,8 @@
 // test client that plays the router, produce exactly the in-process greedy tokens for every
 // TP pair in push and pull mode, and every block returns to both free pools; cancelling a
 // request, aborting a reservation or a held KV, or letting a reservation's lease run out frees
-// the blocks on both sides.
+// the blocks on both sides. A prompt sent again moves only the blocks the decode worker's own
+// prefix cache lacks.
 #include <gtest/gtest.h>
 
 #include "tests/serving/workers/worker_pd_fixture.h"
@@ -112,6 +113,104 @@ TEST(PdWorkers, ConcurrentRequestsBatchAndStayEqual) {
   expect_concurrent_push_and_pull_equal(pd, {"Lily had a cat", "The sun was hot", "Tom and Sue went to the sea"}, "c");
   EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
   EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+}
+
+// The in-process engine's greedy tokens for a prompt given as token ids.
+std::vector<int> reference_tokens(const std::vector<int>& prompt, int max_tokens) {
+  auto model = engine::load_model({stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  engine::EngineOptions options;
+  options.kv_cache_bytes = 4 << 20;
+  auto e = engine::Engine::create(std::move(*model), options);
+  EXPECT_TRUE(e.ok()) << e.status();
+  engine::SamplingParams params;
+  params.max_tokens = max_tokens;
+  auto result = (*e)->generate(prompt, params);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result->token_ids;
+}
+
+// P/D with prefix reuse on the decode side: a prompt sent again finds its full blocks in the
+// decode worker's cache (Reserve returns them, a pull Generate finds them), only the others
+// move — none at all for a prompt of whole blocks — and the tokens stay the in-process ones. A
+// reservation holds its hit (those blocks are not free meanwhile) and gives back exactly its
+// references on abort and on lease expiry: the pool is whole again and the hit still cached.
+TEST(PdWorkers, DecodeWorkerReusesItsCacheAndReleasesExactlyItsReferences) {
+  for (auto [ptp, dtp] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+    PdPair pd(ptp, dtp, {"--kv-lease-ms", "1500"}, {"--kv-lease-ms", "1500"});
+    ASSERT_TRUE(pd.ready()) << "see " << pd.logs();
+    const int block = info(pd.decode()).block_size();
+    ASSERT_EQ(block, 16);
+    const std::string tag = "P" + std::to_string(ptp) + "D" + std::to_string(dtp);
+    const Reference ref =
+        reference("Once upon a time, there was a little dog named Max. Max liked to run in the park", 24);
+    const std::vector<int> whole_blocks(ref.prompt.begin(), ref.prompt.begin() + 32);  // Exactly 2 blocks.
+    const std::vector<int> whole_ref = reference_tokens(whole_blocks, 24);
+    // The second prompt is the first one's 2 leading blocks: all of it is cached on the decode
+    // side from its first send on, so no block moves at all.
+    const std::vector<std::pair<std::vector<int>, std::vector<int>>> cases = {{ref.prompt, ref.tokens},
+                                                                               {whole_blocks, whole_ref}};
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const auto& [prompt, tokens] = cases[c];
+      const int n = int(prompt.size() + 15) / 16, full = int(prompt.size()) / 16;
+      ASSERT_GE(full, 2);
+      const std::string id = tag + "n" + std::to_string(prompt.size());
+      for (int send = 0; send < 3; ++send) {
+        const bool push = send < 2;  // A first push, a second one, then a pull.
+        const PdResult r = push ? pd.push(id + "s" + std::to_string(send), prompt, 24)
+                                : pd.pull(id + "s" + std::to_string(send), prompt, 24);
+        ASSERT_TRUE(r.prefill.ok()) << r.prefill.error_message() << " (see " << pd.logs() << ")";
+        ASSERT_TRUE(r.decode.status.ok()) << r.decode.status.error_message() << " (see " << pd.logs() << ")";
+        EXPECT_EQ(r.decode.tokens, tokens) << id << " send " << send;
+        const int hit = c == 0 && send == 0 ? 0 : full;
+        if (push) EXPECT_EQ(r.reserved.cached_prefix_blocks(), hit) << id << " send " << send;
+        EXPECT_EQ(r.decode.decode_cached_tokens, hit * block) << id << " send " << send;
+        EXPECT_EQ(r.decode.transferred_blocks, n - hit) << id << " send " << send;
+      }
+      EXPECT_TRUE(wait_all_free(pd.prefill(), 5s));
+      EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+    }
+    // Reservations that never get their KV: one aborted, one left to expire.
+    for (const char* end : {"abort", "expire"}) {
+      const std::string id = tag + end;
+      grpc::ClientContext rctx;
+      worker::ReserveResponse reserved;
+      ASSERT_TRUE(pd.decode().Reserve(&rctx, pd.reserve_request(id, ref.prompt, 24), &reserved).ok());
+      EXPECT_EQ(reserved.cached_prefix_blocks(), int(ref.prompt.size()) / 16);
+      const worker::WorkerInfo held = info(pd.decode());
+      // The hit blocks are held, not evictable: none of the reservation's blocks counts as free.
+      EXPECT_EQ(held.free_blocks(), held.num_blocks() - reserved.block_ids_size()) << end;
+      if (std::string(end) == "abort") {
+        grpc::ClientContext actx;
+        worker::WorkerAbortRequest abort;
+        abort.set_request_id(id);
+        worker::WorkerAbortResponse aborted;
+        ASSERT_TRUE(pd.decode().Abort(&actx, abort, &aborted).ok());
+        EXPECT_TRUE(aborted.found());
+      }
+      EXPECT_TRUE(wait_all_free(pd.decode(), 5s)) << end;
+    }
+    // The hit is still cached; another namespace shares none of it; a prompt whose length
+    // disagrees with prompt_len is refused.
+    {
+      worker::ReserveRequest again = pd.reserve_request(tag + "again", ref.prompt, 24);
+      again.set_cache_salt("tenant-b");
+      grpc::ClientContext rctx;
+      worker::ReserveResponse reserved;
+      ASSERT_TRUE(pd.decode().Reserve(&rctx, again, &reserved).ok());
+      EXPECT_EQ(reserved.cached_prefix_blocks(), 0);
+      grpc::ClientContext actx;
+      worker::WorkerAbortRequest abort;
+      abort.set_request_id(tag + "again");
+      worker::WorkerAbortResponse aborted;
+      ASSERT_TRUE(pd.decode().Abort(&actx, abort, &aborted).ok());
+      worker::ReserveRequest bad = pd.reserve_request(tag + "bad", ref.prompt, 24);
+      bad.add_prompt(5);
+      grpc::ClientContext bctx;
+      EXPECT_EQ(pd.decode().Reserve(&bctx, bad, &reserved).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_TRUE(wait_all_free(pd.decode(), 5s));
+    }
+  }
 }
 
 TEST(PdWorkers, CancelAndAbortFreeBlocksOnBothSides) {
