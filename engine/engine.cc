@@ -593,6 +593,7 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
     return Reservation{std::move(blocks), 0};
   }
   const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
+  // Every full prompt block may hit, the last one included (engine.h says why).
   std::vector<BlockKey> keys;
   extend_block_keys(keys, ns_root, prompt, options_.block_size, int(prompt.size()) / options_.block_size, key_fn_);
   PD_ASSIGN_OR_RETURN(BlockAllocator::Allocation a, blocks_->allocate_cached(keys, ns_root, prompt, total));
