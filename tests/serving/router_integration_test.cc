@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cctype>
 #include <chrono>
 #include <atomic>
 #include <filesystem>
@@ -700,7 +701,11 @@ TEST_P(RouterPdReuse, RepeatedPromptsMoveOnlyTheBlocksTheDecodeWorkerLacks) {
       "to play with it, but Max wanted it too.";
   const json first = run({"generate", "--model", testing::stories_bin(), "--prompt", story});
   ASSERT_FALSE(first.is_discarded());
-  const std::string follow_up = story + first["text"].get<std::string>() + " Then they went home to eat.";
+  // The output, as plain words (the CLI runs through a shell; the text may hold quotes or newlines).
+  std::string output = first["text"].get<std::string>();
+  for (char& ch : output)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != ',') ch = ' ';
+  const std::string follow_up = story + output + " Then they went home to eat.";
   const json second = run({"generate", "--model", testing::stories_bin(), "--prompt", follow_up});
   ASSERT_FALSE(second.is_discarded());
   const int block = 16;  // The workers' default --block-size.
@@ -731,9 +736,13 @@ TEST_P(RouterPdReuse, RepeatedPromptsMoveOnlyTheBlocksTheDecodeWorkerLacks) {
     EXPECT_EQ(cached % block, 0);
     const int hit = cached / block;
     EXPECT_EQ(moved, (prompt + block - 1) / block - hit) << "send " << i;
-    if (i == 0) EXPECT_EQ(hit, 0);
-    if (i == 1) EXPECT_EQ(hit, prompt / block) << "every full prompt block hits on the decode side";
-    if (i == 2) EXPECT_GT(hit, 0);
+    if (i == 0) {
+      EXPECT_EQ(hit, 0);
+    } else if (i == 1) {
+      EXPECT_EQ(hit, prompt / block) << "every full prompt block hits on the decode side";
+    } else {
+      EXPECT_GT(hit, 0);
+    }
     const uint64_t bytes = decode_bytes();
     const uint64_t delta = bytes - bytes_before;
     bytes_before = bytes;

@@ -142,8 +142,11 @@ TEST(PdWorkers, DecodeWorkerReusesItsCacheAndReleasesExactlyItsReferences) {
     const int block = info(pd.decode()).block_size();
     ASSERT_EQ(block, 16);
     const std::string tag = "P" + std::to_string(ptp) + "D" + std::to_string(dtp);
-    const Reference ref =
-        reference("Once upon a time, there was a little dog named Max. Max liked to run in the park", 24);
+    const Reference ref = reference("Once upon a time, there was a little girl named Lily. She lived in a small house "
+                                    "near the big forest with her mom, her dad and her dog Max. Every morning Lily and "
+                                    "Max ran to the river to look at the fish and the frogs.",
+                                    24);
+    ASSERT_GE(ref.prompt.size(), 40u);
     const std::vector<int> whole_blocks(ref.prompt.begin(), ref.prompt.begin() + 32);  // Exactly 2 blocks.
     const std::vector<int> whole_ref = reference_tokens(whole_blocks, 24);
     // The second prompt is the first one's 2 leading blocks: all of it is cached on the decode
@@ -163,7 +166,9 @@ TEST(PdWorkers, DecodeWorkerReusesItsCacheAndReleasesExactlyItsReferences) {
         ASSERT_TRUE(r.decode.status.ok()) << r.decode.status.error_message() << " (see " << pd.logs() << ")";
         EXPECT_EQ(r.decode.tokens, tokens) << id << " send " << send;
         const int hit = c == 0 && send == 0 ? 0 : full;
-        if (push) EXPECT_EQ(r.reserved.cached_prefix_blocks(), hit) << id << " send " << send;
+        if (push) {
+          EXPECT_EQ(r.reserved.cached_prefix_blocks(), hit) << id << " send " << send;
+        }
         EXPECT_EQ(r.decode.decode_cached_tokens, hit * block) << id << " send " << send;
         EXPECT_EQ(r.decode.transferred_blocks, n - hit) << id << " send " << send;
       }
