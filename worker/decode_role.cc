@@ -192,6 +192,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
   prepared.request.prompt.assign(request.prompt().begin(), request.prompt().end());
   prepared.request.params = params;
   prepared.request.resumed_tokens = request.resumed_tokens();
+  prepared.request.cache_salt = request.cache_salt();
   prepared.request.handoff.first_token_streamed = request.first_token_streamed();
   return prepared;
 }

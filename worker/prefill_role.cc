@@ -100,6 +100,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   engine::GenerationRequest greq{id, {request.prompt().begin(), request.prompt().end()}, params};
   greq.handoff.prefill_only = true;
   greq.resumed_tokens = request.resumed_tokens();
+  greq.cache_salt = request.cache_salt();
   if (push) {
     greq.handoff.on_admitted = [this, id](const std::vector<int>& blocks) { on_admitted(id, blocks); };
   }

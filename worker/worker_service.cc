@@ -87,6 +87,12 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   reply->set_steps_total(st.engine.steps);
   reply->set_max_running(e.max_running());
   reply->set_max_batch_tokens(e.max_batch_tokens());
+  reply->set_kv_key_root(std::string(e.kv_key_root().bytes.begin(), e.kv_key_root().bytes.end()));
+  reply->set_prefix_caching(e.prefix_caching());
+  if (request->include_cached_keys()) {
+    for (const engine::BlockKey& k : e.cached_keys())
+      reply->add_cached_keys(std::string(k.bytes.begin(), k.bytes.end()));
+  }
   if (request->include_steps()) {
     for (const engine::StepSample& s : e.steps_after(request->steps_after())) {
       StepSample* out = reply->add_steps();
@@ -155,6 +161,7 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
     engine::GenerationRequest r{request->request_id(), {request->prompt().begin(), request->prompt().end()}, *params};
     r.resumed_tokens = request->resumed_tokens();
+    r.cache_salt = request->cache_salt();
     return stream(context, std::move(r), nullptr, writer);
   }
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");
