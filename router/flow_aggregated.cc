@@ -6,13 +6,17 @@
 namespace pdserve::router {
 
 Router::Attempt Router::run_aggregated(Flow& f) {
-  const auto loads = registry_.loads(worker::ROLE_AGGREGATED);
-  const int w = pick_decode(loads, f.blocks_per_worker, f.exclude_decode, nullptr, preferred(f, loads, false));
+  // The decode side's cost: an aggregated worker's cached prefix is what it need not compute.
+  auto loads = registry_.loads(worker::ROLE_AGGREGATED);
+  const std::optional<CacheTerms> terms = cache_terms(f, loads);
+  const int w = pick_decode(loads, f.blocks_per_worker, f.exclude_decode, nullptr, preferred(f, loads, false),
+                            terms ? &*terms : nullptr);
   if (w < 0) return Attempt::unplaced(absl::UnavailableError("no aggregated worker is up with room for this request"));
   f.assign(clock_);
   worker::WorkerGenerateRequest req;
   f.fill(req);
   registry_.note_assigned(w, f.blocks_per_worker, int64_t(req.prompt_size()));
+  predict_cached(f, w);
   f.decode_worker = f.prefill_worker = registry_.address(w);
   f.act->begin_attempt({w}, clock_.now());
   grpc::ClientContext ctx;

@@ -7,16 +7,20 @@
 
 namespace pdserve::router {
 Router::Attempt Router::run_pull(Flow& f) {
-  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const std::optional<CacheTerms> prefill_terms = cache_terms(f, prefill_loads);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true));
+                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
+                             prefill_terms ? &*prefill_terms : nullptr);
   if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode("pull");
-  registry_.note_assigned(p, 0, int64_t(preq.prompt_size()));
+  registry_.note_assigned(p, 0, dispatched_prefill_tokens(preq.prompt_size(), producer_load,
+                                                         prefill_terms ? &*prefill_terms : nullptr));
+  predict_cached(f, p);
   f.act->begin_attempt({p}, clock_.now());
   worker::PrefillResponse presp;
   {
@@ -58,14 +62,16 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.cached_tokens = presp.cached_tokens();
     return {absl::OkStatus(), false};
   }
-  const std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+  std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+  const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
   const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
-                            preferred(f, decode_loads, false));
+                            preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
   }
   registry_.note_assigned(d, f.blocks_per_worker, 0);
+  predict_cached(f, d);
   f.decode_worker = registry_.address(d);
   worker::WorkerGenerateRequest dreq;
   f.fill_decode(dreq);

@@ -23,9 +23,11 @@ constexpr auto kReserveBackoffMax = std::chrono::milliseconds(50);
 Router::Attempt Router::run_push(Flow& f) {
   // The prefill worker is chosen first: the decode side binds the transfer to its producer
   // group (TP and endpoints) at Reserve time, before any write can arrive.
-  const std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
+  const std::optional<CacheTerms> prefill_terms = cache_terms(f, prefill_loads);
   const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true));
+                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
+                             prefill_terms ? &*prefill_terms : nullptr);
   if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
@@ -37,9 +39,10 @@ Router::Attempt Router::run_push(Flow& f) {
   auto backoff = std::chrono::duration_cast<Duration>(kReserveBackoffMin);
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
-    const std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+    std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+    const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
     d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
-                    preferred(f, decode_loads, false));
+                    preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
     if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
@@ -79,7 +82,10 @@ Router::Attempt Router::run_push(Flow& f) {
   }
   registry_.note_assigned(d, f.blocks_per_worker, 0);
   f.assign(clock_);
-  registry_.note_assigned(p, 0, int64_t(tokens.size()));
+  registry_.note_assigned(p, 0, dispatched_prefill_tokens(int(tokens.size()), producer_load,
+                                                         prefill_terms ? &*prefill_terms : nullptr));
+  predict_cached(f, p);
+  predict_cached(f, d);
   f.prefill_worker = registry_.address(p);
   f.decode_worker = registry_.address(d);
 

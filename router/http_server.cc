@@ -17,6 +17,7 @@
 #include "common/tcp_state.h"
 #include "common/tls.h"
 #include "router/bounded_task_queue.h"
+#include "router/kv_routing.h"
 #include "router/openai_request.h"
 #include "router/openai_response.h"
 #include "router/parallel_samples.h"
@@ -91,6 +92,25 @@ HttpServer::HttpServer(Router& router, HttpServerOptions options)
     const v1::ModelInfo m = router_.model_info();
     json model = {{"id", m.name()}, {"object", "model"}, {"created", 0}, {"owned_by", "pdserve"}, {"max_model_len", m.max_context()}};
     res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+  });
+  // The router's KV index for one worker (debugging, the index exactness tests): its state and
+  // its device-tier keys, sorted, as hex.
+  server_->Get("/debug/kv_index", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string address = req.get_param_value("worker");
+    const KvRouting* kv = router_.kv_routing();
+    const std::optional<KvRouting::WorkerView> v = kv ? kv->view(address) : std::nullopt;
+    if (!v) {
+      res.status = 404;
+      json body = {{"error", {{"message", "no KV index for worker '" + address + "' (give ?worker=HOST:PORT)"},
+                              {"type", "invalid_request_error"}, {"param", "worker"}, {"code", nullptr}}}};
+      res.set_content(body.dump(), "application/json");
+      return;
+    }
+    json keys = json::array();
+    for (const engine::BlockKey& k : v->keys) keys.push_back(k.hex());
+    json body = {{"worker", address}, {"worker_id", v->worker_id},
+                 {"state", v->state ? json(to_string(*v->state)) : json(nullptr)}, {"keys", std::move(keys)}};
+    res.set_content(body.dump(), "application/json");
   });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, /*chat=*/false, res);

@@ -60,8 +60,8 @@ KvEventSubscriber::~KvEventSubscriber() {
 }
 
 Status KvEventSubscriber::add_worker(const std::string& worker_id, const std::string& pub_endpoint,
-                                     const std::string& replay_endpoint) {
-  PD_ASSIGN_OR_RETURN(ReplayRequest request, index_.add_worker(worker_id));
+                                     const std::string& replay_endpoint, std::optional<KvScheme> scheme) {
+  PD_ASSIGN_OR_RETURN(ReplayRequest request, index_.add_worker(worker_id, std::move(scheme)));
   {
     std::lock_guard lock(mu_);
     commands_.push_back({true, worker_id, pub_endpoint, replay_endpoint, request});

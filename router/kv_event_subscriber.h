@@ -42,8 +42,10 @@ class KvEventSubscriber {
   KvEventSubscriber& operator=(const KvEventSubscriber&) = delete;
 
   // Subscribes to a worker (again, with new endpoints, after it restarted elsewhere) and asks
-  // for its snapshot. An empty replay endpoint leaves the worker DEGRADED.
-  Status add_worker(const std::string& worker_id, const std::string& pub_endpoint, const std::string& replay_endpoint);
+  // for its snapshot. An empty replay endpoint leaves the worker DEGRADED. `scheme`: as
+  // KvIndex::add_worker.
+  Status add_worker(const std::string& worker_id, const std::string& pub_endpoint, const std::string& replay_endpoint,
+                    std::optional<KvScheme> scheme = std::nullopt);
   void remove_worker(const std::string& worker_id);
   KvEventSubscriberStats stats() const;
 

@@ -4,6 +4,7 @@
 #include <bit>
 #include <chrono>
 
+#include "common/logging.h"
 #include "kvevents/wire.h"
 
 namespace pdserve::router {
@@ -45,7 +46,7 @@ const KvIndex::Worker* KvIndex::find(const std::string& worker_id) const {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
-StatusOr<ReplayRequest> KvIndex::add_worker(const std::string& worker_id) {
+StatusOr<ReplayRequest> KvIndex::add_worker(const std::string& worker_id, std::optional<KvScheme> scheme) {
   std::lock_guard lock(mu_);
   if (Worker* w = find(worker_id)) {
     clear_worker(*w, std::nullopt);
@@ -62,6 +63,7 @@ StatusOr<ReplayRequest> KvIndex::add_worker(const std::string& worker_id) {
     workers_.emplace(worker_id, std::move(fresh));
   }
   Worker& w = *find(worker_id);
+  w.scheme = std::move(scheme);
   w.wanted = kSnapshot;
   ++stats_.replays_requested;
   return kSnapshot;
@@ -83,6 +85,20 @@ std::optional<ReplayRequest> KvIndex::start_recovery(Worker& w, ReplayRequest re
   return request;
 }
 
+bool KvIndex::accepts(const std::string& worker_id, Worker& w, const kv::KvEventBatch& batch) {
+  if (!w.scheme || (batch.key_scheme() == w.scheme->key_scheme && batch.block_size() == w.scheme->block_size &&
+                    batch.compat_hash() == w.scheme->compat_hash))
+    return true;
+  ++stats_.rejected;
+  if (!w.warned) {
+    w.warned = true;
+    PD_LOG_WARN("KV events of {} rejected: block size {} and compat hash {:x} (its Info says {} and {:x}), or "
+                "another key scheme",
+                worker_id, batch.block_size(), batch.compat_hash(), w.scheme->block_size, w.scheme->compat_hash);
+  }
+  return false;
+}
+
 void KvIndex::buffer(Worker& w, const kv::KvEventBatch& batch) {
   // A batch of another epoch than those buffered means the publisher restarted: the newest wins.
   if (!w.buffered.empty() && w.buffered.begin()->second.epoch() != batch.epoch()) w.buffered.clear();
@@ -93,7 +109,7 @@ void KvIndex::buffer(Worker& w, const kv::KvEventBatch& batch) {
 std::optional<ReplayRequest> KvIndex::on_live(const std::string& worker_id, const kv::KvEventBatch& batch) {
   std::lock_guard lock(mu_);
   Worker* w = find(worker_id);
-  if (!w || batch.snapshot()) return std::nullopt;
+  if (!w || batch.snapshot() || !accepts(worker_id, *w, batch)) return std::nullopt;
   if (w->state != WorkerKvState::kExact) {
     // The pending replay (or the next retry) decides; data batches wait for it.
     if (!is_heartbeat(batch)) buffer(*w, batch);
@@ -138,6 +154,10 @@ void KvIndex::on_replay_batch(const std::string& worker_id, const kv::KvEventBat
   std::lock_guard lock(mu_);
   Worker* w = find(worker_id);
   if (!w || w->state == WorkerKvState::kExact) return;  // Not asked for.
+  if (!accepts(worker_id, *w, batch)) {
+    w->rejected_reply = true;
+    return;
+  }
   if (batch.snapshot()) {
     if (!w->snapshot_started) {
       clear_worker(*w, std::nullopt);
@@ -158,6 +178,12 @@ std::optional<ReplayRequest> KvIndex::on_replay_end(const std::string& worker_id
   std::lock_guard lock(mu_);
   Worker* w = find(worker_id);
   if (!w || w->state == WorkerKvState::kExact) return std::nullopt;
+  if (w->rejected_reply) {
+    w->rejected_reply = false;
+    w->snapshot_started = false;
+    w->state = WorkerKvState::kDegraded;
+    return std::nullopt;
+  }
   if (w->snapshot_started) ++stats_.snapshots;
   w->snapshot_started = false;
   if (w->epoch == 0) return start_recovery(*w, kSnapshot);  // The reply carried no snapshot.

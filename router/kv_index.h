@@ -4,7 +4,11 @@
 // a worker is exact: EXACT while seqs arrive contiguously; RECOVERING after a gap (a seq past
 // last+1, or a heartbeat whose last_seq is past it) or a new epoch, while a replay or snapshot
 // is asked for and live batches are buffered; DEGRADED after three failed replays. It owns no
-// sockets: it says which replay to request, and KvEventSubscriber does the I/O. Thread-safe.
+// sockets: it says which replay to request, and KvEventSubscriber does the I/O. A worker added
+// with the key space its Info advertises (KvScheme) has every batch of another key space,
+// block size or KV geometry rejected: such keys could never match the router's; a replay
+// reply with such batches leaves the worker DEGRADED (asking again would get the same), until
+// it is added again with its new Info. Thread-safe.
 #pragma once
 
 #include <array>
@@ -34,6 +38,15 @@ struct ReplayRequest {
   bool operator==(const ReplayRequest&) const = default;
 };
 
+// The key space a worker's batches must carry (KvEventBatch.key_scheme, block_size,
+// compat_hash), from its WorkerInfo.
+struct KvScheme {
+  std::string key_scheme;  // kvevents::kKeySchemeV1 followed by the 16-byte key root.
+  uint32_t block_size = 0;
+  uint64_t compat_hash = 0;
+  bool operator==(const KvScheme&) const = default;
+};
+
 struct KvIndexOptions {
   int max_failed_replays = 3;            // Then DEGRADED.
   size_t max_buffered_batches = 100000;  // Live batches held per worker while recovering.
@@ -52,6 +65,7 @@ struct KvIndexStats {
   uint64_t replays_succeeded = 0;
   uint64_t replays_failed = 0;
   uint64_t snapshots = 0;       // Snapshots applied.
+  uint64_t rejected = 0;        // Batches of another key scheme, block size or compat hash.
   double last_lag_seconds = 0;  // Apply time minus the batch's ts_unix, for live batches.
   double max_lag_seconds = 0;
 };
@@ -70,8 +84,9 @@ class KvIndex {
   explicit KvIndex(KvIndexOptions options = {}) : options_(options) {}
 
   // Starts tracking a worker (RECOVERING, no keys) and returns the snapshot request to send:
-  // there is no cold start. Re-adding a known worker starts it over.
-  StatusOr<ReplayRequest> add_worker(const std::string& worker_id);
+  // there is no cold start. Re-adding a known worker starts it over. With `scheme`, batches
+  // that do not carry it are rejected (counted, logged once per worker).
+  StatusOr<ReplayRequest> add_worker(const std::string& worker_id, std::optional<KvScheme> scheme = std::nullopt);
   // Forgets a worker and its keys (the registry dropped it).
   void remove_worker(const std::string& worker_id);
 
@@ -116,11 +131,16 @@ class KvIndex {
     int failures = 0;
     std::map<uint64_t, pdserve::kvevents::KvEventBatch> buffered;  // Live batches while recovering, by seq.
     std::array<uint64_t, kTiers> num_keys{};
+    std::optional<KvScheme> scheme;
+    bool warned = false;          // Logged a rejected batch.
+    bool rejected_reply = false;  // The pending reply carried a rejected batch.
   };
 
   Worker* find(const std::string& worker_id);
   const Worker* find(const std::string& worker_id) const;
   std::optional<ReplayRequest> start_recovery(Worker& w, ReplayRequest request);
+  // Whether `batch` is of the worker's key space; counts and logs (once) when not.
+  bool accepts(const std::string& worker_id, Worker& w, const pdserve::kvevents::KvEventBatch& batch);
   void buffer(Worker& w, const pdserve::kvevents::KvEventBatch& batch);
   void apply(Worker& w, const pdserve::kvevents::KvEventBatch& batch);
   void set_present(Worker& w, size_t tier, const engine::BlockKey& key);

@@ -19,6 +19,7 @@
 #include "router/api_keys.h"
 #include "router/generation_service.h"
 #include "router/http_server.h"
+#include "router/kv_routing.h"
 #include "router/registry_service.h"
 #include "router/router.h"
 
@@ -49,6 +50,8 @@ struct Flags {
   int heartbeat_timeout_ms = 3000;
   pdserve::TlsFiles tls;
   std::string tls_worker_name;
+  std::string placement = "cache";
+  double transfer_weight = 1.0;
 };
 
 int run(const Flags& f) {
@@ -118,7 +121,10 @@ int run(const Flags& f) {
   ro.failure_threshold = f.failure_threshold;
   ro.credentials = peer_channel_credentials(*tls);
   ro.tls_server_name = f.tls_worker_name;
+  // Declared before the registry, whose polls tell it of the workers' KV events.
+  KvRouting kv_routing(RealClock::instance());
   WorkerRegistry registry(endpoints, ro, RealClock::instance());
+  registry.set_listener(&kv_routing);
   registry.poll_once();
   registry.start();
 
@@ -132,8 +138,10 @@ int run(const Flags& f) {
   opts.max_migrations = f.max_migrations;
   opts.stall_timeout = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.stall_timeout_s));
   opts.worker_wait = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.worker_wait_s));
+  opts.cache_placement = f.placement == "cache";
+  opts.transfer_weight = f.transfer_weight;
   RouterMetrics metrics;
-  Router router(opts, std::move(model), registry, metrics, RealClock::instance());
+  Router router(opts, std::move(model), registry, metrics, RealClock::instance(), &kv_routing);
   GenerationService service(router, *keys);
   const bool mutual_tls = tls->mode == TlsMode::kMutual;
   RegistryService registry_service(registry, model_names, opts.kv_mode, cluster_tokens, mutual_tls);
@@ -271,6 +279,15 @@ int main(int argc, char** argv) {
   app.add_option("--tls-worker-name", f.tls_worker_name,
                  "With --tls-ca: the name workers' certificates must carry (default: the host of each worker's "
                  "address, e.g. a pod IP)");
+  app.add_option("--placement", f.placement,
+                 "cache: place by the workers' cached prefixes (from their KV events) against their load; load: "
+                 "by load alone (docs/router.md, Placement)")
+      ->check(CLI::IsMember({"cache", "load"}))
+      ->capture_default_str();
+  app.add_option("--transfer-weight", f.transfer_weight,
+                 "Cache placement: a KV block to transfer, in prefill-block equivalents (tau)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   return run(f);
 }

@@ -257,7 +257,7 @@ const std::set<std::string>& known_fields(bool chat) {
   static const std::set<std::string> common = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "stop_token_ids", "stream",
       "stream_options", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-      "min_tokens", "ignore_eos", "skip_special_tokens", "request_id", "logprobs"};
+      "min_tokens", "ignore_eos", "skip_special_tokens", "request_id", "logprobs", "cache_salt"};
   static const std::set<std::string> completions = [] {
     std::set<std::string> s = common;
     s.insert({"prompt", "best_of", "echo"});
@@ -449,6 +449,11 @@ StatusOr<OpenAiRequest> parse_openai_request(const std::string& body, bool chat,
   if (auto it = j.find("request_id"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return field_error("request_id", "must be a string");
     r.set_request_id(it->get<std::string>());
+  }
+  // vLLM's name: the prefix-cache namespace (Router::validate checks its length).
+  if (auto it = j.find("cache_salt"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return field_error("cache_salt", "must be a string");
+    r.set_cache_salt(it->get<std::string>());
   }
 
   PD_RETURN_IF_ERROR(read_bool(j, "stream", &out.stream));

@@ -156,6 +156,7 @@ struct Router::Flow {
   std::string worker_id;  // The id the workers see (differs per placement, so no stale state collides).
   std::vector<int> prompt;
   v1::SamplingParams sampling;  // As the client sent them.
+  std::string cache_salt;       // GenerateRequest.cache_salt: the prefix-cache namespace.
   // Tokens the client already has. A placement after a mid-stream failure prefills prompt +
   // output and decodes the rest (engine::GenerationRequest::resumed_tokens).
   std::vector<int> output;
@@ -219,6 +220,7 @@ struct Router::Flow {
     for (int t : output) r.add_prompt(t);
     *r.mutable_sampling() = placement_sampling();
     r.set_resumed_tokens(int(output.size()));
+    r.set_cache_salt(cache_salt);
   }
   // The same for a P/D placement's decode side, which is never asked for the prompt's
   // log-probabilities: the prefill side computed them.

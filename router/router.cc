@@ -5,18 +5,20 @@
 
 #include "common/logging.h"
 #include "proto/sampling_defaults.h"
+#include "router/kv_routing.h"
 #include "router/policy.h"
 #include "router/request_state.h"
 
 namespace pdserve::router {
 
 Router::Router(const RouterOptions& options, ServedModel model, WorkerRegistry& registry, RouterMetrics& metrics,
-               const Clock& clock)
+               const Clock& clock, KvRouting* kv)
     : options_(options),
       model_(std::move(model)),
       registry_(registry),
       metrics_(metrics),
       clock_(clock),
+      kv_(kv),
       admission_(options.max_running, options.max_waiting),
       id_prefix_([] {
         std::random_device rd;
@@ -82,6 +84,27 @@ int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool 
   const PromptPlacement& p = f.affinity->prefer;
   return index_of(loads, prefill ? p.prefill_worker : p.decode_worker,
                   [this](int i) -> const std::string& { return registry_.address(i); });
+}
+
+std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const {
+  if (!kv_ || !options_.cache_placement) return std::nullopt;
+  const std::vector<int> tokens = f.tokens();
+  std::vector<std::string> addresses;
+  int block_size = 0;
+  for (const WorkerLoad& l : loads) {
+    addresses.push_back(registry_.address(l.index));
+    if (block_size == 0) block_size = l.block_size;
+  }
+  const std::vector<int> cached = kv_->cached_blocks(addresses, tokens, f.cache_salt);
+  for (size_t i = 0; i < loads.size(); ++i) loads[i].cached_blocks = cached[i];
+  CacheTerms terms;
+  terms.prompt_blocks = block_size > 0 ? int(tokens.size()) / block_size : 0;
+  terms.transfer_weight = options_.transfer_weight;
+  return terms;
+}
+
+void Router::predict_cached(const Flow& f, int worker) {
+  if (kv_ && options_.cache_placement) kv_->predict(registry_.address(worker), f.tokens(), f.cache_salt);
 }
 
 std::string Router::new_request_id() { return absl::StrCat("req-", id_prefix_, "-", next_id_++); }
@@ -450,6 +473,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   f.worker_id = act->id;
   f.prompt = std::move(*prompt);
   f.sampling = resolved.sampling();
+  f.cache_salt = request.cache_salt();
   f.emit = &emit;
   f.affinity = &affinity;
   f.arrival = arrival;

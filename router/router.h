@@ -51,7 +51,13 @@ struct RouterOptions {
   // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are
   // back up (the registry probes a down worker again after its back-off).
   Duration worker_wait = std::chrono::seconds(30);
+  // Placement by cache (docs/router.md, "Placement"; needs a KvRouting): the workers' cached
+  // prefixes weigh against their load (CacheTerms); false: by load alone (--placement load).
+  bool cache_placement = true;
+  double transfer_weight = 1.0;  // tau: a block to transfer, in prefill-block equivalents.
 };
+
+class KvRouting;
 
 // The model the router serves: enough to tokenize prompts and check them against the limits.
 struct ServedModel {
@@ -69,8 +75,9 @@ class Router {
   // Receives each response of a request in order; returns false once the client is gone.
   using Emit = std::function<bool(const v1::GenerateResponse&)>;
 
+  // `kv` (may be null: placement by load) tells where prompts are cached; it outlives the router.
   Router(const RouterOptions& options, ServedModel model, WorkerRegistry& registry, RouterMetrics& metrics,
-         const Clock& clock);
+         const Clock& clock, KvRouting* kv = nullptr);
   ~Router();
 
   // Runs one request to its end, streaming through `emit`; the returned status is the one the
@@ -91,6 +98,8 @@ class Router {
   // Whether requests can be served now: a worker of every role the mode needs is up.
   bool ready() const;
   const ServedModel& model() const { return model_; }
+  // The workers' prefix caches as the router sees them (null without KV events).
+  const KvRouting* kv_routing() const { return kv_; }
   // The Prometheus exposition of the router and its workers.
   std::string metrics_text() const;
   int running() const { return admission_.running(); }
@@ -166,12 +175,18 @@ class Router {
   std::string new_request_id();
   // The index of `f`'s preferred prefill or decode worker among `loads` (-1: none, or gone).
   int preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const;
+  // With cache placement: sets each load's cached_blocks for `f`'s prompt and returns the
+  // terms to place by; nullopt (placement by load) without it.
+  std::optional<CacheTerms> cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const;
+  // After dispatching `f` to `worker`: its prompt's blocks are predicted there.
+  void predict_cached(const Flow& f, int worker);
 
   const RouterOptions options_;
   const ServedModel model_;
   WorkerRegistry& registry_;
   RouterMetrics& metrics_;
   const Clock& clock_;
+  KvRouting* const kv_;
   mutable AdmissionQueue admission_;
   uint64_t kv_bytes_per_token_ = 0;
 

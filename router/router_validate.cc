@@ -13,6 +13,7 @@ constexpr size_t kMaxStopStringBytes = 256;
 constexpr int kMaxStopTokenIds = 256;
 // No token of a real vocabulary spans more bytes, so a longer text cannot fit the context.
 constexpr size_t kMaxBytesPerToken = 256;
+constexpr size_t kMaxCacheSaltBytes = 256;
 
 }  // namespace
 
@@ -22,6 +23,10 @@ StatusOr<std::vector<int>> Router::validate(const v1::GenerateRequest& r) const 
     return absl::NotFoundError(
         absl::StrCat("model '", r.model(), "' is not served here; this router serves '", model_.name, "'"));
   if (r.request_id().size() > 256) return absl::InvalidArgumentError("request_id is longer than 256 bytes");
+  // Hashed into every block key of the request, on the router and on each worker.
+  if (r.cache_salt().size() > kMaxCacheSaltBytes)
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt is longer than ", kMaxCacheSaltBytes, " bytes (got ",
+                                                   r.cache_salt().size(), ")"));
   const v1::SamplingParams& s = r.sampling();
   // Limits on what a client controls, checked before any work: stop rules are checked on every
   // token, and tokenizing is paid for the whole text.

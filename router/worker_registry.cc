@@ -56,6 +56,7 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
     w.assigned_requests = w.assigned_blocks = 0;
     w.assigned_prefill_tokens = 0;
     w.next_poll = now + options_.poll_interval;
+    if (listener_) listener_->on_worker_info(w.endpoint.address, info);
     if (!was_up) PD_LOG_INFO("worker {} ({}) is up: {} blocks of {} tokens", w.endpoint.address,
                              role_name(info.role()), info.num_blocks(), info.block_size());
   } else {
@@ -113,6 +114,11 @@ void WorkerRegistry::poll_once() {
   }
 }
 
+void WorkerRegistry::set_listener(WorkerInfoListener* listener) {
+  std::lock_guard lock(mu_);
+  listener_ = listener;
+}
+
 void WorkerRegistry::start() {
   std::lock_guard lock(mu_);
   if (poller_.joinable()) return;
@@ -158,6 +164,7 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.tp = w.info.tp();
     l.compat_hash = w.info.compat_hash();
     l.kv_compat = w.info.kv_compat();
+    l.block_size = w.info.block_size();
     out.push_back(l);
   }
   return out;
@@ -339,6 +346,7 @@ bool WorkerRegistry::deregister(const std::string& address) {
   w->listed = false;
   w->up = false;
   w->leaving = true;
+  if (listener_) listener_->on_worker_removed(address);
   PD_LOG_INFO("worker {} deregistered", address);
   return true;
 }
@@ -353,6 +361,7 @@ std::vector<std::string> WorkerRegistry::expire() {
     w->up = false;
     PD_LOG_WARN("worker {} ({}) dropped: no heartbeat for {} ms", w->endpoint.address, role_name(w->endpoint.role),
                 std::chrono::duration_cast<std::chrono::milliseconds>(now - w->last_heartbeat).count());
+    if (listener_) listener_->on_worker_removed(w->endpoint.address);
     out.push_back(w->endpoint.address);
   }
   return out;

@@ -47,6 +47,17 @@ struct RegistryOptions {
   std::string tls_server_name;
 };
 
+// Told what the registry learns of its workers (router/kv_routing.h subscribes to their KV
+// events). Called under the registry's lock: it must not call back into the registry.
+class WorkerInfoListener {
+ public:
+  virtual ~WorkerInfoListener() = default;
+  // A poll of `address` answered `info` (every poll; the listener acts on what changed).
+  virtual void on_worker_info(const std::string& address, const worker::WorkerInfo& info) = 0;
+  // `address` left the registry (its registration expired, or it deregistered).
+  virtual void on_worker_removed(const std::string& address) = 0;
+};
+
 // "prefill", "decode", "aggregated" or "unspecified".
 std::string role_name(worker::Role role);
 
@@ -66,6 +77,9 @@ class WorkerRegistry {
   void start();
   // Stops the background polling (also done by the destructor).
   void stop();
+  // Tells `listener` (null: none) of every answered poll and every worker leaving; set before
+  // the first poll_once, and outliving the registry's polls.
+  void set_listener(WorkerInfoListener* listener);
 
   // Placement view of the workers of `role`; WorkerLoad::index is the registry index.
   std::vector<WorkerLoad> loads(worker::Role role) const;
@@ -143,6 +157,7 @@ class WorkerRegistry {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool poll_now_ = false;  // A worker registered: poll without waiting for the next round.
+  WorkerInfoListener* listener_ = nullptr;  // Guarded by mu_.
   std::thread poller_;
 };
 

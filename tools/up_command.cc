@@ -43,6 +43,8 @@ struct UpFlags {
   int block_size = 0;
   uint64_t kv_cache_bytes = 0;
   std::string prefix_caching = "on";
+  std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
+  std::string placement = "cache";    // The router's --placement.
   std::string kv_hash_secret_file;
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
@@ -259,6 +261,10 @@ int run_up(const UpFlags& f) {
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
+    if (f.kv_events == "on") {
+      const std::string any_port = "tcp://" + f.host + ":0";  // The worker advertises what it bound.
+      a.insert(a.end(), {"--kv-events-endpoint", any_port, "--kv-replay-endpoint", any_port});
+    }
     if (!f.kv_hash_secret_file.empty()) a.insert(a.end(), {"--kv-hash-secret-file", f.kv_hash_secret_file});
     if (tls->mode == TlsMode::kMutual) a.insert(a.end(), tls_args.begin(), tls_args.end());
     if (role != "aggregated" && !f.kv_key_file.empty()) a.insert(a.end(), {"--kv-key-file", f.kv_key_file});
@@ -290,6 +296,7 @@ int run_up(const UpFlags& f) {
 
   std::vector<std::string> ra = {router_bin, "--model", f.model, "--host", f.host, "--port", std::to_string(f.port)};
   if (pd) ra.insert(ra.end(), {"--kv-mode", f.kv_mode});
+  ra.insert(ra.end(), {"--placement", f.placement});
   for (Child* c : prefill) ra.insert(ra.end(), {"--prefill", c->address});
   for (Child* c : decode) ra.insert(ra.end(), {"--decode", c->address});
   for (Child* c : aggregated) ra.insert(ra.end(), {"--aggregated", c->address});
@@ -405,6 +412,14 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
   cmd->add_option("--prefix-caching", f->prefix_caching, "Workers' prefix cache (docs/prefix_caching.md)")
       ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-events", f->kv_events,
+                  "Workers publish KV events (on free ports) and the router places by their caches "
+                  "(docs/kv_events.md); off: no endpoints")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--placement", f->placement, "Router placement: cache (by cached prefix and load) or load")
+      ->check(CLI::IsMember({"cache", "load"}))
       ->capture_default_str();
   cmd->add_option("--kv-hash-secret-file", f->kv_hash_secret_file,
                   "Workers: a secret mixed into every prefix-cache block key")

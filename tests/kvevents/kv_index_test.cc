@@ -209,3 +209,40 @@ TEST(KvIndexSlots, AtMost64Workers) {
 
 }  // namespace
 }  // namespace pdserve::router
+
+namespace pdserve::router {
+namespace {
+
+// Batches must carry the key space the worker's Info advertised: any other scheme (key root),
+// block size or compat hash is rejected, counted, and never applied.
+TEST(KvIndex, RejectsBatchesOfAnotherKeySpace) {
+  const KvScheme scheme{std::string(kv::kKeySchemeV1) + kv::key_bytes(key(99)), 16, 7};
+  auto with = [&](kv::KvEventBatch b, KvScheme s) {
+    b.set_key_scheme(s.key_scheme);
+    b.set_block_size(s.block_size);
+    b.set_compat_hash(s.compat_hash);
+    return b;
+  };
+  KvIndex index;
+  ASSERT_TRUE(index.add_worker("w", scheme).ok());
+  KvScheme other_root = scheme, other_size = scheme, other_hash = scheme;
+  other_root.key_scheme = std::string(kv::kKeySchemeV1) + kv::key_bytes(key(98));
+  other_size.block_size = 32;
+  other_hash.compat_hash = 8;
+  for (const KvScheme& bad : {other_root, other_size, other_hash})
+    index.on_replay_batch("w", with(snapshot(5, 0, {1}), bad));
+  EXPECT_EQ(index.on_replay_end("w"), std::nullopt) << "asking again would get the same";
+  EXPECT_EQ(index.state("w"), WorkerKvState::kDegraded);
+  EXPECT_EQ(index.stats().rejected, 3u);
+  index.on_replay_batch("w", with(snapshot(5, 0, {1}), scheme));
+  EXPECT_EQ(index.on_replay_end("w"), std::nullopt);
+  ASSERT_EQ(index.state("w"), WorkerKvState::kExact);
+  EXPECT_EQ(index.on_live("w", with(stored(5, 1, {2}), other_size)), std::nullopt);
+  EXPECT_EQ(index.keys("w", KvTier::kDevice), keys_of({1}));
+  EXPECT_EQ(index.on_live("w", with(stored(5, 1, {2}), scheme)), std::nullopt);
+  EXPECT_EQ(index.keys("w", KvTier::kDevice), keys_of({1, 2}));
+  EXPECT_EQ(index.stats().rejected, 4u);
+}
+
+}  // namespace
+}  // namespace pdserve::router

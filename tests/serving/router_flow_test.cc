@@ -647,17 +647,24 @@ TEST_F(RouterFlow, ValidationStatuses) {
        absl::StatusCode::kInvalidArgument},
       {"request id of 257 bytes", [](v1::GenerateRequest& r) { r.set_request_id(std::string(257, 'r')); },
        absl::StatusCode::kInvalidArgument},
+      {"cache_salt of 257 bytes", [](v1::GenerateRequest& r) { r.set_cache_salt(std::string(257, 's')); },
+       absl::StatusCode::kInvalidArgument},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest r = request();
     c.edit(r);
     EXPECT_EQ(run(r).status.code(), c.code) << c.name;
   }
+  // The salt at its limit is served and reaches the worker (its engine's namespace).
+  v1::GenerateRequest salted = request();
+  salted.set_cache_salt(std::string(256, 's'));
+  EXPECT_TRUE(run(salted).status.ok());
+  EXPECT_EQ(w.last_generate().cache_salt(), std::string(256, 's'));
   v1::GenerateRequest named = request();
   named.set_model("stories260K");
   for (int i = 0; i < 16; ++i) named.mutable_sampling()->add_stop(std::string(256, 'z'));  // At the limits: served.
   EXPECT_TRUE(run(named).status.ok());
-  EXPECT_TRUE(w.calls().size() == 1u);  // Only the valid one reached the worker.
+  EXPECT_TRUE(w.calls().size() == 2u);  // Only the valid ones reached the worker.
 }
 
 // Issue 15's sampling fields: each bad value is INVALID_ARGUMENT naming its field, before any

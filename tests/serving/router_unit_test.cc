@@ -139,6 +139,93 @@ TEST(RouterPolicy, PreferredWorkersWinWhenEligible) {
   EXPECT_EQ(index_of(decode, "", address_of), -1);
 }
 
+// Cache placement (docs/router.md, "Placement"): a worker's cached prefix weighs against its load.
+WorkerLoad cached(WorkerLoad l, int blocks, int block_size = 16) {
+  l.cached_blocks = blocks;
+  l.block_size = block_size;
+  return l;
+}
+
+TEST(RouterPolicy, CachePlacementCosts) {
+  CacheTerms t;
+  t.prompt_blocks = 20;
+  // prefill_cost = max(queued_blocks + n - credit, 0); queued tokens round up to blocks.
+  EXPECT_EQ(queued_prefill_blocks(cached(load(0, true, 0, 0, /*queued=*/33), 0)), 3);
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 0), 20), 0, t), 0);
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 16 * 5), 8), 0, t), 5 + 20 - 8);
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 0), 50), 0, t), 0) << "credit is capped to the prompt";
+  // The guard: no credit above min_load + 64 AND above 1.5 x min_load.
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 16 * 100), 20), 30, t), 100 + 20) << "100 > 94 and > 45";
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 16 * 100), 20), 70, t), 100) << "100 > 1.5 x 70 fails: credit";
+  EXPECT_EQ(prefill_cost(cached(load(0, true, 0, 0, 16 * 60), 20), 0, t), 60) << "60 <= 0 + 64: credit";
+  // decode_cost = used + (blocks_needed - credit) + tau (n - credit).
+  t.transfer_weight = 0.5;
+  EXPECT_DOUBLE_EQ(decode_cost(cached(load(0, true, 70, 0), 12), 25, 0, t), 30 + 13 + 0.5 * 8);
+  EXPECT_DOUBLE_EQ(decode_cost(cached(load(0, true, 100, 0), 0), 25, 0, t), 0 + 25 + 0.5 * 20);
+  EXPECT_DOUBLE_EQ(decode_cost(cached(load(0, true, 0, 0, 0, 200), 20), 25, 100, t), 200 + 25 + 0.5 * 20)
+      << "guarded: 200 > 164 and > 150";
+  // What a dispatch queues until the next poll: the full blocks it must compute.
+  EXPECT_EQ(dispatched_prefill_tokens(330, cached(load(0, true, 0, 0), 12), &t), (20 - 12) * 16);
+  EXPECT_EQ(dispatched_prefill_tokens(330, cached(load(0, true, 0, 0), 12), nullptr), 330);
+}
+
+TEST(RouterPolicy, PickByCacheTable) {
+  CacheTerms t;
+  t.prompt_blocks = 20;
+  const std::vector<WorkerLoad> decode = {load(5, true, 90, 0)};
+  struct Row {
+    std::vector<WorkerLoad> prefill;
+    int want;
+    const char* why;
+  };
+  const std::vector<Row> prefill_rows = {
+      {{cached(load(0, true, 0, 0, 0), 0), cached(load(1, true, 0, 0, 0), 20)}, 1, "the cached one, loads equal"},
+      {{cached(load(0, true, 0, 0, 0), 0), cached(load(1, true, 0, 0, 16 * 10), 20)}, 1, "10 queued < 20 to compute"},
+      {{cached(load(0, true, 0, 0, 0), 0), cached(load(1, true, 0, 0, 16 * 30), 20)}, 0, "30 queued > 20 to compute"},
+      {{cached(load(0, true, 0, 0, 16 * 5), 0), cached(load(1, true, 0, 0, 16 * 25), 20)}, 1,
+       "costs 25 and 25: the larger credit"},
+      {{cached(load(0, true, 0, 0, 0), 5), cached(load(1, true, 0, 0, 0), 5)}, 0, "equal: the lower index"},
+      {{cached(load(0, false, 0, 0, 0), 0), cached(load(1, true, 0, 0, 0), 0)}, 1, "down"},
+  };
+  for (const Row& r : prefill_rows) EXPECT_EQ(pick_prefill(r.prefill, {}, decode, 10, {}, -1, &t), r.want) << r.why;
+  // The per-candidate guard, where the credit would decide: n = 100.
+  CacheTerms big = t;
+  big.prompt_blocks = 100;
+  EXPECT_EQ(pick_prefill({cached(load(0, true, 0, 0, 0), 0), cached(load(1, true, 0, 0, 16 * 60), 100)}, {}, decode,
+                         10, {}, -1, &big),
+            1)
+      << "60 <= 0 + 64: credit, cost 60 < 100";
+  EXPECT_EQ(pick_prefill({cached(load(0, true, 0, 0, 0), 0), cached(load(1, true, 0, 0, 16 * 65), 100)}, {}, decode,
+                         10, {}, -1, &big),
+            0)
+      << "65 > 0 + 64 and > 0: no credit, cost 165 > 100";
+  EXPECT_EQ(pick_prefill({cached(load(0, true, 0, 0, 16 * 200), 0), cached(load(1, true, 0, 0, 16 * 270), 100)}, {},
+                         decode, 10, {}, -1, &big),
+            1)
+      << "270 > 200 + 64 but not > 1.5 x 200: credit, cost 270 < 300";
+  // Load alone ignores the cache.
+  EXPECT_EQ(pick_prefill(prefill_rows[1].prefill, {}, decode, 10, {}), 0);
+  // A preferred eligible worker still wins.
+  EXPECT_EQ(pick_prefill(prefill_rows[0].prefill, {}, decode, 10, {}, 0, &t), 0);
+
+  const std::vector<Row> decode_rows = {
+      {{cached(load(5, true, 90, 0), 0), cached(load(6, true, 80, 3), 20)}, 6, "cost 10+25+20 vs 20+5+0"},
+      {{cached(load(5, true, 90, 0), 0), cached(load(6, true, 30, 0), 20)}, 5, "cost 10+25+20 vs 70+5+0"},
+      {{cached(load(5, true, 90, 0), 0), cached(load(6, true, 20, 0), 20)}, 5, "no room on the cached one"},
+  };
+  for (const Row& r : decode_rows) EXPECT_EQ(pick_decode(r.prefill, 25, {}, nullptr, -1, &t), r.want) << r.why;
+  EXPECT_EQ(pick_decode({cached(load(5, true, 200, 0, 0, 200), 0), cached(load(6, true, 140, 0, 0, 200), 100)}, 110,
+                        {}, nullptr, -1, &big),
+            6)
+      << "60 used <= 0 + 64: credit, cost 60+10+0 < 0+110+100";
+  EXPECT_EQ(pick_decode({cached(load(5, true, 200, 0, 0, 200), 0), cached(load(6, true, 130, 0, 0, 200), 100)}, 110,
+                        {}, nullptr, -1, &big),
+            5)
+      << "70 used > 64 and > 0: no credit, cost 70+110+100 > 210";
+  EXPECT_EQ(pick_decode(decode_rows[0].prefill, 25, {}), 5) << "by load: fewer running";
+  EXPECT_EQ(pick_decode(decode_rows[0].prefill, 25, {}, nullptr, 5, &t), 5) << "preferred with room wins";
+}
+
 TEST(RouterPolicy, BlocksNeeded) {
   EXPECT_EQ(blocks_needed(10, 6, 512, 16), 1);
   EXPECT_EQ(blocks_needed(10, 7, 512, 16), 2);
@@ -338,6 +425,11 @@ TEST(OpenAiApi, DefaultsAreTheModelsThenOpenAis) {
     EXPECT_FLOAT_EQ(s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f, c.repetition_penalty) << c.body;
   }
   EXPECT_FALSE(parse_openai_request(R"({"prompt":"x","repetition_penalty":"high"})", false).ok());
+  // vLLM's cache_salt: a string, carried to GenerateRequest.cache_salt.
+  auto salted = parse_openai_request(R"({"prompt":"x","cache_salt":"tenant-a"})", false);
+  ASSERT_TRUE(salted.ok()) << salted.status();
+  EXPECT_EQ(salted->request.cache_salt(), "tenant-a");
+  EXPECT_FALSE(parse_openai_request(R"({"prompt":"x","cache_salt":7})", false).ok());
 }
 
 // Tools, tool calls (arguments parsed from their JSON string, keys in the order sent),

@@ -1,0 +1,75 @@
+// KvRouting: the router's view of its workers' prefix caches, for placement (docs/router.md,
+// "Placement"). One KvIndex, fed by a KvEventSubscriber connection per worker that advertises
+// KV-event endpoints: added when the registry first learns them (an Info poll; a registration
+// triggers one at once), replaced when they or the worker's key space change (a restart), and
+// dropped with the worker. Beside it, PredictedBlocks for the race before a dispatch's events.
+// It computes a prompt's block keys as the engine does (engine/prefix/block_key.h), from each
+// worker's advertised key root and the request's cache salt, and says how many leading blocks
+// each worker holds.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "router/kv_event_subscriber.h"
+#include "router/kv_index.h"
+#include "router/predicted_blocks.h"
+#include "router/worker_registry.h"
+
+namespace pdserve::router {
+
+struct KvRoutingOptions {
+  Duration predicted_ttl = std::chrono::seconds(2);  // llm-d's default.
+  KvEventSubscriberOptions subscriber;
+};
+
+class KvRouting final : public WorkerInfoListener {
+ public:
+  explicit KvRouting(const Clock& clock, KvRoutingOptions options = {});
+
+  void on_worker_info(const std::string& address, const worker::WorkerInfo& info) override;
+  void on_worker_removed(const std::string& address) override;
+
+  // For each of `addresses`, the leading full blocks of `tokens` (in namespace `cache_salt`)
+  // that its prefix cache holds: the events' count while the worker's index state is EXACT,
+  // or the predicted one, whichever is more; 0 for a worker without a prefix cache or Info.
+  std::vector<int> cached_blocks(const std::vector<std::string>& addresses, std::span<const int> tokens,
+                                 std::string_view cache_salt) const;
+  // A request with `tokens` was sent to `address`: its full blocks are predicted there.
+  void predict(const std::string& address, std::span<const int> tokens, std::string_view cache_salt);
+
+  // What the index holds for the worker at `address` (the debug endpoint); nullopt: unknown.
+  struct WorkerView {
+    std::string worker_id;
+    std::optional<WorkerKvState> state;      // nullopt: it advertises no KV events.
+    std::vector<engine::BlockKey> keys;      // Device tier, sorted.
+  };
+  std::optional<WorkerView> view(const std::string& address) const;
+  KvIndexStats stats() const { return index_.stats(); }
+
+ private:
+  // What the worker's last Info said of its cache and events.
+  struct Known {
+    std::string worker_id;
+    std::string pub_endpoint, replay_endpoint;
+    engine::BlockKey key_root;
+    KvScheme scheme;
+    bool prefix_caching = false;
+    bool operator==(const Known&) const = default;
+  };
+  std::optional<Known> known(const std::string& address) const;
+  static std::vector<engine::BlockKey> keys_of(const Known& k, std::span<const int> tokens, std::string_view salt);
+
+  KvIndex index_;
+  KvEventSubscriber subscriber_;  // Feeds index_: declared after it, destroyed before it.
+  PredictedBlocks predicted_;
+  mutable std::mutex mu_;
+  std::map<std::string, Known> workers_;  // By address; guarded by mu_.
+};
+
+}  // namespace pdserve::router
