@@ -18,8 +18,9 @@ Router::Attempt Router::run_pull(Flow& f) {
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode("pull");
-  registry_.note_assigned(p, 0, dispatched_prefill_tokens(preq.prompt_size(), producer_load,
-                                                         prefill_terms ? &*prefill_terms : nullptr));
+  const int64_t queued =
+      dispatched_prefill_tokens(preq.prompt_size(), producer_load, prefill_terms ? &*prefill_terms : nullptr);
+  registry_.note_assigned(p, 0, queued);
   predict_cached(f, p);
   f.act->begin_attempt({p}, clock_.now());
   worker::PrefillResponse presp;
@@ -29,6 +30,7 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.act->add(&pctx);
     Status s =
         from_grpc(registry_.stub(p)->Prefill(&pctx, preq, &presp), absl::StrCat("Prefill on ", registry_.address(p)));
+    registry_.note_prefill_done(p, queued);
     f.act->remove(&pctx);
     if (s.ok()) {
       s = check_prefill(f, p, presp);

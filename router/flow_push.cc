@@ -82,8 +82,9 @@ Router::Attempt Router::run_push(Flow& f) {
   }
   registry_.note_assigned(d, f.blocks_per_worker, 0);
   f.assign(clock_);
-  registry_.note_assigned(p, 0, dispatched_prefill_tokens(int(tokens.size()), producer_load,
-                                                         prefill_terms ? &*prefill_terms : nullptr));
+  const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
+                                                   prefill_terms ? &*prefill_terms : nullptr);
+  registry_.note_assigned(p, 0, queued);
   predict_cached(f, p);
   predict_cached(f, d);
   f.prefill_worker = registry_.address(p);
@@ -124,6 +125,7 @@ Router::Attempt Router::run_push(Flow& f) {
   // sealed; it is read only after the prefill reply, whose first token comes before its events.
   auto decode_stream = registry_.stub(d)->Generate(&dctx, dreq);
   prefill_done.get_future().wait();
+  registry_.note_prefill_done(p, queued);
   if (prefill_status.ok()) {
     prefill_status = check_prefill(f, p, presp);
     if (!prefill_status.ok()) dctx.TryCancel();

@@ -108,8 +108,12 @@ HttpServer::HttpServer(Router& router, HttpServerOptions options)
     }
     json keys = json::array();
     for (const engine::BlockKey& k : v->keys) keys.push_back(k.hex());
+    const KvIndexStats st = kv->stats();
+    json stats = {{"gaps", st.gaps},       {"epochs", st.epochs},     {"drifts", st.drifts},
+                  {"snapshots", st.snapshots}, {"rejected", st.rejected}, {"replays_failed", st.replays_failed}};
     json body = {{"worker", address}, {"worker_id", v->worker_id},
-                 {"state", v->state ? json(to_string(*v->state)) : json(nullptr)}, {"keys", std::move(keys)}};
+                 {"state", v->state ? json(to_string(*v->state)) : json(nullptr)}, {"keys", std::move(keys)},
+                 {"index_stats", std::move(stats)}};
     res.set_content(body.dump(), "application/json");
   });
   server_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {

@@ -54,7 +54,7 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
     w.up = true;
     w.info = info;
     w.assigned_requests = w.assigned_blocks = 0;
-    w.assigned_prefill_tokens = 0;
+    w.assigned_prefill_tokens = w.done_prefill_tokens = 0;
     w.next_poll = now + options_.poll_interval;
     if (listener_) listener_->on_worker_info(w.endpoint.address, info);
     if (!was_up) PD_LOG_INFO("worker {} ({}) is up: {} blocks of {} tokens", w.endpoint.address,
@@ -160,7 +160,8 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.free_blocks = w.info.free_blocks() - w.assigned_blocks;
     l.running = w.info.running() + w.assigned_requests;
     l.waiting = w.info.waiting();
-    l.queued_prefill_tokens = w.info.queued_prefill_tokens() + w.assigned_prefill_tokens;
+    l.queued_prefill_tokens =
+        std::max<int64_t>(w.info.queued_prefill_tokens() + w.assigned_prefill_tokens - w.done_prefill_tokens, 0);
     l.tp = w.info.tp();
     l.compat_hash = w.info.compat_hash();
     l.kv_compat = w.info.kv_compat();
@@ -231,6 +232,11 @@ bool WorkerRegistry::report_failure(int index, const Status& why) {
   }
   mark_down(index, why);
   return true;
+}
+
+void WorkerRegistry::note_prefill_done(int index, int64_t prefill_tokens) {
+  std::lock_guard lock(mu_);
+  workers_[index]->done_prefill_tokens += prefill_tokens;
 }
 
 void WorkerRegistry::report_success(int index) {
@@ -321,7 +327,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->ever_polled = false;
       w->info.Clear();
       w->assigned_requests = w->assigned_blocks = 0;
-      w->assigned_prefill_tokens = 0;
+      w->assigned_prefill_tokens = w->done_prefill_tokens = 0;
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

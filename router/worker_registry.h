@@ -98,6 +98,10 @@ class WorkerRegistry {
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that a request was sent to `index` (counted in its load until the next poll).
   void note_assigned(int index, int blocks, int64_t prefill_tokens);
+  // Records that `index` computed a prompt of `prefill_tokens` (as note_assigned counted it):
+  // taken off its queued prefill tokens until the next poll, so that a poll taken while it was
+  // queued does not make a worker that is idle again look busy.
+  void note_prefill_done(int index, int64_t prefill_tokens);
   // Marks `index` down at once; it is probed again (Worker.Info) after retry_interval and is
   // up again when that answers.
   void mark_down(int index, const Status& why);
@@ -141,6 +145,7 @@ class WorkerRegistry {
     int assigned_requests = 0;
     int assigned_blocks = 0;
     int64_t assigned_prefill_tokens = 0;
+    int64_t done_prefill_tokens = 0;  // Computed since the last poll (note_prefill_done).
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };
