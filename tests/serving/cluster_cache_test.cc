@@ -1,0 +1,243 @@
+// Cache-aware placement on a real `pdserve up` cluster (2 prefill + 2 decode workers, push,
+// KV events on by default): a repeated ~375-token prompt reports at least 60 % of its tokens
+// cached on its second send, for each of 8 distinct prompts; every turn after the first of a
+// multi-turn conversation reports cached tokens; and after a randomized multi-turn workload, the
+// router's KV index (/debug/kv_index) equals each worker's engine key set (Worker.Info with
+// include_cached_keys) within 1 s of quiescence.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "kvevents/wire.h"
+#include "proto/pdserve.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
+#include "tests/serving/cluster_process.h"
+
+namespace pdserve {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Cluster;
+
+struct Served {
+  std::vector<int> output;
+  int cached_tokens = 0;
+  std::string prefill_worker, decode_worker, error;
+};
+
+Served generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, int max_tokens) {
+  v1::GenerateRequest req;
+  for (int t : prompt) req.mutable_token_ids()->add_ids(t);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(max_tokens);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto reader = stub.Generate(&ctx, req);
+  Served out;
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+    out.output.insert(out.output.end(), r.token_ids().begin(), r.token_ids().end());
+    if (r.finished()) {
+      out.cached_tokens = r.cached_tokens();
+      out.prefill_worker = r.prefill_worker();
+      out.decode_worker = r.decode_worker();
+    }
+  }
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) out.error = s.error_message();
+  return out;
+}
+
+std::vector<int> random_tokens(std::mt19937& rng, int n) {
+  std::vector<int> t;
+  for (int i = 0; i < n; ++i) t.push_back(3 + int(rng() % 509));  // stories260K: 512 ids.
+  return t;
+}
+
+class ClusterCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ready_file_ = std::filesystem::temp_directory_path() / ("pdserve_cache_" + std::to_string(getpid()) + ".json");
+    cluster_ = std::make_unique<Cluster>(std::vector<std::string>{"--prefill", "2", "--decode", "2", "--ready-file",
+                                                                  ready_file_.string()});
+    ASSERT_TRUE(cluster_->wait_ready(120s)) << cluster_->log();
+    std::ifstream in(ready_file_);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& w : j["workers"]) workers_.push_back(w["grpc"].get<std::string>());
+    ASSERT_EQ(workers_.size(), 4u);
+    auto channel = grpc::CreateChannel(cluster_->grpc(), grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+    stub_ = v1::Generation::NewStub(channel);
+    // The router follows every worker's events before the test starts.
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < deadline && !all_exact()) std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(all_exact()) << cluster_->log();
+  }
+  void TearDown() override { std::filesystem::remove(ready_file_); }
+
+  // The router's index of `worker`: its state and keys (hex).
+  std::pair<std::string, std::set<std::string>> router_index(const std::string& worker) {
+    httplib::Client http("127.0.0.1", cluster_->http_port());
+    auto res = http.Get("/debug/kv_index?worker=" + worker);
+    if (!res || res->status != 200) return {"", {}};
+    const nlohmann::json j = nlohmann::json::parse(res->body);
+    std::set<std::string> keys;
+    for (const auto& k : j["keys"]) keys.insert(k.get<std::string>());
+    return {j["state"].is_string() ? j["state"].get<std::string>() : "", keys};
+  }
+  // The router's /debug/kv_index answer for `worker`, less its keys.
+  std::string debug_index(const std::string& worker) {
+    httplib::Client http("127.0.0.1", cluster_->http_port());
+    auto res = http.Get("/debug/kv_index?worker=" + worker);
+    if (!res) return "no answer";
+    nlohmann::json j = nlohmann::json::parse(res->body);
+    j["num_keys"] = j["keys"].size();
+    j.erase("keys");
+    return j.dump();
+  }
+  std::set<std::string> engine_keys(const std::string& worker) {
+    auto stub = worker::Worker::NewStub(grpc::CreateChannel(worker, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    worker::InfoRequest req;
+    req.set_include_cached_keys(true);
+    worker::WorkerInfo info;
+    EXPECT_TRUE(stub->Info(&ctx, req, &info).ok());
+    std::set<std::string> keys;
+    for (const std::string& k : info.cached_keys()) keys.insert(kvevents::key_from_bytes(k)->hex());
+    return keys;
+  }
+  bool all_exact() {
+    for (const std::string& w : workers_)
+      if (router_index(w).first != "exact") return false;
+    return true;
+  }
+  bool index_equals_engines() {
+    for (const std::string& w : workers_) {
+      auto [state, keys] = router_index(w);
+      if (state != "exact" || keys != engine_keys(w)) return false;
+    }
+    return true;
+  }
+
+  std::filesystem::path ready_file_;
+  std::unique_ptr<Cluster> cluster_;
+  std::vector<std::string> workers_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+TEST_F(ClusterCache, RepeatedPromptsAndLaterTurnsHitTheCache) {
+  std::mt19937 rng(20261202);
+  constexpr int kPrompts = 8, kLen = 375;
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < kPrompts; ++i) {
+    std::vector<int> p = {1};  // BOS.
+    const std::vector<int> rest = random_tokens(rng, kLen - 1);
+    p.insert(p.end(), rest.begin(), rest.end());
+    prompts.push_back(p);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  std::vector<Served> first;
+  for (const auto& p : prompts) {
+    first.push_back(generate(*stub_, p, 4));
+    ASSERT_EQ(first.back().error, "") << cluster_->log();
+  }
+  std::set<std::string> prefill_used;
+  int hits = 0;
+  for (int i = 0; i < kPrompts; ++i) {
+    const Served again = generate(*stub_, prompts[size_t(i)], 4);
+    ASSERT_EQ(again.error, "") << cluster_->log();
+    EXPECT_EQ(again.output, first[size_t(i)].output) << "prompt " << i;
+    EXPECT_GE(again.cached_tokens, kLen * 6 / 10) << "prompt " << i << " first on " << first[size_t(i)].prefill_worker
+                                                  << ", again on " << again.prefill_worker << " at " << since()
+                                                  << " s: " << debug_index(first[size_t(i)].prefill_worker);
+    hits += again.cached_tokens >= kLen * 6 / 10;
+    prefill_used.insert(first[size_t(i)].prefill_worker);
+  }
+  std::cerr << "second sends with >= 60 % cached: " << hits << " of " << kPrompts << "; first sends used "
+            << prefill_used.size() << " prefill workers\n";
+
+  // Multi-turn: each turn's prompt is the last one, its answer and a new user message.
+  for (int c = 0; c < 3; ++c) {
+    std::vector<int> prompt = {1};
+    const std::vector<int> opening = random_tokens(rng, 120);
+    prompt.insert(prompt.end(), opening.begin(), opening.end());
+    for (int turn = 1; turn <= 3; ++turn) {
+      const Served s = generate(*stub_, prompt, 8);
+      ASSERT_EQ(s.error, "") << cluster_->log();
+      if (turn >= 2) {
+        EXPECT_GT(s.cached_tokens, 0) << "conversation " << c << " turn " << turn;
+      }
+      std::cerr << "conversation " << c << " turn " << turn << ": " << s.cached_tokens << " of " << prompt.size()
+                << " cached on " << s.prefill_worker << "\n";
+      prompt.insert(prompt.end(), s.output.begin(), s.output.end());
+      const std::vector<int> user = random_tokens(rng, 40);
+      prompt.insert(prompt.end(), user.begin(), user.end());
+    }
+  }
+}
+
+TEST_F(ClusterCache, RouterIndexEqualsEveryEnginesKeysAfterAMultiTurnWorkload) {
+  // Four concurrent clients, each with conversations of random turns over shared system prompts.
+  std::vector<std::vector<int>> systems;
+  std::mt19937 seed_rng(77);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int> s = {1};
+    const std::vector<int> body = random_tokens(seed_rng, 40 + int(seed_rng() % 60));
+    s.insert(s.end(), body.begin(), body.end());
+    systems.push_back(s);
+  }
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(1000 + c);
+      for (int conv = 0; conv < 2; ++conv) {
+        std::vector<int> prompt = systems[rng() % systems.size()];
+        const int turns = 2 + int(rng() % 3);
+        for (int t = 0; t < turns && prompt.size() < 400; ++t) {
+          const std::vector<int> user = random_tokens(rng, 10 + int(rng() % 40));
+          prompt.insert(prompt.end(), user.begin(), user.end());
+          const Served s = generate(*stub_, prompt, 1 + int(rng() % 12));
+          if (!s.error.empty()) {
+            std::lock_guard lock(mu);
+            errors.push_back(s.error);
+            return;
+          }
+          prompt.insert(prompt.end(), s.output.begin(), s.output.end());
+        }
+      }
+    });
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE(errors.empty()) << errors.front();
+  const auto quiet = std::chrono::steady_clock::now();
+  bool equal = false;
+  while (!(equal = index_equals_engines()) && std::chrono::steady_clock::now() < quiet + 1s)
+    std::this_thread::sleep_for(20ms);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - quiet).count();
+  size_t total = 0;
+  for (const std::string& w : workers_) {
+    const auto [state, keys] = router_index(w);
+    const std::set<std::string> engine = engine_keys(w);
+    total += engine.size();
+    EXPECT_EQ(state, "exact") << w;
+    EXPECT_EQ(keys, engine) << w << ": router " << keys.size() << " keys, engine " << engine.size();
+  }
+  EXPECT_TRUE(equal) << "not equal within 1 s of quiescence";
+  EXPECT_GT(total, 0u);
+  std::cerr << "index equal to the engines' " << total << " keys " << took << " s after quiescence\n";
+}
+
+}  // namespace
+}  // namespace pdserve
