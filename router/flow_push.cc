@@ -55,6 +55,7 @@ Router::Attempt Router::run_push(Flow& f) {
     req.set_prompt_len(int(tokens.size()));
     // The decode worker starts the reservation from its own prefix cache for these tokens.
     for (int t : tokens) req.add_prompt(t);
+    req.set_cache_salt(f.cache_salt);
     req.set_producer_tp(producer ? producer->tp() : 1);
     if (producer) req.set_kv_producer(producer->kv_endpoint());
     Status s =
