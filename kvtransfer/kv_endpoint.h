@@ -14,7 +14,8 @@
 // the producer frees once its whole fan-out released. See docs/kvtransfer.md.
 //
 // Threading: an endpoint is driven by one thread (its rank's): every method, progress()
-// included, is called from it. The transport's own progress thread moves the data.
+// included, is called from it, and none blocks on a peer (control dials complete in progress()).
+// The transport's own progress thread moves the data.
 #pragma once
 
 #include <chrono>
@@ -213,9 +214,12 @@ class KvRankEndpoint {
   // Which transport and settings this endpoint runs with, for logs (design lesson 4).
   std::string describe() const;
 
-  // Producer, push: connects the fan-out and opens the request. Errors before the request is
-  // registered (bad ids, unknown TP, duplicate id) leave the blocks with the caller; later ones
-  // fail it (kFailed event, blocks released once safe).
+  // Producer, push: opens the request and connects its fan-out, without blocking: legs to a
+  // consumer rank not yet dialed wait for the dial (layer_ready and seal are applied when it
+  // ends; see docs/kvtransfer.md). Errors before the request is registered (bad ids, unknown TP,
+  // duplicate id) leave the blocks with the caller; later ones fail it (kFailed event, blocks
+  // released once safe), among them consumer block ids outside a consumer's arena first learnt
+  // from its handshake.
   Status begin_push(const PushRequest& request);
   // Producer, push: layer `layer` is computed; posts its puts to every consumer rank.
   Status layer_ready(const std::string& request_id, int layer);
@@ -271,6 +275,7 @@ class KvRankEndpoint {
     std::optional<std::vector<uint64_t>> expected_checksums;
     bool abort_sent = false;
     bool disconnected = false;
+    bool dialing = false;  // Its peer's control connection is still being dialed (connect_fan).
   };
   struct Request {
     std::unique_ptr<Session> session;
@@ -285,21 +290,29 @@ class KvRankEndpoint {
     Duration push_tail{0};   // Push consumer: the longest producer rank's seal-to-WRITE_DONE.
     uint64_t bytes = 0, ops = 0;
     bool event_sent = false;
+    int dials_pending = 0;  // Legs still dialing: a push producer posts and seals for them later.
+    // Push producer: seal() ran while legs were dialing; the first token it was given.
+    std::optional<std::optional<int32_t>> deferred_seal;
+  };
+  // A control dial in flight (ControlChannel::start_connect) and the request legs waiting on it.
+  struct Dial {
+    std::string endpoint;
+    std::vector<std::pair<std::string, int>> waiters;  // (request id, peer rank).
   };
 
   explicit KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout layout);
   Status init();
 
   StatusOr<const RankMap*> map_for(int producer_tp, int consumer_tp);
-  // Dials a peer endpoint (cached unless `incarnation`, 0: any, names a newer process) and
-  // records it; checks its role, TP and rank.
-  StatusOr<Remote*> dial(const std::string& endpoint, int tp, int rank, uint64_t incarnation);
-  // The peers a push producer or pull consumer exchanges with, dialed before the request is
-  // registered: `remotes` by rank, or `unreachable` (a peer fault, for the registered request to
-  // fail with) naming the first rank that could not be dialed. Returns an error (a refusal of
-  // caller input) when a reached peer's arena cannot hold `remote_blocks`.
+  // The peers a request exchanges with: `remotes` by rank for those already connected, `dialing`
+  // (rank → dial id) for those whose control connection is being dialed without blocking this
+  // thread (the registered request's legs wait: wait_for_dials), or `unreachable` (a peer fault,
+  // for the registered request to fail with) naming the first rank that could not be dialed.
+  // Returns an error (a refusal of caller input) when a connected peer's arena cannot hold
+  // `remote_blocks`; a dialed one's is checked when its dial ends (on_dialed).
   struct Fan {
     std::map<int, Remote*> remotes;
+    std::map<int, uint64_t> dialing;
     Status unreachable;
   };
   StatusOr<Fan> connect_fan(const std::string& request_id, const std::vector<int>& ranks,
@@ -307,6 +320,19 @@ class KvRankEndpoint {
                             const std::vector<uint64_t>& incarnations,
                             const std::vector<int>* remote_blocks, const char* what);
   Status record_remote(const ControlPeer& peer, Remote** out);
+  // Records a handshaken peer (unless already recorded) and checks its role, TP and rank.
+  StatusOr<Remote*> accept_dialed(const ControlPeer& peer, const std::string& endpoint, int tp, int rank);
+  // Marks the fan's dialing legs of a registered request and queues them on their dials.
+  void wait_for_dials(const std::string& id, Request& request, const Fan& fan);
+  // A dial ended (kDialed): each waiting leg is bound and started, or its request fails.
+  void on_dialed(const ControlEvent& event);
+  // Push producer: binds leg `c` to `remote` and plans it; posts the layers already ready.
+  Status open_push_leg(const std::string& id, Request& request, int c, Leg& leg, Remote& remote);
+  Status post_layer(const std::string& id, Request& request, int c, Leg& leg, int layer);
+  // Push producer: seals the counts and flushes every leg (seal(), or once the last dial ended).
+  Status seal_now(const std::string& id, Request& request, std::optional<int32_t> first_token);
+  // Pull consumer: binds leg `p` to `remote`, posts its gets and asks for its checksums.
+  Status open_pull_leg(const std::string& id, Request& request, int p, Leg& leg, Remote& remote);
   Status ensure_transport(Remote& remote);
   StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
                               const Request& request, const std::vector<int>& consumer_blocks,
@@ -364,6 +390,8 @@ class KvRankEndpoint {
   std::map<std::string, Remote> remotes_;             // By address.
   std::map<uint64_t, std::string> remote_by_control_;  // Control peer id → address.
   std::map<std::string, Request> requests_;
+  std::map<uint64_t, Dial> dials_;                   // By dial id.
+  std::map<std::string, uint64_t> dial_by_endpoint_;  // One dial per endpoint at a time.
   // Recently finished or aborted ids and why they ended, for stale messages.
   FinishedIds finished_;
   EndpointSeams seams_;  // Production behaviour unless TestFaults asked otherwise.

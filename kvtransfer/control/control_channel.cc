@@ -82,108 +82,144 @@ Status ControlChannel::bind() {
   return absl::OkStatus();
 }
 
-StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout, uint64_t incarnation) {
-  if (auto it = peer_by_endpoint_.find(endpoint); it != peer_by_endpoint_.end()) {
-    const uint64_t id = it->second;
-    PeerState& cached = peers_.at(id);
-    if (!cached.lost && (incarnation == 0 || cached.info.incarnation == incarnation)) return cached.info;
-    if (!cached.lost) {
-      // ZeroMQ reconnected the socket to the new process under us, which never handshook on it.
-      lose(id, cached, absl::UnavailableError(absl::StrCat("the peer at ", endpoint, " restarted (incarnation ",
-                                                           absl::Hex(cached.info.incarnation), ", now ",
-                                                           absl::Hex(incarnation), ")")));
-    }
+std::optional<ControlPeer> ControlChannel::cached(const std::string& endpoint, uint64_t incarnation) {
+  auto it = peer_by_endpoint_.find(endpoint);
+  if (it == peer_by_endpoint_.end()) return std::nullopt;
+  const uint64_t id = it->second;
+  PeerState& cached = peers_.at(id);
+  if (!cached.lost && (incarnation == 0 || cached.info.incarnation == incarnation)) return cached.info;
+  if (!cached.lost) {
+    // ZeroMQ reconnected the socket to the new process under us, which never handshook on it.
+    lose(id, cached, absl::UnavailableError(absl::StrCat("the peer at ", endpoint, " restarted (incarnation ",
+                                                         absl::Hex(cached.info.incarnation), ", now ",
+                                                         absl::Hex(incarnation), ")")));
   }
+  return std::nullopt;
+}
+
+StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout, uint64_t incarnation) {
+  if (std::optional<ControlPeer> known = cached(endpoint, incarnation)) return *known;
+  PD_ASSIGN_OR_RETURN(const uint64_t id, start_connect(endpoint, timeout, incarnation));
+  PendingDial& dial = dials_.at(id);
   try {
-    auto dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
-    dealer->set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
-    dealer->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
-    dealer->set(zmq::sockopt::ipv6, 1);
-    if (curve_) apply_curve(*dealer, *curve_, /*server=*/false);
+    while (true) {
+      if (std::optional<StatusOr<ControlPeer>> ended = step_dial(dial)) {
+        dials_.erase(id);
+        return *ended;
+      }
+      // Our own ROUTER's authentication requests are answered meanwhile: a peer dialing us
+      // must not wait for this dial to end.
+      zmq::pollitem_t items[] = {{dial.dealer->handle(), 0, ZMQ_POLLIN, 0},
+                                 {dial.monitor->handle(), 0, ZMQ_POLLIN, 0},
+                                 {zap_ ? zap_->socket().handle() : nullptr, -1, short(zap_ ? ZMQ_POLLIN : 0), 0}};
+      const auto left = std::max(dial.deadline - std::chrono::steady_clock::now(),
+                                 std::chrono::steady_clock::duration(0));
+      zmq::poll(items, zap_ ? 3 : 2, std::chrono::ceil<std::chrono::milliseconds>(left));
+      if (zap_) zap_->answer();
+    }
+  } catch (const zmq::error_t& e) {
+    dials_.erase(id);
+    return zmq_status(("connect " + endpoint).c_str(), e);
+  }
+}
+
+StatusOr<uint64_t> ControlChannel::start_connect(const std::string& endpoint, Duration timeout,
+                                                 uint64_t incarnation) {
+  // An older process's peer there is reported lost first, as connect() does.
+  (void)cached(endpoint, incarnation);
+  try {
+    PendingDial dial;
+    dial.endpoint = endpoint;
+    dial.timeout = timeout;
+    dial.deadline = std::chrono::steady_clock::now() + timeout;
+    dial.dealer = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::dealer);
+    zmq::socket_t& dealer = *dial.dealer;
+    dealer.set(zmq::sockopt::linger, static_cast<int>(to_ms(options_.linger)));
+    dealer.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(2 * options_.max_message_bytes));
+    dealer.set(zmq::sockopt::ipv6, 1);
+    if (curve_) apply_curve(dealer, *curve_, /*server=*/false);
     // ZeroMQ retries a refused connection forever without telling the socket: its monitor
-    // does tell, so a dial to a dead process fails at once rather than at `timeout` (while
-    // every command behind it on this rank's thread waits).
+    // does tell, so a dial to a dead process fails at once rather than at `timeout`.
     const std::string monitor_endpoint = absl::StrCat("inproc://pdserve-dial-", next_dial_++);
-    if (zmq_socket_monitor(dealer->handle(), monitor_endpoint.c_str(),
+    if (zmq_socket_monitor(dealer.handle(), monitor_endpoint.c_str(),
                            ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
                                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) {
       throw zmq::error_t();
     }
-    zmq::socket_t monitor(context_, zmq::socket_type::pair);
-    monitor.set(zmq::sockopt::linger, 0);
-    monitor.connect(monitor_endpoint);
-    struct StopMonitor {
-      zmq::socket_t& dealer;
-      ~StopMonitor() { zmq_socket_monitor(dealer.handle(), nullptr, 0); }
-    } stop_monitor{*dealer};
-    dealer->connect(endpoint);
+    dial.monitor = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::pair);
+    dial.monitor->set(zmq::sockopt::linger, 0);
+    dial.monitor->connect(monitor_endpoint);
+    dealer.connect(endpoint);
     proto::Envelope hello;
     *hello.mutable_handshake() = options_.local;
     const std::string bytes = encode_envelope(hello);
-    if (!dealer->send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
+    if (!dealer.send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
       return absl::UnavailableError(absl::StrCat("cannot queue a handshake to ", endpoint));
     }
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "no handshake answer from ", endpoint, " within ", to_ms(timeout), " ms"));
-      }
-      // Our own ROUTER's authentication requests are answered meanwhile: a peer dialing us
-      // must not wait for this dial to end.
-      zmq::pollitem_t items[] = {{dealer->handle(), 0, ZMQ_POLLIN, 0},
-                                 {monitor.handle(), 0, ZMQ_POLLIN, 0},
-                                 {zap_ ? zap_->socket().handle() : nullptr, -1, short(zap_ ? ZMQ_POLLIN : 0), 0}};
-      zmq::poll(items, zap_ ? 3 : 2, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
-      if (zap_) zap_->answer();
-      zmq::message_t frame;
-      if (monitor.recv(frame, zmq::recv_flags::dontwait)) {
-        // A monitor event: 2 bytes of event id and 4 of value, then a frame with the address.
-        uint16_t event = 0;
-        if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
-        if (event == ZMQ_EVENT_CONNECT_RETRIED)
-          return absl::UnavailableError(absl::StrCat("connection refused by ", endpoint, " (no process accepts there)"));
-        if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-          return absl::UnavailableError(absl::StrCat("the connection to ", endpoint, " closed during the handshake"));
-        // A mechanism (PROTOCOL) or key (AUTH) mismatch: a configuration error of one of the two
-        // sides — the dialer cannot tell which — so not the peer's fault (fault.h).
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the ZeroMQ security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
-            curve_ ? "this side has one" : "this side has none", ")"));
-      }
-      while (dealer->recv(frame, zmq::recv_flags::dontwait)) {
-        auto decoded = decode_envelope(frame.to_string_view(), options_.max_message_bytes);
-        if (!decoded.ok()) {
-          refuse(endpoint, decoded.status());
-          continue;
-        }
-        if (!decoded->has_handshake_ack()) {
-          refuse(endpoint, absl::FailedPreconditionError(absl::StrCat(
-                               "expected handshake_ack, got ", message_type_name(*decoded))));
-          continue;
-        }
-        const proto::HandshakeAck& ack = decoded->handshake_ack();
-        if (!ack.accepted()) {
-          PD_LOG_WARN("control: {} refused our handshake: {}", endpoint, ack.error());
-          return absl::FailedPreconditionError(
-              absl::StrCat("peer ", endpoint, " refused the handshake: ", ack.error()));
-        }
-        const uint64_t id = next_peer_id_++;
-        PeerState& peer = peers_[id];
-        peer.info.id = id;
-        peer.info.dialed = true;
-        peer.info.endpoint = endpoint;
-        copy_identity(ack, peer.info);
-        peer.dealer = std::move(dealer);
-        peer.last_heard = options_.clock->now();
-        peer_by_endpoint_[endpoint] = id;
-        return peer.info;
-      }
-    }
+    const uint64_t id = next_dial_id_++;
+    dials_.emplace(id, std::move(dial));
+    return id;
   } catch (const zmq::error_t& e) {
     return zmq_status(("connect " + endpoint).c_str(), e);
   }
+}
+
+ControlChannel::PendingDial::~PendingDial() {
+  if (dealer && monitor) zmq_socket_monitor(dealer->handle(), nullptr, 0);
+}
+
+std::optional<StatusOr<ControlPeer>> ControlChannel::step_dial(PendingDial& dial) {
+  const std::string& endpoint = dial.endpoint;
+  zmq::message_t frame;
+  if (dial.monitor->recv(frame, zmq::recv_flags::dontwait)) {
+    // A monitor event: 2 bytes of event id and 4 of value, then a frame with the address.
+    uint16_t event = 0;
+    if (frame.size() >= sizeof(event)) std::memcpy(&event, frame.data(), sizeof(event));
+    if (event == ZMQ_EVENT_CONNECT_RETRIED)
+      return absl::UnavailableError(absl::StrCat("connection refused by ", endpoint, " (no process accepts there)"));
+    if (event == ZMQ_EVENT_DISCONNECTED || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+      return absl::UnavailableError(absl::StrCat("the connection to ", endpoint, " closed during the handshake"));
+    // A mechanism (PROTOCOL) or key (AUTH) mismatch: a configuration error of one of the two
+    // sides — the dialer cannot tell which — so not the peer's fault (fault.h).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ZeroMQ security handshake with ", endpoint, " failed: both sides need the same kvtransfer key (",
+        curve_ ? "this side has one" : "this side has none", ")"));
+  }
+  while (dial.dealer->recv(frame, zmq::recv_flags::dontwait)) {
+    auto decoded = decode_envelope(frame.to_string_view(), options_.max_message_bytes);
+    if (!decoded.ok()) {
+      refuse(endpoint, decoded.status());
+      continue;
+    }
+    if (!decoded->has_handshake_ack()) {
+      refuse(endpoint, absl::FailedPreconditionError(absl::StrCat(
+                           "expected handshake_ack, got ", message_type_name(*decoded))));
+      continue;
+    }
+    const proto::HandshakeAck& ack = decoded->handshake_ack();
+    if (!ack.accepted()) {
+      PD_LOG_WARN("control: {} refused our handshake: {}", endpoint, ack.error());
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer ", endpoint, " refused the handshake: ", ack.error()));
+    }
+    const uint64_t id = next_peer_id_++;
+    PeerState& peer = peers_[id];
+    peer.info.id = id;
+    peer.info.dialed = true;
+    peer.info.endpoint = endpoint;
+    copy_identity(ack, peer.info);
+    zmq_socket_monitor(dial.dealer->handle(), nullptr, 0);
+    dial.monitor.reset();
+    peer.dealer = std::move(dial.dealer);
+    peer.last_heard = options_.clock->now();
+    peer_by_endpoint_[endpoint] = id;
+    return peer.info;
+  }
+  if (std::chrono::steady_clock::now() >= dial.deadline) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("no handshake answer from ", endpoint, " within ", to_ms(dial.timeout), " ms"));
+  }
+  return std::nullopt;
 }
 
 Status ControlChannel::send(uint64_t id, const proto::Envelope& message) {
@@ -242,6 +278,14 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
       std::vector<zmq::pollitem_t> items{{router_.handle(), 0, ZMQ_POLLIN, 0}};
       if (options_.wake) items.push_back({nullptr, options_.wake->fd(), ZMQ_POLLIN, 0});
       if (zap_) items.push_back({zap_->socket().handle(), 0, ZMQ_POLLIN, 0});
+      std::vector<uint64_t> dial_ids;
+      auto dial_deadline = deadline;
+      for (auto& [id, dial] : dials_) {
+        items.push_back({dial.dealer->handle(), 0, ZMQ_POLLIN, 0});
+        items.push_back({dial.monitor->handle(), 0, ZMQ_POLLIN, 0});
+        dial_ids.push_back(id);
+        dial_deadline = std::min(dial_deadline, dial.deadline);
+      }
       const size_t first_dealer = items.size();
       std::vector<uint64_t> dealer_peers;
       for (auto& [id, peer] : peers_) {
@@ -250,8 +294,11 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
           dealer_peers.push_back(id);
         }
       }
+      // A dial's timeout ends the wait too (rounded up: zmq_poll counts whole milliseconds).
       const auto slice = std::clamp<std::chrono::steady_clock::duration>(
-          deadline - now, std::chrono::steady_clock::duration(0), kPollSlice);
+          dial_deadline < deadline ? std::chrono::ceil<std::chrono::milliseconds>(dial_deadline - now)
+                                   : deadline - now,
+          std::chrono::steady_clock::duration(0), kPollSlice);
       auto whole_ms = std::chrono::duration_cast<std::chrono::milliseconds>(slice);
       // zmq_poll counts whole milliseconds: under one, nap and then look, rather than spin
       // through the remainder with zero-timeout polls (an idle rank thread would burn a core).
@@ -280,6 +327,20 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
           }
           frames.clear();
         }
+      }
+      for (size_t i = 0; i < dial_ids.size(); ++i) {
+        PendingDial& dial = dials_.at(dial_ids[i]);
+        std::optional<StatusOr<ControlPeer>> ended = step_dial(dial);
+        if (!ended) continue;
+        ControlEvent event{ControlEvent::Kind::kDialed, 0, {}, absl::OkStatus()};
+        event.dial = dial_ids[i];
+        if (ended->ok()) {
+          event.peer = (*ended)->id;
+        } else {
+          event.error = ended->status();
+        }
+        dials_.erase(dial_ids[i]);
+        events_.push_back(std::move(event));
       }
       for (size_t i = 0; i < dealer_peers.size(); ++i) {
         if (!(items[first_dealer + i].revents & ZMQ_POLLIN)) continue;

@@ -72,11 +72,14 @@ struct ControlPeer {
 // What receive() hands to its caller.
 struct ControlEvent {
   // kWoken: ControlChannelOptions::wake was signalled (nothing arrived; the owner has work).
-  enum class Kind { kPeerJoined, kMessage, kPeerLost, kWoken };
+  // kDialed: a dial started with start_connect() ended: `peer` is the handshaken peer, or 0 and
+  // `error` says why not (as connect()'s errors).
+  enum class Kind { kPeerJoined, kMessage, kPeerLost, kWoken, kDialed };
   Kind kind = Kind::kMessage;
   uint64_t peer = 0;
   proto::Envelope message;  // kMessage: anything but a handshake or heartbeat.
-  Status error;             // kPeerLost: why.
+  Status error;             // kPeerLost, kDialed: why.
+  uint64_t dial = 0;        // kDialed: start_connect()'s id.
 };
 
 class ControlChannel {
@@ -97,7 +100,15 @@ class ControlChannel {
   // FailedPrecondition with the reason, and so is a failed security handshake (not the same
   // kvtransfer key on both sides); an endpoint where nobody accepts connections (a dead
   // process), or one that hangs up before answering, is Unavailable at once.
+  // Blocks the calling thread for up to `timeout`: an owner that serves other requests meanwhile
+  // uses cached() and start_connect() instead.
   StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
+  // The live peer handshaken at `endpoint` (any incarnation if 0), without a round trip; nullopt
+  // when it must be dialed (a peer there of another incarnation is then reported lost).
+  std::optional<ControlPeer> cached(const std::string& endpoint, uint64_t incarnation = 0);
+  // Starts dialing and returns at once: receive() services the dial beside everything else and
+  // reports its end, within `timeout`, as a kDialed event carrying the returned id.
+  StatusOr<uint64_t> start_connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
   // Sends a notification (or any message) to a handshaken peer, without blocking.
   Status send(uint64_t peer, const proto::Envelope& message);
   // Services the sockets for at most `timeout` of real time and returns the next event, or
@@ -121,7 +132,21 @@ class ControlChannel {
     bool lost = false;
   };
 
+  // A dial in flight: its DEALER, whose handshake answer completes it, and that socket's monitor.
+  struct PendingDial {
+    std::string endpoint;
+    Duration timeout{0};
+    std::chrono::steady_clock::time_point deadline;
+    std::unique_ptr<zmq::socket_t> dealer;
+    std::unique_ptr<zmq::socket_t> monitor;
+    PendingDial() = default;
+    PendingDial(PendingDial&&) = default;
+    ~PendingDial();  // Stops the monitor before its socket closes.
+  };
+
   explicit ControlChannel(ControlChannelOptions options);
+  // Looks at a dial's sockets without waiting: its peer (now handshaken) or error once it ended.
+  std::optional<StatusOr<ControlPeer>> step_dial(PendingDial& dial);
   Status bind();
   Status send_to(PeerState& peer, const std::string& bytes);
   // Sends through the ROUTER to the socket with that routing id.
@@ -150,6 +175,8 @@ class ControlChannel {
   TimePoint last_heartbeat_;
   uint64_t next_peer_id_ = 1;
   uint64_t next_dial_ = 0;  // Names each dial's monitor socket.
+  std::map<uint64_t, PendingDial> dials_;  // By start_connect() id.
+  uint64_t next_dial_id_ = 1;
   uint64_t refused_ = 0;
 };
 

@@ -406,9 +406,12 @@ StatusOr<BatchId> UcxTransport::post(const TransferBatch& request) {
     if (batch.state == BatchState::kError) break;  // The endpoint refused; stop feeding it.
   }
   batch.posting = false;
+  const bool in_flight = batch.pending > 0;
   maybe_finish(id, batch);
-  work_posted_ = true;
-  cv_.notify_all();
+  if (in_flight) {
+    work_posted_ = true;
+    cv_.notify_all();
+  }
   run_callbacks(lock);
   return id;
 }

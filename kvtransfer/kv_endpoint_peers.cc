@@ -1,0 +1,212 @@
+// KvRankEndpoint's peer table: rank maps, peers recorded from their handshakes, the fan of a
+// request connected at once (cached control connections) or by non-blocking dials whose end
+// binds or fails the waiting legs, and the transport connection to a peer's arena.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/match.h"
+
+#include "common/logging.h"
+#include "kvtransfer/fault.h"
+#include "kvtransfer/kv_endpoint.h"
+#include "kvtransfer/kv_endpoint_internal.h"
+
+namespace pdserve::kvtransfer {
+namespace {
+
+// The i-th incarnation of an optional list (0: unknown).
+uint64_t incarnation_at(const std::vector<uint64_t>& incarnations, size_t i) {
+  return i < incarnations.size() ? incarnations[i] : 0;
+}
+
+}  // namespace
+
+StatusOr<const RankMap*> KvRankEndpoint::map_for(int producer_tp, int consumer_tp) {
+  const auto key = std::make_pair(producer_tp, consumer_tp);
+  if (auto it = maps_.find(key); it != maps_.end()) return &it->second;
+  PD_ASSIGN_OR_RETURN(RankMap map, build_rank_map(producer_tp, consumer_tp, seams_.planning_spec));
+  seams_.mutate_map(map);
+  return &maps_.emplace(key, std::move(map)).first->second;
+}
+
+Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
+  auto arena_it = peer.regions.find(kArenaRegion);
+  const proto::ArenaInfo& info = peer.arena;
+  if (arena_it == peer.regions.end() || info.num_blocks() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("peer rank ", peer.rank, "/", peer.tp_size,
+                                                   " announced no KV arena"));
+  }
+  if (info.spec_fingerprint() != options_.spec.fingerprint()) {
+    return absl::FailedPreconditionError("peer KV spec fingerprint differs");
+  }
+  PD_ASSIGN_OR_RETURN(engine::KvCacheLayout layout,
+                      engine::KvCacheLayout::create(options_.spec, peer.rank, peer.tp_size,
+                                                    info.num_blocks()));
+  if (layout.total_bytes() != info.arena_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer arena of ", info.arena_bytes(), " bytes, its layout needs ", layout.total_bytes()));
+  }
+  Remote& remote = remotes_[peer.worker_address];
+  if (!remote.error.ok() || remote.address.empty()) {
+    remote = Remote{};  // New, or a lost peer that handshook again.
+    remote.address = peer.worker_address;
+  }
+  remote.role = peer.role;
+  remote.tp = static_cast<int>(peer.tp_size);
+  remote.rank = static_cast<int>(peer.rank);
+  PD_ASSIGN_OR_RETURN(engine::KvCacheLayout planning,
+                      engine::KvCacheLayout::create(seams_.planning_spec, peer.rank, peer.tp_size, info.num_blocks()));
+  remote.layout = std::move(layout);
+  remote.planning_layout = std::move(planning);
+  remote.arena_descriptor = arena_it->second;
+  // Prefer a connection we dialed for sending: it exists as long as we keep it.
+  if (remote.control_id == 0 || peer.dialed || !remote.dialed) {
+    remote.control_id = peer.id;
+    remote.dialed = remote.dialed || peer.dialed;
+  }
+  remote_by_control_[peer.id] = peer.worker_address;
+  if (out) *out = &remote;
+  return absl::OkStatus();
+}
+
+StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::accept_dialed(const ControlPeer& peer, const std::string& endpoint,
+                                                                int tp, int rank) {
+  // A cached connection already recorded (and checked) needs no second look: rebuilding its
+  // layouts was a good part of a small request's overhead.
+  Remote* remote = nullptr;
+  if (auto known = remote_by_control_.find(peer.id); known != remote_by_control_.end()) {
+    auto rit = remotes_.find(known->second);
+    if (rit != remotes_.end() && rit->second.error.ok() && rit->second.control_id == peer.id) remote = &rit->second;
+  }
+  if (remote == nullptr) PD_RETURN_IF_ERROR(record_remote(peer, &remote));
+  const proto::Role want =
+      options_.side == SessionSide::kProducer ? proto::ROLE_DECODE : proto::ROLE_PREFILL;
+  if (remote->role != want || remote->tp != tp || remote->rank != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        endpoint, " is ", proto::Role_Name(remote->role), " rank ", remote->rank, "/",
+        remote->tp, ", expected ", proto::Role_Name(want), " rank ", rank, "/", tp));
+  }
+  return remote;
+}
+
+StatusOr<KvRankEndpoint::Fan> KvRankEndpoint::connect_fan(
+    const std::string& request_id, const std::vector<int>& ranks,
+    const std::vector<std::string>& endpoints, int tp, const std::vector<uint64_t>& incarnations,
+    const std::vector<int>* remote_blocks, const char* what) {
+  Fan fan;
+  auto unreachable = [&](int r, const Status& why) {
+    fan.unreachable = unreachable_peer(absl::Status(
+        why.code(), absl::StrCat("request ", request_id, ": ", what, " rank ", r, ": ", std::string(why.message()))));
+  };
+  for (int r : ranks) {
+    const std::string& endpoint = endpoints[r];
+    const uint64_t incarnation = incarnation_at(incarnations, r);
+    if (std::optional<ControlPeer> peer = control_->cached(endpoint, incarnation)) {
+      StatusOr<Remote*> remote = accept_dialed(*peer, endpoint, tp, r);
+      if (!remote.ok()) {
+        unreachable(r, remote.status());
+        break;
+      }
+      if (remote_blocks) PD_RETURN_IF_ERROR(check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what));
+      fan.remotes[r] = *remote;
+      continue;
+    }
+    // Dialed without blocking this thread: a slow or dead peer stalls only the requests that
+    // need it, for at most connect_timeout (on_dialed).
+    if (auto it = dial_by_endpoint_.find(endpoint); it != dial_by_endpoint_.end()) {
+      fan.dialing[r] = it->second;
+      continue;
+    }
+    StatusOr<uint64_t> dial = control_->start_connect(endpoint, options_.connect_timeout, incarnation);
+    if (!dial.ok()) {
+      unreachable(r, dial.status());
+      break;
+    }
+    dials_[*dial].endpoint = endpoint;
+    dial_by_endpoint_[endpoint] = *dial;
+    fan.dialing[r] = *dial;
+  }
+  return fan;
+}
+
+void KvRankEndpoint::wait_for_dials(const std::string& id, Request& request, const Fan& fan) {
+  for (const auto& [r, dial] : fan.dialing) {
+    request.legs.at(r).dialing = true;
+    ++request.dials_pending;
+    dials_.at(dial).waiters.emplace_back(id, r);
+  }
+}
+
+void KvRankEndpoint::on_dialed(const ControlEvent& event) {
+  auto dit = dials_.find(event.dial);
+  if (dit == dials_.end()) return;
+  const Dial dial = std::move(dit->second);
+  dials_.erase(dit);
+  dial_by_endpoint_.erase(dial.endpoint);
+  StatusOr<ControlPeer> peer = event.error.ok() ? control_->peer(event.peer) : StatusOr<ControlPeer>(event.error);
+  const bool producer = options_.side == SessionSide::kProducer;
+  const char* what = producer ? "consumer" : "producer";
+  for (const auto& [id, r] : dial.waiters) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& request = it->second;
+    Leg& leg = request.legs.at(r);
+    if (!leg.dialing) continue;
+    leg.dialing = false;
+    --request.dials_pending;
+    const int tp = producer ? request.consumer_tp : request.producer_tp;
+    StatusOr<Remote*> remote = peer.ok() ? accept_dialed(*peer, dial.endpoint, tp, r) : StatusOr<Remote*>(peer.status());
+    if (!request.session->active()) {
+      // Failed meanwhile (abort, lease, another leg): bound all the same, so that step_abort's
+      // abort reaches the peer, which may already have been told of the request by others.
+      if (remote.ok() && leg.remote.empty()) leg.remote = (*remote)->address;
+      continue;
+    }
+    Status status = remote.status();
+    const bool reached = status.ok();
+    const std::vector<int>* remote_blocks =
+        request.session->mode() == TransferMode::kPush ? (producer ? &request.consumer_blocks : nullptr)
+                                                       : &request.producer_blocks;
+    if (status.ok() && remote_blocks) status = check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what);
+    if (status.ok()) {
+      if (request.session->mode() == TransferMode::kPull) {
+        status = open_pull_leg(id, request, r, leg, **remote);
+      } else if (producer) {
+        status = open_push_leg(id, request, r, leg, **remote);
+        if (status.ok() && request.dials_pending == 0 && request.deferred_seal) {
+          status = seal_now(id, request, *request.deferred_seal);
+        }
+      } else {
+        leg.remote = (*remote)->address;
+      }
+    }
+    if (!status.ok() && request.session->active()) {
+      Status why = absl::Status(status.code(), absl::StrCat("request ", id, ": ", what, " rank ", r, ": ",
+                                                            std::string(status.message())));
+      if (!reached) {
+        why = unreachable_peer(std::move(why));
+        // Nothing of ours reached that peer, and it did not reach us: that leg is quiet.
+        if (!producer && request.session->mode() == TransferMode::kPush) request.session->leg_quiet(r);
+      } else if (is_peer_fault(status)) {
+        why = peer_fault(std::move(why));
+      }
+      fail(request, why);
+    }
+  }
+}
+
+Status KvRankEndpoint::ensure_transport(Remote& remote) {
+  // A lost peer, or one whose data path cannot be opened, is the peer's fault (fault.h).
+  if (!remote.error.ok()) return peer_fault(remote.error);
+  if (remote.transport_ready) return absl::OkStatus();
+  StatusOr<PeerId> peer = transport_->connect(remote.address);
+  if (!peer.ok()) return peer_fault(peer.status());
+  remote.transport_peer = *peer;
+  StatusOr<RemoteRegionId> region = transport_->load_remote_region(remote.transport_peer, remote.arena_descriptor);
+  if (!region.ok()) return peer_fault(region.status());
+  remote.remote_region = *region;
+  remote.transport_ready = true;
+  return absl::OkStatus();
+}
+
+}  // namespace pdserve::kvtransfer
