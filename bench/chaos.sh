@@ -28,7 +28,9 @@ done
 pdserve="$work/bin/pdserve"
 trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; rm -rf "$work"' EXIT
 
-"$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 >"$work/up.out" 2>"$work/up.err" &
+# Every prompt on a prefill worker (no decode-local prefill): their deaths are part of the chaos.
+"$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 --local-prefill-tokens 0 \
+  >"$work/up.out" 2>"$work/up.err" &
 up_pid=$!
 for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
 router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # multiturn: what the prefix cache buys a multi-turn (or agentic) workload, arm by arm in one run:
-# starts `pdserve up` for each arm in turn (the cache off, then on), drives it with `pdserve bench
-# --workload WORKLOAD`, and prints one row per arm: the servers' hit rate, the single-cache
-# oracle's, their ratio, TTFT median / p90 for turn 1 and for turns >= 2, and the turns >= 2 TTFT
-# median of the cache-off arm divided by this arm's (the speed-up).
+# starts `pdserve up` for each arm in turn, drives it with `pdserve bench --workload WORKLOAD`,
+# and prints one row per arm: the servers' hit rate, the single-cache oracle's, their ratio, TTFT
+# median / p90 for turn 1 and for turns >= 2, and the turns >= 2 TTFT median of the cache-off arm
+# divided by this arm's (the speed-up). Arms: cache-off; cache-load (the cache on, placement by
+# load); cache-routed (placement by cache); and on P/D topologies cache-local (placement by cache
+# and decode-local prefill at the default 512 tokens). The first three prefill every prompt on a
+# prefill worker (--local-prefill-tokens 0).
 #   bench/multiturn.sh MODEL [WORKLOAD=multiturn] [pdserve up topology flags...] [-- bench flags...]
 # Topology defaults to 2 prefill + 2 decode workers, push; bench flags to the workload's defaults.
 set -euo pipefail
@@ -36,13 +39,18 @@ run() {  # ARM, then extra `pdserve up` flags
   stop
 }
 
-run cache-off --prefix-caching off
-run cache-on --prefix-caching on
+arms=(cache-off cache-load cache-routed)
+pd=(--local-prefill-tokens 0)
+case " ${topology[*]} " in *" --aggregated "*) pd=() ;; *) arms+=(cache-local) ;; esac
+run cache-off --prefix-caching off "${pd[@]}"
+run cache-load --prefix-caching on --placement load "${pd[@]}"
+run cache-routed --prefix-caching on --placement cache "${pd[@]}"
+[ ${#pd[@]} -eq 0 ] || run cache-local --prefix-caching on --placement cache
 printf 'model %s; workload %s; up %s; bench %s\n' "$model" "$workload" "${topology[*]}" "${bench[*]}"
-python3 - "$work" <<'PY'
+python3 - "$work" "${arms[@]}" <<'PY'
 import json, sys
 work = sys.argv[1]
-rows = [(arm, json.load(open(f"{work}/{arm}.json"))) for arm in ("cache-off", "cache-on")]
+rows = [(arm, json.load(open(f"{work}/{arm}.json"))) for arm in sys.argv[2:]]
 base = rows[0][1]["prefix_reuse"]["turn2plus"]["median_ttft_ms"]
 print("arm\tok\tfailed\thit\toracle\tefficiency\tTTFT t1 med/p90 ms\tTTFT t>=2 med/p90 ms\tt>=2 speed-up")
 for arm, r in rows:

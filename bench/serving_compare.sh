@@ -42,5 +42,6 @@ run() {  # NAME, then `pdserve up` flags
 printf 'model %s; bench %s\n' "$model" "${flags[*]}"
 printf 'setup\tok\tfailed\tTTFT mean\tmedian\tp99\tTTFT-prefill mean/med\tKV transfer mean/med\tTPOT mean\tmedian\tp99\tout tok/s\n'
 run "aggregated-2xTP$tp" --aggregated 2 --tp "$tp"
-run "pd-push-TP$tp+TP$tp" --prefill 1 --prefill-tp "$tp" --decode 1 --decode-tp "$tp" --kv-mode push
-run "pd-pull-TP$tp+TP$tp" --prefill 1 --prefill-tp "$tp" --decode 1 --decode-tp "$tp" --kv-mode pull
+# P/D arms prefill every prompt on the prefill worker (no decode-local prefill): the transfer is measured.
+run "pd-push-TP$tp+TP$tp" --prefill 1 --prefill-tp "$tp" --decode 1 --decode-tp "$tp" --kv-mode push --local-prefill-tokens 0
+run "pd-pull-TP$tp+TP$tp" --prefill 1 --prefill-tp "$tp" --decode 1 --decode-tp "$tp" --kv-mode pull --local-prefill-tokens 0

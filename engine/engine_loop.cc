@@ -14,16 +14,19 @@ EngineLoop::~EngineLoop() { shutdown(); }
 
 Status EngineLoop::submit(GenerationRequest request, TokenCallback sink) {
   const std::string id = request.id;
+  // Outside the loop's lock: the allocator takes its own.
+  const int64_t to_compute =
+      request.handoff.preloaded_blocks.empty()
+          ? int64_t(request.prompt.size()) - engine_->cached_prefix_tokens(request.prompt, request.cache_salt)
+          : 0;
   {
     std::lock_guard lock(mu_);
     if (stopping_) return absl::UnavailableError("the engine is shutting down");
     if (id.empty()) return absl::InvalidArgumentError("empty request id");
     if (active_.count(id)) return absl::AlreadyExistsError(absl::StrCat("request ", id, " is already active"));
     Active& a = active_[id];
-    if (request.handoff.preloaded_blocks.empty()) {
-      a.queued_prompt_tokens = int64_t(request.prompt.size());
-      queued_prefill_tokens_ += a.queued_prompt_tokens;
-    }
+    a.queued_prompt_tokens = to_compute;
+    queued_prefill_tokens_ += a.queued_prompt_tokens;
   }
   Status added = engine_->add_request(
       std::move(request), [this, sink = std::move(sink)](const TokenEvent& ev) { on_event(sink, ev); });

@@ -17,8 +17,10 @@ namespace pdserve::engine {
 
 struct EngineLoopStats {
   EngineStats engine;
-  // Prompt tokens of requests that have not produced their first token yet (preloaded
-  // requests excluded: their prompt is computed elsewhere).
+  // Prompt tokens to compute of requests that have not produced their first token yet: each
+  // prompt less what the prefix cache held of it when it was submitted (preloaded requests
+  // excluded: their prompt is computed elsewhere). The router weighs workers by it against the
+  // uncached blocks it sends them.
   int64_t queued_prefill_tokens = 0;
   int active_requests = 0;  // Submitted and not yet finished.
 };

@@ -72,7 +72,7 @@ Router::Attempt Router::run_pull(Flow& f) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
   }
-  registry_.note_assigned(d, f.blocks_per_worker, 0);
+  const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   predict_cached(f, d);
   f.decode_worker = registry_.address(d);
   worker::WorkerGenerateRequest dreq;

@@ -31,7 +31,7 @@ Router::Attempt Router::run_push(Flow& f) {
   if (p < 0) return no_pair(f, prefill_loads);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
-  const std::vector<int> tokens = f.tokens();
+  const std::vector<int>& tokens = f.placement_tokens;
   const v1::SamplingParams sampling = f.placement_sampling();
   // Reserve on a decode worker; a full one is retried after a back-off.
   int d = -1;
@@ -81,7 +81,7 @@ Router::Attempt Router::run_push(Flow& f) {
     }
     return {s, false};
   }
-  registry_.note_assigned(d, f.blocks_per_worker, 0);
+  const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   f.assign(clock_);
   const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
                                                    prefill_terms ? &*prefill_terms : nullptr);

@@ -338,6 +338,12 @@ size_t KvIndex::num_keys(engine::KvTier tier) const {
   return distinct_keys_[size_t(tier) - 1];
 }
 
+size_t KvIndex::num_keys(const std::string& worker_id, engine::KvTier tier) const {
+  std::lock_guard lock(mu_);
+  const Worker* w = find(worker_id);
+  return w == nullptr ? 0 : w->num_keys[size_t(tier) - 1];
+}
+
 KvIndexStats KvIndex::stats() const {
   std::lock_guard lock(mu_);
   return stats_;

@@ -109,6 +109,8 @@ class KvIndex {
   std::vector<engine::BlockKey> keys(const std::string& worker_id, engine::KvTier tier) const;
   // Distinct keys present on any worker in `tier` (kv_index_keys{tier}).
   size_t num_keys(engine::KvTier tier) const;
+  // The keys the worker holds in `tier` (0 for an unknown worker).
+  size_t num_keys(const std::string& worker_id, engine::KvTier tier) const;
   KvIndexStats stats() const;
 
   // For each worker, the longest prefix of `chain` (a prompt's block keys, in order) that it

@@ -19,6 +19,7 @@ void KvRouting::on_worker_info(const std::string& address, const worker::WorkerI
   k.scheme = {std::string(kvevents::kKeySchemeV1) + kvevents::key_bytes(k.key_root), uint32_t(info.block_size()),
               info.compat_hash()};
   k.prefix_caching = info.prefix_caching() && info.kv_key_root().size() == k.key_root.bytes.size();
+  k.num_blocks = size_t(std::max(info.num_blocks(), 0));
   std::optional<std::string> unsubscribe;
   {
     std::lock_guard lock(mu_);
@@ -30,6 +31,7 @@ void KvRouting::on_worker_info(const std::string& address, const worker::WorkerI
   // The subscriber's calls post to its thread; they never call back here.
   if (unsubscribe) subscriber_.remove_worker(*unsubscribe);
   predicted_.remove(address);
+  overlay_.remove(address);
   if (k.pub_endpoint.empty()) return;
   const Status s = subscriber_.add_worker(k.worker_id, k.pub_endpoint, k.replay_endpoint, k.scheme);
   if (!s.ok()) {
@@ -50,6 +52,7 @@ void KvRouting::on_worker_removed(const std::string& address) {
   }
   if (unsubscribe) subscriber_.remove_worker(*unsubscribe);
   predicted_.remove(address);
+  overlay_.remove(address);
 }
 
 std::optional<KvRouting::Known> KvRouting::known(const std::string& address) const {
@@ -59,40 +62,46 @@ std::optional<KvRouting::Known> KvRouting::known(const std::string& address) con
   return it->second;
 }
 
-std::vector<engine::BlockKey> KvRouting::keys_of(const Known& k, std::span<const int> tokens, std::string_view salt) {
-  if (!k.prefix_caching || k.scheme.block_size == 0) return {};
-  return engine::block_keys(engine::namespace_root(k.key_root, engine::canonical_namespace(salt)), tokens,
-                            int(k.scheme.block_size));
+const std::vector<engine::BlockKey>& KvRouting::keys_of(const Known& k, const PromptKeys& prompt) {
+  static const std::vector<engine::BlockKey> kNone;
+  if (!k.prefix_caching || k.scheme.block_size == 0) return kNone;
+  // Workers of one deployment share a key space: the chain is computed once per distinct one.
+  auto& chains = prompt.chains_;
+  auto c = std::find_if(chains.begin(), chains.end(), [&](const auto& x) { return x.first == k.scheme; });
+  if (c != chains.end()) return c->second;
+  chains.emplace_back(k.scheme,
+                      engine::block_keys(engine::namespace_root(k.key_root, engine::canonical_namespace(prompt.salt_)),
+                                         prompt.tokens_, int(k.scheme.block_size)));
+  return chains.back().second;
 }
 
-std::vector<int> KvRouting::cached_blocks(const std::vector<std::string>& addresses, std::span<const int> tokens,
-                                          std::string_view cache_salt) const {
+std::vector<int> KvRouting::cached_blocks(const std::vector<std::string>& addresses, const PromptKeys& prompt) const {
   std::vector<int> out(addresses.size(), 0);
-  // Workers of one deployment share a key space: the chain is computed once per distinct one.
-  std::vector<std::pair<KvScheme, std::vector<engine::BlockKey>>> chains;
   for (size_t i = 0; i < addresses.size(); ++i) {
     const std::optional<Known> k = known(addresses[i]);
     if (!k || !k->prefix_caching) continue;
-    auto c = std::find_if(chains.begin(), chains.end(), [&](const auto& x) { return x.first == k->scheme; });
-    if (c == chains.end()) {
-      chains.emplace_back(k->scheme, keys_of(*k, tokens, cache_salt));
-      c = chains.end() - 1;
-    }
-    const std::vector<engine::BlockKey>& chain = c->second;
+    const std::vector<engine::BlockKey>& chain = keys_of(*k, prompt);
     size_t blocks = predicted_.match(addresses[i], chain);
-    if (!k->pub_endpoint.empty() && index_.state(k->worker_id) == WorkerKvState::kExact) {
-      for (const WorkerMatch& m : index_.match(chain))
-        if (m.worker_id == k->worker_id) blocks = std::max(blocks, m.blocks);
+    if (!k->pub_endpoint.empty()) {
+      if (index_.state(k->worker_id) == WorkerKvState::kExact) {
+        for (const WorkerMatch& m : index_.match(chain))
+          if (m.worker_id == k->worker_id) blocks = std::max(blocks, m.blocks);
+      } else {
+        blocks = std::max(blocks, overlay_.match(addresses[i], chain));
+      }
     }
     out[i] = int(blocks);
   }
   return out;
 }
 
-void KvRouting::predict(const std::string& address, std::span<const int> tokens, std::string_view cache_salt) {
+void KvRouting::predict(const std::string& address, const PromptKeys& prompt) {
   const std::optional<Known> k = known(address);
   if (!k || !k->prefix_caching) return;
-  predicted_.insert(address, keys_of(*k, tokens, cache_salt));
+  const std::vector<engine::BlockKey>& chain = keys_of(*k, prompt);
+  predicted_.insert(address, chain);
+  // Kept while the index is EXACT too, so it is warm the moment the index degrades.
+  if (!k->pub_endpoint.empty()) overlay_.insert(address, chain, k->num_blocks);
 }
 
 std::optional<KvRouting::WorkerView> KvRouting::view(const std::string& address) const {
@@ -105,6 +114,16 @@ std::optional<KvRouting::WorkerView> KvRouting::view(const std::string& address)
     v.keys = index_.keys(k->worker_id, engine::KvTier::kDevice);
   }
   return v;
+}
+
+KvIndexWorkerGauge KvRouting::gauge(const std::string& address) const {
+  KvIndexWorkerGauge g;
+  g.worker = address;
+  const std::optional<Known> k = known(address);
+  if (!k || k->pub_endpoint.empty()) return g;
+  g.state = index_.state(k->worker_id);
+  g.keys = index_.num_keys(k->worker_id, engine::KvTier::kDevice);
+  return g;
 }
 
 }  // namespace pdserve::router

@@ -16,8 +16,10 @@
 #include <string_view>
 #include <vector>
 
+#include "router/approximate_blocks.h"
 #include "router/kv_event_subscriber.h"
 #include "router/kv_index.h"
+#include "router/kv_index_metrics.h"
 #include "router/predicted_blocks.h"
 #include "router/worker_registry.h"
 
@@ -35,13 +37,29 @@ class KvRouting final : public WorkerInfoListener {
   void on_worker_info(const std::string& address, const worker::WorkerInfo& info) override;
   void on_worker_removed(const std::string& address) override;
 
-  // For each of `addresses`, the leading full blocks of `tokens` (in namespace `cache_salt`)
-  // that its prefix cache holds: the events' count while the worker's index state is EXACT,
-  // or the predicted one, whichever is more; 0 for a worker without a prefix cache or Info.
-  std::vector<int> cached_blocks(const std::vector<std::string>& addresses, std::span<const int> tokens,
-                                 std::string_view cache_salt) const;
-  // A request with `tokens` was sent to `address`: its full blocks are predicted there.
-  void predict(const std::string& address, std::span<const int> tokens, std::string_view cache_salt);
+  // One placement's prompt tokens in a cache-salt namespace, with their block keys computed at
+  // most once per key space asked about: a placement looks up prefill and decode workers and
+  // predicts on both from one hashing of the prompt.
+  class PromptKeys {
+   public:
+    PromptKeys(std::span<const int> tokens, std::string_view cache_salt) : tokens_(tokens), salt_(cache_salt) {}
+
+   private:
+    friend class KvRouting;
+    std::span<const int> tokens_;  // The caller's, alive as long as this.
+    std::string_view salt_;
+    mutable std::vector<std::pair<KvScheme, std::vector<engine::BlockKey>>> chains_;
+  };
+
+  // For each of `addresses`, the leading full blocks of the prompt that its prefix cache holds:
+  // the events' count while the worker's index state is EXACT, or the predicted one, whichever
+  // is more; for a worker with KV events whose index is not EXACT (recovering, degraded), the
+  // approximate overlay's count instead of the events'; 0 for a worker without a prefix cache
+  // or Info.
+  std::vector<int> cached_blocks(const std::vector<std::string>& addresses, const PromptKeys& prompt) const;
+  // A request with the prompt was sent to `address`: its full blocks are predicted there, and
+  // recorded in the approximate overlay.
+  void predict(const std::string& address, const PromptKeys& prompt);
 
   // What the index holds for the worker at `address` (the debug endpoint); nullopt: unknown.
   struct WorkerView {
@@ -50,6 +68,9 @@ class KvRouting final : public WorkerInfoListener {
     std::vector<engine::BlockKey> keys;      // Device tier, sorted.
   };
   std::optional<WorkerView> view(const std::string& address) const;
+  // The index's state and device-tier key count for `address` (the metrics); nullopt state:
+  // unknown, or no KV events.
+  KvIndexWorkerGauge gauge(const std::string& address) const;
   KvIndexStats stats() const { return index_.stats(); }
 
  private:
@@ -60,14 +81,17 @@ class KvRouting final : public WorkerInfoListener {
     engine::BlockKey key_root;
     KvScheme scheme;
     bool prefix_caching = false;
+    size_t num_blocks = 0;  // The worker's KV capacity: the overlay's bound.
     bool operator==(const Known&) const = default;
   };
   std::optional<Known> known(const std::string& address) const;
-  static std::vector<engine::BlockKey> keys_of(const Known& k, std::span<const int> tokens, std::string_view salt);
+  // The prompt's chain in `k`'s key space (empty without a prefix cache), hashed on first use.
+  static const std::vector<engine::BlockKey>& keys_of(const Known& k, const PromptKeys& prompt);
 
   KvIndex index_;
   KvEventSubscriber subscriber_;  // Feeds index_: declared after it, destroyed before it.
   PredictedBlocks predicted_;
+  ApproximateBlocks overlay_;
   mutable std::mutex mu_;
   std::map<std::string, Known> workers_;  // By address; guarded by mu_.
 };

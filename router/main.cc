@@ -52,6 +52,8 @@ struct Flags {
   std::string tls_worker_name;
   std::string placement = "cache";
   double transfer_weight = 1.0;
+  int local_prefill_tokens = 512;
+  bool local_prefill_given = false;  // --local-prefill-tokens on the command line.
 };
 
 int run(const Flags& f) {
@@ -130,6 +132,11 @@ int run(const Flags& f) {
 
   RouterOptions opts;
   opts.kv_mode = *parse_kv_mode(f.aggregated.empty() ? f.kv_mode : "aggregated");  // CLI11 checked the name.
+  if (f.local_prefill_given && opts.kv_mode == KvMode::kAggregated) {
+    std::cerr << "error: --local-prefill-tokens chooses between a decode worker and a prefill worker: it needs "
+                 "--kv-mode push or pull\n";
+    return 2;
+  }
   std::vector<std::string> model_names = {model.name};
   model_names.insert(model_names.end(), model.aliases.begin(), model.aliases.end());
   opts.max_running = f.max_running;
@@ -140,6 +147,7 @@ int run(const Flags& f) {
   opts.worker_wait = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.worker_wait_s));
   opts.cache_placement = f.placement == "cache";
   opts.transfer_weight = f.transfer_weight;
+  opts.local_prefill_tokens = f.local_prefill_tokens;
   RouterMetrics metrics;
   Router router(opts, std::move(model), registry, metrics, RealClock::instance(), &kv_routing);
   GenerationService service(router, *keys);
@@ -288,6 +296,13 @@ int main(int argc, char** argv) {
                  "Cache placement: a KV block to transfer, in prefill-block equivalents (tau)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--local-prefill-tokens", f.local_prefill_tokens,
+                 "P/D: a prompt whose uncached part on the chosen decode worker is at most this many tokens is "
+                 "prefilled by that decode worker itself, with no prefill worker or KV transfer (decode-local "
+                 "prefill); 0: never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  f.local_prefill_given = app.count("--local-prefill-tokens") > 0;
   return run(f);
 }

@@ -113,6 +113,11 @@ void RouterMetrics::count_migration(bool after_first_token) {
   ++(after_first_token ? migrations_mid_stream_ : migrations_before_first_token_);
 }
 
+void RouterMetrics::count_decode_local_prefill() {
+  std::lock_guard lock(mu_);
+  ++decode_local_prefills_;
+}
+
 std::string RouterMetrics::render(int running, int waiting, const std::vector<WorkerGauges>& workers) const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -139,6 +144,11 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
   append_sample(out, "pdserve:request_migrations_total", {{"stage", "before_first_token"}},
                 double(migrations_before_first_token_));
   append_sample(out, "pdserve:request_migrations_total", {{"stage", "mid_stream"}}, double(migrations_mid_stream_));
+  append_header(out, "pdserve:decode_local_prefills_total",
+                "Placements whose decode worker prefilled the prompt itself (its cache lacked at most "
+                "--local-prefill-tokens of it): no prefill worker, no KV transfer.",
+                "counter");
+  append_sample(out, "pdserve:decode_local_prefills_total", {}, double(decode_local_prefills_));
   append_header(out, "pdserve:prompt_tokens_total", "Prompt tokens of finished requests.", "counter");
   append_sample(out, "pdserve:prompt_tokens_total", {}, double(prompt_tokens_));
   append_header(out, "pdserve:generation_tokens_total", "Generated tokens of finished requests.", "counter");

@@ -71,6 +71,8 @@ class RouterMetrics {
   // Counts a request placed again after its workers failed: `after_first_token` when the client
   // already had tokens (the stream went on from them).
   void count_migration(bool after_first_token);
+  // Counts a P/D placement prefilled on its decode worker (RouterOptions::local_prefill_tokens).
+  void count_decode_local_prefill();
 
   // The whole exposition: these metrics plus the given gauges.
   std::string render(int running, int waiting, const std::vector<WorkerGauges>& workers) const;
@@ -85,6 +87,7 @@ class RouterMetrics {
   std::map<std::string, uint64_t> success_;  // By finish reason.
   std::map<std::string, uint64_t> failures_;  // By status code.
   uint64_t migrations_before_first_token_ = 0, migrations_mid_stream_ = 0;
+  uint64_t decode_local_prefills_ = 0;
   uint64_t prompt_tokens_ = 0;
   uint64_t generation_tokens_ = 0;
   std::map<std::pair<std::string, std::string>, Transfer> transfers_;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "engine/sampling/sampler.h"
 #include "kvtransfer/fault.h"
 #include "proto/engine_sampling.h"
+#include "router/kv_routing.h"
 #include "router/router.h"
 
 namespace pdserve::router {
@@ -50,6 +52,24 @@ inline std::chrono::system_clock::time_point grpc_deadline(const Clock& clock, T
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - clock.now());
 }
+
+// A placement's request on a decode-side (or aggregated) worker, counted in that worker's load
+// (WorkerRegistry::note_assigned) from construction until the placement ends there, however it
+// ends (note_request_done).
+class AssignedTo {
+ public:
+  AssignedTo(WorkerRegistry& registry, int index, int blocks, int64_t prefill_tokens)
+      : registry_(registry), index_(index), blocks_(blocks) {
+    registry_.note_assigned(index, blocks, prefill_tokens);
+  }
+  ~AssignedTo() { registry_.note_request_done(index_, blocks_); }
+  AssignedTo(const AssignedTo&) = delete;
+  AssignedTo& operator=(const AssignedTo&) = delete;
+
+ private:
+  WorkerRegistry& registry_;
+  const int index_, blocks_;
+};
 
 struct Router::Active {
   enum Stop { kNone = 0, kClientGone, kAborted, kDeadline };
@@ -183,6 +203,10 @@ struct Router::Flow {
   double queued_s = 0;
   // Workers that failed this request: not tried again for it.
   std::vector<int> exclude_prefill, exclude_decode;
+  // The current placement's prompt (tokens()) and its block keys, set once per placement.
+  std::vector<int> placement_tokens;
+  std::optional<KvRouting::PromptKeys> prompt_keys;
+  bool local_prefill = false;  // The decode worker prefilled the placement itself (no transfer).
 
   void assign(const Clock& clock) {
     if (!assigned) queued_s = seconds(clock.now() - arrival);

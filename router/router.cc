@@ -87,24 +87,23 @@ int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool 
 }
 
 std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const {
-  if (!kv_ || !options_.cache_placement) return std::nullopt;
-  const std::vector<int> tokens = f.tokens();
+  if (!kv_ || !options_.cache_placement || !f.prompt_keys) return std::nullopt;
   std::vector<std::string> addresses;
   int block_size = 0;
   for (const WorkerLoad& l : loads) {
     addresses.push_back(registry_.address(l.index));
     if (block_size == 0) block_size = l.block_size;
   }
-  const std::vector<int> cached = kv_->cached_blocks(addresses, tokens, f.cache_salt);
+  const std::vector<int> cached = kv_->cached_blocks(addresses, *f.prompt_keys);
   for (size_t i = 0; i < loads.size(); ++i) loads[i].cached_blocks = cached[i];
   CacheTerms terms;
-  terms.prompt_blocks = block_size > 0 ? int(tokens.size()) / block_size : 0;
+  terms.prompt_blocks = block_size > 0 ? int(f.placement_tokens.size()) / block_size : 0;
   terms.transfer_weight = options_.transfer_weight;
   return terms;
 }
 
 void Router::predict_cached(const Flow& f, int worker) {
-  if (kv_ && options_.cache_placement) kv_->predict(registry_.address(worker), f.tokens(), f.cache_salt);
+  if (kv_ && options_.cache_placement && f.prompt_keys) kv_->predict(registry_.address(worker), *f.prompt_keys);
 }
 
 std::string Router::new_request_id() { return absl::StrCat("req-", id_prefix_, "-", next_id_++); }
@@ -150,7 +149,14 @@ bool Router::ready() const {
 }
 
 std::string Router::metrics_text() const {
-  return metrics_.render(admission_.running(), admission_.waiting(), registry_.gauges());
+  const std::vector<WorkerGauges> workers = registry_.gauges();
+  std::string out = metrics_.render(admission_.running(), admission_.waiting(), workers);
+  if (kv_) {
+    std::vector<KvIndexWorkerGauge> index;
+    for (const WorkerGauges& w : workers) index.push_back(kv_->gauge(w.worker));
+    append_kv_index_metrics(out, kv_->stats(), index);
+  }
+  return out;
 }
 
 bool Router::abort(const std::string& request_id, const std::string& client) {
@@ -391,19 +397,23 @@ Status Router::run_placements(Flow& f) {
     }
     // The last placement's stall (if the watchdog ended it) must not cancel this one's calls.
     f.act->begin_attempt({}, clock_.now());
-    const std::vector<int> tokens = f.tokens();
+    f.placement_tokens = f.tokens();
+    f.prompt_keys.emplace(f.placement_tokens, f.cache_salt);
     // Block size can differ per worker only if operators mix configurations; take the first known.
     f.blocks_per_worker = 0;
     for (const WorkerLoad& l : registry_.loads(role))
       if (auto info = registry_.info(l.index)) {
-        f.blocks_per_worker = blocks_needed(int(tokens.size()), f.placement_sampling().max_tokens(),
+        f.blocks_per_worker = blocks_needed(int(f.placement_tokens.size()), f.placement_sampling().max_tokens(),
                                             model_.config.max_seq_len, info->block_size());
         break;
       }
-    switch (options_.kv_mode) {
-      case KvMode::kAggregated: a = run_aggregated(f); break;
-      case KvMode::kPull: a = run_pull(f); break;
-      case KvMode::kPush: a = run_push(f); break;
+    f.local_prefill = false;
+    if (options_.kv_mode == KvMode::kAggregated) {
+      a = run_aggregated(f);
+    } else if (const int d = decode_local_worker(f); d >= 0) {
+      a = run_decode_local(f, d);
+    } else {
+      a = options_.kv_mode == KvMode::kPull ? run_pull(f) : run_push(f);
     }
     if (a.no_worker && clock_.now() < wait_until) {
       // Wait for a worker to come (back) up; those that failed this request count again once
@@ -525,7 +535,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   const int generated = int(f.output.size()) + (aborted ? 0 : f.final_event.token_ids_size());
   const double tpot = generated >= 2 ? (t->total_s() - t->first_token_s()) / (generated - 1) : -1;
   metrics_.observe_request(reason, f.first_token_s, tpot, t->total_s(), int(f.prompt.size()), generated);
-  if (!aborted && options_.kv_mode != KvMode::kAggregated && !f.decode_worker.empty())
+  if (!aborted && options_.kv_mode != KvMode::kAggregated && !f.local_prefill && !f.decode_worker.empty())
     metrics_.observe_kv_transfer(f.prefill_worker, f.decode_worker, kv_bytes_per_token_ * f.prompt.size(), f.kv_transfer_s);
   return absl::OkStatus();
 }

@@ -55,6 +55,12 @@ struct RouterOptions {
   // prefixes weigh against their load (CacheTerms); false: by load alone (--placement load).
   bool cache_placement = true;
   double transfer_weight = 1.0;  // tau: a block to transfer, in prefill-block equivalents.
+  // Decode-local prefill (P/D modes): a request whose prompt the chosen decode worker's cache
+  // lacks at most this many tokens of is prefilled by that decode worker itself — no prefill
+  // worker, no transfer (short follow-up turns, short prompts); 0: every prompt is prefilled on
+  // a prefill worker. The programs default to 512 (pdserve-router and `pdserve up`
+  // --local-prefill-tokens); a Router built in process places as it is told.
+  int local_prefill_tokens = 0;
 };
 
 class KvRouting;
@@ -123,6 +129,13 @@ class Router {
   Attempt run_aggregated(Flow& f);
   Attempt run_push(Flow& f);
   Attempt run_pull(Flow& f);
+  // P/D modes: the decode worker that would take `f` (by its cache and load) when it lacks at
+  // most RouterOptions::local_prefill_tokens of its prompt; -1: prefill on a prefill worker.
+  int decode_local_worker(const Flow& f) const;
+  // A P/D placement where decode worker `d` prefills the request itself (kv_mode "local").
+  Attempt run_decode_local(Flow& f, int d);
+  // A placement on worker `w` alone, which prefills and decodes (aggregated, or decode-local).
+  Attempt run_on_one(Flow& f, int w);
   // Places the request until it ends, migrating it when a placement's workers fail.
   Status run_placements(Flow& f);
   // A P/D placement on prefill worker `p` and decode worker `d` that streamed to its end: both

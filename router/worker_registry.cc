@@ -39,7 +39,18 @@ WorkerRegistry::WorkerRegistry(std::vector<Endpoint> endpoints, const RegistryOp
 
 WorkerRegistry::~WorkerRegistry() { stop(); }
 
-void WorkerRegistry::apply_poll(int index, const Status& status, const worker::WorkerInfo& info) {
+void WorkerRegistry::LoadNotes::forget(const LoadNotes& sent) {
+  const auto less = [](auto& now, auto then) { now = std::max<std::decay_t<decltype(now)>>(now - then, 0); };
+  less(assigned_requests, sent.assigned_requests);
+  less(assigned_blocks, sent.assigned_blocks);
+  less(assigned_prefill_tokens, sent.assigned_prefill_tokens);
+  less(done_requests, sent.done_requests);
+  less(done_blocks, sent.done_blocks);
+  less(done_prefill_tokens, sent.done_prefill_tokens);
+}
+
+void WorkerRegistry::apply_poll(int index, const Status& status, const worker::WorkerInfo& info,
+                                const LoadNotes& sent) {
   std::lock_guard lock(mu_);
   Worker& w = *workers_[index];
   if (!w.listed) return;  // Expired while the poll was out.
@@ -53,8 +64,8 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
   if (s.ok()) {
     w.up = true;
     w.info = info;
-    w.assigned_requests = w.assigned_blocks = 0;
-    w.assigned_prefill_tokens = w.done_prefill_tokens = 0;
+    // What was sent or ended after the poll went out is not in its Info: kept.
+    w.notes.forget(sent);
     w.next_poll = now + options_.poll_interval;
     if (listener_) listener_->on_worker_info(w.endpoint.address, info);
     if (!was_up) PD_LOG_INFO("worker {} ({}) is up: {} blocks of {} tokens", w.endpoint.address,
@@ -74,6 +85,7 @@ void WorkerRegistry::poll_once() {
     worker::InfoRequest request;
     worker::WorkerInfo info;
     grpc::Status status;
+    LoadNotes sent;
   };
   std::vector<std::unique_ptr<Call>> calls;
   {
@@ -85,6 +97,7 @@ void WorkerRegistry::poll_once() {
       auto c = std::make_unique<Call>();
       c->index = int(i);
       c->stub = w.stub.get();
+      c->sent = w.notes;
       c->ctx.set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
       calls.push_back(std::move(c));
     }
@@ -110,7 +123,7 @@ void WorkerRegistry::poll_once() {
   for (auto& c : calls) {
     const Status s = c->status.ok() ? absl::OkStatus()
                                     : absl::UnavailableError(absl::StrCat("Info: ", c->status.error_message()));
-    apply_poll(c->index, s, c->info);
+    apply_poll(c->index, s, c->info, c->sent);
   }
 }
 
@@ -157,11 +170,12 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.index = int(i);
     l.up = w.up;
     l.num_blocks = w.info.num_blocks();
-    l.free_blocks = w.info.free_blocks() - w.assigned_blocks;
-    l.running = w.info.running() + w.assigned_requests;
+    const LoadNotes& n = w.notes;
+    l.free_blocks = std::min(w.info.free_blocks() - n.assigned_blocks + n.done_blocks, w.info.num_blocks());
+    l.running = std::max(w.info.running() + n.assigned_requests - n.done_requests, 0);
     l.waiting = w.info.waiting();
     l.queued_prefill_tokens =
-        std::max<int64_t>(w.info.queued_prefill_tokens() + w.assigned_prefill_tokens - w.done_prefill_tokens, 0);
+        std::max<int64_t>(w.info.queued_prefill_tokens() + n.assigned_prefill_tokens - n.done_prefill_tokens, 0);
     l.tp = w.info.tp();
     l.compat_hash = w.info.compat_hash();
     l.kv_compat = w.info.kv_compat();
@@ -198,9 +212,9 @@ std::optional<worker::WorkerInfo> WorkerRegistry::info(int index) const {
 void WorkerRegistry::note_assigned(int index, int blocks, int64_t prefill_tokens) {
   std::lock_guard lock(mu_);
   Worker& w = *workers_[index];
-  ++w.assigned_requests;
-  w.assigned_blocks += blocks;
-  w.assigned_prefill_tokens += prefill_tokens;
+  ++w.notes.assigned_requests;
+  w.notes.assigned_blocks += blocks;
+  w.notes.assigned_prefill_tokens += prefill_tokens;
 }
 
 worker::Role WorkerRegistry::role(int index) const {
@@ -236,7 +250,15 @@ bool WorkerRegistry::report_failure(int index, const Status& why) {
 
 void WorkerRegistry::note_prefill_done(int index, int64_t prefill_tokens) {
   std::lock_guard lock(mu_);
-  workers_[index]->done_prefill_tokens += prefill_tokens;
+  workers_[index]->notes.done_prefill_tokens += prefill_tokens;
+  ++workers_[index]->notes.done_requests;
+}
+
+void WorkerRegistry::note_request_done(int index, int blocks) {
+  std::lock_guard lock(mu_);
+  Worker& w = *workers_[index];
+  ++w.notes.done_requests;
+  w.notes.done_blocks += blocks;
 }
 
 void WorkerRegistry::report_success(int index) {
@@ -326,8 +348,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->leaving = false;
       w->ever_polled = false;
       w->info.Clear();
-      w->assigned_requests = w->assigned_blocks = 0;
-      w->assigned_prefill_tokens = w->done_prefill_tokens = 0;
+      w->notes = {};
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

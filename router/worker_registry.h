@@ -96,12 +96,18 @@ class WorkerRegistry {
   bool is_failed(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
-  // Records that a request was sent to `index` (counted in its load until the next poll).
+  // Records that a request was sent to `index` (counted in its load until a poll sent after it
+  // answers). The notes below are kept the same way.
   void note_assigned(int index, int blocks, int64_t prefill_tokens);
   // Records that `index` computed a prompt of `prefill_tokens` (as note_assigned counted it):
-  // taken off its queued prefill tokens until the next poll, so that a poll taken while it was
-  // queued does not make a worker that is idle again look busy.
+  // taken off its queued prefill tokens (and the request off its running ones), so that a poll
+  // that went out while it was queued does not make a worker that is idle again look busy.
   void note_prefill_done(int index, int64_t prefill_tokens);
+  // Records that a request note_assigned counted on `index` with `blocks` ended there (served,
+  // failed or moved on): its blocks and its running slot come off the load, so that a worker
+  // whose requests just ended — its blocks now cached and evictable — does not look full and
+  // lose the credit of its cache to the imbalance guard.
+  void note_request_done(int index, int blocks);
   // Marks `index` down at once; it is probed again (Worker.Info) after retry_interval and is
   // up again when that answers.
   void mark_down(int index, const Status& why);
@@ -130,6 +136,16 @@ class WorkerRegistry {
   std::vector<Endpoint> listed() const;
 
  private:
+  // The router's own notes of a worker's load between polls.
+  struct LoadNotes {
+    int assigned_requests = 0;
+    int assigned_blocks = 0;
+    int64_t assigned_prefill_tokens = 0;
+    int done_requests = 0, done_blocks = 0;  // Ended (note_request_done, note_prefill_done).
+    int64_t done_prefill_tokens = 0;          // Computed (note_prefill_done).
+    // Takes off what `sent` holds (the notes a poll's Info already reflects), never below 0.
+    void forget(const LoadNotes& sent);
+  };
   struct Worker {
     Endpoint endpoint;
     std::unique_ptr<worker::Worker::Stub> stub;
@@ -141,15 +157,14 @@ class WorkerRegistry {
     bool ever_polled = false;
     TimePoint next_poll{};
     worker::WorkerInfo info;
-    // Sent by this router since the last poll.
-    int assigned_requests = 0;
-    int assigned_blocks = 0;
-    int64_t assigned_prefill_tokens = 0;
-    int64_t done_prefill_tokens = 0;  // Computed since the last poll (note_prefill_done).
+    // What this router sent and saw end since the last poll was sent: a poll's Info already
+    // counts what came before it went out, and only that is taken off when it is applied.
+    LoadNotes notes;
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };
-  void apply_poll(int index, const Status& status, const worker::WorkerInfo& info);
+  // `sent` is the worker's notes when the poll went out.
+  void apply_poll(int index, const Status& status, const worker::WorkerInfo& info, const LoadNotes& sent);
   void poll_loop();
   std::unique_ptr<worker::Worker::Stub> make_stub(const std::string& address) const;
   Worker* find(const std::string& address);  // Under mu_.

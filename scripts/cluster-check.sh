@@ -60,12 +60,14 @@ check_inprocess() {
   [ "$(token_ids "$out/reference.json")" = "$(token_ids "$out/inprocess.json")" ]
 }
 
-# Starts `pdserve up` with the given flags, generates through it, compares, stops it.
+# Starts `pdserve up` with the given flags, generates through it, compares, stops it. The prompt
+# is prefilled on the prefill worker (--local-prefill-tokens 0): the KV transfer is what is checked.
 check_cluster() {  # name, up flags...
   local name=$1
   shift
   local ready_file=$out/$name.ready up_pid ready="" router http
-  "$pdserve" up --model "$model" --prefill 1 --decode 1 --port 0 "$@" >"$ready_file" 2>"$out/$name.cluster.log" &
+  "$pdserve" up --model "$model" --prefill 1 --decode 1 --port 0 --local-prefill-tokens 0 "$@" >"$ready_file" \
+    2>"$out/$name.cluster.log" &
   up_pid=$!
   for _ in $(seq 1200); do
     ready=$(grep -m1 '^READY grpc=' "$ready_file" || true)

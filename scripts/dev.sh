@@ -36,8 +36,11 @@ case "${1:-}" in
     out="$build/dev-run.ready" log="$build/dev-run.log"
     # The cluster: one prefill and one decode worker with the KV cache moved between them, and
     # the router in front. `up` stops its workers and router on SIGTERM (they also die with it).
+    # The demo's short prompt would be prefilled on the decode worker by default (decode-local
+    # prefill, 512 tokens): LOCAL_PREFILL_TOKENS=0 keeps it on the prefill worker, so KV moves.
     "$pdserve" up --model stories260K --prefill 1 --prefill-tp "${PREFILL_TP:-1}" --decode 1 \
-      --decode-tp "${DECODE_TP:-1}" --kv-mode "${KV_MODE:-push}" --port "${PORT:-0}" >"$out" 2>"$log" &
+      --decode-tp "${DECODE_TP:-1}" --kv-mode "${KV_MODE:-push}" --port "${PORT:-0}" \
+      --local-prefill-tokens "${LOCAL_PREFILL_TOKENS:-0}" >"$out" 2>"$log" &
     up=$!
     stop_cluster() {
       if kill -0 "$up" 2>/dev/null; then

@@ -11,6 +11,7 @@
 #include <semaphore>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "proto/engine_sampling.h"
@@ -58,7 +59,30 @@ struct BenchFlags {
   std::string trace_file;
   int trace_block_tokens = 512;  // Mooncake's block: 512 tokens per hash id.
   double trace_speed = 1.0;
+  // The workload-specific flags given on the command line (by name), so that one the
+  // --workload does not read is refused rather than silently unused.
+  std::vector<std::string> random_given;   // --num-prompts: the random workload's.
+  std::vector<std::string> lengths_given;  // --random-*: the random workload's and every warm-up's.
+  std::vector<std::string> session_given;  // multiturn's and agentic's.
+  std::vector<std::string> trace_given;    // trace's.
 };
+
+// An error naming the flags given that `w` does not read (with --num-warmups the random lengths
+// shape the warm-up requests of any workload).
+Status check_workload_flags(const BenchFlags& f, Workload w) {
+  const bool sessions = w == Workload::kMultiturn || w == Workload::kAgentic;
+  const std::pair<const std::vector<std::string>*, bool> groups[] = {
+      {&f.random_given, w == Workload::kRandom},
+      {&f.lengths_given, w == Workload::kRandom || f.num_warmups > 0},
+      {&f.session_given, sessions},
+      {&f.trace_given, w == Workload::kTrace}};
+  std::vector<std::string> unused;
+  for (const auto& [given, read] : groups)
+    if (!read) unused.insert(unused.end(), given->begin(), given->end());
+  if (unused.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(unused, ", ") + (unused.size() == 1 ? " is" : " are") +
+                                    " not read by --workload " + workload_name(w));
+}
 
 // The requests whose successful output differs from the in-process engine's for the same
 // prompt and sampling (all of them run at once, as one batch); an error if the model will not load.
@@ -479,6 +503,10 @@ int run_bench(const BenchFlags& f) {
     std::cerr << "error: " << workload.status().message() << "\n";
     return 2;
   }
+  if (Status flags = check_workload_flags(f, *workload); !flags.ok()) {
+    std::cerr << "error: " << flags.message() << "\n";
+    return 2;
+  }
   auto tls = load_client_tls(f.tls, f.tls_ca);
   if (!tls.ok()) {
     std::cerr << "error: " << tls.status().message() << "\n";
@@ -752,10 +780,15 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-ca", f->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
   cmd->add_option("--worker", f->worker,
                   "Instead of --router: one aggregated worker's gRPC HOST:PORT, to measure what the router adds");
-  cmd->add_option("--num-prompts", f->num_prompts, "Requests to send")->capture_default_str();
-  cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens")->capture_default_str();
-  cmd->add_option("--random-output-len,--output-len", f->output_len, "Tokens to generate (max_tokens)")->capture_default_str();
-  cmd->add_option("--random-range-ratio", f->range_ratio, "Lengths uniform in len*(1±ratio); 0: fixed")->capture_default_str();
+  CLI::Option* num_prompts =
+      cmd->add_option("--num-prompts", f->num_prompts, "Requests to send (random)")->capture_default_str();
+  const std::vector<CLI::Option*> lengths = {
+      cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens (random, warm-ups)")
+          ->capture_default_str(),
+      cmd->add_option("--random-output-len,--output-len", f->output_len, "Tokens to generate (max_tokens)")
+          ->capture_default_str(),
+      cmd->add_option("--random-range-ratio", f->range_ratio, "Lengths uniform in len*(1±ratio); 0: fixed")
+          ->capture_default_str()};
   cmd->add_option("--max-concurrency", f->max_concurrency, "Requests in flight at most (0: unlimited)");
   cmd->add_option("--retries", f->retries,
                   "Send a request that failed UNAVAILABLE (the router gone or restarting) again from scratch, up to "
@@ -781,20 +814,35 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                   "(a long shared preamble, short steps, sibling fan-out) or trace (--trace, Mooncake JSONL)")
       ->capture_default_str();
   SessionSpec& spec = f->session;
-  cmd->add_option("--sessions", spec.sessions, "Sessions (multiturn/agentic; default 16 / 8)");
-  cmd->add_option("--turns", spec.turns, "Requests per session, one after the other (default 4 / 6)");
-  cmd->add_option("--shared-prefixes", spec.shared_prefixes,
-                  "Distinct system prompts the sessions share, round robin (default 4 / 1)");
-  cmd->add_option("--prefix-len", spec.prefix_len, "Tokens of each system prompt (default 128 / 192)");
-  cmd->add_option("--turn-len", spec.turn_len, "New tokens per turn (default 32 / 16)");
-  cmd->add_option("--turn-output-len", spec.output_len, "max_tokens of each turn (default 32 / 16)");
-  cmd->add_option("--fanout", spec.fanout, "Sibling requests per turn with the same history (default 1 / 2)");
-  cmd->add_option("--think-time", spec.think_time_s, "Seconds between an answer and the session's next turn (default 0)");
-  cmd->add_option("--trace", f->trace_file,
-                  "A Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids)");
-  cmd->add_option("--trace-block-tokens", f->trace_block_tokens, "Tokens per trace hash id")->capture_default_str();
-  cmd->add_option("--trace-speed", f->trace_speed, "Replay speed (2: twice as fast)")->capture_default_str();
-  cmd->callback([f, exit_code] { *exit_code = run_bench(*f); });
+  const std::vector<CLI::Option*> session = {
+      cmd->add_option("--sessions", spec.sessions, "Sessions (multiturn/agentic; default 16 / 8)"),
+      cmd->add_option("--turns", spec.turns, "Requests per session, one after the other (default 4 / 6)"),
+      cmd->add_option("--shared-prefixes", spec.shared_prefixes,
+                      "Distinct system prompts the sessions share, round robin (default 4 / 1)"),
+      cmd->add_option("--prefix-len", spec.prefix_len, "Tokens of each system prompt (default 128 / 192)"),
+      cmd->add_option("--turn-len", spec.turn_len, "New tokens per turn (default 32 / 16)"),
+      cmd->add_option("--turn-output-len", spec.output_len, "max_tokens of each turn (default 32 / 16)"),
+      cmd->add_option("--fanout", spec.fanout, "Sibling requests per turn with the same history (default 1 / 2)"),
+      cmd->add_option("--think-time", spec.think_time_s,
+                      "Seconds between an answer and the session's next turn (default 0)")};
+  const std::vector<CLI::Option*> trace = {
+      cmd->add_option("--trace", f->trace_file,
+                      "A Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids)"),
+      cmd->add_option("--trace-block-tokens", f->trace_block_tokens, "Tokens per trace hash id")->capture_default_str(),
+      cmd->add_option("--trace-speed", f->trace_speed, "Replay speed (2: twice as fast)")->capture_default_str()};
+  cmd->callback([f, exit_code, num_prompts, lengths, session, trace] {
+    auto given = [](const std::vector<CLI::Option*>& options) {
+      std::vector<std::string> names;
+      for (const CLI::Option* o : options)
+        if (o->count() > 0) names.push_back(o->get_name());
+      return names;
+    };
+    f->random_given = given({num_prompts});
+    f->lengths_given = given(lengths);
+    f->session_given = given(session);
+    f->trace_given = given(trace);
+    *exit_code = run_bench(*f);
+  });
 }
 
 }  // namespace pdserve::tools

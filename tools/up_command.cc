@@ -45,6 +45,8 @@ struct UpFlags {
   std::string prefix_caching = "on";
   std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
   std::string placement = "cache";    // The router's --placement.
+  int local_prefill_tokens = 512;     // The router's --local-prefill-tokens (P/D).
+  bool local_prefill_given = false;
   std::string kv_hash_secret_file;
   int max_running = 0, max_waiting = -1;
   double request_timeout_s = 0;
@@ -223,6 +225,10 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --aggregated cannot be combined with --prefill/--decode\n";
     return 2;
   }
+  if (!pd && f.local_prefill_given) {
+    std::cerr << "error: --local-prefill-tokens applies to P/D clusters (--prefill/--decode), not --aggregated\n";
+    return 2;
+  }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
   if (!tls.ok()) {
@@ -295,7 +301,8 @@ int run_up(const UpFlags& f) {
   for (Child* c : workers) std::cerr << "up: " << c->ready_line.substr(6) << "\n";
 
   std::vector<std::string> ra = {router_bin, "--model", f.model, "--host", f.host, "--port", std::to_string(f.port)};
-  if (pd) ra.insert(ra.end(), {"--kv-mode", f.kv_mode});
+  if (pd)
+    ra.insert(ra.end(), {"--kv-mode", f.kv_mode, "--local-prefill-tokens", std::to_string(f.local_prefill_tokens)});
   ra.insert(ra.end(), {"--placement", f.placement});
   for (Child* c : prefill) ra.insert(ra.end(), {"--prefill", c->address});
   for (Child* c : decode) ra.insert(ra.end(), {"--decode", c->address});
@@ -421,6 +428,11 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--placement", f->placement, "Router placement: cache (by cached prefix and load) or load")
       ->check(CLI::IsMember({"cache", "load"}))
       ->capture_default_str();
+  cmd->add_option("--local-prefill-tokens", f->local_prefill_tokens,
+                  "P/D: prompts whose uncached part on the chosen decode worker is at most this many tokens are "
+                  "prefilled there (no prefill worker, no transfer); 0: always on a prefill worker")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--kv-hash-secret-file", f->kv_hash_secret_file,
                   "Workers: a secret mixed into every prefix-cache block key")
       ->check(CLI::ExistingFile);
@@ -439,7 +451,10 @@ void add_up_command(CLI::App& app, int* exit_code) {
                   "Once every process is ready, write the router's and each worker's endpoints here as JSON");
   cmd->add_option("--startup-timeout", f->startup_timeout_s, "Seconds to wait for every process to be ready")
       ->capture_default_str();
-  cmd->callback([f, exit_code] { *exit_code = run_up(*f); });
+  cmd->callback([f, exit_code, cmd] {
+    f->local_prefill_given = cmd->count("--local-prefill-tokens") > 0;
+    *exit_code = run_up(*f);
+  });
 }
 
 }  // namespace pdserve::tools

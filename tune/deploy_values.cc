@@ -130,6 +130,8 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   if (!t.aggregated || plan.max_running || plan.max_waiting) absl::StrAppend(&out, "router:\n");
   // Mode aggregated runs the router with --kv-mode=aggregated and refuses any other kv mode.
   if (!t.aggregated) absl::StrAppend(&out, "  kvMode: ", kv_mode_name(t.mode), "\n");
+  // The P:D sizing assumes every prompt prefills on a prefill worker: no decode-local prefill.
+  if (!t.aggregated) absl::StrAppend(&out, "  localPrefillTokens: 0\n");
   append_optional(&out, "  maxRunning", plan.max_running);
   append_optional(&out, "  maxWaiting", plan.max_waiting);
   if (t.aggregated) {
@@ -180,7 +182,7 @@ StatusOr<std::string> up_script(const DeployPlan& plan, const std::string& pdser
     absl::StrAppend(&out, " --aggregated ", t.n_d, " --tp ", t.tp_d);
   } else {
     absl::StrAppend(&out, " --prefill ", t.n_p, " --prefill-tp ", t.tp_p, " --decode ", t.n_d, " --decode-tp ", t.tp_d,
-                    " --kv-mode ", kv_mode_name(t.mode));
+                    " --kv-mode ", kv_mode_name(t.mode), " --local-prefill-tokens 0");
   }
   absl::StrAppend(&out, " --device ", device_name(plan.device));
   // `pdserve up` passes --weight-dtype to GPU workers only (check_plan refused bf16 on cpu).

@@ -21,7 +21,8 @@ const char* device_flag(Device device) {
 
 std::vector<std::string> up_arguments(const Topology& t, const ClusterOptions& o) {
   // No prefix cache: profiles and gates measure computed prefill, and their seeded prompts
-  // recur from one load point to the next.
+  // recur from one load point to the next. P/D prompts prefill on the prefill workers (no
+  // decode-local prefill), as the P:D sizing assumes.
   std::vector<std::string> a = {o.pdserve, "up", "--model",   o.model, "--device",         device_flag(o.device),
                                 "--port",  "0",  "--restart", "never", "--prefix-caching", "off"};
   if (t.aggregated) {
@@ -29,7 +30,7 @@ std::vector<std::string> up_arguments(const Topology& t, const ClusterOptions& o
   } else {
     a.insert(a.end(), {"--prefill", std::to_string(t.n_p), "--prefill-tp", std::to_string(t.tp_p), "--decode",
                        std::to_string(t.n_d), "--decode-tp", std::to_string(t.tp_d), "--kv-mode",
-                       t.mode == KvMode::kPush ? "push" : "pull"});
+                       t.mode == KvMode::kPush ? "push" : "pull", "--local-prefill-tokens", "0"});
   }
   if (o.max_running > 0) a.insert(a.end(), {"--max-running", std::to_string(o.max_running)});
   if (o.max_waiting >= 0) a.insert(a.end(), {"--max-waiting", std::to_string(o.max_waiting)});

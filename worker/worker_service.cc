@@ -156,17 +156,23 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context, const WorkerG
   StatusOr<engine::SamplingParams> params = to_engine_params(request->sampling(), request->resumed_tokens());
   if (!params.ok()) return to_grpc(params.status());
   const std::string& mode = request->kv_mode();
-  if (role_ == ROLE_AGGREGATED) {
-    if (!mode.empty())
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
+  // The whole request on this worker's engine: prefilled from its own prefix cache, then decoded.
+  const auto prefill_here = [&] {
     engine::GenerationRequest r{request->request_id(), {request->prompt().begin(), request->prompt().end()}, *params};
     r.resumed_tokens = request->resumed_tokens();
     r.cache_salt = request->cache_salt();
     return stream(context, std::move(r), nullptr, writer);
+  };
+  if (role_ == ROLE_AGGREGATED) {
+    if (!mode.empty())
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "an aggregated worker takes no kv_mode");
+    return prefill_here();
   }
   if (!decode_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Generate is served by decode workers");
+  // Decode-local prefill: the router found the prompt's uncached part short enough for this side.
+  if (mode == "local") return prefill_here();
   if (mode != "push" && mode != "pull")
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a decode worker needs kv_mode push or pull");
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "a decode worker needs kv_mode push, pull or local");
   // The prompt's log-probabilities come from the prefill pass, which ran on the prefill side
   // (PrefillResponse.prompt_logprobs); so does the first token's, so this side can give the
   // logprobs only of the tokens it samples itself, after a first token the router streamed.

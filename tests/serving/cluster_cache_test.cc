@@ -1,9 +1,10 @@
-// Cache-aware placement on a real `pdserve up` cluster (2 prefill + 2 decode workers, push,
-// KV events on by default): a repeated ~375-token prompt reports at least 60 % of its tokens
-// cached on its second send, for each of 8 distinct prompts; every turn after the first of a
-// multi-turn conversation reports cached tokens; and after a randomized multi-turn workload, the
-// router's KV index (/debug/kv_index) equals each worker's engine key set (Worker.Info with
-// include_cached_keys) within 1 s of quiescence.
+// Cache-aware placement on a real `pdserve up` cluster (2 prefill + 2 decode workers, push and
+// pull, or 4 aggregated workers; KV events on by default): a repeated ~375-token prompt reports
+// at least 60 % of its tokens cached on its second send, for each of 8 distinct prompts; every
+// turn after the first of a multi-turn conversation reports cached tokens; after a randomized
+// multi-turn workload, the router's KV index (/debug/kv_index, and its /metrics) equals each
+// worker's engine key set (Worker.Info with include_cached_keys) within 1 s of quiescence; and
+// decode-local prefill takes the short uncached parts off the prefill workers.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "kvevents/wire.h"
@@ -29,7 +31,7 @@ using testing::Cluster;
 
 struct Served {
   std::vector<int> output;
-  int cached_tokens = 0;
+  int cached_tokens = 0, transferred_blocks = 0;
   std::string prefill_worker, decode_worker, error;
 };
 
@@ -48,6 +50,7 @@ Served generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, int 
     out.output.insert(out.output.end(), r.token_ids().begin(), r.token_ids().end());
     if (r.finished()) {
       out.cached_tokens = r.cached_tokens();
+      out.transferred_blocks = r.timings().transferred_blocks();
       out.prefill_worker = r.prefill_worker();
       out.decode_worker = r.decode_worker();
     }
@@ -63,12 +66,18 @@ std::vector<int> random_tokens(std::mt19937& rng, int n) {
   return t;
 }
 
-class ClusterCache : public ::testing::Test {
+// Push and pull on 2 prefill + 2 decode workers (prompts prefill on the prefill workers), and 4
+// aggregated workers.
+class ClusterCache : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ready_file_ = std::filesystem::temp_directory_path() / ("pdserve_cache_" + std::to_string(getpid()) + ".json");
-    cluster_ = std::make_unique<Cluster>(std::vector<std::string>{"--prefill", "2", "--decode", "2", "--ready-file",
-                                                                  ready_file_.string()});
+    std::vector<std::string> args = {"--ready-file", ready_file_.string()};
+    if (GetParam() == "aggregated")
+      args.insert(args.end(), {"--aggregated", "4"});
+    else
+      args.insert(args.end(), {"--prefill", "2", "--decode", "2", "--kv-mode", GetParam()});
+    cluster_ = std::make_unique<Cluster>(args);
     ASSERT_TRUE(cluster_->wait_ready(120s)) << cluster_->log();
     std::ifstream in(ready_file_);
     const nlohmann::json j = nlohmann::json::parse(in);
@@ -135,7 +144,7 @@ class ClusterCache : public ::testing::Test {
   std::unique_ptr<v1::Generation::Stub> stub_;
 };
 
-TEST_F(ClusterCache, RepeatedPromptsAndLaterTurnsHitTheCache) {
+TEST_P(ClusterCache, RepeatedPromptsAndLaterTurnsHitTheCache) {
   std::mt19937 rng(20261202);
   constexpr int kPrompts = 8, kLen = 375;
   std::vector<std::vector<int>> prompts;
@@ -187,7 +196,7 @@ TEST_F(ClusterCache, RepeatedPromptsAndLaterTurnsHitTheCache) {
   }
 }
 
-TEST_F(ClusterCache, RouterIndexEqualsEveryEnginesKeysAfterAMultiTurnWorkload) {
+TEST_P(ClusterCache, RouterIndexEqualsEveryEnginesKeysAfterAMultiTurnWorkload) {
   // Four concurrent clients, each with conversations of random turns over shared system prompts.
   std::vector<std::vector<int>> systems;
   std::mt19937 seed_rng(77);
@@ -236,7 +245,91 @@ TEST_F(ClusterCache, RouterIndexEqualsEveryEnginesKeysAfterAMultiTurnWorkload) {
   }
   EXPECT_TRUE(equal) << "not equal within 1 s of quiescence";
   EXPECT_GT(total, 0u);
+  // The router's /metrics says the same: every worker exact, holding its engine's key count.
+  httplib::Client http("127.0.0.1", cluster_->http_port());
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const std::string& w : workers_) {
+    const std::string exact = "pdserve:kv_index_state{worker=\"" + w + "\",state=\"exact\"} 1\n";
+    EXPECT_NE(metrics->body.find(exact), std::string::npos) << exact;
+    const std::string blocks =
+        "pdserve:kv_index_blocks{worker=\"" + w + "\"} " + std::to_string(engine_keys(w).size()) + "\n";
+    EXPECT_NE(metrics->body.find(blocks), std::string::npos) << blocks;
+  }
   std::cerr << "index equal to the engines' " << total << " keys " << took << " s after quiescence\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ClusterCache, ::testing::Values("push", "pull", "aggregated"));
+
+// The router's /metrics counter `name` (-1 without an answer).
+double router_metric(int http_port, const std::string& name) {
+  httplib::Client http("127.0.0.1", http_port);
+  auto res = http.Get("/metrics");
+  if (!res) return -1;
+  std::istringstream in(res->body);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return 0;
+}
+
+// Decode-local prefill on a 1 + 1 push cluster at 64 tokens: a cold 100-token prompt goes to
+// the prefill worker (its KV moves); its follow-up turn, whose part the decode worker lacks is
+// the new message and the output's last partial block, is prefilled by the decode worker
+// itself from its cache — no prefill worker, no blocks moved; and a cold short prompt too.
+TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
+  Cluster cluster({"--prefill", "1", "--decode", "1", "--local-prefill-tokens", "64"});
+  ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
+  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+  auto stub = v1::Generation::NewStub(channel);
+  std::mt19937 rng(5);
+  std::vector<int> prompt = {1};
+  const std::vector<int> body = random_tokens(rng, 99);
+  prompt.insert(prompt.end(), body.begin(), body.end());
+
+  const Served first = generate(*stub, prompt, 8);
+  ASSERT_EQ(first.error, "") << cluster.log();
+  EXPECT_NE(first.prefill_worker, first.decode_worker) << "100 uncached tokens > 64: a prefill worker's";
+  EXPECT_EQ(first.transferred_blocks, 7);  // ceil(100 / 16).
+  EXPECT_EQ(router_metric(cluster.http_port(), "pdserve:decode_local_prefills_total"), 0);
+
+  std::vector<int> turn2 = prompt;
+  turn2.insert(turn2.end(), first.output.begin(), first.output.end());
+  const std::vector<int> user = random_tokens(rng, 30);
+  turn2.insert(turn2.end(), user.begin(), user.end());
+  // The decode worker holds the prompt's 6 full blocks (its reservation hit nothing, all 7 moved
+  // in) and the block the output completed: 138 tokens less 112 cached is under 64.
+  Served second;
+  for (int attempt = 0; attempt < 50; ++attempt) {  // Until the decode worker's KV events reached the router.
+    second = generate(*stub, turn2, 8);
+    ASSERT_EQ(second.error, "") << cluster.log();
+    if (second.prefill_worker == second.decode_worker) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(second.prefill_worker, first.decode_worker) << "the decode worker prefilled it";
+  EXPECT_EQ(second.decode_worker, first.decode_worker);
+  EXPECT_GE(second.cached_tokens, 96);
+  EXPECT_EQ(second.transferred_blocks, 0);
+  EXPECT_GE(router_metric(cluster.http_port(), "pdserve:decode_local_prefills_total"), 1);
+
+  const std::vector<int> cold = {1, 50, 60, 70, 80, 90};
+  const Served short_cold = generate(*stub, cold, 4);
+  ASSERT_EQ(short_cold.error, "");
+  EXPECT_EQ(short_cold.prefill_worker, short_cold.decode_worker) << "6 uncached tokens <= 64";
+  EXPECT_EQ(short_cold.transferred_blocks, 0);
+}
+
+TEST(DecodeLocalPrefill, IsRefusedWhereNoDecodeWorkerChoosesIt) {
+  const std::string model = testing::stories_bin();
+  const testing::CommandOutput up = testing::run_command(
+      "timeout 60 " + testing::kBin + " up --model '" + model + "' --aggregated 1 --local-prefill-tokens 8 2>&1");
+  EXPECT_EQ(up.exit_code, 2);
+  EXPECT_NE(up.out.find("--local-prefill-tokens applies to P/D"), std::string::npos) << up.out;
+  const testing::CommandOutput router =
+      testing::run_command("timeout 60 " + std::string(PDSERVE_BINARY_DIR) + "/router/pdserve-router --model '" +
+                           model + "' --kv-mode aggregated --local-prefill-tokens 8 2>&1");
+  EXPECT_EQ(router.exit_code, 2);
+  EXPECT_NE(router.out.find("needs --kv-mode push or pull"), std::string::npos) << router.out;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -192,6 +193,11 @@ class Cluster : public Process {
 
  private:
   static std::vector<std::string> up_args(std::vector<std::string> args, const std::string& model) {
+    // P/D tests are about prefill workers and the KV they move: short prompts, which decode-local
+    // prefill (the default) keeps off the prefill workers, go there unless a test says otherwise.
+    const bool pd = std::find(args.begin(), args.end(), "--prefill") != args.end();
+    if (pd && std::find(args.begin(), args.end(), "--local-prefill-tokens") == args.end())
+      args.insert(args.end(), {"--local-prefill-tokens", "0"});
     args.insert(args.begin(), {kBin, "up", "--model", model, "--port", std::to_string(free_port_pair())});
     return args;
   }

@@ -55,14 +55,14 @@ std::vector<int> place_burst(KvRouting& kv, const std::vector<int>& prompt, int 
   const std::vector<WorkerLoad> decode = {idle(5)};
   std::vector<int> chosen;
   for (int i = 0; i < n; ++i) {
-    const std::vector<int> cached = kv.cached_blocks(addresses, prompt, "");
+    const std::vector<int> cached = kv.cached_blocks(addresses, KvRouting::PromptKeys(prompt, ""));
     for (size_t w = 0; w < loads.size(); ++w) loads[w].cached_blocks = cached[w];
     CacheTerms terms;
     terms.prompt_blocks = int(prompt.size()) / kBlockSize;
     const int p = pick_prefill(loads, {}, decode, 10, {}, -1, &terms);
     chosen.push_back(p);
     loads[size_t(p)].queued_prefill_tokens += dispatched_prefill_tokens(int(prompt.size()), loads[size_t(p)], &terms);
-    if (predict) kv.predict(addresses[size_t(p)], prompt, "");
+    if (predict) kv.predict(addresses[size_t(p)], KvRouting::PromptKeys(prompt, ""));
   }
   return chosen;
 }
@@ -86,16 +86,17 @@ TEST(KvRouting, ABurstOfOnePrefixBeforeAnyEventLandsOnOnePrefillWorker) {
   // The prediction covers the prompt's full blocks, in its namespace only, for 2 s.
   const int p = burst[0];
   const std::string address = p == 0 ? "p0:1" : "p1:2";
-  EXPECT_EQ(kv.cached_blocks({address}, prompt, "")[0], 200 / kBlockSize);
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(prompt, ""))[0], 200 / kBlockSize);
   std::vector<int> longer = prompt;
   longer.insert(longer.end(), {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9});
-  EXPECT_EQ(kv.cached_blocks({address}, longer, "")[0], 200 / kBlockSize) << "a longer prompt shares the prefix";
-  EXPECT_EQ(kv.cached_blocks({address}, prompt, "tenant-b")[0], 0) << "another cache salt";
-  EXPECT_EQ(kv.cached_blocks({address}, prompt_of(200, 2), "")[0], 0);
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(longer, ""))[0], 200 / kBlockSize)
+      << "a longer prompt shares the prefix";
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(prompt, "tenant-b"))[0], 0) << "another cache salt";
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(prompt_of(200, 2), ""))[0], 0);
   clock.advance(1900ms);
-  EXPECT_EQ(kv.cached_blocks({address}, prompt, "")[0], 200 / kBlockSize);
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(prompt, ""))[0], 200 / kBlockSize);
   clock.advance(200ms);
-  EXPECT_EQ(kv.cached_blocks({address}, prompt, "")[0], 0) << "expired";
+  EXPECT_EQ(kv.cached_blocks({address}, KvRouting::PromptKeys(prompt, ""))[0], 0) << "expired";
 }
 
 TEST(KvRouting, AWorkerWithoutPrefixCachingGetsNoCredit) {
@@ -105,8 +106,8 @@ TEST(KvRouting, AWorkerWithoutPrefixCachingGetsNoCredit) {
   off.set_prefix_caching(false);
   kv.on_worker_info("p0:1", off);
   const std::vector<int> prompt = prompt_of(100, 3);
-  kv.predict("p0:1", prompt, "");
-  EXPECT_EQ(kv.cached_blocks({"p0:1", "unknown:9"}, prompt, ""), std::vector<int>({0, 0}));
+  kv.predict("p0:1", KvRouting::PromptKeys(prompt, ""));
+  EXPECT_EQ(kv.cached_blocks({"p0:1", "unknown:9"}, KvRouting::PromptKeys(prompt, "")), std::vector<int>({0, 0}));
 }
 
 // Polls `done` for up to 10 s (the subscriber's thread applies events asynchronously).
@@ -149,10 +150,10 @@ TEST(KvRouting, FollowsAWorkersEventsAndRejectsAnotherKeySpace) {
     p->stored(engine::KvTier::kDevice, std::nullopt, std::span(keys).first(6), 0, {});
     p->step_end();
   }
-  ASSERT_TRUE(eventually([&] { return kv.cached_blocks({"p0:1"}, prompt, "")[0] == 6; }));
+  ASSERT_TRUE(eventually([&] { return kv.cached_blocks({"p0:1"}, KvRouting::PromptKeys(prompt, ""))[0] == 6; }));
   EXPECT_EQ(kv.view("p0:1")->keys.size(), 6u);
   ASSERT_TRUE(eventually([&] { return kv.stats().rejected > 0; }));
-  EXPECT_EQ(kv.cached_blocks({"p1:2"}, prompt, "")[0], 0);
+  EXPECT_EQ(kv.cached_blocks({"p1:2"}, KvRouting::PromptKeys(prompt, ""))[0], 0);
   EXPECT_NE(kv.view("p1:2")->state, WorkerKvState::kExact);
   EXPECT_TRUE(kv.view("p1:2")->keys.empty());
 
@@ -160,9 +161,59 @@ TEST(KvRouting, FollowsAWorkersEventsAndRejectsAnotherKeySpace) {
   auto restarted = publisher_for("prefill@p0", kBlockSize);
   kv.on_worker_info("p0:1", info_of("prefill@p0", restarted->pub_endpoint(), restarted->replay_endpoint()));
   ASSERT_TRUE(eventually([&] { return kv.view("p0:1")->state == WorkerKvState::kExact; }));
-  EXPECT_EQ(kv.cached_blocks({"p0:1"}, prompt, "")[0], 0) << "the new process's cache is empty";
+  EXPECT_EQ(kv.cached_blocks({"p0:1"}, KvRouting::PromptKeys(prompt, ""))[0], 0) << "the new process's cache is empty";
   kv.on_worker_removed("p0:1");
   EXPECT_FALSE(kv.view("p0:1").has_value());
+}
+
+TEST(ApproximateBlocks, RecordsWhatWasSentUpToTheWorkersCapacityLeastRecentFirstOut) {
+  ApproximateBlocks a;
+  const auto chain = [](int n, int seed) {
+    return engine::block_keys(engine::namespace_root(test_root(), engine::canonical_namespace("")),
+                              prompt_of(n * kBlockSize, seed), kBlockSize);
+  };
+  const auto x = chain(4, 1), y = chain(4, 2), z = chain(3, 3);
+  a.insert("w", x, 10);
+  a.insert("w", y, 10);
+  EXPECT_EQ(a.match("w", x), 4u);
+  EXPECT_EQ(a.match("w", y), 4u);
+  EXPECT_EQ(a.match("v", x), 0u) << "another worker";
+  a.insert("w", x, 10);  // x is the most recent again.
+  a.insert("w", z, 10);  // 11 keys: y's least recent block goes — its tail, not its head.
+  EXPECT_EQ(a.size("w"), 10u);
+  EXPECT_EQ(a.match("w", y), 3u);
+  EXPECT_EQ(a.match("w", x), 4u);
+  EXPECT_EQ(a.match("w", z), 3u);
+  a.insert("w", x, 0);  // Unknown capacity: nothing recorded, nothing dropped.
+  EXPECT_EQ(a.size("w"), 10u);
+  a.remove("w");
+  EXPECT_EQ(a.match("w", x), 0u);
+}
+
+// A worker whose KV events are lost (its publisher gone: the index never becomes EXACT) keeps
+// its conversations by the overlay of what was sent there, after the 2 s predictions expired;
+// an EXACT worker is credited only by its events and predictions.
+TEST(KvRouting, ANonExactWorkerIsCreditedByTheOverlayOfWhatWasSentThere) {
+  FakeClock clock;
+  KvRouting kv(clock);
+  worker::WorkerInfo lost = info_of("prefill@p0", "tcp://127.0.0.1:1", "tcp://127.0.0.1:1");
+  lost.set_num_blocks(1000);
+  kv.on_worker_info("p0:1", lost);
+  auto live = publisher_for("prefill@p1", kBlockSize);
+  worker::WorkerInfo exact = info_of("prefill@p1", live->pub_endpoint(), live->replay_endpoint());
+  exact.set_num_blocks(1000);
+  kv.on_worker_info("p1:2", exact);
+  ASSERT_TRUE(eventually([&] { return kv.view("p1:2")->state == WorkerKvState::kExact; }));
+  EXPECT_NE(kv.view("p0:1")->state, WorkerKvState::kExact);
+  const std::vector<int> prompt = prompt_of(160, 5);
+  kv.predict("p0:1", KvRouting::PromptKeys(prompt, ""));
+  kv.predict("p1:2", KvRouting::PromptKeys(prompt, ""));
+  clock.advance(10s);  // The predictions expired.
+  EXPECT_EQ(kv.cached_blocks({"p0:1", "p1:2"}, KvRouting::PromptKeys(prompt, "")), std::vector<int>({10, 0}));
+  // A restart (new Info) forgets the overlay with the cache it described.
+  lost.set_kv_events_endpoint("tcp://127.0.0.1:2");
+  kv.on_worker_info("p0:1", lost);
+  EXPECT_EQ(kv.cached_blocks({"p0:1"}, KvRouting::PromptKeys(prompt, ""))[0], 0);
 }
 
 }  // namespace

@@ -547,7 +547,7 @@ TEST_P(RouterFault, AKilledPrefillWorkerIsReplacedByTheOther) {
   for (Process* w : {p0.get(), p1.get(), d.get()}) ASSERT_TRUE(w->wait_ready(60s)) << w->log();
   Process router({dir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0", "--http-port", "0",
                   "--kv-mode", GetParam(), "--prefill", p0->grpc(), "--prefill", p1->grpc(), "--decode", d->grpc(),
-                  "--poll-interval-ms", "600000"});
+                  "--poll-interval-ms", "600000", "--local-prefill-tokens", "0"});
   ASSERT_TRUE(router.wait_ready(30s)) << router.log();
   auto s = stub(router.grpc());
   // One request each (placement balances by queued prompt tokens): the next one goes to p0.
@@ -659,7 +659,8 @@ TEST_P(RouterPd, MixedGeometryModelEqualsInProcess) {
   CommandOutput ref = pdserve(local);
   ASSERT_EQ(ref.exit_code, 0);
   Process c({kBin, "up", "--model", dir.string(), "--port", std::to_string(free_port_pair()), "--prefill", "1",
-             "--prefill-tp", "4", "--decode", "1", "--decode-tp", "2", "--kv-mode", GetParam()});
+             "--prefill-tp", "4", "--decode", "1", "--decode-tp", "2", "--kv-mode", GetParam(),
+             "--local-prefill-tokens", "0"});
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
   std::vector<std::string> remote = {"generate", "--router", c.grpc()};
   remote.insert(remote.end(), gen.begin(), gen.end());
@@ -805,7 +806,8 @@ TEST_P(RouterPdMixedMatrix, GreedyEqualsInProcess) {
   const auto& [ptp, dtp, mode] = GetParam();
   ASSERT_FALSE(reference_.is_discarded());
   Process c({kBin, "up", "--model", dir_.string(), "--port", std::to_string(free_port_pair()), "--prefill", "1",
-             "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp", std::to_string(dtp), "--kv-mode", mode});
+             "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp", std::to_string(dtp), "--kv-mode", mode,
+             "--local-prefill-tokens", "0"});
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
   CommandOutput r = pdserve({"generate", "--router", c.grpc(), "--prompt", kMixedPrompt, "--max-tokens", "32",
                       "--ignore-eos", "--json"});

@@ -18,6 +18,7 @@
 #include "router/admission_queue.h"
 #include "router/api_keys.h"
 #include "router/bounded_task_queue.h"
+#include "router/kv_index_metrics.h"
 #include "router/metrics.h"
 #include "router/openai_request.h"
 #include "router/openai_response.h"
@@ -327,6 +328,34 @@ TEST(RouterMetricsFormat, LabelsAndValues) {
   EXPECT_EQ(format_value(0.25), "0.25");
   EXPECT_EQ(format_value(INFINITY), "+Inf");
   EXPECT_EQ(format_value(NAN), "NaN");
+}
+
+TEST(RouterMetricsFormat, KvIndexStatePerWorkerAndEventHealth) {
+  KvIndexStats stats;
+  stats.applied_batches = 12;
+  stats.gaps = 2;
+  stats.replays_succeeded = 3;
+  stats.replays_failed = 1;
+  stats.last_lag_seconds = 0.25;
+  std::string out;
+  append_kv_index_metrics(out, stats,
+                          {{"a:1", WorkerKvState::kExact, 40}, {"b:2", WorkerKvState::kDegraded, 7}, {"c:3", {}, 0}});
+  const char* want[] = {
+      "pdserve:kv_index_state{worker=\"a:1\",state=\"exact\"} 1\n",
+      "pdserve:kv_index_state{worker=\"a:1\",state=\"recovering\"} 0\n",
+      "pdserve:kv_index_state{worker=\"b:2\",state=\"exact\"} 0\n",
+      "pdserve:kv_index_state{worker=\"b:2\",state=\"degraded\"} 1\n",
+      "pdserve:kv_index_blocks{worker=\"a:1\"} 40\n",
+      "pdserve:kv_index_blocks{worker=\"b:2\"} 7\n",
+      "pdserve:kv_events_batches_total 12\n",
+      "pdserve:kv_events_gaps_total 2\n",
+      "pdserve:kv_events_replays_total{result=\"succeeded\"} 3\n",
+      "pdserve:kv_events_replays_total{result=\"failed\"} 1\n",
+      "pdserve:kv_events_lag_seconds{stat=\"last\"} 0.25\n",
+      "# TYPE pdserve:kv_events_gaps_total counter\n",
+  };
+  for (const char* line : want) EXPECT_NE(out.find(line), std::string::npos) << line << "\nin:\n" << out;
+  EXPECT_EQ(out.find("worker=\"c:3\""), std::string::npos) << "a worker without KV events has no index series";
 }
 
 TEST(RouterMetricsFormat, HistogramIsCumulative) {

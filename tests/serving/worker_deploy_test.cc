@@ -43,7 +43,7 @@ std::unique_ptr<Process> start_worker(const std::string& role, std::vector<std::
 std::unique_ptr<Process> start_router() {
   auto router = std::make_unique<Process>(std::vector<std::string>{
       kDir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0", "--http-port", "0",
-      "--kv-mode", "push", "--heartbeat-interval-ms", "250"});
+      "--kv-mode", "push", "--heartbeat-interval-ms", "250", "--local-prefill-tokens", "0"});
   return router;
 }
 

@@ -75,7 +75,8 @@ TEST(WorkerRegistration, RegisteredWorkersServeAndAKilledOneIsDroppedAfterTheTim
   // The router logs registrations at info level (its children inherit the environment).
   setenv("PDSERVE_LOG_LEVEL", "info", 1);
   Process router({kDir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0", "--http-port",
-                  "0", "--kv-mode", "push", "--heartbeat-interval-ms", "250", "--heartbeat-timeout-ms", "3000"});
+                  "0", "--kv-mode", "push", "--heartbeat-interval-ms", "250", "--heartbeat-timeout-ms", "3000",
+                  "--local-prefill-tokens", "0"});
   unsetenv("PDSERVE_LOG_LEVEL");
   ASSERT_TRUE(router.wait_ready(30s)) << router.log();
   httplib::Client http("127.0.0.1", router.http_port());
@@ -199,7 +200,8 @@ TEST(WorkerRegistration, MutualTlsServesClientsAndTakesOnlyWorkersWithTheCasCert
   ASSERT_TRUE(pki.ok()) << "the openssl CLI made no certificates (scripts/setup.sh installs it)";
   const std::vector<std::string> tls = {"--tls-cert", pki.cert(), "--tls-key", pki.key(), "--tls-ca", pki.ca()};
   std::vector<std::string> args = {kDir + "/router/pdserve-router", "--model", testing::stories_bin(), "--port", "0",
-                                   "--http-port", "0", "--kv-mode", "push", "--heartbeat-interval-ms", "250"};
+                                   "--http-port", "0", "--kv-mode", "push", "--heartbeat-interval-ms", "250",
+                                   "--local-prefill-tokens", "0"};
   args.insert(args.end(), tls.begin(), tls.end());
   Process router(args);
   ASSERT_TRUE(router.wait_ready(30s)) << router.log();

@@ -74,6 +74,48 @@ TEST(WorkerRegistryExpiry, ARegisteredWorkerStaysWhileItHeartbeatsAndGoesAfterTh
   EXPECT_EQ(addresses(reg), std::vector<std::string>{"127.0.0.1:1001"});
 }
 
+// Between polls a prefill worker's queue is the polled one plus what this router sent it, less
+// the prefills it saw answered since: an idle worker does not look busy until the next poll.
+TEST(WorkerRegistryLoad, AnsweredPrefillsLeaveTheQueueBetweenPolls) {
+  FakeClock clock;
+  WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_PREFILL}}, options(), clock);
+  const auto queued = [&] { return reg.loads(worker::ROLE_PREFILL).at(0).queued_prefill_tokens; };
+  const int p = reg.loads(worker::ROLE_PREFILL).at(0).index;
+  EXPECT_EQ(queued(), 0);
+  reg.note_assigned(p, 0, 300);
+  reg.note_assigned(p, 0, 200);
+  EXPECT_EQ(queued(), 500);
+  reg.note_prefill_done(p, 300);
+  EXPECT_EQ(queued(), 200);
+  reg.note_prefill_done(p, 200);
+  EXPECT_EQ(queued(), 0);
+  // A prefill answered that the last poll had not counted (it came from before): never below 0.
+  reg.note_prefill_done(p, 100);
+  EXPECT_EQ(queued(), 0);
+  EXPECT_EQ(reg.loads(worker::ROLE_PREFILL).at(0).running, 0);
+}
+
+// The same for a decode-side worker's blocks and running requests: a request that ended gives
+// its blocks back (cached and evictable on the worker) before the next poll says so.
+TEST(WorkerRegistryLoad, EndedRequestsGiveTheirBlocksBackBetweenPolls) {
+  FakeClock clock;
+  WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_DECODE}}, options(), clock);
+  const auto load = [&] { return reg.loads(worker::ROLE_DECODE).at(0); };
+  const int d = load().index;
+  const int free_before = load().free_blocks;
+  for (int i = 0; i < 3; ++i) reg.note_assigned(d, 24, 0);
+  EXPECT_EQ(load().free_blocks, free_before - 72);
+  EXPECT_EQ(load().running, 3);
+  reg.note_request_done(d, 24);
+  reg.note_request_done(d, 24);
+  EXPECT_EQ(load().free_blocks, free_before - 24);
+  EXPECT_EQ(load().running, 1);
+  reg.note_request_done(d, 24);
+  reg.note_request_done(d, 24);  // One more than was sent: never above the capacity, never below 0.
+  EXPECT_EQ(load().running, 0);
+  EXPECT_LE(load().free_blocks, load().num_blocks);
+}
+
 TEST(WorkerRegistryExpiry, RegistrationIsChecked) {
   FakeClock clock;
   WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_PREFILL}}, options(), clock);

@@ -181,5 +181,36 @@ TEST(Cli, BadFlag) {
   EXPECT_LT(r.exit_code, 128);
 }
 
+// `pdserve bench` refuses a flag its --workload would silently not read (exit 2, naming it),
+// before connecting: nothing listens on the router address given.
+TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {
+  const std::vector<std::string> base = {"bench", "--router", "127.0.0.1:1"};
+  const std::pair<std::vector<std::string>, std::string> refused[] = {
+      {{"--workload", "multiturn", "--num-prompts", "8"}, "--num-prompts is not read by --workload multiturn"},
+      {{"--workload", "agentic", "--random-input-len", "64"},
+       "--random-input-len is not read by --workload agentic"},
+      {{"--workload", "trace", "--trace", "t.jsonl", "--num-prompts", "3"},
+       "--num-prompts is not read by --workload trace"},
+      {{"--sessions", "2", "--fanout", "3"}, "--sessions, --fanout are not read by --workload random"},
+      {{"--workload", "trace", "--trace", "t.jsonl", "--think-time", "1"},
+       "--think-time is not read by --workload trace"},
+      {{"--trace-speed", "2"}, "--trace-speed is not read by --workload random"},
+      {{"--workload", "multiturn", "--trace-block-tokens", "16"},
+       "--trace-block-tokens is not read by --workload multiturn"},
+  };
+  for (const auto& [flags, message] : refused) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), flags.begin(), flags.end());
+    CliRun r = pdserve(args);
+    EXPECT_EQ(r.exit_code, 2) << message << "\n" << r.err;
+    EXPECT_NE(r.err.find("error: " + message), std::string::npos) << r.err;
+  }
+  // Read: the random lengths shape any workload's warm-ups; so the run gets as far as connecting.
+  CliRun warm = pdserve({"bench", "--router", "127.0.0.1:1", "--workload", "multiturn", "--num-warmups", "1",
+                         "--random-input-len", "16", "--sessions", "2"});
+  EXPECT_EQ(warm.exit_code, 1) << warm.err;
+  EXPECT_EQ(warm.err.find("not read by"), std::string::npos) << warm.err;
+}
+
 }  // namespace
 }  // namespace pdserve

@@ -67,6 +67,7 @@ TEST(DeployValues, CpuPrefillDecodePlan) {
             "  weightDtype: f32\n"
             "router:\n"
             "  kvMode: pull\n"
+            "  localPrefillTokens: 0\n"
             "  maxRunning: 48\n"
             "  maxWaiting: 6\n"
             "prefill:\n"
@@ -93,7 +94,8 @@ TEST(DeployValues, CpuPrefillDecodePlan) {
             "# measured: goodput 2.9 req/s (prediction error 7.76%), exact-token gate passed\n"
             "set -euo pipefail\n"
             "exec '/opt/pdserve/bin/pdserve' up --model '/work/models/synthetic-100m' --prefill 2 --prefill-tp 1 "
-            "--decode 1 --decode-tp 2 --kv-mode pull --device cpu --max-running 48 --max-waiting 6 \"$@\"\n");
+            "--decode 1 --decode-tp 2 --kv-mode pull --local-prefill-tokens 0 --device cpu --max-running 48 --max-waiting 6 "
+            "\"$@\"\n");
 }
 
 DeployPlan cpu_aggregated_plan() {
@@ -219,7 +221,7 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
                              "decode:\n  replicas: 1\n  tensorParallel: 4\n  maxBatchTokens: 512\n  maxRunning: 256\n"
                              "# Prefill per decode replica: 2/1.\n"))
         << *values;
-    EXPECT_TRUE(has(*values, "router:\n  kvMode: push\n")) << *values;
+    EXPECT_TRUE(has(*values, "router:\n  kvMode: push\n  localPrefillTokens: 0\n")) << *values;
   }
   // up.sh cannot set the worker knobs; without them it runs the GPU plan with its dtype.
   DeployPlan hip = gpu_plan(Device::kHip);
@@ -228,7 +230,8 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
   hip.decode_max_running.reset();
   auto up = up_script(hip, "pdserve");
   ASSERT_TRUE(up.ok()) << up.status();
-  EXPECT_TRUE(has(*up, " --prefill 2 --prefill-tp 4 --decode 1 --decode-tp 4 --kv-mode push --device hip "
+  EXPECT_TRUE(has(*up, " --prefill 2 --prefill-tp 4 --decode 1 --decode-tp 4 --kv-mode push --local-prefill-tokens 0 "
+                       "--device hip "
                        "--weight-dtype bf16 --max-running 48 --max-waiting 6 \"$@\"\n"))
       << *up;
 }

@@ -47,7 +47,8 @@ void start_cluster(const std::string& prefill_bin, int n_p, int n_d, PdCluster* 
   for (int i = 0; i < n_p; ++i) c->prefill.push_back(start_worker(prefill_bin, "prefill"));
   for (int i = 0; i < n_d; ++i) c->decode.push_back(start_worker("/decode_worker/pdserve-decode", "decode"));
   std::vector<std::string> args = {std::string(PDSERVE_BINARY_DIR) + "/router/pdserve-router", "--model",
-                                   testing::stories_bin(), "--port", "0", "--http-port", "0", "--kv-mode", "push"};
+                                   testing::stories_bin(), "--port", "0", "--http-port", "0", "--kv-mode", "push",
+                                   "--local-prefill-tokens", "0"};
   for (const auto* group : {&c->prefill, &c->decode}) {
     for (const auto& w : *group) {
       ASSERT_TRUE(w->wait_ready(60s)) << w->log();

@@ -249,7 +249,7 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
   EXPECT_EQ(joined,
             "/bin/pdserve up --model stories260K --device hip --port 0 --restart never --prefix-caching off --prefill 2 "
             "--prefill-tp 1 "
-            "--decode 1 --decode-tp 2 --kv-mode pull --max-running 96 ");
+            "--decode 1 --decode-tp 2 --kv-mode pull --local-prefill-tokens 0 --max-running 96 ");
   StatusOr<ClusterEndpoints> e = parse_ready_file(R"({"router": {"grpc": "127.0.0.1:9", "http": "127.0.0.1:10"},
       "workers": [{"name": "prefill0", "grpc": "127.0.0.1:11", "role": "prefill", "tp": "1"},
                   {"name": "decode0", "grpc": "127.0.0.1:12", "role": "decode", "tp": "2"}]})");

@@ -175,6 +175,8 @@ const REFUSALS = [
     want: ['ratio.prefillPerDecodeMin is set but mode is aggregated', 'ratio.prefillPerDecodeMax is set but mode is aggregated'] },
   { name: 'pull kv mode', opts: { values: [AGG], set: ['router.kvMode=pull'] },
     want: ['router.kvMode pull says how decode fetches KV from prefill, but mode aggregated moves no KV'] },
+  { name: 'decode-local prefill', opts: { values: [AGG], set: ['router.localPrefillTokens=64'] },
+    want: ['router.localPrefillTokens chooses between a decode and a prefill worker, but mode aggregated runs neither'] },
   { name: 'RDMA', opts: { values: [AGG], set: ['rdma.enabled=true', 'ucx.preset=ib'] },
     want: ['rdma.enabled / rdma.required are set but mode is aggregated', 'ucx.preset (ib), ucx.netDevices or ucx.env is set but mode is aggregated'] },
   { name: 'UCX over TCP (the CPU preset\'s)', opts: { preset: 'cpu', values: [AGG], set: ['ucx.preset=tcp'] },

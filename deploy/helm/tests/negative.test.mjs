@@ -22,6 +22,8 @@ const CASES = [
   { name: 'router stall timeout 0', opts: { set: ['router.stallTimeoutSeconds=0'] }, want: [/router/, /stallTimeoutSeconds/] },
   { name: 'negative router worker wait', opts: { set: ['router.workerWaitSeconds=-1'] }, want: [/router/, /workerWaitSeconds/] },
   { name: 'negative router max migrations', opts: { set: ['router.maxMigrations=-1'] }, want: [/router/, /maxMigrations/] },
+  { name: 'negative router local prefill tokens', opts: { set: ['router.localPrefillTokens=-1'] },
+    want: [/router/, /localPrefillTokens/] },
   { name: 'typo in auth', opts: { set: ['auth.apiKey.existingSecret=keys'] }, want: [/auth/, /apiKey/] },
   { name: 'Secret name that is no Kubernetes name', opts: { set: ['auth.clusterToken.existingSecret=My_Token'] },
     want: [/clusterToken/, /existingSecret/] },

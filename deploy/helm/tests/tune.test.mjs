@@ -82,6 +82,8 @@ for (const { name, plan, values } of CASES) {
     }
     const router = mainContainer(deployment(docs, 'router'));
     assert.equal(flag(router, '--kv-mode'), plan.kvMode);
+    // The sizing assumes every P/D prompt prefills on a prefill worker.
+    assert.equal(flag(router, '--local-prefill-tokens'), plan.kvMode === 'aggregated' ? undefined : '0');
     assert.equal(flag(router, '--max-running'), String(plan.router.maxRunning));
     assert.equal(flag(router, '--max-waiting'), plan.router.maxWaiting === null ? undefined : String(plan.router.maxWaiting));
     // No GPU of any vendor anywhere but the workers' own.

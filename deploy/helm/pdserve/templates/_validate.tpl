@@ -80,6 +80,9 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- if eq $v.router.kvMode "pull" -}}
 {{- $errors = append $errors "router.kvMode pull says how decode fetches KV from prefill, but mode aggregated moves no KV (the router runs --kv-mode=aggregated): leave router.kvMode at push" -}}
 {{- end -}}
+{{- if not (kindIs "invalid" $v.router.localPrefillTokens) -}}
+{{- $errors = append $errors "router.localPrefillTokens chooses between a decode and a prefill worker, but mode aggregated runs neither (the router refuses --local-prefill-tokens with --kv-mode=aggregated): leave it null" -}}
+{{- end -}}
 {{- if or $v.rdma.enabled $v.rdma.required -}}
 {{- $errors = append $errors "rdma.enabled / rdma.required are set but mode is aggregated: aggregated workers move no KV, so they request no RDMA device and refuse --require-rdma" -}}
 {{- end -}}
