@@ -3,7 +3,8 @@
 # starts `pdserve up` for each arm in turn, drives it with `pdserve bench --workload WORKLOAD`,
 # and prints one row per arm: the servers' hit rate, the single-cache oracle's, their ratio, TTFT
 # median / p90 for turn 1 and for turns >= 2, and the turns >= 2 TTFT median of the cache-off arm
-# divided by this arm's (the speed-up). Arms: cache-off; cache-load (the cache on, placement by
+# divided by this arm's (the speed-up), the KV blocks moved (in all, and a request) and the
+# prompts prefilled on their decode worker. Arms: cache-off; cache-load (the cache on, placement by
 # load); cache-routed (placement by cache); and on P/D topologies cache-local (placement by cache
 # and decode-local prefill at the default 512 tokens). The first three prefill every prompt on a
 # prefill worker (--local-prefill-tokens 0).
@@ -52,7 +53,8 @@ import json, sys
 work = sys.argv[1]
 rows = [(arm, json.load(open(f"{work}/{arm}.json"))) for arm in sys.argv[2:]]
 base = rows[0][1]["prefix_reuse"]["turn2plus"]["median_ttft_ms"]
-print("arm\tok\tfailed\thit\toracle\tefficiency\tTTFT t1 med/p90 ms\tTTFT t>=2 med/p90 ms\tt>=2 speed-up")
+print("arm\tok\tfailed\thit\toracle\tefficiency\tTTFT t1 med/p90 ms\tTTFT t>=2 med/p90 ms\tt>=2 speed-up"
+      "\tKV blocks moved (/req)\tdecode-local")
 for arm, r in rows:
     p = r["prefix_reuse"]
     t1, t2 = p["turn1"], p["turn2plus"]
@@ -60,5 +62,6 @@ for arm, r in rows:
     speed = base / t2["median_ttft_ms"] if t2["median_ttft_ms"] > 0 else float("nan")
     print(f'{arm}\t{r["completed"]}\t{r["failed"]}\t{p["hit_rate"]:.3f}\t{p["oracle_hit_rate"]:.3f}\t{eff}\t'
           f'{t1["median_ttft_ms"]:.1f} / {t1["p90_ttft_ms"]:.1f}\t{t2["median_ttft_ms"]:.1f} / {t2["p90_ttft_ms"]:.1f}\t'
-          f'{speed:.2f}x')
+          f'{speed:.2f}x\t{r["total_transferred_blocks"]} ({r["mean_transferred_blocks"]:.1f})\t'
+          f'{r["decode_local_prefills"]}')
 PY

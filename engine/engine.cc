@@ -576,12 +576,6 @@ int Engine::blocks_needed(int prompt_len, int max_tokens) const {
                     options_.block_size);
 }
 
-StatusOr<std::vector<int>> Engine::reserve_blocks(int num_tokens) {
-  if (num_tokens <= 0 || num_tokens > model_.config.max_seq_len)
-    return absl::InvalidArgumentError(absl::StrCat("cannot reserve KV for ", num_tokens, " tokens"));
-  return blocks_->allocate(blocks_for(num_tokens, options_.block_size));
-}
-
 StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<int>& prompt,
                                                             std::string_view cache_salt, int num_tokens) {
   if (num_tokens <= 0 || num_tokens > model_.config.max_seq_len || int(prompt.size()) > num_tokens)

@@ -96,7 +96,7 @@ struct KvHandoff {
   // (abort and errors included), so that a transfer started from the layer hook never reads
   // blocks the engine gave to someone else.
   std::function<void(const std::vector<int>& blocks)> on_admitted;
-  // Decode side: the prompt's KV is already in these blocks (from Engine::reserve_blocks,
+  // Decode side: the prompt's KV is already in these blocks (from Engine::reserve_cached_blocks,
   // filled by kvtransfer), and `first_token` is what the prefill side sampled. The request
   // starts decoding at once; the engine owns the blocks from then on.
   std::vector<int> preloaded_blocks;
@@ -211,12 +211,11 @@ class Engine {
   // Runs one request to completion on its own.
   StatusOr<GenerationResult> generate(std::vector<int> prompt, const SamplingParams& params);
 
-  // Blocks for a request of `num_tokens` tokens whose KV will arrive from elsewhere (the decode
-  // side of push mode); ResourceExhausted when too few are free.
-  StatusOr<std::vector<int>> reserve_blocks(int num_tokens);
-  // The same for a request whose prompt is `prompt` (the decode side of P/D with prefix reuse):
-  // its leading blocks come from the prefix cache (namespace `cache_salt`) where it holds them,
-  // each retained, so that only blocks[cached_blocks, ...) need the prompt's KV from elsewhere.
+  // Blocks for a request of `num_tokens` tokens whose prompt `prompt` has its KV arrive from
+  // elsewhere (the decode side of P/D); ResourceExhausted when too few are free. Its leading
+  // blocks come from the prefix cache (namespace `cache_salt`) where it holds them, each
+  // retained, so that only blocks[cached_blocks, ...) need the prompt's KV from elsewhere (an
+  // empty `prompt` looks nothing up).
   // Every full prompt block may hit, the last one included: the decode side never computes the
   // prompt (the first token comes from the prefill side), unlike add_request's lookup, which
   // leaves the last prompt token to compute. release_blocks gives hit and new blocks back alike.
@@ -226,7 +225,7 @@ class Engine {
   };
   StatusOr<Reservation> reserve_cached_blocks(const std::vector<int>& prompt, std::string_view cache_salt,
                                               int num_tokens);
-  // Returns blocks from reserve_blocks or a prefill_only hand-off.
+  // Returns blocks from reserve_cached_blocks or a prefill_only hand-off.
   Status release_blocks(const std::vector<int>& blocks);
   // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.
   int blocks_needed(int prompt_len, int max_tokens) const;

@@ -48,7 +48,7 @@ class EngineLoop {
   // Aborts every request, waits until each finished, and stops the thread. Idempotent.
   void shutdown();
 
-  // The engine, for its thread-safe members only: config, tokenizer, reserve_blocks,
+  // The engine, for its thread-safe members only: config, tokenizer,
   // reserve_cached_blocks, release_blocks, blocks_needed, kv_arena, kv_layout, tp, stats,
   // steps_after.
   Engine& engine() { return *engine_; }

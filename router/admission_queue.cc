@@ -11,6 +11,7 @@ AdmissionQueue::AdmissionQueue(int max_running, int max_waiting)
     : max_running_(std::max(1, max_running)), max_waiting_(std::max(0, max_waiting)) {}
 
 Status AdmissionQueue::acquire(const std::function<Status()>& check) {
+  if (Status s = check ? check() : absl::OkStatus(); !s.ok()) return s;
   std::unique_lock lock(mu_);
   switch (admit(running_, int(queue_.size()), max_running_, max_waiting_)) {
     case Admission::kRun:

@@ -18,8 +18,9 @@ class AdmissionQueue {
   AdmissionQueue(int max_running, int max_waiting);
 
   // Takes a running slot, waiting in arrival order while none is free. ResourceExhausted
-  // ("overloaded") when the wait queue is full; while waiting, `check` is called every few
-  // milliseconds and a non-OK status it returns (cancelled, deadline) ends the wait with it.
+  // ("overloaded") when the wait queue is full. `check` is called first (a request stopped
+  // before it came takes no slot) and every few milliseconds while waiting: a non-OK status it
+  // returns (cancelled, deadline) ends the wait with it.
   Status acquire(const std::function<Status()>& check);
   // Gives back a slot taken by acquire().
   void release();

@@ -26,16 +26,22 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   if (n < 0 || n > kMaxSamples)
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("sampling.n must be in [0, ", kMaxSamples, "] (got ", n, ")"));
-  // A parent id aborts every sample ("<id>-<i>", sample_requests) while it runs.
+  // A parent id aborts every sample ("<id>-<i>", sample_requests) while it runs, and the ones
+  // not yet started when they start.
   const bool fanned_out = n > 1 && !request->request_id().empty();
+  auto aborted = std::make_shared<std::atomic<bool>>(false);
   if (fanned_out) {
     std::lock_guard lock(fanouts_mu_);
-    fanouts_[{client, request->request_id()}] = n;
+    fanouts_[{client, request->request_id()}] = Fanout{n, aborted};
   }
   const Status s = generate_samples(
       *request,
       [&](const v1::GenerateRequest& r, const PromptAffinity& affinity, const std::function<bool()>& gone,
-          const SampleEmit& emit) { return router_.generate(r, gone, emit, client, affinity); },
+          const SampleEmit& emit) {
+        PromptAffinity sample = affinity;
+        if (fanned_out) sample.parent_aborted = [aborted] { return aborted->load(); };
+        return router_.generate(r, gone, emit, client, sample);
+      },
       [ctx] { return ctx->IsCancelled(); }, [writer](const v1::GenerateResponse& r) { return writer->Write(r); });
   if (fanned_out) {
     std::lock_guard lock(fanouts_mu_);
@@ -49,13 +55,19 @@ grpc::Status GenerationService::Abort(grpc::ServerContext* ctx, const v1::AbortR
   if (grpc::Status auth = authorize(ctx, &client); !auth.ok()) return auth;
   if (request->request_id().empty()) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is required");
   bool found = router_.abort(request->request_id(), client);
-  int samples = 0;
+  Fanout fanout;
   {
     std::lock_guard lock(fanouts_mu_);
     auto it = fanouts_.find({client, request->request_id()});
-    if (it != fanouts_.end()) samples = it->second;
+    if (it != fanouts_.end()) fanout = it->second;
   }
-  for (int i = 0; i < samples; ++i) found |= router_.abort(absl::StrCat(request->request_id(), "-", i), client);
+  // Flagged before the running samples are aborted: a sample that registers after that sees
+  // the flag (Router::generate checks it once registered), so none runs on.
+  if (fanout.aborted) {
+    fanout.aborted->store(true);
+    found = true;
+  }
+  for (int i = 0; i < fanout.samples; ++i) router_.abort(absl::StrCat(request->request_id(), "-", i), client);
   response->set_found(found);
   return grpc::Status::OK;
 }

@@ -4,7 +4,9 @@
 // call needs `authorization: Bearer KEY` metadata (else UNAUTHENTICATED).
 #pragma once
 
+#include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -35,9 +37,15 @@ class GenerationService final : public v1::Generation::Service {
 
   Router& router_;
   const ApiKeys& keys_;
-  // Running fanned-out requests by (client, request id): their sample count, for Abort.
+  // A running fanned-out request, for Abort: its sample count, and whether it was aborted (its
+  // samples not yet started see it when they start, PromptAffinity::parent_aborted).
+  struct Fanout {
+    int samples = 0;
+    std::shared_ptr<std::atomic<bool>> aborted;
+  };
+  // By (client, request id).
   std::mutex fanouts_mu_;
-  std::map<std::pair<std::string, std::string>, int> fanouts_;
+  std::map<std::pair<std::string, std::string>, Fanout> fanouts_;
 };
 
 }  // namespace pdserve::router

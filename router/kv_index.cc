@@ -25,6 +25,17 @@ std::optional<size_t> tier_index(kv::Tier tier) {
   return size_t(*t) - 1;
 }
 
+// Stored and Removed events carry the same (tier, keys): calls `f(tier, key)` for each key that
+// decodes, and returns the keys the event listed (0 for a tier this index does not keep).
+template <typename KeysEvent, typename F>
+uint64_t for_each_key(const KeysEvent& e, F&& f) {
+  const std::optional<size_t> t = tier_index(e.tier());
+  if (!t) return 0;
+  for (const std::string& k : e.keys())
+    if (auto key = kv::key_from_bytes(k)) f(*t, *key);
+  return uint64_t(e.keys_size());
+}
+
 }  // namespace
 
 const char* to_string(WorkerKvState state) {
@@ -229,24 +240,13 @@ void KvIndex::apply(Worker& w, const kv::KvEventBatch& batch) {
   ++stats_.applied_batches;
   for (const kv::KvEvent& e : batch.events()) {
     switch (e.kind_case()) {
-      case kv::KvEvent::kStored: {
-        const auto t = tier_index(e.stored().tier());
-        if (!t) break;
-        for (const std::string& k : e.stored().keys()) {
-          if (auto key = kv::key_from_bytes(k)) set_present(w, *t, *key);
-        }
-        stats_.applied_stored += uint64_t(e.stored().keys_size());
+      case kv::KvEvent::kStored:
+        stats_.applied_stored += for_each_key(e.stored(), [&](size_t t, const engine::BlockKey& k) { set_present(w, t, k); });
         break;
-      }
-      case kv::KvEvent::kRemoved: {
-        const auto t = tier_index(e.removed().tier());
-        if (!t) break;
-        for (const std::string& k : e.removed().keys()) {
-          if (auto key = kv::key_from_bytes(k)) clear_present(w, *t, *key);
-        }
-        stats_.applied_removed += uint64_t(e.removed().keys_size());
+      case kv::KvEvent::kRemoved:
+        stats_.applied_removed +=
+            for_each_key(e.removed(), [&](size_t t, const engine::BlockKey& k) { clear_present(w, t, k); });
         break;
-      }
       case kv::KvEvent::kCleared:
         clear_worker(w, tier_index(e.cleared().tier()));
         ++stats_.applied_cleared;

@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include "common/logging.h"
@@ -50,7 +51,7 @@ struct Flags {
   int heartbeat_timeout_ms = 3000;
   pdserve::TlsFiles tls;
   std::string tls_worker_name;
-  std::string placement = "cache";
+  pdserve::router::Placement placement = pdserve::router::Placement::kCache;
   double transfer_weight = 1.0;
   int local_prefill_tokens = 512;
   bool local_prefill_given = false;  // --local-prefill-tokens on the command line.
@@ -145,7 +146,7 @@ int run(const Flags& f) {
   opts.max_migrations = f.max_migrations;
   opts.stall_timeout = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.stall_timeout_s));
   opts.worker_wait = std::chrono::duration_cast<pdserve::Duration>(std::chrono::duration<double>(f.worker_wait_s));
-  opts.cache_placement = f.placement == "cache";
+  opts.placement = f.placement;
   opts.transfer_weight = f.transfer_weight;
   opts.local_prefill_tokens = f.local_prefill_tokens;
   RouterMetrics metrics;
@@ -290,8 +291,10 @@ int main(int argc, char** argv) {
   app.add_option("--placement", f.placement,
                  "cache: place by the workers' cached prefixes (from their KV events) against their load; load: "
                  "by load alone (docs/router.md, Placement)")
-      ->check(CLI::IsMember({"cache", "load"}))
-      ->capture_default_str();
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, pdserve::router::Placement>{{"cache", pdserve::router::Placement::kCache},
+                                                            {"load", pdserve::router::Placement::kLoad}}))
+      ->default_str("cache");
   app.add_option("--transfer-weight", f.transfer_weight,
                  "Cache placement: a KV block to transfer, in prefill-block equivalents (tau)")
       ->check(CLI::NonNegativeNumber)

@@ -199,6 +199,7 @@ struct Router::Flow {
   double prefill_s = 0, kv_transfer_s = 0;
   int cached_tokens = 0;  // GenerateResponse.cached_tokens.
   int decode_cached_tokens = 0, transferred_blocks = 0;  // Timings' (the decode worker's final event).
+  uint64_t transferred_bytes = 0;  // transferred_blocks × the decode worker's block size × KV bytes a token.
   std::string prefill_worker, decode_worker;
   double queued_s = 0;
   // Workers that failed this request: not tried again for it.

@@ -87,7 +87,7 @@ int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool 
 }
 
 std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const {
-  if (!kv_ || !options_.cache_placement || !f.prompt_keys) return std::nullopt;
+  if (!kv_ || options_.placement != Placement::kCache || !f.prompt_keys) return std::nullopt;
   std::vector<std::string> addresses;
   int block_size = 0;
   for (const WorkerLoad& l : loads) {
@@ -103,7 +103,7 @@ std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerL
 }
 
 void Router::predict_cached(const Flow& f, int worker) {
-  if (kv_ && options_.cache_placement && f.prompt_keys) kv_->predict(registry_.address(worker), *f.prompt_keys);
+  if (kv_ && options_.placement == Placement::kCache && f.prompt_keys) kv_->predict(registry_.address(worker), *f.prompt_keys);
 }
 
 std::string Router::new_request_id() { return absl::StrCat("req-", id_prefix_, "-", next_id_++); }
@@ -346,6 +346,9 @@ Router::Attempt Router::pd_served(Flow& f, int p, int d, const worker::PrefillRe
   f.kv_transfer_s = f.final_event.kv_transfer_s();
   f.decode_cached_tokens = f.final_event.decode_cached_tokens();
   f.transferred_blocks = f.final_event.transferred_blocks();
+  // Whole blocks move (a prompt's last, partly filled one too): the payload of every layer.
+  const auto info = registry_.info(d);
+  f.transferred_bytes = uint64_t(f.transferred_blocks) * uint64_t(info ? info->block_size() : 0) * kv_bytes_per_token_;
   return {absl::OkStatus(), false};
 }
 
@@ -408,6 +411,8 @@ Status Router::run_placements(Flow& f) {
         break;
       }
     f.local_prefill = false;
+    f.decode_cached_tokens = f.transferred_blocks = 0;
+    f.transferred_bytes = 0;
     if (options_.kv_mode == KvMode::kAggregated) {
       a = run_aggregated(f);
     } else if (const int d = decode_local_worker(f); d >= 0) {
@@ -476,6 +481,8 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
       act->end_probes();
     }
   } unregister{this, act.get()};
+  // After the entry: an abort by the parent's id either found it or set the flag first.
+  if (affinity.parent_aborted && affinity.parent_aborted()) act->cancel(Active::kAborted);
 
   Flow f;
   f.act = act.get();
@@ -488,14 +495,15 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   f.affinity = &affinity;
   f.arrival = arrival;
 
-  Status s = admission_.acquire([&] { return act->status(); });
-  if (!s.ok()) {
-    metrics_.count_failure(absl::StatusCodeToString(s.code()));
-    return s;
+  // An abort while queued still ends the stream with "abort", like one while placed.
+  const Status admitted = admission_.acquire([&] { return act->status(); });
+  if (!admitted.ok() && act->stop != Active::kAborted) {
+    metrics_.count_failure(absl::StatusCodeToString(admitted.code()));
+    return admitted;
   }
-  AdmissionSlot slot(&admission_);
+  AdmissionSlot slot(admitted.ok() ? &admission_ : nullptr);
 
-  const Status placed = run_placements(f);
+  const Status placed = admitted.ok() ? run_placements(f) : admitted;
 
   const TimePoint end = clock_.now();
   const bool aborted = act->stop == Active::kAborted;
@@ -526,6 +534,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   t->set_total_s(seconds(end - arrival));
   t->set_decode_cached_tokens(f.decode_cached_tokens);
   t->set_transferred_blocks(f.transferred_blocks);
+  t->set_decode_local_prefill(f.local_prefill);
   last.set_prefill_worker(f.prefill_worker);
   last.set_decode_worker(f.decode_worker);
   last.set_migrations(f.migrations);
@@ -536,7 +545,7 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   const double tpot = generated >= 2 ? (t->total_s() - t->first_token_s()) / (generated - 1) : -1;
   metrics_.observe_request(reason, f.first_token_s, tpot, t->total_s(), int(f.prompt.size()), generated);
   if (!aborted && options_.kv_mode != KvMode::kAggregated && !f.local_prefill && !f.decode_worker.empty())
-    metrics_.observe_kv_transfer(f.prefill_worker, f.decode_worker, kv_bytes_per_token_ * f.prompt.size(), f.kv_transfer_s);
+    metrics_.observe_kv_transfer(f.prefill_worker, f.decode_worker, f.transferred_bytes, f.kv_transfer_s);
   return absl::OkStatus();
 }
 

@@ -34,6 +34,10 @@
 
 namespace pdserve::router {
 
+// How the router chooses workers: kCache weighs the workers' cached prefixes (from their KV
+// events) against their load (CacheTerms); kLoad goes by load alone.
+enum class Placement { kCache, kLoad };
+
 struct RouterOptions {
   KvMode kv_mode = KvMode::kPush;
   int max_running = 64;          // Requests out at the workers at once.
@@ -51,9 +55,8 @@ struct RouterOptions {
   // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are
   // back up (the registry probes a down worker again after its back-off).
   Duration worker_wait = std::chrono::seconds(30);
-  // Placement by cache (docs/router.md, "Placement"; needs a KvRouting): the workers' cached
-  // prefixes weigh against their load (CacheTerms); false: by load alone (--placement load).
-  bool cache_placement = true;
+  // How workers are chosen (--placement): kCache needs a KvRouting (docs/router.md, "Placement").
+  Placement placement = Placement::kCache;
   double transfer_weight = 1.0;  // tau: a block to transfer, in prefill-block equivalents.
   // Decode-local prefill (P/D modes): a request whose prompt the chosen decode worker's cache
   // lacks at most this many tokens of is prefilled by that decode worker itself — no prefill

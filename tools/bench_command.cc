@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <mutex>
@@ -198,6 +199,9 @@ RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& r
       rec.prefill_worker = r.prefill_worker();
       rec.decode_worker = r.decode_worker();
       rec.cached_tokens = r.cached_tokens();
+      rec.decode_cached_tokens = r.timings().decode_cached_tokens();
+      rec.transferred_blocks = r.timings().transferred_blocks();
+      rec.decode_local_prefill = r.timings().decode_local_prefill();
     }
     if (r.token_ids_size() == 0) return;
     const Steady::time_point now = Steady::now();
@@ -280,6 +284,16 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
       line("P" + ps + " " + upper + " (ms):", fmt(r["p" + ps + "_" + k + "_ms"].get<double>()));
     }
   }
+  const std::string mode = r.value("kv_mode", "aggregated");
+  if (mode == "push" || mode == "pull") {
+    std::cout << "-----------------KV placement (P/D)----------------\n";
+    line("Prompt tokens cached (all / decode side):", std::to_string(r["total_cached_tokens"].get<int64_t>()) + " / " +
+                                                       std::to_string(r["total_decode_cached_tokens"].get<int64_t>()));
+    line("KV blocks transferred (total / per req):", std::to_string(r["total_transferred_blocks"].get<int64_t>()) + " / " +
+                                                      fmt(r["mean_transferred_blocks"].get<double>()));
+    line("Prefilled on the decode worker:", std::to_string(r["decode_local_prefills"].get<int>()) + " of " +
+                                                std::to_string(r["completed"].get<int>()));
+  }
   std::cout << "-------Server timings (router, per request)-------\n";
   const std::pair<const char*, const char*> server[] = {{"queued", "queued (admission to placement)"},
                                                         {"prefill", "prefill (worker compute)"},
@@ -301,31 +315,61 @@ struct RunRecords {
   double duration_s = 0;
 };
 
+// The progress bar of `total` units, advanced from any thread.
+class Progress {
+ public:
+  explicit Progress(int total) : total_(total) { progress(0, total_); }
+  void tick() {
+    std::lock_guard lock(mu_);
+    progress(++done_, total_);
+  }
+  // Fills the bar (a session workload that ended sessions early sends fewer turns).
+  void finish() {
+    std::lock_guard lock(mu_);
+    if (done_ < total_) progress(total_, total_);
+  }
+
+ private:
+  std::mutex mu_;
+  int done_ = 0;
+  const int total_;
+};
+
+// The dispatch every workload shares: unit i starts at `arrivals[i]` seconds after `start`,
+// once one of `max_concurrency` slots is free (0: no cap), on a thread of its own that holds
+// the slot until it returns. `launch(i, offset)` runs on the dispatching thread, in arrival
+// order (what must see the sends in order, like the oracle, goes there), and returns the
+// unit's work. Returns when every unit's work did.
+void run_at_arrivals(const std::vector<double>& arrivals, int max_concurrency, Steady::time_point start,
+                     const std::function<std::function<void()>(size_t i, double offset_s)>& launch) {
+  std::counting_semaphore<> slots(max_concurrency > 0 ? max_concurrency : std::max<int>(1, int(arrivals.size())));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < arrivals.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[i])));
+    slots.acquire();
+    threads.emplace_back([&slots, work = launch(i, seconds_since(start))] {
+      work();
+      slots.release();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 // The random workload: `requests` at their arrival times, at most --max-concurrency at once.
 RunRecords run_random(const BenchFlags& f, RouterClient& client, const v1::ModelInfo& info) {
   RunRecords run;
   run.requests = make_requests(f, info, f.num_prompts, f.seed);
-  const std::vector<double> arrivals = arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed);
   run.records.resize(run.requests.size());
-  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(run.requests.size()));
-  std::mutex mu;
-  int done = 0;
-  progress(0, int(run.requests.size()));
-  std::vector<std::thread> threads;
+  Progress bar(int(run.requests.size()));
   const Steady::time_point start = Steady::now();
-  for (size_t i = 0; i < run.requests.size(); ++i) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[i])));
-    slots.acquire();
-    const double offset = seconds_since(start);
-    threads.emplace_back([&, i, offset] {
-      run.records[i] = run_one(client, run.requests[i], f.retries);
-      run.records[i].start_s = offset;
-      slots.release();
-      std::lock_guard lock(mu);
-      progress(++done, int(run.requests.size()));
-    });
-  }
-  for (auto& t : threads) t.join();
+  run_at_arrivals(arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed), f.max_concurrency, start,
+                  [&](size_t i, double offset) {
+                    return [&, i, offset] {
+                      run.records[i] = run_one(client, run.requests[i], f.retries);
+                      run.records[i].start_s = offset;
+                      bar.tick();
+                    };
+                  });
   run.duration_s = seconds_since(start);
   return run;
 }
@@ -358,12 +402,8 @@ RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClie
   const SessionTokens tokens(spec, token_range(info), f.seed);
   ReuseOracle oracle(block_size);
   RunRecords run;
-  std::mutex mu;  // Guards run's vectors and `done`.
-  const int total = spec.sessions * spec.turns * spec.fanout;
-  int done = 0;
-  progress(0, total);
-  const std::vector<double> arrivals = arrival_times(spec.sessions, f.request_rate, f.burstiness, f.seed);
-  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : std::max(1, spec.sessions));
+  std::mutex mu;  // Guards run's vectors.
+  Progress bar(spec.sessions * spec.turns * spec.fanout);
   const Steady::time_point start = Steady::now();
   auto session = [&](int s) {
     std::vector<int> history = tokens.prefix(s);
@@ -394,11 +434,13 @@ RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClie
         std::vector<int> sequence = prompt;
         sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
         if (r.ok) oracle.on_end(sequence);
-        std::lock_guard lock(mu);
-        run.requests.push_back(sent[size_t(k)]);
-        run.records.push_back(r);
-        run.turns.push_back({t, r.ok, r.ttft_s, r.prompt_tokens, r.cached_tokens, reusable[size_t(k)]});
-        progress(++done, total);
+        {
+          std::lock_guard lock(mu);
+          run.requests.push_back(sent[size_t(k)]);
+          run.records.push_back(r);
+          run.turns.push_back({t, r.ok, r.ttft_s, r.prompt_tokens, r.cached_tokens, reusable[size_t(k)]});
+        }
+        bar.tick();
       }
       if (failed) break;
       history = prompt;
@@ -406,16 +448,10 @@ RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClie
       if (spec.think_time_s > 0 && t + 1 < spec.turns)
         std::this_thread::sleep_for(std::chrono::duration<double>(spec.think_time_s));
     }
-    slots.release();
   };
-  std::vector<std::thread> threads;
-  for (int s = 0; s < spec.sessions; ++s) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(arrivals[size_t(s)])));
-    slots.acquire();
-    threads.emplace_back(session, s);
-  }
-  for (std::thread& t : threads) t.join();
-  if (done < total) progress(total, total);
+  run_at_arrivals(arrival_times(spec.sessions, f.request_rate, f.burstiness, f.seed), f.max_concurrency, start,
+                  [&](size_t s, double) { return [&session, s] { session(int(s)); }; });
+  bar.finish();
   run.duration_s = seconds_since(start);
   return run;
 }
@@ -426,20 +462,16 @@ RunRecords run_trace(const BenchFlags& f, const std::vector<TraceRequest>& trace
   RunRecords run;
   run.records.resize(trace.size());
   run.turns.resize(trace.size());
-  for (size_t i = 0; i < trace.size(); ++i)
-    run.requests.push_back(token_request(f, trace[i].prompt, trace[i].output_len, int64_t(f.seed + i)));
-  std::counting_semaphore<> slots(f.max_concurrency > 0 ? f.max_concurrency : int(trace.size()));
-  std::mutex mu;
-  int done = 0;
-  progress(0, int(trace.size()));
-  std::vector<std::thread> threads;
-  const Steady::time_point start = Steady::now();
+  std::vector<double> arrivals;
   for (size_t i = 0; i < trace.size(); ++i) {
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Steady::duration>(std::chrono::duration<double>(trace[i].arrival_s)));
-    slots.acquire();
-    const double offset = seconds_since(start);
-    const int reusable = oracle.on_send(trace[i].prompt);
-    threads.emplace_back([&, i, offset, reusable] {
+    run.requests.push_back(token_request(f, trace[i].prompt, trace[i].output_len, int64_t(f.seed + i)));
+    arrivals.push_back(trace[i].arrival_s);
+  }
+  Progress bar(int(trace.size()));
+  const Steady::time_point start = Steady::now();
+  run_at_arrivals(arrivals, f.max_concurrency, start, [&](size_t i, double offset) {
+    const int reusable = oracle.on_send(trace[i].prompt);  // In send order.
+    return [&, i, offset, reusable] {
       RequestRecord r = run_one(client, run.requests[i], f.retries);
       r.start_s = offset;
       std::vector<int> sequence = trace[i].prompt;
@@ -447,12 +479,9 @@ RunRecords run_trace(const BenchFlags& f, const std::vector<TraceRequest>& trace
       if (r.ok) oracle.on_end(sequence);
       run.turns[i] = {0, r.ok, r.ttft_s, r.prompt_tokens, r.cached_tokens, reusable};
       run.records[i] = std::move(r);
-      slots.release();
-      std::lock_guard lock(mu);
-      progress(++done, int(trace.size()));
-    });
-  }
-  for (auto& t : threads) t.join();
+      bar.tick();
+    };
+  });
   run.duration_s = seconds_since(start);
   return run;
 }
@@ -672,7 +701,8 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
   std::vector<double> ttft, tpot, itl, e2el, queued, prefill, kv_transfer, outside_prefill;
   int completed = 0, failed = 0, retried = 0, migrations = 0;
-  int64_t input = 0, output = 0, cached = 0;
+  int64_t input = 0, output = 0, cached = 0, decode_cached = 0, transferred = 0;
+  int decode_local = 0;
   for (const RequestRecord& r : records) {
     retried += r.retries;
     migrations += r.migrations;
@@ -684,6 +714,9 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
     input += r.prompt_tokens;
     output += r.output_tokens;
     cached += r.cached_tokens;
+    decode_cached += r.decode_cached_tokens;
+    transferred += r.transferred_blocks;
+    decode_local += r.decode_local_prefill;
     if (r.output_tokens > 0) ttft.push_back(r.ttft_s);
     if (r.output_tokens > 1) tpot.push_back((r.e2e_s - r.ttft_s) / (r.output_tokens - 1));
     itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
@@ -704,6 +737,10 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   j["total_input_tokens"] = input;
   j["total_output_tokens"] = output;
   j["total_cached_tokens"] = cached;  // Prompt tokens the servers' prefix caches held.
+  j["total_decode_cached_tokens"] = decode_cached;  // P/D: of them, on the decode side.
+  j["total_transferred_blocks"] = transferred;       // P/D: prompt KV blocks moved to decode workers.
+  j["mean_transferred_blocks"] = completed > 0 ? double(transferred) / completed : 0.0;
+  j["decode_local_prefills"] = decode_local;  // P/D: prompts prefilled on their decode worker.
   const double d = duration_s > 0 ? duration_s : 1;
   j["request_throughput"] = completed / d;
   j["output_throughput"] = double(output) / d;
@@ -758,6 +795,9 @@ json request_details(const std::vector<RequestRecord>& records) {
                    {"output_tokens", r.output_tokens},
                    {"prompt_tokens", r.prompt_tokens},
                    {"cached_tokens", r.cached_tokens},
+                   {"decode_cached_tokens", r.decode_cached_tokens},
+                   {"transferred_blocks", r.transferred_blocks},
+                   {"decode_local_prefill", r.decode_local_prefill},
                    {"itl_s", r.itl_s},
                    {"server_queued_s", r.server_queued_s},
                    {"server_prefill_s", r.server_prefill_s},

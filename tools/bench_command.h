@@ -38,6 +38,10 @@ struct RequestRecord {
   // The workers that served it, from the final message (empty through --worker).
   std::string prefill_worker, decode_worker;
   int cached_tokens = 0;  // Prompt tokens the serving worker's prefix cache held.
+  // P/D (proto Timings, of the last placement): prompt tokens the decode worker's own cache
+  // held, the prompt blocks moved to it, and whether it prefilled the prompt itself.
+  int decode_cached_tokens = 0, transferred_blocks = 0;
+  bool decode_local_prefill = false;
 };
 
 // The statistics' percentile (common/percentile.h).
@@ -47,7 +51,9 @@ using ::pdserve::percentile;
 // gamma-distributed with shape `burstiness` (1: Poisson), mean 1/rate. Infinite rate: all 0.
 std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_t seed);
 
-// The result object: counts, throughputs, the most requests seen in flight at once, and, for
+// The result object: counts, throughputs, the most requests seen in flight at once, the
+// prompt tokens cached on either side, the KV blocks moved and the prompts the decode worker
+// prefilled itself (completed requests), and, for
 // ttft/tpot/itl/e2el, mean_/median_/std_/pXX_ values in milliseconds (vLLM's key names).
 nlohmann::json summarize(const std::vector<RequestRecord>& records, double duration_s,
                          const std::vector<double>& percentiles);

@@ -141,6 +141,7 @@ int run_generate_remote(const GenerateFlags& f) {
     j["cached_tokens"] = last.cached_tokens();
     j["decode_cached_tokens"] = last.timings().decode_cached_tokens();
     j["transferred_blocks"] = last.timings().transferred_blocks();
+    j["decode_local_prefill"] = last.timings().decode_local_prefill();
     j["prefill_worker"] = last.prefill_worker();
     j["decode_worker"] = last.decode_worker();
     j["sampling"] = sampling_json(*effective);
@@ -154,7 +155,7 @@ int run_generate_remote(const GenerateFlags& f) {
             << last.finish_reason() << ", " << last.cached_tokens() << " prompt tokens cached; prefill "
             << last.prefill_worker() << ", decode " << last.decode_worker() << " ("
             << last.timings().decode_cached_tokens() << " tokens cached there, " << last.timings().transferred_blocks()
-            << " KV blocks moved)"
+            << " KV blocks moved" << (t.decode_local_prefill() ? "; prefilled there" : "") << ")"
             << "; queued " << t.queued_s() << " s, prefill " << t.prefill_s() << " s, KV transfer " << t.kv_transfer_s()
             << " s, first token " << t.first_token_s() << " s, total " << t.total_s() << " s\n";
   return 0;

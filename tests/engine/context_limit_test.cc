@@ -54,10 +54,10 @@ TEST_F(ContextLimit, GenerationStopsAtTheContext) {
 }
 
 TEST_F(ContextLimit, KvCannotBeReservedPastTheContext) {
-  EXPECT_FALSE(engine_->reserve_blocks(context_ + 1).ok());
-  auto fits = engine_->reserve_blocks(context_);
+  EXPECT_FALSE(engine_->reserve_cached_blocks({}, "", context_ + 1).ok());
+  auto fits = engine_->reserve_cached_blocks({}, "", context_);
   ASSERT_TRUE(fits.ok()) << fits.status();
-  EXPECT_TRUE(engine_->release_blocks(*fits).ok());
+  EXPECT_TRUE(engine_->release_blocks(fits->blocks).ok());
 }
 
 }  // namespace

@@ -56,13 +56,13 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
     ASSERT_GE(int(handed.size()), prompt_blocks);
     EXPECT_LT(prefill->stats().free_blocks, prefill->stats().num_blocks);  // Held for the transfer.
 
-    auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+    auto reserved = decode->reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
     ASSERT_TRUE(reserved.ok());
-    copy_kv(*prefill, handed, *decode, *reserved, prompt_blocks);
+    copy_kv(*prefill, handed, *decode, reserved->blocks, prompt_blocks);
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     EXPECT_EQ(prefill->stats().free_blocks, prefill->stats().num_blocks);
 
-    EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole) << "TP " << tp;
+    EXPECT_EQ(decode_preloaded(*decode, prompt, params, reserved->blocks, first), whole) << "TP " << tp;
     EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
   }
 }
@@ -207,15 +207,15 @@ TEST(Handoff, PreloadedRequestValidation) {
   r.handoff.preloaded_blocks = {0};
   r.handoff.first_token = 5;
   EXPECT_FALSE(e->add_request(r, nullptr).ok());  // Block 0 was never reserved.
-  auto blocks = e->reserve_blocks(12);
+  auto blocks = e->reserve_cached_blocks({}, "", 12);
   ASSERT_TRUE(blocks.ok());
-  r.handoff.preloaded_blocks = *blocks;
+  r.handoff.preloaded_blocks = blocks->blocks;
   r.handoff.first_token = 100000;
   EXPECT_FALSE(e->add_request(r, nullptr).ok());
   r.handoff.first_token = 5;
   r.handoff.prefill_only = true;
   EXPECT_FALSE(e->add_request(r, nullptr).ok());
-  ASSERT_TRUE(e->release_blocks(*blocks).ok());
+  ASSERT_TRUE(e->release_blocks(blocks->blocks).ok());
   EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
 }
 
@@ -276,11 +276,11 @@ TEST(Handoff, SeededSamplingContinuesAcrossTheSplit) {
   params.seed = 1234;
   const std::vector<int> whole = make_engine(1)->generate(prompt, params)->token_ids;
   const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
-  auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+  auto reserved = decode->reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
   ASSERT_TRUE(reserved.ok());
-  copy_kv(*prefill, handed, *decode, *reserved, 1);
+  copy_kv(*prefill, handed, *decode, reserved->blocks, 1);
   ASSERT_TRUE(prefill->release_blocks(handed).ok());
-  EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole);
+  EXPECT_EQ(decode_preloaded(*decode, prompt, params, reserved->blocks, first), whole);
 }
 
 // The repetition penalty across the split: the prefill side samples the first token penalising
@@ -304,11 +304,11 @@ TEST(Handoff, RepetitionPenaltyContinuesAcrossTheSplit) {
       EXPECT_NE(whole, make_engine(tp)->generate(prompt, unpenalised)->token_ids);
       const auto [first, handed] = run_prefill_only(*prefill, prompt, params);
       ASSERT_GE(first, 0);
-      auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+      auto reserved = decode->reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
       ASSERT_TRUE(reserved.ok());
-      copy_kv(*prefill, handed, *decode, *reserved, int((prompt.size() + 15) / 16));
+      copy_kv(*prefill, handed, *decode, reserved->blocks, int((prompt.size() + 15) / 16));
       ASSERT_TRUE(prefill->release_blocks(handed).ok());
-      EXPECT_EQ(decode_preloaded(*decode, prompt, params, *reserved, first), whole)
+      EXPECT_EQ(decode_preloaded(*decode, prompt, params, reserved->blocks, first), whole)
           << "TP " << tp << ", temperature " << temperature;
     }
 }
@@ -331,13 +331,13 @@ TEST(Handoff, ResumedRequestContinuesAcrossTheSplit) {
     rest.max_tokens = params.max_tokens - k;
     const auto [first, handed] = run_prefill_only(*prefill, resumed_prompt, rest, k);
     EXPECT_EQ(first, whole[k]) << "cut at " << k;
-    auto reserved = decode->reserve_blocks(int(resumed_prompt.size()) + rest.max_tokens);
+    auto reserved = decode->reserve_cached_blocks({}, "", int(resumed_prompt.size()) + rest.max_tokens);
     ASSERT_TRUE(reserved.ok());
-    copy_kv(*prefill, handed, *decode, *reserved, int(resumed_prompt.size() + 15) / 16);
+    copy_kv(*prefill, handed, *decode, reserved->blocks, int(resumed_prompt.size() + 15) / 16);
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     std::vector<int> got = {};
-    if (rest.max_tokens > 1) got = decode_preloaded(*decode, resumed_prompt, rest, *reserved, first, k);
-    else ASSERT_TRUE(decode->release_blocks(*reserved).ok());
+    if (rest.max_tokens > 1) got = decode_preloaded(*decode, resumed_prompt, rest, reserved->blocks, first, k);
+    else ASSERT_TRUE(decode->release_blocks(reserved->blocks).ok());
     std::vector<int> expected(whole.begin() + k + (rest.max_tokens > 1 ? 0 : 1), whole.end());
     if (rest.max_tokens > 1) EXPECT_EQ(got, expected) << "cut at " << k;
     EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
@@ -399,12 +399,12 @@ TEST(Handoff, AStreamedFirstTokenIsNotStreamedAgainAndTheTextStaysWhole) {
     Run split;
     split.tokens.push_back(first);
     split.text = step.delta;
-    auto reserved = decode->reserve_blocks(int(prompt.size()) + params.max_tokens);
+    auto reserved = decode->reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
     ASSERT_TRUE(reserved.ok());
-    copy_kv(*prefill, handed, *decode, *reserved, 1);
+    copy_kv(*prefill, handed, *decode, reserved->blocks, 1);
     ASSERT_TRUE(prefill->release_blocks(handed).ok());
     GenerationRequest req{"r", prompt, params};
-    req.handoff.preloaded_blocks = *reserved;
+    req.handoff.preloaded_blocks = reserved->blocks;
     req.handoff.first_token = first;
     req.handoff.first_token_streamed = true;
     int events = 0;

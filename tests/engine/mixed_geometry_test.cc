@@ -71,12 +71,12 @@ TEST_F(MixedGeometry, SameTokensAtEveryTp) {
 std::vector<int> handoff_with(Engine& prefill, Engine& decode, const std::vector<int>& prompt,
                               const SamplingParams& params, int corrupt) {
   const auto [first, handed] = pdserve::testing::run_prefill_only(prefill, prompt, params);
-  auto reserved = decode.reserve_blocks(int(prompt.size()) + params.max_tokens);
+  auto reserved = decode.reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
   EXPECT_TRUE(reserved.ok());
   if (!reserved.ok()) return {};
-  pdserve::testing::copy_kv(prefill, handed, decode, *reserved, int(prompt.size() + 15) / 16, corrupt);
+  pdserve::testing::copy_kv(prefill, handed, decode, reserved->blocks, int(prompt.size() + 15) / 16, corrupt);
   EXPECT_TRUE(prefill.release_blocks(handed).ok());
-  return pdserve::testing::decode_preloaded(decode, prompt, params, *reserved, first);
+  return pdserve::testing::decode_preloaded(decode, prompt, params, reserved->blocks, first);
 }
 
 TEST_F(MixedGeometry, AnyWrongCacheLayerChangesTheOutput) {

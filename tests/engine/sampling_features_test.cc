@@ -481,12 +481,12 @@ TEST(SamplingFeatures, AllFeaturesContinueAcrossThePdSplit) {
       auto prefill = make_engine(Where::kHost, tp), decode = make_engine(Where::kHost, tp);
       const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, e.prompt, params);
       ASSERT_EQ(first, whole[0]) << "TP " << tp;
-      auto reserved = decode->reserve_blocks(int(e.prompt.size()) + params.max_tokens);
+      auto reserved = decode->reserve_cached_blocks({}, "", int(e.prompt.size()) + params.max_tokens);
       ASSERT_TRUE(reserved.ok());
-      pdserve::testing::copy_kv(*prefill, handed, *decode, *reserved, int((e.prompt.size() + 15) / 16));
+      pdserve::testing::copy_kv(*prefill, handed, *decode, reserved->blocks, int((e.prompt.size() + 15) / 16));
       ASSERT_TRUE(prefill->release_blocks(handed).ok());
       // The decode side streams the handed-over first token too (first_token_streamed unset).
-      EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, *reserved, first), whole)
+      EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, e.prompt, params, reserved->blocks, first), whole)
           << "TP " << tp << ", temperature " << temperature;
     }
 }

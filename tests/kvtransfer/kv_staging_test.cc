@@ -160,11 +160,11 @@ TEST(KvStagingEngine, DevicePrefillStagedLayerByLayerDecodesOnTheCpu) {
   EXPECT_EQ(staged_layers, layout.num_layers());
   ASSERT_EQ(handed, blocks);
   const int prompt_blocks = int((c.prompt.size() + 15) / 16);
-  auto reserved = decode->reserve_blocks(int(c.prompt.size()) + c.params.max_tokens);
+  auto reserved = decode->reserve_cached_blocks({}, "", int(c.prompt.size()) + c.params.max_tokens);
   ASSERT_TRUE(reserved.ok());
-  pdserve::testing::copy_kv_arena(layout, mirror.data(), handed, decode->kv_layout(0), decode->kv_arena(0), *reserved,
+  pdserve::testing::copy_kv_arena(layout, mirror.data(), handed, decode->kv_layout(0), decode->kv_arena(0), reserved->blocks,
                                   prompt_blocks);
-  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, *reserved, first), c.whole);
+  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, reserved->blocks, first), c.whole);
   EXPECT_TRUE(prefill->release_blocks(handed).ok());
 }
 
@@ -180,13 +180,13 @@ TEST(KvStagingEngine, CpuPrefillStagedIntoADeviceDecodes) {
   ASSERT_TRUE(staging.ok()) << staging.status();
   EXPECT_FALSE((*staging)->pinned());
   const int prompt_blocks = int((c.prompt.size() + 15) / 16);
-  auto reserved = decode->reserve_blocks(int(c.prompt.size()) + c.params.max_tokens);
+  auto reserved = decode->reserve_cached_blocks({}, "", int(c.prompt.size()) + c.params.max_tokens);
   ASSERT_TRUE(reserved.ok());
   pdserve::testing::copy_kv_arena(prefill->kv_layout(0), prefill->kv_arena(0), handed, layout, mirror.data(),
-                                  *reserved, prompt_blocks);
-  const std::vector<int> prompt_part(reserved->begin(), reserved->begin() + prompt_blocks);
+                                  reserved->blocks, prompt_blocks);
+  const std::vector<int> prompt_part(reserved->blocks.begin(), reserved->blocks.begin() + prompt_blocks);
   ASSERT_TRUE((*staging)->to_device(prompt_part).ok());
-  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, *reserved, first), c.whole);
+  EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, c.prompt, c.params, reserved->blocks, first), c.whole);
   EXPECT_TRUE(prefill->release_blocks(handed).ok());
   EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
 }

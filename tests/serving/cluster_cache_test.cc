@@ -32,6 +32,7 @@ using testing::Cluster;
 struct Served {
   std::vector<int> output;
   int cached_tokens = 0, transferred_blocks = 0;
+  bool decode_local_prefill = false;
   std::string prefill_worker, decode_worker, error;
 };
 
@@ -51,6 +52,7 @@ Served generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, int 
     if (r.finished()) {
       out.cached_tokens = r.cached_tokens();
       out.transferred_blocks = r.timings().transferred_blocks();
+      out.decode_local_prefill = r.timings().decode_local_prefill();
       out.prefill_worker = r.prefill_worker();
       out.decode_worker = r.decode_worker();
     }
@@ -272,6 +274,18 @@ double router_metric(int http_port, const std::string& name) {
   return 0;
 }
 
+// The sum of the router's /metrics samples of `name`, over every label set.
+double router_metric_sum(int http_port, const std::string& name) {
+  httplib::Client http("127.0.0.1", http_port);
+  auto res = http.Get("/metrics");
+  if (!res) return -1;
+  std::istringstream in(res->body);
+  double sum = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name + "{", 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
+  return sum;
+}
+
 // Decode-local prefill on a 1 + 1 push cluster at 64 tokens: a cold 100-token prompt goes to
 // the prefill worker (its KV moves); its follow-up turn, whose part the decode worker lacks is
 // the new message and the output's last partial block, is prefilled by the decode worker
@@ -291,6 +305,7 @@ TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
   ASSERT_EQ(first.error, "") << cluster.log();
   EXPECT_NE(first.prefill_worker, first.decode_worker) << "100 uncached tokens > 64: a prefill worker's";
   EXPECT_EQ(first.transferred_blocks, 7);  // ceil(100 / 16).
+  EXPECT_FALSE(first.decode_local_prefill);
   EXPECT_EQ(router_metric(cluster.http_port(), "pdserve:decode_local_prefills_total"), 0);
 
   std::vector<int> turn2 = prompt;
@@ -310,6 +325,7 @@ TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
   EXPECT_EQ(second.decode_worker, first.decode_worker);
   EXPECT_GE(second.cached_tokens, 96);
   EXPECT_EQ(second.transferred_blocks, 0);
+  EXPECT_TRUE(second.decode_local_prefill);
   EXPECT_GE(router_metric(cluster.http_port(), "pdserve:decode_local_prefills_total"), 1);
 
   const std::vector<int> cold = {1, 50, 60, 70, 80, 90};
@@ -317,6 +333,15 @@ TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
   ASSERT_EQ(short_cold.error, "");
   EXPECT_EQ(short_cold.prefill_worker, short_cold.decode_worker) << "6 uncached tokens <= 64";
   EXPECT_EQ(short_cold.transferred_blocks, 0);
+  EXPECT_TRUE(short_cold.decode_local_prefill);
+  // Only the first request's 7 blocks moved: the router's bytes are what the prefill worker put
+  // (its counter reaches the router with the next Info poll, every 200 ms).
+  const double routed = router_metric_sum(cluster.http_port(), "pdserve:kv_transfer_bytes_total");
+  double put = 0;
+  for (int poll = 0; poll < 50 && put != routed; ++poll, std::this_thread::sleep_for(100ms))
+    put = router_metric_sum(cluster.http_port(), "pdserve:worker_kv_transfer_bytes_total");
+  EXPECT_GT(routed, 0);
+  EXPECT_EQ(routed, put);
 }
 
 TEST(DecodeLocalPrefill, IsRefusedWhereNoDecodeWorkerChoosesIt) {

@@ -244,6 +244,12 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
   double bytes = 0;  // Put by the prefill side (push) or got by the decode side (pull).
   for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_bytes_total")) bytes += n;
   EXPECT_GT(bytes, 0) << metrics;
+  // The router's count, from each request's transferred blocks, is the bytes the workers moved.
+  double routed = 0;
+  std::istringstream lines(metrics);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("pdserve:kv_transfer_bytes_total{", 0) == 0) routed += std::stod(line.substr(line.rfind(' ') + 1));
+  EXPECT_EQ(routed, bytes) << metrics;
   EXPECT_NE(metrics.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(kRequests) + "\n"),
             std::string::npos)
       << metrics;

@@ -502,6 +502,65 @@ TEST_F(RouterFlow, OverloadIsResourceExhausted) {
   EXPECT_FALSE(router_->abort("long"));
 }
 
+// An abort while the request waits for a running slot ends its stream with "abort" (not a
+// CANCELLED status): the same end as an abort while placed.
+TEST_F(RouterFlow, AnAbortWhileQueuedEndsWithAbort) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  w.hang = true;
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  o.max_running = 1;
+  o.max_waiting = 1;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  v1::GenerateRequest first = request();
+  first.set_request_id("long");
+  v1::GenerateRequest second = request();
+  second.set_request_id("queued");
+  Result r1, r2;
+  std::thread t1([&] { r1 = run(first); });
+  ASSERT_TRUE(wait_for(w.generate_started, 5s));
+  std::thread t2([&] { r2 = run(second); });
+  const auto end = std::chrono::steady_clock::now() + 5s;
+  while (router_->waiting() == 0 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(router_->waiting(), 1);
+  EXPECT_TRUE(router_->abort("queued"));
+  t2.join();
+  ASSERT_TRUE(r2.status.ok()) << r2.status;
+  ASSERT_FALSE(r2.responses.empty());
+  EXPECT_TRUE(r2.responses.back().finished());
+  EXPECT_EQ(r2.responses.back().finish_reason(), "abort");
+  EXPECT_EQ(router_->waiting(), 0);
+  EXPECT_TRUE(router_->abort("long"));
+  t1.join();
+  EXPECT_EQ(r1.responses.back().finish_reason(), "abort");
+  EXPECT_EQ(router_->running(), 0);  // The queued one never held the slot it did not get.
+}
+
+// A sample whose parent id was aborted before it registered (a follower waiting for its
+// leader, GenerationService::Abort) ends with "abort" without reaching a worker.
+TEST_F(RouterFlow, ASampleOfAnAbortedParentEndsWithAbort) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  RouterOptions o;
+  o.kv_mode = KvMode::kAggregated;
+  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  v1::GenerateRequest r = request();
+  r.set_request_id("fan-1");
+  PromptAffinity affinity;
+  affinity.parent_aborted = [] { return true; };
+  std::vector<v1::GenerateResponse> got;
+  const Status s = router_->generate(
+      r, nullptr,
+      [&](const v1::GenerateResponse& x) {
+        got.push_back(x);
+        return true;
+      },
+      "", affinity);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].finish_reason(), "abort");
+  EXPECT_FALSE(w.generate_started);
+}
+
 TEST_F(RouterFlow, TimeoutIsDeadlineExceededAndAbortsTheWorker) {
   FakeClock clock;
   FakeWorker w(worker::ROLE_AGGREGATED);

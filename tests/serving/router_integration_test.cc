@@ -596,6 +596,7 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
   fs::remove(out);
   ASSERT_FALSE(j.is_discarded());
   ASSERT_EQ(j["requests"].size(), 5u);
+  int moved = 0;
   for (const json& r : j["requests"]) {
     EXPECT_EQ(r["ok"], true) << r;
     EXPECT_EQ(r["output_tokens"], 4) << r;
@@ -604,7 +605,15 @@ TEST_P(RouterPd, GreedyEqualsInProcess) {
     EXPECT_NE(r["prefill_worker"], r["decode_worker"]) << r;
     EXPECT_GT(r["tpot_s"].get<double>(), 0) << r;
     EXPECT_NE(r["request_id"], "") << r;
+    // Every prompt block the decode worker lacked moved (blocks of 16 tokens), none prefilled there.
+    const int prompt_blocks = (r["prompt_tokens"].get<int>() + 15) / 16;
+    EXPECT_EQ(r["transferred_blocks"], prompt_blocks - r["decode_cached_tokens"].get<int>() / 16) << r;
+    EXPECT_EQ(r["decode_local_prefill"], false) << r;
+    moved += r["transferred_blocks"].get<int>();
   }
+  EXPECT_GT(moved, 0);
+  EXPECT_EQ(j["total_transferred_blocks"], moved);
+  EXPECT_EQ(j["decode_local_prefills"], 0);
 
   // `pdserve check` (the Helm chart's test pod) passes on it, and fails on a port with no router.
   CommandOutput check = pdserve({"check", "--router", c.grpc(), "--http", "127.0.0.1:" + std::to_string(c.http_port())});

@@ -285,6 +285,14 @@ TEST(AdmissionQueue, AWaiterStopsWhenItsCheckFails) {
   EXPECT_EQ(q.running(), 1);
 }
 
+TEST(AdmissionQueue, ARequestStoppedBeforeItCameTakesNoSlot) {
+  AdmissionQueue q(1, 1);
+  const Status s = q.acquire([] { return absl::CancelledError("aborted"); });
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_EQ(q.running(), 0);
+  EXPECT_EQ(q.waiting(), 0);
+}
+
 // Two threads and one queue slot: two connections run, one waits, the fourth is served at once
 // on the overflow pool (where the handlers answer 429), and none is lost.
 TEST(BoundedTaskQueue, BeyondThreadsAndQueueTasksRunOnTheOverflowPool) {
@@ -692,7 +700,17 @@ TEST(BenchStats, SummarizeComputesVllmKeys) {
   RequestRecord b{true, "", 20, 3, 0.2, 0.3, 0.7, {0.2, 0.2}};
   RequestRecord c{true, "", 1, 1, 0.9, 0.1, 0.1, {}};  // Starts after a and b ended.
   RequestRecord failed{false, "boom", 10, 0, 0, 0, 0, {}};
+  a.transferred_blocks = 3;
+  a.decode_cached_tokens = 16;
+  b.decode_local_prefill = true;
+  c.transferred_blocks = 1;
+  failed.transferred_blocks = 9;  // A failed request counts in none of the sums.
+  failed.decode_local_prefill = true;
   auto j = summarize({a, b, c, failed}, 2.0, {50, 99});
+  EXPECT_EQ(j["total_transferred_blocks"], 4);
+  EXPECT_DOUBLE_EQ(j["mean_transferred_blocks"].get<double>(), 4.0 / 3);
+  EXPECT_EQ(j["total_decode_cached_tokens"], 16);
+  EXPECT_EQ(j["decode_local_prefills"], 1);
   EXPECT_EQ(j["completed"], 3);
   EXPECT_EQ(j["failed"], 1);
   EXPECT_EQ(j["total_input_tokens"], 31);
@@ -715,6 +733,8 @@ TEST(BenchStats, RequestDetailsListEveryRequestInOrder) {
   a.server_prefill_s = 0.05;
   a.migrations = 1;
   a.request_id = "req-1";
+  a.transferred_blocks = 2;
+  a.decode_local_prefill = true;
   RequestRecord one_token{true, "", 4, 1, 0.3, 0.2, 0.2, {}};
   RequestRecord failed{false, "gone", 7, 0, 0.4, 0, 0.01, {}};
   failed.code = absl::StatusCode::kUnavailable;
@@ -733,6 +753,9 @@ TEST(BenchStats, RequestDetailsListEveryRequestInOrder) {
   EXPECT_EQ(d[0]["decode_worker"], "10.0.0.2:7002");
   EXPECT_EQ(d[0]["migrations"], 1);
   EXPECT_EQ(d[0]["request_id"], "req-1");
+  EXPECT_EQ(d[0]["transferred_blocks"], 2);
+  EXPECT_EQ(d[0]["decode_local_prefill"], true);
+  EXPECT_EQ(d[1]["decode_local_prefill"], false);
   EXPECT_EQ(d[0]["code"], "OK");
   EXPECT_TRUE(d[1]["tpot_s"].is_null());  // One token: no time per output token.
   EXPECT_DOUBLE_EQ(d[1]["start_s"].get<double>(), 0.3);

@@ -1,7 +1,8 @@
 // Unit tests of the ZeroMQ control channel on loopback inside one process: handshake accept,
 // refusal on compat-hash mismatch, handshake caching, notifications both ways, refusal of junk
 // frames without harm, peer loss by heartbeat timeout on an injected clock, fast failure of a
-// refused dial, and CURVE with the cluster key (encrypted on the wire, refused without it).
+// refused dial, CURVE with the cluster key (encrypted on the wire, refused without it), and the
+// non-blocking dial (start_connect, cached, kDialed) against a listener answered by hand.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -9,11 +10,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <zmq.hpp>
+#include <zmq_addon.hpp>
 
 #include "kvtransfer/control/codec.h"
 #include "kvtransfer/control/control_channel.h"
@@ -74,6 +78,223 @@ StatusOr<ControlEvent> next_message(ControlChannel& channel) {
     if (event.ok() && event->kind != ControlEvent::Kind::kPeerJoined) return event;
   }
   return absl::DeadlineExceededError("nothing");
+}
+
+// The next event of `kind` on `waiting`, while `serviced` are serviced on this same thread (so
+// that nothing moves unless the caller's loop runs), within `within` of real time; the events
+// passed over are dropped.
+std::optional<ControlEvent> await_event(ControlChannel& waiting, ControlEvent::Kind kind,
+                                        std::initializer_list<ControlChannel*> serviced, Duration within = 5s) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  while (std::chrono::steady_clock::now() < until) {
+    for (ControlChannel* other : serviced) {
+      while (other->receive(Duration(0)).ok()) {
+      }
+    }
+    auto event = waiting.receive(1ms);
+    if (event.ok() && event->kind == kind) return std::move(*event);
+  }
+  return std::nullopt;
+}
+
+// A listener answered by hand: a bare ROUTER that accepts connections (as a stopped or busy
+// process's kernel does) and answers a handshake only when the test says so.
+class HandAnsweredPeer {
+ public:
+  HandAnsweredPeer() : socket_(context_, zmq::socket_type::router) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind("tcp://127.0.0.1:*");
+    endpoint = socket_.get(zmq::sockopt::last_endpoint);
+  }
+  // The routing id of the next handshake to arrive within `within` (other frames are skipped).
+  std::optional<std::string> next_handshake(Duration within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    do {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 10ms);
+      std::vector<zmq::message_t> frames;
+      while (zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+        auto decoded = frames.size() == 2 ? decode_envelope(frames[1].to_string_view())
+                                          : StatusOr<proto::Envelope>(absl::InvalidArgumentError("frames"));
+        if (decoded.ok() && decoded->has_handshake()) return frames[0].to_string();
+        frames.clear();
+      }
+    } while (std::chrono::steady_clock::now() < until);
+    return std::nullopt;
+  }
+  // Accepts the handshake that came from `routing_id`, as decode rank 1/2 of incarnation 0x77.
+  void accept(const std::string& routing_id) {
+    proto::Envelope reply;
+    proto::HandshakeAck& ack = *reply.mutable_handshake_ack();
+    ack.set_accepted(true);
+    ack.set_role(proto::ROLE_DECODE);
+    ack.set_tp_size(2);
+    ack.set_rank(1);
+    ack.set_worker_address("hand-addr");
+    ack.set_incarnation(kIncarnation);
+    const std::string bytes = encode_envelope(reply);
+    socket_.send(zmq::buffer(routing_id), zmq::send_flags::sndmore);
+    socket_.send(zmq::buffer(bytes), zmq::send_flags::none);
+  }
+  static constexpr uint64_t kIncarnation = 0x77;
+  std::string endpoint;
+
+ private:
+  zmq::context_t context_;
+  zmq::socket_t socket_;
+};
+
+// start_connect() returns before anything was answered (the listener runs on this thread, only
+// after it returned); receive() then reports the handshaken peer as kDialed, and the connection
+// carries messages both ways. The injected clock stays still: dials need no heartbeat.
+TEST(ControlChannelTest, StartConnectReportsTheHandshakenPeerAndMessagesRoundTrip) {
+  FakeClock clock;
+  auto decode = make(proto::ROLE_DECODE, 7, &clock);
+  auto prefill = make(proto::ROLE_PREFILL, 7, &clock);
+  auto dial = prefill->start_connect(decode->endpoint(), 5s);
+  ASSERT_TRUE(dial.ok()) << dial.status();
+  EXPECT_FALSE(prefill->cached(decode->endpoint()).has_value()) << "no handshake answered yet";
+  auto dialed = await_event(*prefill, ControlEvent::Kind::kDialed, {decode.get()});
+  ASSERT_TRUE(dialed.has_value());
+  EXPECT_EQ(dialed->dial, *dial);
+  ASSERT_TRUE(dialed->error.ok()) << dialed->error;
+  auto peer = prefill->peer(dialed->peer);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_TRUE(peer->dialed);
+  EXPECT_EQ(peer->endpoint, decode->endpoint());
+  EXPECT_EQ(peer->role, proto::ROLE_DECODE);
+  EXPECT_EQ(peer->worker_address, "decode-addr");
+  auto cached = prefill->cached(decode->endpoint());
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->id, dialed->peer);
+
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("r1");
+  done.mutable_write_done()->set_sealed_count(12);
+  ASSERT_TRUE(prefill->send(dialed->peer, done).ok());
+  auto got = await_event(*decode, ControlEvent::Kind::kMessage, {prefill.get()});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->message.write_done().sealed_count(), 12u);
+  proto::Envelope release;
+  release.mutable_release()->set_request_id("r1");
+  release.mutable_release()->set_consumer_tp(2);
+  release.mutable_release()->set_consumer_rank(1);
+  ASSERT_TRUE(decode->send(got->peer, release).ok());
+  auto back = await_event(*prefill, ControlEvent::Kind::kMessage, {decode.get()});
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->peer, dialed->peer);
+  EXPECT_EQ(back->message.release().request_id(), "r1");
+  EXPECT_EQ(decode->refused_count() + prefill->refused_count(), 0u);
+}
+
+// A dial nobody answers (the connection is accepted, the handshake never answered) stays in
+// flight without holding up its channel: start_connect() returns at once, another dial ends and
+// that peer's messages arrive meanwhile, and the answer, when it comes, ends the dial.
+TEST(ControlChannelTest, ADialNobodyAnswersStaysInFlightAndOthersProceed) {
+  FakeClock clock;
+  HandAnsweredPeer silent;
+  auto decode = make(proto::ROLE_DECODE, 7, &clock);
+  auto prefill = make(proto::ROLE_PREFILL, 7, &clock);
+  const auto start = std::chrono::steady_clock::now();
+  // A timeout longer than the test takes: only the hand-sent answer can end this dial in time.
+  auto stalled = prefill->start_connect(silent.endpoint, 20s);
+  ASSERT_TRUE(stalled.ok()) << stalled.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << "start_connect waited for the answer";
+  auto healthy = prefill->start_connect(decode->endpoint(), 5s);
+  ASSERT_TRUE(healthy.ok()) << healthy.status();
+  ASSERT_NE(*stalled, *healthy);
+
+  auto dialed = await_event(*prefill, ControlEvent::Kind::kDialed, {decode.get()});
+  ASSERT_TRUE(dialed.has_value());
+  EXPECT_EQ(dialed->dial, *healthy) << "the unanswered dial ended";
+  ASSERT_TRUE(dialed->error.ok()) << dialed->error;
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("r1");
+  ASSERT_TRUE(prefill->send(dialed->peer, done).ok());
+  auto got = await_event(*decode, ControlEvent::Kind::kMessage, {prefill.get()});
+  ASSERT_TRUE(got.has_value());
+  proto::Envelope release;
+  release.mutable_release()->set_request_id("r1");
+  release.mutable_release()->set_consumer_tp(2);
+  ASSERT_TRUE(decode->send(got->peer, release).ok());
+  auto back = await_event(*prefill, ControlEvent::Kind::kMessage, {decode.get()});
+  ASSERT_TRUE(back.has_value()) << "a message waited for the unanswered dial";
+  EXPECT_EQ(back->message.release().request_id(), "r1");
+
+  // Still dialed, not connected: the handshake arrived and is unanswered.
+  const std::optional<std::string> hello = silent.next_handshake(5s);
+  ASSERT_TRUE(hello.has_value());
+  EXPECT_FALSE(prefill->cached(silent.endpoint).has_value());
+  auto idle = prefill->receive(Duration(0));
+  EXPECT_FALSE(idle.ok() && idle->kind == ControlEvent::Kind::kDialed) << "ended unanswered";
+
+  silent.accept(*hello);
+  auto answered = await_event(*prefill, ControlEvent::Kind::kDialed, {});
+  ASSERT_TRUE(answered.has_value());
+  EXPECT_EQ(answered->dial, *stalled);
+  ASSERT_TRUE(answered->error.ok()) << answered->error;
+  auto peer = prefill->peer(answered->peer);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(peer->worker_address, "hand-addr");
+  auto cached = prefill->cached(silent.endpoint);
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->id, answered->peer);
+}
+
+// Unanswered, a dial ends at its timeout (real time: it bounds receive()'s real waits; the
+// injected clock stays still) as DeadlineExceeded naming the endpoint, not before, and the
+// endpoint is not cached.
+TEST(ControlChannelTest, ADialNobodyAnswersEndsAtItsTimeout) {
+  FakeClock clock;
+  HandAnsweredPeer silent;
+  auto prefill = make(proto::ROLE_PREFILL, 7, &clock);
+  const auto start = std::chrono::steady_clock::now();
+  auto dial = prefill->start_connect(silent.endpoint, 100ms);
+  ASSERT_TRUE(dial.ok()) << dial.status();
+  auto ended = await_event(*prefill, ControlEvent::Kind::kDialed, {});
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
+  EXPECT_EQ(ended->dial, *dial);
+  EXPECT_EQ(ended->peer, 0u);
+  EXPECT_EQ(ended->error.code(), absl::StatusCode::kDeadlineExceeded) << ended->error;
+  EXPECT_NE(ended->error.message().find(absl::StrCat("no handshake answer from ", silent.endpoint, " within 100 ms")),
+            std::string::npos)
+      << ended->error;
+  EXPECT_FALSE(prefill->cached(silent.endpoint).has_value());
+}
+
+// Once a dial ended, the endpoint's peer is cached: cached() and connect() hand back the same
+// entry without a second dial (the hand-answered listener would not answer one), for its own
+// incarnation or any; naming another incarnation drops it (kPeerLost), as after a restart.
+TEST(ControlChannelTest, ADialedPeerIsCachedAndNotDialedAgain) {
+  FakeClock clock;
+  HandAnsweredPeer listener;
+  auto prefill = make(proto::ROLE_PREFILL, 7, &clock);
+  auto dial = prefill->start_connect(listener.endpoint, 5s);
+  ASSERT_TRUE(dial.ok()) << dial.status();
+  const std::optional<std::string> hello = listener.next_handshake(5s);
+  ASSERT_TRUE(hello.has_value());
+  listener.accept(*hello);
+  auto dialed = await_event(*prefill, ControlEvent::Kind::kDialed, {});
+  ASSERT_TRUE(dialed.has_value());
+  ASSERT_TRUE(dialed->error.ok()) << dialed->error;
+
+  for (uint64_t incarnation : {uint64_t(0), HandAnsweredPeer::kIncarnation}) {
+    auto cached = prefill->cached(listener.endpoint, incarnation);
+    ASSERT_TRUE(cached.has_value()) << incarnation;
+    EXPECT_EQ(cached->id, dialed->peer);
+  }
+  auto again = prefill->connect(listener.endpoint, 1ms);
+  ASSERT_TRUE(again.ok()) << again.status() << " (dialed again)";
+  EXPECT_EQ(again->id, dialed->peer);
+  EXPECT_FALSE(listener.next_handshake(50ms).has_value()) << "a second handshake arrived";
+
+  EXPECT_FALSE(prefill->cached(listener.endpoint, HandAnsweredPeer::kIncarnation + 1).has_value());
+  auto lost = prefill->receive(Duration(0));
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_EQ(lost->kind, ControlEvent::Kind::kPeerLost);
+  EXPECT_EQ(lost->peer, dialed->peer);
+  EXPECT_FALSE(prefill->cached(listener.endpoint).has_value());
 }
 
 TEST(ControlChannelTest, HandshakeAcceptedCachedAndNotificationsFlowBothWays) {

@@ -20,12 +20,12 @@ TEST(BlockRelease, ReleasesOnceAndReportsADoubleRelease) {
   ASSERT_TRUE(e.ok()) << e.status();
   engine::Engine& engine = **e;
   const int free_before = engine.stats().free_blocks;
-  auto blocks = engine.reserve_blocks(40);
+  auto blocks = engine.reserve_cached_blocks({}, "", 40);
   ASSERT_TRUE(blocks.ok()) << blocks.status();
   EXPECT_LT(engine.stats().free_blocks, free_before);
-  EXPECT_TRUE(release_blocks(engine, *blocks, "test: first release"));
+  EXPECT_TRUE(release_blocks(engine, blocks->blocks, "test: first release"));
   EXPECT_EQ(engine.stats().free_blocks, free_before);
-  EXPECT_FALSE(release_blocks(engine, *blocks, "test: second release"));
+  EXPECT_FALSE(release_blocks(engine, blocks->blocks, "test: second release"));
   EXPECT_EQ(engine.stats().free_blocks, free_before);
 }
 
