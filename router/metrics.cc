@@ -193,7 +193,8 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
       {"pdserve:worker_kv_transfer_requests_total", "Requests whose KV the worker's kvtransfer ranks moved.",
        [](const WorkerGauges& w) { return double(w.kv_transfer_requests); }},
       {"pdserve:worker_kv_transfer_bytes_total",
-       "KV bytes the worker's kvtransfer ranks moved (put by a push producer, got by a pull consumer).",
+       "KV bytes the worker's kvtransfer ranks moved (a push producer's puts and the writes its consumer "
+       "received; a pull consumer's gets).",
        [](const WorkerGauges& w) { return double(w.kv_transfer_bytes); }},
       {"pdserve:worker_kv_transfer_failures_total", "KV transfers that failed on one of the worker's ranks.",
        [](const WorkerGauges& w) { return double(w.kv_transfer_failures); }},

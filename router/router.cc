@@ -522,6 +522,10 @@ Status Router::generate(const v1::GenerateRequest& request, const std::function<
   if (!f.sent_first) {
     for (int t : f.prompt) last.add_prompt_token_ids(t);
     last.mutable_prompt_logprobs()->Swap(&f.prompt_logprobs);
+    // Its whole output came in the final message (a worker that coalesced its events): the
+    // prompt is computed and cached all the same, so its siblings are still placed there.
+    if (!aborted && !f.decode_worker.empty() && f.affinity->on_prompt_computed)
+      f.affinity->on_prompt_computed({f.prefill_worker, f.decode_worker});
   }
   last.set_finished(true);
   const std::string reason = aborted ? "abort" : f.final_event.finish_reason();

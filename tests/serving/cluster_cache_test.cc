@@ -274,15 +274,16 @@ double router_metric(int http_port, const std::string& name) {
   return 0;
 }
 
-// The sum of the router's /metrics samples of `name`, over every label set.
-double router_metric_sum(int http_port, const std::string& name) {
+// The sum of the router's /metrics samples of `name` over the label sets that contain `labels`.
+double router_metric_sum(int http_port, const std::string& name, const std::string& labels = "") {
   httplib::Client http("127.0.0.1", http_port);
   auto res = http.Get("/metrics");
   if (!res) return -1;
   std::istringstream in(res->body);
   double sum = 0;
   for (std::string line; std::getline(in, line);)
-    if (line.rfind(name + "{", 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
+    if (line.rfind(name + "{", 0) == 0 && line.find(labels) != std::string::npos)
+      sum += std::stod(line.substr(line.rfind(' ') + 1));
   return sum;
 }
 
@@ -335,13 +336,17 @@ TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
   EXPECT_EQ(short_cold.transferred_blocks, 0);
   EXPECT_TRUE(short_cold.decode_local_prefill);
   // Only the first request's 7 blocks moved: the router's bytes are what the prefill worker put
-  // (its counter reaches the router with the next Info poll, every 200 ms).
+  // and the decode worker received (their counters reach the router with the next Info poll,
+  // every 200 ms).
   const double routed = router_metric_sum(cluster.http_port(), "pdserve:kv_transfer_bytes_total");
-  double put = 0;
-  for (int poll = 0; poll < 50 && put != routed; ++poll, std::this_thread::sleep_for(100ms))
-    put = router_metric_sum(cluster.http_port(), "pdserve:worker_kv_transfer_bytes_total");
+  double put = 0, received = 0;
+  for (int poll = 0; poll < 50 && (put != routed || received != routed); ++poll, std::this_thread::sleep_for(100ms)) {
+    put = router_metric_sum(cluster.http_port(), "pdserve:worker_kv_transfer_bytes_total", "role=\"prefill\"");
+    received = router_metric_sum(cluster.http_port(), "pdserve:worker_kv_transfer_bytes_total", "role=\"decode\"");
+  }
   EXPECT_GT(routed, 0);
   EXPECT_EQ(routed, put);
+  EXPECT_EQ(routed, received);
 }
 
 TEST(DecodeLocalPrefill, IsRefusedWhereNoDecodeWorkerChoosesIt) {

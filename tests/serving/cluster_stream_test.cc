@@ -241,15 +241,18 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
   }
   for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_failures_total")) EXPECT_EQ(n, 0) << worker;
   for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_refused_total")) EXPECT_EQ(n, 0) << worker;
-  double bytes = 0;  // Put by the prefill side (push) or got by the decode side (pull).
-  for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_bytes_total")) bytes += n;
-  EXPECT_GT(bytes, 0) << metrics;
-  // The router's count, from each request's transferred blocks, is the bytes the workers moved.
-  double routed = 0;
+  // The router's count, from each request's transferred blocks, is the bytes the decode side
+  // received (written into it, push; got by it, pull).
+  double routed = 0, received = 0;
   std::istringstream lines(metrics);
-  for (std::string line; std::getline(lines, line);)
-    if (line.rfind("pdserve:kv_transfer_bytes_total{", 0) == 0) routed += std::stod(line.substr(line.rfind(' ') + 1));
-  EXPECT_EQ(routed, bytes) << metrics;
+  for (std::string line; std::getline(lines, line);) {
+    auto value = [&] { return std::stod(line.substr(line.rfind(' ') + 1)); };
+    if (line.rfind("pdserve:kv_transfer_bytes_total{", 0) == 0) routed += value();
+    if (line.rfind("pdserve:worker_kv_transfer_bytes_total{", 0) == 0 && line.find("role=\"decode\"") != std::string::npos)
+      received += value();
+  }
+  EXPECT_GT(received, 0) << metrics;
+  EXPECT_EQ(routed, received) << metrics;
   EXPECT_NE(metrics.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(kRequests) + "\n"),
             std::string::npos)
       << metrics;

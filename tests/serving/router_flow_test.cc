@@ -525,15 +525,15 @@ TEST_F(RouterFlow, AnAbortWhileQueuedEndsWithAbort) {
   ASSERT_EQ(router_->waiting(), 1);
   EXPECT_TRUE(router_->abort("queued"));
   t2.join();
+  EXPECT_EQ(router_->waiting(), 0);
+  EXPECT_TRUE(router_->abort("long"));
+  t1.join();
+  EXPECT_EQ(router_->running(), 0);  // The queued one never held the slot it did not get.
   ASSERT_TRUE(r2.status.ok()) << r2.status;
   ASSERT_FALSE(r2.responses.empty());
   EXPECT_TRUE(r2.responses.back().finished());
   EXPECT_EQ(r2.responses.back().finish_reason(), "abort");
-  EXPECT_EQ(router_->waiting(), 0);
-  EXPECT_TRUE(router_->abort("long"));
-  t1.join();
   EXPECT_EQ(r1.responses.back().finish_reason(), "abort");
-  EXPECT_EQ(router_->running(), 0);  // The queued one never held the slot it did not get.
 }
 
 // A sample whose parent id was aborted before it registered (a follower waiting for its

@@ -73,14 +73,16 @@ GrpcResult grpc_generate(v1::Generation::Stub& s, const v1::GenerateRequest& req
 }
 
 // `generate --router --json` output less where it was served (the workers, how much of the
-// prompt their prefix caches held, the KV blocks moved), which the in-process reference does not
-// have.
+// prompt their prefix caches held, the KV blocks moved, whether the decode worker prefilled),
+// which the in-process reference does not have.
 json output_of(json j) {
   EXPECT_TRUE(j.contains("cached_tokens") && j.contains("prefill_worker") && j.contains("decode_worker")) << j;
-  EXPECT_TRUE(j.contains("decode_cached_tokens") && j.contains("transferred_blocks")) << j;
+  EXPECT_TRUE(j.contains("decode_cached_tokens") && j.contains("transferred_blocks") && j.contains("decode_local_prefill"))
+      << j;
   EXPECT_GE(j.value("cached_tokens", 0), 0);
   for (const char* k :
-       {"cached_tokens", "prefill_worker", "decode_worker", "decode_cached_tokens", "transferred_blocks"})
+       {"cached_tokens", "prefill_worker", "decode_worker", "decode_cached_tokens", "transferred_blocks",
+        "decode_local_prefill"})
     j.erase(k);
   return j;
 }
