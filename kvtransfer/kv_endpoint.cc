@@ -247,10 +247,12 @@ bool KvRankEndpoint::step(const std::string& id, Request& request,
                 session.error().ToString());
   }
   if (session.active()) {
-    if (session.side() == SessionSide::kProducer && session.mode() == TransferMode::kPush) {
-      step_push_producer(id, request);
-    } else if (session.side() == SessionSide::kConsumer && session.mode() == TransferMode::kPull) {
-      step_pull_consumer(id, request);
+    // The side posting the data ops drives them; the other waits for its peer's messages.
+    switch (session.role()) {
+      case TransferRole::kPushProducer: step_push_producer(id, request); break;
+      case TransferRole::kPullConsumer: step_pull_consumer(id, request); break;
+      case TransferRole::kPushConsumer:
+      case TransferRole::kPullProducer: break;
     }
   }
   if (session.state() == SessionState::kAborted) step_abort(id, request);

@@ -56,10 +56,7 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
   }
   // A peer that accesses our blocks (push producer, pull consumer) sends Abort only once its
   // ops on them ended (step_abort), so that leg is quiet now; our own ops we track ourselves.
-  const bool peer_touches_our_blocks = request.session->side() == SessionSide::kConsumer
-                                           ? request.session->mode() == TransferMode::kPush
-                                           : request.session->mode() == TransferMode::kPull;
-  if (peer_touches_our_blocks) request.session->leg_quiet(from.rank);
+  if (request.session->remote_access()) request.session->leg_quiet(from.rank);
   // The peer ended the request (it failed, was told to by its router, or shut down): its side's
   // doing, which callers report as such (fault.h) — a push producer that already answered its
   // Prefill has no other way to say that it, not the decode worker, failed.
@@ -114,8 +111,7 @@ void KvRankEndpoint::send_abort(Request& request, int rank, Leg& leg, const std:
 void KvRankEndpoint::step_abort(const std::string& id, Request& request) {
   Session& session = *request.session;
   const TimePoint now = options_.clock->now();
-  const bool local_ops = (session.side() == SessionSide::kProducer) ==
-                         (session.mode() == TransferMode::kPush);
+  const bool local_ops = posts_ops(session.role());
   const std::string reason = std::string(session.error().message());
   for (auto& [rank, leg] : request.legs) {
     if (local_ops && !session.leg_is_quiet(rank)) {
@@ -130,7 +126,7 @@ void KvRankEndpoint::step_abort(const std::string& id, Request& request) {
         }
         continue;
       }
-      if (session.mode() == TransferMode::kPush && leg.posted > 0 && !leg.flush && remote &&
+      if (session.role() == TransferRole::kPushProducer && leg.posted > 0 && !leg.flush && remote &&
           remote->error.ok()) {
         StatusOr<BatchId> flush = transport_->flush(remote->transport_peer);
         if (flush.ok()) {

@@ -164,20 +164,23 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
     }
     Status status = remote.status();
     const bool reached = status.ok();
-    const std::vector<int>* remote_blocks =
-        request.session->mode() == TransferMode::kPush ? (producer ? &request.consumer_blocks : nullptr)
-                                                       : &request.producer_blocks;
+    const TransferRole role = request.session->role();
+    // The peer's blocks this side names in its ops (a push consumer names none).
+    const std::vector<int>* remote_blocks = role == TransferRole::kPushProducer ? &request.consumer_blocks
+                                            : role == TransferRole::kPushConsumer ? nullptr
+                                                                                  : &request.producer_blocks;
     if (status.ok() && remote_blocks) status = check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what);
     if (status.ok()) {
-      if (request.session->mode() == TransferMode::kPull) {
-        status = open_pull_leg(id, request, r, leg, **remote);
-      } else if (producer) {
-        status = open_push_leg(id, request, r, leg, **remote);
-        if (status.ok() && request.dials_pending == 0 && request.deferred_seal) {
-          status = seal_now(id, request, *request.deferred_seal);
-        }
-      } else {
-        leg.remote = (*remote)->address;
+      switch (role) {
+        case TransferRole::kPullProducer:
+        case TransferRole::kPullConsumer: status = open_pull_leg(id, request, r, leg, **remote); break;
+        case TransferRole::kPushProducer:
+          status = open_push_leg(id, request, r, leg, **remote);
+          if (status.ok() && request.dials_pending == 0 && request.deferred_seal) {
+            status = seal_now(id, request, *request.deferred_seal);
+          }
+          break;
+        case TransferRole::kPushConsumer: leg.remote = (*remote)->address; break;
       }
     }
     if (!status.ok() && request.session->active()) {
@@ -186,7 +189,7 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
       if (!reached) {
         why = unreachable_peer(std::move(why));
         // Nothing of ours reached that peer, and it did not reach us: that leg is quiet.
-        if (!producer && request.session->mode() == TransferMode::kPush) request.session->leg_quiet(r);
+        if (request.session->role() == TransferRole::kPushConsumer) request.session->leg_quiet(r);
       } else if (is_peer_fault(status)) {
         why = peer_fault(std::move(why));
       }

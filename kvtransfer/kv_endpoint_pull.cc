@@ -140,7 +140,7 @@ void KvRankEndpoint::on_release(Remote& from, const proto::Release& release) {
 bool KvRankEndpoint::from_pull_consumer(const Remote& from, const Request& request, int consumer_rank,
                                         int consumer_tp, int producer_rank) const {
   const Session& session = *request.session;
-  return session.side() == SessionSide::kProducer && session.mode() == TransferMode::kPull &&
+  return session.role() == TransferRole::kPullProducer &&
          from.role == proto::ROLE_DECODE && from.rank == consumer_rank && from.tp == consumer_tp &&
          producer_rank == options_.rank && (request.consumer_tp == 0 || request.consumer_tp == consumer_tp);
 }
@@ -237,7 +237,7 @@ void KvRankEndpoint::on_block_checksums(Remote& from, const proto::BlockChecksum
   Session& session = *request.session;
   const int p = static_cast<int>(sums.producer_rank());
   auto leg_it = request.legs.find(p);
-  if (session.side() != SessionSide::kConsumer || session.mode() != TransferMode::kPull ||
+  if (session.role() != TransferRole::kPullConsumer ||
       from.role != proto::ROLE_PREFILL || from.rank != p || from.tp != request.producer_tp ||
       static_cast<int>(sums.consumer_rank()) != options_.rank || leg_it == request.legs.end() ||
       leg_it->second.remote != from.address) {

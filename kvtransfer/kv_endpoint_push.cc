@@ -74,8 +74,9 @@ Status KvRankEndpoint::layer_ready(const std::string& id, int layer) {
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
   Request& request = it->second;
   Session& session = *request.session;
-  if (session.mode() != TransferMode::kPush || options_.side != SessionSide::kProducer) {
-    return absl::FailedPreconditionError("layer_ready outside a push producer request");
+  if (session.role() != TransferRole::kPushProducer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer_ready on a ", transfer_role_name(session.role()), " request (a push producer's call)"));
   }
   if (!session.active()) return session.error();
   if (layer < 0 || layer >= layout_.num_layers()) {
@@ -121,9 +122,9 @@ Status KvRankEndpoint::seal(const std::string& id, std::optional<int32_t> first_
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
   Request& request = it->second;
-  if (request.session->mode() != TransferMode::kPush ||
-      options_.side != SessionSide::kProducer) {
-    return absl::FailedPreconditionError("seal outside a push producer request");
+  if (request.session->role() != TransferRole::kPushProducer) {
+    return absl::FailedPreconditionError(absl::StrCat("seal on a ", transfer_role_name(request.session->role()),
+                                                      " request (a push producer's call)"));
   }
   if (request.dials_pending > 0 && request.session->active()) {
     if (request.deferred_seal) return absl::FailedPreconditionError(absl::StrCat(id, " sealed twice"));
@@ -207,8 +208,8 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
     PD_LOG_WARN("kvtransfer {}.{}: refused write_done for {} from rank {}/{}: {}", options_.name,
                 options_.rank, done.request_id(), from.rank, from.tp, why);
   };
-  if (session.side() != SessionSide::kConsumer || session.mode() != TransferMode::kPush) {
-    return refuse("not a push consumer request");
+  if (session.role() != TransferRole::kPushConsumer) {
+    return refuse(absl::StrCat("a ", transfer_role_name(session.role()), " request, not a push consumer's"));
   }
   if (from.role != proto::ROLE_PREFILL || from.tp != request.producer_tp || from.rank != p ||
       static_cast<int>(done.consumer_rank()) != options_.rank) {

@@ -2,8 +2,24 @@
 
 namespace pdserve::kvtransfer {
 
-const char* transfer_mode_name(TransferMode mode) {
-  return mode == TransferMode::kPush ? "push" : "pull";
+TransferRole transfer_role(SessionSide side, TransferMode mode) {
+  if (mode == TransferMode::kPush)
+    return side == SessionSide::kProducer ? TransferRole::kPushProducer : TransferRole::kPushConsumer;
+  return side == SessionSide::kProducer ? TransferRole::kPullProducer : TransferRole::kPullConsumer;
+}
+
+bool posts_ops(TransferRole role) {
+  return role == TransferRole::kPushProducer || role == TransferRole::kPullConsumer;
+}
+
+const char* transfer_role_name(TransferRole role) {
+  switch (role) {
+    case TransferRole::kPushProducer: return "push producer";
+    case TransferRole::kPushConsumer: return "push consumer";
+    case TransferRole::kPullProducer: return "pull producer";
+    case TransferRole::kPullConsumer: return "pull consumer";
+  }
+  return "?";
 }
 
 const char* session_state_name(SessionState state) {
@@ -23,6 +39,7 @@ Session::Session(std::string request_id, SessionSide side, TransferMode mode,
     : request_id_(std::move(request_id)),
       side_(side),
       mode_(mode),
+      role_(transfer_role(side, mode)),
       blocks_(std::move(blocks)),
       deadline_(deadline),
       quarantine_(quarantine),
@@ -133,10 +150,6 @@ bool Session::check_lease(TimePoint now) {
   return fail(absl::DeadlineExceededError(
       absl::StrCat("request ", request_id_, ": lease expired in state ",
                    session_state_name(state_))));
-}
-
-bool Session::remote_access() const {
-  return (side_ == SessionSide::kConsumer) == (mode_ == TransferMode::kPush);
 }
 
 bool Session::maybe_release(TimePoint now) {

@@ -34,6 +34,16 @@ namespace pdserve::kvtransfer {
 enum class TransferMode : uint8_t { kPush = 0, kPull = 1 };
 enum class SessionSide : uint8_t { kProducer = 0, kConsumer = 1 };
 
+// What one side of one request does, fixed with its session: the (side, mode) pair every step,
+// abort and message check dispatches on, chosen once instead of compared field by field. The
+// side that posts the data ops (push producer: writes; pull consumer: reads) tracks them itself;
+// the other side's blocks are touched by its peer, whose word that it stopped it must wait for.
+enum class TransferRole : uint8_t { kPushProducer, kPushConsumer, kPullProducer, kPullConsumer };
+TransferRole transfer_role(SessionSide side, TransferMode mode);
+// Whether `role` posts the data ops (push producer, pull consumer).
+bool posts_ops(TransferRole role);
+const char* transfer_role_name(TransferRole role);
+
 enum class SessionState : uint8_t {
   kActive,    // Producer: writing (push) or holding (pull); consumer: reserved or reading.
   kSealed,    // Producer push: the write counts are sealed, flushes / WriteDones pending.
@@ -42,7 +52,6 @@ enum class SessionState : uint8_t {
   kAborted,
 };
 
-const char* transfer_mode_name(TransferMode mode);
 const char* session_state_name(SessionState state);
 
 // Hands a request's blocks back to the engine's block allocator.
@@ -67,6 +76,7 @@ class Session {
   const std::string& request_id() const { return request_id_; }
   SessionSide side() const { return side_; }
   TransferMode mode() const { return mode_; }
+  TransferRole role() const { return role_; }
   SessionState state() const { return state_; }
   const Status& error() const { return error_; }
   TimePoint deadline() const { return deadline_; }
@@ -106,7 +116,7 @@ class Session {
   bool maybe_release(TimePoint now);
   // Whether the peer accesses this side's blocks (push consumer, pull producer), rather than
   // this side the peer's.
-  bool remote_access() const;
+  bool remote_access() const { return !posts_ops(role_); }
 
  private:
   struct Leg {
@@ -121,6 +131,7 @@ class Session {
   const std::string request_id_;
   const SessionSide side_;
   const TransferMode mode_;
+  const TransferRole role_;
   const std::vector<int> blocks_;
   const TimePoint deadline_;
   const Duration quarantine_;

@@ -30,6 +30,32 @@ class SessionTest : public ::testing::Test {
   Released released_;
 };
 
+// The role each (side, mode) pair plays, fixed with the session: who posts the data ops and
+// whose blocks the peer touches.
+TEST_F(SessionTest, EachSideAndModeHasOneRole) {
+  struct Case {
+    SessionSide side;
+    TransferMode mode;
+    TransferRole role;
+    bool posts_ops;
+    const char* name;
+  };
+  const Case cases[] = {
+      {SessionSide::kProducer, TransferMode::kPush, TransferRole::kPushProducer, true, "push producer"},
+      {SessionSide::kConsumer, TransferMode::kPush, TransferRole::kPushConsumer, false, "push consumer"},
+      {SessionSide::kProducer, TransferMode::kPull, TransferRole::kPullProducer, false, "pull producer"},
+      {SessionSide::kConsumer, TransferMode::kPull, TransferRole::kPullConsumer, true, "pull consumer"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(transfer_role(c.side, c.mode), c.role) << c.name;
+    EXPECT_EQ(posts_ops(c.role), c.posts_ops) << c.name;
+    EXPECT_STREQ(transfer_role_name(c.role), c.name);
+    const Session s = make(c.side, c.mode, {0});
+    EXPECT_EQ(s.role(), c.role) << c.name;
+    EXPECT_EQ(s.remote_access(), !c.posts_ops) << c.name;
+  }
+}
+
 TEST_F(SessionTest, PushProducerCompletesOnlyAfterSealAndEveryLeg) {
   Session s = make(SessionSide::kProducer, TransferMode::kPush, {0, 1});
   ASSERT_TRUE(s.add_scheduled(0, 5).ok());
