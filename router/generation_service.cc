@@ -29,8 +29,9 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
   // A parent id aborts every sample ("<id>-<i>", sample_requests) while it runs, and the ones
   // not yet started when they start.
   const bool fanned_out = n > 1 && !request->request_id().empty();
-  auto aborted = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<bool>> aborted;
   if (fanned_out) {
+    aborted = std::make_shared<std::atomic<bool>>(false);
     std::lock_guard lock(fanouts_mu_);
     fanouts_[{client, request->request_id()}] = Fanout{n, aborted};
   }
@@ -39,7 +40,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* ctx, const v1::Gen
       [&](const v1::GenerateRequest& r, const PromptAffinity& affinity, const std::function<bool()>& gone,
           const SampleEmit& emit) {
         PromptAffinity sample = affinity;
-        if (fanned_out) sample.parent_aborted = [aborted] { return aborted->load(); };
+        if (aborted) sample.parent_aborted = [aborted] { return aborted->load(); };
         return router_.generate(r, gone, emit, client, sample);
       },
       [ctx] { return ctx->IsCancelled(); }, [writer](const v1::GenerateResponse& r) { return writer->Write(r); });

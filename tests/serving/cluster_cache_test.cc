@@ -22,6 +22,7 @@
 #include "proto/pdserve.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "tests/serving/cluster_process.h"
+#include "tests/serving/metrics_text.h"
 
 namespace pdserve {
 namespace {
@@ -265,26 +266,14 @@ INSTANTIATE_TEST_SUITE_P(Modes, ClusterCache, ::testing::Values("push", "pull", 
 
 // The router's /metrics counter `name` (-1 without an answer).
 double router_metric(int http_port, const std::string& name) {
-  httplib::Client http("127.0.0.1", http_port);
-  auto res = http.Get("/metrics");
-  if (!res) return -1;
-  std::istringstream in(res->body);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return 0;
+  const std::optional<std::string> text = testing::router_metrics_text(http_port);
+  return text ? testing::metric_value(*text, name) : -1;
 }
 
 // The sum of the router's /metrics samples of `name` over the label sets that contain `labels`.
 double router_metric_sum(int http_port, const std::string& name, const std::string& labels = "") {
-  httplib::Client http("127.0.0.1", http_port);
-  auto res = http.Get("/metrics");
-  if (!res) return -1;
-  std::istringstream in(res->body);
-  double sum = 0;
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(name + "{", 0) == 0 && line.find(labels) != std::string::npos)
-      sum += std::stod(line.substr(line.rfind(' ') + 1));
-  return sum;
+  const std::optional<std::string> text = testing::router_metrics_text(http_port);
+  return text ? testing::metric_sum(*text, name, labels) : -1;
 }
 
 // Decode-local prefill on a 1 + 1 push cluster at 64 tokens: a cold 100-token prompt goes to

@@ -20,6 +20,7 @@
 #include "engine/engine.h"
 #include "proto/pdserve.grpc.pb.h"
 #include "tests/serving/cluster_process.h"
+#include "tests/serving/metrics_text.h"
 
 namespace pdserve {
 namespace {
@@ -172,13 +173,8 @@ Answer generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, cons
 
 // One counter of the router's /metrics (0 when absent).
 double metric(int http_port, const std::string& name) {
-  httplib::Client http("127.0.0.1", http_port);
-  auto res = http.Get("/metrics");
-  if (!res) return -1;
-  std::istringstream in(res->body);
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  return 0;
+  const std::optional<std::string> text = testing::router_metrics_text(http_port);
+  return text ? testing::metric_value(*text, name) : -1;
 }
 
 struct Arm {

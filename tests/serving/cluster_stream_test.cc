@@ -27,6 +27,7 @@
 #include "proto/pdserve.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
+#include "tests/serving/metrics_text.h"
 
 namespace pdserve {
 namespace {
@@ -243,14 +244,8 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
   for (const auto& [worker, n] : worker_gauge(metrics, "pdserve:worker_kv_transfer_refused_total")) EXPECT_EQ(n, 0) << worker;
   // The router's count, from each request's transferred blocks, is the bytes the decode side
   // received (written into it, push; got by it, pull).
-  double routed = 0, received = 0;
-  std::istringstream lines(metrics);
-  for (std::string line; std::getline(lines, line);) {
-    auto value = [&] { return std::stod(line.substr(line.rfind(' ') + 1)); };
-    if (line.rfind("pdserve:kv_transfer_bytes_total{", 0) == 0) routed += value();
-    if (line.rfind("pdserve:worker_kv_transfer_bytes_total{", 0) == 0 && line.find("role=\"decode\"") != std::string::npos)
-      received += value();
-  }
+  const double routed = testing::metric_sum(metrics, "pdserve:kv_transfer_bytes_total");
+  const double received = testing::metric_sum(metrics, "pdserve:worker_kv_transfer_bytes_total", "role=\"decode\"");
   EXPECT_GT(received, 0) << metrics;
   EXPECT_EQ(routed, received) << metrics;
   EXPECT_NE(metrics.find("pdserve:e2e_request_latency_seconds_count " + std::to_string(kRequests) + "\n"),

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -27,11 +28,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Whether `done()` became true within `timeout`.
+bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!done() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+  return done();
+}
+
 // Whether `flag` became true within `timeout`.
 bool wait_for(const std::atomic<bool>& flag, std::chrono::milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!flag && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
-  return flag;
+  return wait_until([&] { return flag.load(); }, timeout);
 }
 
 class FakeWorker final : public worker::Worker::Service {
@@ -270,6 +276,16 @@ class RouterFlow : public ::testing::Test {
     registry_->poll_once();
     router_ = std::make_unique<Router>(options, std::move(model), *registry_, metrics_, clock);
   }
+  // An aggregated router with one running slot and `max_waiting` queued on worker `w`, whose
+  // Generate hangs until cancelled: the first request holds the slot until it is aborted.
+  void start_one_slot(FakeWorker& w, int max_waiting) {
+    w.hang = true;
+    RouterOptions o;
+    o.kv_mode = KvMode::kAggregated;
+    o.max_running = 1;
+    o.max_waiting = max_waiting;
+    start({{&w, worker::ROLE_AGGREGATED}}, o);
+  }
   Result run(v1::GenerateRequest req) {
     Result r;
     r.status = router_->generate(req, nullptr, [&](const v1::GenerateResponse& x) {
@@ -480,12 +496,7 @@ TEST_F(RouterFlow, PullReadFailureIsBlamedOnThePrefillWorker) {
 
 TEST_F(RouterFlow, OverloadIsResourceExhausted) {
   FakeWorker w(worker::ROLE_AGGREGATED);
-  w.hang = true;
-  RouterOptions o;
-  o.kv_mode = KvMode::kAggregated;
-  o.max_running = 1;
-  o.max_waiting = 0;
-  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  start_one_slot(w, /*max_waiting=*/0);
   v1::GenerateRequest first = request();
   first.set_request_id("long");
   Result r1;
@@ -506,12 +517,7 @@ TEST_F(RouterFlow, OverloadIsResourceExhausted) {
 // CANCELLED status): the same end as an abort while placed.
 TEST_F(RouterFlow, AnAbortWhileQueuedEndsWithAbort) {
   FakeWorker w(worker::ROLE_AGGREGATED);
-  w.hang = true;
-  RouterOptions o;
-  o.kv_mode = KvMode::kAggregated;
-  o.max_running = 1;
-  o.max_waiting = 1;
-  start({{&w, worker::ROLE_AGGREGATED}}, o);
+  start_one_slot(w, /*max_waiting=*/1);
   v1::GenerateRequest first = request();
   first.set_request_id("long");
   v1::GenerateRequest second = request();
@@ -520,9 +526,7 @@ TEST_F(RouterFlow, AnAbortWhileQueuedEndsWithAbort) {
   std::thread t1([&] { r1 = run(first); });
   ASSERT_TRUE(wait_for(w.generate_started, 5s));
   std::thread t2([&] { r2 = run(second); });
-  const auto end = std::chrono::steady_clock::now() + 5s;
-  while (router_->waiting() == 0 && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
-  ASSERT_EQ(router_->waiting(), 1);
+  ASSERT_TRUE(wait_until([&] { return router_->waiting() == 1; }, 5s));
   EXPECT_TRUE(router_->abort("queued"));
   t2.join();
   EXPECT_EQ(router_->waiting(), 0);
