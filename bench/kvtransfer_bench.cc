@@ -70,6 +70,9 @@ struct Options {
   // spinning consumer only takes CPU from it (--busy-poll for --registered-arenas).
   bool busy_poll = false;
   bool allocated_arenas = true;
+  // Copies into a mapped peer arena with memcpy rather than a UCX request per op
+  // (--no-direct-copy: the per-op path).
+  bool direct_copy = true;
   // Child roles.
   std::string role;
   int tp = 1, peer_tp = 1;
@@ -201,6 +204,7 @@ int run_child(const Options& o) {
     eo.num_blocks = num_blocks;
     eo.name = o.role;
     eo.busy_poll = o.busy_poll;
+    eo.direct_copy = o.direct_copy;
     // The first request into a peer's fresh shared-memory mapping page-faults every page it
     // writes while the rank thread, which also sends the heartbeats, copies; on a loaded
     // machine that took over 30 s per GiB, longer than the default peer timeout.
@@ -426,10 +430,11 @@ int run_parent(const Options& o) {
   double min_ratio = 1e9;
   bool all_ok = true;
   std::printf("kvtransfer_bench: %d tokens, 32 layers x 8 KV heads x 128 dim bf16, block %d, "
-              "%s separate K/V, UCX_TLS=%s, push mode, %s arenas, %s\n",
+              "%s separate K/V, UCX_TLS=%s, push mode, %s arenas, %s, %s\n",
               o.tokens, o.block_size, engine::kv_order_name(o.order), o.tls.c_str(),
               o.allocated_arenas ? "transport-allocated" : "registered (malloc)",
-              o.busy_poll ? "busy polling" : "no busy polling");
+              o.busy_poll ? "busy polling" : "no busy polling",
+              o.direct_copy ? "direct copies into mapped arenas" : "a UCX request per op");
   std::printf("%-7s %10s %8s %10s %10s %12s %14s %7s %16s %12s %9s\n", "P->C", "bytes", "ops",
               "op size", "best ms", "MB/s", "perftest MB/s", "ratio", "perftest@op MB/s",
               "small p50 us", "verified");
@@ -445,7 +450,8 @@ int run_parent(const Options& o) {
                                       o.busy_poll ? "--busy-poll" : "--no-busy-poll",
                                       o.allocated_arenas ? "--allocated-arenas"
                                                          : "--registered-arenas",
-                                      "--order", engine::kv_order_name(o.order)};
+                                      "--order", engine::kv_order_name(o.order),
+                                      o.direct_copy ? "--direct-copy" : "--no-direct-copy"};
     };
     Child consumer(args("consumer", C, P), o.tls);
     Child producer(args("producer", P, C), o.tls);
@@ -528,6 +534,8 @@ int main(int argc, char** argv) {
     else if (k == "--no-busy-poll") o.busy_poll = false;
     else if (k == "--busy-poll") o.busy_poll = true;
     else if (k == "--registered-arenas") o.allocated_arenas = false;
+    else if (k == "--no-direct-copy") o.direct_copy = false;
+    else if (k == "--direct-copy") o.direct_copy = true;
     else if (k == "--allocated-arenas") o.allocated_arenas = true;
     else if (k == "--order") {
       const std::string v = value();
@@ -547,7 +555,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: kvtransfer_bench [--tokens N] [--small-tokens N] [--block-size N] "
                    "[--reps N] [--small-reps N] [--pairs 1:1,4:8,8:4] [--tls sm,self] "
-                   "[--no-perftest] [--busy-poll|--no-busy-poll] [--registered-arenas] "
+                   "[--no-perftest] [--busy-poll|--no-busy-poll] [--registered-arenas] [--no-direct-copy] "
                    "[--order head-outer|head-major|token-major]\n");
       return 2;
     }

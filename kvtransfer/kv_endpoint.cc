@@ -70,6 +70,7 @@ KvRankEndpoint::~KvRankEndpoint() {
 Status KvRankEndpoint::init() {
   UcxTransportOptions topts;
   topts.clock = options_.clock;
+  topts.direct_copy = options_.direct_copy;
   topts.name = absl::StrCat(options_.name, ".", options_.rank);
   PD_ASSIGN_OR_RETURN(transport_, UcxTransport::create(topts));
   transport_->set_peer_error_callback([this](PeerId peer, const Status& error) {

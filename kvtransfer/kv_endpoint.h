@@ -89,6 +89,10 @@ struct KvEndpointOptions {
   // control poll: lower latency, and the speed of transports that emulate one-sided ops with
   // the target's help (UCX over shared memory it did not allocate, tcp). Costs a core per rank.
   bool busy_poll = false;
+  // The transport copies with memcpy into (or out of) a peer's arena mapped into this process
+  // instead of posting one UCX request per op (UcxTransportOptions::direct_copy). Off only to
+  // measure the per-op path.
+  bool direct_copy = true;
   // Debug: producers send a checksum per request block of what each consumer rank receives
   // (push: in WRITE_DONE; pull: answering the consumer's CHECKSUM_REQUEST); consumers verify
   // them before they are ready, and fail the request with DATA_LOSS on a mismatch.

@@ -104,6 +104,9 @@ struct TransportCounters {
   uint64_t bytes_got = 0;      // Bytes of get ops that completed successfully.
   uint64_t ops_posted = 0;
   uint64_t ops_completed = 0;  // Successfully.
+  // Of ops_completed, those the initiator copied itself into (or out of) a peer region mapped
+  // into its process, with no transport request per op (UcxTransportOptions::direct_copy).
+  uint64_t ops_copied_directly = 0;
   uint64_t ops_failed = 0;
   uint64_t flushes = 0;
   uint64_t peer_failures = 0;  // Peers whose endpoint reported an error or were failed.

@@ -152,9 +152,16 @@ TEST_F(UcxLoopbackTest, DisconnectFailsThePeerAndCallsBack) {
 }
 
 // Regions the transport allocated: a put into the target's lands there, a get from it into
-// the initiator's allocated region brings it back, and deregister_region frees them.
-TEST(UcxTransportTest, AllocatedRegionsTakePutsAndGets) {
-  auto initiator = make(/*progress_thread=*/false);
+// the initiator's allocated region brings it back, and deregister_region frees them. Over
+// shared memory the target's region is mapped into the initiator, which then copies by itself
+// (direct_copy) — or posts a UCX request per op when told not to; the bytes are the same.
+class AllocatedRegionsTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(AllocatedRegionsTest, TakePutsAndGets) {
+  const bool direct_copy = GetParam();
+  auto made = UcxTransport::create({.progress_thread = false, .direct_copy = direct_copy});
+  ASSERT_TRUE(made.ok()) << made.status();
+  auto initiator = std::move(*made);
   auto target = make(/*progress_thread=*/true);
   constexpr size_t kBytes = (1 << 20) + 123;  // Not a multiple of the page size.
   auto dst = target->allocate_region(kBytes, MemoryKind::kHost);
@@ -188,6 +195,9 @@ TEST(UcxTransportTest, AllocatedRegionsTakePutsAndGets) {
   EXPECT_EQ(std::memcmp(s + 4096, d + 4096, 65536), 0);
   EXPECT_EQ(s[4095], 0);
   EXPECT_EQ(initiator->counters().bytes_got, 65536u);
+  // Both ops went one way or the other (UCX_TLS here includes shared memory, "sm").
+  EXPECT_EQ(initiator->counters().ops_copied_directly, direct_copy ? 2u : 0u);
+  EXPECT_EQ(initiator->counters().ops_completed, 2u);
 
   EXPECT_EQ(target->allocate_region(0, MemoryKind::kHost).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -197,6 +207,9 @@ TEST(UcxTransportTest, AllocatedRegionsTakePutsAndGets) {
   EXPECT_TRUE(target->deregister_region(dst->id).ok());
   EXPECT_EQ(target->deregister_region(dst->id).code(), absl::StatusCode::kNotFound);
 }
+
+INSTANTIATE_TEST_SUITE_P(UcxTransportTest, AllocatedRegionsTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "direct" : "per_op"; });
 
 TEST(UcxTransportTest, RegistrationChecks) {
   auto t = make(false);
