@@ -56,7 +56,7 @@ TEST(GpuArtifacts, KernelLibraryHoldsCodeForEveryConfiguredArch) {
     std::memcpy(&flags, bytes.data() + at + 0x30, sizeof(flags));
     if (machine == 190) sm.insert(int((flags >> 8) & 0xff));
   }
-  for (const std::string& arch : std::vector<std::string>(absl::StrSplit(PDSERVE_CUDA_ARCHS, ';'))) {
+  for (const std::string& arch : std::vector<std::string>(absl::StrSplit(PDSERVE_CUDA_ARCHS, ','))) {
     const int want = std::atoi(arch.c_str());  // "90", "100", or "90-real".
     EXPECT_TRUE(sm.count(want)) << "no sm_" << want << " code in " << PDSERVE_GPU_KERNELS_LIB;
   }
