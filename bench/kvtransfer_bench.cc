@@ -1,22 +1,22 @@
-// kvtransfer_bench: moves one realistic request's KV cache — by default 8K tokens of an
-// 8B-shape model (32 layers, 8 KV heads, head dim 128, bf16: 1 GiB) — from a producer process
-// to a consumer process in push mode over UCX (shared memory by default) for several
-// (producer TP, consumer TP) pairs, each rank with its own KvRankEndpoint, and measures
-// `ucx_perftest -t ucp_put_bw` between two processes in the same run on the same bytes, as the
-// reference for what the transport can do: one put of the request's whole size per iteration
-// (after two warm-up ones), so that the reference, like the transfer, moves that much memory —
-// 2 GiB of source and destination, more than this VM's 508 MiB L3. A perftest with our op size
-// re-copies one cache-resident buffer (28-43 GB/s for 4 KiB-2 MiB on a quiet VM here, against
-// ~10 GB/s for 128 MiB and less beyond): it measures the cache, not moving a request, and is
-// printed beside for information only. Our figure is the best of --reps requests; perftest's
-// is its mean over --reps iterations. It also times small (16-token)
-// requests, whose latency is the per-request overhead. Every transfer is verified (sampled
-// elements) before it counts. The cache uses the engine's default order (head-outer), under
-// which a resharding transfer moves a head's run of blocks as one op (--order to compare). Each rank's KV arena is allocated by its
-// transport (KvEndpointOptions::allocate_arena), as a deployment on shared memory would run
-// it: UCX's shared-memory transports then copy straight into the peer's arena
-// (--registered-arenas measures malloc'ed, registered arenas instead). The last line is
-// `min ratio vs ucx_perftest: X`.
+// kvtransfer_bench: moves one realistic request's KV cache — by default 8K tokens of an 8B-shape
+// model (32 layers, 8 KV heads, head dim 128, bf16: 1 GiB) — from a producer process to a consumer
+// process in push mode over UCX (shared memory by default) for several (producer TP, consumer TP)
+// pairs, each rank with its own KvRankEndpoint, and measures `ucx_perftest -t ucp_put_bw` between
+// two processes in the same run on the same bytes, as the reference for what the transport can do:
+// one put of the request's whole size per iteration (after two warm-up ones), so that the
+// reference, like the transfer, moves that much memory — 2 GiB of source and destination, more
+// than any L3 of the VMs it ran on (508 MiB, 32 MiB). A perftest with our op size re-copies one
+// cache-resident buffer (28-43 GB/s for 4 KiB-2 MiB on a quiet VM here, against ~10 GB/s for 128
+// MiB and less beyond): it measures the cache, not moving a request, and is printed beside for
+// information only. Our figure is the best of --reps requests; perftest's is its mean over --reps
+// iterations. It also times small (16-token) requests, whose latency is the per-request overhead.
+// Every transfer is verified (sampled elements) before it counts. The cache uses the engine's
+// default order (head-outer), under which a resharding transfer moves a head's run of blocks as
+// one op (--order to compare). Each rank's KV arena is allocated by its transport
+// (KvEndpointOptions::allocate_arena), as a deployment on shared memory would run it: UCX maps
+// the peer's arena into the producer, which copies into it itself (direct copies;
+// --no-direct-copy posts a UCX request per op; --registered-arenas measures malloc'ed, registered
+// arenas instead). The last line is `min ratio vs ucx_perftest: X`.
 //
 // The bench re-executes itself as the producer and consumer processes (--role); they talk to
 // the parent over stdin/stdout lines.
@@ -555,8 +555,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: kvtransfer_bench [--tokens N] [--small-tokens N] [--block-size N] "
                    "[--reps N] [--small-reps N] [--pairs 1:1,4:8,8:4] [--tls sm,self] "
-                   "[--no-perftest] [--busy-poll|--no-busy-poll] [--registered-arenas] [--no-direct-copy] "
-                   "[--order head-outer|head-major|token-major]\n");
+                   "[--no-perftest] [--busy-poll|--no-busy-poll] [--registered-arenas] "
+                   "[--no-direct-copy] [--order head-outer|head-major|token-major]\n");
       return 2;
     }
   }

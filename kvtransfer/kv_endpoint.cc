@@ -218,6 +218,16 @@ Status KvRankEndpoint::notify(Remote& remote, const proto::Envelope& message) {
 // ---------------------------------------------------------------------------------------------
 // Progress
 
+StatusOr<BatchId> KvRankEndpoint::post_batch(const TransferBatch& batch) {
+  step_before_waiting_ = true;
+  return transport_->post(batch);
+}
+
+StatusOr<BatchId> KvRankEndpoint::flush_peer(PeerId peer) {
+  step_before_waiting_ = true;
+  return transport_->flush(peer);
+}
+
 BatchState KvRankEndpoint::batch_state(BatchId batch, std::string* error) {
   StatusOr<BatchStatus> st = transport_->batch_status(batch);
   if (!st.ok()) {
@@ -338,8 +348,10 @@ void KvRankEndpoint::on_control_event(const ControlEvent& event) {
 
 std::vector<KvTransferEvent> KvRankEndpoint::progress(Duration timeout) {
   std::vector<KvTransferEvent> events;
-  // Our own ops' completions, peer messages and wake() all end the wait early.
-  const Duration wait = timeout;
+  // Our own ops' later completions, peer messages and wake() all end the wait early; ops that
+  // ended inside our own calls since the last round are stepped without waiting.
+  const Duration wait = step_before_waiting_ ? Duration(0) : timeout;
+  step_before_waiting_ = false;
   StatusOr<ControlEvent> event = absl::DeadlineExceededError("no control event");
   if (options_.busy_poll && !requests_.empty()) {
     const auto until = std::chrono::steady_clock::now() + wait;

@@ -369,6 +369,11 @@ class KvRankEndpoint {
   Status send(Remote& remote, const proto::Envelope& message);
   // A leg-completing notification (WRITE_DONE, RELEASE), through the seams' notifier.
   Status notify(Remote& remote, const proto::Envelope& message);
+  // The transport's post() and flush(), for this endpoint's own ops. A batch that ends inside
+  // them signals nothing (Transport::set_activity_callback), so the next progress() steps the
+  // requests before it waits.
+  StatusOr<BatchId> post_batch(const TransferBatch& batch);
+  StatusOr<BatchId> flush_peer(PeerId peer);
   // State of a batch: in progress, done, or failed (with the error).
   BatchState batch_state(BatchId batch, std::string* error);
   bool leg_ops_ended(Leg& leg, std::string* error);
@@ -404,6 +409,7 @@ class KvRankEndpoint {
   std::vector<std::pair<PeerId, Status>> transport_errors_;
   KvEndpointCounters counters_;
   bool remote_ops_expected_ = false;  // Last told to Transport::expect_remote_ops.
+  bool step_before_waiting_ = false;  // Set by post_batch/flush_peer, cleared by progress().
 };
 
 }  // namespace pdserve::kvtransfer

@@ -128,7 +128,7 @@ void KvRankEndpoint::step_abort(const std::string& id, Request& request) {
       }
       if (session.role() == TransferRole::kPushProducer && leg.posted > 0 && !leg.flush && remote &&
           remote->error.ok()) {
-        StatusOr<BatchId> flush = transport_->flush(remote->transport_peer);
+        StatusOr<BatchId> flush = flush_peer(remote->transport_peer);
         if (flush.ok()) {
           leg.flush = *flush;
           continue;

@@ -87,7 +87,7 @@ Status KvRankEndpoint::open_pull_leg(const std::string& id, Request& request, in
     }
   }
   if (!batch.ops.empty()) {
-    PD_ASSIGN_OR_RETURN(BatchId posted, transport_->post(batch));
+    PD_ASSIGN_OR_RETURN(BatchId posted, post_batch(batch));
     leg.batches.push_back(posted);
     leg.posted = batch.ops.size();
     request.bytes += leg.plan.total_bytes;

@@ -110,7 +110,7 @@ Status KvRankEndpoint::post_layer(const std::string& id, Request& request, int c
   for (const CopyOp& op : copies.ops) {
     batch.ops.push_back({OpCode::kPut, region_, op.src_offset, remote.remote_region, op.dst_offset, op.length});
   }
-  PD_ASSIGN_OR_RETURN(BatchId posted, transport_->post(batch));
+  PD_ASSIGN_OR_RETURN(BatchId posted, post_batch(batch));
   leg.batches.push_back(posted);
   leg.posted += copies.ops.size();
   request.bytes += copies.bytes;
@@ -141,7 +141,7 @@ Status KvRankEndpoint::seal_now(const std::string& id, Request& request, std::op
   // A flush completes once every put posted before it is remotely complete.
   for (auto& [c, leg] : request.legs) {
     if (leg.posted == 0) continue;
-    StatusOr<BatchId> flush = transport_->flush(remotes_.at(leg.remote).transport_peer);
+    StatusOr<BatchId> flush = flush_peer(remotes_.at(leg.remote).transport_peer);
     if (!flush.ok()) {
       fail(request, absl::Status(flush.status().code(),
                                  absl::StrCat("request ", id, ": flush to consumer rank ", c,

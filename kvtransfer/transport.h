@@ -162,9 +162,12 @@ class Transport {
 
   // Sets the callback for peer failures (replaces any earlier one).
   virtual void set_peer_error_callback(PeerErrorCallback callback) = 0;
-  // Sets a callback run whenever a batch ends (done or failed), from whichever thread ended it
-  // and possibly under the transport's own lock: it may only signal (e.g. WakeFd::signal), so
-  // that an owner blocked in poll() looks at its batches at once. Replaces any earlier one.
+  // Sets a callback run whenever a batch ends (done or failed) after the post() or flush() that
+  // started it returned, from whichever thread ended it and possibly under the transport's own
+  // lock: it may only signal (e.g. WakeFd::signal), so that an owner blocked in poll() looks at
+  // its batches at once. A batch that ended within its post()/flush() (copied directly, or
+  // every op completed at once) runs no callback: that call's caller finds it done. Replaces
+  // any earlier one.
   virtual void set_activity_callback(std::function<void()> callback) = 0;
   // Whether peers are expected to access this side's memory now (a push consumer awaiting KV, a
   // pull producer holding it). Transports that emulate one-sided ops with the target's help (UCX

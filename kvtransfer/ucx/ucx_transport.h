@@ -126,16 +126,17 @@ class UcxTransport final : public Transport {
 
   // Books a finished (or failed to start) op on its batch. Requires mu_.
   void complete_op(const OpContext& op, ucs_status_t status);
-  // Marks the batch done once nothing is pending and posting ended. Requires mu_.
-  void maybe_finish(BatchId id, Batch& batch);
-  // A batch ended (done or failed): wakes wait() and the activity callback. Under mu_.
+  // Who ends a batch: the post()/flush() call that started it, or a completion arriving later.
+  enum class EndedBy { kPostingCall, kCompletion };
+  // Marks the batch done once nothing is pending and posting ended; signals (batch_ended) only
+  // an end by a later completion. Requires mu_.
+  void maybe_finish(BatchId id, Batch& batch, EndedBy by);
+  // A batch ended (done or failed) after its post()/flush() returned: wakes wait() and the
+  // activity callback. Under mu_.
   void batch_ended();
   // Records a peer failure, fails its open batches, destroys its rkeys and force-closes its
   // endpoint; queues the user callback. Requires mu_.
   void fail_peer(PeerId id, Peer& peer, const Status& error);
-  // Whether every op of `batch` can be copied directly (options_.direct_copy, host memory on
-  // both sides, the peer's region mapped here). Requires mu_ and validated ops.
-  bool copies_directly(const TransferBatch& batch, const Peer& peer) const;
   // Performs the batch's ops with memcpy and books them complete. Requires mu_.
   void copy_directly(BatchId id, const TransferBatch& batch, const Peer& peer);
   // Starts a request for `op` (nullptr: immediate completion already booked). Requires mu_.

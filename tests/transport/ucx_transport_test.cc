@@ -1,6 +1,7 @@
 // Single-process tests of the UCX transport: two transports in one process exchange bytes over
 // whatever UCX_TLS selects; argument validation, handle bookkeeping, counters, disconnect and
 // the caller-driven progress mode.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <numeric>
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvtransfer/ucx/stream_copy.h"
 #include "kvtransfer/ucx/ucx_transport.h"
 
 namespace pdserve::kvtransfer {
@@ -183,8 +185,17 @@ TEST_P(AllocatedRegionsTest, TakePutsAndGets) {
     EXPECT_TRUE(initiator->release_batch(*id).ok());
     return st;
   };
+  std::atomic<int> signals{0};
+  initiator->set_activity_callback([&] { ++signals; });
   // The whole region in one op, then the last byte alone (bounds are the requested length).
-  ASSERT_TRUE(run(initiator->post({*peer, {{OpCode::kPut, src->id, 0, *remote, 0, kBytes}}})).ok());
+  StatusOr<BatchId> put = initiator->post({*peer, {{OpCode::kPut, src->id, 0, *remote, 0, kBytes}}});
+  ASSERT_TRUE(put.ok()) << put.status();
+  const bool ended_in_post = initiator->batch_status(*put)->state == BatchState::kDone;
+  EXPECT_TRUE(ended_in_post || !direct_copy);  // A direct copy is done when post() returns.
+  ASSERT_TRUE(run(put).ok());
+  // post()'s caller finds such a batch done: it wakes nobody. One that ends later signals once.
+  EXPECT_EQ(signals.load(), ended_in_post ? 0 : 1);
+  initiator->set_activity_callback(nullptr);
   ASSERT_TRUE(run(initiator->flush(*peer)).ok());
   EXPECT_EQ(std::memcmp(dst->addr, src->addr, kBytes), 0);
   EXPECT_FALSE(initiator->post({*peer, {{OpCode::kPut, src->id, 0, *remote, 1, kBytes}}}).ok());
@@ -210,6 +221,29 @@ TEST_P(AllocatedRegionsTest, TakePutsAndGets) {
 
 INSTANTIATE_TEST_SUITE_P(UcxTransportTest, AllocatedRegionsTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "direct" : "per_op"; });
+
+// stream_copy (direct copies into a peer's mapping) equals memcpy for every length around its
+// 16-byte store width and 256-byte threshold, at every destination alignment, and writes
+// nothing outside the destination.
+TEST(StreamCopyTest, EqualsMemcpyAtEveryLengthAndAlignment) {
+  std::vector<uint8_t> src(70000 + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 31 + 7);
+  std::vector<uint8_t> dst(src.size() + 64);
+  for (size_t length : {0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 300, 4095, 4096, 4097, 70000}) {
+    for (size_t dst_at = 0; dst_at < 17; ++dst_at) {
+      for (size_t src_at : {0, 1, 8}) {
+        std::fill(dst.begin(), dst.end(), 0xAA);
+        stream_copy(dst.data() + 8 + dst_at, src.data() + src_at, length);
+        stream_fence();
+        const auto at = dst.begin() + 8 + dst_at;
+        ASSERT_TRUE(std::equal(at, at + length, src.begin() + src_at))
+            << length << " bytes, dst +" << dst_at << ", src +" << src_at;
+        ASSERT_TRUE(std::all_of(dst.begin(), at, [](uint8_t b) { return b == 0xAA; }));
+        ASSERT_TRUE(std::all_of(at + length, dst.end(), [](uint8_t b) { return b == 0xAA; }));
+      }
+    }
+  }
+}
 
 TEST(UcxTransportTest, RegistrationChecks) {
   auto t = make(false);
