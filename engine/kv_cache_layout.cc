@@ -40,6 +40,7 @@ StatusOr<KvCacheLayout> KvCacheLayout::create(const KvCacheSpec& spec, int rank,
   PD_RETURN_IF_ERROR(validate(spec, tp));
   KvCacheLayout layout;
   layout.spec_ = spec;
+  layout.spec_fingerprint_ = spec.fingerprint();
   layout.rank_ = rank;
   layout.tp_ = tp;
   layout.num_blocks_ = num_blocks;

@@ -37,6 +37,8 @@ class KvCacheLayout {
   static StatusOr<uint64_t> bytes_per_block(const KvCacheSpec& spec, int tp);
 
   const KvCacheSpec& spec() const { return spec_; }
+  // spec().fingerprint(), computed once: transfer planning checks it for every pair.
+  uint64_t spec_fingerprint() const { return spec_fingerprint_; }
   int rank() const { return rank_; }
   int tp() const { return tp_; }
   int num_blocks() const { return num_blocks_; }
@@ -74,6 +76,7 @@ class KvCacheLayout {
     uint64_t v_bytes = 0;     // One block's V part (0 for key-only).
   };
   KvCacheSpec spec_;
+  uint64_t spec_fingerprint_ = 0;
   int rank_ = 0, tp_ = 1, num_blocks_ = 0;
   uint64_t total_bytes_ = 0;
   std::vector<LayerPlacement> layers_;

@@ -44,10 +44,12 @@ void append_merged(std::vector<CopyOp>* out, uint64_t src, uint64_t dst, uint64_
 Status append_copy_ops(const KvCacheLayout& producer, const KvCacheLayout& consumer, const RankMapEntry& entry,
                        std::span<const int> producer_blocks, std::span<const int> consumer_blocks,
                        std::vector<CopyOp>* out) {
-  if (producer.spec() != consumer.spec()) {
+  // The fingerprint covers every field of the geometry (and is what the handshake's compat hash
+  // trusts); comparing it, cached, keeps this check off a small transfer's planning time.
+  if (producer.spec_fingerprint() != consumer.spec_fingerprint()) {
     return absl::FailedPreconditionError(
         absl::StrCat("geometry: producer and consumer KV specs differ (fingerprints ",
-                     producer.spec().fingerprint(), " vs ", consumer.spec().fingerprint(), ")"));
+                     producer.spec_fingerprint(), " vs ", consumer.spec_fingerprint(), ")"));
   }
   if (entry.layer < 0 || entry.layer >= producer.num_layers()) {
     return absl::InvalidArgumentError(

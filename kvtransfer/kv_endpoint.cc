@@ -102,6 +102,7 @@ Status KvRankEndpoint::init() {
   copts.peer_timeout = options_.peer_timeout;
   copts.wake = &wake_;
   copts.curve_secret_key = options_.curve_secret_key;
+  copts.local_lane = options_.local_lane;
   proto::Handshake& local = copts.local;
   local.set_compat_hash(compat_hash(options_.model_id, options_.spec));
   local.set_role(options_.side == SessionSide::kProducer ? proto::ROLE_PREFILL
@@ -137,6 +138,7 @@ void KvEndpointCounters::merge_rank(const KvEndpointCounters& other) {
   stale_ignored += other.stale_ignored;
   refused += other.refused;
   blocks_released += other.blocks_released;
+  notifications_on_lane += other.notifications_on_lane;
   latency_total = std::max(latency_total, other.latency_total);
   latency_max = std::max(latency_max, other.latency_max);
 }
@@ -146,7 +148,14 @@ const std::string& KvRankEndpoint::control_endpoint() const { return control_->e
 std::string KvRankEndpoint::describe() const {
   return absl::StrCat(options_.side == SessionSide::kProducer ? "producer" : "consumer", " rank ",
                       options_.rank, "/", options_.tp, " ", transport_->describe(), " control ",
-                      control_->endpoint(), options_.checksums ? " checksums" : "");
+                      control_->endpoint(), options_.local_lane ? " + same-host lane" : "",
+                      options_.checksums ? " checksums" : "");
+}
+
+KvEndpointCounters KvRankEndpoint::counters() const {
+  KvEndpointCounters counters = counters_;
+  counters.notifications_on_lane = control_->lane_counters().sent;
+  return counters;
 }
 
 StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank,

@@ -93,6 +93,10 @@ struct KvEndpointOptions {
   // instead of posting one UCX request per op (UcxTransportOptions::direct_copy). Off only to
   // measure the per-op path.
   bool direct_copy = true;
+  // Leg-completing notifications (WRITE_DONE, RELEASE) to a peer on this host go through the
+  // control channel's same-host lane (ControlChannelOptions::local_lane). Off only to measure
+  // ZeroMQ's path.
+  bool local_lane = true;
   // Debug: producers send a checksum per request block of what each consumer rank receives
   // (push: in WRITE_DONE; pull: answering the consumer's CHECKSUM_REQUEST); consumers verify
   // them before they are ready, and fail the request with DATA_LOSS on a mismatch.
@@ -190,6 +194,8 @@ struct KvEndpointCounters {
   uint64_t stale_ignored = 0;
   uint64_t refused = 0;  // Malformed or inconsistent notifications and requests.
   uint64_t blocks_released = 0;
+  // Leg-completing notifications sent on a peer's same-host lane (KvEndpointOptions::local_lane).
+  uint64_t notifications_on_lane = 0;
   Duration latency_total{0};
   Duration latency_max{0};
 
@@ -249,7 +255,7 @@ class KvRankEndpoint {
   void wake() const { wake_.signal(); }
   // Requests not yet finished (including those waiting to release their blocks).
   size_t open_requests() const { return requests_.size(); }
-  KvEndpointCounters counters() const { return counters_; }
+  KvEndpointCounters counters() const;
   Transport& transport() { return *transport_; }
 
  private:

@@ -101,7 +101,7 @@ StatusOr<KvRankEndpoint::Fan> KvRankEndpoint::connect_fan(
   for (int r : ranks) {
     const std::string& endpoint = endpoints[r];
     const uint64_t incarnation = incarnation_at(incarnations, r);
-    if (std::optional<ControlPeer> peer = control_->cached(endpoint, incarnation)) {
+    if (const ControlPeer* peer = control_->cached(endpoint, incarnation)) {
       StatusOr<Remote*> remote = accept_dialed(*peer, endpoint, tp, r);
       if (!remote.ok()) {
         unreachable(r, remote.status());

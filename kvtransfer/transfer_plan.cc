@@ -11,9 +11,9 @@ Status check_side(const char* side, const engine::KvCacheLayout& layout, int ran
     return absl::InvalidArgumentError(absl::StrCat("transfer plan: ", side, " layout is rank ", layout.rank(),
                                                    " of TP ", layout.tp(), ", expected rank ", rank, " of TP ", tp));
   }
-  if (layout.spec().fingerprint() != fingerprint) {
+  if (layout.spec_fingerprint() != fingerprint) {
     return absl::FailedPreconditionError(
-        absl::StrCat("transfer plan: ", side, " KV spec (fingerprint ", layout.spec().fingerprint(),
+        absl::StrCat("transfer plan: ", side, " KV spec (fingerprint ", layout.spec_fingerprint(),
                      ") is not the one the rank map was built for (", fingerprint, ")"));
   }
   return absl::OkStatus();

@@ -37,6 +37,7 @@ void copy_identity(const Message& m, ControlPeer& peer) {
   peer.incarnation = m.incarnation();
   for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
   peer.arena = m.arena();
+  peer.local_lane = m.local_lane();
 }
 
 }  // namespace
@@ -79,26 +80,35 @@ Status ControlChannel::bind() {
     return zmq_status(("bind " + options_.bind_endpoint).c_str(), e);
   }
   endpoint_ = router_.get(zmq::sockopt::last_endpoint);
+  if (options_.local_lane) {
+    // Without one every message still goes through ZeroMQ: slower, never wrong.
+    StatusOr<std::unique_ptr<LocalLane>> lane = LocalLane::open();
+    if (lane.ok()) {
+      lane_ = std::move(*lane);
+    } else {
+      PD_LOG_WARN("control: no same-host lane: {}", lane.status().ToString());
+    }
+  }
   return absl::OkStatus();
 }
 
-std::optional<ControlPeer> ControlChannel::cached(const std::string& endpoint, uint64_t incarnation) {
+const ControlPeer* ControlChannel::cached(const std::string& endpoint, uint64_t incarnation) {
   auto it = peer_by_endpoint_.find(endpoint);
-  if (it == peer_by_endpoint_.end()) return std::nullopt;
+  if (it == peer_by_endpoint_.end()) return nullptr;
   const uint64_t id = it->second;
   PeerState& cached = peers_.at(id);
-  if (!cached.lost && (incarnation == 0 || cached.info.incarnation == incarnation)) return cached.info;
+  if (!cached.lost && (incarnation == 0 || cached.info.incarnation == incarnation)) return &cached.info;
   if (!cached.lost) {
     // ZeroMQ reconnected the socket to the new process under us, which never handshook on it.
     lose(id, cached, absl::UnavailableError(absl::StrCat("the peer at ", endpoint, " restarted (incarnation ",
                                                          absl::Hex(cached.info.incarnation), ", now ",
                                                          absl::Hex(incarnation), ")")));
   }
-  return std::nullopt;
+  return nullptr;
 }
 
 StatusOr<ControlPeer> ControlChannel::connect(const std::string& endpoint, Duration timeout, uint64_t incarnation) {
-  if (std::optional<ControlPeer> known = cached(endpoint, incarnation)) return *known;
+  if (const ControlPeer* known = cached(endpoint, incarnation)) return *known;
   PD_ASSIGN_OR_RETURN(const uint64_t id, start_connect(endpoint, timeout, incarnation));
   PendingDial& dial = dials_.at(id);
   try {
@@ -152,6 +162,7 @@ StatusOr<uint64_t> ControlChannel::start_connect(const std::string& endpoint, Du
     dealer.connect(endpoint);
     proto::Envelope hello;
     *hello.mutable_handshake() = options_.local;
+    if (lane_) hello.mutable_handshake()->set_local_lane(lane_->address());
     const std::string bytes = encode_envelope(hello);
     if (!dealer.send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
       return absl::UnavailableError(absl::StrCat("cannot queue a handshake to ", endpoint));
@@ -222,11 +233,29 @@ std::optional<StatusOr<ControlPeer>> ControlChannel::step_dial(PendingDial& dial
   return std::nullopt;
 }
 
-Status ControlChannel::send(uint64_t id, const proto::Envelope& message) {
+Status ControlChannel::send(uint64_t id, const proto::Envelope& message, Route route) {
   auto it = peers_.find(id);
   if (it == peers_.end()) return absl::NotFoundError(absl::StrCat("no control peer ", id));
-  if (it->second.lost) return absl::UnavailableError(absl::StrCat("control peer ", id, " lost"));
-  return send_to(it->second, encode_envelope(message));
+  PeerState& peer = it->second;
+  if (peer.lost) return absl::UnavailableError(absl::StrCat("control peer ", id, " lost"));
+  const std::string bytes = encode_envelope(message);
+  if (route == Route::kLocalFirst) {
+    if (lane_ && !peer.info.local_lane.empty() && !peer.lane_unreachable) {
+      const Status sent = lane_->send(peer.info.local_lane, bytes);
+      if (sent.ok()) {
+        ++lane_counters_.sent;
+        return sent;
+      }
+      // Unavailable: not bound there from this host and network namespace (or the process is
+      // gone; heartbeats tell). Otherwise only this message does not fit now.
+      if (absl::IsUnavailable(sent)) {
+        peer.lane_unreachable = true;
+        PD_LOG_DEBUG("control: peer {}'s lane is out of reach ({}); ZeroMQ only", id, sent.ToString());
+      }
+    }
+    ++lane_counters_.fell_back;
+  }
+  return send_to(peer, bytes);
 }
 
 Status ControlChannel::send_to(PeerState& peer, const std::string& bytes) {
@@ -278,6 +307,8 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
       std::vector<zmq::pollitem_t> items{{router_.handle(), 0, ZMQ_POLLIN, 0}};
       if (options_.wake) items.push_back({nullptr, options_.wake->fd(), ZMQ_POLLIN, 0});
       if (zap_) items.push_back({zap_->socket().handle(), 0, ZMQ_POLLIN, 0});
+      const size_t lane_item = items.size();
+      if (lane_) items.push_back({nullptr, lane_->fd(), ZMQ_POLLIN, 0});
       std::vector<uint64_t> dial_ids;
       auto dial_deadline = deadline;
       for (auto& [id, dial] : dials_) {
@@ -350,6 +381,7 @@ StatusOr<ControlEvent> ControlChannel::receive(Duration timeout) {
           on_dealer_frame(dealer_peers[i], frame.to_string());
         }
       }
+      if (lane_ && (items[lane_item].revents & ZMQ_POLLIN)) drain_lane();
       if (options_.wake && (items[1].revents & ZMQ_POLLIN) && options_.wake->drain()) {
         events_.push_back(ControlEvent{ControlEvent::Kind::kWoken, 0, {}, absl::OkStatus()});
       }
@@ -387,6 +419,7 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       ack.set_incarnation(local.incarnation());
       *ack.mutable_regions() = local.regions();
       *ack.mutable_arena() = local.arena();
+      if (lane_) ack.set_local_lane(lane_->address());
     }
     if (!ack.accepted()) {
       PD_LOG_WARN("control: refusing handshake from rank {}/{}: {}", hello.rank(),
@@ -421,6 +454,32 @@ void ControlChannel::on_dealer_frame(uint64_t id, const std::string& bytes) {
   auto decoded = decode_envelope(bytes, options_.max_message_bytes);
   if (!decoded.ok()) return refuse(absl::StrCat("peer ", id), decoded.status());
   on_peer_message(id, std::move(*decoded));
+}
+
+void ControlChannel::drain_lane() {
+  while (std::optional<LocalLane::Datagram> datagram = lane_->receive(options_.max_message_bytes)) {
+    // The sender's address is the kernel's, so it names a live process: one of our handshaken
+    // peers if it announced that address (either of its two connections serves).
+    uint64_t from = 0;
+    for (const auto& [id, peer] : peers_) {
+      if (!peer.lost && !datagram->from.empty() && peer.info.local_lane == datagram->from) {
+        from = id;
+        break;
+      }
+    }
+    const std::string source = absl::StrCat("lane @", datagram->from);
+    if (from == 0) {
+      refuse(source, absl::PermissionDeniedError("a datagram from an address no live handshaken peer announced"));
+      continue;
+    }
+    auto decoded = decode_envelope(datagram->bytes, options_.max_message_bytes);
+    if (!decoded.ok()) {
+      refuse(source, decoded.status());
+      continue;
+    }
+    ++lane_counters_.received;
+    on_peer_message(from, std::move(*decoded));
+  }
 }
 
 void ControlChannel::on_peer_message(uint64_t id, proto::Envelope envelope) {

@@ -5,7 +5,9 @@
 // geometry with both geometries in the error). Afterwards either side sends notifications
 // (WriteDone, Release, Abort, and in pull mode with debug checksums ChecksumRequest and
 // BlockChecksums) and heartbeats. Every received frame goes through the strict
-// decoder; refused frames are logged and counted, never fatal.
+// decoder; refused frames are logged and counted, never fatal. Beside ZeroMQ, each channel has a
+// same-host lane (local_lane.h): a notification sent with Route::kLocalFirst to a peer on this
+// host wakes its receiving thread directly, skipping ZeroMQ's I/O thread on both sides.
 //
 // Threading: a ControlChannel is used from one thread (ZeroMQ sockets are not thread-safe).
 // Nothing happens in the background: incoming handshakes are answered, heartbeats sent and
@@ -25,6 +27,7 @@
 #include "common/status.h"
 #include "common/wake_fd.h"
 #include "kvtransfer/control/curve.h"
+#include "kvtransfer/control/local_lane.h"
 #include "proto/kvtransfer.pb.h"
 
 namespace pdserve::kvtransfer {
@@ -53,6 +56,23 @@ struct ControlChannelOptions {
   // connection is CURVE-encrypted and only peers holding the same key get through. Empty:
   // plaintext (a trusted network only).
   std::string curve_secret_key;
+  // Opens the same-host lane (LocalLane) and announces it in the handshake. Off: every message
+  // goes through ZeroMQ (and peers can send this channel nothing on a lane).
+  bool local_lane = true;
+};
+
+// How send() carries a message.
+enum class Route : uint8_t {
+  kChannel,     // ZeroMQ, in order with every other message to that peer.
+  kLocalFirst,  // The peer's same-host lane when it has one this process reaches, else ZeroMQ.
+                // It may overtake messages sent earlier through ZeroMQ.
+};
+
+// What the same-host lanes carried since creation.
+struct LaneCounters {
+  uint64_t sent = 0;       // Messages sent on a peer's lane.
+  uint64_t fell_back = 0;  // kLocalFirst messages that went through ZeroMQ instead.
+  uint64_t received = 0;   // Accepted from a handshaken peer's lane.
 };
 
 // A peer whose handshake succeeded, from either side.
@@ -67,6 +87,7 @@ struct ControlPeer {
   uint64_t incarnation = 0;  // Handshake.incarnation: which process on that endpoint.
   std::map<std::string, std::string> regions;  // Region name → transport descriptor.
   proto::ArenaInfo arena;  // Unset (all zero) when the peer announced no KV arena.
+  std::string local_lane;  // Its same-host lane's address; empty when it has none.
 };
 
 // What receive() hands to its caller.
@@ -103,14 +124,15 @@ class ControlChannel {
   // Blocks the calling thread for up to `timeout`: an owner that serves other requests meanwhile
   // uses cached() and start_connect() instead.
   StatusOr<ControlPeer> connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
-  // The live peer handshaken at `endpoint` (any incarnation if 0), without a round trip; nullopt
-  // when it must be dialed (a peer there of another incarnation is then reported lost).
-  std::optional<ControlPeer> cached(const std::string& endpoint, uint64_t incarnation = 0);
+  // The live peer handshaken at `endpoint` (any incarnation if 0), without a round trip; null
+  // when it must be dialed (a peer there of another incarnation is then reported lost). Valid
+  // until the channel's next non-const call.
+  const ControlPeer* cached(const std::string& endpoint, uint64_t incarnation = 0);
   // Starts dialing and returns at once: receive() services the dial beside everything else and
   // reports its end, within `timeout`, as a kDialed event carrying the returned id.
   StatusOr<uint64_t> start_connect(const std::string& endpoint, Duration timeout, uint64_t incarnation = 0);
   // Sends a notification (or any message) to a handshaken peer, without blocking.
-  Status send(uint64_t peer, const proto::Envelope& message);
+  Status send(uint64_t peer, const proto::Envelope& message, Route route = Route::kChannel);
   // Services the sockets for at most `timeout` of real time and returns the next event, or
   // DeadlineExceeded when none came; a zero timeout looks once without waiting. zmq_poll counts
   // whole milliseconds: without a wake fd a remainder under one is slept, with one it is polled
@@ -122,6 +144,7 @@ class ControlChannel {
   // Frames refused by the decoder or by protocol rules, and connections refused for want of
   // the cluster key, since creation.
   uint64_t refused_count() const { return refused_ + (zap_ ? zap_->refused() : 0); }
+  LaneCounters lane_counters() const { return lane_counters_; }
 
  private:
   struct PeerState {
@@ -130,6 +153,7 @@ class ControlChannel {
     std::string routing_id;                 // Peers that dialed us.
     TimePoint last_heard;
     bool lost = false;
+    bool lane_unreachable = false;  // Its lane refused a datagram: ZeroMQ only from then on.
   };
 
   // A dial in flight: its DEALER, whose handshake answer completes it, and that socket's monitor.
@@ -154,6 +178,8 @@ class ControlChannel {
   // Handles one frame from the ROUTER (routing id known) or from a dialed peer.
   void on_router_frame(const std::string& routing_id, const std::string& bytes);
   void on_dealer_frame(uint64_t peer, const std::string& bytes);
+  // Handles every datagram waiting on the lane.
+  void drain_lane();
   // Handles a decoded message from a handshaken peer.
   void on_peer_message(uint64_t peer, proto::Envelope envelope);
   // Sends heartbeats when due and reports peers that went quiet.
@@ -167,6 +193,8 @@ class ControlChannel {
   std::optional<CurveKey> curve_;
   std::unique_ptr<ZapHandler> zap_;  // With curve_: bound before router_.
   zmq::socket_t router_;
+  std::unique_ptr<LocalLane> lane_;  // With options_.local_lane.
+  LaneCounters lane_counters_;
   std::string endpoint_;
   std::map<uint64_t, PeerState> peers_;
   std::map<std::string, uint64_t> peer_by_endpoint_;

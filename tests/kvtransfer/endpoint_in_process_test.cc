@@ -2,7 +2,8 @@
 // test thread: over shared memory the consumer maps the producer's arena and copies a pulled
 // request inside pull() itself, a batch that ends within its own call and so signals nothing
 // (Transport::set_activity_callback). The consumer's next progress() must still step it at
-// once rather than wait out its timeout first.
+// once rather than wait out its timeout first. The leg-completing notifications (WRITE_DONE,
+// RELEASE) between them take the control channel's same-host lane.
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -13,52 +14,22 @@
 
 #include "kvtransfer/kv_endpoint.h"
 #include "tests/kvtransfer/kv_fill.h"
+#include "tests/kvtransfer/kv_sim.h"
+#include "tests/model/test_util.h"
 
 namespace pdserve::kvtransfer {
 namespace {
 
 using namespace std::chrono_literals;
 
-engine::KvCacheSpec small_spec() {
-  engine::KvCacheSpec spec;
-  spec.block_size = 4;
-  engine::LayerKvSpec layer;
-  layer.num_kv_heads = 2;
-  layer.head_dim = 16;
-  layer.v_head_dim = 16;
-  layer.dtype = engine::DType::kF32;
-  layer.layout = engine::KvLayout::kSeparate;
-  spec.layers.assign(3, layer);
-  return spec;
-}
-
-// Sets an environment variable for its lifetime. UCX reads UCX_TLS when a transport is created.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-std::unique_ptr<KvRankEndpoint> make(SessionSide side) {
+std::unique_ptr<KvRankEndpoint> make(SessionSide side, bool local_lane = true) {
   // Shared memory only, which is what this test is about: with every transport, UCX 1.13's tcp
   // wireup between two workers of one process aborted once under a parallel ctest (an assertion
   // in ucp_request_send_state_ff after "connect() failed: Connection refused").
-  const ScopedEnv tls("UCX_TLS", "sm,self");
+  const engine::testing::ScopedEnv tls("UCX_TLS", "sm,self");
   KvEndpointOptions o;
-  o.spec = small_spec();
+  o.spec = testing::mixed_spec();
+  o.local_lane = local_lane;
   o.model_id = "in-process";
   o.side = side;
   o.allocate_arena = true;
@@ -109,6 +80,31 @@ TEST(EndpointInProcess, PullCopiedInsideItsCallIsSteppedWithoutWaiting) {
                                  testing::request_salt("second"), 1),
             0);
   EXPECT_GT(consumer->transport().counters().ops_copied_directly, 0u);  // Copied, not posted.
+  EXPECT_EQ(consumer->counters().notifications_on_lane, 2u) << "each pull's RELEASE";
+}
+
+// A push's WRITE_DONE goes on the same-host lane, and the request is ready with the bytes right;
+// with the lane off on either side it goes through ZeroMQ, with the same outcome.
+TEST(EndpointInProcess, PushWriteDoneTakesTheSameHostLaneUnlessOff) {
+  for (const auto& [producer_lane, consumer_lane] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(::testing::Message() << "producer lane " << producer_lane << ", consumer lane " << consumer_lane);
+    auto producer = make(SessionSide::kProducer, producer_lane);
+    auto consumer = make(SessionSide::kConsumer, consumer_lane);
+    ASSERT_TRUE(producer && consumer);
+    const std::vector<int> blocks{2, 5, 7};
+    for (const std::string id : {"one", "two"}) {
+      testing::fill_request(producer->layout(), producer->arena(), blocks, testing::request_salt(id), 1);
+      ASSERT_TRUE(consumer->expect_push({id, 1, blocks, {producer->control_endpoint()}, 60s}).ok());
+      ASSERT_TRUE(producer->begin_push({id, 1, {consumer->control_endpoint()}, blocks, blocks, 60s}).ok());
+      for (int l = 0; l < producer->layout().num_layers(); ++l) ASSERT_TRUE(producer->layer_ready(id, l).ok());
+      ASSERT_TRUE(producer->seal(id, 7).ok());
+      const KvTransferEvent ready = pump_until_consumer_reports(*producer, *consumer, id);
+      ASSERT_EQ(ready.kind, KvTransferEvent::Kind::kReady) << ready.error;
+      EXPECT_EQ(ready.first_token, 7);
+      EXPECT_EQ(testing::count_wrong(consumer->layout(), consumer->arena(), blocks, testing::request_salt(id), 1), 0);
+    }
+    EXPECT_EQ(producer->counters().notifications_on_lane, producer_lane && consumer_lane ? 2u : 0u);
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 // refusal on compat-hash mismatch, handshake caching, notifications both ways, refusal of junk
 // frames without harm, peer loss by heartbeat timeout on an injected clock, fast failure of a
 // refused dial, CURVE with the cluster key (encrypted on the wire, refused without it), and the
-// non-blocking dial (start_connect, cached, kDialed) against a listener answered by hand.
+// non-blocking dial (start_connect, cached, kDialed) against a listener answered by hand, and
+// the same-host lane (LocalLane): taken both ways, fallen back from, closed to strangers.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,6 +22,7 @@
 
 #include "kvtransfer/control/codec.h"
 #include "kvtransfer/control/control_channel.h"
+#include "kvtransfer/control/local_lane.h"
 
 namespace pdserve::kvtransfer {
 namespace {
@@ -122,11 +124,13 @@ class HandAnsweredPeer {
     } while (std::chrono::steady_clock::now() < until);
     return std::nullopt;
   }
-  // Accepts the handshake that came from `routing_id`, as decode rank 1/2 of incarnation 0x77.
-  void accept(const std::string& routing_id) {
+  // Accepts the handshake that came from `routing_id`, as decode rank 1/2 of incarnation 0x77,
+  // announcing `local_lane` (none if empty).
+  void accept(const std::string& routing_id, const std::string& local_lane = "") {
     proto::Envelope reply;
     proto::HandshakeAck& ack = *reply.mutable_handshake_ack();
     ack.set_accepted(true);
+    ack.set_local_lane(local_lane);
     ack.set_role(proto::ROLE_DECODE);
     ack.set_tp_size(2);
     ack.set_rank(1);
@@ -135,6 +139,22 @@ class HandAnsweredPeer {
     const std::string bytes = encode_envelope(reply);
     socket_.send(zmq::buffer(routing_id), zmq::send_flags::sndmore);
     socket_.send(zmq::buffer(bytes), zmq::send_flags::none);
+  }
+  // The type of the next message (handshakes skipped) to arrive within `within`; "" if none.
+  std::string next_message_type(Duration within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    do {
+      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, 10ms);
+      std::vector<zmq::message_t> frames;
+      while (zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
+        auto decoded = frames.size() == 2 ? decode_envelope(frames[1].to_string_view())
+                                          : StatusOr<proto::Envelope>(absl::InvalidArgumentError("frames"));
+        if (decoded.ok() && !decoded->has_handshake()) return message_type_name(*decoded);
+        frames.clear();
+      }
+    } while (std::chrono::steady_clock::now() < until);
+    return "";
   }
   static constexpr uint64_t kIncarnation = 0x77;
   std::string endpoint;
@@ -153,7 +173,7 @@ TEST(ControlChannelTest, StartConnectReportsTheHandshakenPeerAndMessagesRoundTri
   auto prefill = make(proto::ROLE_PREFILL, 7, &clock);
   auto dial = prefill->start_connect(decode->endpoint(), 5s);
   ASSERT_TRUE(dial.ok()) << dial.status();
-  EXPECT_FALSE(prefill->cached(decode->endpoint()).has_value()) << "no handshake answered yet";
+  EXPECT_EQ(prefill->cached(decode->endpoint()), nullptr) << "no handshake answered yet";
   auto dialed = await_event(*prefill, ControlEvent::Kind::kDialed, {decode.get()});
   ASSERT_TRUE(dialed.has_value());
   EXPECT_EQ(dialed->dial, *dial);
@@ -165,7 +185,7 @@ TEST(ControlChannelTest, StartConnectReportsTheHandshakenPeerAndMessagesRoundTri
   EXPECT_EQ(peer->role, proto::ROLE_DECODE);
   EXPECT_EQ(peer->worker_address, "decode-addr");
   auto cached = prefill->cached(decode->endpoint());
-  ASSERT_TRUE(cached.has_value());
+  ASSERT_NE(cached, nullptr);
   EXPECT_EQ(cached->id, dialed->peer);
 
   proto::Envelope done;
@@ -224,7 +244,7 @@ TEST(ControlChannelTest, ADialNobodyAnswersStaysInFlightAndOthersProceed) {
   // Still dialed, not connected: the handshake arrived and is unanswered.
   const std::optional<std::string> hello = silent.next_handshake(5s);
   ASSERT_TRUE(hello.has_value());
-  EXPECT_FALSE(prefill->cached(silent.endpoint).has_value());
+  EXPECT_EQ(prefill->cached(silent.endpoint), nullptr);
   auto idle = prefill->receive(Duration(0));
   EXPECT_FALSE(idle.ok() && idle->kind == ControlEvent::Kind::kDialed) << "ended unanswered";
 
@@ -237,7 +257,7 @@ TEST(ControlChannelTest, ADialNobodyAnswersStaysInFlightAndOthersProceed) {
   ASSERT_TRUE(peer.ok()) << peer.status();
   EXPECT_EQ(peer->worker_address, "hand-addr");
   auto cached = prefill->cached(silent.endpoint);
-  ASSERT_TRUE(cached.has_value());
+  ASSERT_NE(cached, nullptr);
   EXPECT_EQ(cached->id, answered->peer);
 }
 
@@ -260,7 +280,7 @@ TEST(ControlChannelTest, ADialNobodyAnswersEndsAtItsTimeout) {
   EXPECT_NE(ended->error.message().find(absl::StrCat("no handshake answer from ", silent.endpoint, " within 100 ms")),
             std::string::npos)
       << ended->error;
-  EXPECT_FALSE(prefill->cached(silent.endpoint).has_value());
+  EXPECT_EQ(prefill->cached(silent.endpoint), nullptr);
 }
 
 // Once a dial ended, the endpoint's peer is cached: cached() and connect() hand back the same
@@ -281,7 +301,7 @@ TEST(ControlChannelTest, ADialedPeerIsCachedAndNotDialedAgain) {
 
   for (uint64_t incarnation : {uint64_t(0), HandAnsweredPeer::kIncarnation}) {
     auto cached = prefill->cached(listener.endpoint, incarnation);
-    ASSERT_TRUE(cached.has_value()) << incarnation;
+    ASSERT_NE(cached, nullptr) << incarnation;
     EXPECT_EQ(cached->id, dialed->peer);
   }
   auto again = prefill->connect(listener.endpoint, 1ms);
@@ -289,12 +309,12 @@ TEST(ControlChannelTest, ADialedPeerIsCachedAndNotDialedAgain) {
   EXPECT_EQ(again->id, dialed->peer);
   EXPECT_FALSE(listener.next_handshake(50ms).has_value()) << "a second handshake arrived";
 
-  EXPECT_FALSE(prefill->cached(listener.endpoint, HandAnsweredPeer::kIncarnation + 1).has_value());
+  EXPECT_EQ(prefill->cached(listener.endpoint, HandAnsweredPeer::kIncarnation + 1), nullptr);
   auto lost = prefill->receive(Duration(0));
   ASSERT_TRUE(lost.ok()) << lost.status();
   EXPECT_EQ(lost->kind, ControlEvent::Kind::kPeerLost);
   EXPECT_EQ(lost->peer, dialed->peer);
-  EXPECT_FALSE(prefill->cached(listener.endpoint).has_value());
+  EXPECT_EQ(prefill->cached(listener.endpoint), nullptr);
 }
 
 TEST(ControlChannelTest, HandshakeAcceptedCachedAndNotificationsFlowBothWays) {
@@ -342,6 +362,145 @@ TEST(ControlChannelTest, HandshakeAcceptedCachedAndNotificationsFlowBothWays) {
   EXPECT_EQ(got->message.release().consumer_rank(), 1u);
   EXPECT_EQ(decode->refused_count(), 0u);
   EXPECT_EQ(prefill->refused_count(), 0u);
+}
+
+// Route::kLocalFirst between two channels of one host takes the same-host lane both ways (the
+// dialer's and the listener's): the messages arrive as kMessage from the handshaken peer, and
+// nothing goes through ZeroMQ. Route::kChannel (the default) still does.
+TEST(ControlChannelTest, LocalFirstNotificationsTakeTheSameHostLaneBothWays) {
+  auto decode = make(proto::ROLE_DECODE, 7);
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  Serving serving(*decode);
+  auto peer = prefill->connect(decode->endpoint(), 2s);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_FALSE(peer->local_lane.empty()) << "the listener announces its lane";
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("r1");
+  done.mutable_write_done()->set_sealed_count(12);
+  ASSERT_TRUE(prefill->send(peer->id, done, Route::kLocalFirst).ok());
+  std::this_thread::sleep_for(50ms);
+  std::vector<ControlEvent> events = serving.stop();
+  ASSERT_EQ(events.size(), 2u);
+  ASSERT_EQ(events[1].kind, ControlEvent::Kind::kMessage);
+  EXPECT_EQ(events[1].peer, events[0].peer);
+  EXPECT_EQ(events[1].message.write_done().sealed_count(), 12u);
+  EXPECT_EQ(prefill->lane_counters().sent, 1u);
+  EXPECT_EQ(prefill->lane_counters().fell_back, 0u);
+  EXPECT_EQ(decode->lane_counters().received, 1u);
+  auto joined = decode->peer(events[0].peer);
+  ASSERT_TRUE(joined.ok());
+  EXPECT_FALSE(joined->local_lane.empty()) << "the dialer announces its lane";
+
+  proto::Envelope release;
+  release.mutable_release()->set_request_id("r1");
+  release.mutable_release()->set_consumer_tp(2);
+  release.mutable_release()->set_consumer_rank(1);
+  ASSERT_TRUE(decode->send(events[1].peer, release, Route::kLocalFirst).ok());
+  auto got = next_message(*prefill);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->peer, peer->id);
+  EXPECT_EQ(got->message.release().consumer_rank(), 1u);
+  EXPECT_EQ(decode->lane_counters().sent, 1u);
+  EXPECT_EQ(prefill->lane_counters().received, 1u);
+
+  ASSERT_TRUE(decode->send(events[1].peer, release).ok());  // Route::kChannel: ZeroMQ.
+  ASSERT_TRUE(next_message(*prefill).ok());
+  EXPECT_EQ(decode->lane_counters().sent, 1u);
+  EXPECT_EQ(prefill->lane_counters().received, 1u);
+  EXPECT_EQ(decode->refused_count(), 0u);
+  EXPECT_EQ(prefill->refused_count(), 0u);
+}
+
+// A peer without a lane (local_lane off), or one whose announced lane cannot be reached from
+// here, gets kLocalFirst messages through ZeroMQ: nothing is lost, the fallback is counted.
+TEST(ControlChannelTest, LocalFirstFallsBackToZeroMqWhenThePeerHasNoReachableLane) {
+  ControlChannelOptions no_lane = options_for(proto::ROLE_DECODE, 7, &RealClock::instance());
+  no_lane.local_lane = false;
+  auto decode = ControlChannel::create(no_lane);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  {
+    Serving serving(**decode);
+    auto peer = prefill->connect((*decode)->endpoint(), 2s);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    EXPECT_TRUE(peer->local_lane.empty());
+    proto::Envelope done;
+    done.mutable_write_done()->set_request_id("r1");
+    ASSERT_TRUE(prefill->send(peer->id, done, Route::kLocalFirst).ok());
+    std::this_thread::sleep_for(50ms);
+    std::vector<ControlEvent> events = serving.stop();
+    ASSERT_EQ(events.size(), 2u);
+    EXPECT_EQ(events[1].message.write_done().request_id(), "r1");
+    EXPECT_EQ(prefill->lane_counters().sent, 0u);
+    EXPECT_EQ(prefill->lane_counters().fell_back, 1u);
+  }
+
+  // A lane announced but bound nowhere (as seen from another network namespace): the first send
+  // finds out, and that peer is not tried on the lane again.
+  HandAnsweredPeer listener;
+  auto dial = prefill->start_connect(listener.endpoint, 5s);
+  ASSERT_TRUE(dial.ok()) << dial.status();
+  std::optional<std::string> routing_id = listener.next_handshake(5s);
+  ASSERT_TRUE(routing_id.has_value());
+  listener.accept(*routing_id, "pdserve-kv-bound-nowhere");
+  auto dialed = await_event(*prefill, ControlEvent::Kind::kDialed, {});
+  ASSERT_TRUE(dialed.has_value() && dialed->error.ok());
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("r2");
+  ASSERT_TRUE(prefill->send(dialed->peer, done, Route::kLocalFirst).ok());
+  ASSERT_TRUE(prefill->send(dialed->peer, done, Route::kLocalFirst).ok());
+  EXPECT_EQ(prefill->lane_counters().sent, 0u);
+  EXPECT_EQ(prefill->lane_counters().fell_back, 3u);
+  EXPECT_EQ(listener.next_message_type(2s), "write_done");
+  EXPECT_EQ(listener.next_message_type(2s), "write_done");
+}
+
+// The lane admits datagrams only from addresses that a live handshaken peer announced: a process
+// that learnt a channel's lane address but never handshook is refused and counted, and delivers
+// nothing, whatever it sends.
+TEST(ControlChannelTest, LaneDatagramsFromStrangersAreRefused) {
+  auto decode = make(proto::ROLE_DECODE, 7);
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  Serving serving(*decode);
+  auto peer = prefill->connect(decode->endpoint(), 2s);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto stranger = LocalLane::open();
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("forged");
+  ASSERT_TRUE((*stranger)->send(peer->local_lane, encode_envelope(done)).ok());
+  std::this_thread::sleep_for(50ms);
+  std::vector<ControlEvent> events = serving.stop();
+  ASSERT_EQ(events.size(), 1u) << "only the handshake's kPeerJoined";
+  EXPECT_EQ(events[0].kind, ControlEvent::Kind::kPeerJoined);
+  EXPECT_EQ(decode->refused_count(), 1u);
+  EXPECT_EQ(decode->lane_counters().received, 0u);
+}
+
+// LocalLane alone: a datagram arrives whole with its sender's address; a lane bound nowhere is
+// Unavailable; one too big for a datagram is ResourceExhausted (the caller falls back).
+TEST(LocalLaneTest, SendsReceivesAndRefusesWhatItCannotCarry) {
+  auto a = LocalLane::open();
+  auto b = LocalLane::open();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE((*a)->address(), (*b)->address());
+  EXPECT_FALSE((*b)->receive(64).has_value());
+  ASSERT_TRUE((*a)->send((*b)->address(), "hello").ok());
+  pollfd readable{(*b)->fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&readable, 1, 1000), 1);
+  std::optional<LocalLane::Datagram> got = (*b)->receive(64);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->from, (*a)->address());
+  EXPECT_EQ(got->bytes, "hello");
+  EXPECT_FALSE((*b)->receive(64).has_value());
+  ASSERT_TRUE((*a)->send((*b)->address(), std::string(100, 'x')).ok());
+  got = (*b)->receive(64);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->bytes.size(), 65u) << "longer than the limit: cut at limit + 1, for the caller to refuse";
+
+  EXPECT_TRUE(absl::IsUnavailable((*a)->send("pdserve-kv-bound-nowhere", "x")));
+  EXPECT_TRUE(absl::IsUnavailable((*a)->send(std::string(200, 'n'), "x")));
+  EXPECT_TRUE(absl::IsResourceExhausted((*a)->send((*b)->address(), std::string(8 << 20, 'x'))));
 }
 
 TEST(ControlChannelTest, AWakeEndsReceiveAtOnceAndAZeroTimeoutStillLooks) {

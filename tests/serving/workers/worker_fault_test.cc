@@ -1,5 +1,5 @@
 // Worker processes killed with SIGKILL mid-request: the surviving side gives every block back
-// within the transfer lease and fails the request instead of hanging.
+// within the transfer lease and never hangs; a side that waits for the transfer fails its request.
 #include <gtest/gtest.h>
 
 #include "tests/serving/workers/worker_pd_fixture.h"
@@ -36,10 +36,17 @@ TEST(PdWorkerFaults, DecodeKilledPrefillFreesWithinLease) {
   worker::PrefillResponse presp;
   const auto start = std::chrono::steady_clock::now();
   const grpc::Status s = pd.prefill().Prefill(&pctx, preq, &presp);
-  EXPECT_FALSE(s.ok());
-  // The worker's own verdict (a failed put, or no handshake answer within its timeout, which is
-  // DEADLINE_EXCEEDED too), not the client's deadline, which gRPC reports as below.
-  EXPECT_NE(s.error_message(), "Deadline Exceeded");
+  // A push Prefill answers at its first token while the KV is still moving (docs/workers.md):
+  // whether the dead peer is noticed before the forward pass ends (a UCX endpoint error, or
+  // heartbeats) is a race that a loaded machine's engine can win, so either answer is right.
+  // What must hold either way: the right token or the worker's own verdict (a failed put, or no
+  // handshake answer within its timeout, DEADLINE_EXCEEDED too) rather than the client's
+  // deadline, which gRPC reports as below; no hang; every block back.
+  if (s.ok()) {
+    EXPECT_EQ(presp.first_token(), ref.tokens.at(0));
+  } else {
+    EXPECT_NE(s.error_message(), "Deadline Exceeded");
+  }
   EXPECT_TRUE(wait_all_free(pd.prefill(), 6s));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
 }
