@@ -11,9 +11,11 @@
 // information only. Our figure is the best of --reps requests; perftest's is its mean over --reps
 // iterations. It also times small (16-token) requests, whose latency is the per-request overhead:
 // "small p50" from the producer ranks' common start (begin_push; every layer then posted at once)
-// to the last consumer rank's thread getting its ready event, and "small tail" from the last
-// producer rank's seal to the same point — what a prefill's compute, which the layers' copies
-// overlap, would not hide.
+// to the last consumer rank's thread getting its ready event; "copy" the longest producer rank's
+// time in its direct copies of the payload (TransportCounters::direct_copy_ns), "overhead" the
+// per-request p50 of the difference — bookkeeping, planning and notification — and "tail" from
+// the last producer rank's seal to readiness: what a prefill's compute, which the layers'
+// copies overlap, would not hide.
 // Every transfer is verified (sampled elements) before it counts. The cache uses the engine's
 // default order (head-outer), under which a resharding transfer moves a head's run of blocks as
 // one op (--order to compare). Each rank's KV arena is allocated by its transport
@@ -288,7 +290,7 @@ int run_child(const Options& o) {
                               stride);
       }
       std::atomic<int> arrived{0};
-      std::atomic<int64_t> start{0}, sealed{0};
+      std::atomic<int64_t> start{0}, sealed{0}, copy_ns{0};
       std::vector<std::thread> jobs;
       std::vector<uint64_t> ops(ranks.size()), bytes(ranks.size());
       for (size_t r = 0; r < ranks.size(); ++r) {
@@ -299,15 +301,20 @@ int run_child(const Options& o) {
             while (arrived.load() < static_cast<int>(ranks.size())) std::this_thread::yield();
             int64_t expected = 0;
             start.compare_exchange_strong(expected, now_ns());
+            const uint64_t copied_before = ep.transport().counters().direct_copy_ns;
             Status st = ep.begin_push({id, o.peer_tp, peers, blocks, blocks, 300s});
             for (int l = 0; st.ok() && l < ep.layout().num_layers(); ++l) st = ep.layer_ready(id, l);
             if (st.ok()) st = ep.seal(id, r == 0 ? std::optional<int32_t>(1) : std::nullopt);
             if (!st.ok()) std::cerr << "push: " << st << std::endl;
             // The last rank's seal: where a prefill's forward pass would end.
-            const int64_t at = now_ns();
-            int64_t seen = sealed.load();
-            while (seen < at && !sealed.compare_exchange_weak(seen, at)) {
-            }
+            auto raise = [](std::atomic<int64_t>& to, int64_t value) {
+              int64_t seen = to.load();
+              while (seen < value && !to.compare_exchange_weak(seen, value)) {
+              }
+            };
+            raise(sealed, now_ns());
+            // The ranks copy in parallel: the request's payload time is the longest rank's.
+            raise(copy_ns, static_cast<int64_t>(ep.transport().counters().direct_copy_ns - copied_before));
           });
           const KvTransferEvent e = ranks[r]->wait_for(id).event;
           ops[r] = e.ops;
@@ -320,7 +327,7 @@ int run_child(const Options& o) {
         total_ops += ops[r];
         total_bytes += bytes[r];
       }
-      say(absl::StrCat("PUSHED ", id, " ", start.load(), " ", total_ops, " ", total_bytes, " ", sealed.load()));
+      say(absl::StrCat("PUSHED ", id, " ", start.load(), " ", total_ops, " ", total_bytes, " ", sealed.load(), " ", copy_ns.load()));
     }
   }
   ranks.clear();
@@ -431,6 +438,7 @@ struct Timing {
   bool ok = true;
   double seconds = 0;       // From the producer ranks' common start to the last consumer rank's readiness.
   double tail_seconds = 0;  // From the last producer rank's seal to it: what compute would not hide.
+  double copy_seconds = 0;  // The longest producer rank's time in direct copies: the payload's cost.
   uint64_t ops = 0, bytes = 0;
 };
 
@@ -447,6 +455,7 @@ Timing one_request(Child& producer, Child& consumer, const std::string& id, int 
   t.ok = r[2] == "ready" && r[3] == "0";
   t.seconds = (std::atoll(r[4].c_str()) - std::atoll(p[2].c_str())) * 1e-9;
   t.tail_seconds = (std::atoll(r[4].c_str()) - std::atoll(p[5].c_str())) * 1e-9;
+  t.copy_seconds = std::atoll(p[6].c_str()) * 1e-9;
   t.ops = std::strtoull(p[3].c_str(), nullptr, 10);
   t.bytes = std::strtoull(p[4].c_str(), nullptr, 10);
   if (!t.ok) std::cerr << "transfer " << id << " not verified: " << result << std::endl;
@@ -464,9 +473,9 @@ int run_parent(const Options& o) {
               o.busy_poll ? "busy polling" : "no busy polling",
               o.direct_copy ? "direct copies into mapped arenas" : "a UCX request per op",
               o.local_lane ? "notifications on the same-host lane" : "notifications through ZeroMQ");
-  std::printf("%-7s %10s %8s %10s %10s %12s %14s %7s %16s %12s %13s %9s\n", "P->C", "bytes", "ops",
-              "op size", "best ms", "MB/s", "perftest MB/s", "ratio", "perftest@op MB/s",
-              "small p50 us", "small tail us", "verified");
+  std::printf("%-7s %10s %8s %10s %10s %12s %14s %7s %16s %12s %9s %13s %9s %9s\n", "P->C", "bytes",
+              "ops", "op size", "best ms", "MB/s", "perftest MB/s", "ratio", "perftest@op MB/s",
+              "small p50 us", "copy us", "overhead us", "tail us", "verified");
   int port = 13400 + getpid() % 1000;
   for (auto pair : absl::StrSplit(o.pairs, ',')) {
     std::vector<std::string> pc = absl::StrSplit(pair, ':');
@@ -512,19 +521,22 @@ int run_parent(const Options& o) {
       ok &= t.ok;
       if (t.seconds < best.seconds) best = t;
     }
-    std::vector<double> small, tail;
+    std::vector<double> small, copy, overhead, tail;
     for (int rep = 0; rep < o.small_reps; ++rep) {
       const Timing t = one_request(producer, consumer, absl::StrCat("small-", P, C, "-", rep),
                                    o.small_tokens);
       ok &= t.ok;
       small.push_back(t.seconds);
+      copy.push_back(t.copy_seconds);
+      overhead.push_back(t.seconds - t.copy_seconds);
       tail.push_back(t.tail_seconds);
     }
     auto p50_us = [](std::vector<double>& v) {
       std::sort(v.begin(), v.end());
       return v.empty() ? 0 : v[v.size() / 2] * 1e6;
     };
-    const double small_p50_us = p50_us(small), small_tail_us = p50_us(tail);
+    const double small_p50_us = p50_us(small), small_copy_us = p50_us(copy),
+                 small_overhead_us = p50_us(overhead), small_tail_us = p50_us(tail);
     const double mbps = best.bytes / best.seconds / (1 << 20);
     const uint64_t op_size = best.ops ? best.bytes / best.ops : 0;
     double ref = -1, ref_at_op = -1;
@@ -537,10 +549,11 @@ int run_parent(const Options& o) {
     const double ratio = ref > 0 ? mbps / ref : 0;
     if (ref > 0) min_ratio = std::min(min_ratio, ratio);
     all_ok &= ok;
-    std::printf("%-7s %10llu %8llu %10llu %10.1f %12.0f %14.0f %7.2f %16.0f %12.0f %13.0f %9s\n",
+    std::printf("%-7s %10llu %8llu %10llu %10.1f %12.0f %14.0f %7.2f %16.0f %12.0f %9.0f %13.0f %9.0f %9s\n",
                 absl::StrCat(P, "->", C).c_str(), (unsigned long long)best.bytes,
                 (unsigned long long)best.ops, (unsigned long long)op_size, best.seconds * 1e3,
-                mbps, ref, ratio, ref_at_op, small_p50_us, small_tail_us, ok ? "yes" : "NO");
+                mbps, ref, ratio, ref_at_op, small_p50_us, small_copy_us, small_overhead_us, small_tail_us,
+                ok ? "yes" : "NO");
     std::fflush(stdout);
   }
   if (!all_ok) std::printf("some transfers were not verified\n");

@@ -54,6 +54,10 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
     ++counters_.refused;
     return;
   }
+  // A leg whose own dial is still under way learns its peer here (the abort came over the peer's
+  // connection): the answer goes back at once instead of waiting for the dial.
+  const int peer_tp = options_.side == SessionSide::kProducer ? request.consumer_tp : request.producer_tp;
+  if (leg_it->second.remote.empty() && from.tp == peer_tp) leg_it->second.remote = from.address;
   // A peer that accesses our blocks (push producer, pull consumer) sends Abort only once its
   // ops on them ended (step_abort), so that leg is quiet now; our own ops we track ourselves.
   if (request.session->remote_access()) request.session->leg_quiet(from.rank);
@@ -114,6 +118,11 @@ void KvRankEndpoint::step_abort(const std::string& id, Request& request) {
   const bool local_ops = posts_ops(session.role());
   const std::string reason = std::string(session.error().message());
   for (auto& [rank, leg] : request.legs) {
+    // A leg still dialing has no ops, but its peer may know of the request (its own dial, or the
+    // other ranks): the request waits for the dial to end (bound, or failed: connect_timeout at
+    // most) so that the abort can be sent, rather than finishing without telling the peer, which
+    // would then hold its blocks until its lease.
+    if (leg.dialing && leg.remote.empty()) continue;
     if (local_ops && !session.leg_is_quiet(rank)) {
       // Our puts/gets on this leg must end before the blocks may be reused; puts must also be
       // remotely complete before we tell the consumer we stopped.

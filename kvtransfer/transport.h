@@ -107,6 +107,9 @@ struct TransportCounters {
   // Of ops_completed, those the initiator copied itself into (or out of) a peer region mapped
   // into its process, with no transport request per op (UcxTransportOptions::direct_copy).
   uint64_t ops_copied_directly = 0;
+  // Time spent in those copies (with their fences): a request's payload cost, as opposed to its
+  // bookkeeping and notifications.
+  uint64_t direct_copy_ns = 0;
   uint64_t ops_failed = 0;
   uint64_t flushes = 0;
   uint64_t peer_failures = 0;  // Peers whose endpoint reported an error or were failed.

@@ -137,8 +137,13 @@ class UcxTransport final : public Transport {
   // Records a peer failure, fails its open batches, destroys its rkeys and force-closes its
   // endpoint; queues the user callback. Requires mu_.
   void fail_peer(PeerId id, Peer& peer, const Status& error);
-  // Performs the batch's ops with memcpy and books them complete. Requires mu_.
-  void copy_directly(BatchId id, const TransferBatch& batch, const Peer& peer);
+  // The regions an op of a batch being posted names, as post()'s validation found them.
+  struct ResolvedOp {
+    const Region* local = nullptr;
+    const RemoteRegion* remote = nullptr;
+  };
+  // Performs the batch's ops (resolved_ops_) with memcpy and books them complete. Requires mu_.
+  void copy_directly(BatchId id, const TransferBatch& batch);
   // Starts a request for `op` (nullptr: immediate completion already booked). Requires mu_.
   void track_request(ucs_status_ptr_t request, OpContext* ctx);
   // Runs ucp_worker_progress and handles endpoint errors; returns events. Requires mu_.
@@ -160,6 +165,9 @@ class UcxTransport final : public Transport {
   std::map<PeerId, Peer> peers_;
   std::map<std::string, PeerId> peer_by_address_;
   std::map<BatchId, Batch> batches_;
+  // post()'s validation results, one per op, reused so that a batch allocates nothing here and
+  // its regions are looked up once (a 16-token request posts 512 ops). Under mu_.
+  std::vector<ResolvedOp> resolved_ops_;
   std::mutex failed_mu_;  // Guards failed_eps_ only; never held across a UCX call.
   std::vector<std::pair<ucp_ep_h, ucs_status_t>> failed_eps_;  // From on_ep_error.
   std::vector<std::pair<PeerId, Status>> pending_callbacks_;
