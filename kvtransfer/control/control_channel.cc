@@ -244,7 +244,7 @@ Status ControlChannel::send(uint64_t id, const proto::Envelope& message, Route r
       const Status sent = lane_->send(peer.info.local_lane, bytes);
       if (sent.ok()) {
         ++lane_counters_.sent;
-        return sent;
+        return absl::OkStatus();
       }
       // Unavailable: not bound there from this host and network namespace (or the process is
       // gone; heartbeats tell). Otherwise only this message does not fit now.
