@@ -304,15 +304,16 @@ int run_child(const Options& o) {
             const uint64_t copied_before = ep.transport().counters().direct_copy_ns;
             Status st = ep.begin_push({id, o.peer_tp, peers, blocks, blocks, 300s});
             for (int l = 0; st.ok() && l < ep.layout().num_layers(); ++l) st = ep.layer_ready(id, l);
-            if (st.ok()) st = ep.seal(id, r == 0 ? std::optional<int32_t>(1) : std::nullopt);
-            if (!st.ok()) std::cerr << "push: " << st << std::endl;
-            // The last rank's seal: where a prefill's forward pass would end.
             auto raise = [](std::atomic<int64_t>& to, int64_t value) {
               int64_t seen = to.load();
               while (seen < value && !to.compare_exchange_weak(seen, value)) {
               }
             };
+            // The last rank's call to seal(): where a prefill's forward pass would end (seal()
+            // itself usually sends the WRITE_DONE already).
             raise(sealed, now_ns());
+            if (st.ok()) st = ep.seal(id, r == 0 ? std::optional<int32_t>(1) : std::nullopt);
+            if (!st.ok()) std::cerr << "push: " << st << std::endl;
             // The ranks copy in parallel: the request's payload time is the longest rank's.
             raise(copy_ns, static_cast<int64_t>(ep.transport().counters().direct_copy_ns - copied_before));
           });
