@@ -2,7 +2,9 @@
 # The GPU checks as one command: gpu_backend_tests (every kernel against the CPU reference, and
 # stories260K's greedy text on the CUDA engine), scripts/cluster-check.sh (the CUDA engine in
 # process and a prefill + decode worker on the GPU behind the router give the CPU's tokens) and
-# gpu_bench (8B-shape decode and prefill against H200 rooflines), results written to a directory.
+# gpu_bench (8B-shape decode and prefill against H200 rooflines), and kvtransfer_bench's small
+# requests on the GPU machine's host (the copy and per-request overhead on a server's memory
+# system, which the 2-vCPU development VM cannot show), results written to a directory.
 #
 # The GPU machine has the CUDA toolkit and a driver but none of the project's Debian packages
 # (abseil, GTest, ...), so the programs are built here and travel as a bundle:
@@ -14,13 +16,14 @@
 #   scripts/gpu-check.sh run OUT       on the GPU machine: unpacks the bundle (or, without one,
 #                                      builds from source, which needs the packages) and writes
 #                                      summary.txt, gpu_backend_tests.{log,xml}, cluster/ and
-#                                      gpu_bench.{log,jsonl} into OUT; exits non-zero if a check failed
+#                                      gpu_bench.{log,jsonl} and kvtransfer_bench.log into OUT; exits
+#                                      non-zero if a check failed
 # Through the device tool: run(command="scripts/gpu-check.sh run $OUT", carry=["build-gpu-bundle"]).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
 bundle_dir=$root/build-gpu-bundle
-targets=(gpu_backend_tests gpu_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
+targets=(gpu_backend_tests gpu_bench kvtransfer_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
 
 configure_and_build() {
   cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_CUDA=ON \
@@ -37,6 +40,7 @@ cmd_bundle() {
   mkdir -p "$stage/bin" "$stage/lib" "$stage/root" "$stage/shared/models"
   strip --strip-debug -o "$stage/bin/gpu_backend_tests" "$build/tests/gpu/gpu_backend_tests"
   strip --strip-debug -o "$stage/bin/gpu_bench" "$build/bench/gpu_bench"
+  strip --strip-debug -o "$stage/bin/kvtransfer_bench" "$build/bench/kvtransfer_bench"
   local program
   for program in pdserve pdserve-prefill pdserve-decode pdserve-router; do
     strip --strip-debug -o "$stage/bin/$program" "$(find "$build" -name "$program" -type f -perm -u+x | head -1)"
@@ -86,7 +90,7 @@ cmd_run() {
     echo "no bundle: building from source (needs the project's packages)"
     configure_and_build || return 1
     bin=$build/bin-links && mkdir -p "$bin"
-    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/tools/pdserve" \
+    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/bench/kvtransfer_bench" "$build/tools/pdserve" \
       "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router" "$bin/"
     src_dir=$root
   fi
@@ -106,6 +110,9 @@ cmd_run() {
     2>&1 | tee "$out/gpu_backend_tests.log" || status=1
   timeout 180 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" cuda 2>&1 || status=1
   timeout 150 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
+  timeout 90 "$bin/kvtransfer_bench" --tokens 512 --reps 1 --small-reps 100 --no-perftest --pairs 1:1,4:8,8:4 \
+    2>&1 | tee "$out/kvtransfer_bench.log" || status=1
   echo "tests: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_backend_tests.log" | tr '\n' ' ')" >>"$out/summary.txt"
   echo "cluster: $(tr '\n' ' ' <"$out/cluster/cluster_check.txt")" >>"$out/summary.txt"
   return $status
