@@ -335,6 +335,12 @@ void KvRankEndpoint::on_control_event(const ControlEvent& event) {
     case ControlEvent::Kind::kMessage: {
       auto it = remote_by_control_.find(event.peer);
       if (it == remote_by_control_.end()) {
+        // A connection this side dialed but never recorded (a dial whose requests had gone), which
+        // a lane message may name: the peer handshook on it, so it is recorded now.
+        StatusOr<ControlPeer> peer = control_->peer(event.peer);
+        if (peer.ok() && record_remote(*peer, nullptr).ok()) it = remote_by_control_.find(event.peer);
+      }
+      if (it == remote_by_control_.end()) {
         ++counters_.refused;
         return;
       }

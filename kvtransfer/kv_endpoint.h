@@ -308,6 +308,9 @@ class KvRankEndpoint {
   struct Dial {
     std::string endpoint;
     std::vector<std::pair<std::string, int>> waiters;  // (request id, peer rank).
+    // Aborts of requests that failed while this dial was under way, sent once it ends (the
+    // requests themselves may have given their blocks back and gone by then).
+    std::vector<proto::Envelope> aborts;
   };
 
   explicit KvRankEndpoint(KvEndpointOptions options, engine::KvCacheLayout layout);
@@ -370,6 +373,8 @@ class KvRankEndpoint {
   void step_push_producer(const std::string& id, Request& request);
   void step_pull_consumer(const std::string& id, Request& request);
   void step_abort(const std::string& id, Request& request);
+  // Keeps an abort for the dial leg (`id`, `rank`) waits on, to send when that dial ends.
+  void queue_abort_on_dial(const std::string& id, int rank, const std::string& reason);
   void fail(Request& request, const Status& why);
   void send_abort(Request& request, int rank, Leg& leg, const std::string& reason);
   Status send(Remote& remote, const proto::Envelope& message);

@@ -112,17 +112,38 @@ void KvRankEndpoint::send_abort(Request& request, int rank, Leg& leg, const std:
 }
 
 
+void KvRankEndpoint::queue_abort_on_dial(const std::string& id, int rank, const std::string& reason) {
+  for (auto& [dial_id, dial] : dials_) {
+    for (const auto& [waiting, waiting_rank] : dial.waiters) {
+      if (waiting != id || waiting_rank != rank) continue;
+      proto::Envelope message;
+      message.mutable_abort()->set_request_id(id);
+      message.mutable_abort()->set_reason(reason);
+      dial.aborts.push_back(std::move(message));
+      return;
+    }
+  }
+}
+
 void KvRankEndpoint::step_abort(const std::string& id, Request& request) {
   Session& session = *request.session;
   const TimePoint now = options_.clock->now();
   const bool local_ops = posts_ops(session.role());
   const std::string reason = std::string(session.error().message());
   for (auto& [rank, leg] : request.legs) {
-    // A leg still dialing has no ops, but its peer may know of the request (its own dial, or the
-    // other ranks): the request waits for the dial to end (bound, or failed: connect_timeout at
-    // most) so that the abort can be sent, rather than finishing without telling the peer, which
-    // would then hold its blocks until its lease.
-    if (leg.dialing && leg.remote.empty()) continue;
+    if (leg.dialing && leg.remote.empty()) {
+      // No ops went on this leg, but its peer may know of the request (its own dial, or the
+      // other ranks): without a target yet, the abort waits on the dial and leaves when it ends,
+      // and our blocks need not wait for it. Untold, the peer would hold its blocks until its
+      // lease.
+      send_abort(request, rank, leg, reason);  // A consumer reaches the producer ranks it knows.
+      if (!leg.abort_sent) {
+        queue_abort_on_dial(id, rank, reason);
+        leg.abort_sent = true;
+      }
+      if (local_ops) session.leg_quiet(rank);
+      continue;
+    }
     if (local_ops && !session.leg_is_quiet(rank)) {
       // Our puts/gets on this leg must end before the blocks may be reused; puts must also be
       // remotely complete before we tell the consumer we stopped.

@@ -144,6 +144,9 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
   dials_.erase(dit);
   dial_by_endpoint_.erase(dial.endpoint);
   StatusOr<ControlPeer> peer = event.error.ok() ? control_->peer(event.peer) : StatusOr<ControlPeer>(event.error);
+  if (peer.ok()) {
+    for (const proto::Envelope& abort : dial.aborts) (void)control_->send(event.peer, abort);
+  }
   const bool producer = options_.side == SessionSide::kProducer;
   const char* what = producer ? "consumer" : "producer";
   for (const auto& [id, r] : dial.waiters) {

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <random>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -38,6 +40,30 @@ void copy_identity(const Message& m, ControlPeer& peer) {
   for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
   peer.arena = m.arena();
   peer.local_lane = m.local_lane();
+  peer.local_lane_token = m.local_lane_token();
+}
+
+// How many lane datagrams one receive() round takes at most, so that a flood of them (any
+// local process can send some) never keeps the channel from its sockets and heartbeats.
+constexpr int kLaneBatch = 64;
+constexpr size_t kLaneTokenBytes = 16;
+
+std::string random_token() {
+  std::random_device device;
+  std::string token(kLaneTokenBytes, '\0');
+  for (size_t i = 0; i < token.size(); i += sizeof(uint32_t)) {
+    const uint32_t bits = device();
+    std::memcpy(token.data() + i, &bits, sizeof(bits));
+  }
+  return token;
+}
+
+// Whether `bytes` starts with `token`, in time independent of where they differ.
+bool starts_with_token(const std::string& bytes, const std::string& token) {
+  if (token.size() != kLaneTokenBytes || bytes.size() < token.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) diff |= static_cast<unsigned char>(bytes[i] ^ token[i]);
+  return diff == 0;
 }
 
 }  // namespace
@@ -85,6 +111,7 @@ Status ControlChannel::bind() {
     StatusOr<std::unique_ptr<LocalLane>> lane = LocalLane::open();
     if (lane.ok()) {
       lane_ = std::move(*lane);
+      lane_token_ = random_token();
     } else {
       PD_LOG_WARN("control: no same-host lane: {}", lane.status().ToString());
     }
@@ -162,7 +189,10 @@ StatusOr<uint64_t> ControlChannel::start_connect(const std::string& endpoint, Du
     dealer.connect(endpoint);
     proto::Envelope hello;
     *hello.mutable_handshake() = options_.local;
-    if (lane_) hello.mutable_handshake()->set_local_lane(lane_->address());
+    if (lane_) {
+      hello.mutable_handshake()->set_local_lane(lane_->address());
+      hello.mutable_handshake()->set_local_lane_token(lane_token_);
+    }
     const std::string bytes = encode_envelope(hello);
     if (!dealer.send(zmq::buffer(bytes), zmq::send_flags::dontwait)) {
       return absl::UnavailableError(absl::StrCat("cannot queue a handshake to ", endpoint));
@@ -219,6 +249,7 @@ std::optional<StatusOr<ControlPeer>> ControlChannel::step_dial(PendingDial& dial
     peer.info.dialed = true;
     peer.info.endpoint = endpoint;
     copy_identity(ack, peer.info);
+    peer.lane_ready = true;  // It read our handshake, and our lane, before it answered.
     zmq_socket_monitor(dial.dealer->handle(), nullptr, 0);
     dial.monitor.reset();
     peer.dealer = std::move(dial.dealer);
@@ -240,8 +271,8 @@ Status ControlChannel::send(uint64_t id, const proto::Envelope& message, Route r
   if (peer.lost) return absl::UnavailableError(absl::StrCat("control peer ", id, " lost"));
   const std::string bytes = encode_envelope(message);
   if (route == Route::kLocalFirst) {
-    if (lane_ && !peer.info.local_lane.empty() && !peer.lane_unreachable) {
-      const Status sent = lane_->send(peer.info.local_lane, bytes);
+    if (lane_ && peer.lane_ready && !peer.info.local_lane.empty() && !peer.lane_unreachable) {
+      const Status sent = lane_->send(peer.info.local_lane, lane_token_ + bytes);
       if (sent.ok()) {
         ++lane_counters_.sent;
         return absl::OkStatus();
@@ -419,7 +450,10 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       ack.set_incarnation(local.incarnation());
       *ack.mutable_regions() = local.regions();
       *ack.mutable_arena() = local.arena();
-      if (lane_) ack.set_local_lane(lane_->address());
+      if (lane_) {
+        ack.set_local_lane(lane_->address());
+        ack.set_local_lane_token(lane_token_);
+      }
     }
     if (!ack.accepted()) {
       PD_LOG_WARN("control: refusing handshake from rank {}/{}: {}", hello.rank(),
@@ -435,6 +469,7 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       peer.routing_id = routing_id;
       peer.last_heard = options_.clock->now();
       peer.lost = false;
+      peer.lane_ready = false;  // Until it shows it has our answer.
       peer_by_routing_id_[routing_id] = id;
       events_.push_back(ControlEvent{ControlEvent::Kind::kPeerJoined, id, {}, absl::OkStatus()});
     }
@@ -457,28 +492,41 @@ void ControlChannel::on_dealer_frame(uint64_t id, const std::string& bytes) {
 }
 
 void ControlChannel::drain_lane() {
-  while (std::optional<LocalLane::Datagram> datagram = lane_->receive(options_.max_message_bytes)) {
-    // The sender's address is the kernel's, so it names a live process: one of our handshaken
-    // peers if it announced that address (either of its two connections serves).
+  for (int taken = 0; taken < kLaneBatch; ++taken) {
+    std::optional<LocalLane::Datagram> datagram = lane_->receive(kLaneTokenBytes + options_.max_message_bytes);
+    if (!datagram) return;
+    // The sender's address is the kernel's, so it names a live process, and the token proves it
+    // is the one that announced that address to us (not one that bound it after that one
+    // exited). Either of a peer's two connections serves.
     uint64_t from = 0;
     for (const auto& [id, peer] : peers_) {
-      if (!peer.lost && !datagram->from.empty() && peer.info.local_lane == datagram->from) {
+      if (!peer.lost && !datagram->from.empty() && peer.info.local_lane == datagram->from &&
+          starts_with_token(datagram->bytes, peer.info.local_lane_token)) {
         from = id;
         break;
       }
     }
-    const std::string source = absl::StrCat("lane @", datagram->from);
     if (from == 0) {
-      refuse(source, absl::PermissionDeniedError("a datagram from an address no live handshaken peer announced"));
+      // Counted, and only logged at debug level: any local process can send these.
+      ++refused_;
+      PD_LOG_DEBUG("control: refused a lane datagram from @{}: not from a live handshaken peer", datagram->from);
       continue;
     }
-    auto decoded = decode_envelope(datagram->bytes, options_.max_message_bytes);
+    auto decoded = decode_envelope(std::string_view(datagram->bytes).substr(kLaneTokenBytes),
+                                   options_.max_message_bytes);
     if (!decoded.ok()) {
-      refuse(source, decoded.status());
+      refuse(absl::StrCat("lane @", datagram->from), decoded.status());
+      continue;
+    }
+    if (decoded->has_handshake() || decoded->has_handshake_ack() || decoded->has_heartbeat()) {
+      // Liveness is ZeroMQ's to tell (heartbeats on the connection), never the lane's.
+      refuse(absl::StrCat("lane @", datagram->from),
+             absl::FailedPreconditionError(absl::StrCat(message_type_name(*decoded), " on the lane")));
       continue;
     }
     ++lane_counters_.received;
-    on_peer_message(from, std::move(*decoded));
+    peers_.at(from).lane_ready = true;  // It sent to our lane: it has our answer.
+    events_.push_back(ControlEvent{ControlEvent::Kind::kMessage, from, std::move(*decoded), absl::OkStatus()});
   }
 }
 
@@ -488,7 +536,9 @@ void ControlChannel::on_peer_message(uint64_t id, proto::Envelope envelope) {
                   absl::FailedPreconditionError(absl::StrCat(
                       "unexpected ", message_type_name(envelope), " after the handshake")));
   }
-  peers_.at(id).last_heard = options_.clock->now();
+  PeerState& peer = peers_.at(id);
+  peer.last_heard = options_.clock->now();
+  peer.lane_ready = true;  // A frame after the handshake: it has our answer, and our lane.
   if (envelope.has_heartbeat()) return;
   events_.push_back(
       ControlEvent{ControlEvent::Kind::kMessage, id, std::move(envelope), absl::OkStatus()});

@@ -88,6 +88,7 @@ struct ControlPeer {
   std::map<std::string, std::string> regions;  // Region name → transport descriptor.
   proto::ArenaInfo arena;  // Unset (all zero) when the peer announced no KV arena.
   std::string local_lane;  // Its same-host lane's address; empty when it has none.
+  std::string local_lane_token;  // What its lane datagrams start with.
 };
 
 // What receive() hands to its caller.
@@ -154,6 +155,9 @@ class ControlChannel {
     TimePoint last_heard;
     bool lost = false;
     bool lane_unreachable = false;  // Its lane refused a datagram: ZeroMQ only from then on.
+    // The peer knows our lane, so it accepts our datagrams: it answered our handshake (a
+    // connection we dialed), or sent something after it (one it dialed: it has our answer).
+    bool lane_ready = false;
   };
 
   // A dial in flight: its DEALER, whose handshake answer completes it, and that socket's monitor.
@@ -194,6 +198,7 @@ class ControlChannel {
   std::unique_ptr<ZapHandler> zap_;  // With curve_: bound before router_.
   zmq::socket_t router_;
   std::unique_ptr<LocalLane> lane_;  // With options_.local_lane.
+  std::string lane_token_;           // With lane_: this channel's Handshake.local_lane_token.
   LaneCounters lane_counters_;
   std::string endpoint_;
   std::map<uint64_t, PeerState> peers_;

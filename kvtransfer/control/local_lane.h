@@ -4,11 +4,12 @@
 // I/O thread on each side first: on a 2-vCPU VM each thread hop costs 60-75 µs, two thirds of a
 // small transfer's control time (docs/kvtransfer.md, "Where a 16-token request's time goes").
 //
-// Trust: the kernel stamps every datagram with its sender's bound address, which no other
-// process can hold while the sender lives, and the receiver accepts datagrams only from
-// addresses that a handshaken (with a cluster key: authenticated) peer announced. So the lane
-// admits exactly the peers the ZeroMQ channel admits. A peer out of reach (another host or
-// network namespace) is found so at the first send, and the caller falls back to ZeroMQ.
+// Trust is the control channel's (ControlChannel frames and checks the datagrams): the kernel
+// stamps every datagram with its sender's bound address, which no other process can hold while
+// the sender lives, and each starts with a random token the sender announced only in its
+// handshake (with a cluster key: encrypted), so a process that binds the address after its owner
+// exited cannot pass for it either. A peer out of reach (another host or network namespace) is
+// found so at the first send, and the caller falls back to ZeroMQ. This class only moves bytes.
 #pragma once
 
 #include <cstddef>

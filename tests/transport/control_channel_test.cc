@@ -8,9 +8,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <optional>
@@ -474,6 +478,56 @@ TEST(ControlChannelTest, LaneDatagramsFromStrangersAreRefused) {
   ASSERT_EQ(events.size(), 1u) << "only the handshake's kPeerJoined";
   EXPECT_EQ(events[0].kind, ControlEvent::Kind::kPeerJoined);
   EXPECT_EQ(decode->refused_count(), 1u);
+  EXPECT_EQ(decode->lane_counters().received, 0u);
+}
+
+// A process that binds a peer's lane address after that peer exited (the kernel frees it at
+// once, while the channel has not yet lost the peer to its heartbeat timeout) cannot pass for it:
+// without the token the peer announced in its handshake, its datagrams are refused.
+TEST(ControlChannelTest, ADeadPeersLaneAddressCannotBeTakenOver) {
+  auto decode = make(proto::ROLE_DECODE, 7);
+  auto prefill = make(proto::ROLE_PREFILL, 7);
+  std::string decode_lane, prefill_lane;
+  {
+    Serving serving(*decode);
+    auto peer = prefill->connect(decode->endpoint(), 2s);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    decode_lane = peer->local_lane;
+    std::vector<ControlEvent> events = serving.stop();
+    ASSERT_EQ(events.size(), 1u);
+    auto joined = decode->peer(events[0].peer);
+    ASSERT_TRUE(joined.ok());
+    prefill_lane = joined->local_lane;
+    EXPECT_EQ(joined->local_lane_token.size(), 16u);
+  }
+  prefill.reset();  // Its process "exits": the address is free.
+
+  const int squatter = socket(AF_UNIX, SOCK_DGRAM, 0);
+  ASSERT_GE(squatter, 0);
+  auto address = [](const std::string& name, sockaddr_un& addr) {
+    std::memset(&addr, 0, sizeof(addr));
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, name.data(), name.size());
+    return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  };
+  sockaddr_un own, to;
+  const socklen_t own_length = address(prefill_lane, own), to_length = address(decode_lane, to);
+  ASSERT_EQ(bind(squatter, reinterpret_cast<const sockaddr*>(&own), own_length), 0) << std::strerror(errno);
+  proto::Envelope done;
+  done.mutable_write_done()->set_request_id("forged");
+  const std::string bare = encode_envelope(done);
+  const std::string guessed = std::string(16, '\0') + bare;
+  for (const std::string* datagram : {&bare, &guessed}) {
+    ASSERT_EQ(sendto(squatter, datagram->data(), datagram->size(), 0, reinterpret_cast<const sockaddr*>(&to), to_length),
+              static_cast<ssize_t>(datagram->size()));
+  }
+  close(squatter);
+  const auto until = std::chrono::steady_clock::now() + 200ms;
+  while (std::chrono::steady_clock::now() < until) {
+    auto event = decode->receive(10ms);
+    EXPECT_FALSE(event.ok() && event->kind == ControlEvent::Kind::kMessage) << "a forged message was delivered";
+  }
+  EXPECT_EQ(decode->refused_count(), 2u);
   EXPECT_EQ(decode->lane_counters().received, 0u);
 }
 
