@@ -17,6 +17,13 @@ namespace {
 // An Abort whose reason starts with this answers another Abort; it is never answered itself.
 constexpr const char* kAbortAckPrefix = "ack: ";
 
+proto::Envelope abort_message(const std::string& id, const std::string& reason) {
+  proto::Envelope message;
+  message.mutable_abort()->set_request_id(id);
+  message.mutable_abort()->set_reason(reason);
+  return message;
+}
+
 }  // namespace
 
 Status KvRankEndpoint::abort(const std::string& id, const std::string& reason) {
@@ -40,10 +47,7 @@ void KvRankEndpoint::on_abort(Remote& from, const proto::Abort& abort) {
     if (!is_ack) {
       // Answering lets the peer free at once; remembering the id refuses a late start of it.
       finished_.remember(abort.request_id(), abort.reason());
-      proto::Envelope reply;
-      reply.mutable_abort()->set_request_id(abort.request_id());
-      reply.mutable_abort()->set_reason(absl::StrCat(kAbortAckPrefix, "request not active"));
-      (void)send(from, reply);
+      (void)send(from, abort_message(abort.request_id(), absl::StrCat(kAbortAckPrefix, "request not active")));
     }
     return;
   }
@@ -105,9 +109,7 @@ void KvRankEndpoint::send_abort(Request& request, int rank, Leg& leg, const std:
   // Without a target yet (a leg whose dial is still under way), the next step tries again.
   if (targets.empty()) return;
   leg.abort_sent = true;
-  proto::Envelope message;
-  message.mutable_abort()->set_request_id(request.session->request_id());
-  message.mutable_abort()->set_reason(reason);
+  const proto::Envelope message = abort_message(request.session->request_id(), reason);
   for (Remote* remote : targets) (void)send(*remote, message);
 }
 
@@ -116,10 +118,7 @@ void KvRankEndpoint::queue_abort_on_dial(const std::string& id, int rank, const 
   for (auto& [dial_id, dial] : dials_) {
     for (const auto& [waiting, waiting_rank] : dial.waiters) {
       if (waiting != id || waiting_rank != rank) continue;
-      proto::Envelope message;
-      message.mutable_abort()->set_request_id(id);
-      message.mutable_abort()->set_reason(reason);
-      dial.aborts.push_back(std::move(message));
+      dial.aborts.push_back(abort_message(id, reason));
       return;
     }
   }

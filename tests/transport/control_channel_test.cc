@@ -18,6 +18,7 @@
 #include <iterator>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -114,19 +115,8 @@ class HandAnsweredPeer {
   }
   // The routing id of the next handshake to arrive within `within` (other frames are skipped).
   std::optional<std::string> next_handshake(Duration within) {
-    const auto until = std::chrono::steady_clock::now() + within;
-    do {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, 10ms);
-      std::vector<zmq::message_t> frames;
-      while (zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
-        auto decoded = frames.size() == 2 ? decode_envelope(frames[1].to_string_view())
-                                          : StatusOr<proto::Envelope>(absl::InvalidArgumentError("frames"));
-        if (decoded.ok() && decoded->has_handshake()) return frames[0].to_string();
-        frames.clear();
-      }
-    } while (std::chrono::steady_clock::now() < until);
-    return std::nullopt;
+    auto got = next_frame(within, [](const proto::Envelope& e) { return e.has_handshake(); });
+    return got ? std::optional<std::string>(got->first) : std::nullopt;
   }
   // Accepts the handshake that came from `routing_id`, as decode rank 1/2 of incarnation 0x77,
   // announcing `local_lane` (none if empty).
@@ -146,6 +136,17 @@ class HandAnsweredPeer {
   }
   // The type of the next message (handshakes skipped) to arrive within `within`; "" if none.
   std::string next_message_type(Duration within) {
+    auto got = next_frame(within, [](const proto::Envelope& e) { return !e.has_handshake(); });
+    return got ? message_type_name(got->second) : "";
+  }
+  static constexpr uint64_t kIncarnation = 0x77;
+  std::string endpoint;
+
+ private:
+  // The next (routing id, envelope) to arrive within `within` that `wanted` accepts; others are
+  // skipped.
+  template <typename Wanted>
+  std::optional<std::pair<std::string, proto::Envelope>> next_frame(Duration within, Wanted wanted) {
     const auto until = std::chrono::steady_clock::now() + within;
     do {
       zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
@@ -154,16 +155,13 @@ class HandAnsweredPeer {
       while (zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) {
         auto decoded = frames.size() == 2 ? decode_envelope(frames[1].to_string_view())
                                           : StatusOr<proto::Envelope>(absl::InvalidArgumentError("frames"));
-        if (decoded.ok() && !decoded->has_handshake()) return message_type_name(*decoded);
+        if (decoded.ok() && wanted(*decoded)) return std::make_pair(frames[0].to_string(), std::move(*decoded));
         frames.clear();
       }
     } while (std::chrono::steady_clock::now() < until);
-    return "";
+    return std::nullopt;
   }
-  static constexpr uint64_t kIncarnation = 0x77;
-  std::string endpoint;
 
- private:
   zmq::context_t context_;
   zmq::socket_t socket_;
 };
