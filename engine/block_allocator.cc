@@ -4,12 +4,12 @@
 
 namespace pdserve::engine {
 
-BlockAllocator::BlockAllocator(int num_blocks, int block_size, KvEventSink* sink)
+BlockAllocator::BlockAllocator(int num_blocks, int block_size, KvEventSink* sink, KvTier tier)
     : block_size_(block_size),
       refs_(size_t(num_blocks), 0),
       prev_(size_t(num_blocks) + 1, -1),
       next_(size_t(num_blocks) + 1, -1),
-      index_(num_blocks, block_size, sink) {
+      index_(num_blocks, block_size, sink, tier) {
   free_.reserve(size_t(num_blocks));
   for (int b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
   prev_[size_t(num_blocks)] = next_[size_t(num_blocks)] = num_blocks;  // The empty list's sentinel.
@@ -82,16 +82,17 @@ BlockAllocator::Allocation BlockAllocator::match_prefix(std::span<const BlockKey
 
 StatusOr<BlockAllocator::Allocation> BlockAllocator::allocate_cached(std::span<const BlockKey> keys,
                                                                      const BlockKey& ns_root,
-                                                                     std::span<const int32_t> tokens, int total) {
+                                                                     std::span<const int32_t> tokens, int total, int spare) {
   std::lock_guard lock(mu_);
-  if (total < 0) return absl::InvalidArgumentError("negative block count");
+  if (total < 0 || spare < 0) return absl::InvalidArgumentError("negative block count");
   Allocation a = match_prefix(keys, ns_root, tokens, total);
   int evictable_hits = 0;
   for (int b : a.blocks) evictable_hits += refs_[size_t(b)] == 0;
   const int fresh = total - int(a.blocks.size());
-  if (fresh > int(free_.size()) + lru_size_ - evictable_hits)
+  if (fresh + spare > int(free_.size()) + lru_size_ - evictable_hits)
     return absl::ResourceExhaustedError(absl::StrCat("need ", fresh, " new KV blocks beside ", a.blocks.size(),
-                                                     " cached, ", int(free_.size()) + lru_size_ - evictable_hits,
+                                                     " cached and ", spare, " spare, ",
+                                                     int(free_.size()) + lru_size_ - evictable_hits,
                                                      " free or evictable"));
   for (int b : a.blocks) {
     if (refs_[size_t(b)] == 0) lru_unlink(b);
@@ -100,6 +101,18 @@ StatusOr<BlockAllocator::Allocation> BlockAllocator::allocate_cached(std::span<c
   a.cached_blocks = int(a.blocks.size());
   std::vector<int> more = take(fresh);
   a.blocks.insert(a.blocks.end(), more.begin(), more.end());
+  return a;
+}
+
+BlockAllocator::Allocation BlockAllocator::acquire_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                                          std::span<const int32_t> tokens) {
+  std::lock_guard lock(mu_);
+  Allocation a = match_prefix(keys, ns_root, tokens, int(keys.size()));
+  for (int b : a.blocks) {
+    if (refs_[size_t(b)] == 0) lru_unlink(b);
+    ++refs_[size_t(b)];
+  }
+  a.cached_blocks = int(a.blocks.size());
   return a;
 }
 

@@ -22,8 +22,10 @@ namespace pdserve::engine {
 class BlockAllocator {
  public:
   // `block_size` is the prefix cache's unit (tokens per block); `sink`, which may be null,
-  // gets the cache's KV events.
-  explicit BlockAllocator(int num_blocks, int block_size = 16, KvEventSink* sink = nullptr);
+  // gets the cache's KV events, naming `tier` (the host tier's slots are a pool of their own:
+  // engine/host_kv_tier.h).
+  explicit BlockAllocator(int num_blocks, int block_size = 16, KvEventSink* sink = nullptr,
+                          KvTier tier = KvTier::kDevice);
 
   // Takes `count` blocks (reference count 1 each), free ones first, then the least recently
   // used evictable ones; ResourceExhausted (and no change) if too few are free or evictable.
@@ -40,9 +42,12 @@ class BlockAllocator {
   // Takes `total` blocks for a request: first the longest cached prefix of `keys` (the keys of
   // its leading full blocks of `tokens`, chained from `ns_root`; every hit is checked against
   // the tokens exactly), each retained, then new ones. ResourceExhausted (and no change) when
-  // the new ones do not fit; a hit block that was evictable does not count as room.
+  // the new ones do not fit with `spare` blocks left free or evictable beside them; a hit block
+  // that was evictable does not count as room.
   StatusOr<Allocation> allocate_cached(std::span<const BlockKey> keys, const BlockKey& ns_root,
-                                       std::span<const int32_t> tokens, int total);
+                                       std::span<const int32_t> tokens, int total, int spare = 0);
+  // Retains the longest cached prefix of `keys` (as allocate_cached's hits, with no new blocks).
+  Allocation acquire_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens);
   // How many leading blocks of `keys` are cached (read only but for the collision count).
   int cached_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens);
   // Caches `block` (held, its KV written on every rank) as PrefixIndex::insert does.

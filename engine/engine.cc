@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "engine/host_kv_tier.h"
 #include "engine/model_weights.h"
 #include "engine/rank_pool.h"
 #include "engine/shard_upload.h"
@@ -86,6 +87,8 @@ struct Engine::Sequence {
   std::optional<CachedLink> chain;
   bool chain_broken = false;
   int cached_tokens = 0;
+  int preemptions = 0;  // Times its blocks were taken back to make room (it recomputes them).
+  int host_done = 0;    // Leading blocks stored in the host tier (as far as known).
 
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
@@ -149,6 +152,22 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
                                 uint32_t(options.block_size), options.prefix_cache.secret});
   engine->key_fn_ = options.prefix_cache.key_fn ? options.prefix_cache.key_fn : BlockKeyFn(chain_key);
+  if (options.host_kv_bytes > 0) {
+    if (!options.prefix_cache.enabled)
+      return absl::InvalidArgumentError("--host-kv-bytes needs the prefix cache (its block keys name the host tier's blocks)");
+    std::vector<HostKvTier::DeviceRank> device;
+    for (int r = 0; r < options.tp; ++r) {
+      RankRunner& rank = engine->ranks_->rank(r);
+      device.push_back({&rank.backend(), rank.kv_arena(), &rank.kv_layout()});
+    }
+    PD_ASSIGN_OR_RETURN(engine->host_,
+                        HostKvTier::create(std::move(device), options.host_kv_bytes, options.prefix_cache.event_sink));
+    if (engine->host_->num_blocks() < int(num_blocks))
+      PD_LOG_WARN("the host KV tier ({} blocks) is smaller than the device cache ({} blocks): it keeps less than the "
+                  "device gives up",
+                  engine->host_->num_blocks(), num_blocks);
+    engine->stats_.host_blocks = engine->host_->num_blocks();
+  }
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
@@ -182,6 +201,13 @@ EngineStats Engine::stats() const {
   s.evictable_blocks = counts.evictable;
   s.cached_blocks = counts.cached;
   s.prefix_collisions = counts.collisions;
+  if (host_) {
+    const BlockAllocator::Counts host = host_->counts();
+    s.host_free_blocks = host.free;
+    s.host_cached_blocks = host.cached;
+    s.host_stored_blocks = host_->stored_blocks();
+    s.host_loaded_blocks = host_->loaded_blocks();
+  }
   return s;
 }
 
@@ -225,9 +251,11 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
     return absl::InvalidArgumentError("first_token_streamed needs a preloaded request");
   if (!h.preloaded_blocks.empty()) {
     if (h.prefill_only) return absl::InvalidArgumentError("a request cannot be both prefill-only and preloaded");
-    if (int(h.preloaded_blocks.size()) < need)
+    // The prompt's KV is in them; the blocks of the tokens it generates come as it needs them.
+    const int prompt_blocks = blocks_for(int(request.prompt.size()), options_.block_size);
+    if (int(h.preloaded_blocks.size()) < prompt_blocks)
       return absl::InvalidArgumentError(absl::StrCat("preloaded request has ", h.preloaded_blocks.size(),
-                                                     " KV blocks, needs ", need));
+                                                     " KV blocks, its prompt fills ", prompt_blocks));
     if (h.first_token < 0 || h.first_token >= c.vocab_size)
       return absl::InvalidArgumentError(absl::StrCat("preloaded request's first token ", h.first_token,
                                                      " is outside the vocabulary"));
@@ -265,6 +293,8 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
   ev.id = seq.request.id;
   const KvHandoff& handoff = seq.request.handoff;
   // With on_admitted the caller owns the blocks whatever the outcome (none before admission).
+  // Its blocks of generated tokens join the prompt's in the host tier (those the device cached).
+  store_in_host(seq, seq.chain_done);
   const bool hand_over = handoff.prefill_only && (handoff.on_admitted || (error.ok() && reason != FinishReason::kAbort));
   if (hand_over) {
     ev.blocks = std::move(seq.blocks);
@@ -328,27 +358,47 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     seq.sampler.skip_draw();
     accept_token(seq, seq.request.handoff.first_token, seq.request.handoff.first_token_streamed);
   }
-  // FIFO: a request that does not fit blocks the ones behind it, so none starves. Blocks for
-  // the whole request are reserved up front, so a running sequence never runs out mid-way.
+  // FIFO: a request that does not fit blocks the ones behind it, so none starves (a preempted
+  // sequence goes back to the front). Admission takes blocks for what the sequence computes now
+  // (its tokens and the next one) and leaves one spare block per running sequence, which is what
+  // each may take next; decoding sequences take their next block as they reach it (grow_blocks).
   while (!waiting_.empty() && int(running_.size()) < options_.max_running) {
     Sequence& seq = *waiting_.front();
     const int prompt_len = int(seq.request.prompt.size());
-    const int need = blocks_needed(prompt_len, seq.request.params.max_tokens);
-    // The last prompt token is always computed (its logits give the first token), and prompt
+    const int len = int(seq.tokens.size());
+    const int need = std::min(blocks_needed(len, 1), blocks_needed(prompt_len, seq.request.params.max_tokens));
+    // The last token is always computed (its logits give the next token), and prompt
     // log-probabilities need every prompt position's logits: neither can come from the cache.
-    const bool lookup = options_.prefix_cache.enabled && seq.request.params.prompt_logprobs < 0;
-    const int max_hit = lookup ? (prompt_len - 1) / options_.block_size : 0;
+    const bool lookup = options_.prefix_cache.enabled &&
+                        (seq.request.params.prompt_logprobs < 0 || seq.prompt_logprobs_sent);
+    const int max_hit = lookup ? (len - 1) / options_.block_size : 0;
     extend_keys(seq, max_hit);
-    auto a = blocks_->allocate_cached(std::span(seq.keys).first(size_t(max_hit)), seq.ns_root,
-                                      seq.request.prompt, need);
+    auto a = blocks_->allocate_cached(std::span(seq.keys).first(size_t(max_hit)), seq.ns_root, seq.tokens, need,
+                                      int(running_.size()));
     if (!a.ok()) break;
     seq.blocks = std::move(a->blocks);
     seq.chain_done = a->cached_blocks;
     seq.chain = a->last_hit;
-    seq.num_computed = seq.cached_tokens = a->cached_blocks * options_.block_size;
-    if (lookup) {
-      stats_.prefix_query_tokens += uint64_t(prompt_len);
-      stats_.prefix_hit_tokens += uint64_t(seq.cached_tokens);
+    seq.chain_broken = false;
+    int computed = a->cached_blocks;
+    // The host tier continues the device's hit: its blocks are copied into the new ones.
+    if (host_ && lookup && computed < max_hit) {
+      auto end = host_->load(seq.keys, seq.ns_root, seq.tokens, seq.blocks, computed, max_hit);
+      if (end.ok()) {
+        if (seq.preemptions == 0) stats_.host_hit_tokens += uint64_t(*end - computed) * options_.block_size;
+        seq.host_done = *end;
+        computed = *end;
+      } else {
+        PD_LOG_ERROR("loading {} from the host KV tier: {} (computing it instead)", seq.request.id, end.status().ToString());
+      }
+    }
+    seq.num_computed = computed * options_.block_size;
+    if (seq.preemptions == 0) {
+      seq.cached_tokens = seq.num_computed;
+      if (lookup) {
+        stats_.prefix_query_tokens += uint64_t(prompt_len);
+        stats_.prefix_hit_tokens += uint64_t(seq.cached_tokens);
+      }
     }
     if (seq.request.handoff.on_admitted) admitted->push_back(&seq);
     running_.push_back(std::move(waiting_.front()));
@@ -356,6 +406,61 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
   }
   // Both counts at once, so that a request moving from waiting to running is counted once.
   publish_stats(int(waiting_.size()));
+}
+
+void Engine::grow_blocks() {
+  const int b = options_.block_size;
+  std::vector<std::unique_ptr<Sequence>> preempted;  // Newest first.
+  for (size_t i = 0; i < running_.size();) {
+    Sequence& s = *running_[i];
+    bool s_preempted = false;
+    // A step writes the KV of every token not yet computed: the last sampled one when decoding.
+    while (!s_preempted && int(s.blocks.size()) < blocks_for(int(s.tokens.size()), b)) {
+      if (auto more = blocks_->allocate(1); more.ok()) {
+        s.blocks.push_back(more->front());
+        continue;
+      }
+      // The pool is short: the latest admitted sequence gives its blocks back (the one that has
+      // waited least; it may be `s` itself). Prefill-only requests are never chosen: their
+      // blocks are their caller's, and they never grow (admission gave them all they write).
+      size_t victim = running_.size();
+      while (victim > i && running_[victim - 1]->request.handoff.prefill_only) --victim;
+      if (victim == i) break;
+      --victim;
+      preempt(*running_[victim]);
+      preempted.push_back(std::move(running_[victim]));
+      running_.erase(running_.begin() + int64_t(victim));
+      s_preempted = victim == i;
+    }
+    if (!s_preempted) ++i;
+  }
+  if (preempted.empty()) return;
+  std::lock_guard lock(mu_);
+  // Oldest at the front: the one preempted last was admitted earliest of them.
+  for (auto& seq : preempted) waiting_.push_front(std::move(seq));
+  publish_stats(int(waiting_.size()));
+}
+
+void Engine::preempt(Sequence& s) {
+  PD_LOG_DEBUG("preempting {} ({} tokens, {} blocks) to make room", s.request.id, s.tokens.size(), s.blocks.size());
+  // Its full blocks stay in the prefix cache (evictable) under their keys, and go to the host
+  // tier (swapped out) where it has room: resuming, it takes back what either still holds and
+  // recomputes the rest from its tokens.
+  store_in_host(s, s.chain_done);
+  if (Status st = blocks_->release(s.blocks); !st.ok())
+    PD_LOG_ERROR("releasing blocks of preempted {}: {}", s.request.id, st.ToString());
+  s.blocks.clear();
+  s.num_computed = 0;
+  s.chain_done = 0;
+  s.chain.reset();
+  s.chain_broken = false;
+  s.host_done = 0;
+  // Prompt log-probabilities not yet sent are computed again with the prompt.
+  if (!s.prompt_logprobs_sent) s.prompt_logprobs.clear();
+  // A preloaded request's KV came from elsewhere; from now on it is recomputed here.
+  s.request.handoff.preloaded_blocks.clear();
+  ++s.preemptions;
+  ++stats_.preemptions;
 }
 
 Status Engine::step() {
@@ -371,6 +476,7 @@ Status Engine::run_step() {
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
   for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
+  grow_blocks();
   if (running_.empty()) {
     publish_stats();
     return absl::OkStatus();
@@ -404,15 +510,17 @@ Status Engine::run_step() {
     // Each prompt position of a prompt_logprobs chunk is a logit row (rows × vocab floats in
     // every logits buffer): chunks shrink to keep a step's under the cap, and a sequence whose
     // next chunk gets none waits for the next step (the first such one always gets some).
+    const bool prompt_logprobs = s->request.params.prompt_logprobs >= 0 && !s->prompt_logprobs_sent;
     const int prompt_rows_left = int(s->request.prompt.size()) - 1 - s->num_computed;
-    if (s->request.params.prompt_logprobs >= 0 && prompt_rows_left > 0) {
+    if (prompt_logprobs && prompt_rows_left > 0) {
       if (prompt_logprob_rows == 0) continue;
       if (std::min(n, prompt_rows_left) > prompt_logprob_rows) n = prompt_logprob_rows;
       prompt_logprob_rows -= std::min(n, prompt_rows_left);
     }
-    // A prompt chunk while the prompt is not all computed (a one-token prompt included), else
-    // a decode step, whose attention reads the whole context.
-    if (s->num_computed < int(s->request.prompt.size())) {
+    // A prompt chunk while the prompt is not all computed (a one-token prompt included) or a
+    // preempted sequence recomputes its tokens, else a decode step, whose attention reads the
+    // whole context.
+    if (pending > 1 || s->num_computed < int(s->request.prompt.size())) {
       sample.prefill_tokens += n;
       ++sample.prefill_seqs;
     } else {
@@ -420,7 +528,6 @@ Status Engine::run_step() {
       sample.kv_tokens += s->num_computed + 1;
     }
     budget -= n;
-    const bool prompt_logprobs = s->request.params.prompt_logprobs >= 0;
     for (int i = 0; i < n; ++i) {
       const int pos = s->num_computed + i;
       batch.tokens.push_back(s->tokens[pos]);
@@ -591,7 +698,16 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
   std::vector<BlockKey> keys;
   extend_block_keys(keys, ns_root, prompt, options_.block_size, int(prompt.size()) / options_.block_size, key_fn_);
   PD_ASSIGN_OR_RETURN(BlockAllocator::Allocation a, blocks_->allocate_cached(keys, ns_root, prompt, total));
-  return Reservation{std::move(a.blocks), a.cached_blocks};
+  int cached = a.cached_blocks;
+  if (host_) {
+    auto end = host_->load(keys, ns_root, prompt, a.blocks, cached, int(keys.size()));
+    if (end.ok()) {
+      cached = *end;
+    } else {
+      PD_LOG_ERROR("loading a reservation from the host KV tier: {} (transferring it instead)", end.status().ToString());
+    }
+  }
+  return Reservation{std::move(a.blocks), cached};
 }
 
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
@@ -615,6 +731,20 @@ void Engine::cache_computed_blocks(Sequence& s) {
     }
     s.chain_done = i + 1;
   }
+  // Write-through of the prompt's full blocks as their step ends (output blocks follow when
+  // the request finishes or is preempted).
+  store_in_host(s, std::min<int>(s.chain_done, int(s.request.prompt.size()) / b));
+}
+
+void Engine::store_in_host(Sequence& s, int blocks) {
+  blocks = std::min(blocks, s.chain_done);
+  if (!host_ || blocks <= s.host_done) return;
+  auto held = host_->store(s.keys, s.ns_root, s.tokens, s.blocks, blocks);
+  if (!held.ok()) {
+    PD_LOG_ERROR("storing {} in the host KV tier: {}", s.request.id, held.status().ToString());
+    return;
+  }
+  s.host_done = *held;
 }
 
 int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt) {
@@ -623,12 +753,20 @@ int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_vie
   const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
   std::vector<BlockKey> keys;
   extend_block_keys(keys, ns_root, tokens, b, int(tokens.size() - 1) / b, key_fn_);
-  return blocks_->cached_prefix(keys, ns_root, tokens) * b;
+  const int device = blocks_->cached_prefix(keys, ns_root, tokens);
+  return std::max(device, host_ ? host_->held_prefix(keys, ns_root, tokens) : 0) * b;
 }
 
-std::vector<BlockKey> Engine::cached_keys() const { return blocks_->cached_keys(); }
+std::vector<BlockKey> Engine::cached_keys(KvTier tier) const {
+  if (tier == KvTier::kDevice) return blocks_->cached_keys();
+  if (tier == KvTier::kHost && host_) return host_->cached_keys();
+  return {};
+}
 
-void Engine::reset_prefix_cache() { blocks_->reset_cache(); }
+void Engine::reset_prefix_cache() {
+  blocks_->reset_cache();
+  if (host_) host_->clear();
+}
 
 void Engine::set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }
 

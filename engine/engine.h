@@ -29,6 +29,7 @@
 namespace pdserve::engine {
 
 class Backend;
+class HostKvTier;
 class RankPool;
 class ModelWeightsF32;
 
@@ -82,6 +83,9 @@ struct EngineOptions {
   // Steps the step window keeps (Engine::steps_after).
   size_t step_window = StepWindow::kDefaultCapacity;
   PrefixCacheOptions prefix_cache;
+  // The host tier (engine/host_kv_tier.h, --host-kv-bytes): bytes of host memory per rank for
+  // blocks the device cache gives up; 0: none. Needs the prefix cache (its keys).
+  uint64_t host_kv_bytes = 0;
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.
@@ -186,6 +190,18 @@ struct EngineStats {
   uint64_t prefix_query_tokens = 0;
   uint64_t prefix_hit_tokens = 0;
   uint64_t prefix_collisions = 0;
+  // Sequences preempted to make room for others' next blocks (each recomputes what the prefix
+  // cache no longer holds of it when it resumes).
+  uint64_t preemptions = 0;
+  // The host tier (all 0 without one): its blocks, those free or evictable, those holding a
+  // cached key; prompt tokens admitted requests found there (beyond the device's hit), blocks
+  // copied in (stored) and out (loaded) since start.
+  int host_blocks = 0;
+  int host_free_blocks = 0;
+  int host_cached_blocks = 0;
+  uint64_t host_hit_tokens = 0;
+  uint64_t host_stored_blocks = 0;
+  uint64_t host_loaded_blocks = 0;
 };
 
 class Engine {
@@ -237,8 +253,8 @@ class Engine {
   // Leading tokens of `tokens` the prefix cache holds now, in namespace `cache_salt` (whole
   // blocks; read only; the last token never counts, as a request always computes it).
   int cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt = "");
-  // The cached keys (the KV events' exactness checks).
-  std::vector<BlockKey> cached_keys() const;
+  // The keys `tier` holds (the KV events' exactness checks; none for a tier it lacks).
+  std::vector<BlockKey> cached_keys(KvTier tier = KvTier::kDevice) const;
   // Uncaches every block (running requests keep theirs, uncached); events get "cleared".
   void reset_prefix_cache();
 
@@ -279,6 +295,14 @@ class Engine {
   // Moves waiting requests into running_; appends those with a KvHandoff::on_admitted to
   // `admitted` (the caller runs the callbacks once mu_ is released).
   void admit(std::vector<Sequence*>* admitted);
+  // Gives each running sequence the blocks its next step writes, oldest first; when the pool is
+  // short, preempts the latest admitted sequences (back to the front of waiting_) until it fits.
+  void grow_blocks();
+  // Takes a running sequence's blocks back (its cached ones stored in the host tier first); it is
+  // recomputed from its tokens — and what the tiers still hold of them — when admitted again.
+  void preempt(Sequence& seq);
+  // Stores the sequence's first `blocks` cached blocks in the host tier (no-op without one).
+  void store_in_host(Sequence& seq, int blocks);
   Status run_step();  // step() but for the KV events' step end.
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
@@ -309,6 +333,7 @@ class Engine {
   std::unique_ptr<ModelWeightsF32> weights_;  // Outlives ranks_, whose shards point into it.
   std::unique_ptr<RankPool> ranks_;
   std::unique_ptr<BlockAllocator> blocks_;
+  std::unique_ptr<HostKvTier> host_;  // Null without one; destroyed before ranks_ (its backends).
   mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::string> aborts_;

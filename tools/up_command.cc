@@ -42,6 +42,7 @@ struct UpFlags {
   int port = 8000;
   int block_size = 0;
   uint64_t kv_cache_bytes = 0;
+  uint64_t host_kv_bytes = 0;
   std::string prefix_caching = "on";
   std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
   std::string placement = "cache";    // The router's --placement.
@@ -266,6 +267,7 @@ int run_up(const UpFlags& f) {
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
+    if (f.host_kv_bytes > 0) a.insert(a.end(), {"--host-kv-bytes", std::to_string(f.host_kv_bytes)});
     a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
     if (f.kv_events == "on") {
       const std::string any_port = "tcp://" + f.host + ":0";  // The worker advertises what it bound.
@@ -417,6 +419,7 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--port", f->port, "Router gRPC port (HTTP on port + 1; with 0, both any free ports)")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");
   cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
+  cmd->add_option("--host-kv-bytes", f->host_kv_bytes, "Host tier of the KV cache, bytes per rank (workers)");
   cmd->add_option("--prefix-caching", f->prefix_caching, "Workers' prefix cache (docs/prefix_caching.md)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

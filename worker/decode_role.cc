@@ -52,6 +52,17 @@ DecodeRole::~DecodeRole() { shutdown(Duration(0)); }
 
 namespace {
 int blocks_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+
+// Whether a request of `num_tokens` tokens (prompt and output) could ever run here: alone, it
+// must fit the whole pool, or it would preempt itself for ever.
+Status fits(const engine::Engine& engine, int num_tokens) {
+  const int need = blocks_for(num_tokens, engine.kv_layout(0).block_size());
+  const int have = engine.stats().num_blocks;
+  if (need > have)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a request of ", num_tokens, " tokens needs ", need, " KV blocks; the cache has ", have, " in all"));
+  return absl::OkStatus();
+}
 }  // namespace
 
 StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
@@ -79,9 +90,12 @@ StatusOr<ReserveResponse> DecodeRole::reserve(const ReserveRequest& request) {
   const int num_tokens = std::min(request.num_tokens(), engine_.config().max_seq_len);
   if (request.prompt_len() > num_tokens)
     return absl::InvalidArgumentError("the prompt is longer than the model's context");
+  PD_RETURN_IF_ERROR(fits(engine_, num_tokens));
+  // Only the prompt's blocks: the engine gives the request the blocks of its output as it
+  // decodes (preempting the latest admitted request when the pool is short).
   PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
                       engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
-                                                    request.cache_salt(), num_tokens));
+                                                    request.cache_salt(), request.prompt_len()));
   const std::vector<int> blocks = std::move(reservation.blocks);
   Job job;
   job.push = true;
@@ -127,7 +141,8 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
   const std::string& id = request.request_id();
   const int prompt_len = request.prompt_size();
   if (prompt_len == 0) return absl::InvalidArgumentError("empty prompt");
-  const int need = engine_.blocks_needed(prompt_len, params.max_tokens);
+  const int need = blocks_for(prompt_len, engine_.kv_layout(0).block_size());
+  PD_RETURN_IF_ERROR(fits(engine_, std::min(prompt_len + params.max_tokens, engine_.config().max_seq_len)));
   std::unique_lock lock(mu_);
   if (request.kv_mode() == "push") {
     auto it = jobs_.find(id);
@@ -156,10 +171,9 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     if (source.blocks_size() != blocks_for(prompt_len, block_size))
       return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source.blocks_size(), " blocks; a prompt of ",
                                                      prompt_len, " tokens fills ", blocks_for(prompt_len, block_size)));
-    const int num_tokens = std::min(prompt_len + params.max_tokens, engine_.config().max_seq_len);
     PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
                         engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
-                                                      request.cache_salt(), num_tokens));
+                                                      request.cache_salt(), prompt_len));
     const std::vector<int> blocks = std::move(reservation.blocks);
     Job job;
     job.push = false;

@@ -90,6 +90,8 @@ std::string WorkerHealth::metrics_text() const {
   gauge("worker_num_requests_running", "Sequences in the engine's running batch.", "gauge", load.running);
   gauge("worker_num_requests_waiting", "Sequences waiting in the engine.", "gauge", load.waiting);
   gauge("worker_steps_total", "Engine steps (forward passes) run.", "counter", load.steps);
+  gauge("worker_preemptions_total", "Sequences preempted to make room in the KV cache (recomputed later).",
+        "counter", load.preemptions);
   gauge("worker_step_prefill_tokens_total", "Prompt tokens the engine's steps computed.", "counter",
         load.step_prefill_tokens);
   gauge("worker_step_decode_sequences_total", "Sequences the engine's steps decoded (a token each).", "counter",

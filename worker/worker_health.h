@@ -33,6 +33,7 @@ struct WorkerLoadGauges {
   uint64_t step_prefill_tokens = 0;
   uint64_t step_decode_sequences = 0;
   double step_seconds = 0;
+  uint64_t preemptions = 0;  // Sequences preempted to make room (engine::EngineStats).
 };
 
 struct HealthRequirements {

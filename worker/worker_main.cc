@@ -283,7 +283,8 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
                             st.engine.steps,
                             st.engine.prefill_tokens,
                             st.engine.decode_tokens,
-                            st.engine.step_seconds};
+                            st.engine.step_seconds,
+                            st.engine.preemptions};
   });
   std::unique_ptr<RouterSet> registration;  // Set once serving, when --router is given.
   // The probe threads outlive the engine (they answer until the end): from here on, every way
@@ -421,6 +422,11 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
       ->capture_default_str();
   app.add_option("--block-size", f.engine.block_size, "Tokens per KV block")->capture_default_str();
   app.add_option("--kv-cache-bytes", f.engine.kv_cache_bytes, "KV cache bytes per rank");
+  app.add_option("--host-kv-bytes", f.engine.host_kv_bytes,
+                 "Host tier of the KV cache, bytes per rank: blocks the device cache gives up (evicted, or of "
+                 "preempted requests) are kept here by their prefix-cache keys and copied back instead of "
+                 "recomputed (docs/kv_offload.md; 0: none)")
+      ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
   app.add_option("--max-batch-tokens", f.engine.max_batch_tokens, "Tokens per engine step")->capture_default_str();
   app.add_option("--max-running", f.engine.max_running, "Sequences in flight")->capture_default_str();

@@ -4,8 +4,8 @@
 
 namespace pdserve::engine {
 
-PrefixIndex::PrefixIndex(int num_blocks, int block_size, KvEventSink* sink)
-    : block_size_(block_size), sink_(sink), meta_(size_t(num_blocks)), tokens_(size_t(num_blocks) * block_size) {}
+PrefixIndex::PrefixIndex(int num_blocks, int block_size, KvEventSink* sink, KvTier tier)
+    : block_size_(block_size), sink_(sink), tier_(tier), meta_(size_t(num_blocks)), tokens_(size_t(num_blocks) * block_size) {}
 
 std::span<const int32_t> PrefixIndex::tokens_of(int block) const {
   return {tokens_.data() + size_t(block) * block_size_, size_t(block_size_)};
@@ -64,7 +64,7 @@ std::optional<CachedLink> PrefixIndex::insert(int block, const BlockKey& key, co
     meta_[size_t(parent->block)].children.push_back(block);
     parent_key = meta_[size_t(parent->block)].key;
   }
-  if (sink_) sink_->stored(KvTier::kDevice, parent_key, std::span<const BlockKey>(&m.key, 1), index, tokens);
+  if (sink_) sink_->stored(tier_, parent_key, std::span<const BlockKey>(&m.key, 1), index, tokens);
   return CachedLink{block, m.generation};
 }
 
@@ -86,7 +86,7 @@ void PrefixIndex::uncache(int block, std::vector<int>* uncached) {
     m.children.clear();
     m.parent = -1;
   }
-  if (sink_) sink_->removed(KvTier::kDevice, keys);
+  if (sink_) sink_->removed(tier_, keys);
 }
 
 void PrefixIndex::clear(std::vector<int>* uncached) {
@@ -100,7 +100,7 @@ void PrefixIndex::clear(std::vector<int>* uncached) {
     uncached->push_back(b);
   }
   map_.clear();
-  if (sink_) sink_->cleared(KvTier::kDevice);
+  if (sink_) sink_->cleared(tier_);
 }
 
 std::vector<BlockKey> PrefixIndex::keys() const {

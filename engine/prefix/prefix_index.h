@@ -28,8 +28,8 @@ struct CachedLink {
 
 class PrefixIndex {
  public:
-  // `sink` may be null (no events).
-  PrefixIndex(int num_blocks, int block_size, KvEventSink* sink);
+  // `sink` may be null (no events); its events name `tier` (the device's pool, or the host tier's).
+  PrefixIndex(int num_blocks, int block_size, KvEventSink* sink, KvTier tier = KvTier::kDevice);
 
   // The canonical block of `key` if it holds exactly `tokens` (block_size ids) after `parent`
   // (nullopt: the chain starts at `ns_root`); nullopt on a miss. A present key whose tokens or
@@ -77,6 +77,7 @@ class PrefixIndex {
 
   int block_size_;
   KvEventSink* sink_;
+  KvTier tier_;
   std::vector<Meta> meta_;
   std::vector<int32_t> tokens_;  // block_size ids per block.
   absl::flat_hash_map<BlockKey, int> map_;

@@ -184,21 +184,23 @@ TEST(Engine, StatsAreSafeToReadWhileStepping) {
   EXPECT_GT(s.steps, 0u);
 }
 
-TEST(Engine, AdmissionWaitsForFreeBlocks) {
+TEST(Engine, AdmissionTakesBlocksAsSequencesGrow) {
   EngineOptions tiny;
   tiny.kv_cache_bytes = 40 * 16 * 1280;  // 40 blocks of 16 tokens at TP 1.
   auto engine = make_engine(1, tiny);
   ASSERT_EQ(engine->stats().num_blocks, 40);
   int done = 0;
-  for (int i = 0; i < 6; ++i)  // Each needs 16 blocks: at most two run at once.
+  for (int i = 0; i < 6; ++i)  // Each needs 16 blocks at its longest: not all fit at once.
     ASSERT_TRUE(engine->add_request({std::to_string(i), {1}, greedy(255)}, [&](const TokenEvent& ev) {
       done += ev.finished;
     }).ok());
   ASSERT_TRUE(engine->step().ok());
-  EXPECT_EQ(engine->stats().running, 2);
-  EXPECT_EQ(engine->stats().waiting, 4);
+  EXPECT_EQ(engine->stats().running, 6);  // Each holds one block so far.
+  EXPECT_EQ(engine->stats().waiting, 0);
+  EXPECT_EQ(engine->stats().free_blocks, 34);
   ASSERT_TRUE(engine->run_until_idle().ok());
   EXPECT_EQ(done, 6);
+  EXPECT_GT(engine->stats().preemptions, 0u);  // tests/engine/preemption_test.cc: and the same output.
   EXPECT_EQ(engine->stats().free_blocks, 40);
 }
 

@@ -4,6 +4,7 @@
 // that all collide giving the same tokens with a growing collision count.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <random>
 
 #include "engine/engine.h"
@@ -171,6 +172,44 @@ TEST_P(CacheIdentity, MultiTurnConversationsGiveTheSameTokensWithTheCacheOnAndOf
 INSTANTIATE_TEST_SUITE_P(TpAndSampling, CacheIdentity,
                          ::testing::Values(std::tuple(1, false), std::tuple(1, true), std::tuple(2, true)));
 
+// The tiers under pressure: a device cache of a quarter of the conversations' working set
+// (cached blocks evicted, requests preempted when short), with and without the host tier, gives
+// the tokens of a cache that never runs short; the host tier serves what the device gave up.
+class TieredIdentity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(TieredIdentity, AQuarterOfTheWorkingSetGivesTheSameTokens) {
+  const auto [tp, host] = GetParam();
+  auto roomy = make_engine(tp, cache(true));
+  uint64_t computed_roomy = 0, computed_tight = 0;
+  const auto want = run_conversations(*roomy, 200, 4, true, &computed_roomy);
+  const int working_set = roomy->stats().cached_blocks;
+  const uint64_t block_bytes = roomy->stats().kv_bytes_per_rank / uint64_t(roomy->stats().num_blocks);
+  EngineOptions tight = cache(true);
+  tight.kv_cache_bytes = uint64_t(working_set / 4) * block_bytes;
+  if (host) tight.host_kv_bytes = uint64_t(working_set) * 2 * block_bytes;
+  auto e = make_engine(tp, tight);
+  const auto got = run_conversations(*e, 200, 4, true, &computed_tight);
+  for (size_t c = 0; c < want.size(); ++c)
+    for (size_t t = 0; t < want[c].outputs.size(); ++t)
+      ASSERT_EQ(got[c].outputs[t], want[c].outputs[t]) << "conversation " << c << " turn " << t;
+  const EngineStats s = e->stats();
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
+  if (!host) EXPECT_GT(computed_tight, computed_roomy * 3 / 2) << "a quarter of the working set recomputes much";
+  if (host) {
+    EXPECT_GT(s.host_hit_tokens, 0u);
+    EXPECT_GT(s.host_loaded_blocks, 0u);
+    // The host tier holds the working set: prompt compute stays near the roomy run's.
+    EXPECT_LT(computed_tight, computed_roomy * 3 / 2) << computed_roomy;
+    EXPECT_EQ(s.host_free_blocks, s.host_blocks);  // Nothing is being read now.
+  }
+  std::cout << "TP " << tp << (host ? " with" : " without") << " the host tier: " << computed_tight
+            << " prompt tokens computed (roomy: " << computed_roomy << "), " << s.preemptions << " preemptions, "
+            << s.host_hit_tokens << " host hit tokens\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(TpAndHost, TieredIdentity,
+                         ::testing::Values(std::tuple(1, false), std::tuple(1, true), std::tuple(2, true)));
+
 TEST(PrefixCache, KeysThatAllCollideGiveTheSameTokensAndAreCounted) {
   EngineOptions colliding = cache(true);
   colliding.prefix_cache.key_fn = [](const BlockKey&, std::span<const int32_t>) { return BlockKey{}; };
@@ -180,6 +219,12 @@ TEST(PrefixCache, KeysThatAllCollideGiveTheSameTokensAndAreCounted) {
   const auto got = run_conversations(*on, 40, 3, false, &b);
   for (size_t c = 0; c < want.size(); ++c) ASSERT_EQ(got[c].outputs, want[c].outputs) << c;
   EXPECT_GT(on->stats().prefix_collisions, 10u);
+  // The host tier's index is as exact: a small device cache sends lookups there.
+  colliding.kv_cache_bytes = 60 * 16 * 1280;
+  colliding.host_kv_bytes = 600 * 16 * 1280;
+  auto tiered = make_engine(1, colliding);
+  const auto got_tiered = run_conversations(*tiered, 40, 3, false, &b);
+  for (size_t c = 0; c < want.size(); ++c) ASSERT_EQ(got_tiered[c].outputs, want[c].outputs) << c;
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ TEST(KvEventsFromTheEngine, TheIndexEqualsTheEnginesCachedKeys) {
   ASSERT_TRUE(model.ok());
   engine::EngineOptions eo;
   eo.kv_cache_bytes = 48 * 16 * 1280;  // 48 blocks: conversations evict each other.
+  eo.host_kv_bytes = 96 * 16 * 1280;   // And from the host tier too, which reports as TIER_HOST.
   eo.prefix_cache.event_sink = publisher->get();
   auto eng = engine::Engine::create(std::move(*model), eo);
   ASSERT_TRUE(eng.ok()) << eng.status();
@@ -66,14 +67,19 @@ TEST(KvEventsFromTheEngine, TheIndexEqualsTheEnginesCachedKeys) {
     ASSERT_TRUE((*eng)->run_until_idle().ok());
   }
   (*publisher)->flush();
-  std::vector<engine::BlockKey> want = (*eng)->cached_keys();
+  std::vector<engine::BlockKey> want = (*eng)->cached_keys(), want_host = (*eng)->cached_keys(KvTier::kHost);
   std::sort(want.begin(), want.end());
+  std::sort(want_host.begin(), want_host.end());
   ASSERT_FALSE(want.empty());
+  ASSERT_FALSE(want_host.empty());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (std::chrono::steady_clock::now() < deadline &&
-         !(index.state("w") == router::WorkerKvState::kExact && index.keys("w", KvTier::kDevice) == want))
+         !(index.state("w") == router::WorkerKvState::kExact && index.keys("w", KvTier::kDevice) == want &&
+           index.keys("w", KvTier::kHost) == want_host))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // Polling, not waiting for time.
   EXPECT_EQ(index.keys("w", KvTier::kDevice), want);
+  EXPECT_EQ(index.keys("w", KvTier::kHost), want_host);
+  EXPECT_GT((*eng)->stats().host_hit_tokens, 0u);
   EXPECT_GT((*publisher)->stats().dropped, 0u);
   EXPECT_GT((*eng)->stats().prefix_hit_tokens, 0u);
 }

@@ -27,7 +27,7 @@ TEST(WorkerHealth, StartupThenReadinessInOrderOfTheirConditions) {
   EXPECT_TRUE(h.live().ok);
   EXPECT_FALSE(h.startup().ok);
   EXPECT_NE(h.ready().reason.find("loading the model"), std::string::npos);
-  h.set_started([] { return WorkerLoadGauges{100, 25, 3, 1, 2, 40, 900, 120, 1.5}; });
+  h.set_started([] { return WorkerLoadGauges{100, 25, 3, 1, 2, 40, 900, 120, 1.5, 7}; });
   EXPECT_TRUE(h.startup().ok);
   EXPECT_NE(h.ready().reason.find("gRPC"), std::string::npos);
   h.set_serving();
@@ -47,6 +47,7 @@ TEST(WorkerHealth, StartupThenReadinessInOrderOfTheirConditions) {
   EXPECT_NE(m.find("pdserve:worker_kv_cache_usage_perc{role=\"prefill\"} 0.75\n"), std::string::npos) << m;
   EXPECT_NE(m.find("pdserve:worker_kv_transfer_failures_total{role=\"prefill\"} 2\n"), std::string::npos) << m;
   EXPECT_NE(m.find("# TYPE pdserve:worker_kv_transfer_failures_total counter\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("pdserve:worker_preemptions_total{role=\"prefill\"} 7\n"), std::string::npos) << m;
   // The engine's step counters and the step-time summary.
   for (const char* line : {"# TYPE pdserve:worker_steps_total counter\n", "pdserve:worker_steps_total{role=\"prefill\"} 40\n",
                            "pdserve:worker_step_prefill_tokens_total{role=\"prefill\"} 900\n",

@@ -1,0 +1,156 @@
+#include "engine/host_kv_tier.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/logging.h"
+#include "engine/backend.h"
+
+namespace pdserve::engine {
+
+void HostKvTier::FreeArena::operator()(uint8_t* p) const { std::free(p); }
+
+StatusOr<std::unique_ptr<HostKvTier>> HostKvTier::create(std::vector<DeviceRank> device, uint64_t bytes_per_rank,
+                                                         KvEventSink* sink) {
+  if (device.empty()) return absl::InvalidArgumentError("a host tier needs at least one rank");
+  const KvCacheLayout& d0 = *device[0].layout;
+  PD_ASSIGN_OR_RETURN(const uint64_t block_bytes, KvCacheLayout::bytes_per_block(d0.spec(), d0.tp()));
+  const uint64_t num_blocks = bytes_per_rank / block_bytes;
+  if (num_blocks == 0)
+    return absl::InvalidArgumentError(absl::StrCat("--host-kv-bytes ", bytes_per_rank,
+                                                   " holds no block (a block takes ", block_bytes, " bytes per rank)"));
+  if (num_blocks > (1u << 30)) return absl::InvalidArgumentError("--host-kv-bytes too large");
+  std::vector<KvCacheLayout> layouts;
+  for (const DeviceRank& r : device) {
+    PD_ASSIGN_OR_RETURN(KvCacheLayout l,
+                        KvCacheLayout::create(r.layout->spec(), r.layout->rank(), r.layout->tp(), int(num_blocks)));
+    layouts.push_back(std::move(l));
+  }
+  auto tier = std::unique_ptr<HostKvTier>(new HostKvTier(std::move(device), std::move(layouts), int(num_blocks), sink));
+  for (size_t r = 0; r < tier->device_.size(); ++r) {
+    const uint64_t bytes = tier->layouts_[r].total_bytes();
+    void* p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+    if (p == nullptr)
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of host tier"));
+    std::memset(p, 0, bytes);
+    tier->arenas_.emplace_back(static_cast<uint8_t*>(p));
+    Backend& backend = *tier->device_[r].backend;
+    // Page-locked for a device backend, so that its copies run at DMA speed.
+    const bool pin = !backend.host_memory();
+    if (pin) PD_RETURN_IF_ERROR(backend.pin_host_memory(p, bytes));
+    tier->pinned_.push_back(pin);
+  }
+  return tier;
+}
+
+HostKvTier::HostKvTier(std::vector<DeviceRank> device, std::vector<KvCacheLayout> layouts, int num_blocks,
+                       KvEventSink* sink)
+    : device_(std::move(device)),
+      layouts_(std::move(layouts)),
+      slots_(num_blocks, layouts_[0].block_size(), sink, KvTier::kHost) {}
+
+HostKvTier::~HostKvTier() {
+  for (size_t r = 0; r < arenas_.size(); ++r)
+    if (pinned_[r]) device_[r].backend->unpin_host_memory(arenas_[r].get());
+}
+
+Status HostKvTier::copy(int block, int slot, Direction direction) {
+  for (size_t r = 0; r < device_.size(); ++r) {
+    const KvCacheLayout& dl = *device_[r].layout;
+    const KvCacheLayout& hl = layouts_[r];
+    Backend& backend = *device_[r].backend;
+    uint8_t* host = arenas_[r].get();
+    for (int l = 0; l < dl.num_layers(); ++l) {
+      for (KvPart part : {KvPart::kK, KvPart::kV}) {
+        if (dl.part_bytes(l, part) == 0) continue;
+        from_.clear();
+        to_.clear();
+        dl.ranges(l, block, part, 0, dl.num_local_heads(l), &from_);
+        hl.ranges(l, slot, part, 0, hl.num_local_heads(l), &to_);
+        // The same bytes in the same order on both sides, though runs may merge differently
+        // (adjacency depends on each arena's block count): walk both lists together.
+        size_t i = 0, j = 0;
+        uint64_t di = 0, hj = 0;
+        while (i < from_.size() && j < to_.size()) {
+          const uint64_t n = std::min(from_[i].length - di, to_[j].length - hj);
+          uint8_t* d = device_[r].arena + from_[i].offset + di;
+          uint8_t* h = host + to_[j].offset + hj;
+          PD_RETURN_IF_ERROR(direction == Direction::kToHost ? backend.copy_to_host(h, d, n)
+                                                             : backend.copy_to_device(d, h, n));
+          di += n;
+          hj += n;
+          if (di == from_[i].length) ++i, di = 0;
+          if (hj == to_[j].length) ++j, hj = 0;
+        }
+        if (i != from_.size() || j != to_.size())
+          return absl::InternalError("host tier and device layouts disagree on a block's bytes");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<int> HostKvTier::store(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                std::span<const int32_t> tokens, std::span<const int> device_blocks, int count) {
+  std::lock_guard lock(mu_);
+  const int b = layouts_[0].block_size();
+  count = std::min({count, int(keys.size()), int(device_blocks.size()), int(tokens.size()) / b});
+  // Held while the rest is stored: a slot taken below must not evict the chain it extends.
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys.first(size_t(count)), ns_root, tokens);
+  std::vector<int> slots = held.blocks;
+  std::optional<CachedLink> parent = held.last_hit;
+  int held_now = int(slots.size());
+  Status error;
+  for (int i = held_now; i < count; ++i) {
+    auto slot = slots_.allocate(1);
+    if (!slot.ok()) break;  // Every slot is being read: the rest stays on the device only.
+    const int s = slot->front();
+    slots.push_back(s);
+    error = copy(device_blocks[size_t(i)], s, Direction::kToHost);
+    if (!error.ok()) break;  // The slot stays uncached and goes back free.
+    ++stored_blocks_;
+    parent = slots_.cache(s, keys[size_t(i)], parent, ns_root, uint32_t(i), tokens.subspan(size_t(i) * b, size_t(b)));
+    if (!parent) break;  // A collision: the chain cannot go on here.
+    held_now = i + 1;
+  }
+  // Released in chain order: the deepest blocks become the least recently used.
+  PD_RETURN_IF_ERROR(slots_.release(slots));
+  PD_RETURN_IF_ERROR(error);
+  return held_now;
+}
+
+StatusOr<int> HostKvTier::load(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                               std::span<const int> device_blocks, int from, int limit) {
+  limit = std::min({limit, int(keys.size()), int(device_blocks.size())});
+  if (from >= limit) return from;
+  std::lock_guard lock(mu_);
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys.first(size_t(limit)), ns_root, tokens);
+  int end = from;
+  Status error;
+  for (int i = from; i < int(held.blocks.size()); ++i) {
+    error = copy(device_blocks[size_t(i)], held.blocks[size_t(i)], Direction::kToDevice);
+    if (!error.ok()) break;
+    ++loaded_blocks_;
+    end = i + 1;
+  }
+  PD_RETURN_IF_ERROR(slots_.release(held.blocks));
+  PD_RETURN_IF_ERROR(error);
+  return end;
+}
+
+uint64_t HostKvTier::stored_blocks() const {
+  std::lock_guard lock(mu_);
+  return stored_blocks_;
+}
+
+uint64_t HostKvTier::loaded_blocks() const {
+  std::lock_guard lock(mu_);
+  return loaded_blocks_;
+}
+
+int HostKvTier::held_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens) {
+  return slots_.cached_prefix(keys, ns_root, tokens);
+}
+
+}  // namespace pdserve::engine

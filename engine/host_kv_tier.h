@@ -1,0 +1,94 @@
+// The host tier of the KV cache (docs/kv_offload.md): a second pool of blocks in host memory,
+// one arena per TP rank in the same per-rank layout as the device arena, so that a block moves
+// between the tiers as the same byte ranges. Its slots are a BlockAllocator of their own — the
+// same exact, content-keyed index as the device's prefix cache (tokens and parent chain
+// checked on every hit; evicting a slot uncaches its descendants), an LRU list of the slots no
+// one reads, and KV events naming the host tier — so a block evicted from the device is found
+// here, by the same keys, and copied back instead of recomputed.
+//
+// Chains only: a block is stored after every block before it in its sequence (stored, or
+// already held), and a lookup walks from the sequence's first block; so the tier's holdings
+// of a sequence are always a prefix, exact on its own, and a load continues a device hit with
+// the host's blocks after it. Copies run on the caller's thread through each rank's backend,
+// queued on the rank's compute stream: a store follows the step that wrote the block, a load
+// precedes the step that reads it (the device→host / host→device ordering vLLM had to mend,
+// vllm#45704, #47282, holds by construction). Thread-safe: the scheduler stores and loads, and
+// so do the decode side's reservations (Engine::reserve_cached_blocks) on their own threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/block_allocator.h"
+#include "engine/kv_cache_layout.h"
+#include "engine/prefix/block_key.h"
+
+namespace pdserve::engine {
+
+class Backend;
+
+class HostKvTier {
+ public:
+  // A rank's device side: its backend and KV arena (laid out by `layout`).
+  struct DeviceRank {
+    Backend* backend = nullptr;
+    uint8_t* arena = nullptr;
+    const KvCacheLayout* layout = nullptr;
+  };
+  // `bytes_per_rank` of host memory per rank (whole blocks of the device layout's size); the
+  // arenas are pinned for device backends. `sink` (may be null) gets the host tier's events.
+  static StatusOr<std::unique_ptr<HostKvTier>> create(std::vector<DeviceRank> device, uint64_t bytes_per_rank,
+                                                      KvEventSink* sink);
+  ~HostKvTier();
+  HostKvTier(const HostKvTier&) = delete;
+  HostKvTier& operator=(const HostKvTier&) = delete;
+
+  // Makes blocks [0, count) of a sequence — keys[i] holding tokens[i·B, (i+1)·B) in namespace
+  // `ns_root`, in device blocks device_blocks[i] — present here, copying those not held yet
+  // (least recently used slots give way). Returns how many leading blocks the tier holds now
+  // (fewer than `count` when every slot is being read, or on a collision).
+  StatusOr<int> store(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                      std::span<const int> device_blocks, int count);
+  // Copies the blocks the tier holds of keys[from, limit) (its chain from keys[0] must reach
+  // them) into device_blocks[from, ...). Returns the end of the loaded run: `from` when the
+  // tier holds nothing past it.
+  StatusOr<int> load(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                     std::span<const int> device_blocks, int from, int limit);
+  // Leading blocks of keys[0, limit) the tier holds (read only).
+  int held_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens);
+  std::vector<BlockKey> cached_keys() const { return slots_.cached_keys(); }
+  // Forgets every block (events: "cleared").
+  void clear() { slots_.reset_cache(); }
+
+  int num_blocks() const { return slots_.num_blocks(); }
+  BlockAllocator::Counts counts() const { return slots_.counts(); }
+  // Blocks copied in and out since start.
+  uint64_t stored_blocks() const;
+  uint64_t loaded_blocks() const;
+  uint8_t* arena(int rank) const { return arenas_[size_t(rank)].get(); }
+  const KvCacheLayout& layout(int rank) const { return layouts_[size_t(rank)]; }
+
+ private:
+  HostKvTier(std::vector<DeviceRank> device, std::vector<KvCacheLayout> layouts, int num_blocks, KvEventSink* sink);
+  enum class Direction { kToHost, kToDevice };
+  // Copies device block `block` and host slot `slot` of every rank one way.
+  Status copy(int block, int slot, Direction direction);
+
+  struct FreeArena {
+    void operator()(uint8_t* p) const;
+  };
+  std::vector<DeviceRank> device_;
+  std::vector<KvCacheLayout> layouts_;
+  std::vector<std::unique_ptr<uint8_t[], FreeArena>> arenas_;
+  std::vector<bool> pinned_;
+  BlockAllocator slots_;                            // Thread-safe itself.
+  mutable std::mutex mu_;                           // Serializes store and load (their copies and scratch).
+  uint64_t stored_blocks_ = 0, loaded_blocks_ = 0;  // Guarded by mu_.
+  std::vector<ByteRange> from_, to_;                // copy()'s scratch, guarded by mu_.
+};
+
+}  // namespace pdserve::engine
