@@ -213,6 +213,30 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
       append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}}, g.value(w));
     }
   }
+  append_header(out, "pdserve:worker_preemptions_total",
+                "Sequences the worker's engine preempted to make room in its KV cache (recomputed later).", "counter");
+  for (const WorkerGauges& w : workers)
+    append_sample(out, "pdserve:worker_preemptions_total", {{"worker", w.worker}, {"role", w.role}}, double(w.preemptions));
+  // The KV cache's host tier (docs/kv_offload.md), per worker that has one.
+  const Gauge host_tier[] = {
+      {"pdserve:worker_kv_tier_blocks", "Blocks the worker's KV tier holds at most (per rank).",
+       [](const WorkerGauges& w) { return double(w.host_blocks); }},
+      {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.",
+       [](const WorkerGauges& w) { return double(w.host_cached_blocks); }},
+      {"pdserve:worker_kv_tier_hit_tokens_total", "Prompt tokens requests found in the tier (beyond the device's hit).",
+       [](const WorkerGauges& w) { return double(w.host_hit_tokens); }},
+      {"pdserve:worker_kv_tier_stored_blocks_total", "Blocks copied into the tier.",
+       [](const WorkerGauges& w) { return double(w.host_stored_blocks); }},
+      {"pdserve:worker_kv_tier_loaded_blocks_total", "Blocks copied from the tier back to the device.",
+       [](const WorkerGauges& w) { return double(w.host_loaded_blocks); }},
+  };
+  for (const Gauge& g : host_tier) {
+    append_header(out, g.name, g.help, std::string_view(g.name).ends_with("_total") ? "counter" : "gauge");
+    for (const WorkerGauges& w : workers) {
+      if (w.host_blocks == 0) continue;
+      append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "host"}}, g.value(w));
+    }
+  }
   append_header(out, "pdserve:kv_staged_bytes_total",
                 "KV bytes a worker copied between device memory and its transfer mirror (staged kv_memory).", "counter");
   for (const WorkerGauges& w : workers) {

@@ -54,6 +54,10 @@ struct WorkerGauges {
   uint64_t kv_transfer_requests = 0, kv_transfer_bytes = 0, kv_transfer_failures = 0;
   uint64_t kv_transfer_leases_expired = 0, kv_transfer_refused = 0;
   double kv_transfer_seconds = 0;
+  uint64_t preemptions = 0;  // WorkerInfo.preemptions_total.
+  // WorkerInfo.host_tier (host_blocks 0: no host tier).
+  int host_blocks = 0, host_cached_blocks = 0;
+  uint64_t host_hit_tokens = 0, host_stored_blocks = 0, host_loaded_blocks = 0;
 };
 
 // Thread-safe live metrics of one router.

@@ -301,6 +301,12 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.kv_transfer_leases_expired = w.info.kv_transfer_leases_expired();
     g.kv_transfer_refused = w.info.kv_transfer_refused();
     g.kv_transfer_seconds = w.info.kv_transfer_seconds();
+    g.preemptions = w.info.preemptions_total();
+    g.host_blocks = w.info.host_tier().blocks();
+    g.host_cached_blocks = w.info.host_tier().cached_blocks();
+    g.host_hit_tokens = w.info.host_tier().hit_tokens_total();
+    g.host_stored_blocks = w.info.host_tier().stored_blocks_total();
+    g.host_loaded_blocks = w.info.host_tier().loaded_blocks_total();
     out.push_back(g);
   }
   return out;

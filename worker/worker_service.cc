@@ -89,6 +89,15 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   reply->set_max_batch_tokens(e.max_batch_tokens());
   reply->set_kv_key_root(std::string(e.kv_key_root().bytes.begin(), e.kv_key_root().bytes.end()));
   reply->set_prefix_caching(e.prefix_caching());
+  reply->set_preemptions_total(st.engine.preemptions);
+  if (st.engine.host_blocks > 0) {
+    KvTierStats* host = reply->mutable_host_tier();
+    host->set_blocks(st.engine.host_blocks);
+    host->set_cached_blocks(st.engine.host_cached_blocks);
+    host->set_hit_tokens_total(st.engine.host_hit_tokens);
+    host->set_stored_blocks_total(st.engine.host_stored_blocks);
+    host->set_loaded_blocks_total(st.engine.host_loaded_blocks);
+  }
   if (request->include_cached_keys()) {
     for (const engine::BlockKey& k : e.cached_keys())
       reply->add_cached_keys(std::string(k.bytes.begin(), k.bytes.end()));

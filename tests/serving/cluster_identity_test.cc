@@ -3,7 +3,8 @@
 // the output verbatim and a new user message; half greedy, half sampled with per-request seeds)
 // give the same tokens on every topology with the cache on as the in-process engine with the
 // cache off — aggregated; push and pull at TP pairs (1,1), (1,2), (2,1); with decode-local
-// prefill; and a cluster with the cache off, which ties the two ends together. Every arm with
+// prefill; with every worker's device cache at a quarter of the working set and a host tier; and
+// a cluster with the cache off, which ties the two ends together. Every arm with
 // the cache on must also have reused blocks (cached tokens > 0, and on the decode side for P/D),
 // so the identity is not that of a cache that never hit.
 #include <grpcpp/grpcpp.h>
@@ -183,6 +184,7 @@ struct Arm {
   bool cache_on = true;
   bool pd = true;
   bool decode_local = false;  // Some placements prefill on the decode worker, some do not.
+  bool host_tier = false;     // Workers have a host tier, which must have served hits.
 };
 
 class ClusterCacheIdentity : public ::testing::TestWithParam<Arm> {};
@@ -225,6 +227,17 @@ TEST_P(ClusterCacheIdentity, TwoHundredConversationsGiveTheCacheOffTokens) {
     EXPECT_EQ(got.cached_tokens, 0) << arm.name;
     EXPECT_EQ(got.decode_cached_tokens, 0) << arm.name;
   }
+  if (arm.host_tier) {
+    // The router polls the workers' Info: their counters reach it within a poll or two.
+    double host_hits = 0;
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         host_hits == 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+      const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+      if (text) host_hits = testing::metric_sum(*text, "pdserve:worker_kv_tier_hit_tokens_total", "tier=\"host\"");
+    }
+    std::cerr << arm.name << ": " << host_hits << " prompt tokens served by the workers' host tiers\n";
+    EXPECT_GT(host_hits, 0) << arm.name << ": the host tier never served a hit";
+  }
   if (arm.decode_local) {
     EXPECT_GT(local, 0) << arm.name;
     EXPECT_LT(local, kConversations * kTurns) << arm.name << ": every placement was local";
@@ -253,6 +266,16 @@ Arm aggregated() {
   return a;
 }
 
+// Tiered arms: every worker's device cache at about a quarter of the conversations' working
+// set (~1,300 blocks of 20,480 bytes), so cached blocks are evicted and requests may be
+// preempted, with a host tier that holds the working set (docs/kv_offload.md).
+Arm quarter_with_host(Arm a) {
+  a.name += "_quarter_host";
+  a.host_tier = true;
+  for (const char* flag : {"--kv-cache-bytes", "6758400", "--host-kv-bytes", "67108864"}) a.up_args.push_back(flag);
+  return a;
+}
+
 // Decode-local arms: the system prompts are soon cached everywhere, so a placement's uncached
 // part is its user message (3-22 tokens) and a partial block; at 20 tokens some go to the decode
 // worker and some to the prefill worker (with the decode side reusing its blocks).
@@ -260,7 +283,8 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ClusterCacheIdentity,
                          ::testing::Values(aggregated(), pd("push", 1, 1), pd("push", 1, 2), pd("push", 2, 1),
                                            pd("pull", 1, 1), pd("pull", 1, 2), pd("pull", 2, 1),
                                            pd("push", 1, 2, 20), pd("pull", 2, 1, 20),
-                                           pd("push", 1, 1, 0, false)),
+                                           pd("push", 1, 1, 0, false), quarter_with_host(aggregated()),
+                                           quarter_with_host(pd("push", 1, 1)), quarter_with_host(pd("pull", 1, 2))),
                          [](const ::testing::TestParamInfo<Arm>& info) { return info.param.name; });
 
 }  // namespace
