@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "engine/fs_kv_tier.h"
 #include "engine/host_kv_tier.h"
 #include "engine/model_weights.h"
 #include "engine/rank_pool.h"
@@ -89,6 +90,7 @@ struct Engine::Sequence {
   int cached_tokens = 0;
   int preemptions = 0;  // Times its blocks were taken back to make room (it recomputes them).
   int host_done = 0;    // Leading blocks stored in the host tier (as far as known).
+  int disk_done = 0;    // Leading blocks whose chunks went to the filesystem tier.
 
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
@@ -168,6 +170,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                   engine->host_->num_blocks(), num_blocks);
     engine->stats_.host_blocks = engine->host_->num_blocks();
   }
+  if (!options.kv_offload_dir.empty()) {
+    if (!engine->host_)
+      return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
+                                        "through the host tier)");
+    FsKvTier::Options fo;
+    fo.dir = options.kv_offload_dir;
+    fo.max_bytes = options.kv_offload_dir_bytes;
+    fo.chunk_blocks = options.kv_offload_chunk_blocks;
+    fo.block_size = options.block_size;
+    fo.compat = spec.fingerprint();
+    fo.key_root = engine->key_root_;
+    PD_ASSIGN_OR_RETURN(engine->fs_, FsKvTier::create(std::move(fo)));
+  }
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
@@ -207,6 +222,13 @@ EngineStats Engine::stats() const {
     s.host_cached_blocks = host.cached;
     s.host_stored_blocks = host_->stored_blocks();
     s.host_loaded_blocks = host_->loaded_blocks();
+  }
+  if (fs_) {
+    const FsKvTier::Counters disk = fs_->counters();
+    s.disk_stored_chunks = disk.stored_chunks;
+    s.disk_loaded_chunks = disk.loaded_chunks;
+    s.disk_dropped_chunks = disk.dropped_chunks;
+    s.disk_corrupt_files = disk.corrupt_files;
   }
   return s;
 }
@@ -381,17 +403,9 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     seq.chain = a->last_hit;
     seq.chain_broken = false;
     int computed = a->cached_blocks;
-    // The host tier continues the device's hit: its blocks are copied into the new ones.
-    if (host_ && lookup && computed < max_hit) {
-      auto end = host_->load(seq.keys, seq.ns_root, seq.tokens, seq.blocks, computed, max_hit);
-      if (end.ok()) {
-        if (seq.preemptions == 0) stats_.host_hit_tokens += uint64_t(*end - computed) * options_.block_size;
-        seq.host_done = *end;
-        computed = *end;
-      } else {
-        PD_LOG_ERROR("loading {} from the host KV tier: {} (computing it instead)", seq.request.id, end.status().ToString());
-      }
-    }
+    // The host and filesystem tiers continue the device's hit: their blocks are copied into the
+    // new ones.
+    if (host_ && lookup && computed < max_hit) computed = load_from_tiers(seq, computed, max_hit);
     seq.num_computed = computed * options_.block_size;
     if (seq.preemptions == 0) {
       seq.cached_tokens = seq.num_computed;
@@ -455,6 +469,7 @@ void Engine::preempt(Sequence& s) {
   s.chain.reset();
   s.chain_broken = false;
   s.host_done = 0;
+  s.disk_done = 0;
   // Prompt log-probabilities not yet sent are computed again with the prompt.
   if (!s.prompt_logprobs_sent) s.prompt_logprobs.clear();
   // A preloaded request's KV came from elsewhere; from now on it is recomputed here.
@@ -745,6 +760,60 @@ void Engine::store_in_host(Sequence& s, int blocks) {
     return;
   }
   s.host_done = *held;
+  if (!fs_) return;
+  // Whole chunks the host tier holds go on to the filesystem tier (cascaded copies).
+  const int c = fs_->chunk_blocks();
+  const int b = options_.block_size;
+  for (int from = s.disk_done; from + c <= s.host_done; from += c) {
+    auto payload = host_->export_canonical(s.keys, s.ns_root, s.tokens, from, c);
+    if (!payload) break;
+    FsKvTier::Chunk chunk;
+    chunk.keys.assign(s.keys.begin() + from, s.keys.begin() + from + c);
+    chunk.tokens.assign(s.tokens.begin() + int64_t(from) * b, s.tokens.begin() + int64_t(from + c) * b);
+    chunk.payload = std::move(*payload);
+    fs_->store(std::move(chunk));
+    s.disk_done = from + c;
+  }
+}
+
+int Engine::load_from_tiers(Sequence& s, int from, int limit) {
+  const int b = options_.block_size;
+  auto load_host = [&](int at) {
+    auto end = host_->load(s.keys, s.ns_root, s.tokens, s.blocks, at, limit);
+    if (!end.ok()) {
+      PD_LOG_ERROR("loading {} from the host KV tier: {} (computing it instead)", s.request.id, end.status().ToString());
+      return at;
+    }
+    return *end;
+  };
+  int computed = load_host(from);
+  if (s.preemptions == 0) stats_.host_hit_tokens += uint64_t(computed - from) * b;
+  s.host_done = std::max(s.host_done, computed);
+  if (!fs_) return computed;
+  const int c = fs_->chunk_blocks();
+  // Chunk files continue the run, each promoted through the host tier (whose chain must reach
+  // it: what the device held of the prefix is stored there first).
+  while (computed < limit && (computed / c + 1) * c <= limit) {
+    const int first = computed / c * c;
+    if (host_->held_prefix(std::span(s.keys).first(size_t(first)), s.ns_root, s.tokens) < first) {
+      auto held = host_->store(s.keys, s.ns_root, s.tokens, s.blocks, first);
+      if (!held.ok() || *held < first) break;
+    }
+    auto payload = fs_->load(std::span(s.keys).subspan(size_t(first), size_t(c)),
+                             std::span<const int32_t>(s.tokens).subspan(size_t(first) * b, size_t(c) * b));
+    if (!payload) break;
+    auto held = host_->import_canonical(s.keys, s.ns_root, s.tokens, first, c, *payload);
+    if (!held.ok()) {
+      PD_LOG_ERROR("importing a chunk of {} into the host KV tier: {}", s.request.id, held.status().ToString());
+      break;
+    }
+    const int end = load_host(computed);
+    if (end <= computed) break;
+    if (s.preemptions == 0) stats_.disk_hit_tokens += uint64_t(end - computed) * b;
+    computed = end;
+  }
+  s.host_done = std::max(s.host_done, computed);
+  return computed;
 }
 
 int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt) {

@@ -29,6 +29,7 @@
 namespace pdserve::engine {
 
 class Backend;
+class FsKvTier;
 class HostKvTier;
 class RankPool;
 class ModelWeightsF32;
@@ -86,6 +87,12 @@ struct EngineOptions {
   // The host tier (engine/host_kv_tier.h, --host-kv-bytes): bytes of host memory per rank for
   // blocks the device cache gives up; 0: none. Needs the prefix cache (its keys).
   uint64_t host_kv_bytes = 0;
+  // The filesystem tier (engine/fs_kv_tier.h, --kv-offload-dir): a directory of chunk files of
+  // kv_offload_chunk_blocks blocks each, stored from the host tier and loaded through it, at most
+  // kv_offload_dir_bytes (0: no limit). Empty: none. Needs the host tier.
+  std::string kv_offload_dir;
+  uint64_t kv_offload_dir_bytes = 0;
+  int kv_offload_chunk_blocks = 16;
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.
@@ -202,6 +209,13 @@ struct EngineStats {
   uint64_t host_hit_tokens = 0;
   uint64_t host_stored_blocks = 0;
   uint64_t host_loaded_blocks = 0;
+  // The filesystem tier (all 0 without one): prompt tokens found there (beyond the device's and
+  // the host's hits), chunk files written and read, stores dropped, files that failed a check.
+  uint64_t disk_hit_tokens = 0;
+  uint64_t disk_stored_chunks = 0;
+  uint64_t disk_loaded_chunks = 0;
+  uint64_t disk_dropped_chunks = 0;
+  uint64_t disk_corrupt_files = 0;
 };
 
 class Engine {
@@ -301,8 +315,12 @@ class Engine {
   // Takes a running sequence's blocks back (its cached ones stored in the host tier first); it is
   // recomputed from its tokens — and what the tiers still hold of them — when admitted again.
   void preempt(Sequence& seq);
-  // Stores the sequence's first `blocks` cached blocks in the host tier (no-op without one).
+  // Stores the sequence's first `blocks` cached blocks in the host tier, and its chunks the host
+  // tier holds whole in the filesystem tier (no-op without them).
   void store_in_host(Sequence& seq, int blocks);
+  // Loads what the host and filesystem tiers hold of the sequence's blocks [from, limit) into its
+  // device blocks; returns the end of the run loaded (`from` when none).
+  int load_from_tiers(Sequence& seq, int from, int limit);
   Status run_step();  // step() but for the KV events' step end.
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
@@ -334,6 +352,7 @@ class Engine {
   std::unique_ptr<RankPool> ranks_;
   std::unique_ptr<BlockAllocator> blocks_;
   std::unique_ptr<HostKvTier> host_;  // Null without one; destroyed before ranks_ (its backends).
+  std::unique_ptr<FsKvTier> fs_;      // Null without one; destroyed first (it finishes its writes).
   mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::string> aborts_;

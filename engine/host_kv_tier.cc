@@ -149,6 +149,100 @@ uint64_t HostKvTier::loaded_blocks() const {
   return loaded_blocks_;
 }
 
+template <typename F>
+void HostKvTier::walk_canonical(std::span<const int> slots, bool all_ranks, F&& f) const {
+  const KvCacheSpec& spec = layouts_[0].spec();
+  const int b = spec.block_size;
+  uint64_t at = 0;
+  for (int l = 0; l < int(spec.layers.size()); ++l) {
+    const LayerKvSpec& ls = spec.layers[size_t(l)];
+    for (KvPart part : {KvPart::kK, KvPart::kV}) {
+      if (part == KvPart::kV && !ls.has_v()) continue;
+      const uint64_t row = uint64_t(layouts_[0].part_head_dim(l, part)) * dtype_size(ls.dtype);
+      for (int h = 0; h < ls.num_kv_heads; ++h) {
+        for (size_t j = 0; j < slots.size(); ++j) {
+          for (int t = 0; t < b; ++t, at += row) {
+            if (slots[j] < 0) continue;  // Not to be copied (its bytes are still skipped).
+            for (size_t r = 0; r < layouts_.size(); ++r) {
+              const Range heads = layouts_[r].heads(l);
+              if (h < heads.begin || h >= heads.end) continue;
+              f(int(r), layouts_[r].offset(l, part, slots[j], t, h - heads.begin), at, row);
+              if (!all_ranks) break;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+uint64_t HostKvTier::canonical_bytes(int count) const {
+  const KvCacheSpec& spec = layouts_[0].spec();
+  uint64_t bytes = 0;
+  for (int l = 0; l < int(spec.layers.size()); ++l) {
+    const LayerKvSpec& ls = spec.layers[size_t(l)];
+    for (KvPart part : {KvPart::kK, KvPart::kV})
+      if (part == KvPart::kK || ls.has_v())
+        bytes += uint64_t(layouts_[0].part_head_dim(l, part)) * dtype_size(ls.dtype) * ls.num_kv_heads;
+  }
+  return bytes * uint64_t(spec.block_size) * uint64_t(count);
+}
+
+std::optional<std::vector<uint8_t>> HostKvTier::export_canonical(std::span<const BlockKey> keys,
+                                                                 const BlockKey& ns_root,
+                                                                 std::span<const int32_t> tokens, int from, int count) {
+  std::lock_guard lock(mu_);
+  if (from + count > int(keys.size())) return std::nullopt;
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys.first(size_t(from + count)), ns_root, tokens);
+  std::optional<std::vector<uint8_t>> out;
+  if (int(held.blocks.size()) == from + count) {
+    out.emplace(canonical_bytes(count));
+    walk_canonical(std::span<const int>(held.blocks).subspan(size_t(from)), false,
+                   [&](int rank, uint64_t host_at, uint64_t at, uint64_t n) {
+                     std::memcpy(out->data() + at, arenas_[size_t(rank)].get() + host_at, n);
+                   });
+  }
+  (void)slots_.release(held.blocks);
+  return out;
+}
+
+StatusOr<int> HostKvTier::import_canonical(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                           std::span<const int32_t> tokens, int from, int count,
+                                           std::span<const uint8_t> payload) {
+  if (payload.size() != canonical_bytes(count))
+    return absl::InvalidArgumentError(absl::StrCat("a canonical payload of ", payload.size(), " bytes for ", count,
+                                                   " blocks (", canonical_bytes(count), " expected)"));
+  std::lock_guard lock(mu_);
+  const int b = layouts_[0].block_size();
+  const int end = std::min({from + count, int(keys.size()), int(tokens.size()) / b});
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys.first(size_t(end)), ns_root, tokens);
+  std::vector<int> slots = held.blocks;
+  int held_now = int(slots.size());
+  if (held_now >= from && held_now < end) {
+    // The chunk's blocks not held yet get fresh slots (-1: held, or no slot free), filled from
+    // the payload, then cached in chain order.
+    std::vector<int> chunk_slots(size_t(count), -1);
+    for (int i = held_now; i < end; ++i) {
+      auto slot = slots_.allocate(1);
+      if (!slot.ok()) break;
+      chunk_slots[size_t(i - from)] = slot->front();
+      slots.push_back(slot->front());
+    }
+    walk_canonical(chunk_slots, true, [&](int rank, uint64_t host_at, uint64_t at, uint64_t n) {
+      std::memcpy(arenas_[size_t(rank)].get() + host_at, payload.data() + at, n);
+    });
+    std::optional<CachedLink> parent = held.last_hit;
+    for (int i = held_now; i < end && chunk_slots[size_t(i - from)] >= 0; ++i) {
+      parent = slots_.cache(chunk_slots[size_t(i - from)], keys[size_t(i)], parent, ns_root, uint32_t(i),
+                            tokens.subspan(size_t(i) * b, size_t(b)));
+      if (!parent) break;
+      held_now = i + 1;
+    }
+  }
+  PD_RETURN_IF_ERROR(slots_.release(slots));
+  return held_now;
+}
+
 int HostKvTier::held_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens) {
   return slots_.cached_prefix(keys, ns_root, tokens);
 }

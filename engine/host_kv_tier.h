@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -58,6 +59,18 @@ class HostKvTier {
   // tier holds nothing past it.
   StatusOr<int> load(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
                      std::span<const int> device_blocks, int from, int limit);
+  // The filesystem tier's canonical, TP-independent form of blocks [from, from + count)
+  // ([layer][K|V][kv head][token][dim], engine/fs_kv_tier.h), read from the tier's slots when it
+  // holds blocks [0, from + count) of the chain; nullopt otherwise.
+  std::optional<std::vector<uint8_t>> export_canonical(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                                       std::span<const int32_t> tokens, int from, int count);
+  // Makes blocks [from, from + count) present from their canonical form (the chain before them
+  // must be held). Returns how many leading blocks the tier holds now.
+  StatusOr<int> import_canonical(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                 std::span<const int32_t> tokens, int from, int count,
+                                 std::span<const uint8_t> payload);
+  // Bytes of the canonical form of `count` blocks.
+  uint64_t canonical_bytes(int count) const;
   // Leading blocks of keys[0, limit) the tier holds (read only).
   int held_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens);
   std::vector<BlockKey> cached_keys() const { return slots_.cached_keys(); }
@@ -77,6 +90,11 @@ class HostKvTier {
   enum class Direction { kToHost, kToDevice };
   // Copies device block `block` and host slot `slot` of every rank one way.
   Status copy(int block, int slot, Direction direction);
+  // Walks the canonical form of slots[0, n) in order, calling `f(rank, host byte offset,
+  // canonical byte offset, bytes)` for every rank holding each head (`all_ranks`), or for the
+  // first only; a slot of -1 is skipped (its canonical bytes too).
+  template <typename F>
+  void walk_canonical(std::span<const int> slots, bool all_ranks, F&& f) const;
 
   struct FreeArena {
     void operator()(uint8_t* p) const;

@@ -7,7 +7,7 @@ PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libssl-dev openssl
   libpcre2-dev libutf8proc-dev python3-jinja2
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
-  libucx-dev ucx-utils libzmq3-dev cppzmq-dev
+  libucx-dev ucx-utils libzmq3-dev cppzmq-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 # CI also compile-checks the GPU kernels as HIP with Debian's hipcc (a large toolchain, so only

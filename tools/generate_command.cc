@@ -279,6 +279,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
   cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
   cmd->add_option("--host-kv-bytes", flags->engine.host_kv_bytes, "Host tier of the KV cache, bytes per rank");
+  cmd->add_option("--kv-offload-dir", flags->engine.kv_offload_dir, "Filesystem tier of the KV cache (a directory)");
+  cmd->add_option("--kv-offload-dir-bytes", flags->engine.kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most");
   cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
                   "KV cache as a fraction of device memory");
   cmd->add_flag("--json", flags->json,

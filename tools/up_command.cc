@@ -43,6 +43,8 @@ struct UpFlags {
   int block_size = 0;
   uint64_t kv_cache_bytes = 0;
   uint64_t host_kv_bytes = 0;
+  std::string kv_offload_dir;
+  uint64_t kv_offload_dir_bytes = 0;
   std::string prefix_caching = "on";
   std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
   std::string placement = "cache";    // The router's --placement.
@@ -268,6 +270,9 @@ int run_up(const UpFlags& f) {
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     if (f.host_kv_bytes > 0) a.insert(a.end(), {"--host-kv-bytes", std::to_string(f.host_kv_bytes)});
+    if (!f.kv_offload_dir.empty()) a.insert(a.end(), {"--kv-offload-dir", f.kv_offload_dir});
+    if (f.kv_offload_dir_bytes > 0)
+      a.insert(a.end(), {"--kv-offload-dir-bytes", std::to_string(f.kv_offload_dir_bytes)});
     a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
     if (f.kv_events == "on") {
       const std::string any_port = "tcp://" + f.host + ":0";  // The worker advertises what it bound.
@@ -420,6 +425,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--block-size", f->block_size, "Tokens per KV block (workers)");
   cmd->add_option("--kv-cache-bytes", f->kv_cache_bytes, "KV cache bytes per rank (workers)");
   cmd->add_option("--host-kv-bytes", f->host_kv_bytes, "Host tier of the KV cache, bytes per rank (workers)");
+  cmd->add_option("--kv-offload-dir", f->kv_offload_dir,
+                  "Filesystem tier of the KV cache (workers; one directory all of them share)");
+  cmd->add_option("--kv-offload-dir-bytes", f->kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most (workers)");
   cmd->add_option("--prefix-caching", f->prefix_caching, "Workers' prefix cache (docs/prefix_caching.md)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

@@ -427,6 +427,13 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                  "preempted requests) are kept here by their prefix-cache keys and copied back instead of "
                  "recomputed (docs/kv_offload.md; 0: none)")
       ->capture_default_str();
+  app.add_option("--kv-offload-dir", f.engine.kv_offload_dir,
+                 "Filesystem tier of the KV cache: chunk files of 16 blocks in this directory, stored from the host "
+                 "tier and loaded through it, kept across restarts and shareable between workers of the same model "
+                 "whatever their TP (needs --host-kv-bytes; docs/kv_offload.md)");
+  app.add_option("--kv-offload-dir-bytes", f.engine.kv_offload_dir_bytes,
+                 "Bytes the filesystem tier keeps at most (0: no limit)")
+      ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
   app.add_option("--max-batch-tokens", f.engine.max_batch_tokens, "Tokens per engine step")->capture_default_str();
   app.add_option("--max-running", f.engine.max_running, "Sequences in flight")->capture_default_str();

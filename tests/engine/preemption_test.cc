@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
 
 #include "engine/engine.h"
 #include "tests/engine/kv_copy.h"
@@ -202,6 +203,81 @@ TEST(Preemption, PreloadedRequestsGrowOnDemandAndSurvivePreemption) {
     EXPECT_EQ(decode->stats().free_blocks, 20);
   }
   ASSERT_TRUE(prefill->release_blocks(handed.blocks).ok());
+}
+
+// A leak soak: 2,000 requests on a pool a few requests fill, with a host tier that evicts too,
+// 20 % of them aborted at a random point (queued, mid-prefill, decoding, preempted), beside
+// prefill-only hand-offs and decode-side reservations taken and released. Every request finishes
+// exactly once, and every block of both pools comes back.
+TEST(Preemption, SoakWithAbortsAtEveryStageLeaksNoBlock) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions o;
+  o.kv_cache_bytes = 48 * kBlockBytes;
+  o.host_kv_bytes = 100 * kBlockBytes;
+  o.max_batch_tokens = 64;  // Prompts take several chunks: aborts land mid-prefill.
+  auto created = Engine::create(std::move(*model), o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  std::mt19937 rng(17);
+  std::map<std::string, int> finishes;
+  std::vector<std::vector<int>> handed;  // Prefill-only blocks to give back.
+  std::vector<std::string> live;
+  int next = 0, aborted = 0, preempted_aborts = 0;
+  const std::vector<int> shared = {1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 49, 53, 57, 61, 65, 69};
+  auto submit = [&] {
+    const std::string id = "q" + std::to_string(next++);
+    std::vector<int> prompt = shared;
+    prompt.resize(size_t(1 + rng() % shared.size()));
+    for (int i = int(rng() % 120); i > 0; --i) prompt.push_back(int(3 + rng() % 500));
+    GenerationRequest r{id, prompt, {}};
+    r.params.max_tokens = int(1 + rng() % 200);
+    r.params.ignore_eos = rng() % 2 == 0;
+    if (rng() % 4 == 0) {
+      r.params.temperature = 0.8f;
+      r.params.seed = next;
+    }
+    if (rng() % 10 == 0) r.handoff.prefill_only = true;
+    ASSERT_TRUE(e.add_request(r, [&, id](const TokenEvent& ev) {
+                   if (!ev.finished) return;
+                   ++finishes[id];
+                   if (!ev.blocks.empty()) handed.push_back(ev.blocks);
+                 }).ok());
+    live.push_back(id);
+  };
+  for (int i = 0; i < 2000; ++i) {
+    submit();
+    if (rng() % 5 == 0 && !live.empty()) {  // 20 %: abort a random live request.
+      const size_t k = rng() % live.size();
+      preempted_aborts += e.stats().preemptions > 0;
+      e.abort(live[k]);
+      live.erase(live.begin() + int64_t(k));
+      ++aborted;
+    }
+    if (rng() % 7 == 0) {  // A decode-side reservation, taken and given back.
+      auto r = e.reserve_cached_blocks(shared, "", int(shared.size()) + 5);
+      if (r.ok()) ASSERT_TRUE(e.release_blocks(r->blocks).ok());
+    }
+    for (int s = int(rng() % 3); s > 0; --s) ASSERT_TRUE(e.step().ok());
+    for (const auto& b : handed) ASSERT_TRUE(e.release_blocks(b).ok());
+    handed.clear();
+    std::erase_if(live, [&](const std::string& id) { return finishes.count(id) > 0; });
+  }
+  // Hand-offs hold their blocks until given back, as a transfer would.
+  while (e.has_work()) {
+    ASSERT_TRUE(e.step().ok());
+    for (const auto& b : handed) ASSERT_TRUE(e.release_blocks(b).ok());
+    handed.clear();
+  }
+  EXPECT_EQ(int(finishes.size()), 2000);
+  for (const auto& [id, n] : finishes) EXPECT_EQ(n, 1) << id;
+  const EngineStats s = e.stats();
+  EXPECT_GT(s.preemptions, 0u);
+  EXPECT_GT(s.host_loaded_blocks, 0u);
+  EXPECT_GT(aborted, 300);
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
+  EXPECT_EQ(s.host_free_blocks, s.host_blocks);
+  EXPECT_EQ(s.running + s.waiting, 0);
 }
 
 }  // namespace

@@ -1,0 +1,343 @@
+#include "engine/fs_kv_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "common/logging.h"
+
+namespace pdserve::engine {
+namespace {
+
+// The header: one 4096-byte page, little-endian fields at fixed offsets, then the tokens and
+// the payload, each from a page boundary.
+constexpr char kMagic[8] = {'P', 'D', 'K', 'V', 'C', 'H', 'K', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr size_t kKeysAt = 128;  // Block keys, 16 bytes each (at most 240 of them).
+constexpr size_t kMaxChunkBlocks = (kHeaderBytes - kKeysAt - 16) / 16;
+
+struct Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t compat;
+  uint8_t key_root[16];
+  uint32_t num_blocks;
+  uint32_t block_size;
+  uint64_t tokens_off, tokens_bytes;
+  uint64_t payload_off, payload_bytes;
+  uint64_t payload_xxh3;
+  uint64_t writer_pid;
+  uint64_t created_unix_ns;
+};
+static_assert(sizeof(Header) <= kKeysAt);
+constexpr size_t kHeaderHashAt = kHeaderBytes - 8;  // xxh3 of bytes [0, kHeaderHashAt).
+
+uint64_t page_round(uint64_t n) { return (n + kHeaderBytes - 1) / kHeaderBytes * kHeaderBytes; }
+
+Status write_all(int fd, const void* data, size_t bytes, off_t at) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, p, bytes, at);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(absl::StrCat("pwrite: ", std::strerror(errno)));
+    }
+    p += n;
+    bytes -= size_t(n);
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
+bool read_all(int fd, void* data, size_t bytes, off_t at) {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd, p, bytes, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    bytes -= size_t(n);
+    at += n;
+  }
+  return true;
+}
+
+// A temporary file's writer pid (name: <final>.tmp.<pid>.<random>), or -1.
+long temp_writer(const std::string& name) {
+  const size_t at = name.find(".tmp.");
+  if (at == std::string::npos) return -1;
+  return std::strtol(name.c_str() + at + 5, nullptr, 10);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<FsKvTier>> FsKvTier::create(Options options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("--kv-offload-dir is empty");
+  if (options.chunk_blocks <= 0 || size_t(options.chunk_blocks) > kMaxChunkBlocks || options.block_size <= 0)
+    return absl::InvalidArgumentError("bad filesystem tier chunk geometry");
+  auto tier = std::unique_ptr<FsKvTier>(new FsKvTier(std::move(options)));
+  std::error_code ec;
+  std::filesystem::create_directories(tier->root_, ec);
+  if (ec)
+    return absl::FailedPreconditionError(
+        absl::StrCat("--kv-offload-dir: cannot create ", tier->root_, ": ", ec.message()));
+  // Temporary files of writers that are gone (killed mid-write): another live process may be
+  // writing in a shared directory, so only those whose pid is dead, or that are over a minute
+  // old, go.
+  const auto now = std::filesystem::file_time_type::clock::now();
+  for (auto it = std::filesystem::recursive_directory_iterator(tier->root_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const long pid = temp_writer(name);
+    if (pid < 0 || !it->is_regular_file(ec)) continue;
+    const bool dead = pid == 0 || (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) || pid == ::getpid();
+    const bool old = now - it->last_write_time(ec) > std::chrono::minutes(1);
+    if ((dead || old) && std::filesystem::remove(it->path(), ec)) ++tier->counters_.removed_temp_files;
+  }
+  tier->writer_ = std::thread([t = tier.get()] { t->writer(); });
+  tier->scanner_ = std::thread([t = tier.get()] { t->scan(); });
+  return tier;
+}
+
+FsKvTier::FsKvTier(Options options)
+    : options_(std::move(options)), root_(options_.dir + "/pdkv-v1-" + options_.key_root.hex().substr(0, 16)) {}
+
+FsKvTier::~FsKvTier() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
+  if (scanner_.joinable()) scanner_.join();
+}
+
+std::string FsKvTier::path_of(const BlockKey& last) const {
+  const std::string hex = last.hex();
+  return absl::StrCat(root_, "/", hex.substr(0, 2), "/", hex.substr(2, 2), "/", hex, ".kvc");
+}
+
+bool FsKvTier::store(Chunk chunk) {
+  if (int(chunk.keys.size()) != options_.chunk_blocks ||
+      chunk.tokens.size() != size_t(options_.chunk_blocks) * size_t(options_.block_size))
+    return false;
+  std::lock_guard lock(mu_);
+  if (files_.count(path_of(chunk.keys.back()))) return false;  // Content-addressed: stored already.
+  for (const Chunk& q : queue_)
+    if (q.keys.back() == chunk.keys.back()) return false;
+  if (queue_.size() >= options_.max_queued_chunks) {
+    ++counters_.dropped_chunks;
+    return false;
+  }
+  queue_.push_back(std::move(chunk));
+  cv_.notify_all();
+  return true;
+}
+
+void FsKvTier::flush() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !writing_; });
+}
+
+FsKvTier::Counters FsKvTier::counters() const {
+  std::lock_guard lock(mu_);
+  Counters c = counters_;
+  c.files = files_.size();
+  return c;
+}
+
+void FsKvTier::writer() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // Stopping, and every queued chunk is written.
+    Chunk chunk = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    lock.unlock();
+    const Status written = write_file(chunk);
+    lock.lock();
+    writing_ = false;
+    if (written.ok()) {
+      ++counters_.stored_chunks;
+    } else {
+      ++counters_.dropped_chunks;
+      PD_LOG_WARN("filesystem KV tier: {}", written.ToString());
+    }
+    cv_.notify_all();
+  }
+}
+
+Status FsKvTier::write_file(const Chunk& chunk) {
+  const std::string final_path = path_of(chunk.keys.back());
+  std::error_code ec;
+  if (std::filesystem::exists(final_path, ec)) return absl::OkStatus();  // Another writer's.
+  std::filesystem::create_directories(std::filesystem::path(final_path).parent_path(), ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create the directory of ", final_path, ": ", ec.message()));
+  std::vector<uint8_t> header(kHeaderBytes, 0);
+  Header h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.header_bytes = uint32_t(kHeaderBytes);
+  h.compat = options_.compat;
+  std::memcpy(h.key_root, options_.key_root.bytes.data(), 16);
+  h.num_blocks = uint32_t(chunk.keys.size());
+  h.block_size = uint32_t(options_.block_size);
+  h.tokens_off = kHeaderBytes;
+  h.tokens_bytes = chunk.tokens.size() * sizeof(int32_t);
+  h.payload_off = h.tokens_off + page_round(h.tokens_bytes);
+  h.payload_bytes = chunk.payload.size();
+  h.payload_xxh3 = XXH3_64bits(chunk.payload.data(), chunk.payload.size());
+  h.writer_pid = uint64_t(::getpid());
+  h.created_unix_ns =
+      uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                   .count());
+  std::memcpy(header.data(), &h, sizeof(h));
+  for (size_t i = 0; i < chunk.keys.size(); ++i)
+    std::memcpy(header.data() + kKeysAt + 16 * i, chunk.keys[i].bytes.data(), 16);
+  const uint64_t header_hash = XXH3_64bits(header.data(), kHeaderHashAt);
+  std::memcpy(header.data() + kHeaderHashAt, &header_hash, 8);
+
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string temp = absl::StrCat(final_path, ".tmp.", ::getpid(), ".", rng());
+  const int fd = ::open(temp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", temp, ": ", std::strerror(errno)));
+  Status s = write_all(fd, header.data(), header.size(), 0);
+  if (s.ok()) s = write_all(fd, chunk.tokens.data(), h.tokens_bytes, off_t(h.tokens_off));
+  if (s.ok()) s = write_all(fd, chunk.payload.data(), h.payload_bytes, off_t(h.payload_off));
+  // On disk before the name is: a crash leaves a temporary file or a whole one, never a torn one.
+  if (s.ok() && ::fdatasync(fd) != 0) s = absl::InternalError(absl::StrCat("fdatasync: ", std::strerror(errno)));
+  ::close(fd);
+  if (s.ok() && ::rename(temp.c_str(), final_path.c_str()) != 0)
+    s = absl::InternalError(absl::StrCat("rename to ", final_path, ": ", std::strerror(errno)));
+  if (!s.ok()) {
+    ::unlink(temp.c_str());
+    return s;
+  }
+  std::lock_guard lock(mu_);
+  note_file(final_path, h.payload_off + h.payload_bytes);
+  evict_locked();
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> keys, std::span<const int32_t> tokens) {
+  if (int(keys.size()) != options_.chunk_blocks || tokens.size() != keys.size() * size_t(options_.block_size))
+    return std::nullopt;
+  const std::string path = path_of(keys.back());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;  // ENOENT: a miss (another worker may have evicted it).
+  struct stat opened {};
+  ::fstat(fd, &opened);
+  std::string reason;
+  std::vector<uint8_t> header(kHeaderBytes);
+  std::vector<uint8_t> payload;
+  Header h{};
+  uint64_t header_hash = 0;
+  if (!read_all(fd, header.data(), header.size(), 0)) {
+    reason = "short header";
+  } else {
+    std::memcpy(&h, header.data(), sizeof(h));
+    std::memcpy(&header_hash, header.data() + kHeaderHashAt, 8);
+    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != kVersion || h.header_bytes != kHeaderBytes) {
+      reason = "magic or version";
+    } else if (header_hash != XXH3_64bits(header.data(), kHeaderHashAt)) {
+      reason = "header checksum";
+    } else if (h.compat != options_.compat || std::memcmp(h.key_root, options_.key_root.bytes.data(), 16) != 0 ||
+               h.num_blocks != keys.size() || h.block_size != uint32_t(options_.block_size)) {
+      reason = "geometry, key root or block count";
+    } else {
+      for (size_t i = 0; i < keys.size() && reason.empty(); ++i)
+        if (std::memcmp(header.data() + kKeysAt + 16 * i, keys[i].bytes.data(), 16) != 0) reason = "block keys";
+    }
+  }
+  if (reason.empty()) {
+    std::vector<int32_t> stored(tokens.size());
+    if (h.tokens_bytes != tokens.size() * sizeof(int32_t) ||
+        !read_all(fd, stored.data(), h.tokens_bytes, off_t(h.tokens_off)))
+      reason = "short tokens";
+    else if (!std::equal(stored.begin(), stored.end(), tokens.begin()))
+      reason = "tokens";
+  }
+  if (reason.empty()) {
+    payload.resize(h.payload_bytes);
+    if (h.payload_bytes > (uint64_t(1) << 34) || !read_all(fd, payload.data(), payload.size(), off_t(h.payload_off)))
+      reason = "short payload";
+    else if (XXH3_64bits(payload.data(), payload.size()) != h.payload_xxh3)
+      reason = "payload checksum";
+  }
+  ::close(fd);
+  std::lock_guard lock(mu_);
+  if (!reason.empty()) {
+    // Deleted only if it is still the file that failed (a writer may have replaced it).
+    struct stat now {};
+    if (::stat(path.c_str(), &now) == 0 && now.st_ino == opened.st_ino && now.st_dev == opened.st_dev)
+      ::unlink(path.c_str());
+    if (auto it = files_.find(path); it != files_.end()) {
+      counters_.bytes -= it->second.bytes;
+      files_.erase(it);
+    }
+    ++counters_.corrupt_files;
+    PD_LOG_WARN("filesystem KV tier: {} failed its check ({}): deleted, computed instead", path, reason);
+    return std::nullopt;
+  }
+  ++counters_.loaded_chunks;
+  note_file(path, h.payload_off + h.payload_bytes);
+  return payload;
+}
+
+void FsKvTier::note_file(const std::string& path, uint64_t bytes) {
+  File& f = files_[path];
+  counters_.bytes += bytes - f.bytes;
+  f.bytes = bytes;
+  f.used = ++clock_;
+}
+
+void FsKvTier::evict_locked() {
+  if (options_.max_bytes == 0 || counters_.bytes <= options_.max_bytes / 100 * 95) return;
+  std::vector<std::pair<uint64_t, std::string>> by_use;
+  for (const auto& [path, f] : files_) by_use.push_back({f.used, path});
+  std::sort(by_use.begin(), by_use.end());
+  for (const auto& [used, path] : by_use) {
+    if (counters_.bytes <= options_.max_bytes / 100 * 85) break;
+    ::unlink(path.c_str());  // A reader holding it open keeps its bytes.
+    counters_.bytes -= files_[path].bytes;
+    files_.erase(path);
+    ++counters_.evicted_files;
+  }
+}
+
+void FsKvTier::scan() {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    {
+      std::lock_guard lock(mu_);
+      if (stop_) return;
+    }
+    const std::string path = it->path().string();
+    if (!path.ends_with(".kvc") || !it->is_regular_file(ec)) continue;
+    const uint64_t bytes = it->file_size(ec);
+    if (ec) continue;
+    std::lock_guard lock(mu_);
+    // Files the writer or a read noted meanwhile keep their (newer) use.
+    if (!files_.count(path)) {
+      File& f = files_[path];
+      f.bytes = bytes;
+      counters_.bytes += bytes;
+    }
+  }
+  std::lock_guard lock(mu_);
+  evict_locked();
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,266 @@
+// The KV cache's filesystem tier (engine/fs_kv_tier.h): in the engine on the bundled model, a
+// device cache of about two requests with a host tier and a directory serves earlier prompts
+// again after a restart on the same directory; files written at TP 1 serve a TP 2 engine (the
+// canonical layout); corrupt files (bit flips, truncations) are misses, deleted, never wrong
+// output; and on the tier alone, writers killed with SIGKILL at 1,000 random points leave only
+// whole files (each reads back exactly) and temporary files that the next start removes.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/engine.h"
+#include "engine/fs_kv_tier.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the test's temporary directory.
+std::string fresh_dir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("pdserve-fs-tier-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& dir, int tp = 1) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  EngineOptions o;
+  o.tp = tp;
+  o.kv_cache_bytes = 1500000 / uint64_t(tp);  // About two ~375-token requests.
+  o.host_kv_bytes = (uint64_t(64) << 20) / uint64_t(tp);
+  o.kv_offload_dir = dir;
+  auto e = Engine::create(std::move(*model), o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+std::vector<int> prompt_of(int n, int salt) {
+  std::vector<int> p = {1};
+  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
+  return p;
+}
+
+GenerationResult run(Engine& e, const std::vector<int>& prompt) {
+  SamplingParams p;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  auto r = e.generate(prompt, p);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : GenerationResult{};
+}
+
+std::vector<fs::path> files_in(const std::string& dir, const std::string& suffix) {
+  std::vector<fs::path> out;
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    if (f.is_regular_file() && f.path().string().ends_with(suffix)) out.push_back(f.path());
+  return out;
+}
+
+bool has_temp_files(const std::string& dir) {
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    if (f.path().filename().string().find(".tmp.") != std::string::npos) return true;
+  return false;
+}
+
+// The scenario: ten distinct ~375-token prompts, then the first five again, with the
+// same text and ≥ 256 cached tokens each; after a restart on the same directory, again (from the
+// files: the new engine's device and host tiers start empty).
+TEST(FsTier, ServesEarlierPromptsAgainAfterARestart) {
+  const std::string dir = fresh_dir("restart");
+  std::vector<std::vector<int>> first;
+  {
+    auto e = make_engine(dir);
+    for (int i = 0; i < 10; ++i) first.push_back(run(*e, prompt_of(375, i)).token_ids);
+    for (int i = 0; i < 5; ++i) {
+      const GenerationResult again = run(*e, prompt_of(375, i));
+      EXPECT_EQ(again.token_ids, first[size_t(i)]) << i;
+      EXPECT_GE(again.cached_tokens, 256) << i;
+    }
+  }  // Destroyed: its queued writes finish.
+  EXPECT_GE(files_in(dir, ".kvc").size(), 10u);
+  auto e = make_engine(dir);
+  for (int i = 0; i < 5; ++i) {
+    const GenerationResult again = run(*e, prompt_of(375, i));
+    EXPECT_EQ(again.token_ids, first[size_t(i)]) << i;
+    EXPECT_GE(again.cached_tokens, 256) << i;
+  }
+  const EngineStats s = e->stats();
+  EXPECT_GE(s.disk_hit_tokens, 5u * 256);
+  EXPECT_GE(s.disk_loaded_chunks, 5u);
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
+  EXPECT_EQ(s.host_free_blocks, s.host_blocks);
+  EXPECT_FALSE(has_temp_files(dir));
+}
+
+// The files' payload is TP-independent: written by a TP 1 engine, read by a TP 2 one.
+TEST(FsTier, FilesWrittenAtOneTpServeAnother) {
+  const std::string dir = fresh_dir("tp");
+  std::vector<std::vector<int>> want;
+  {
+    auto e = make_engine(dir, 1);
+    for (int i = 0; i < 3; ++i) want.push_back(run(*e, prompt_of(300, i)).token_ids);
+  }
+  auto e = make_engine(dir, 2);
+  for (int i = 0; i < 3; ++i) {
+    const GenerationResult r = run(*e, prompt_of(300, i));
+    EXPECT_EQ(r.token_ids, want[size_t(i)]) << i;
+    EXPECT_GE(r.cached_tokens, 256) << i;
+  }
+  EXPECT_GE(e->stats().disk_loaded_chunks, 3u);
+}
+
+// Every file damaged — a bit flipped anywhere, or cut short — is a miss: deleted, counted, and
+// the prompt computed, with the same tokens.
+TEST(FsTier, CorruptFilesAreMissesNeverWrongOutput) {
+  const std::string dir = fresh_dir("corrupt");
+  std::vector<std::vector<int>> want;
+  {
+    auto e = make_engine(dir);
+    for (int i = 0; i < 6; ++i) want.push_back(run(*e, prompt_of(300, i)).token_ids);
+  }
+  std::mt19937 rng(9);
+  const auto files = files_in(dir, ".kvc");
+  ASSERT_EQ(files.size(), 6u);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const uint64_t size = fs::file_size(files[i]);
+    if (i % 2 == 0) {
+      std::fstream f(files[i], std::ios::in | std::ios::out | std::ios::binary);
+      const uint64_t at = rng() % size;
+      f.seekg(std::streamoff(at));
+      char c = 0;
+      f.read(&c, 1);
+      c = char(c ^ (1 << (rng() % 8)));
+      f.seekp(std::streamoff(at));
+      f.write(&c, 1);
+    } else {
+      fs::resize_file(files[i], rng() % size);
+    }
+  }
+  auto e = make_engine(dir);
+  for (int i = 0; i < 6; ++i) {
+    const GenerationResult r = run(*e, prompt_of(300, i));
+    EXPECT_EQ(r.token_ids, want[size_t(i)]) << i;
+    EXPECT_EQ(r.cached_tokens, 0) << i;
+  }
+  EXPECT_EQ(e->stats().disk_corrupt_files, 6u);
+  EXPECT_EQ(e->stats().disk_loaded_chunks, 0u);
+}
+
+// The tier alone: chunks whose payload is a function of their keys.
+FsKvTier::Chunk chunk_of(uint64_t n) {
+  FsKvTier::Chunk c;
+  for (int i = 0; i < 4; ++i) {
+    BlockKey k;
+    for (int j = 0; j < 16; ++j) k.bytes[size_t(j)] = uint8_t((n * 31 + uint64_t(i) * 7 + uint64_t(j)) & 0xff);
+    k.bytes[0] = uint8_t(n & 0xff);
+    k.bytes[1] = uint8_t((n >> 8) & 0xff);
+    k.bytes[2] = uint8_t(i);
+    c.keys.push_back(k);
+  }
+  for (int i = 0; i < 4 * 16; ++i) c.tokens.push_back(int32_t(n * 3 + uint64_t(i)));
+  c.payload.resize(16 << 10);
+  std::mt19937_64 bytes(n);
+  for (auto& b : c.payload) b = uint8_t(bytes());
+  return c;
+}
+
+FsKvTier::Options tier_options(const std::string& dir) {
+  FsKvTier::Options o;
+  o.dir = dir;
+  o.chunk_blocks = 4;
+  o.block_size = 16;
+  o.compat = 42;
+  o.key_root.bytes[0] = 7;
+  return o;
+}
+
+// kill -9 at 1,000 random points of the write path (writers in child processes), then a restart:
+// no temporary file remains, and every chunk file reads back exactly what was written.
+TEST(FsTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
+  const std::string dir = fresh_dir("kill");
+  std::mt19937 rng(11);
+  int mid_write = 0;  // Kills that left a temporary file.
+  for (int kill_point = 0; kill_point < 1000; ++kill_point) {
+    const uint64_t first = uint64_t(kill_point) * 4;
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto tier = FsKvTier::create(tier_options(dir));
+      if (!tier.ok()) ::_exit(3);
+      const char up = 1;
+      if (::write(ready[1], &up, 1) != 1) ::_exit(4);
+      for (uint64_t n = first;; ++n) {
+        (*tier)->store(chunk_of(n));
+        (*tier)->flush();
+      }
+    }
+    // Killed at a random point of its writes, however long its start took.
+    char up = 0;
+    ASSERT_EQ(::read(ready[0], &up, 1), 1);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    ::usleep(useconds_t(rng() % 6000));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited on its own: " << status;
+    // The next writer's start removes this one's temporary file, as a restart would.
+    mid_write += has_temp_files(dir);
+  }
+  EXPECT_GT(mid_write, 10) << "too few kills landed mid-write";
+  auto tier = FsKvTier::create(tier_options(dir));
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_FALSE(has_temp_files(dir));
+  int whole = 0;
+  for (uint64_t n = 0; n < 1000 * 4 + 64; ++n) {
+    const FsKvTier::Chunk c = chunk_of(n);
+    if (!fs::exists((*tier)->path_of(c.keys.back()))) continue;
+    auto got = (*tier)->load(c.keys, c.tokens);
+    ASSERT_TRUE(got.has_value()) << n;
+    ASSERT_EQ(*got, c.payload) << n;
+    ++whole;
+  }
+  EXPECT_GT(whole, 50);
+  EXPECT_EQ((*tier)->counters().corrupt_files, 0u);
+  // A file read with another chunk's keys or tokens is refused (and deleted).
+  FsKvTier::Chunk c = chunk_of(0);
+  if (fs::exists((*tier)->path_of(c.keys.back()))) {
+    c.tokens[5] += 1;
+    EXPECT_FALSE((*tier)->load(c.keys, c.tokens).has_value());
+    EXPECT_FALSE(fs::exists((*tier)->path_of(c.keys.back())));
+  }
+}
+
+// A full queue drops stores (counted) instead of blocking; eviction keeps the bytes under the cap.
+TEST(FsTier, DropsWhenTheQueueIsFullAndEvictsOverTheCap) {
+  const std::string dir = fresh_dir("cap");
+  FsKvTier::Options o = tier_options(dir);
+  o.max_queued_chunks = 2;
+  o.max_bytes = 20 * (20 << 10);
+  auto tier = FsKvTier::create(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  int accepted = 0;
+  for (uint64_t n = 0; n < 200; ++n) accepted += (*tier)->store(chunk_of(n));
+  (*tier)->flush();
+  const FsKvTier::Counters c = (*tier)->counters();
+  EXPECT_EQ(c.stored_chunks, uint64_t(accepted));
+  EXPECT_EQ(c.dropped_chunks, uint64_t(200 - accepted));
+  EXPECT_GT(c.dropped_chunks, 0u);
+  EXPECT_GT(c.evicted_files, 0u);
+  EXPECT_LE(c.bytes, o.max_bytes);
+  EXPECT_EQ(files_in(dir, ".kvc").size(), c.files);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
