@@ -28,7 +28,7 @@ case "$mode" in
            tests/kvtransfer/kvtransfer_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests
            tests/transport/transport_unit_tests tests/serving/router_unit_tests tests/serving/worker_unit_tests
            tests/serving/router_integration_tests tests/serving/worker_integration_tests tests/tune/tune_unit_tests
-           "tests/engine/engine_integration_tests|Preemption*:*PreemptionIdentity*:HostTier*:FsTier*-FsTier.WritersKilled*")
+           "tests/engine/engine_integration_tests|Preemption*:*PreemptionIdentity*:HostTier*:FsTier*")
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$root/scripts/sanitizer/lsan.supp"
     export LSAN_OPTIONS="suppressions=$root/scripts/sanitizer/lsan.supp"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
@@ -39,7 +39,7 @@ case "$mode" in
            "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
            "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*"
-           "tests/engine/engine_integration_tests|FsTier.ServesEarlier*:FsTier.Drops*:HostTier.Reservations*")
+           "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
     ;;
   *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;

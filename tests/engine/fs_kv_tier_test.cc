@@ -1,0 +1,176 @@
+// The filesystem tier alone (engine/fs_kv_tier.h), on chunks whose payload is a function of
+// their keys: writers killed with SIGKILL at 1,000 random points leave only whole files (each
+// reads back exactly) and temporary files that the next start removes; a file read with another
+// chunk's tokens is refused and deleted; a full queue drops stores and eviction keeps the bytes
+// under the cap; and stores and loads from several threads at once (TSan).
+#include "engine/fs_kv_tier.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <random>
+#include <thread>
+
+namespace pdserve::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("pdserve-fs-kv-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::vector<fs::path> files_in(const std::string& dir, const std::string& suffix) {
+  std::vector<fs::path> out;
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    if (f.is_regular_file() && f.path().string().ends_with(suffix)) out.push_back(f.path());
+  return out;
+}
+
+bool has_temp_files(const std::string& dir) {
+  for (const auto& f : fs::recursive_directory_iterator(dir))
+    if (f.path().filename().string().find(".tmp.") != std::string::npos) return true;
+  return false;
+}
+
+// The tier alone: chunks whose payload is a function of their keys.
+FsKvTier::Chunk chunk_of(uint64_t n) {
+  FsKvTier::Chunk c;
+  for (int i = 0; i < 4; ++i) {
+    BlockKey k;
+    for (int j = 0; j < 16; ++j) k.bytes[size_t(j)] = uint8_t((n * 31 + uint64_t(i) * 7 + uint64_t(j)) & 0xff);
+    k.bytes[0] = uint8_t(n & 0xff);
+    k.bytes[1] = uint8_t((n >> 8) & 0xff);
+    k.bytes[2] = uint8_t(i);
+    c.keys.push_back(k);
+  }
+  for (int i = 0; i < 4 * 16; ++i) c.tokens.push_back(int32_t(n * 3 + uint64_t(i)));
+  c.payload.resize(16 << 10);
+  std::mt19937_64 bytes(n);
+  for (auto& b : c.payload) b = uint8_t(bytes());
+  return c;
+}
+
+FsKvTier::Options tier_options(const std::string& dir) {
+  FsKvTier::Options o;
+  o.dir = dir;
+  o.chunk_blocks = 4;
+  o.block_size = 16;
+  o.compat = 42;
+  o.key_root.bytes[0] = 7;
+  return o;
+}
+
+// kill -9 at 1,000 random points of the write path (writers in child processes), then a restart:
+// no temporary file remains, and every chunk file reads back exactly what was written.
+TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
+  const std::string dir = fresh_dir("kill");
+  std::mt19937 rng(11);
+  int mid_write = 0;  // Kills that left a temporary file.
+  for (int kill_point = 0; kill_point < 1000; ++kill_point) {
+    const uint64_t first = uint64_t(kill_point) * 4;
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      auto tier = FsKvTier::create(tier_options(dir));
+      if (!tier.ok()) ::_exit(3);
+      const char up = 1;
+      if (::write(ready[1], &up, 1) != 1) ::_exit(4);
+      for (uint64_t n = first;; ++n) {
+        (*tier)->store(chunk_of(n));
+        (*tier)->flush();
+      }
+    }
+    // Killed at a random point of its writes, however long its start took.
+    char up = 0;
+    ASSERT_EQ(::read(ready[0], &up, 1), 1);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    ::usleep(useconds_t(rng() % 6000));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited on its own: " << status;
+    // The next writer's start removes this one's temporary file, as a restart would.
+    mid_write += has_temp_files(dir);
+  }
+  EXPECT_GT(mid_write, 10) << "too few kills landed mid-write";
+  auto tier = FsKvTier::create(tier_options(dir));
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  EXPECT_FALSE(has_temp_files(dir));
+  int whole = 0;
+  for (uint64_t n = 0; n < 1000 * 4 + 64; ++n) {
+    const FsKvTier::Chunk c = chunk_of(n);
+    if (!fs::exists((*tier)->path_of(c.keys.back()))) continue;
+    auto got = (*tier)->load(c.keys, c.tokens);
+    ASSERT_TRUE(got.has_value()) << n;
+    ASSERT_EQ(*got, c.payload) << n;
+    ++whole;
+  }
+  EXPECT_GT(whole, 50);
+  EXPECT_EQ((*tier)->counters().corrupt_files, 0u);
+  // A file read with another chunk's keys or tokens is refused (and deleted).
+  FsKvTier::Chunk c = chunk_of(0);
+  if (fs::exists((*tier)->path_of(c.keys.back()))) {
+    c.tokens[5] += 1;
+    EXPECT_FALSE((*tier)->load(c.keys, c.tokens).has_value());
+    EXPECT_FALSE(fs::exists((*tier)->path_of(c.keys.back())));
+  }
+}
+
+// A full queue drops stores (counted) instead of blocking; eviction keeps the bytes under the cap.
+TEST(FsKvTier, DropsWhenTheQueueIsFullAndEvictsOverTheCap) {
+  const std::string dir = fresh_dir("cap");
+  FsKvTier::Options o = tier_options(dir);
+  o.max_queued_chunks = 2;
+  o.max_bytes = 20 * (20 << 10);
+  auto tier = FsKvTier::create(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  int accepted = 0;
+  for (uint64_t n = 0; n < 200; ++n) accepted += (*tier)->store(chunk_of(n));
+  (*tier)->flush();
+  const FsKvTier::Counters c = (*tier)->counters();
+  EXPECT_EQ(c.stored_chunks, uint64_t(accepted));
+  EXPECT_EQ(c.dropped_chunks, uint64_t(200 - accepted));
+  EXPECT_GT(c.dropped_chunks, 0u);
+  EXPECT_GT(c.evicted_files, 0u);
+  EXPECT_LE(c.bytes, o.max_bytes);
+  EXPECT_EQ(files_in(dir, ".kvc").size(), c.files);
+}
+
+// Several threads storing and loading overlapping chunks at once: every load is a miss or the
+// exact payload.
+TEST(FsKvTier, ConcurrentStoresAndLoadsStayExact) {
+  const std::string dir = fresh_dir("threads");
+  auto tier = FsKvTier::create(tier_options(dir));
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  std::vector<std::thread> threads;
+  std::atomic<int> hits{0}, wrong{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 60; ++i) {
+        const FsKvTier::Chunk c = chunk_of((i * 7 + uint64_t(t)) % 40);
+        (*tier)->store(c);
+        if (auto got = (*tier)->load(c.keys, c.tokens)) {
+          ++hits;
+          wrong += *got != c.payload;
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  (*tier)->flush();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(hits.load(), 0);
+  EXPECT_EQ((*tier)->counters().corrupt_files, 0u);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
