@@ -6,12 +6,14 @@
 // prefill; with every worker's device cache at a quarter of the working set and a host tier; and
 // a cluster with the cache off, which ties the two ends together. Every arm with
 // the cache on must also have reused blocks (cached tokens > 0, and on the decode side for P/D),
-// so the identity is not that of a cache that never hit.
+// so the identity is not that of a cache that never hit. And an aggregated worker with a host and
+// a filesystem tier serves earlier prompts from them, also after a restart.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -286,6 +288,63 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ClusterCacheIdentity,
                                            pd("push", 1, 1, 0, false), quarter_with_host(aggregated()),
                                            quarter_with_host(pd("push", 1, 1)), quarter_with_host(pd("pull", 1, 2))),
                          [](const ::testing::TestParamInfo<Arm>& info) { return info.param.name; });
+
+// The tiers on a real aggregated worker (`pdserve up`): a device cache of about two requests,
+// a 64 MiB host tier and a filesystem tier. Ten distinct ~375-token prompts, then the first five
+// again: each reports >= 256 cached tokens and the same tokens; after a restart of the whole
+// cluster on the same directory (nothing in the new worker's memory), again.
+TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
+  const std::string dir = ::testing::TempDir() + "/pdserve-cluster-tiers-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> args = {"--aggregated", "1", "--kv-cache-bytes", "1500000", "--host-kv-bytes",
+                                         "67108864", "--kv-offload-dir", dir, "--kv-events", "off"};
+  auto prompt_of = [](int salt) {
+    std::vector<int> p = {1};
+    for (int i = 1; i < 375; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
+    return p;
+  };
+  auto ask = [](v1::Generation::Stub& stub, const std::vector<int>& prompt) {
+    v1::GenerateRequest req;
+    for (int tok : prompt) req.mutable_token_ids()->add_ids(tok);
+    req.mutable_sampling()->set_max_tokens(8);
+    req.mutable_sampling()->set_ignore_eos(true);
+    req.mutable_sampling()->set_temperature(0);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+    auto reader = stub.Generate(&ctx, req);
+    Answer a;
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      a.tokens.insert(a.tokens.end(), r.token_ids().begin(), r.token_ids().end());
+      if (r.finished()) a.cached_tokens = r.cached_tokens();
+    }
+    const grpc::Status st = reader->Finish();
+    if (!st.ok()) a.error = st.error_message();
+    return a;
+  };
+  std::vector<std::vector<int>> first;
+  for (int round = 0; round < 2; ++round) {
+    Cluster cluster(args);
+    ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
+    auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
+    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+    auto stub = v1::Generation::NewStub(channel);
+    if (round == 0) {
+      for (int i = 0; i < 10; ++i) {
+        const Answer a = ask(*stub, prompt_of(i));
+        ASSERT_TRUE(a.error.empty()) << a.error;
+        first.push_back(a.tokens);
+      }
+    }
+    for (int i = 0; i < 5; ++i) {
+      const Answer a = ask(*stub, prompt_of(i));
+      ASSERT_TRUE(a.error.empty()) << a.error;
+      EXPECT_EQ(a.tokens, first[size_t(i)]) << "round " << round << " prompt " << i;
+      EXPECT_GE(a.cached_tokens, 256) << "round " << round << " prompt " << i;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace pdserve
