@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# tiers: what the KV cache's tiers buy a multi-turn workload when the device cache is smaller than
+# its working set (docs/kv_offload.md), arm by arm in one run. First an arm whose device cache
+# holds everything (1 GiB per rank) measures the working set W (the KV blocks the router's index
+# holds afterwards); then each arm restarts `pdserve up` with the device cache at a fraction of W,
+# with and without the host tier (4 W) and the filesystem tier, and a last arm restarts on the
+# warm directory of the one before. Each row: the servers' hit rate, its ratio to the full arm's,
+# TTFT median / p90 for turns >= 2 and their ratio to the full arm's, and the workers' preemptions.
+#   bench/tiers.sh MODEL [pdserve up topology flags...] [-- bench flags...]
+# Topology defaults to one aggregated worker; bench flags to the multiturn workload's defaults.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pdserve=${PDSERVE:-$root/build/tools/pdserve}
+if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
+  export PDSERVE_MODEL_PATH="$root/../shared/models"
+fi
+model=${1:?usage: $0 MODEL [up flags] [-- bench flags]}
+shift
+topology=() bench=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+bench=("$@")
+[ ${#topology[@]} -gt 0 ] || topology=(--aggregated 1)
+work=$(mktemp -d)
+up_pid=""
+stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
+trap 'stop; rm -rf "$work"' EXIT
+
+metric_sum() {  # NAME [count]: the sum of a router metric's samples, or their number
+  python3 - "$1" "$work/metrics" "${2:-sum}" <<'PY'
+import sys
+name, path, what = sys.argv[1], sys.argv[2], sys.argv[3]
+values = [float(l.rsplit(" ", 1)[1]) for l in open(path) if l.startswith(name + "{")]
+print(len(values) if what == "count" else int(sum(values)))
+PY
+}
+
+run() {  # ARM, then extra `pdserve up` flags
+  local arm=$1; shift
+  "$pdserve" up --model "$model" --port 0 "${topology[@]}" "$@" >"$work/up.out" 2>"$work/up.err" &
+  up_pid=$!
+  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
+  local router http
+  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
+  http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
+  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "tiers: $arm did not start" >&2; exit 1; }
+  "$pdserve" bench --router "$router" --workload multiturn --ignore-eos --result-file "$work/$arm.json" \
+    "${bench[@]}" >"$work/bench.out" 2>"$work/bench.err" ||
+    { cat "$work/bench.err" >&2; echo "tiers: $arm: bench failed" >&2; }
+  sleep 2  # Two health polls: the workers' counters reach the router.
+  curl -s "http://$http/metrics" >"$work/metrics" || true
+  echo "$(metric_sum pdserve:worker_preemptions_total)" >"$work/$arm.preemptions"
+  if [ "$arm" = full ]; then
+    metric_sum pdserve:kv_index_blocks >"$work/working_set"
+    metric_sum pdserve:kv_cache_total_blocks >"$work/total_blocks"
+    metric_sum pdserve:kv_cache_total_blocks count >"$work/workers"
+  fi
+  stop
+}
+
+full=$((1 << 30))
+run full --kv-cache-bytes "$full"
+ws=$(cat "$work/working_set")
+total=$(cat "$work/total_blocks")
+[ "$ws" -gt 0 ] || { echo "tiers: the full arm cached nothing" >&2; exit 1; }
+workers=$(cat "$work/workers")
+block=$((full * workers / total))  # Bytes per block per rank (every worker has the same geometry).
+per_worker=$(( (ws + workers - 1) / workers ))  # Each worker's share of the working set, in blocks.
+bytes() { echo $(( per_worker * block * $1 / 100 )); }  # PERCENT of W per rank
+host=$((4 * per_worker * block))
+arms=(full)
+for pct in 50 25; do
+  run "device-$pct" --kv-cache-bytes "$(bytes $pct)"; arms+=("device-$pct")
+  run "device-$pct+host" --kv-cache-bytes "$(bytes $pct)" --host-kv-bytes "$host"; arms+=("device-$pct+host")
+done
+run "device-25+host+fs" --kv-cache-bytes "$(bytes 25)" --host-kv-bytes "$host" --kv-offload-dir "$work/kv"
+arms+=("device-25+host+fs")
+run "restart-warm-fs" --kv-cache-bytes "$(bytes 25)" --host-kv-bytes "$host" --kv-offload-dir "$work/kv"
+arms+=("restart-warm-fs")
+printf 'model %s; up %s; bench %s; working set %s blocks of %s bytes per rank\n' "$model" "${topology[*]}" \
+  "${bench[*]}" "$ws" "$block"
+python3 - "$work" "${arms[@]}" <<'PY'
+import json, sys
+work = sys.argv[1]
+rows = [(arm, json.load(open(f"{work}/{arm}.json")), open(f"{work}/{arm}.preemptions").read().strip())
+        for arm in sys.argv[2:]]
+base = rows[0][1]["prefix_reuse"]
+print("arm\tok\tfailed\thit\thit/full\tTTFT t>=2 med/p90 ms\tTTFT/full\tpreemptions")
+for arm, r, pre in rows:
+    p = r["prefix_reuse"]
+    t2 = p["turn2plus"]
+    hit = p["hit_rate"] / base["hit_rate"] if base["hit_rate"] > 0 else float("nan")
+    ttft = t2["median_ttft_ms"] / base["turn2plus"]["median_ttft_ms"] if base["turn2plus"]["median_ttft_ms"] > 0 else float("nan")
+    print(f'{arm}\t{r["completed"]}\t{r["failed"]}\t{p["hit_rate"]:.3f}\t{hit:.3f}\t'
+          f'{t2["median_ttft_ms"]:.1f} / {t2["p90_ttft_ms"]:.1f}\t{ttft:.2f}\t{pre}')
+PY
