@@ -170,6 +170,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                   engine->host_->num_blocks(), num_blocks);
     engine->stats_.host_blocks = engine->host_->num_blocks();
   }
+  if (options.kv_offload_dir.empty() && options.kv_offload_dir_bytes > 0)
+    return absl::InvalidArgumentError("--kv-offload-dir-bytes needs --kv-offload-dir");
   if (!options.kv_offload_dir.empty()) {
     if (!engine->host_)
       return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "

@@ -158,11 +158,27 @@ TEST(HostTier, TheDevicePathCopiesThroughTheBackend) {
   EXPECT_GT(device->stats().host_loaded_blocks, 0u);
 }
 
-TEST(HostTier, NeedsThePrefixCache) {
+TEST(HostTier, RefusesWhatItCannotHonour) {
   auto e = try_engine(1500000, 64u << 20, false, /*prefix_cache=*/false);
   ASSERT_FALSE(e.ok());
   EXPECT_TRUE(absl::IsInvalidArgument(e.status()));
   EXPECT_NE(std::string(e.status().message()).find("prefix cache"), std::string::npos) << e.status();
+  // The filesystem tier goes through the host tier, and its cap needs it.
+  auto create = [](const EngineOptions& o) -> StatusOr<std::unique_ptr<Engine>> {
+    auto model = load_model({pdserve::testing::stories_bin()});
+    if (!model.ok()) return model.status();
+    return Engine::create(std::move(*model), o);
+  };
+  EngineOptions o;
+  o.kv_offload_dir = ::testing::TempDir();
+  auto no_host = create(o);
+  ASSERT_FALSE(no_host.ok());
+  EXPECT_NE(std::string(no_host.status().message()).find("--host-kv-bytes"), std::string::npos) << no_host.status();
+  o.kv_offload_dir.clear();
+  o.kv_offload_dir_bytes = 1 << 20;
+  auto no_dir = create(o);
+  ASSERT_FALSE(no_dir.ok());
+  EXPECT_NE(std::string(no_dir.status().message()).find("--kv-offload-dir"), std::string::npos) << no_dir.status();
   auto tiny = try_engine(1500000, 100);
   ASSERT_FALSE(tiny.ok());
   EXPECT_NE(std::string(tiny.status().message()).find("holds no block"), std::string::npos) << tiny.status();
