@@ -86,10 +86,9 @@ std::string published_text() {
 
 // `model` in an engine on `backend` (EngineOptions::backend), as the workers make it.
 std::unique_ptr<Engine> engine_on(const std::string& model_path, const std::string& backend, int tp = 1,
-                                  DType weights = DType::kF32) {
+                                  DType weights = DType::kF32, EngineOptions options = {}) {
   auto model = load_model({model_path});
   EXPECT_TRUE(model.ok()) << model.status();
-  EngineOptions options;
   options.backend = backend;
 #if defined(PDSERVE_GPU_EMULATION)
   // The emulated GPU backend is linked in, not a library the engine loads.
@@ -143,6 +142,34 @@ TEST(Stories, UnknownOrMissingBackendIsAClearError) {
   auto engine = Engine::create(std::move(*model), options);
   ASSERT_FALSE(engine.ok());
   EXPECT_NE(engine.status().message().find("unknown backend"), std::string_view::npos) << engine.status();
+}
+
+// The KV cache's host tier on the GPU engine (docs/kv_offload.md): a device cache too small to
+// keep earlier prompts, so the second round loads them back from the host tier through the
+// backend's copies on its stream, which must give the CPU engine's tokens and cached counts. On
+// the emulation also with each block's threads run last to first (EmulatedReversed).
+TEST(Stories, CudaEngineHostTierEqualsCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  EngineOptions tiers;
+  tiers.kv_cache_bytes = 8 * 16 * 1280;  // 8 blocks: two of the prompts below (the emulation is slow).
+  tiers.host_kv_bytes = 64 * 16 * 1280;
+  auto gpu = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, tiers);
+  auto cpu = engine_on(stories_bin(), "cpu", 1, DType::kF32, tiers);
+  ASSERT_TRUE(gpu && cpu);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int> prompt = {1};
+      for (int t = 1; t < 40; ++t) prompt.push_back(3 + (t * 37 + i * 101) % 500);
+      auto want = cpu->generate(prompt, greedy(2));
+      auto got = gpu->generate(prompt, greedy(2));
+      ASSERT_TRUE(want.ok() && got.ok());
+      EXPECT_EQ(got->token_ids, want->token_ids) << "round " << round << " prompt " << i;
+      EXPECT_EQ(got->cached_tokens, want->cached_tokens) << "round " << round << " prompt " << i;
+      if (round == 1) EXPECT_EQ(got->cached_tokens, 32) << i;  // Both full blocks, from the host tier.
+    }
+  }
+  EXPECT_GT(gpu->stats().host_loaded_blocks, 0u);
+  EXPECT_EQ(gpu->stats().free_blocks, gpu->stats().num_blocks);
 }
 
 TEST(Stories, CudaEngineGreedyFromBosEqualsPublishedText) {
