@@ -329,8 +329,11 @@ void FsKvTier::scan() {
     const uint64_t bytes = it->file_size(ec);
     if (ec) continue;
     std::lock_guard lock(mu_);
-    // Files the writer or a read noted meanwhile keep their (newer) use.
-    if (!files_.count(path)) {
+    // Files the writer or a read noted meanwhile keep their (newer) use. One this process evicted
+    // or deleted since the directory listing named it is gone: unlinks happen under this lock, so
+    // a stat here sees them (without it the scan would count a file that no longer exists).
+    struct stat still {};
+    if (!files_.count(path) && ::stat(path.c_str(), &still) == 0) {
       File& f = files_[path];
       f.bytes = bytes;
       counters_.bytes += bytes;
