@@ -35,6 +35,9 @@ struct BenchFlags {
   int output_len = 64;
   double range_ratio = 0.0;
   int max_concurrency = 0;  // 0: unlimited.
+  // Session workloads: requests in flight at most across all sessions (0: no cap). With it, many
+  // sessions can be open (their histories the cache's working set) while few requests run.
+  int max_inflight = 0;
   int retries = 0;          // Resends of a request that failed UNAVAILABLE.
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
@@ -404,6 +407,7 @@ RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClie
   RunRecords run;
   std::mutex mu;  // Guards run's vectors.
   Progress bar(spec.sessions * spec.turns * spec.fanout);
+  std::counting_semaphore<> inflight(f.max_inflight > 0 ? f.max_inflight : std::max(1, spec.sessions * spec.fanout));
   const Steady::time_point start = Steady::now();
   auto session = [&](int s) {
     std::vector<int> history = tokens.prefix(s);
@@ -420,10 +424,12 @@ RunRecords run_sessions(const BenchFlags& f, const SessionSpec& spec, RouterClie
         const int64_t seed = int64_t(f.seed) + (int64_t(s) * spec.turns + t) * spec.fanout + k;
         sent[size_t(k)] = token_request(f, prompt, spec.output_len, seed);
         reusable[size_t(k)] = oracle.on_send(prompt);
-        const double offset = seconds_since(start);
-        threads.emplace_back([&, k, offset] {
+        threads.emplace_back([&, k] {
+          inflight.acquire();  // The wait for a slot is not the request's: TTFT starts after it.
+          const double offset = seconds_since(start);
           siblings[size_t(k)] = run_one(client, sent[size_t(k)], f.retries);
           siblings[size_t(k)].start_s = offset;
+          inflight.release();
         });
       }
       for (std::thread& th : threads) th.join();
@@ -557,9 +563,10 @@ int run_bench(const BenchFlags& f) {
   const SessionSpec spec = session_spec(f, *workload);
   const bool sessions = *workload == Workload::kMultiturn || *workload == Workload::kAgentic;
   if (sessions && (spec.sessions <= 0 || spec.turns <= 0 || spec.shared_prefixes <= 0 || spec.prefix_len < 0 ||
-                   spec.turn_len <= 0 || spec.output_len <= 0 || spec.fanout <= 0 || spec.fanout > 16)) {
+                   spec.turn_len <= 0 || spec.output_len <= 0 || spec.fanout <= 0 || spec.fanout > 16 ||
+                   f.max_inflight < 0)) {
     std::cerr << "error: need --sessions, --turns, --shared-prefixes, --turn-len, --turn-output-len > 0, "
-                 "--prefix-len >= 0 and --fanout in 1..16\n";
+                 "--prefix-len, --max-inflight >= 0 and --fanout in 1..16\n";
     return 2;
   }
   std::vector<TraceRequest> trace;
@@ -586,7 +593,7 @@ int run_bench(const BenchFlags& f) {
   if (sessions)
     std::cerr << spec.sessions << " sessions x " << spec.turns << " turns x " << spec.fanout << ", prefix "
               << spec.prefix_len << " (" << spec.shared_prefixes << " shared), turn " << spec.turn_len << ", output "
-              << spec.output_len;
+              << spec.output_len << (f.max_inflight > 0 ? ", in flight " + std::to_string(f.max_inflight) : "");
   else if (*workload == Workload::kTrace)
     std::cerr << trace.size() << " trace requests at speed " << f.trace_speed;
   else
@@ -625,6 +632,7 @@ int run_bench(const BenchFlags& f) {
     result["turn_output_len"] = spec.output_len;
     result["fanout"] = spec.fanout;
     result["think_time_s"] = spec.think_time_s;
+    result["max_inflight"] = f.max_inflight > 0 ? json(f.max_inflight) : json(nullptr);
   } else if (*workload == Workload::kTrace) {
     result["trace"] = f.trace_file;
     result["trace_requests"] = trace.size();
@@ -864,7 +872,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       cmd->add_option("--turn-output-len", spec.output_len, "max_tokens of each turn (default 32 / 16)"),
       cmd->add_option("--fanout", spec.fanout, "Sibling requests per turn with the same history (default 1 / 2)"),
       cmd->add_option("--think-time", spec.think_time_s,
-                      "Seconds between an answer and the session's next turn (default 0)")};
+                      "Seconds between an answer and the session's next turn (default 0)"),
+      cmd->add_option("--max-inflight", f->max_inflight,
+                      "Requests in flight at most across the open sessions (0: no cap); --max-concurrency caps the "
+                      "open sessions")};
   const std::vector<CLI::Option*> trace = {
       cmd->add_option("--trace", f->trace_file,
                       "A Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids)"),

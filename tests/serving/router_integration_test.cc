@@ -338,6 +338,21 @@ TEST_F(RouterAggregated, BenchSessionAndTraceWorkloadsHitWhatTheOracleSays) {
     EXPECT_GT(p["turn2plus"]["hit_rate"].get<double>(), 0.5) << p.dump();
     EXPECT_GT(p["turn1"]["hit_rate"].get<double>(), 0) << "session 2 shares session 0's system prompt";
   }
+  {
+    // Every session open at once, one request in flight: the sessions' turns interleave (the
+    // cache holds all their histories) and the cap holds.
+    CommandOutput r = pdserve({"bench", "--router", cluster_->grpc(), "--workload", "multiturn", "--sessions", "4",
+                               "--turns", "3", "--prefix-len", "40", "--turn-len", "10", "--turn-output-len", "6",
+                               "--max-inflight", "1", "--seed", "30", "--ignore-eos", "--result-file", out.string()});
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    std::ifstream in(out);
+    json j = json::parse(in, nullptr, false);
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["completed"], 12);
+    EXPECT_EQ(j["max_inflight"], 1);
+    EXPECT_EQ(j["peak_concurrency"], 1);
+    EXPECT_DOUBLE_EQ(j["prefix_reuse"]["hit_rate"].get<double>(), j["prefix_reuse"]["oracle_hit_rate"].get<double>());
+  }
   const fs::path trace = fs::temp_directory_path() / ("pdserve_trace_" + std::to_string(getpid()) + ".jsonl");
   {
     std::ofstream t(trace);

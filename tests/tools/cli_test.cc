@@ -195,6 +195,7 @@ TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {
       {{"--workload", "trace", "--trace", "t.jsonl", "--think-time", "1"},
        "--think-time is not read by --workload trace"},
       {{"--trace-speed", "2"}, "--trace-speed is not read by --workload random"},
+      {{"--max-inflight", "2"}, "--max-inflight is not read by --workload random"},
       {{"--workload", "multiturn", "--trace-block-tokens", "16"},
        "--trace-block-tokens is not read by --workload multiturn"},
   };
