@@ -231,6 +231,10 @@ EngineStats Engine::stats() const {
     s.disk_loaded_chunks = disk.loaded_chunks;
     s.disk_dropped_chunks = disk.dropped_chunks;
     s.disk_corrupt_files = disk.corrupt_files;
+    s.disk_evicted_files = disk.evicted_files;
+    s.disk_files = disk.files;
+    s.disk_bytes = disk.bytes;
+    s.disk_chunk_blocks = fs_->chunk_blocks();
   }
   return s;
 }

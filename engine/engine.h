@@ -209,13 +209,19 @@ struct EngineStats {
   uint64_t host_hit_tokens = 0;
   uint64_t host_stored_blocks = 0;
   uint64_t host_loaded_blocks = 0;
-  // The filesystem tier (all 0 without one): prompt tokens found there (beyond the device's and
-  // the host's hits), chunk files written and read, stores dropped, files that failed a check.
+  // The filesystem tier (all 0 without one): blocks per chunk file (0: no tier), prompt tokens
+  // found there (beyond the device's and the host's hits), chunk files written and read, stores
+  // dropped, files that failed a check, files evicted over --kv-offload-dir-bytes, and the chunk
+  // files and bytes the tier indexes now.
+  int disk_chunk_blocks = 0;
   uint64_t disk_hit_tokens = 0;
   uint64_t disk_stored_chunks = 0;
   uint64_t disk_loaded_chunks = 0;
   uint64_t disk_dropped_chunks = 0;
   uint64_t disk_corrupt_files = 0;
+  uint64_t disk_evicted_files = 0;
+  uint64_t disk_files = 0;
+  uint64_t disk_bytes = 0;
 };
 
 class Engine {

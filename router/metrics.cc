@@ -217,24 +217,43 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
                 "Sequences the worker's engine preempted to make room in its KV cache (recomputed later).", "counter");
   for (const WorkerGauges& w : workers)
     append_sample(out, "pdserve:worker_preemptions_total", {{"worker", w.worker}, {"role", w.role}}, double(w.preemptions));
-  // The KV cache's host tier (docs/kv_offload.md), per worker that has one.
-  const Gauge host_tier[] = {
-      {"pdserve:worker_kv_tier_blocks", "Blocks the worker's KV tier holds at most (per rank).",
-       [](const WorkerGauges& w) { return double(w.host_blocks); }},
-      {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.",
-       [](const WorkerGauges& w) { return double(w.host_cached_blocks); }},
-      {"pdserve:worker_kv_tier_hit_tokens_total", "Prompt tokens requests found in the tier (beyond the device's hit).",
-       [](const WorkerGauges& w) { return double(w.host_hit_tokens); }},
-      {"pdserve:worker_kv_tier_stored_blocks_total", "Blocks copied into the tier.",
-       [](const WorkerGauges& w) { return double(w.host_stored_blocks); }},
-      {"pdserve:worker_kv_tier_loaded_blocks_total", "Blocks copied from the tier back to the device.",
-       [](const WorkerGauges& w) { return double(w.host_loaded_blocks); }},
+  // The KV cache's host and filesystem tiers (docs/kv_offload.md), per worker that has them.
+  using Tier = WorkerGauges::Tier;
+  struct TierGauge {
+    const char* name;
+    const char* help;
+    bool host, disk;  // The tiers that have it.
+    double (*value)(const Tier&);
   };
-  for (const Gauge& g : host_tier) {
+  const TierGauge tier_gauges[] = {
+      {"pdserve:worker_kv_tier_blocks", "Blocks the worker's host KV tier holds at most (per rank).", true, false,
+       [](const Tier& t) { return double(t.blocks); }},
+      {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.", true, true,
+       [](const Tier& t) { return double(t.cached_blocks); }},
+      {"pdserve:worker_kv_tier_hit_tokens_total",
+       "Prompt tokens requests found in the tier (beyond the tiers above it).", true, true,
+       [](const Tier& t) { return double(t.hit_tokens); }},
+      {"pdserve:worker_kv_tier_stored_blocks_total", "Blocks copied into the tier.", true, true,
+       [](const Tier& t) { return double(t.stored_blocks); }},
+      {"pdserve:worker_kv_tier_loaded_blocks_total", "Blocks copied from the tier back to the device.", true, true,
+       [](const Tier& t) { return double(t.loaded_blocks); }},
+      {"pdserve:worker_kv_tier_bytes", "Bytes of the worker's filesystem tier's chunk files.", false, true,
+       [](const Tier& t) { return double(t.bytes); }},
+      {"pdserve:worker_kv_tier_dropped_blocks_total",
+       "Blocks whose store the tier dropped (write queue full, or the write failed).", false, true,
+       [](const Tier& t) { return double(t.dropped_blocks); }},
+      {"pdserve:worker_kv_tier_evicted_blocks_total", "Blocks the tier evicted over its byte cap.", false, true,
+       [](const Tier& t) { return double(t.evicted_blocks); }},
+      {"pdserve:worker_kv_tier_corrupt_files_total", "Chunk files that failed a check (deleted, computed instead).",
+       false, true, [](const Tier& t) { return double(t.corrupt_files); }},
+  };
+  for (const TierGauge& g : tier_gauges) {
     append_header(out, g.name, g.help, std::string_view(g.name).ends_with("_total") ? "counter" : "gauge");
     for (const WorkerGauges& w : workers) {
-      if (w.host_blocks == 0) continue;
-      append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "host"}}, g.value(w));
+      if (g.host && w.host.present)
+        append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "host"}}, g.value(w.host));
+      if (g.disk && w.disk.present)
+        append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "disk"}}, g.value(w.disk));
     }
   }
   append_header(out, "pdserve:kv_staged_bytes_total",

@@ -55,9 +55,14 @@ struct WorkerGauges {
   uint64_t kv_transfer_leases_expired = 0, kv_transfer_refused = 0;
   double kv_transfer_seconds = 0;
   uint64_t preemptions = 0;  // WorkerInfo.preemptions_total.
-  // WorkerInfo.host_tier (host_blocks 0: no host tier).
-  int host_blocks = 0, host_cached_blocks = 0;
-  uint64_t host_hit_tokens = 0, host_stored_blocks = 0, host_loaded_blocks = 0;
+  // A KV cache tier below the device's (WorkerInfo.host_tier, .disk_tier).
+  struct Tier {
+    bool present = false;
+    int blocks = 0, cached_blocks = 0;
+    uint64_t hit_tokens = 0, stored_blocks = 0, loaded_blocks = 0;
+    uint64_t bytes = 0, dropped_blocks = 0, evicted_blocks = 0, corrupt_files = 0;  // Disk only.
+  };
+  Tier host, disk;
 };
 
 // Thread-safe live metrics of one router.

@@ -302,11 +302,13 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.kv_transfer_refused = w.info.kv_transfer_refused();
     g.kv_transfer_seconds = w.info.kv_transfer_seconds();
     g.preemptions = w.info.preemptions_total();
-    g.host_blocks = w.info.host_tier().blocks();
-    g.host_cached_blocks = w.info.host_tier().cached_blocks();
-    g.host_hit_tokens = w.info.host_tier().hit_tokens_total();
-    g.host_stored_blocks = w.info.host_tier().stored_blocks_total();
-    g.host_loaded_blocks = w.info.host_tier().loaded_blocks_total();
+    auto tier = [](bool present, const worker::KvTierStats& t) {
+      return WorkerGauges::Tier{present,          t.blocks(),      t.cached_blocks(),        t.hit_tokens_total(),
+                                t.stored_blocks_total(), t.loaded_blocks_total(), t.bytes(),
+                                t.dropped_blocks_total(), t.evicted_blocks_total(), t.corrupt_files_total()};
+    };
+    g.host = tier(w.info.has_host_tier(), w.info.host_tier());
+    g.disk = tier(w.info.has_disk_tier(), w.info.disk_tier());
     out.push_back(g);
   }
   return out;

@@ -98,6 +98,19 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     host->set_stored_blocks_total(st.engine.host_stored_blocks);
     host->set_loaded_blocks_total(st.engine.host_loaded_blocks);
   }
+  if (const uint64_t c = uint64_t(st.engine.disk_chunk_blocks); c > 0) {
+    // Capacity in blocks is the byte cap's business (files have a fixed size per geometry):
+    // `blocks` stays 0, `bytes` says how much is used.
+    KvTierStats* disk = reply->mutable_disk_tier();
+    disk->set_cached_blocks(int32_t(st.engine.disk_files * c));
+    disk->set_hit_tokens_total(st.engine.disk_hit_tokens);
+    disk->set_stored_blocks_total(st.engine.disk_stored_chunks * c);
+    disk->set_loaded_blocks_total(st.engine.disk_loaded_chunks * c);
+    disk->set_bytes(st.engine.disk_bytes);
+    disk->set_dropped_blocks_total(st.engine.disk_dropped_chunks * c);
+    disk->set_evicted_blocks_total(st.engine.disk_evicted_files * c);
+    disk->set_corrupt_files_total(st.engine.disk_corrupt_files);
+  }
   if (request->include_cached_keys()) {
     for (const engine::BlockKey& k : e.cached_keys())
       reply->add_cached_keys(std::string(k.bytes.begin(), k.bytes.end()));

@@ -342,6 +342,20 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
       EXPECT_EQ(a.tokens, first[size_t(i)]) << "round " << round << " prompt " << i;
       EXPECT_GE(a.cached_tokens, 256) << "round " << round << " prompt " << i;
     }
+    if (round == 1) {
+      // After the restart the device and host tiers start empty: the hits came from the files,
+      // and the router's metrics say so (within a health poll or two).
+      double disk_hits = 0, disk_loaded = 0;
+      for (auto deadline = std::chrono::steady_clock::now() + 10s;
+           disk_hits == 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+        if (const auto text = testing::router_metrics_text(cluster.http_port())) {
+          disk_hits = testing::metric_sum(*text, "pdserve:worker_kv_tier_hit_tokens_total", "tier=\"disk\"");
+          disk_loaded = testing::metric_sum(*text, "pdserve:worker_kv_tier_loaded_blocks_total", "tier=\"disk\"");
+        }
+      }
+      EXPECT_GE(disk_hits, 5 * 256);
+      EXPECT_GE(disk_loaded, 5 * 16);
+    }
   }
   std::filesystem::remove_all(dir);
 }

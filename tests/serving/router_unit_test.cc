@@ -399,8 +399,28 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
   WorkerGauges aggregated;  // No kvtransfer: no kvtransfer counters.
   aggregated.worker = "a:3";
   aggregated.role = "aggregated";
+  // Tiers: the host's under tier="host" (capacity in blocks), the disk's under tier="disk" (bytes,
+  // drops, evictions, corrupt files); a worker without a tier has no tier samples.
+  aggregated.host = {true, 400, 120, 512, 130, 60};
+  aggregated.disk = {true, 0, 64, 256, 96, 32, 1 << 20, 16, 8, 1};
   const std::string text = m.render(3, 2, {w, aggregated});
   EXPECT_EQ(text.find("pdserve:worker_kv_transfer_requests_total{worker=\"a:3\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("{worker=\"d:2\",role=\"decode\",tier="), std::string::npos) << text;
+  EXPECT_EQ(text.find("pdserve:worker_kv_tier_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"}"),
+            std::string::npos) << "the disk tier's capacity is in bytes\n" << text;
+  EXPECT_EQ(text.find("pdserve:worker_kv_tier_bytes{worker=\"a:3\",role=\"aggregated\",tier=\"host\"}"),
+            std::string::npos) << text;
+  for (const char* want : {"pdserve:worker_kv_tier_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 400",
+                           "pdserve:worker_kv_tier_cached_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 120",
+                           "pdserve:worker_kv_tier_loaded_blocks_total{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 60",
+                           "pdserve:worker_kv_tier_cached_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 64",
+                           "pdserve:worker_kv_tier_hit_tokens_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 256",
+                           "pdserve:worker_kv_tier_bytes{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 1048576",
+                           "pdserve:worker_kv_tier_dropped_blocks_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 16",
+                           "pdserve:worker_kv_tier_evicted_blocks_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 8",
+                           "pdserve:worker_kv_tier_corrupt_files_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 1",
+                           "# TYPE pdserve:worker_kv_tier_bytes gauge"})
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   for (const char* want : {"pdserve:num_requests_running 3", "pdserve:num_requests_waiting 2",
                            "pdserve:time_to_first_token_seconds_count 1", "pdserve:time_per_output_token_seconds_count 1",
                            "pdserve:e2e_request_latency_seconds_count 1",
