@@ -7,7 +7,7 @@
 # warm directory of the one before. Each row: the servers' hit rate, its ratio to the full arm's,
 # TTFT median / p90 for turns >= 2 and their ratio to the full arm's, and the workers' preemptions.
 #   bench/tiers.sh MODEL [pdserve up topology flags...] [-- bench flags...]
-# Topology defaults to one aggregated worker; bench flags to the multiturn workload's defaults.
+# Topology defaults to one aggregated worker; bench flags to 64 sessions, 4 requests in flight.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pdserve=${PDSERVE:-$root/build/tools/pdserve}
@@ -21,6 +21,9 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 bench=("$@")
 [ ${#topology[@]} -gt 0 ] || topology=(--aggregated 1)
+# 64 open sessions, 4 requests in flight: the servers hold many histories between turns while
+# computing few, the case a tier below the device cache is for.
+[ ${#bench[@]} -gt 0 ] || bench=(--sessions 64 --max-inflight 4)
 work=$(mktemp -d)
 up_pid=""
 stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
