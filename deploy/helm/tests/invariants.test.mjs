@@ -354,6 +354,33 @@ test('/dev/shm is a memory emptyDir sized from TP; hugepages optional', () => {
   for (const role of ROLES) assert.ok(mainContainer(deployment(docs, role)).volumeMounts.some((m) => m.name === 'dshm' && m.mountPath === '/dev/shm'));
 });
 
+// The KV cache's tiers (docs/kv_offload.md): hostKvBytes is --host-kv-bytes; kvOffload mounts its
+// volume (an emptyDir by default, or what the values name) at the --kv-offload-dir it passes.
+test('kvOffload: the filesystem tier\'s volume, mount and flags; none while disabled', () => {
+  const docs = render({ set: ['decode.hostKvBytes=68719476736', 'decode.kvOffload.enabled=true',
+    'prefill.hostKvBytes=1073741824', 'prefill.kvOffload.enabled=true', 'prefill.kvOffload.maxBytes=null',
+    'prefill.kvOffload.volume.emptyDir=null', 'prefill.kvOffload.volume.persistentVolumeClaim.claimName=pd-kv'] }).docs;
+  const vol = (role) => deployment(docs, role).spec.template.spec.volumes.find((v) => v.name === 'kv-offload');
+  const mount = (role) => mainContainer(deployment(docs, role)).volumeMounts.find((m) => m.name === 'kv-offload');
+  const c = (role) => mainContainer(deployment(docs, role));
+  assert.deepEqual(vol('decode'), { name: 'kv-offload', emptyDir: { sizeLimit: '64Gi' } });
+  assert.deepEqual(vol('prefill'), { name: 'kv-offload', persistentVolumeClaim: { claimName: 'pd-kv' } });
+  for (const role of ROLES) {
+    assert.equal(mount(role).mountPath, '/var/cache/pdserve-kv', role);
+    assert.equal(flag(c(role), '--kv-offload-dir'), '/var/cache/pdserve-kv', role);
+  }
+  assert.equal(flag(c('decode'), '--host-kv-bytes'), '68719476736');
+  assert.equal(flag(c('decode'), '--kv-offload-dir-bytes'), '60000000000');
+  assert.equal(flag(c('prefill'), '--kv-offload-dir-bytes'), undefined, 'maxBytes null: no cap');
+  const off = render({}).docs;
+  for (const role of ROLES) {
+    const d = deployment(off, role);
+    assert.equal(d.spec.template.spec.volumes.some((v) => v.name === 'kv-offload'), false, role);
+    assert.equal(flag(mainContainer(d), '--kv-offload-dir'), undefined, role);
+    assert.equal(flag(mainContainer(d), '--host-kv-bytes'), undefined, role);
+  }
+});
+
 test('the shared ConfigMap is in every pdserve container and its checksum rolls the pods', () => {
   const a = render().docs;
   const b = render({ set: ['logLevel=debug'] }).docs;

@@ -125,6 +125,18 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- if and (eq (toString $w.rollout.maxSurge) "0") (eq (toString $w.rollout.maxUnavailable) "0") -}}
 {{- $errors = append $errors (printf "%s.rollout.maxSurge and %s.rollout.maxUnavailable are both 0: a rollout could never start" $role $role) -}}
 {{- end -}}
+{{- with $w.kvOffload -}}
+{{- if and .enabled (not (gt (default 0 $w.hostKvBytes | int64) 0)) -}}
+{{- $errors = append $errors (printf "%s.kvOffload.enabled needs %s.hostKvBytes: the filesystem tier stores and loads through the host tier" $role $role) -}}
+{{- end -}}
+{{- if and .enabled (ne (len (keys .volume)) 1) -}}
+{{- $errors = append $errors (printf "%s.kvOffload.volume must name one volume source (e.g. emptyDir or persistentVolumeClaim), not %d" $role (len (keys .volume))) -}}
+{{- end -}}
+{{- $sizeLimit := dig "emptyDir" "sizeLimit" "" .volume -}}
+{{- if and .enabled $sizeLimit (kindIs "invalid" .maxBytes) -}}
+{{- $errors = append $errors (printf "%s.kvOffload.maxBytes must be set with an emptyDir sizeLimit (%s): the kubelet evicts a pod whose emptyDir outgrows it" $role $sizeLimit) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $w.hugepages.enabled (not (hasKey (default (dict) $w.resources.requests) "memory")) -}}
 {{- $errors = append $errors (printf "%s.hugepages.enabled needs %s.resources.requests.memory (Kubernetes requires a memory or CPU request beside hugepages)" $role $role) -}}
 {{- end -}}
