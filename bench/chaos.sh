@@ -5,9 +5,13 @@
 # seconds (`up` restarts it on its address; the router migrates what it was serving), and the
 # router once half-way (`up` restarts it too; clients resend what failed UNAVAILABLE). At the
 # end: requests sent, failed, resent, outputs unlike the in-process engine's, kills, migrations,
-# and whether every block came back in every worker's pool. Exit 0 only if nothing failed, every
-# output was equal and no block leaked.
+# and whether every block came back in every worker's pool (the host tiers' too), and how many file
+# descriptors each worker gained over its life. Exit 0 only if nothing failed, every output was
+# equal, no block leaked and no worker gained more than 64 descriptors.
 #   bench/chaos.sh MODEL [MINUTES=30] [CONCURRENCY=16] [KILL_EVERY=20] [KV_MODE=push]
+# CHAOS_UP_FLAGS adds `pdserve up` flags, e.g. a small device cache and a host tier, so that
+# preemption and the tiers run under the kills:
+#   CHAOS_UP_FLAGS="--kv-cache-bytes 3000000 --host-kv-bytes 67108864" bench/chaos.sh stories260K 5
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pdserve=${PDSERVE:-$root/build/tools/pdserve}
@@ -20,7 +24,8 @@ work=$(mktemp -d)
 up_pid=""
 # Its own copy of the binaries (`up` finds the others beside itself), so that a rebuild meanwhile
 # cannot take a binary away from a restart.
-mkdir -p "$work/bin"
+mkdir -p "$work/bin" "$work/fds"
+read -r -a up_flags <<<"${CHAOS_UP_FLAGS:-}"
 build=$(dirname "$(dirname "$pdserve")")
 for b in "$pdserve" "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router"; do
   cp "$b" "$work/bin/"
@@ -30,13 +35,29 @@ trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/d
 
 # Every prompt on a prefill worker (no decode-local prefill): their deaths are part of the chaos.
 "$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 --local-prefill-tokens 0 \
-  >"$work/up.out" 2>"$work/up.err" &
+  "${up_flags[@]}" >"$work/up.out" 2>"$work/up.err" &
 up_pid=$!
 for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
 router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
 http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
 [ -n "$router" ] || { cat "$work/up.err" >&2; echo "chaos: the cluster did not start" >&2; exit 1; }
-echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s"
+echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}"
+
+worker_pids() {  # The children of `up` that are workers.
+  for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qE -- '--role (prefill|decode) ' && echo "$p"
+  done
+}
+( # Every 2 s, each worker's open descriptors: a file per pid, first and latest count.
+  while kill -0 "$up_pid" 2>/dev/null; do
+    for p in $(worker_pids); do
+      n=$(ls "/proc/$p/fd" 2>/dev/null | wc -l) || continue
+      [ -s "$work/fds/$p" ] || echo "$n" >"$work/fds/$p"
+      echo "$n" >"$work/fds/$p.last"
+    done
+    sleep 2
+  done ) &
+fd_sampler=$!
 
 end=$(( $(date +%s) + minutes * 60 ))
 kills=0
@@ -54,8 +75,7 @@ half=$(( $(date +%s) + minutes * 30 ))
       router_killed=1
       continue
     fi
-    mapfile -t workers < <(for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
-      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qE -- '--role (prefill|decode) ' && echo "$p"; done)
+    mapfile -t workers < <(worker_pids)
     [ ${#workers[@]} -gt 0 ] || continue
     victim=${workers[RANDOM % ${#workers[@]}]}
     kill -9 "$victim" 2>/dev/null && echo "kill $victim $(date +%s)" >>"$work/kills"
@@ -93,20 +113,34 @@ import re, sys
 m = sys.argv[1]
 def gauge(name):
     return {w: float(v) for w, v in re.findall(name + r'\{worker="([^"]+)",role="[^"]+"\} (\S+)', m)}
+def tier(name):
+    return {w: float(v) for w, v in re.findall(name + r'\{worker="([^"]+)",role="[^"]+",tier="host"\} (\S+)', m)}
 up, free, total = gauge("pdserve:worker_up"), gauge("pdserve:kv_cache_free_blocks"), gauge("pdserve:kv_cache_total_blocks")
+host_free, host_total = tier("pdserve:worker_kv_tier_free_blocks"), tier("pdserve:worker_kv_tier_blocks")
 if len(up) != 4 or any(v != 1 for v in up.values()): print("unsettled")
-else: print(sum(total[w] - free[w] for w in total))
+else: print(sum(total[w] - free[w] for w in total) + sum(host_total[w] - host_free.get(w, 0) for w in host_total))
 PY
 )
   [ "$leaked" = "0.0" ] && break
   sleep 0.2
 done
+sleep 3  # A last descriptor sample, idle.
+kill "$fd_sampler" 2>/dev/null || true
+fd_growth=0
+for f in "$work"/fds/*.last; do
+  [ -e "$f" ] || continue
+  g=$(( $(cat "$f") - $(cat "${f%.last}") ))
+  [ "$g" -gt "$fd_growth" ] && fd_growth=$g
+done
 restarts=$(grep -c 'restarting it' "$work/up.err" || true)
 accounting=$(grep -c 'block-accounting bug' "$work/up.err" || true)
-printf 'requests\tfailed\tresent\tmismatched\tkills\trestarts\tmigrations\tblocks not back\tblock-accounting errors\n'
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" "$leaked" "$accounting"
-if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ]; then
+preemptions=$(python3 -c 'import re,sys; print(int(sum(float(v) for v in re.findall(r"^pdserve:worker_preemptions_total\{[^}]*\} (\S+)", sys.argv[1], re.M))))' "$metrics")
+printf 'requests\tfailed\tresent\tmismatched\tkills\trestarts\tmigrations\tpreemptions*\tblocks not back\tblock-accounting errors\tmax fd growth\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" \
+  "$preemptions" "$leaked" "$accounting" "$fd_growth"
+echo "(* by the workers alive at the end, since their start)"
+if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ] || [ "$fd_growth" -gt 64 ]; then
   keep="${CHAOS_KEEP:-${TMPDIR:-/tmp}}/chaos-up-$$.log"
   cp "$work/up.err" "$keep" && echo "chaos: the cluster's log is kept in $keep" >&2
 fi
-[ "$failed" -eq 0 ] && [ "$mismatched" -eq 0 ] && [ "$leaked" = "0.0" ] && [ "$accounting" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$mismatched" -eq 0 ] && [ "$leaked" = "0.0" ] && [ "$accounting" -eq 0 ] && [ "$fd_growth" -le 64 ]

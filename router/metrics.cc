@@ -228,6 +228,9 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
   const TierGauge tier_gauges[] = {
       {"pdserve:worker_kv_tier_blocks", "Blocks the worker's host KV tier holds at most (per rank).", true, false,
        [](const Tier& t) { return double(t.blocks); }},
+      {"pdserve:worker_kv_tier_free_blocks",
+       "Blocks of the worker's host KV tier free or holding an evictable cached key (none being read).", true, false,
+       [](const Tier& t) { return double(t.free_blocks); }},
       {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.", true, true,
        [](const Tier& t) { return double(t.cached_blocks); }},
       {"pdserve:worker_kv_tier_hit_tokens_total",

@@ -58,7 +58,7 @@ struct WorkerGauges {
   // A KV cache tier below the device's (WorkerInfo.host_tier, .disk_tier).
   struct Tier {
     bool present = false;
-    int blocks = 0, cached_blocks = 0;
+    int blocks = 0, free_blocks = 0, cached_blocks = 0;  // free_blocks: host only.
     uint64_t hit_tokens = 0, stored_blocks = 0, loaded_blocks = 0;
     uint64_t bytes = 0, dropped_blocks = 0, evicted_blocks = 0, corrupt_files = 0;  // Disk only.
   };

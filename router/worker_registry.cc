@@ -303,9 +303,17 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.kv_transfer_seconds = w.info.kv_transfer_seconds();
     g.preemptions = w.info.preemptions_total();
     auto tier = [](bool present, const worker::KvTierStats& t) {
-      return WorkerGauges::Tier{present,          t.blocks(),      t.cached_blocks(),        t.hit_tokens_total(),
-                                t.stored_blocks_total(), t.loaded_blocks_total(), t.bytes(),
-                                t.dropped_blocks_total(), t.evicted_blocks_total(), t.corrupt_files_total()};
+      return WorkerGauges::Tier{present,
+                                t.blocks(),
+                                t.free_blocks(),
+                                t.cached_blocks(),
+                                t.hit_tokens_total(),
+                                t.stored_blocks_total(),
+                                t.loaded_blocks_total(),
+                                t.bytes(),
+                                t.dropped_blocks_total(),
+                                t.evicted_blocks_total(),
+                                t.corrupt_files_total()};
     };
     g.host = tier(w.info.has_host_tier(), w.info.host_tier());
     g.disk = tier(w.info.has_disk_tier(), w.info.disk_tier());

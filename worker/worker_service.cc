@@ -94,6 +94,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     KvTierStats* host = reply->mutable_host_tier();
     host->set_blocks(st.engine.host_blocks);
     host->set_cached_blocks(st.engine.host_cached_blocks);
+    host->set_free_blocks(st.engine.host_free_blocks);
     host->set_hit_tokens_total(st.engine.host_hit_tokens);
     host->set_stored_blocks_total(st.engine.host_stored_blocks);
     host->set_loaded_blocks_total(st.engine.host_loaded_blocks);

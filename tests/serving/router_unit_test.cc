@@ -401,8 +401,8 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
   aggregated.role = "aggregated";
   // Tiers: the host's under tier="host" (capacity in blocks), the disk's under tier="disk" (bytes,
   // drops, evictions, corrupt files); a worker without a tier has no tier samples.
-  aggregated.host = {true, 400, 120, 512, 130, 60};
-  aggregated.disk = {true, 0, 64, 256, 96, 32, 1 << 20, 16, 8, 1};
+  aggregated.host = {true, 400, 390, 120, 512, 130, 60};
+  aggregated.disk = {true, 0, 0, 64, 256, 96, 32, 1 << 20, 16, 8, 1};
   const std::string text = m.render(3, 2, {w, aggregated});
   EXPECT_EQ(text.find("pdserve:worker_kv_transfer_requests_total{worker=\"a:3\""), std::string::npos) << text;
   EXPECT_EQ(text.find("{worker=\"d:2\",role=\"decode\",tier="), std::string::npos) << text;
@@ -412,6 +412,7 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
             std::string::npos) << text;
   for (const char* want : {"pdserve:worker_kv_tier_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 400",
                            "pdserve:worker_kv_tier_cached_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 120",
+                           "pdserve:worker_kv_tier_free_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 390",
                            "pdserve:worker_kv_tier_loaded_blocks_total{worker=\"a:3\",role=\"aggregated\",tier=\"host\"} 60",
                            "pdserve:worker_kv_tier_cached_blocks{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 64",
                            "pdserve:worker_kv_tier_hit_tokens_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 256",
