@@ -15,6 +15,9 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pdserve=${PDSERVE:-$root/build/tools/pdserve}
+if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
+  export PDSERVE_MODEL_PATH="$root/../shared/models"
+fi
 model=${1:?usage: $0 MODEL [MINUTES] [CONCURRENCY] [KILL_EVERY] [KV_MODE]}
 minutes=${2:-30}
 concurrency=${3:-16}

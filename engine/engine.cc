@@ -433,9 +433,9 @@ void Engine::grow_blocks() {
   std::vector<std::unique_ptr<Sequence>> preempted;  // Newest first.
   for (size_t i = 0; i < running_.size();) {
     Sequence& s = *running_[i];
-    bool s_preempted = false;
+    bool s_gone = false;  // Preempted, or failed: running_[i] is the next sequence now.
     // A step writes the KV of every token not yet computed: the last sampled one when decoding.
-    while (!s_preempted && int(s.blocks.size()) < blocks_for(int(s.tokens.size()), b)) {
+    while (!s_gone && int(s.blocks.size()) < blocks_for(int(s.tokens.size()), b)) {
       if (auto more = blocks_->allocate(1); more.ok()) {
         s.blocks.push_back(more->front());
         continue;
@@ -445,14 +445,23 @@ void Engine::grow_blocks() {
       // blocks are their caller's, and they never grow (admission gave them all they write).
       size_t victim = running_.size();
       while (victim > i && running_[victim - 1]->request.handoff.prefill_only) --victim;
-      if (victim == i) break;
+      if (victim == i) {
+        // Only `s` prefill-only leaves no victim, and admission gave it every block it writes:
+        // this is a bug, and the request fails rather than have the step write past its blocks.
+        PD_LOG_ERROR("prefill-only request {} is short of KV blocks ({} held, {} needed)", s.request.id,
+                     s.blocks.size(), blocks_for(int(s.tokens.size()), b));
+        finish(s, FinishReason::kAbort, absl::InternalError("a prefill-only request ran short of KV blocks"));
+        running_.erase(running_.begin() + int64_t(i));
+        s_gone = true;
+        break;
+      }
       --victim;
       preempt(*running_[victim]);
       preempted.push_back(std::move(running_[victim]));
       running_.erase(running_.begin() + int64_t(victim));
-      s_preempted = victim == i;
+      s_gone = victim == i;
     }
-    if (!s_preempted) ++i;
+    if (!s_gone) ++i;
   }
   if (preempted.empty()) return;
   std::lock_guard lock(mu_);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "common/logging.h"
 
@@ -172,8 +173,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
       return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source.blocks_size(), " blocks; a prompt of ",
                                                      prompt_len, " tokens fills ", blocks_for(prompt_len, block_size)));
     PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
-                        engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
-                                                      request.cache_salt(), prompt_len));
+                        reserve_for_pull(request, prompt_len, cancelled));
     const std::vector<int> blocks = std::move(reservation.blocks);
     Job job;
     job.push = false;
@@ -209,6 +209,24 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
   prepared.request.cache_salt = request.cache_salt();
   prepared.request.handoff.first_token_streamed = request.first_token_streamed();
   return prepared;
+}
+
+StatusOr<engine::Engine::Reservation> DecodeRole::reserve_for_pull(const WorkerGenerateRequest& request, int prompt_len,
+                                                                   const std::function<bool()>& cancelled) {
+  // The pool may be short now (decoding sequences grow on demand): the prompt's blocks come
+  // back as sequences finish, and the producer holds the KV under its lease meanwhile, so wait
+  // for them up to half of it rather than fail a request that fits the pool (fits() said so).
+  // Push waits in the router instead, around Reserve.
+  const TimePoint give_up = clock_->now() + lease_ / 2;
+  Duration backoff = std::chrono::milliseconds(1);
+  for (;;) {
+    auto reserved = engine_.reserve_cached_blocks({request.prompt().begin(), request.prompt().end()},
+                                                  request.cache_salt(), prompt_len);
+    if (reserved.ok() || !absl::IsResourceExhausted(reserved.status()) || clock_->now() >= give_up) return reserved;
+    if (cancelled()) return absl::CancelledError(absl::StrCat("request ", request.request_id(), " cancelled"));
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min<Duration>(backoff * 2, std::chrono::milliseconds(50));
+  }
 }
 
 StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::unique_lock<std::mutex>& lock,

@@ -59,6 +59,9 @@ class DecodeRole {
  private:
   struct Job;
   DecodeRole(engine::Engine& engine, const Clock* clock, Duration lease);
+  // Pull: the prompt's blocks, waiting (up to half the lease) while the pool is short.
+  StatusOr<engine::Engine::Reservation> reserve_for_pull(const WorkerGenerateRequest& request, int prompt_len,
+                                                         const std::function<bool()>& cancelled);
   StatusOr<PreparedDecode> wait_ready(const std::string& id, std::unique_lock<std::mutex>& lock,
                                       const std::function<bool()>& cancelled);
   void post_transfer(const std::string& id, const std::function<Status(int, kvtransfer::KvRankEndpoint&)>& command);

@@ -14,30 +14,12 @@
 #include <random>
 #include <thread>
 
+#include "tests/engine/temp_files.h"
+
 namespace pdserve::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("pdserve-fs-kv-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-std::vector<fs::path> files_in(const std::string& dir, const std::string& suffix) {
-  std::vector<fs::path> out;
-  for (const auto& f : fs::recursive_directory_iterator(dir))
-    if (f.is_regular_file() && f.path().string().ends_with(suffix)) out.push_back(f.path());
-  return out;
-}
-
-bool has_temp_files(const std::string& dir) {
-  for (const auto& f : fs::recursive_directory_iterator(dir))
-    if (f.path().filename().string().find(".tmp.") != std::string::npos) return true;
-  return false;
-}
 
 // The tier alone: chunks whose payload is a function of their keys.
 FsKvTier::Chunk chunk_of(uint64_t n) {
@@ -70,7 +52,7 @@ FsKvTier::Options tier_options(const std::string& dir) {
 // kill -9 at 1,000 random points of the write path (writers in child processes), then a restart:
 // no temporary file remains, and every chunk file reads back exactly what was written.
 TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
-  const std::string dir = fresh_dir("kill");
+  const std::string dir = testing::fresh_dir("fs-kv-kill");
   std::mt19937 rng(11);
   int mid_write = 0;  // Kills that left a temporary file.
   for (int kill_point = 0; kill_point < 1000; ++kill_point) {
@@ -100,12 +82,12 @@ TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
     ::waitpid(child, &status, 0);
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer exited on its own: " << status;
     // The next writer's start removes this one's temporary file, as a restart would.
-    mid_write += has_temp_files(dir);
+    mid_write += testing::has_temp_files(dir);
   }
   EXPECT_GT(mid_write, 10) << "too few kills landed mid-write";
   auto tier = FsKvTier::create(tier_options(dir));
   ASSERT_TRUE(tier.ok()) << tier.status();
-  EXPECT_FALSE(has_temp_files(dir));
+  EXPECT_FALSE(testing::has_temp_files(dir));
   int whole = 0;
   for (uint64_t n = 0; n < 1000 * 4 + 64; ++n) {
     const FsKvTier::Chunk c = chunk_of(n);
@@ -129,7 +111,7 @@ TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
 // Eviction keeps the bytes under the cap and the tier's file count equal to the directory's while
 // the background scan runs beside the writer.
 TEST(FsKvTier, EvictsOverTheCap) {
-  const std::string dir = fresh_dir("cap");
+  const std::string dir = testing::fresh_dir("fs-kv-cap");
   FsKvTier::Options o = tier_options(dir);
   o.max_bytes = 20 * (20 << 10);
   auto tier = FsKvTier::create(o);
@@ -144,7 +126,7 @@ TEST(FsKvTier, EvictsOverTheCap) {
   const FsKvTier::Counters c = (*tier)->counters();
   EXPECT_EQ(c.dropped_chunks, 0u);
   EXPECT_GT(c.evicted_files, 0u);
-  EXPECT_EQ(files_in(dir, ".kvc").size(), c.files);
+  EXPECT_EQ(testing::files_in(dir, ".kvc").size(), c.files);
   // The newest chunk survived (eviction takes the least recently used first); the first did not.
   EXPECT_TRUE((*tier)->load(chunk_of(59).keys, chunk_of(59).tokens).has_value());
   EXPECT_FALSE((*tier)->load(chunk_of(0).keys, chunk_of(0).tokens).has_value());
@@ -154,7 +136,7 @@ TEST(FsKvTier, EvictsOverTheCap) {
 // the loop, so each store is a push under a lock while each write is a file's open, writes,
 // fdatasync and rename: a queue of two cannot keep up with thousands of them.
 TEST(FsKvTier, DropsWhenTheQueueIsFull) {
-  const std::string dir = fresh_dir("drops");
+  const std::string dir = testing::fresh_dir("fs-kv-drops");
   FsKvTier::Options o = tier_options(dir);
   o.max_queued_chunks = 2;
   auto tier = FsKvTier::create(o);
@@ -168,7 +150,7 @@ TEST(FsKvTier, DropsWhenTheQueueIsFull) {
   EXPECT_EQ(c.stored_chunks, uint64_t(accepted));
   EXPECT_EQ(c.dropped_chunks, uint64_t(2000 - accepted));
   EXPECT_GT(c.dropped_chunks, 0u);
-  EXPECT_EQ(files_in(dir, ".kvc").size(), c.files);
+  EXPECT_EQ(testing::files_in(dir, ".kvc").size(), c.files);
   EXPECT_EQ(c.files, c.stored_chunks);
 }
 
@@ -177,7 +159,7 @@ TEST(FsKvTier, DropsWhenTheQueueIsFull) {
 // catches up within a few rounds; the round limit only bounds a broken tier), then, once all are
 // stored, every chunk reads back exactly.
 TEST(FsKvTier, ConcurrentStoresAndLoadsStayExact) {
-  const std::string dir = fresh_dir("threads");
+  const std::string dir = testing::fresh_dir("fs-kv-threads");
   auto tier = FsKvTier::create(tier_options(dir));
   ASSERT_TRUE(tier.ok()) << tier.status();
   std::vector<FsKvTier::Chunk> chunks;

@@ -11,20 +11,13 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "tests/engine/temp_files.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::engine {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the test's temporary directory.
-std::string fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / ("pdserve-fs-tier-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
 
 std::unique_ptr<Engine> make_engine(const std::string& dir, int tp = 1) {
   auto model = load_model({pdserve::testing::stories_bin()});
@@ -54,24 +47,11 @@ GenerationResult run(Engine& e, const std::vector<int>& prompt) {
   return r.ok() ? *r : GenerationResult{};
 }
 
-std::vector<fs::path> files_in(const std::string& dir, const std::string& suffix) {
-  std::vector<fs::path> out;
-  for (const auto& f : fs::recursive_directory_iterator(dir))
-    if (f.is_regular_file() && f.path().string().ends_with(suffix)) out.push_back(f.path());
-  return out;
-}
-
-bool has_temp_files(const std::string& dir) {
-  for (const auto& f : fs::recursive_directory_iterator(dir))
-    if (f.path().filename().string().find(".tmp.") != std::string::npos) return true;
-  return false;
-}
-
 // The scenario: ten distinct ~375-token prompts, then the first five again, with the
 // same text and ≥ 256 cached tokens each; after a restart on the same directory, again (from the
 // files: the new engine's device and host tiers start empty).
 TEST(FsTier, ServesEarlierPromptsAgainAfterARestart) {
-  const std::string dir = fresh_dir("restart");
+  const std::string dir = testing::fresh_dir("fs-tier-restart");
   std::vector<std::vector<int>> first;
   {
     auto e = make_engine(dir);
@@ -82,7 +62,7 @@ TEST(FsTier, ServesEarlierPromptsAgainAfterARestart) {
       EXPECT_GE(again.cached_tokens, 256) << i;
     }
   }  // Destroyed: its queued writes finish.
-  EXPECT_GE(files_in(dir, ".kvc").size(), 10u);
+  EXPECT_GE(testing::files_in(dir, ".kvc").size(), 10u);
   auto e = make_engine(dir);
   for (int i = 0; i < 5; ++i) {
     const GenerationResult again = run(*e, prompt_of(375, i));
@@ -94,12 +74,12 @@ TEST(FsTier, ServesEarlierPromptsAgainAfterARestart) {
   EXPECT_GE(s.disk_loaded_chunks, 5u);
   EXPECT_EQ(s.free_blocks, s.num_blocks);
   EXPECT_EQ(s.host_free_blocks, s.host_blocks);
-  EXPECT_FALSE(has_temp_files(dir));
+  EXPECT_FALSE(testing::has_temp_files(dir));
 }
 
 // The files' payload is TP-independent: written by a TP 1 engine, read by a TP 2 one.
 TEST(FsTier, FilesWrittenAtOneTpServeAnother) {
-  const std::string dir = fresh_dir("tp");
+  const std::string dir = testing::fresh_dir("fs-tier-tp");
   std::vector<std::vector<int>> want;
   {
     auto e = make_engine(dir, 1);
@@ -117,14 +97,14 @@ TEST(FsTier, FilesWrittenAtOneTpServeAnother) {
 // Every file damaged — a bit flipped anywhere, or cut short — is a miss: deleted, counted, and
 // the prompt computed, with the same tokens.
 TEST(FsTier, CorruptFilesAreMissesNeverWrongOutput) {
-  const std::string dir = fresh_dir("corrupt");
+  const std::string dir = testing::fresh_dir("fs-tier-corrupt");
   std::vector<std::vector<int>> want;
   {
     auto e = make_engine(dir);
     for (int i = 0; i < 6; ++i) want.push_back(run(*e, prompt_of(300, i)).token_ids);
   }
   std::mt19937 rng(9);
-  const auto files = files_in(dir, ".kvc");
+  const auto files = testing::files_in(dir, ".kvc");
   ASSERT_EQ(files.size(), 6u);
   for (size_t i = 0; i < files.size(); ++i) {
     const uint64_t size = fs::file_size(files[i]);

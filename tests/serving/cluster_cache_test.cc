@@ -4,7 +4,8 @@
 // turn after the first of a multi-turn conversation reports cached tokens; after a randomized
 // multi-turn workload, the router's KV index (/debug/kv_index, and its /metrics) equals each
 // worker's engine key set (Worker.Info with include_cached_keys) within 1 s of quiescence; and
-// decode-local prefill takes the short uncached parts off the prefill workers.
+// decode-local prefill takes the short uncached parts off the prefill workers; and P/D under KV
+// pressure serves more requests at once than the decode cache holds, each with its own tokens.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -350,6 +351,47 @@ TEST(DecodeLocalPrefill, IsRefusedWhereNoDecodeWorkerChoosesIt) {
   EXPECT_EQ(router.exit_code, 2);
   EXPECT_NE(router.out.find("needs --kv-mode push or pull"), std::string::npos) << router.out;
 }
+
+// P/D under KV pressure, push and pull on 1 prefill + 1 decode worker whose device caches hold
+// about two of these requests (host tiers beside them): 12 requests at once all complete, each
+// with the tokens it gets alone on the same cluster, while the decode worker preempts (its
+// sequences grow block by block) and new prompts wait for room — in pull on the decode worker,
+// for the blocks the transferred prompt needs, in push in the router, around Reserve.
+class ClusterPressure : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterPressure, MoreRequestsThanTheDecodeCacheHoldsAllCompleteWithTheirOwnTokens) {
+  Cluster cluster({"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--kv-cache-bytes", "1500000",
+                   "--host-kv-bytes", "67108864", "--kv-events", "off"});
+  ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
+  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+  auto stub = v1::Generation::NewStub(channel);
+  std::mt19937 rng(23);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int> p = {1};
+    for (int t : random_tokens(rng, 100 + int(rng() % 40))) p.push_back(t);
+    prompts.push_back(p);
+  }
+  const int kMaxTokens = 200;  // With the prompt, 19 to 21 of the 73 blocks each.
+  std::vector<Served> together(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] { together[i] = generate(*stub, prompts[i], kMaxTokens); });
+  for (auto& t : threads) t.join();
+  const double preemptions = router_metric_sum(cluster.http_port(), "pdserve:worker_preemptions_total");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(together[i].error.empty()) << i << ": " << together[i].error;
+    const Served alone = generate(*stub, prompts[i], kMaxTokens);
+    ASSERT_TRUE(alone.error.empty()) << alone.error;
+    EXPECT_EQ(together[i].output, alone.output) << i;
+    EXPECT_EQ(int(together[i].output.size()), kMaxTokens) << i;
+  }
+  std::cerr << GetParam() << ": " << preemptions << " preemptions\n";
+  EXPECT_GT(preemptions, 0) << "the decode cache was never short";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ClusterPressure, ::testing::Values("push", "pull"));
 
 }  // namespace
 }  // namespace pdserve
