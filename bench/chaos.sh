@@ -48,7 +48,7 @@ echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $conc
 
 worker_pids() {  # The children of `up` that are workers.
   for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
-    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qE -- '--role (prefill|decode) ' && echo "$p"
+    tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qE -- '--role (prefill|decode) ' && echo "$p"
   done
 }
 ( # Every 2 s, each worker's open descriptors: a file per pid, first and latest count.
@@ -72,7 +72,7 @@ half=$(( $(date +%s) + minutes * 30 ))
     sleep "$kill_every"
     if [ "$router_killed" = 0 ] && [ "$(date +%s)" -ge "$half" ]; then
       for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
-        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q 'pdserve-router ' &&
+        tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q 'pdserve-router ' &&
           kill -9 "$p" 2>/dev/null && echo "kill router $p $(date +%s)" >>"$work/kills"
       done
       router_killed=1
