@@ -379,7 +379,11 @@ TEST_P(ClusterPressure, MoreRequestsThanTheDecodeCacheHoldsAllCompleteWithTheirO
   for (size_t i = 0; i < prompts.size(); ++i)
     threads.emplace_back([&, i] { together[i] = generate(*stub, prompts[i], kMaxTokens); });
   for (auto& t : threads) t.join();
-  const double preemptions = router_metric_sum(cluster.http_port(), "pdserve:worker_preemptions_total");
+  // The workers' counters reach the router with its health polls.
+  double preemptions = 0;
+  for (auto deadline = std::chrono::steady_clock::now() + 10s;
+       preemptions <= 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms))
+    preemptions = router_metric_sum(cluster.http_port(), "pdserve:worker_preemptions_total");
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_TRUE(together[i].error.empty()) << i << ": " << together[i].error;
     const Served alone = generate(*stub, prompts[i], kMaxTokens);
