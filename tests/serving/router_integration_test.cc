@@ -164,7 +164,9 @@ TEST_F(RouterAggregated, GreedyThroughGrpcAndHttpEqualsInProcessAndHealthIsServi
     ++chunks;
   }
   EXPECT_EQ(last_data, "[DONE]");
-  EXPECT_GT(chunks, 1);
+  // One chunk per worker stream message: on a loaded machine every token can come in one (the
+  // worker sends what the engine produced since its last write), so only "at least one" holds.
+  EXPECT_GE(chunks, 1);
   EXPECT_EQ(text, ref["text"]);
   EXPECT_EQ(finish, ref["finish_reason"]);
 
