@@ -1,6 +1,5 @@
 #include "engine/fs_kv_tier.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>

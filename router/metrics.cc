@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 namespace pdserve::router {
 namespace {
@@ -252,12 +253,10 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
   };
   for (const TierGauge& g : tier_gauges) {
     append_header(out, g.name, g.help, std::string_view(g.name).ends_with("_total") ? "counter" : "gauge");
-    for (const WorkerGauges& w : workers) {
-      if (g.host && w.host.present)
-        append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "host"}}, g.value(w.host));
-      if (g.disk && w.disk.present)
-        append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", "disk"}}, g.value(w.disk));
-    }
+    for (const WorkerGauges& w : workers)
+      for (const auto& [has, tier, label] : {std::tuple{g.host, &w.host, "host"}, std::tuple{g.disk, &w.disk, "disk"}})
+        if (has && tier->present)
+          append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", label}}, g.value(*tier));
   }
   append_header(out, "pdserve:kv_staged_bytes_total",
                 "KV bytes a worker copied between device memory and its transfer mirror (staged kv_memory).", "counter");

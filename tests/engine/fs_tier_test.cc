@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "tests/engine/temp_files.h"
 #include "tests/engine/test_model.h"
+#include "tests/engine/tier_scenario.h"
 
 namespace pdserve::engine {
 namespace {
@@ -20,32 +21,16 @@ namespace {
 namespace fs = std::filesystem;
 
 std::unique_ptr<Engine> make_engine(const std::string& dir, int tp = 1) {
-  auto model = load_model({pdserve::testing::stories_bin()});
-  EXPECT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.tp = tp;
   o.kv_cache_bytes = 1500000 / uint64_t(tp);  // About two ~375-token requests.
   o.host_kv_bytes = (uint64_t(64) << 20) / uint64_t(tp);
   o.kv_offload_dir = dir;
-  auto e = Engine::create(std::move(*model), o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? std::move(*e) : nullptr;
+  return pdserve::testing::stories_engine(std::move(o));
 }
 
-std::vector<int> prompt_of(int n, int salt) {
-  std::vector<int> p = {1};
-  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
-  return p;
-}
-
-GenerationResult run(Engine& e, const std::vector<int>& prompt) {
-  SamplingParams p;
-  p.max_tokens = 8;
-  p.ignore_eos = true;
-  auto r = e.generate(prompt, p);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : GenerationResult{};
-}
+using pdserve::testing::prompt_of;
+using pdserve::testing::run;
 
 // The scenario: ten distinct ~375-token prompts, then the first five again, with the
 // same text and ≥ 256 cached tokens each; after a restart on the same directory, again (from the

@@ -10,6 +10,7 @@
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
+#include "tests/engine/tier_scenario.h"
 
 namespace pdserve::engine {
 namespace {
@@ -18,8 +19,6 @@ constexpr uint64_t kBlockBytes = 16 * 1280;  // stories260K at TP 1.
 
 StatusOr<std::unique_ptr<Engine>> try_engine(uint64_t device_bytes, uint64_t host_bytes, bool guarded = false,
                                              bool prefix_cache = true) {
-  auto model = load_model({pdserve::testing::stories_bin()});
-  if (!model.ok()) return model.status();
   EngineOptions o;
   o.kv_cache_bytes = device_bytes;
   o.host_kv_bytes = host_bytes;
@@ -28,7 +27,7 @@ StatusOr<std::unique_ptr<Engine>> try_engine(uint64_t device_bytes, uint64_t hos
     o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> {
       return pdserve::testing::make_guarded_backend();
     };
-  return Engine::create(std::move(*model), o);
+  return pdserve::testing::try_stories_engine(std::move(o));
 }
 
 std::unique_ptr<Engine> make_engine(uint64_t device_bytes, uint64_t host_bytes, bool guarded = false) {
@@ -37,20 +36,8 @@ std::unique_ptr<Engine> make_engine(uint64_t device_bytes, uint64_t host_bytes, 
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-std::vector<int> prompt_of(int n, int salt) {
-  std::vector<int> p = {1};
-  for (int i = 1; i < n; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
-  return p;
-}
-
-GenerationResult run(Engine& e, const std::vector<int>& prompt, int max_tokens = 8) {
-  SamplingParams p;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  auto r = e.generate(prompt, p);
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *r : GenerationResult{};
-}
+using pdserve::testing::prompt_of;
+using pdserve::testing::run;
 
 // The scenario on one engine: a device cache of ~2 requests (1,500,000 bytes: 73
 // blocks), 64 MiB of host tier; ten distinct ~375-token prompts, then the first five again.

@@ -144,19 +144,8 @@ const Outcome& cached_reference() {
   return r;
 }
 
-Answer generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, const Script& s, int c, int t) {
-  v1::GenerateRequest req;
-  for (int tok : prompt) req.mutable_token_ids()->add_ids(tok);
-  v1::SamplingParams* p = req.mutable_sampling();
-  p->set_max_tokens(s.max_tokens[size_t(t)]);
-  p->set_ignore_eos(true);
-  if (s.sampled) {
-    p->set_temperature(0.9f);
-    p->set_top_p(0.9f);
-    p->set_seed(int64_t(seed_of(c, t)));
-  } else {
-    p->set_temperature(0);
-  }
+// Sends `req` and reads its whole stream.
+Answer ask(v1::Generation::Stub& stub, const v1::GenerateRequest& req) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 60s);
   auto reader = stub.Generate(&ctx, req);
@@ -172,6 +161,22 @@ Answer generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, cons
   const grpc::Status st = reader->Finish();
   if (!st.ok()) a.error = st.error_message();
   return a;
+}
+
+Answer generate(v1::Generation::Stub& stub, const std::vector<int>& prompt, const Script& s, int c, int t) {
+  v1::GenerateRequest req;
+  for (int tok : prompt) req.mutable_token_ids()->add_ids(tok);
+  v1::SamplingParams* p = req.mutable_sampling();
+  p->set_max_tokens(s.max_tokens[size_t(t)]);
+  p->set_ignore_eos(true);
+  if (s.sampled) {
+    p->set_temperature(0.9f);
+    p->set_top_p(0.9f);
+    p->set_seed(int64_t(seed_of(c, t)));
+  } else {
+    p->set_temperature(0);
+  }
+  return ask(stub, req);
 }
 
 // One counter of the router's /metrics (0 when absent).
@@ -303,24 +308,13 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
     for (int i = 1; i < 375; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
     return p;
   };
-  auto ask = [](v1::Generation::Stub& stub, const std::vector<int>& prompt) {
+  auto greedy = [](v1::Generation::Stub& stub, const std::vector<int>& prompt) {
     v1::GenerateRequest req;
     for (int tok : prompt) req.mutable_token_ids()->add_ids(tok);
     req.mutable_sampling()->set_max_tokens(8);
     req.mutable_sampling()->set_ignore_eos(true);
     req.mutable_sampling()->set_temperature(0);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-    auto reader = stub.Generate(&ctx, req);
-    Answer a;
-    v1::GenerateResponse r;
-    while (reader->Read(&r)) {
-      a.tokens.insert(a.tokens.end(), r.token_ids().begin(), r.token_ids().end());
-      if (r.finished()) a.cached_tokens = r.cached_tokens();
-    }
-    const grpc::Status st = reader->Finish();
-    if (!st.ok()) a.error = st.error_message();
-    return a;
+    return ask(stub, req);
   };
   std::vector<std::vector<int>> first;
   for (int round = 0; round < 2; ++round) {
@@ -331,13 +325,13 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
     auto stub = v1::Generation::NewStub(channel);
     if (round == 0) {
       for (int i = 0; i < 10; ++i) {
-        const Answer a = ask(*stub, prompt_of(i));
+        const Answer a = greedy(*stub, prompt_of(i));
         ASSERT_TRUE(a.error.empty()) << a.error;
         first.push_back(a.tokens);
       }
     }
     for (int i = 0; i < 5; ++i) {
-      const Answer a = ask(*stub, prompt_of(i));
+      const Answer a = greedy(*stub, prompt_of(i));
       ASSERT_TRUE(a.error.empty()) << a.error;
       EXPECT_EQ(a.tokens, first[size_t(i)]) << "round " << round << " prompt " << i;
       EXPECT_GE(a.cached_tokens, 256) << "round " << round << " prompt " << i;
