@@ -45,14 +45,6 @@ TEST(Search, EnumeratesEveryTopologyWithinTheBudgetBothWays) {
   EXPECT_EQ(t.size(), 6u + 2u * (6u + 2u + 2u + 1u));
 }
 
-Candidate scored(double goodput, double tpot) {
-  Candidate c;
-  c.goodput_rps = goodput;
-  c.at_goodput.rate = goodput;
-  c.at_goodput.tpot_p50_s = tpot;
-  return c;
-}
-
 TEST(Search, RanksByGoodputPerRankThenFewerRanksAndMarksThePareto) {
   SearchSpace s;
   s.ranks = 2;
