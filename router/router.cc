@@ -36,6 +36,8 @@ Router::~Router() {
   }
   watchdog_cv_.notify_all();
   watchdog_.join();
+  std::unique_lock lock(aborts_mu_);
+  aborts_done_.wait(lock, [this] { return aborts_in_flight_ == 0; });
 }
 
 void Router::watchdog_loop() {
@@ -192,12 +194,18 @@ void Router::abort_on_workers(const std::string& worker_request_id, const std::v
     auto* call = new Call;
     call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     call->req.set_request_id(worker_request_id);
+    {
+      std::lock_guard lock(aborts_mu_);
+      ++aborts_in_flight_;
+    }
     registry_.stub(w)->async()->Abort(&call->ctx, &call->req, &call->resp,
-                                      [call, address = registry_.address(w)](grpc::Status s) {
+                                      [this, call, address = registry_.address(w)](grpc::Status s) {
                                         if (!s.ok())
                                           PD_LOG_DEBUG("Abort {} on {}: {}", call->req.request_id(), address,
                                                        s.error_message());
-                                        delete call;
+                                        delete call;  // Before the count: the destructor waits for it.
+                                        std::lock_guard lock(aborts_mu_);
+                                        if (--aborts_in_flight_ == 0) aborts_done_.notify_all();
                                       });
   }
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -216,6 +217,14 @@ class Router {
   std::condition_variable watchdog_cv_;
   bool stopping_ = false;
   std::thread watchdog_;
+
+  // Worker.Abort calls in flight; the destructor waits for them. Each call's ClientContext holds
+  // its channel, and a channel's last reference dropped on gRPC's callback thread tears down the
+  // completion queue that thread drains (libgrpc 1.51: a double free). The registry, which
+  // outlives the router, holds every channel while these wait.
+  std::mutex aborts_mu_;
+  std::condition_variable aborts_done_;
+  int aborts_in_flight_ = 0;
 };
 
 }  // namespace pdserve::router

@@ -78,6 +78,8 @@ class FakeWorker final : public worker::Worker::Service {
   std::atomic<bool> drop_logprobs{false};
   std::atomic<bool> drop_prompt_logprobs{false};  // An aggregated worker's, asked for.
   std::atomic<bool> prefill_finishes{false};  // Prefill says the first token ended the request.
+  std::chrono::milliseconds abort_delay{0};  // Abort answers after this long.
+  std::atomic<int> aborts_answered{0};
 
   // The log-probability this fake reports for `token` (distinct per token, so a shifted pairing
   // shows): its own and two alternatives, most likely first.
@@ -225,6 +227,8 @@ class FakeWorker final : public worker::Worker::Service {
   }
   grpc::Status Abort(grpc::ServerContext*, const worker::WorkerAbortRequest* req, worker::WorkerAbortResponse*) override {
     record("Abort:" + req->request_id());
+    std::this_thread::sleep_for(abort_delay);
+    ++aborts_answered;
     return grpc::Status::OK;
   }
 
@@ -272,6 +276,7 @@ class RouterFlow : public ::testing::Test {
              ServedModel model = stories_model()) {
     std::vector<WorkerRegistry::Endpoint> eps;
     for (auto& [w, role] : workers) eps.push_back({w->address, role});
+    router_.reset();  // Before its registry.
     registry_ = std::make_unique<WorkerRegistry>(eps, registry_options, clock);
     registry_->poll_once();
     router_ = std::make_unique<Router>(options, std::move(model), *registry_, metrics_, clock);
@@ -515,6 +520,26 @@ TEST_F(RouterFlow, OverloadIsResourceExhausted) {
 
 // An abort while the request waits for a running slot ends its stream with "abort" (not a
 // CANCELLED status): the same end as an abort while placed.
+// Destroying the router waits for its asynchronous Worker.Abort calls: each holds its worker's
+// channel, and a channel released last on gRPC's callback thread tears down the queue that
+// thread drains (libgrpc 1.51: a double free, seen once under ASan).
+TEST_F(RouterFlow, DestroyingTheRouterWaitsForItsAbortCalls) {
+  FakeWorker w(worker::ROLE_AGGREGATED);
+  w.abort_delay = 300ms;
+  start_one_slot(w, /*max_waiting=*/0);
+  v1::GenerateRequest req = request();
+  req.set_request_id("long");
+  Result r;
+  std::thread t([&] { r = run(req); });
+  ASSERT_TRUE(wait_for(w.generate_started, 5s));
+  EXPECT_TRUE(router_->abort("long"));
+  t.join();
+  EXPECT_EQ(r.responses.back().finish_reason(), "abort");
+  router_.reset();
+  EXPECT_EQ(w.aborts_answered, 1);
+  registry_.reset();
+}
+
 TEST_F(RouterFlow, AnAbortWhileQueuedEndsWithAbort) {
   FakeWorker w(worker::ROLE_AGGREGATED);
   start_one_slot(w, /*max_waiting=*/1);
