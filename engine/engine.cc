@@ -172,6 +172,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   }
   if (options.kv_offload_dir.empty() && options.kv_offload_dir_bytes > 0)
     return absl::InvalidArgumentError("--kv-offload-dir-bytes needs --kv-offload-dir");
+  if (options.kv_load_timeout < Duration::zero())
+    return absl::InvalidArgumentError("--kv-load-timeout-ms must not be negative");
+  if (options.kv_offload_dir.empty() && options.kv_load_timeout > Duration::zero())
+    return absl::InvalidArgumentError("--kv-load-timeout-ms bounds the filesystem tier's loads: it needs --kv-offload-dir");
   if (!options.kv_offload_dir.empty()) {
     if (!engine->host_)
       return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
@@ -806,9 +810,17 @@ int Engine::load_from_tiers(Sequence& s, int from, int limit) {
   s.host_done = std::max(s.host_done, computed);
   if (!fs_) return computed;
   const int c = fs_->chunk_blocks();
+  const Clock& clock = *options_.clock;
+  const TimePoint started = clock.now();
   // Chunk files continue the run, each promoted through the host tier (whose chain must reach
   // it: what the device held of the prefix is stored there first).
   while (computed < limit && (computed / c + 1) * c <= limit) {
+    if (options_.kv_load_timeout > Duration::zero() && clock.now() - started >= options_.kv_load_timeout) {
+      ++stats_.disk_load_timeouts;
+      PD_LOG_DEBUG("{}: the filesystem tier's load passed --kv-load-timeout-ms at block {}: computing the rest",
+                   s.request.id, computed);
+      break;
+    }
     const int first = computed / c * c;
     if (host_->held_prefix(std::span(s.keys).first(size_t(first)), s.ns_root, s.tokens) < first) {
       auto held = host_->store(s.keys, s.ns_root, s.tokens, s.blocks, first);
@@ -827,6 +839,7 @@ int Engine::load_from_tiers(Sequence& s, int from, int limit) {
     if (s.preemptions == 0) stats_.disk_hit_tokens += uint64_t(end - computed) * b;
     computed = end;
   }
+  stats_.disk_load_s += std::chrono::duration<double>(clock.now() - started).count();
   s.host_done = std::max(s.host_done, computed);
   return computed;
 }

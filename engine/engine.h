@@ -93,6 +93,11 @@ struct EngineOptions {
   std::string kv_offload_dir;
   uint64_t kv_offload_dir_bytes = 0;
   int kv_offload_chunk_blocks = 16;
+  // How long one admission may spend reading chunk files (--kv-load-timeout-ms; 0: no limit).
+  // Loads run on the scheduler thread between steps, so a slow disk would stall every running
+  // sequence: past the deadline the request keeps the contiguous prefix loaded so far and
+  // computes the rest. Measured on `clock`.
+  Duration kv_load_timeout{0};
 };
 
 // How a request's KV cache crosses between a prefill and a decode engine.
@@ -222,6 +227,10 @@ struct EngineStats {
   uint64_t disk_evicted_files = 0;
   uint64_t disk_files = 0;
   uint64_t disk_bytes = 0;
+  // Seconds admissions spent loading from the filesystem tier, and the loads that reached
+  // --kv-load-timeout-ms (their requests computed the rest).
+  double disk_load_s = 0;
+  uint64_t disk_load_timeouts = 0;
 };
 
 class Engine {

@@ -61,6 +61,8 @@ struct WorkerGauges {
     int blocks = 0, free_blocks = 0, cached_blocks = 0;  // free_blocks: host only.
     uint64_t hit_tokens = 0, stored_blocks = 0, loaded_blocks = 0;
     uint64_t bytes = 0, dropped_blocks = 0, evicted_blocks = 0, corrupt_files = 0;  // Disk only.
+    double load_seconds = 0;      // Disk only.
+    uint64_t load_timeouts = 0;   // Disk only.
   };
   Tier host, disk;
 };

@@ -313,7 +313,9 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
                                 t.bytes(),
                                 t.dropped_blocks_total(),
                                 t.evicted_blocks_total(),
-                                t.corrupt_files_total()};
+                                t.corrupt_files_total(),
+                                t.load_seconds_total(),
+                                t.load_timeouts_total()};
     };
     g.host = tier(w.info.has_host_tier(), w.info.host_tier());
     g.disk = tier(w.info.has_disk_tier(), w.info.disk_tier());

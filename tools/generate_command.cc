@@ -28,6 +28,7 @@ struct GenerateFlags {
   // Which of the defaultable flags were given: the others take the model's defaults.
   bool temperature_given = false, top_k_given = false, top_p_given = false, repetition_penalty_given = false;
   engine::EngineOptions engine;
+  int64_t kv_load_timeout_ms = 0;
   std::string weight_dtype = "f32";
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
@@ -183,6 +184,7 @@ int run_generate(const GenerateFlags& f) {
     return 1;
   }
   engine::EngineOptions options = f.engine;
+  options.kv_load_timeout = std::chrono::milliseconds(f.kv_load_timeout_ms);
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
   auto eng = engine::Engine::create(std::move(*model), options);
   if (!eng.ok()) {
@@ -281,6 +283,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--host-kv-bytes", flags->engine.host_kv_bytes, "Host tier of the KV cache, bytes per rank");
   cmd->add_option("--kv-offload-dir", flags->engine.kv_offload_dir, "Filesystem tier of the KV cache (a directory)");
   cmd->add_option("--kv-offload-dir-bytes", flags->engine.kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most");
+  cmd->add_option("--kv-load-timeout-ms", flags->kv_load_timeout_ms,
+                  "How long a request may read the filesystem tier before computing the rest (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
                   "KV cache as a fraction of device memory");
   cmd->add_flag("--json", flags->json,

@@ -45,6 +45,7 @@ struct UpFlags {
   uint64_t host_kv_bytes = 0;
   std::string kv_offload_dir;
   uint64_t kv_offload_dir_bytes = 0;
+  int64_t kv_load_timeout_ms = 0;
   std::string prefix_caching = "on";
   std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
   std::string placement = "cache";    // The router's --placement.
@@ -273,6 +274,8 @@ int run_up(const UpFlags& f) {
     if (!f.kv_offload_dir.empty()) a.insert(a.end(), {"--kv-offload-dir", f.kv_offload_dir});
     if (f.kv_offload_dir_bytes > 0)
       a.insert(a.end(), {"--kv-offload-dir-bytes", std::to_string(f.kv_offload_dir_bytes)});
+    if (f.kv_load_timeout_ms > 0)
+      a.insert(a.end(), {"--kv-load-timeout-ms", std::to_string(f.kv_load_timeout_ms)});
     a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
     if (f.kv_events == "on") {
       const std::string any_port = "tcp://" + f.host + ":0";  // The worker advertises what it bound.
@@ -428,6 +431,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-offload-dir", f->kv_offload_dir,
                   "Filesystem tier of the KV cache (workers; one directory all of them share)");
   cmd->add_option("--kv-offload-dir-bytes", f->kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most (workers)");
+  cmd->add_option("--kv-load-timeout-ms", f->kv_load_timeout_ms,
+                  "How long a request may read the filesystem tier before computing the rest (workers; 0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefix-caching", f->prefix_caching, "Workers' prefix cache (docs/prefix_caching.md)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();

@@ -64,6 +64,7 @@ struct WorkerFlags {
   TlsFiles tls;
   std::string prefix_caching = "on";
   std::string kv_hash_secret_file;  // Mixed into the prefix cache's block keys.
+  int64_t kv_load_timeout_ms = 0;
 };
 
 // A bound ZeroMQ endpoint ("tcp://0.0.0.0:41234") as peers connect to it: on `host`.
@@ -134,6 +135,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   }
   engine::EngineOptions engine_options = f.engine;
   engine_options.prefix_cache.enabled = f.prefix_caching == "on";
+  engine_options.kv_load_timeout = std::chrono::milliseconds(f.kv_load_timeout_ms);
   if (!f.kv_hash_secret_file.empty()) {
     auto secret = read_secret_file(f.kv_hash_secret_file);
     if (!secret.ok()) {
@@ -433,6 +435,11 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                  "whatever their TP (needs --host-kv-bytes; docs/kv_offload.md)");
   app.add_option("--kv-offload-dir-bytes", f.engine.kv_offload_dir_bytes,
                  "Bytes the filesystem tier keeps at most (0: no limit)")
+      ->capture_default_str();
+  app.add_option("--kv-load-timeout-ms", f.kv_load_timeout_ms,
+                 "How long one request's admission may read chunk files of the filesystem tier; past it the "
+                 "request computes the rest of its prompt (0: no limit; needs --kv-offload-dir)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
   app.add_option("--max-batch-tokens", f.engine.max_batch_tokens, "Tokens per engine step")->capture_default_str();

@@ -111,6 +111,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     disk->set_dropped_blocks_total(st.engine.disk_dropped_chunks * c);
     disk->set_evicted_blocks_total(st.engine.disk_evicted_files * c);
     disk->set_corrupt_files_total(st.engine.disk_corrupt_files);
+    disk->set_load_seconds_total(st.engine.disk_load_s);
+    disk->set_load_timeouts_total(st.engine.disk_load_timeouts);
   }
   if (request->include_cached_keys()) {
     for (const engine::BlockKey& k : e.cached_keys())

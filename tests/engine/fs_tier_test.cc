@@ -20,14 +20,28 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::unique_ptr<Engine> make_engine(const std::string& dir, int tp = 1) {
+EngineOptions tier_options(const std::string& dir, int tp = 1) {
   EngineOptions o;
   o.tp = tp;
   o.kv_cache_bytes = 1500000 / uint64_t(tp);  // About two ~375-token requests.
   o.host_kv_bytes = (uint64_t(64) << 20) / uint64_t(tp);
   o.kv_offload_dir = dir;
-  return pdserve::testing::stories_engine(std::move(o));
+  return o;
 }
+
+std::unique_ptr<Engine> make_engine(const std::string& dir, int tp = 1) {
+  return pdserve::testing::stories_engine(tier_options(dir, tp));
+}
+
+// A clock one millisecond later at every reading: a load's deadline falls after a known number
+// of the engine's readings, whatever the machine's speed.
+class TickingClock final : public Clock {
+ public:
+  TimePoint now() const override { return TimePoint(std::chrono::milliseconds(++ticks_)); }
+
+ private:
+  mutable std::atomic<int64_t> ticks_{0};
+};
 
 using pdserve::testing::prompt_of;
 using pdserve::testing::run;
@@ -77,6 +91,55 @@ TEST(FsTier, FilesWrittenAtOneTpServeAnother) {
     EXPECT_GE(r.cached_tokens, 256) << i;
   }
   EXPECT_GE(e->stats().disk_loaded_chunks, 3u);
+}
+
+// --kv-load-timeout-ms: a load that reaches its deadline keeps the chunks it loaded and computes
+// the rest, with the same tokens. The engine reads the clock when the load starts and before each
+// chunk file, so on a clock that ticks a millisecond a reading, a 2.5 ms deadline lets exactly two
+// chunks in. Without a deadline the same files give the whole prefix.
+TEST(FsTier, ALoadPastItsDeadlineKeepsItsPrefixAndComputesTheRest) {
+  const std::string dir = testing::fresh_dir("fs-tier-deadline");
+  EngineOptions o = tier_options(dir);
+  o.kv_offload_chunk_blocks = 4;  // 64 tokens a file: a 375-token prompt spans five.
+  std::vector<int> want;
+  {
+    auto e = pdserve::testing::stories_engine(o);
+    want = run(*e, prompt_of(375, 0)).token_ids;
+  }
+  TickingClock ticking;
+  EngineOptions bounded = o;
+  bounded.clock = &ticking;
+  bounded.kv_load_timeout = std::chrono::microseconds(2500);
+  {
+    auto e = pdserve::testing::stories_engine(bounded);
+    const GenerationResult r = run(*e, prompt_of(375, 0));
+    EXPECT_EQ(r.token_ids, want);
+    EXPECT_EQ(r.cached_tokens, 2 * 64);
+    const EngineStats s = e->stats();
+    EXPECT_EQ(s.disk_loaded_chunks, 2u);
+    EXPECT_EQ(s.disk_load_timeouts, 1u);
+    EXPECT_GT(s.disk_load_s, 0);
+    EXPECT_EQ(s.free_blocks, s.num_blocks);
+  }
+  auto e = pdserve::testing::stories_engine(o);
+  const GenerationResult r = run(*e, prompt_of(375, 0));
+  EXPECT_EQ(r.token_ids, want);
+  EXPECT_EQ(r.cached_tokens, 5 * 64);
+  EXPECT_EQ(e->stats().disk_load_timeouts, 0u);
+}
+
+// A deadline bounds the filesystem tier's loads: refused without one, and when negative.
+TEST(FsTier, ALoadTimeoutNeedsTheFilesystemTier) {
+  EngineOptions o;
+  o.kv_load_timeout = std::chrono::milliseconds(5);
+  auto e = pdserve::testing::try_stories_engine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("needs --kv-offload-dir"), std::string::npos) << e.status();
+  o = tier_options(testing::fresh_dir("fs-tier-negative"));
+  o.kv_load_timeout = std::chrono::milliseconds(-1);
+  e = pdserve::testing::try_stories_engine(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("must not be negative"), std::string::npos) << e.status();
 }
 
 // Every file damaged — a bit flipped anywhere, or cut short — is a miss: deleted, counted, and

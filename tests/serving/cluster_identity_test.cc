@@ -302,7 +302,8 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
   const std::string dir = ::testing::TempDir() + "/pdserve-cluster-tiers-" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   const std::vector<std::string> args = {"--aggregated", "1", "--kv-cache-bytes", "1500000", "--host-kv-bytes",
-                                         "67108864", "--kv-offload-dir", dir, "--kv-events", "off"};
+                                         "67108864", "--kv-offload-dir", dir, "--kv-load-timeout-ms", "600000",
+                                         "--kv-events", "off"};
   auto prompt_of = [](int salt) {
     std::vector<int> p = {1};
     for (int i = 1; i < 375; ++i) p.push_back(3 + (i * 37 + salt * 101 + (i * salt) % 7) % 500);
@@ -339,16 +340,20 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
     if (round == 1) {
       // After the restart the device and host tiers start empty: the hits came from the files,
       // and the router's metrics say so (within a health poll or two).
-      double disk_hits = 0, disk_loaded = 0;
+      double disk_hits = 0, disk_loaded = 0, load_seconds = 0, load_timeouts = -1;
       for (auto deadline = std::chrono::steady_clock::now() + 10s;
            disk_hits == 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
         if (const auto text = testing::router_metrics_text(cluster.http_port())) {
           disk_hits = testing::metric_sum(*text, "pdserve:worker_kv_tier_hit_tokens_total", "tier=\"disk\"");
           disk_loaded = testing::metric_sum(*text, "pdserve:worker_kv_tier_loaded_blocks_total", "tier=\"disk\"");
+          load_seconds = testing::metric_sum(*text, "pdserve:worker_kv_tier_load_seconds_total", "tier=\"disk\"");
+          load_timeouts = testing::metric_sum(*text, "pdserve:worker_kv_tier_load_timeouts_total", "tier=\"disk\"");
         }
       }
       EXPECT_GE(disk_hits, 5 * 256);
       EXPECT_GE(disk_loaded, 5 * 16);
+      EXPECT_GT(load_seconds, 0);
+      EXPECT_EQ(load_timeouts, 0);  // Ten minutes (--kv-load-timeout-ms, forwarded by up) is plenty.
     }
   }
   std::filesystem::remove_all(dir);

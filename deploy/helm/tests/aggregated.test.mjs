@@ -114,10 +114,12 @@ test('kubernetes-models validation: every preset aggregated, and with every opti
 
 test('aggregated: the host and filesystem tiers (hostKvBytes, kvOffload) reach the aggregated workers', () => {
   const c = mainContainer(deployment(render({ values: [AGG], set: ['aggregated.hostKvBytes=67108864',
-    'aggregated.kvOffload.enabled=true', 'aggregated.kvOffload.maxBytes=1000000000'] }).docs, 'aggregated'));
+    'aggregated.kvOffload.enabled=true', 'aggregated.kvOffload.maxBytes=1000000000',
+    'aggregated.kvOffload.loadTimeoutMs=250'] }).docs, 'aggregated'));
   assert.equal(flag(c, '--host-kv-bytes'), '67108864');
   assert.equal(flag(c, '--kv-offload-dir'), '/var/cache/pdserve-kv');
   assert.equal(flag(c, '--kv-offload-dir-bytes'), '1000000000');
+  assert.equal(flag(c, '--kv-load-timeout-ms'), '250');
   assert.ok(c.volumeMounts.some((m) => m.name === 'kv-offload' && m.mountPath === '/var/cache/pdserve-kv'));
 });
 

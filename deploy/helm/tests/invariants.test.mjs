@@ -372,6 +372,7 @@ test('kvOffload: the filesystem tier\'s volume, mount and flags; none while disa
   assert.equal(flag(c('decode'), '--host-kv-bytes'), '68719476736');
   assert.equal(flag(c('decode'), '--kv-offload-dir-bytes'), '60000000000');
   assert.equal(flag(c('prefill'), '--kv-offload-dir-bytes'), undefined, 'maxBytes null: no cap');
+  assert.equal(flag(c('decode'), '--kv-load-timeout-ms'), undefined, 'loadTimeoutMs null: no limit');
   const off = render({}).docs;
   for (const role of ROLES) {
     const d = deployment(off, role);

@@ -132,6 +132,9 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- if and .enabled (ne (len (keys .volume)) 1) -}}
 {{- $errors = append $errors (printf "%s.kvOffload.volume must name one volume source (e.g. emptyDir or persistentVolumeClaim), not %d" $role (len (keys .volume))) -}}
 {{- end -}}
+{{- if and (not .enabled) (not (kindIs "invalid" .loadTimeoutMs)) -}}
+{{- $errors = append $errors (printf "%s.kvOffload.loadTimeoutMs bounds the filesystem tier's loads: it needs %s.kvOffload.enabled" $role $role) -}}
+{{- end -}}
 {{- $sizeLimit := dig "emptyDir" "sizeLimit" "" .volume -}}
 {{- if and .enabled $sizeLimit (kindIs "invalid" .maxBytes) -}}
 {{- $errors = append $errors (printf "%s.kvOffload.maxBytes must be set with an emptyDir sizeLimit (%s): the kubelet evicts a pod whose emptyDir outgrows it" $role $sizeLimit) -}}
