@@ -3,8 +3,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
-#include "engine/fs_kv_tier.h"
-#include "engine/host_kv_tier.h"
+#include "engine/kv_tiers.h"
 #include "engine/model_weights.h"
 #include "engine/rank_pool.h"
 #include "engine/shard_upload.h"
@@ -89,8 +88,7 @@ struct Engine::Sequence {
   bool chain_broken = false;
   int cached_tokens = 0;
   int preemptions = 0;  // Times its blocks were taken back to make room (it recomputes them).
-  int host_done = 0;    // Leading blocks stored in the host tier (as far as known).
-  int disk_done = 0;    // Leading blocks whose chunks went to the filesystem tier.
+  KvTiers::Progress tiers;  // How far its blocks reached the host and filesystem tiers.
 
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
@@ -154,6 +152,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
                                 uint32_t(options.block_size), options.prefix_cache.secret});
   engine->key_fn_ = options.prefix_cache.key_fn ? options.prefix_cache.key_fn : BlockKeyFn(chain_key);
+  PD_RETURN_IF_ERROR(check_disk_tier_flags(options.kv_offload_dir, options.kv_offload_dir_bytes, options.kv_load_timeout));
+  if (options.host_kv_bytes == 0 && !options.kv_offload_dir.empty())
+    return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
+                                      "through the host tier)");
   if (options.host_kv_bytes > 0) {
     if (!options.prefix_cache.enabled)
       return absl::InvalidArgumentError("--host-kv-bytes needs the prefix cache (its block keys name the host tier's blocks)");
@@ -162,32 +164,24 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
       RankRunner& rank = engine->ranks_->rank(r);
       device.push_back({&rank.backend(), rank.kv_arena(), &rank.kv_layout()});
     }
-    PD_ASSIGN_OR_RETURN(engine->host_,
-                        HostKvTier::create(std::move(device), options.host_kv_bytes, options.prefix_cache.event_sink));
-    if (engine->host_->num_blocks() < int(num_blocks))
+    KvTiers::Options to;
+    to.host_bytes_per_rank = options.host_kv_bytes;
+    to.dir = options.kv_offload_dir;
+    to.dir_bytes = options.kv_offload_dir_bytes;
+    to.chunk_blocks = options.kv_offload_chunk_blocks;
+    to.block_size = options.block_size;
+    to.compat = spec.fingerprint();
+    to.key_root = engine->key_root_;
+    to.sink = options.prefix_cache.event_sink;
+    to.load_timeout = options.kv_load_timeout;
+    to.clock = options.clock;
+    PD_ASSIGN_OR_RETURN(engine->tiers_, KvTiers::create(std::move(device), std::move(to)));
+    const int host_blocks = engine->tiers_->host().num_blocks();
+    if (host_blocks < int(num_blocks))
       PD_LOG_WARN("the host KV tier ({} blocks) is smaller than the device cache ({} blocks): it keeps less than the "
                   "device gives up",
-                  engine->host_->num_blocks(), num_blocks);
-    engine->stats_.host_blocks = engine->host_->num_blocks();
-  }
-  if (options.kv_offload_dir.empty() && options.kv_offload_dir_bytes > 0)
-    return absl::InvalidArgumentError("--kv-offload-dir-bytes needs --kv-offload-dir");
-  if (options.kv_load_timeout < Duration::zero())
-    return absl::InvalidArgumentError("--kv-load-timeout-ms must not be negative");
-  if (options.kv_offload_dir.empty() && options.kv_load_timeout > Duration::zero())
-    return absl::InvalidArgumentError("--kv-load-timeout-ms bounds the filesystem tier's loads: it needs --kv-offload-dir");
-  if (!options.kv_offload_dir.empty()) {
-    if (!engine->host_)
-      return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
-                                        "through the host tier)");
-    FsKvTier::Options fo;
-    fo.dir = options.kv_offload_dir;
-    fo.max_bytes = options.kv_offload_dir_bytes;
-    fo.chunk_blocks = options.kv_offload_chunk_blocks;
-    fo.block_size = options.block_size;
-    fo.compat = spec.fingerprint();
-    fo.key_root = engine->key_root_;
-    PD_ASSIGN_OR_RETURN(engine->fs_, FsKvTier::create(std::move(fo)));
+                  host_blocks, num_blocks);
+    engine->stats_.host_blocks = host_blocks;
   }
   engine->stats_.num_blocks = int(num_blocks);
   engine->stats_.block_size = options.block_size;
@@ -222,15 +216,16 @@ EngineStats Engine::stats() const {
   s.evictable_blocks = counts.evictable;
   s.cached_blocks = counts.cached;
   s.prefix_collisions = counts.collisions;
-  if (host_) {
-    const BlockAllocator::Counts host = host_->counts();
+  if (tiers_) {
+    const HostKvTier& host_tier = tiers_->host();
+    const BlockAllocator::Counts host = host_tier.counts();
     s.host_free_blocks = host.free;
     s.host_cached_blocks = host.cached;
-    s.host_stored_blocks = host_->stored_blocks();
-    s.host_loaded_blocks = host_->loaded_blocks();
+    s.host_stored_blocks = host_tier.stored_blocks();
+    s.host_loaded_blocks = host_tier.loaded_blocks();
   }
-  if (fs_) {
-    const FsKvTier::Counters disk = fs_->counters();
+  if (const FsKvTier* fs = tiers_ ? tiers_->disk() : nullptr) {
+    const FsKvTier::Counters disk = fs->counters();
     s.disk_stored_chunks = disk.stored_chunks;
     s.disk_loaded_chunks = disk.loaded_chunks;
     s.disk_dropped_chunks = disk.dropped_chunks;
@@ -238,7 +233,9 @@ EngineStats Engine::stats() const {
     s.disk_evicted_files = disk.evicted_files;
     s.disk_files = disk.files;
     s.disk_bytes = disk.bytes;
-    s.disk_chunk_blocks = fs_->chunk_blocks();
+    s.disk_chunk_blocks = fs->chunk_blocks();
+    s.disk_load_s = tiers_->disk_load_seconds();
+    s.disk_load_timeouts = tiers_->disk_load_timeouts();
   }
   return s;
 }
@@ -415,7 +412,7 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     int computed = a->cached_blocks;
     // The host and filesystem tiers continue the device's hit: their blocks are copied into the
     // new ones.
-    if (host_ && lookup && computed < max_hit) computed = load_from_tiers(seq, computed, max_hit);
+    if (tiers_ && lookup && computed < max_hit) computed = load_from_tiers(seq, computed, max_hit);
     seq.num_computed = computed * options_.block_size;
     if (seq.preemptions == 0) {
       seq.cached_tokens = seq.num_computed;
@@ -487,8 +484,7 @@ void Engine::preempt(Sequence& s) {
   s.chain_done = 0;
   s.chain.reset();
   s.chain_broken = false;
-  s.host_done = 0;
-  s.disk_done = 0;
+  s.tiers = {};
   // Prompt log-probabilities not yet sent are computed again with the prompt.
   if (!s.prompt_logprobs_sent) s.prompt_logprobs.clear();
   // A preloaded request's KV came from elsewhere; from now on it is recomputed here.
@@ -733,8 +729,8 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
   extend_block_keys(keys, ns_root, prompt, options_.block_size, int(prompt.size()) / options_.block_size, key_fn_);
   PD_ASSIGN_OR_RETURN(BlockAllocator::Allocation a, blocks_->allocate_cached(keys, ns_root, prompt, total));
   int cached = a.cached_blocks;
-  if (host_) {
-    auto end = host_->load(keys, ns_root, prompt, a.blocks, cached, int(keys.size()));
+  if (tiers_) {
+    auto end = tiers_->host().load(keys, ns_root, prompt, a.blocks, cached, int(keys.size()));
     if (end.ok()) {
       cached = *end;
     } else {
@@ -771,77 +767,18 @@ void Engine::cache_computed_blocks(Sequence& s) {
 }
 
 void Engine::store_in_host(Sequence& s, int blocks) {
-  blocks = std::min(blocks, s.chain_done);
-  if (!host_ || blocks <= s.host_done) return;
-  auto held = host_->store(s.keys, s.ns_root, s.tokens, s.blocks, blocks);
-  if (!held.ok()) {
-    PD_LOG_ERROR("storing {} in the host KV tier: {}", s.request.id, held.status().ToString());
-    return;
-  }
-  s.host_done = *held;
-  if (!fs_) return;
-  // Whole chunks the host tier holds go on to the filesystem tier (cascaded copies).
-  const int c = fs_->chunk_blocks();
-  const int b = options_.block_size;
-  for (int from = s.disk_done; from + c <= s.host_done; from += c) {
-    auto payload = host_->export_canonical(s.keys, s.ns_root, s.tokens, from, c);
-    if (!payload) break;
-    FsKvTier::Chunk chunk;
-    chunk.keys.assign(s.keys.begin() + from, s.keys.begin() + from + c);
-    chunk.tokens.assign(s.tokens.begin() + int64_t(from) * b, s.tokens.begin() + int64_t(from + c) * b);
-    chunk.payload = std::move(*payload);
-    fs_->store(std::move(chunk));
-    s.disk_done = from + c;
-  }
+  if (!tiers_) return;
+  tiers_->store({s.keys, s.ns_root, s.tokens, s.blocks}, std::min(blocks, s.chain_done), s.tiers, s.request.id);
 }
 
 int Engine::load_from_tiers(Sequence& s, int from, int limit) {
-  const int b = options_.block_size;
-  auto load_host = [&](int at) {
-    auto end = host_->load(s.keys, s.ns_root, s.tokens, s.blocks, at, limit);
-    if (!end.ok()) {
-      PD_LOG_ERROR("loading {} from the host KV tier: {} (computing it instead)", s.request.id, end.status().ToString());
-      return at;
-    }
-    return *end;
-  };
-  int computed = load_host(from);
-  if (s.preemptions == 0) stats_.host_hit_tokens += uint64_t(computed - from) * b;
-  s.host_done = std::max(s.host_done, computed);
-  if (!fs_) return computed;
-  const int c = fs_->chunk_blocks();
-  const Clock& clock = *options_.clock;
-  const TimePoint started = clock.now();
-  // Chunk files continue the run, each promoted through the host tier (whose chain must reach
-  // it: what the device held of the prefix is stored there first).
-  while (computed < limit && (computed / c + 1) * c <= limit) {
-    if (options_.kv_load_timeout > Duration::zero() && clock.now() - started >= options_.kv_load_timeout) {
-      ++stats_.disk_load_timeouts;
-      PD_LOG_DEBUG("{}: the filesystem tier's load passed --kv-load-timeout-ms at block {}: computing the rest",
-                   s.request.id, computed);
-      break;
-    }
-    const int first = computed / c * c;
-    if (host_->held_prefix(std::span(s.keys).first(size_t(first)), s.ns_root, s.tokens) < first) {
-      auto held = host_->store(s.keys, s.ns_root, s.tokens, s.blocks, first);
-      if (!held.ok() || *held < first) break;
-    }
-    auto payload = fs_->load(std::span(s.keys).subspan(size_t(first), size_t(c)),
-                             std::span<const int32_t>(s.tokens).subspan(size_t(first) * b, size_t(c) * b));
-    if (!payload) break;
-    auto held = host_->import_canonical(s.keys, s.ns_root, s.tokens, first, c, *payload);
-    if (!held.ok()) {
-      PD_LOG_ERROR("importing a chunk of {} into the host KV tier: {}", s.request.id, held.status().ToString());
-      break;
-    }
-    const int end = load_host(computed);
-    if (end <= computed) break;
-    if (s.preemptions == 0) stats_.disk_hit_tokens += uint64_t(end - computed) * b;
-    computed = end;
+  const KvTiers::Loaded loaded = tiers_->load({s.keys, s.ns_root, s.tokens, s.blocks}, from, limit, s.tiers, s.request.id);
+  if (s.preemptions == 0) {
+    const int b = options_.block_size;
+    stats_.host_hit_tokens += uint64_t(loaded.host_end - from) * b;
+    stats_.disk_hit_tokens += uint64_t(loaded.end - loaded.host_end) * b;
   }
-  stats_.disk_load_s += std::chrono::duration<double>(clock.now() - started).count();
-  s.host_done = std::max(s.host_done, computed);
-  return computed;
+  return loaded.end;
 }
 
 int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt) {
@@ -851,18 +788,18 @@ int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_vie
   std::vector<BlockKey> keys;
   extend_block_keys(keys, ns_root, tokens, b, int(tokens.size() - 1) / b, key_fn_);
   const int device = blocks_->cached_prefix(keys, ns_root, tokens);
-  return std::max(device, host_ ? host_->held_prefix(keys, ns_root, tokens) : 0) * b;
+  return std::max(device, tiers_ ? tiers_->host().held_prefix(keys, ns_root, tokens) : 0) * b;
 }
 
 std::vector<BlockKey> Engine::cached_keys(KvTier tier) const {
   if (tier == KvTier::kDevice) return blocks_->cached_keys();
-  if (tier == KvTier::kHost && host_) return host_->cached_keys();
+  if (tier == KvTier::kHost && tiers_) return tiers_->host().cached_keys();
   return {};
 }
 
 void Engine::reset_prefix_cache() {
   blocks_->reset_cache();
-  if (host_) host_->clear();
+  if (tiers_) tiers_->host().clear();
 }
 
 void Engine::set_layer_hook(LayerHook hook) { layer_hook_ = std::move(hook); }

@@ -29,8 +29,7 @@
 namespace pdserve::engine {
 
 class Backend;
-class FsKvTier;
-class HostKvTier;
+class KvTiers;
 class RankPool;
 class ModelWeightsF32;
 
@@ -366,8 +365,9 @@ class Engine {
   std::unique_ptr<ModelWeightsF32> weights_;  // Outlives ranks_, whose shards point into it.
   std::unique_ptr<RankPool> ranks_;
   std::unique_ptr<BlockAllocator> blocks_;
-  std::unique_ptr<HostKvTier> host_;  // Null without one; destroyed before ranks_ (its backends).
-  std::unique_ptr<FsKvTier> fs_;      // Null without one; destroyed first (it finishes its writes).
+  // The host and filesystem tiers; null without a host tier. Destroyed before ranks_ (the host
+  // tier copies through their backends).
+  std::unique_ptr<KvTiers> tiers_;
   mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::string> aborts_;

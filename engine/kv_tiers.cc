@@ -1,0 +1,115 @@
+#include "engine/kv_tiers.h"
+
+#include "common/logging.h"
+
+namespace pdserve::engine {
+
+Status check_disk_tier_flags(const std::string& dir, uint64_t dir_bytes, Duration load_timeout) {
+  if (load_timeout < Duration::zero()) return absl::InvalidArgumentError("--kv-load-timeout-ms must not be negative");
+  if (dir.empty() && dir_bytes > 0) return absl::InvalidArgumentError("--kv-offload-dir-bytes needs --kv-offload-dir");
+  if (dir.empty() && load_timeout > Duration::zero())
+    return absl::InvalidArgumentError("--kv-load-timeout-ms bounds the filesystem tier's loads: it needs --kv-offload-dir");
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<KvTiers>> KvTiers::create(std::vector<HostKvTier::DeviceRank> device, Options options) {
+  PD_RETURN_IF_ERROR(check_disk_tier_flags(options.dir, options.dir_bytes, options.load_timeout));
+  PD_ASSIGN_OR_RETURN(auto host, HostKvTier::create(std::move(device), options.host_bytes_per_rank, options.sink));
+  std::unique_ptr<FsKvTier> disk;
+  if (!options.dir.empty()) {
+    FsKvTier::Options fo;
+    fo.dir = options.dir;
+    fo.max_bytes = options.dir_bytes;
+    fo.chunk_blocks = options.chunk_blocks;
+    fo.block_size = options.block_size;
+    fo.compat = options.compat;
+    fo.key_root = options.key_root;
+    PD_ASSIGN_OR_RETURN(disk, FsKvTier::create(std::move(fo)));
+  }
+  return std::unique_ptr<KvTiers>(new KvTiers(std::move(host), std::move(disk), options));
+}
+
+KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<FsKvTier> disk, const Options& options)
+    : host_(std::move(host)),
+      disk_(std::move(disk)),
+      block_size_(options.block_size),
+      load_timeout_(options.load_timeout),
+      clock_(*options.clock) {}
+
+void KvTiers::store(const Chain& chain, int blocks, Progress& progress, std::string_view request_id) {
+  if (blocks <= progress.host) return;
+  auto held = host_->store(chain.keys, chain.ns_root, chain.tokens, chain.blocks, blocks);
+  if (!held.ok()) {
+    PD_LOG_ERROR("storing {} in the host KV tier: {}", request_id, held.status().ToString());
+    return;
+  }
+  progress.host = *held;
+  if (!disk_) return;
+  // Whole chunks the host tier holds go on to the filesystem tier (cascaded copies).
+  const int c = disk_->chunk_blocks();
+  const int b = block_size_;
+  for (int from = progress.disk; from + c <= progress.host; from += c) {
+    auto payload = host_->export_canonical(chain.keys, chain.ns_root, chain.tokens, from, c);
+    if (!payload) break;
+    FsKvTier::Chunk chunk;
+    chunk.keys.assign(chain.keys.begin() + from, chain.keys.begin() + from + c);
+    chunk.tokens.assign(chain.tokens.begin() + int64_t(from) * b, chain.tokens.begin() + int64_t(from + c) * b);
+    chunk.payload = std::move(*payload);
+    disk_->store(std::move(chunk));
+    progress.disk = from + c;
+  }
+}
+
+int KvTiers::load_host(const Chain& chain, int at, int limit, std::string_view request_id) {
+  auto end = host_->load(chain.keys, chain.ns_root, chain.tokens, chain.blocks, at, limit);
+  if (!end.ok()) {
+    PD_LOG_ERROR("loading {} from the host KV tier: {} (computing it instead)", request_id, end.status().ToString());
+    return at;
+  }
+  return *end;
+}
+
+KvTiers::Loaded KvTiers::load(const Chain& chain, int from, int limit, Progress& progress,
+                              std::string_view request_id) {
+  Loaded loaded;
+  loaded.host_end = load_host(chain, from, limit, request_id);
+  int computed = loaded.host_end;
+  progress.host = std::max(progress.host, computed);
+  if (disk_) {
+    const int c = disk_->chunk_blocks();
+    const int b = block_size_;
+    const TimePoint started = clock_.now();
+    // Chunk files continue the run, each promoted through the host tier (whose chain must reach
+    // it: what the device held of the prefix is stored there first).
+    while (computed < limit && (computed / c + 1) * c <= limit) {
+      if (load_timeout_ > Duration::zero() && clock_.now() - started >= load_timeout_) {
+        ++disk_load_timeouts_;
+        PD_LOG_DEBUG("{}: the filesystem tier's load passed --kv-load-timeout-ms at block {}: computing the rest",
+                     request_id, computed);
+        break;
+      }
+      const int first = computed / c * c;
+      if (host_->held_prefix(chain.keys.first(size_t(first)), chain.ns_root, chain.tokens) < first) {
+        auto held = host_->store(chain.keys, chain.ns_root, chain.tokens, chain.blocks, first);
+        if (!held.ok() || *held < first) break;
+      }
+      auto payload = disk_->load(chain.keys.subspan(size_t(first), size_t(c)),
+                                 chain.tokens.subspan(size_t(first) * b, size_t(c) * b));
+      if (!payload) break;
+      auto held = host_->import_canonical(chain.keys, chain.ns_root, chain.tokens, first, c, *payload);
+      if (!held.ok()) {
+        PD_LOG_ERROR("importing a chunk of {} into the host KV tier: {}", request_id, held.status().ToString());
+        break;
+      }
+      const int end = load_host(chain, computed, limit, request_id);
+      if (end <= computed) break;
+      computed = end;
+    }
+    disk_load_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.now() - started).count();
+  }
+  progress.host = std::max(progress.host, computed);
+  loaded.end = computed;
+  return loaded;
+}
+
+}  // namespace pdserve::engine
