@@ -12,6 +12,11 @@
 # CHAOS_UP_FLAGS adds `pdserve up` flags, e.g. a small device cache and a host tier, so that
 # preemption and the tiers run under the kills:
 #   CHAOS_UP_FLAGS="--kv-cache-bytes 3000000 --host-kv-bytes 67108864" bench/chaos.sh stories260K 5
+# CHAOS_BENCH_FLAGS adds `pdserve bench` flags, e.g. clients that give up a fifth of their
+# requests at random points ("--abort-fraction 0.2 --abort-within-ms 400": counted as abandoned).
+# CHAOS_FAULTS=1 runs the workers built with injected kvtransfer faults
+# (tests/serving/faulty_worker_main.cc: a random $PDSERVE_DROP_NOTIFICATIONS of the transfers'
+# completion notifications, default 5 %, never leave; those transfers end at their lease).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pdserve=${PDSERVE:-$root/build/tools/pdserve}
@@ -33,6 +38,12 @@ build=$(dirname "$(dirname "$pdserve")")
 for b in "$pdserve" "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router"; do
   cp "$b" "$work/bin/"
 done
+if [ "${CHAOS_FAULTS:-0}" = 1 ]; then  # The faulty workers under the names `up` starts.
+  ninja -C "$build" pdserve-prefill-faulty pdserve-decode-faulty >/dev/null
+  cp "$build/tests/serving/pdserve-prefill-faulty" "$work/bin/pdserve-prefill"
+  cp "$build/tests/serving/pdserve-decode-faulty" "$work/bin/pdserve-decode"
+fi
+read -r -a bench_flags <<<"${CHAOS_BENCH_FLAGS:-}"
 pdserve="$work/bin/pdserve"
 trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; rm -rf "$work"' EXIT
 
@@ -44,7 +55,7 @@ for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.
 router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
 http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
 [ -n "$router" ] || { cat "$work/up.err" >&2; echo "chaos: the cluster did not start" >&2; exit 1; }
-echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}"
+echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}${CHAOS_BENCH_FLAGS:+, bench $CHAOS_BENCH_FLAGS}${CHAOS_FAULTS:+, faults $CHAOS_FAULTS}"
 
 worker_pids() {  # The children of `up` that are workers.
   for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
@@ -85,18 +96,18 @@ half=$(( $(date +%s) + minutes * 30 ))
   done ) &
 killer=$!
 
-sent=0 failed=0 mismatched=0 resent=0 migrations=0 round=0
+sent=0 failed=0 abandoned=0 mismatched=0 resent=0 migrations=0 round=0
 while [ "$(date +%s)" -lt "$end" ]; do
   round=$((round + 1))
   "$pdserve" bench --router "$router" --num-prompts $((concurrency * 8)) --random-input-len 64 --random-output-len 128 \
     --random-range-ratio 0.5 --max-concurrency "$concurrency" --ignore-eos --seed "$round" --verify-model "$model" --retries 30 \
-    --result-file "$work/round.json" >"$work/bench.out" 2>"$work/bench.err" || true
+    "${bench_flags[@]}" --result-file "$work/round.json" >"$work/bench.out" 2>"$work/bench.err" || true
   if [ ! -s "$work/round.json" ]; then
     echo "chaos: round $round produced no result" >&2; tail -3 "$work/bench.err" >&2; failed=$((failed + concurrency * 8))
     continue
   fi
-  read -r c f m r g < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("mismatched", 0), j.get("retried", 0), j.get("migrations", 0))' "$work/round.json")
-  sent=$((sent + c + f)) failed=$((failed + f)) mismatched=$((mismatched + m)) resent=$((resent + r)) migrations=$((migrations + g))
+  read -r c f a m r g < <(python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(j["completed"], j["failed"], j.get("abandoned", 0), j.get("mismatched", 0), j.get("retried", 0), j.get("migrations", 0))' "$work/round.json")
+  sent=$((sent + c + f + a)) failed=$((failed + f)) abandoned=$((abandoned + a)) mismatched=$((mismatched + m)) resent=$((resent + r)) migrations=$((migrations + g))
   [ "$f" -gt 0 ] && grep -m1 'first failure' "$work/bench.err" >&2 || true
   if [ "$m" -gt 0 ]; then  # Kept for replay: prompts, both outputs, the router's request ids.
     grep -m1 'differs from the in-process engine' "$work/bench.err" >&2 || true
@@ -138,8 +149,8 @@ done
 restarts=$(grep -c 'restarting it' "$work/up.err" || true)
 accounting=$(grep -c 'block-accounting bug' "$work/up.err" || true)
 preemptions=$(python3 -c 'import re,sys; print(int(sum(float(v) for v in re.findall(r"^pdserve:worker_preemptions_total\{[^}]*\} (\S+)", sys.argv[1], re.M))))' "$metrics")
-printf 'requests\tfailed\tresent\tmismatched\tkills\trestarts\tmigrations\tpreemptions*\tblocks not back\tblock-accounting errors\tmax fd growth\n'
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" \
+printf 'requests\tfailed\tabandoned\tresent\tmismatched\tkills\trestarts\tmigrations\tpreemptions*\tblocks not back\tblock-accounting errors\tmax fd growth\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$abandoned" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" \
   "$preemptions" "$leaked" "$accounting" "$fd_growth"
 echo "(* by the workers alive at the end, since their start)"
 if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ] || [ "$fd_growth" -gt 64 ]; then

@@ -1,5 +1,8 @@
 #include "kvtransfer/endpoint_seams.h"
 
+#include <mutex>
+#include <random>
+
 #include "kvtransfer/kv_endpoint.h"
 
 namespace pdserve::kvtransfer {
@@ -16,10 +19,24 @@ class ControlNotifier final : public Notifier {
   }
 };
 
-// TestFaults::drop_notifications: "sent", but they never leave.
+// TestFaults::drop_notifications: "sent", but `fraction` of them never leave (drawn per
+// notification; the others are sent as ControlNotifier sends them).
 class DroppingNotifier final : public Notifier {
  public:
-  Status notify(ControlChannel&, uint64_t, const proto::Envelope&) override { return absl::OkStatus(); }
+  explicit DroppingNotifier(double fraction) : fraction_(fraction), rng_(std::random_device{}()) {}
+  Status notify(ControlChannel& control, uint64_t control_id, const proto::Envelope& message) override {
+    {
+      std::lock_guard lock(mu_);
+      if (std::uniform_real_distribution<double>(0, 1)(rng_) < fraction_) return absl::OkStatus();
+    }
+    return sent_.notify(control, control_id, message);
+  }
+
+ private:
+  const double fraction_;
+  std::mutex mu_;
+  std::mt19937_64 rng_;  // Guarded by mu_.
+  ControlNotifier sent_;
 };
 
 class NoReceivedBytesHook final : public ReceivedBytesHook {
@@ -45,8 +62,8 @@ EndpointSeams make_endpoint_seams(const engine::KvCacheSpec& spec, const TestFau
   EndpointSeams seams;
   seams.planning_spec = faults.planning_spec ? *faults.planning_spec : spec;
   seams.mutate_map = faults.mutate_map ? faults.mutate_map : [](RankMap&) {};
-  if (faults.drop_notifications) {
-    seams.notifier = std::make_unique<DroppingNotifier>();
+  if (faults.drop_notifications > 0) {
+    seams.notifier = std::make_unique<DroppingNotifier>(faults.drop_notifications);
   } else {
     seams.notifier = std::make_unique<ControlNotifier>();
   }

@@ -50,7 +50,9 @@ namespace pdserve::kvtransfer {
 struct TestFaults {
   std::optional<engine::KvCacheSpec> planning_spec;  // Plan with this spec's layouts and map.
   std::function<void(RankMap&)> mutate_map;
-  bool drop_notifications = false;  // WRITE_DONE / RELEASE are "sent" but never leave.
+  // The fraction of WRITE_DONE / RELEASE notifications that are "sent" but never leave (1: all;
+  // below 1, drawn at random per notification): each such transfer ends at its lease.
+  double drop_notifications = 0;
   // Consumer: flips one received byte of each producer rank's share before the debug checksums
   // are verified, as a transfer that corrupted data would.
   bool corrupt_received = false;

@@ -39,6 +39,11 @@ struct BenchFlags {
   // sessions can be open (their histories the cache's working set) while few requests run.
   int max_inflight = 0;
   int retries = 0;          // Resends of a request that failed UNAVAILABLE.
+  // The random workload: this fraction of the requests is given up by the client (its deadline
+  // cancels the call) at a time uniform in (0, abort_within_ms] after sending, so aborts land at
+  // every stage: queued, prefilling, in transfer, decoding.
+  double abort_fraction = 0;
+  int abort_within_ms = 1000;
   double request_rate = std::numeric_limits<double>::infinity();
   double burstiness = 1.0;
   bool ignore_eos = false;
@@ -187,7 +192,7 @@ std::vector<v1::GenerateRequest> make_requests(const BenchFlags& f, const v1::Mo
   return out;
 }
 
-RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& req) {
+RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& req, Duration give_up) {
   RequestRecord rec;
   rec.prompt_tokens = req.token_ids().ids_size();
   const Steady::time_point t0 = Steady::now();
@@ -213,20 +218,23 @@ RequestRecord run_one_attempt(RouterClient& client, const v1::GenerateRequest& r
     last = now;
     rec.output_tokens += r.token_ids_size();
     rec.tokens.insert(rec.tokens.end(), r.token_ids().begin(), r.token_ids().end());
-  });
+  }, give_up);
   rec.e2e_s = seconds_since(t0);
   rec.ok = s.ok();
   rec.code = s.code();
+  rec.abandoned = give_up > Duration::zero() && s.code() == absl::StatusCode::kDeadlineExceeded;
   if (!s.ok()) rec.error = std::string(s.message());
   return rec;
 }
 
 // Sends one request; with `retries`, one that failed UNAVAILABLE (the router gone or restarting:
 // nothing of it can be trusted) is sent again from scratch, after a back-off, up to that often.
-RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req, int retries = 0) {
+// `give_up` (> 0): the client cancels it that long after sending (see BenchFlags::abort_fraction).
+RequestRecord run_one(RouterClient& client, const v1::GenerateRequest& req, int retries = 0,
+                      Duration give_up = Duration::zero()) {
   auto backoff = std::chrono::milliseconds(100);
   for (int attempt = 0;; ++attempt) {
-    RequestRecord rec = run_one_attempt(client, req);
+    RequestRecord rec = run_one_attempt(client, req, give_up);
     rec.retries = attempt;
     if (rec.ok || rec.code != absl::StatusCode::kUnavailable || attempt >= retries) return rec;
     std::this_thread::sleep_for(backoff);
@@ -254,6 +262,8 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
   std::cout << "============ Serving Benchmark Result ============\n";
   line("Successful requests:", std::to_string(r["completed"].get<int>()));
   line("Failed requests:", std::to_string(r["failed"].get<int>()));
+  if (r.value("abandoned", 0) > 0)
+    line("Abandoned by the client (--abort-fraction):", std::to_string(r["abandoned"].get<int>()));
   if (r.value("retried", 0) > 0) line("Resent after UNAVAILABLE (--retries):", std::to_string(r["retried"].get<int>()));
   if (r.contains("mismatched"))
     line("Outputs unlike the in-process engine's:", std::to_string(r["mismatched"].get<int>()));
@@ -363,12 +373,19 @@ RunRecords run_random(const BenchFlags& f, RouterClient& client, const v1::Model
   RunRecords run;
   run.requests = make_requests(f, info, f.num_prompts, f.seed);
   run.records.resize(run.requests.size());
+  // Which requests the client gives up on, and when (their own stream, so that the prompts stay
+  // those of the same seed without aborts).
+  std::vector<Duration> give_up(run.requests.size(), Duration::zero());
+  std::mt19937_64 abort_rng(f.seed ^ 0xab0a7ull);
+  for (Duration& d : give_up)
+    if (std::uniform_real_distribution<double>(0, 1)(abort_rng) < f.abort_fraction)
+      d = std::chrono::milliseconds(std::uniform_int_distribution<int>(1, f.abort_within_ms)(abort_rng));
   Progress bar(int(run.requests.size()));
   const Steady::time_point start = Steady::now();
   run_at_arrivals(arrival_times(f.num_prompts, f.request_rate, f.burstiness, f.seed), f.max_concurrency, start,
                   [&](size_t i, double offset) {
                     return [&, i, offset] {
-                      run.records[i] = run_one(client, run.requests[i], f.retries);
+                      run.records[i] = run_one(client, run.requests[i], f.retries, give_up[i]);
                       run.records[i].start_s = offset;
                       bar.tick();
                     };
@@ -555,9 +572,10 @@ int run_bench(const BenchFlags& f) {
   RouterClient* client = connected->client.get();
   const v1::ModelInfo* info = &connected->model;
   if (f.num_prompts <= 0 || f.input_len <= 0 || f.output_len <= 0 || f.range_ratio < 0 || f.range_ratio >= 1 ||
-      f.burstiness <= 0 || !(f.request_rate > 0)) {
+      f.burstiness <= 0 || !(f.request_rate > 0) || !(f.abort_fraction >= 0 && f.abort_fraction <= 1) ||
+      f.abort_within_ms <= 0) {
     std::cerr << "error: need --num-prompts, --random-input-len, --random-output-len > 0, --random-range-ratio in "
-                 "[0, 1), --burstiness > 0, --request-rate > 0\n";
+                 "[0, 1), --burstiness > 0, --request-rate > 0, --abort-fraction in [0, 1], --abort-within-ms > 0\n";
     return 2;
   }
   const SessionSpec spec = session_spec(f, *workload);
@@ -642,6 +660,8 @@ int run_bench(const BenchFlags& f) {
     result["random_input_len"] = f.input_len;
     result["random_output_len"] = f.output_len;
     result["random_range_ratio"] = f.range_ratio;
+    result["abort_fraction"] = f.abort_fraction;
+    result["abort_within_ms"] = f.abort_within_ms;
   }
   if (!run.turns.empty()) {
     result["kv_block_size"] = block_size;
@@ -675,7 +695,7 @@ int run_bench(const BenchFlags& f) {
     std::cout << "==================================================" << std::endl;
   }
   for (const RequestRecord& r : records)
-    if (!r.ok) {
+    if (!r.ok && !r.abandoned) {
       std::cerr << "bench: first failure: " << r.error << "\n";
       break;
     }
@@ -708,14 +728,14 @@ std::vector<double> arrival_times(int n, double rate, double burstiness, uint64_
 
 json summarize(const std::vector<RequestRecord>& records, double duration_s, const std::vector<double>& percentiles) {
   std::vector<double> ttft, tpot, itl, e2el, queued, prefill, kv_transfer, outside_prefill;
-  int completed = 0, failed = 0, retried = 0, migrations = 0;
+  int completed = 0, failed = 0, abandoned = 0, retried = 0, migrations = 0;
   int64_t input = 0, output = 0, cached = 0, decode_cached = 0, transferred = 0;
   int decode_local = 0;
   for (const RequestRecord& r : records) {
     retried += r.retries;
     migrations += r.migrations;
     if (!r.ok) {
-      ++failed;
+      ++(r.abandoned ? abandoned : failed);
       continue;
     }
     ++completed;
@@ -740,6 +760,7 @@ json summarize(const std::vector<RequestRecord>& records, double duration_s, con
   j["duration"] = duration_s;
   j["completed"] = completed;
   j["failed"] = failed;
+  j["abandoned"] = abandoned;  // Given up by the client on purpose (--abort-fraction).
   j["retried"] = retried;
   j["migrations"] = migrations;  // The router's, over every request it finished.
   j["total_input_tokens"] = input;
@@ -828,8 +849,13 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--tls-ca", f->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
   cmd->add_option("--worker", f->worker,
                   "Instead of --router: one aggregated worker's gRPC HOST:PORT, to measure what the router adds");
-  CLI::Option* num_prompts =
-      cmd->add_option("--num-prompts", f->num_prompts, "Requests to send (random)")->capture_default_str();
+  const std::vector<CLI::Option*> random = {
+      cmd->add_option("--num-prompts", f->num_prompts, "Requests to send (random)")->capture_default_str(),
+      cmd->add_option("--abort-fraction", f->abort_fraction,
+                      "Give up this fraction of the requests (random): the client cancels each at a random time "
+                      "within --abort-within-ms of sending (counted as `abandoned`, not failed)"),
+      cmd->add_option("--abort-within-ms", f->abort_within_ms, "When the --abort-fraction requests are given up at "
+                      "the latest (random)")->capture_default_str()};
   const std::vector<CLI::Option*> lengths = {
       cmd->add_option("--random-input-len,--input-len", f->input_len, "Prompt tokens (random, warm-ups)")
           ->capture_default_str(),
@@ -881,14 +907,14 @@ void add_bench_command(CLI::App& app, int* exit_code) {
                       "A Mooncake-format trace (JSONL: timestamp ms, input_length, output_length, hash_ids)"),
       cmd->add_option("--trace-block-tokens", f->trace_block_tokens, "Tokens per trace hash id")->capture_default_str(),
       cmd->add_option("--trace-speed", f->trace_speed, "Replay speed (2: twice as fast)")->capture_default_str()};
-  cmd->callback([f, exit_code, num_prompts, lengths, session, trace] {
+  cmd->callback([f, exit_code, random, lengths, session, trace] {
     auto given = [](const std::vector<CLI::Option*>& options) {
       std::vector<std::string> names;
       for (const CLI::Option* o : options)
         if (o->count() > 0) names.push_back(o->get_name());
       return names;
     };
-    f->random_given = given({num_prompts});
+    f->random_given = given(random);
     f->lengths_given = given(lengths);
     f->session_given = given(session);
     f->trace_given = given(trace);

@@ -33,6 +33,7 @@ struct RequestRecord {
   std::string request_id;     // The router's id for it (to find it in the router's log).
   absl::StatusCode code = absl::StatusCode::kOk;
   int retries = 0;  // Earlier attempts that failed UNAVAILABLE and were sent again.
+  bool abandoned = false;  // Cancelled by the client on purpose (bench --abort-fraction).
   // The router's timings of the request, from the final message (proto Timings).
   double server_queued_s = 0, server_prefill_s = 0, server_kv_transfer_s = 0;
   // The workers that served it, from the final message (empty through --worker).

@@ -110,7 +110,7 @@ class Rank {
     o.on_release = [this](const std::string& id, std::vector<int> blocks) {
       say("RELEASED %s %d %d %zu", id.c_str(), tp_, rank_, blocks.size());
     };
-    o.test_faults.drop_notifications = args.drop_notifications;
+    o.test_faults.drop_notifications = args.drop_notifications ? 1.0 : 0.0;
     o.test_faults.corrupt_received = args.corrupt;
     if (args.mutate == "order" || args.mutate == "layer0") {
       o.test_faults.planning_spec = mutated(spec, args.mutate);

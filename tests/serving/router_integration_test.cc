@@ -20,6 +20,7 @@
 #include "proto/worker.grpc.pb.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
+#include "tests/serving/metrics_text.h"
 #include "tools/router_client.h"
 
 namespace pdserve {
@@ -307,6 +308,38 @@ TEST_F(RouterAggregated, BenchWritesItsResult) {
   EXPECT_EQ(j["num_ranks"], 1);  // One aggregated worker at TP 1.
   EXPECT_DOUBLE_EQ(j["output_throughput_per_rank"].get<double>(), j["output_throughput"].get<double>());
   EXPECT_FALSE(j.contains("requests")) << "per-request details without --save-detailed";
+}
+
+// --abort-fraction: the client gives up that share of the requests at random times (counted as
+// abandoned, not failed), so aborts land while queued, prefilling and decoding; the others
+// finish equal to the in-process engine's, and every block of the worker comes back.
+TEST_F(RouterAggregated, BenchAbandonsRequestsAndTheWorkerGetsEveryBlockBack) {
+  const fs::path out = fs::temp_directory_path() / ("pdserve_bench_abort_" + std::to_string(getpid()) + ".json");
+  CommandOutput r = pdserve({"bench", "--router", cluster_->grpc(), "--num-prompts", "20", "--random-input-len", "32",
+                             "--random-output-len", "300", "--max-concurrency", "2", "--ignore-eos", "--seed", "5",
+                             "--abort-fraction", "0.5", "--abort-within-ms", "40", "--verify-model",
+                             testing::stories_bin(), "--result-file", out.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(out);
+  json j = json::parse(in, nullptr, false);
+  fs::remove(out);
+  ASSERT_FALSE(j.is_discarded());
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_GT(j["abandoned"].get<int>(), 0);
+  EXPECT_GT(j["completed"].get<int>(), 0);
+  EXPECT_EQ(j["completed"].get<int>() + j["abandoned"].get<int>(), 20);
+  EXPECT_EQ(j["mismatched"], 0);
+  EXPECT_DOUBLE_EQ(j["abort_fraction"].get<double>(), 0.5);
+  double used = -1;
+  for (auto deadline = std::chrono::steady_clock::now() + 10s; used != 0 && std::chrono::steady_clock::now() < deadline;
+       std::this_thread::sleep_for(100ms)) {
+    if (const auto text = testing::router_metrics_text(cluster_->http_port()))
+      used = testing::metric_sum(*text, "pdserve:kv_cache_total_blocks") -
+             testing::metric_sum(*text, "pdserve:kv_cache_free_blocks");
+  }
+  EXPECT_EQ(used, 0) << "blocks not back after the aborts";
+  r = pdserve({"bench", "--router", cluster_->grpc(), "--abort-fraction", "1.5"});
+  EXPECT_EQ(r.exit_code, 2) << "a fraction over 1 is refused\n" << r.out;
 }
 
 // The session and trace workloads on one worker, one session (or request) at a time: the

@@ -196,6 +196,8 @@ TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {
        "--think-time is not read by --workload trace"},
       {{"--trace-speed", "2"}, "--trace-speed is not read by --workload random"},
       {{"--max-inflight", "2"}, "--max-inflight is not read by --workload random"},
+      {{"--workload", "multiturn", "--abort-fraction", "0.1", "--abort-within-ms", "50"},
+       "--abort-fraction, --abort-within-ms are not read by --workload multiturn"},
       {{"--workload", "multiturn", "--trace-block-tokens", "16"},
        "--trace-block-tokens is not read by --workload multiturn"},
   };
