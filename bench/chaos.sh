@@ -8,7 +8,7 @@
 # and whether every block came back in every worker's pool (the host tiers' too), and how many file
 # descriptors each worker gained over its life. Exit 0 only if nothing failed, every output was
 # equal, no block leaked and no worker gained more than 64 descriptors.
-#   bench/chaos.sh MODEL [MINUTES=30] [CONCURRENCY=16] [KILL_EVERY=20] [KV_MODE=push]
+#   bench/chaos.sh MODEL [MINUTES=30] [CONCURRENCY=16] [KILL_EVERY=20 (0: none)] [KV_MODE=push]
 # CHAOS_UP_FLAGS adds `pdserve up` flags, e.g. a small device cache and a host tier, so that
 # preemption and the tiers run under the kills:
 #   CHAOS_UP_FLAGS="--kv-cache-bytes 3000000 --host-kv-bytes 67108864" bench/chaos.sh stories260K 5
@@ -78,8 +78,9 @@ kills=0
 half=$(( $(date +%s) + minutes * 30 ))
 ( # The killer: a random worker (a child of `up` with --role prefill|decode) every kill_every s,
   # and once, half-way, the router (clients resend what it was serving: bench --retries).
+  # KILL_EVERY=0: no kills (the other faults alone).
   router_killed=0
-  while [ "$(date +%s)" -lt "$end" ]; do
+  while [ "$kill_every" -gt 0 ] && [ "$(date +%s)" -lt "$end" ]; do
     sleep "$kill_every"
     if [ "$router_killed" = 0 ] && [ "$(date +%s)" -ge "$half" ]; then
       for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
@@ -118,9 +119,10 @@ done
 wait "$killer" || true
 kills=$(wc -l <"$work/kills" 2>/dev/null || echo 0)
 
-# Every pool whole again: the router's gauges, once every worker is up and idle.
+# Every pool whole again: the router's gauges, once every worker is up and idle — within 90 s,
+# past the 30 s transfer lease that frees what a lost notification left held.
 leaked=unknown
-for _ in $(seq 150); do
+for _ in $(seq 450); do
   metrics=$(curl -s "http://$http/metrics" || true)
   leaked=$(python3 - "$metrics" <<'PY'
 import re, sys

@@ -332,6 +332,13 @@ void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
     if (!s.ok()) PD_LOG_ERROR("releasing blocks of {}: {}", seq.request.id, s.ToString());
   }
   seq.blocks.clear();
+  // A preloaded request that ends before admission took its blocks (aborted while waiting):
+  // they were handed to the engine with it, so they are released here.
+  if (std::vector<int>& preloaded = seq.request.handoff.preloaded_blocks; !preloaded.empty()) {
+    Status s = blocks_->release(preloaded);
+    if (!s.ok()) PD_LOG_ERROR("releasing the preloaded blocks of {}: {}", seq.request.id, s.ToString());
+    preloaded.clear();
+  }
   if (seq.seen_slot >= 0) free_seen_slots_.push_back(seq.seen_slot);
   seq.seen_slot = -1;
   ev.finished = true;
@@ -379,7 +386,9 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
       continue;
     }
     Sequence& seq = **it;
-    seq.blocks = seq.request.handoff.preloaded_blocks;
+    seq.blocks = std::move(seq.request.handoff.preloaded_blocks);
+    // Its blocks now (finish and preemption release those); preempted, it is recomputed here.
+    seq.request.handoff.preloaded_blocks.clear();
     seq.num_computed = int(seq.request.prompt.size());
     cache_computed_blocks(seq);  // Its KV arrived whole.
     running_.push_back(std::move(*it));
@@ -487,8 +496,6 @@ void Engine::preempt(Sequence& s) {
   s.tiers = {};
   // Prompt log-probabilities not yet sent are computed again with the prompt.
   if (!s.prompt_logprobs_sent) s.prompt_logprobs.clear();
-  // A preloaded request's KV came from elsewhere; from now on it is recomputed here.
-  s.request.handoff.preloaded_blocks.clear();
   ++s.preemptions;
   ++stats_.preemptions;
 }

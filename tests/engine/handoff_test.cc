@@ -234,6 +234,28 @@ TEST(Handoff, AbortedPrefillOnlyFreesItsBlocks) {
   EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
 }
 
+// A preloaded request aborted before the scheduler admitted it (the decode side's client gone
+// right after its KV arrived: abort and admission land in one step) gives back the blocks it was
+// handed; a bench with random client aborts found them leaked.
+TEST(Handoff, APreloadedRequestAbortedBeforeAdmissionFreesItsBlocks) {
+  auto e = make_engine(1);
+  auto reserved = e->reserve_cached_blocks({}, "", 40);
+  ASSERT_TRUE(reserved.ok());
+  SamplingParams p;
+  p.max_tokens = 8;
+  GenerationRequest r{"x", {1, 50, 60, 70}, p};
+  r.handoff.preloaded_blocks = reserved->blocks;
+  r.handoff.first_token = 5;
+  FinishReason reason = FinishReason::kLength;
+  ASSERT_TRUE(e->add_request(r, [&](const TokenEvent& ev) {
+    if (ev.finished) reason = ev.reason;
+  }).ok());
+  e->abort("x");
+  ASSERT_TRUE(e->run_until_idle().ok());
+  EXPECT_EQ(reason, FinishReason::kAbort);
+  EXPECT_EQ(e->stats().free_blocks, e->stats().num_blocks);
+}
+
 }  // namespace
 }  // namespace pdserve::engine
 
