@@ -33,6 +33,7 @@ up_pid=""
 # Its own copy of the binaries (`up` finds the others beside itself), so that a rebuild meanwhile
 # cannot take a binary away from a restart.
 mkdir -p "$work/bin" "$work/fds"
+touch "$work/kills"
 read -r -a up_flags <<<"${CHAOS_UP_FLAGS:-}"
 build=$(dirname "$(dirname "$pdserve")")
 for b in "$pdserve" "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router"; do
@@ -55,7 +56,7 @@ for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.
 router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
 http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
 [ -n "$router" ] || { cat "$work/up.err" >&2; echo "chaos: the cluster did not start" >&2; exit 1; }
-echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, a kill every ${kill_every}s${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}${CHAOS_BENCH_FLAGS:+, bench $CHAOS_BENCH_FLAGS}${CHAOS_FAULTS:+, faults $CHAOS_FAULTS}"
+echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, $([ "$kill_every" -gt 0 ] && echo "a kill every ${kill_every}s" || echo "no kills")${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}${CHAOS_BENCH_FLAGS:+, bench $CHAOS_BENCH_FLAGS}${CHAOS_FAULTS:+, faults $CHAOS_FAULTS}"
 
 worker_pids() {  # The children of `up` that are workers.
   for p in $(cat "/proc/$up_pid/task/$up_pid/children"); do
@@ -151,9 +152,10 @@ done
 restarts=$(grep -c 'restarting it' "$work/up.err" || true)
 accounting=$(grep -c 'block-accounting bug' "$work/up.err" || true)
 preemptions=$(python3 -c 'import re,sys; print(int(sum(float(v) for v in re.findall(r"^pdserve:worker_preemptions_total\{[^}]*\} (\S+)", sys.argv[1], re.M))))' "$metrics")
-printf 'requests\tfailed\tabandoned\tresent\tmismatched\tkills\trestarts\tmigrations\tpreemptions*\tblocks not back\tblock-accounting errors\tmax fd growth\n'
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$abandoned" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" \
-  "$preemptions" "$leaked" "$accounting" "$fd_growth"
+transfer_failures=$(python3 -c 'import re,sys; print(int(sum(float(v) for v in re.findall(r"^pdserve:worker_kv_transfer_failures_total\{[^}]*\} (\S+)", sys.argv[1], re.M))))' "$metrics")
+printf 'requests\tfailed\tabandoned\tresent\tmismatched\tkills\trestarts\tmigrations\tpreemptions*\ttransfer failures*\tblocks not back\tblock-accounting errors\tmax fd growth\n'
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$sent" "$failed" "$abandoned" "$resent" "$mismatched" "$kills" "$restarts" "$migrations" \
+  "$preemptions" "$transfer_failures" "$leaked" "$accounting" "$fd_growth"
 echo "(* by the workers alive at the end, since their start)"
 if [ "$failed" -ne 0 ] || [ "$mismatched" -ne 0 ] || [ "$leaked" != "0.0" ] || [ "$accounting" -ne 0 ] || [ "$fd_growth" -gt 64 ]; then
   keep="${CHAOS_KEEP:-${TMPDIR:-/tmp}}/chaos-up-$$.log"
