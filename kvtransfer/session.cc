@@ -1,5 +1,7 @@
 #include "kvtransfer/session.h"
 
+#include "kvtransfer/fault.h"
+
 namespace pdserve::kvtransfer {
 
 TransferRole transfer_role(SessionSide side, TransferMode mode) {
@@ -147,9 +149,13 @@ bool Session::fail(const Status& why) {
 
 bool Session::check_lease(TimePoint now) {
   if (!active() || now < deadline_) return false;
-  return fail(absl::DeadlineExceededError(
-      absl::StrCat("request ", request_id_, ": lease expired in state ",
-                   session_state_name(state_))));
+  Status expired = absl::DeadlineExceededError(
+      absl::StrCat("request ", request_id_, ": lease expired in state ", session_state_name(state_)));
+  // A side whose blocks the peer accesses (push consumer, pull producer) waits for the peer's
+  // word that it is done: its lease passing means the peer never gave it — stalled, or its message
+  // lost — so the peer is at fault (the router re-places the request and counts it against the
+  // peer). A side posting the ops itself ran out of time on its own transfer.
+  return fail(remote_access() ? peer_fault(std::move(expired)) : std::move(expired));
 }
 
 bool Session::maybe_release(TimePoint now) {

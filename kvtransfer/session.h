@@ -110,7 +110,8 @@ class Session {
 
   // Aborts an active session (the first error is kept); returns false if it was not active.
   bool fail(const Status& why);
-  // Aborts with DeadlineExceeded when the lease passed while active; returns true if it did.
+  // Aborts with DeadlineExceeded when the lease passed while active (marked the peer's fault on
+  // the side waiting for the peer's word, kvtransfer/fault.h); returns true if it did.
   bool check_lease(TimePoint now);
   // Releases the blocks through the callback if that is safe now; true if this call did.
   bool maybe_release(TimePoint now);

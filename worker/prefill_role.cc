@@ -402,7 +402,11 @@ void PrefillRole::maybe_finish(const std::string& id) {
   Job& job = it->second;
   const bool prefill_over = job.prefilled;
   const bool blocks_back = !job.transfer_started || job.ranks.all_released();
-  if (job.transfer_started && blocks_back && !job.kv_blocks.empty()) {
+  // Only once the engine handed the blocks back too: a transfer aborted mid-prefill releases its
+  // ranks while the engine still computes into these blocks, and freeing them then let another
+  // request take them (and the finishing event's release of the rest freed them twice: chaos
+  // with injected transfer faults logged it as a block-accounting bug).
+  if (job.transfer_started && blocks_back && prefill_over && !job.kv_blocks.empty()) {
     if (Status s = engine_.release_blocks(job.kv_blocks); !s.ok())
       PD_LOG_ERROR("prefill {}: releasing blocks: {}", id, s.ToString());
     job.kv_blocks.clear();

@@ -1,5 +1,6 @@
 // Unit tests of the per-request session state machine (kvtransfer/session.h): sealing, count
 // checks, duplicates, leases, quarantine and the exactly-once block release, on a FakeClock.
+#include "kvtransfer/fault.h"
 #include "kvtransfer/session.h"
 
 #include <gtest/gtest.h>
@@ -152,6 +153,23 @@ TEST_F(SessionTest, LeaseExpiresOnlyWhileActive) {
   clock_.advance(1h);
   EXPECT_FALSE(ready.check_lease(clock_.now()));
   EXPECT_EQ(ready.state(), SessionState::kReady);
+}
+
+// A lease that passes on the side waiting for its peer's word (push consumer, pull producer) is
+// the peer's fault (a stalled peer or a lost message: the router re-places the request and
+// counts it against the peer); on the side posting the ops it is its own.
+TEST_F(SessionTest, AnExpiredLeaseBlamesThePeerOnTheWaitingSide) {
+  for (auto [side, mode, peer] : {std::tuple{SessionSide::kConsumer, TransferMode::kPush, true},
+                                  {SessionSide::kProducer, TransferMode::kPull, true},
+                                  {SessionSide::kProducer, TransferMode::kPush, false},
+                                  {SessionSide::kConsumer, TransferMode::kPull, false}}) {
+    Session s = make(side, mode, side == SessionSide::kProducer && mode == TransferMode::kPull ? std::vector<int>{}
+                                                                                               : std::vector<int>{0});
+    clock_.advance(10s);
+    ASSERT_TRUE(s.check_lease(clock_.now()));
+    EXPECT_EQ(s.error().code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(is_peer_fault(s.error()), peer) << transfer_role_name(s.role());
+  }
 }
 
 TEST_F(SessionTest, PullProducerLearnsFanOutFromFirstReleaseAndFreesAfterAll) {
