@@ -1,12 +1,13 @@
 #include "worker/decode_role.h"
-#include "worker/block_release.h"
-#include "worker/rank_progress.h"
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
 
 #include "common/logging.h"
+#include "kvtransfer/fault.h"
+#include "worker/block_release.h"
+#include "worker/rank_progress.h"
 
 namespace pdserve::worker {
 
@@ -237,7 +238,10 @@ StatusOr<PreparedDecode> DecodeRole::wait_ready(const std::string& id, std::uniq
     if (cancelled()) {
       fail_locked(id, job, absl::CancelledError(absl::StrCat("request ", id, " cancelled")));
     } else if (clock_->now() >= job.deadline) {
-      fail_locked(id, job, absl::DeadlineExceededError(absl::StrCat("request ", id, ": KV not ready within the lease")));
+      // Push: the producer never said its writes were done (stalled, or its word lost): its
+      // fault, so the router places the request again (kvtransfer/fault.h).
+      Status late = absl::DeadlineExceededError(absl::StrCat("request ", id, ": KV not ready within the lease"));
+      fail_locked(id, job, job.push ? kvtransfer::peer_fault(std::move(late)) : std::move(late));
     } else {
       changed_.wait_for(lock, std::chrono::milliseconds(20));
     }
