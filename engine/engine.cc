@@ -152,11 +152,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
                                 uint32_t(options.block_size), options.prefix_cache.secret});
   engine->key_fn_ = options.prefix_cache.key_fn ? options.prefix_cache.key_fn : BlockKeyFn(chain_key);
-  PD_RETURN_IF_ERROR(check_disk_tier_flags(options.kv_offload_dir, options.kv_offload_dir_bytes, options.kv_load_timeout));
-  if (options.host_kv_bytes == 0 && !options.kv_offload_dir.empty())
-    return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
-                                      "through the host tier)");
-  if (options.host_kv_bytes > 0) {
+  if (options.host_kv_bytes == 0) {  // With a host tier, KvTiers::create checks these.
+    PD_RETURN_IF_ERROR(check_disk_tier_flags(options.kv_offload_dir, options.kv_offload_dir_bytes, options.kv_load_timeout));
+    if (!options.kv_offload_dir.empty())
+      return absl::InvalidArgumentError("--kv-offload-dir needs --host-kv-bytes (its files are stored and loaded "
+                                        "through the host tier)");
+  } else {
     if (!options.prefix_cache.enabled)
       return absl::InvalidArgumentError("--host-kv-bytes needs the prefix cache (its block keys name the host tier's blocks)");
     std::vector<HostKvTier::DeviceRank> device;
@@ -166,12 +167,12 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     }
     KvTiers::Options to;
     to.host_bytes_per_rank = options.host_kv_bytes;
-    to.dir = options.kv_offload_dir;
-    to.dir_bytes = options.kv_offload_dir_bytes;
-    to.chunk_blocks = options.kv_offload_chunk_blocks;
-    to.block_size = options.block_size;
-    to.compat = spec.fingerprint();
-    to.key_root = engine->key_root_;
+    to.disk = {.dir = options.kv_offload_dir,
+               .max_bytes = options.kv_offload_dir_bytes,
+               .chunk_blocks = options.kv_offload_chunk_blocks,
+               .block_size = options.block_size,
+               .compat = spec.fingerprint(),
+               .key_root = engine->key_root_};
     to.sink = options.prefix_cache.event_sink;
     to.load_timeout = options.kv_load_timeout;
     to.clock = options.clock;

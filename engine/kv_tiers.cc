@@ -13,18 +13,11 @@ Status check_disk_tier_flags(const std::string& dir, uint64_t dir_bytes, Duratio
 }
 
 StatusOr<std::unique_ptr<KvTiers>> KvTiers::create(std::vector<HostKvTier::DeviceRank> device, Options options) {
-  PD_RETURN_IF_ERROR(check_disk_tier_flags(options.dir, options.dir_bytes, options.load_timeout));
+  PD_RETURN_IF_ERROR(check_disk_tier_flags(options.disk.dir, options.disk.max_bytes, options.load_timeout));
   PD_ASSIGN_OR_RETURN(auto host, HostKvTier::create(std::move(device), options.host_bytes_per_rank, options.sink));
   std::unique_ptr<FsKvTier> disk;
-  if (!options.dir.empty()) {
-    FsKvTier::Options fo;
-    fo.dir = options.dir;
-    fo.max_bytes = options.dir_bytes;
-    fo.chunk_blocks = options.chunk_blocks;
-    fo.block_size = options.block_size;
-    fo.compat = options.compat;
-    fo.key_root = options.key_root;
-    PD_ASSIGN_OR_RETURN(disk, FsKvTier::create(std::move(fo)));
+  if (!options.disk.dir.empty()) {
+    PD_ASSIGN_OR_RETURN(disk, FsKvTier::create(options.disk));
   }
   return std::unique_ptr<KvTiers>(new KvTiers(std::move(host), std::move(disk), options));
 }
@@ -32,7 +25,7 @@ StatusOr<std::unique_ptr<KvTiers>> KvTiers::create(std::vector<HostKvTier::Devic
 KvTiers::KvTiers(std::unique_ptr<HostKvTier> host, std::unique_ptr<FsKvTier> disk, const Options& options)
     : host_(std::move(host)),
       disk_(std::move(disk)),
-      block_size_(options.block_size),
+      block_size_(options.disk.block_size),
       load_timeout_(options.load_timeout),
       clock_(*options.clock) {}
 
@@ -74,9 +67,9 @@ KvTiers::Loaded KvTiers::load(const Chain& chain, int from, int limit, Progress&
   Loaded loaded;
   loaded.host_end = load_host(chain, from, limit, request_id);
   int computed = loaded.host_end;
-  progress.host = std::max(progress.host, computed);
-  if (disk_) {
-    const int c = disk_->chunk_blocks();
+  const int c = disk_ ? disk_->chunk_blocks() : 0;
+  // Only when a whole chunk past the host's run fits the limit: no clock reads otherwise.
+  if (disk_ && computed < limit && (computed / c + 1) * c <= limit) {
     const int b = block_size_;
     const TimePoint started = clock_.now();
     // Chunk files continue the run, each promoted through the host tier (whose chain must reach

@@ -32,14 +32,7 @@ class KvTiers {
  public:
   struct Options {
     uint64_t host_bytes_per_rank = 0;  // --host-kv-bytes (> 0).
-    // The filesystem tier: --kv-offload-dir (empty: none), --kv-offload-dir-bytes, blocks per
-    // chunk file, and what names and checks its files (the KV geometry's fingerprint, the key root).
-    std::string dir;
-    uint64_t dir_bytes = 0;
-    int chunk_blocks = 16;
-    int block_size = 16;
-    uint64_t compat = 0;
-    BlockKey key_root;
+    FsKvTier::Options disk;            // The filesystem tier's; an empty dir: none.
     KvEventSink* sink = nullptr;  // The host tier's KV events; may be null.
     Duration load_timeout{0};     // --kv-load-timeout-ms (0: none), measured on `clock`.
     const Clock* clock = &RealClock::instance();
@@ -85,7 +78,7 @@ class KvTiers {
 
   std::unique_ptr<HostKvTier> host_;
   std::unique_ptr<FsKvTier> disk_;  // Destroyed first: it finishes its queued writes.
-  const int block_size_;
+  const int block_size_;  // Tokens per block (the filesystem tier's chunks are cut in them).
   const Duration load_timeout_;
   const Clock& clock_;
   std::atomic<int64_t> disk_load_ns_{0};
