@@ -559,6 +559,11 @@ int run_bench(const BenchFlags& f) {
     std::cerr << "error: " << flags.message() << "\n";
     return 2;
   }
+  const auto& given = f.random_given;
+  if (f.abort_fraction == 0 && std::find(given.begin(), given.end(), "--abort-within-ms") != given.end()) {
+    std::cerr << "error: --abort-within-ms times the aborts of --abort-fraction: give a fraction above 0\n";
+    return 2;
+  }
   auto tls = load_client_tls(f.tls, f.tls_ca);
   if (!tls.ok()) {
     std::cerr << "error: " << tls.status().message() << "\n";

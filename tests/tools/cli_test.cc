@@ -198,6 +198,7 @@ TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {
       {{"--max-inflight", "2"}, "--max-inflight is not read by --workload random"},
       {{"--workload", "multiturn", "--abort-fraction", "0.1", "--abort-within-ms", "50"},
        "--abort-fraction, --abort-within-ms are not read by --workload multiturn"},
+      {{"--abort-within-ms", "50"}, "--abort-within-ms times the aborts of --abort-fraction"},
       {{"--workload", "multiturn", "--trace-block-tokens", "16"},
        "--trace-block-tokens is not read by --workload multiturn"},
   };
