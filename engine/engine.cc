@@ -750,6 +750,20 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
 
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
 
+StatusOr<std::vector<int>> Engine::lease_host_copy(const std::vector<int>& blocks) {
+  if (!tiers_) return absl::FailedPreconditionError("no host KV tier (--host-kv-bytes) to copy the prompt into");
+  return tiers_->host().lease(blocks);
+}
+
+Status Engine::release_host_lease(const std::vector<int>& slots) {
+  if (!tiers_) return absl::FailedPreconditionError("no host KV tier");
+  return tiers_->host().release_lease(slots);
+}
+
+uint8_t* Engine::host_kv_arena(int rank) const { return tiers_ ? tiers_->host().arena(rank) : nullptr; }
+
+int Engine::host_kv_blocks() const { return tiers_ ? tiers_->host().num_blocks() : 0; }
+
 void Engine::extend_keys(Sequence& s, int blocks) {
   extend_block_keys(s.keys, s.ns_root, s.tokens, options_.block_size, blocks, key_fn_);
 }

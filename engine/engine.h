@@ -271,6 +271,15 @@ class Engine {
                                               int num_tokens);
   // Returns blocks from reserve_cached_blocks or a prefill_only hand-off.
   Status release_blocks(const std::vector<int>& blocks);
+  // pull-host (docs/kv_offload.md): copies `blocks` (a prefill_only hand-off's) into host-tier
+  // slots leased to the caller (HostKvTier::lease) — the caller then releases the device blocks
+  // at once — until release_host_lease. FailedPrecondition without a host tier;
+  // ResourceExhausted when the host tier has too few slots free or evictable.
+  StatusOr<std::vector<int>> lease_host_copy(const std::vector<int>& blocks);
+  Status release_host_lease(const std::vector<int>& slots);
+  // Rank `rank`'s host-tier arena and its block count (null, 0 without a host tier).
+  uint8_t* host_kv_arena(int rank) const;
+  int host_kv_blocks() const;
   // Blocks a request of `prompt_len` prompt tokens and `max_tokens` needs in this engine.
   int blocks_needed(int prompt_len, int max_tokens) const;
 

@@ -69,6 +69,13 @@ class HostKvTier {
   StatusOr<int> import_canonical(std::span<const BlockKey> keys, const BlockKey& ns_root,
                                  std::span<const int32_t> tokens, int from, int count,
                                  std::span<const uint8_t> payload);
+  // Copies device blocks `device_blocks` (every rank) into as many slots taken for the caller
+  // alone — uncached, so no lookup finds and no eviction takes them — until release_lease():
+  // pull-host's copy of a prompt, which a decode worker reads from here once this returns (the
+  // bytes are in host memory). ResourceExhausted (nothing taken) when too few slots are free or
+  // evictable.
+  StatusOr<std::vector<int>> lease(std::span<const int> device_blocks);
+  Status release_lease(const std::vector<int>& slots) { return slots_.release(slots); }
   // Bytes of the canonical form of `count` blocks.
   uint64_t canonical_bytes(int count) const;
   // Leading blocks of keys[0, limit) the tier holds (read only).

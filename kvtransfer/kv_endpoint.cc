@@ -94,6 +94,17 @@ Status KvRankEndpoint::init() {
   region_ = region.id;
   PD_ASSIGN_OR_RETURN(planning_layout_, engine::KvCacheLayout::create(seams_.planning_spec, options_.rank,
                                                                       options_.tp, layout_.num_blocks()));
+  RegisteredRegion host_region;
+  if (options_.host_arena != nullptr) {
+    PD_ASSIGN_OR_RETURN(host_.layout, engine::KvCacheLayout::create(options_.spec, options_.rank, options_.tp,
+                                                                    options_.host_num_blocks));
+    PD_ASSIGN_OR_RETURN(host_.planning_layout,
+                        engine::KvCacheLayout::create(seams_.planning_spec, options_.rank, options_.tp,
+                                                      options_.host_num_blocks));
+    PD_ASSIGN_OR_RETURN(host_region, transport_->register_region({options_.host_arena, host_.layout->total_bytes(),
+                                                                  MemoryKind::kHost, 0}));
+    host_.id = host_region.id;
+  }
 
   ControlChannelOptions copts;
   copts.bind_endpoint = options_.bind_endpoint;
@@ -119,11 +130,21 @@ Status KvRankEndpoint::init() {
   info.set_num_blocks(layout_.num_blocks());
   info.set_arena_bytes(layout_.total_bytes());
   info.set_spec_fingerprint(options_.spec.fingerprint());
+  if (host_.layout) {
+    auto* host = local.add_regions();
+    host->set_name(kHostArenaRegion);
+    host->set_blob(host_region.descriptor);
+    proto::ArenaInfo& hinfo = *local.mutable_host_arena();
+    hinfo.set_num_blocks(host_.layout->num_blocks());
+    hinfo.set_arena_bytes(host_.layout->total_bytes());
+    hinfo.set_spec_fingerprint(options_.spec.fingerprint());
+  }
   PD_ASSIGN_OR_RETURN(control_, ControlChannel::create(std::move(copts)));
-  PD_LOG_INFO("kvtransfer {}.{}: {} rank {}/{} on {}, {} blocks ({} bytes), control {} ({})",
+  PD_LOG_INFO("kvtransfer {}.{}: {} rank {}/{} on {}, {} blocks ({} bytes){}, control {} ({})",
               options_.name, options_.rank,
               options_.side == SessionSide::kProducer ? "producer" : "consumer", options_.rank,
               options_.tp, transport_->describe(), layout_.num_blocks(), layout_.total_bytes(),
+              host_.layout ? absl::StrCat(" + host tier ", host_.layout->num_blocks(), " blocks") : "",
               control_->endpoint(), options_.curve_secret_key.empty() ? "plaintext" : "CURVE-encrypted");
   return absl::OkStatus();
 }
@@ -164,11 +185,28 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
                                             int skip_blocks) {
   PD_ASSIGN_OR_RETURN(const RankMap* map, map_for(request.producer_tp, request.consumer_tp));
   // Planned with the seams' layouts: the real ones, except in the mutation tests (TestFaults).
+  // A pull reads the producer's arena request.region; the consumer's blocks are always its KV arena's.
   const bool producer = options_.side == SessionSide::kProducer;
-  const engine::KvCacheLayout& other = *remote.planning_layout;
-  return plan_for_pair(producer_rank, consumer_rank, *map, producer ? *planning_layout_ : other,
-                       producer ? other : *planning_layout_, request.producer_blocks, consumer_blocks,
-                       skip_blocks);
+  if (producer) {
+    return plan_for_pair(producer_rank, consumer_rank, *map, own_planning_layout(request.region),
+                         *remote.arena(KvRegion::kDevice).planning_layout, request.producer_blocks, consumer_blocks,
+                         skip_blocks);
+  }
+  const Remote::Arena& source = remote.arena(request.region);
+  if (!source.planning_layout)
+    return absl::FailedPreconditionError(absl::StrCat("producer rank ", remote.rank, "/", remote.tp,
+                                                      " announced no host-tier arena"));
+  return plan_for_pair(producer_rank, consumer_rank, *map, *source.planning_layout, *planning_layout_,
+                       request.producer_blocks, consumer_blocks, skip_blocks);
+}
+
+const engine::KvCacheLayout& KvRankEndpoint::own_planning_layout(KvRegion region) const {
+  // hold() refuses a host region on a rank without one, so the host layout is set here.
+  return region == KvRegion::kHost ? *host_.planning_layout : *planning_layout_;
+}
+
+uint8_t* KvRankEndpoint::own_memory(KvRegion region) const {
+  return region == KvRegion::kHost ? static_cast<uint8_t*>(options_.host_arena) : arena();
 }
 
 Status KvRankEndpoint::check_blocks(const std::vector<int>& blocks, int num_blocks,
@@ -425,15 +463,20 @@ std::span<const int> KvRankEndpoint::sent_consumer_blocks(const Request& request
 }
 
 std::vector<uint64_t> KvRankEndpoint::checksums(std::span<const int> consumer_blocks, const TransferPlan& plan,
-                                                const Remote& remote, ChecksumSide side) const {
-  const engine::KvCacheLayout& consumer = options_.side == SessionSide::kConsumer ? layout_ : *remote.layout;
-  return block_checksums(consumer, arena(), consumer_blocks, plan, side);
+                                                const Remote& remote, ChecksumSide side, KvRegion region) const {
+  // The consumer's layout attributes bytes to blocks; the bytes are in this rank's arena that the
+  // plan's offsets address (a producer's source may be its host tier's).
+  const bool consumer = options_.side == SessionSide::kConsumer;
+  return block_checksums(consumer ? layout_ : *remote.arena(KvRegion::kDevice).layout,
+                         consumer ? arena() : own_memory(region), consumer_blocks, plan,
+                         side);
 }
 
 Status KvRankEndpoint::verify_checksums(const std::string& id, const Request& request, int producer_rank,
                                         const Leg& leg, const std::vector<uint64_t>& expected) const {
   const std::vector<uint64_t> mine =
-      checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), ChecksumSide::kDestination);
+      checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote), ChecksumSide::kDestination,
+                request.region);
   return compare_block_checksums(mine, expected, id, producer_rank, options_.rank, request.producer_blocks,
                                  request.consumer_blocks, request.skip_blocks);
 }

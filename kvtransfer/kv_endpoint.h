@@ -18,6 +18,7 @@
 // The transport's own progress thread moves the data.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -78,6 +79,11 @@ struct KvEndpointOptions {
   MemoryKind arena_memory = MemoryKind::kHost;
   int arena_device = 0;
   int num_blocks = 0;
+  // Producer: the rank's host-tier arena (engine/host_kv_tier.h: the same per-rank layout with
+  // `host_num_blocks` blocks, host memory), registered beside the KV arena so that consumers
+  // pull blocks held there (HoldRequest::region). Null: none.
+  void* host_arena = nullptr;
+  int host_num_blocks = 0;
   std::string bind_endpoint = "tcp://127.0.0.1:*";
   const Clock* clock = &RealClock::instance();
   Duration heartbeat_interval = std::chrono::seconds(1);
@@ -111,6 +117,10 @@ struct KvEndpointOptions {
   std::string name = "kv";
   TestFaults test_faults;
 };
+
+// Which of a producer rank's arenas a pull reads: its KV arena (the engine's blocks), or its
+// host tier's (pull-host: the prefill worker copied the prompt there and freed its device blocks).
+enum class KvRegion : uint8_t { kDevice, kHost };
 
 // Push, producer rank: request `request_id`'s KV in `producer_blocks` goes to consumer block
 // ids `consumer_blocks` (the same on every consumer rank) of the consumer TP group whose rank r
@@ -151,6 +161,7 @@ struct HoldRequest {
   std::vector<int> producer_blocks;
   int consumer_tp = 0;
   Duration lease{0};
+  KvRegion region = KvRegion::kDevice;  // Where producer_blocks are (kHost: host-tier slots).
 };
 
 // Pull, consumer rank: read the request from the producer group into `consumer_blocks`.
@@ -165,6 +176,7 @@ struct PullRequest {
   // As PushRequest::skip_blocks: reads only request blocks [k, n). The producer's hold() needs
   // no k: it only serves reads (and checksums, whose request carries k).
   int skip_blocks = 0;
+  KvRegion region = KvRegion::kDevice;  // The producer's arena producer_blocks name (its hold's).
 };
 
 // The outcome of a request on this rank, returned by progress().
@@ -267,13 +279,19 @@ class KvRankEndpoint {
     std::string address;
     proto::Role role = proto::ROLE_UNSPECIFIED;
     int tp = 0, rank = 0;
-    std::optional<engine::KvCacheLayout> layout;
-    std::optional<engine::KvCacheLayout> planning_layout;  // Of the seams' planning spec.
-    std::string arena_descriptor;
+    // Its arenas by KvRegion: the KV arena, and the host tier's (absent: none announced).
+    struct Arena {
+      std::optional<engine::KvCacheLayout> layout;
+      std::optional<engine::KvCacheLayout> planning_layout;  // Of the seams' planning spec.
+      std::string descriptor;
+      std::optional<RemoteRegionId> loaded;  // Once the transport loaded the descriptor.
+    };
+    std::array<Arena, 2> arenas;
+    Arena& arena(KvRegion region) { return arenas[size_t(region)]; }
+    const Arena& arena(KvRegion region) const { return arenas[size_t(region)]; }
     uint64_t control_id = 0;  // Where notifications go.
     bool dialed = false;
     PeerId transport_peer = 0;
-    RemoteRegionId remote_region = 0;
     bool transport_ready = false;
     Status error;  // Not OK once lost.
   };
@@ -294,6 +312,7 @@ class KvRankEndpoint {
     int producer_tp = 0, consumer_tp = 0;
     std::vector<int> producer_blocks, consumer_blocks;
     int skip_blocks = 0;  // Request blocks [0, k) are not sent (PushRequest::skip_blocks).
+    KvRegion region = KvRegion::kDevice;  // Pull: the producer's arena read.
     std::map<int, Leg> legs;  // By peer rank.
     std::vector<bool> layers_posted;
     std::optional<int32_t> first_token;
@@ -333,7 +352,10 @@ class KvRankEndpoint {
   StatusOr<Fan> connect_fan(const std::string& request_id, const std::vector<int>& ranks,
                             const std::vector<std::string>& endpoints, int tp,
                             const std::vector<uint64_t>& incarnations,
-                            const std::vector<int>* remote_blocks, const char* what);
+                            const std::vector<int>* remote_blocks, KvRegion remote_region, const char* what);
+  // Checks `blocks` against the remote's arena `region` (FailedPrecondition when it has none).
+  Status check_remote_blocks(const Remote& remote, KvRegion region, const std::vector<int>& blocks,
+                             const char* what) const;
   Status record_remote(const ControlPeer& peer, Remote** out);
   // Records a handshaken peer (unless already recorded) and checks its role, TP and rank.
   StatusOr<Remote*> accept_dialed(const ControlPeer& peer, const std::string& endpoint, int tp, int rank);
@@ -349,6 +371,16 @@ class KvRankEndpoint {
   // Pull consumer: binds leg `p` to `remote`, posts its gets and asks for its checksums.
   Status open_pull_leg(const std::string& id, Request& request, int p, Leg& leg, Remote& remote);
   Status ensure_transport(Remote& remote);
+  // The transport's id of the remote's arena `region` (loaded the first time).
+  StatusOr<RemoteRegionId> remote_region(Remote& remote, KvRegion region);
+  // This rank's host-tier arena: its layouts, memory and registration.
+  struct HostArena {
+    std::optional<engine::KvCacheLayout> layout, planning_layout;  // Unset: none.
+    RegionId id = 0;
+  };
+  // The producer's own planning layout and memory of arena `region`.
+  const engine::KvCacheLayout& own_planning_layout(KvRegion region) const;
+  uint8_t* own_memory(KvRegion region) const;
   StatusOr<TransferPlan> plan(int producer_rank, int consumer_rank, const Remote& remote,
                               const Request& request, const std::vector<int>& consumer_blocks,
                               int skip_blocks);
@@ -390,10 +422,10 @@ class KvRankEndpoint {
   // State of a batch: in progress, done, or failed (with the error).
   BatchState batch_state(BatchId batch, std::string* error);
   bool leg_ops_ended(Leg& leg, std::string* error);
-  // Debug checksums of a pair's plan, over the local arena at the ops' source (producer) or
-  // destination (consumer) offsets.
+  // Debug checksums of a pair's plan, over the local arena at the ops' source (producer: its
+  // arena `region`) or destination (consumer) offsets.
   std::vector<uint64_t> checksums(std::span<const int> consumer_blocks, const TransferPlan& plan,
-                                  const Remote& remote, ChecksumSide side) const;
+                                  const Remote& remote, ChecksumSide side, KvRegion region) const;
   // The consumer blocks a request sends into: [skip_blocks, n).
   static std::span<const int> sent_consumer_blocks(const Request& request);
   // DATA_LOSS naming the block and ranks unless the received bytes match `expected`.
@@ -408,6 +440,7 @@ class KvRankEndpoint {
   std::unique_ptr<Transport> transport_;
   std::unique_ptr<ControlChannel> control_;
   RegionId region_ = 0;
+  HostArena host_;
   std::map<std::pair<int, int>, RankMap> maps_;
   std::map<std::string, Remote> remotes_;             // By address.
   std::map<uint64_t, std::string> remote_by_control_;  // Control peer id → address.

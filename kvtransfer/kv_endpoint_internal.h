@@ -1,5 +1,5 @@
 // What KvRankEndpoint's files (kv_endpoint*.cc, one concept each) share and nothing else uses:
-// the arena's region name in the handshake, and how a refusal of caller input is reported.
+// the arenas' region names in the handshake, and how a refusal of caller input is reported.
 #pragma once
 
 #include "common/logging.h"
@@ -7,6 +7,7 @@
 namespace pdserve::kvtransfer {
 
 inline constexpr const char* kArenaRegion = "kv_arena";
+inline constexpr const char* kHostArenaRegion = "host_kv_arena";
 
 }  // namespace pdserve::kvtransfer
 

@@ -56,9 +56,28 @@ Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
   remote.rank = static_cast<int>(peer.rank);
   PD_ASSIGN_OR_RETURN(engine::KvCacheLayout planning,
                       engine::KvCacheLayout::create(seams_.planning_spec, peer.rank, peer.tp_size, info.num_blocks()));
-  remote.layout = std::move(layout);
-  remote.planning_layout = std::move(planning);
-  remote.arena_descriptor = arena_it->second;
+  Remote::Arena& device = remote.arena(KvRegion::kDevice);
+  device.layout = std::move(layout);
+  device.planning_layout = std::move(planning);
+  if (device.descriptor != arena_it->second) device.loaded.reset();
+  device.descriptor = arena_it->second;
+  Remote::Arena& host = remote.arena(KvRegion::kHost);
+  auto host_it = peer.regions.find(kHostArenaRegion);
+  if (host_it != peer.regions.end() && peer.host_arena.num_blocks() > 0) {
+    const proto::ArenaInfo& hinfo = peer.host_arena;
+    PD_ASSIGN_OR_RETURN(engine::KvCacheLayout host_layout,
+                        engine::KvCacheLayout::create(options_.spec, peer.rank, peer.tp_size, hinfo.num_blocks()));
+    if (host_layout.total_bytes() != hinfo.arena_bytes() || hinfo.spec_fingerprint() != options_.spec.fingerprint())
+      return absl::FailedPreconditionError(absl::StrCat("peer host-tier arena of ", hinfo.arena_bytes(),
+                                                        " bytes, its layout needs ", host_layout.total_bytes()));
+    PD_ASSIGN_OR_RETURN(host.planning_layout, engine::KvCacheLayout::create(seams_.planning_spec, peer.rank,
+                                                                            peer.tp_size, hinfo.num_blocks()));
+    host.layout = std::move(host_layout);
+    if (host.descriptor != host_it->second) host.loaded.reset();
+    host.descriptor = host_it->second;
+  } else {
+    host = Remote::Arena{};
+  }
   // Prefer a connection we dialed for sending: it exists as long as we keep it.
   if (remote.control_id == 0 || peer.dialed || !remote.dialed) {
     remote.control_id = peer.id;
@@ -92,7 +111,7 @@ StatusOr<KvRankEndpoint::Remote*> KvRankEndpoint::accept_dialed(const ControlPee
 StatusOr<KvRankEndpoint::Fan> KvRankEndpoint::connect_fan(
     const std::string& request_id, const std::vector<int>& ranks,
     const std::vector<std::string>& endpoints, int tp, const std::vector<uint64_t>& incarnations,
-    const std::vector<int>* remote_blocks, const char* what) {
+    const std::vector<int>* remote_blocks, KvRegion remote_region, const char* what) {
   Fan fan;
   auto unreachable = [&](int r, const Status& why) {
     fan.unreachable = unreachable_peer(absl::Status(
@@ -107,7 +126,7 @@ StatusOr<KvRankEndpoint::Fan> KvRankEndpoint::connect_fan(
         unreachable(r, remote.status());
         break;
       }
-      if (remote_blocks) PD_RETURN_IF_ERROR(check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what));
+      if (remote_blocks) PD_RETURN_IF_ERROR(check_remote_blocks(**remote, remote_region, *remote_blocks, what));
       fan.remotes[r] = *remote;
       continue;
     }
@@ -172,7 +191,9 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
     const std::vector<int>* remote_blocks = role == TransferRole::kPushProducer ? &request.consumer_blocks
                                             : role == TransferRole::kPushConsumer ? nullptr
                                                                                   : &request.producer_blocks;
-    if (status.ok() && remote_blocks) status = check_blocks(*remote_blocks, (*remote)->layout->num_blocks(), what);
+    // A pull consumer's are in the producer's arena request.region; a push producer's in the
+    // consumer's KV arena (request.region stays kDevice).
+    if (status.ok() && remote_blocks) status = check_remote_blocks(**remote, request.region, *remote_blocks, what);
     if (status.ok()) {
       switch (role) {
         case TransferRole::kPullProducer:
@@ -208,11 +229,29 @@ Status KvRankEndpoint::ensure_transport(Remote& remote) {
   StatusOr<PeerId> peer = transport_->connect(remote.address);
   if (!peer.ok()) return peer_fault(peer.status());
   remote.transport_peer = *peer;
-  StatusOr<RemoteRegionId> region = transport_->load_remote_region(remote.transport_peer, remote.arena_descriptor);
-  if (!region.ok()) return peer_fault(region.status());
-  remote.remote_region = *region;
   remote.transport_ready = true;
-  return absl::OkStatus();
+  return remote_region(remote, KvRegion::kDevice).status();
+}
+
+StatusOr<RemoteRegionId> KvRankEndpoint::remote_region(Remote& remote, KvRegion region) {
+  Remote::Arena& arena = remote.arena(region);
+  if (arena.loaded) return *arena.loaded;
+  if (!arena.layout)
+    return absl::FailedPreconditionError(absl::StrCat("peer rank ", remote.rank, "/", remote.tp,
+                                                      " announced no host-tier arena"));
+  StatusOr<RemoteRegionId> id = transport_->load_remote_region(remote.transport_peer, arena.descriptor);
+  if (!id.ok()) return peer_fault(id.status());
+  arena.loaded = *id;
+  return *id;
+}
+
+Status KvRankEndpoint::check_remote_blocks(const Remote& remote, KvRegion region, const std::vector<int>& blocks,
+                                           const char* what) const {
+  const Remote::Arena& arena = remote.arena(region);
+  if (!arena.layout)
+    return absl::FailedPreconditionError(absl::StrCat(what, " rank ", remote.rank, "/", remote.tp,
+                                                      " has no host-tier arena (--host-kv-bytes) to read from"));
+  return check_blocks(blocks, arena.layout->num_blocks(), what);
 }
 
 }  // namespace pdserve::kvtransfer

@@ -17,7 +17,11 @@ Status KvRankEndpoint::hold(const HoldRequest& in) {
                          ? absl::OkStatus()
                          : absl::FailedPreconditionError("hold on a consumer rank"));
   PD_REFUSE_IF_ERROR(check_new_request(in.request_id));
-  PD_REFUSE_IF_ERROR(check_blocks(in.producer_blocks, layout_.num_blocks(), "producer"));
+  if (in.region == KvRegion::kHost && !host_.layout)
+    PD_REFUSE_IF_ERROR(absl::FailedPreconditionError("hold of host-tier blocks on a rank without a host tier"));
+  PD_REFUSE_IF_ERROR(check_blocks(in.producer_blocks,
+                                  in.region == KvRegion::kHost ? host_.layout->num_blocks() : layout_.num_blocks(),
+                                  "producer"));
   std::vector<int> peers;
   if (in.consumer_tp > 0) {
     StatusOr<const RankMap*> map = map_for(options_.tp, in.consumer_tp);
@@ -29,6 +33,7 @@ Status KvRankEndpoint::hold(const HoldRequest& in) {
   request.producer_tp = options_.tp;
   request.consumer_tp = in.consumer_tp;
   request.producer_blocks = in.producer_blocks;
+  request.region = in.region;
   return absl::OkStatus();
 }
 
@@ -48,7 +53,8 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
   StatusOr<const RankMap*> map = map_for(in.producer_tp, options_.tp);
   PD_REFUSE_IF_ERROR(map.status());
   StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_in[options_.rank], in.producer_endpoints,
-                                  in.producer_tp, in.producer_incarnations, &in.producer_blocks, "producer");
+                                  in.producer_tp, in.producer_incarnations, &in.producer_blocks, in.region,
+                                  "producer");
   PD_REFUSE_IF_ERROR(fan.status());
   Request& request = add_request(in.request_id, TransferMode::kPull, in.consumer_blocks,
                                  (*map)->fan_in[options_.rank], in.lease);
@@ -57,6 +63,7 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
   request.producer_blocks = in.producer_blocks;
   request.consumer_blocks = in.consumer_blocks;
   request.skip_blocks = in.skip_blocks;
+  request.region = in.region;
   if (!fan->unreachable.ok()) {
     fail(request, fan->unreachable);
     return fan->unreachable;
@@ -79,11 +86,12 @@ Status KvRankEndpoint::open_pull_leg(const std::string& id, Request& request, in
   leg.remote = remote.address;
   PD_RETURN_IF_ERROR(ensure_transport(remote));
   PD_ASSIGN_OR_RETURN(leg.plan, plan(p, options_.rank, remote, request, request.consumer_blocks, request.skip_blocks));
+  PD_ASSIGN_OR_RETURN(const RemoteRegionId source, remote_region(remote, request.region));
   TransferBatch batch{remote.transport_peer, {}};
   batch.ops.reserve(leg.plan.total_ops);
   for (const LayerCopies& layer : leg.plan.layers) {
     for (const CopyOp& op : layer.ops) {
-      batch.ops.push_back({OpCode::kGet, region_, op.dst_offset, remote.remote_region, op.src_offset, op.length});
+      batch.ops.push_back({OpCode::kGet, region_, op.dst_offset, source, op.src_offset, op.length});
     }
   }
   if (!batch.ops.empty()) {
@@ -206,7 +214,7 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
     const std::vector<int> consumer_blocks(ask.consumer_blocks().begin(),
                                            ask.consumer_blocks().end());
     Status status = consumer_blocks.size() == request.producer_blocks.size()
-                        ? check_blocks(consumer_blocks, from.layout->num_blocks(), "consumer")
+                        ? check_blocks(consumer_blocks, from.arena(KvRegion::kDevice).layout->num_blocks(), "consumer")
                         : absl::InvalidArgumentError("producer and consumer block counts differ");
     const int skip = static_cast<int>(ask.skip_blocks());
     StatusOr<TransferPlan> planned = absl::UnknownError("unplanned");
@@ -216,7 +224,7 @@ void KvRankEndpoint::on_checksum_request(Remote& from, const proto::ChecksumRequ
     }
     if (!status.ok()) return refuse(status.ToString());
     const std::span<const int> sent(consumer_blocks.begin() + skip, consumer_blocks.end());
-    for (uint64_t sum : checksums(sent, *planned, from, ChecksumSide::kSource)) {
+    for (uint64_t sum : checksums(sent, *planned, from, ChecksumSide::kSource, request.region)) {
       reply.add_checksums(sum);
     }
   }

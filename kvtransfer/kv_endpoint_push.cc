@@ -31,7 +31,8 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
   // Connect first, so that block ids outside a consumer's arena are refused like other bad
   // input; a consumer that cannot be reached fails the registered request instead.
   StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_out[options_.rank], in.consumer_endpoints,
-                                  in.consumer_tp, in.consumer_incarnations, &in.consumer_blocks, "consumer");
+                                  in.consumer_tp, in.consumer_incarnations, &in.consumer_blocks, KvRegion::kDevice,
+                                  "consumer");
   PD_REFUSE_IF_ERROR(fan.status());
   Request& request = add_request(in.request_id, TransferMode::kPush, in.producer_blocks,
                                  (*map)->fan_out[options_.rank], in.lease);
@@ -108,7 +109,7 @@ Status KvRankEndpoint::post_layer(const std::string& id, Request& request, int c
   TransferBatch batch{remote.transport_peer, {}};
   batch.ops.reserve(copies.ops.size());
   for (const CopyOp& op : copies.ops) {
-    batch.ops.push_back({OpCode::kPut, region_, op.src_offset, remote.remote_region, op.dst_offset, op.length});
+    batch.ops.push_back({OpCode::kPut, region_, op.src_offset, *remote.arena(KvRegion::kDevice).loaded, op.dst_offset, op.length});
   }
   PD_ASSIGN_OR_RETURN(BatchId posted, post_batch(batch));
   leg.batches.push_back(posted);
@@ -179,7 +180,7 @@ Status KvRankEndpoint::expect_push(const ExpectPushRequest& in) {
   if (in.producer_endpoints.empty()) return absl::OkStatus();
   // The producer's blocks are unknown until its WRITE_DONE: nothing to range-check yet.
   StatusOr<Fan> fan = connect_fan(in.request_id, (*map)->fan_in[options_.rank], in.producer_endpoints,
-                                  in.producer_tp, in.producer_incarnations, nullptr, "producer");
+                                  in.producer_tp, in.producer_incarnations, nullptr, KvRegion::kDevice, "producer");
   if (fan.ok() && fan->unreachable.ok()) {
     for (auto& [p, remote] : fan->remotes) request.legs.at(p).remote = remote->address;
     wait_for_dials(in.request_id, request, *fan);
@@ -236,7 +237,7 @@ void KvRankEndpoint::on_write_done(Remote& from, const proto::Envelope& envelope
   }
   request.producer_blocks.assign(done.producer_blocks().begin(), done.producer_blocks().end());
   Status status = request.producer_blocks.size() == request.consumer_blocks.size()
-                      ? check_blocks(request.producer_blocks, from.layout->num_blocks(), "producer")
+                      ? check_blocks(request.producer_blocks, from.arena(KvRegion::kDevice).layout->num_blocks(), "producer")
                       : absl::InvalidArgumentError("write_done without the producer's block ids");
   if (status.ok() && static_cast<int>(done.skip_blocks()) != request.skip_blocks) {
     status = absl::InvalidArgumentError(absl::StrCat("producer skipped ", done.skip_blocks(),
@@ -313,7 +314,7 @@ void KvRankEndpoint::step_push_producer(const std::string& id, Request& request)
     done.set_skip_blocks(request.skip_blocks);
     if (options_.checksums) {
       for (uint64_t sum : checksums(sent_consumer_blocks(request), leg.plan, remotes_.at(leg.remote),
-                                    ChecksumSide::kSource)) {
+                                    ChecksumSide::kSource, KvRegion::kDevice)) {
         done.add_block_checksums(sum);
       }
     }

@@ -1,5 +1,6 @@
-// Router::run_pull: one P/D placement where the decode side pulls the KV. Prefill on a
-// prefill worker, which holds the prompt's KV and returns the first token and where the KV is;
+// Router::run_pull: one P/D placement where the decode side pulls the KV (pull, pull-host). Prefill
+// on a prefill worker, which holds the prompt's KV (pull-host: a copy in its host tier) and returns
+// the first token and where the KV is;
 // the router streams that token at once, then Generate on a decode worker reads the KV it lacks
 // (its own prefix cache holds the rest) and streams from the token after it.
 #include "router/policy.h"
@@ -17,7 +18,7 @@ Router::Attempt Router::run_pull(Flow& f) {
   f.assign(clock_);
   worker::PrefillRequest preq;
   f.fill(preq);
-  preq.set_kv_mode("pull");
+  preq.set_kv_mode(std::string(kv_mode_name(options_.kv_mode)));  // pull or pull-host.
   const int64_t queued =
       dispatched_prefill_tokens(preq.prompt_size(), producer_load, prefill_terms ? &*prefill_terms : nullptr);
   registry_.note_assigned(p, 0, queued);

@@ -237,9 +237,10 @@ int main(int argc, char** argv) {
   app.add_option("--decode", f.decode, "Decode worker HOST:PORT (repeatable)");
   app.add_option("--aggregated", f.aggregated, "Aggregated worker HOST:PORT (repeatable)");
   app.add_option("--kv-mode", f.kv_mode,
-                 "KV transfer mode between prefill and decode; aggregated: serve aggregated workers (implied by "
-                 "--aggregated)")
-      ->check(CLI::IsMember({"push", "pull", "aggregated"}))->capture_default_str();
+                 "KV transfer mode between prefill and decode (pull-host: the decode side reads a copy in the "
+                 "prefill worker's host KV tier, which frees its device blocks at once; needs --host-kv-bytes there); "
+                 "aggregated: serve aggregated workers (implied by --aggregated)")
+      ->check(CLI::IsMember({"push", "pull", "pull-host", "aggregated"}))->capture_default_str();
   app.add_option("--max-running", f.max_running, "Requests out at the workers at once")->capture_default_str();
   app.add_option("--max-waiting", f.max_waiting, "Requests queued at the router before refusing (overloaded)")->capture_default_str();
   app.add_option("--request-timeout", f.request_timeout_s, "Per-request timeout in seconds")->capture_default_str();

@@ -218,6 +218,17 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
                 "Sequences the worker's engine preempted to make room in its KV cache (recomputed later).", "counter");
   for (const WorkerGauges& w : workers)
     append_sample(out, "pdserve:worker_preemptions_total", {{"worker", w.worker}, {"role", w.role}}, double(w.preemptions));
+  append_header(out, "pdserve:worker_host_copies_total",
+                "Prefill worker, pull-host: prompts copied to the host tier for the decode side to read (device blocks "
+                "freed at once); outcome=fallback: read from the device because every host slot was in use.",
+                "counter");
+  for (const WorkerGauges& w : workers) {
+    if (w.role != "prefill") continue;
+    append_sample(out, "pdserve:worker_host_copies_total", {{"worker", w.worker}, {"role", w.role}, {"outcome", "copied"}},
+                  double(w.host_copies));
+    append_sample(out, "pdserve:worker_host_copies_total",
+                  {{"worker", w.worker}, {"role", w.role}, {"outcome", "fallback"}}, double(w.host_copy_fallbacks));
+  }
   // The KV cache's host and filesystem tiers (docs/kv_offload.md), per worker that has them.
   using Tier = WorkerGauges::Tier;
   struct TierGauge {

@@ -55,6 +55,7 @@ struct WorkerGauges {
   uint64_t kv_transfer_leases_expired = 0, kv_transfer_refused = 0;
   double kv_transfer_seconds = 0;
   uint64_t preemptions = 0;  // WorkerInfo.preemptions_total.
+  uint64_t host_copies = 0, host_copy_fallbacks = 0;  // WorkerInfo.host_copies_total, ..._fallbacks_total.
   // A KV cache tier below the device's (WorkerInfo.host_tier, .disk_tier).
   struct Tier {
     bool present = false;

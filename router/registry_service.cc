@@ -48,6 +48,9 @@ grpc::Status RegistryService::Register(grpc::ServerContext* ctx, const worker::R
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "this router serves " + (model_names_.empty() ? std::string("?") : model_names_.front()) +
                             ", not " + request->model());
+  if (kv_mode_ == KvMode::kPullHost && role == worker::ROLE_PREFILL && request->host_kv_blocks() <= 0)
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "this router (mode pull-host) needs prefill workers with a host KV tier (--host-kv-bytes)");
   const Status s = registry_.register_worker({request->address(), role}, request->worker_id());
   if (!s.ok()) return to_grpc(s);
   const RegistryOptions& o = registry_.options();

@@ -426,7 +426,7 @@ Status Router::run_placements(Flow& f) {
     } else if (const int d = decode_local_worker(f); d >= 0) {
       a = run_decode_local(f, d);
     } else {
-      a = options_.kv_mode == KvMode::kPull ? run_pull(f) : run_push(f);
+      a = options_.kv_mode == KvMode::kPush ? run_push(f) : run_pull(f);
     }
     if (a.no_worker && clock_.now() < wait_until) {
       // Wait for a worker to come (back) up; those that failed this request count again once

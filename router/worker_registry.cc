@@ -302,6 +302,8 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.kv_transfer_refused = w.info.kv_transfer_refused();
     g.kv_transfer_seconds = w.info.kv_transfer_seconds();
     g.preemptions = w.info.preemptions_total();
+    g.host_copies = w.info.host_copies_total();
+    g.host_copy_fallbacks = w.info.host_copy_fallbacks_total();
     auto tier = [](bool present, const worker::KvTierStats& t) {
       return WorkerGauges::Tier{present,
                                 t.blocks(),

@@ -233,6 +233,10 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --local-prefill-tokens applies to P/D clusters (--prefill/--decode), not --aggregated\n";
     return 2;
   }
+  if (f.kv_mode == "pull-host" && f.host_kv_bytes == 0) {
+    std::cerr << "error: --kv-mode pull-host reads prompts from the prefill workers' host KV tier: give --host-kv-bytes\n";
+    return 2;
+  }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
   if (!tls.ok()) {
@@ -408,8 +412,10 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode-tp", f->decode_tp, "TP ranks per decode worker")->capture_default_str();
   cmd->add_option("--aggregated", f->aggregated, "Aggregated workers (the non-disaggregated baseline)");
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
-  cmd->add_option("--kv-mode", f->kv_mode, "KV transfer: push (prefill writes) or pull (decode reads)")
-      ->check(CLI::IsMember({"push", "pull"}))->capture_default_str();
+  cmd->add_option("--kv-mode", f->kv_mode,
+                   "KV transfer: push (prefill writes), pull (decode reads) or pull-host (decode reads a copy in the "
+                   "prefill worker's host tier; needs --host-kv-bytes)")
+      ->check(CLI::IsMember({"push", "pull", "pull-host"}))->capture_default_str();
   cmd->add_option("--device", f->device, "Workers' compute backend: cpu, cuda or hip (emulated: tests)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
       ->capture_default_str();

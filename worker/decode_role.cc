@@ -195,6 +195,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     pull.consumer_blocks = job.kv_blocks;
     pull.lease = lease_;
     pull.skip_blocks = job.skip;
+    pull.region = source.region() == KvGroup::REGION_HOST ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
     lock.lock();
     if (jobs_.count(id)) {
       release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate pull"));

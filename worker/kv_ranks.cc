@@ -173,6 +173,11 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.heartbeat_interval = options.heartbeat_interval;
     o.curve_secret_key = options.curve_secret_key;
     o.test_faults = options.test_faults;
+    if (options.side == kvtransfer::SessionSide::kProducer && engine.host_kv_blocks() > 0) {
+      // pull-host: decode workers read prompts the prefill worker copied to its host tier.
+      o.host_arena = engine.host_kv_arena(r);
+      o.host_num_blocks = engine.host_kv_blocks();
+    }
     o.on_release = [on_release, r](const std::string& id, std::vector<int> blocks) {
       on_release(r, id, std::move(blocks));
     };

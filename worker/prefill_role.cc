@@ -14,6 +14,7 @@ using kvtransfer::KvTransferEvent;
 
 struct PrefillRole::Job {
   bool push = true;
+  bool via_host = false;           // pull-host: the decode side reads a host-tier copy.
   KvGroup consumer;                // push: the decode worker's ranks.
   std::vector<int> target_blocks;  // push: the decode worker's reserved blocks.
   int skip_blocks = 0;             // push: prompt blocks the decode side holds already (not sent).
@@ -29,6 +30,9 @@ struct PrefillRole::Job {
   int cached_tokens = 0;           // Of the prompt, from the prefix cache.
   engine::FinishReason reason = engine::FinishReason::kNone;
   std::vector<int> kv_blocks;      // The prompt's blocks, held for the transfer.
+  // pull-host: the host-tier slots holding the prompt's copy (the device blocks went back at
+  // once); empty when the host tier had no room and the decode side reads kv_blocks instead.
+  std::vector<int> host_slots;
   // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
   // soon as the layer is written, and seals when the prefill finishes; pull starts then.
   bool transfer_started = false;
@@ -64,14 +68,20 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   const std::string& id = request.request_id();
   if (id.empty()) return absl::InvalidArgumentError("empty request id");
   const bool push = request.kv_mode() == "push";
-  if (!push && request.kv_mode() != "pull")
-    return absl::InvalidArgumentError(absl::StrCat("kv_mode must be push or pull, not '", request.kv_mode(), "'"));
+  const bool via_host = request.kv_mode() == "pull-host";
+  if (!push && !via_host && request.kv_mode() != "pull")
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_mode must be push, pull or pull-host, not '", request.kv_mode(), "'"));
+  if (via_host && engine_.host_kv_blocks() == 0)
+    return absl::FailedPreconditionError(
+        "kv_mode pull-host needs a host KV tier on the prefill worker (--host-kv-bytes)");
   PD_ASSIGN_OR_RETURN(engine::SamplingParams params, to_engine_params(request.sampling(), request.resumed_tokens()));
   const int prompt_len = request.prompt_size();
   const int block_size = engine_.kv_layout(0).block_size();
   const int prompt_blocks = (prompt_len + block_size - 1) / block_size;
   Job job;
   job.push = push;
+  job.via_host = via_host;
   job.prompt_len = prompt_len;
   job.request_ends_at_first_token = params.max_tokens == 1 || prompt_len >= engine_.config().max_seq_len;
   job.want_logprobs = params.logprobs >= 0;
@@ -144,7 +154,9 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
     if (j.reason == engine::FinishReason::kLength && j.request_ends_at_first_token) response.set_finish_reason("length");
     if (!push && j.transfer_started) {
       KvGroup source = kv_->group();
-      for (int b : j.kv_blocks) source.add_blocks(b);
+      const bool host = !j.host_slots.empty();
+      for (int b : host ? j.host_slots : j.kv_blocks) source.add_blocks(b);
+      source.set_region(host ? KvGroup::REGION_HOST : KvGroup::REGION_DEVICE);
       response.set_kv_source(source.SerializeAsString());
     }
   }
@@ -229,10 +241,25 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
     release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": ended at its first token"));
     job.kv_blocks.clear();
   } else {
+    if (job.via_host) copy_to_host(id, job);
     start_hold(id, job);
   }
   changed_.notify_all();
   maybe_finish(id);
+}
+
+void PrefillRole::copy_to_host(const std::string& id, Job& job) {
+  StatusOr<std::vector<int>> slots = engine_.lease_host_copy(job.kv_blocks);
+  if (!slots.ok()) {
+    // A host tier whose every slot is being read: this request is read from the device instead.
+    ++host_copy_fallbacks_;
+    PD_LOG_WARN("prefill {}: pull-host: {}; the decode side reads the device blocks", id, slots.status().ToString());
+    return;
+  }
+  ++host_copies_;
+  release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": copied to the host tier"));
+  job.kv_blocks.clear();
+  job.host_slots = std::move(*slots);
 }
 
 void PrefillRole::begin_push(const std::string& id, Job& job) {
@@ -316,12 +343,16 @@ void PrefillRole::start_hold(const std::string& id, Job& job) {
   job.transfer_started = true;
   kvtransfer::HoldRequest hold;
   hold.request_id = id;
-  hold.producer_blocks = job.kv_blocks;
+  const bool host = !job.host_slots.empty();
+  hold.producer_blocks = host ? job.host_slots : job.kv_blocks;
+  hold.region = host ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
   hold.lease = lease_;
   kv_->post_all([this, hold](int rank, kvtransfer::KvRankEndpoint& ep) {
     // The prefill's steps have finished on every rank (a forward pass ends synchronized), so its
-    // KV is complete on the device: the consumers may read the mirror once it holds it.
-    if (kvtransfer::KvStaging* staging = kv_->staging(rank)) {
+    // KV is complete on the device: the consumers may read the mirror once it holds it. A
+    // host-tier copy is host memory already.
+    kvtransfer::KvStaging* staging = kv_->staging(rank);
+    if (staging != nullptr && hold.region == kvtransfer::KvRegion::kDevice) {
       if (Status s = staging->to_host(hold.producer_blocks); !s.ok()) {
         on_command_failed(rank, hold.request_id, s, /*registered=*/false);
         return;
@@ -410,6 +441,11 @@ void PrefillRole::maybe_finish(const std::string& id) {
     if (Status s = engine_.release_blocks(job.kv_blocks); !s.ok())
       PD_LOG_ERROR("prefill {}: releasing blocks: {}", id, s.ToString());
     job.kv_blocks.clear();
+  }
+  if (job.transfer_started && blocks_back && !job.host_slots.empty()) {
+    if (Status s = engine_.release_host_lease(job.host_slots); !s.ok())
+      PD_LOG_ERROR("prefill {}: releasing host-tier slots: {}", id, s.ToString());
+    job.host_slots.clear();
   }
   if (prefill_over && blocks_back && job.rpc_done) jobs_.erase(it);
 }

@@ -7,10 +7,13 @@
 // carries the first token), and the blocks are freed once the writes are remotely complete;
 // the RPC answers as soon as the first token is sampled, so the router streams it while the
 // transfer ends. Pull — every rank holds the blocks for the decode ranks to read, freed once
-// all of them released or the lease ran out; the RPC answers once they are held. The engine's
-// blocks go back exactly once, when every rank has given them back.
+// all of them released or the lease ran out; the RPC answers once they are held. Pull-host — as
+// pull, but the prompt's blocks are first copied to host-tier slots leased to the request and
+// the device blocks freed at once; the decode side reads the host arena (docs/kv_offload.md).
+// The engine's blocks go back exactly once, when every rank has given them back.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -43,6 +46,9 @@ class PrefillRole {
   const KvRanks& kv() const { return *kv_; }
   // Requests with a transfer or hold not yet finished (a drain waits for none).
   size_t open_jobs() const;
+  // pull-host: prompts copied to the host tier, and those read from the device for want of room.
+  uint64_t host_copies() const { return host_copies_.load(); }
+  uint64_t host_copy_fallbacks() const { return host_copy_fallbacks_.load(); }
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);
 
@@ -60,6 +66,9 @@ class PrefillRole {
   void post_layer(int rank, const std::string& id, Job& job, int layer);
   void seal_push(const std::string& id, Job& job);
   void start_hold(const std::string& id, Job& job);
+  // pull-host: copies the prompt's blocks to leased host-tier slots and frees the device ones;
+  // leaves them on the device (read from there) when the host tier has no room.
+  void copy_to_host(const std::string& id, Job& job);
   // False once the job is gone or aborting: its queued commands then do nothing.
   bool transfer_live(const std::string& id);
   // A command failed on a rank's thread: aborts it there and fails the job.
@@ -82,6 +91,7 @@ class PrefillRole {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Job> jobs_;
+  std::atomic<uint64_t> host_copies_{0}, host_copy_fallbacks_{0};
 };
 
 }  // namespace pdserve::worker

@@ -362,6 +362,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
       r.set_compat_hash(info.compat_hash());
       r.set_kv_events_endpoint(info.kv_events_endpoint());
       r.set_kv_replay_endpoint(info.kv_replay_endpoint());
+      r.set_host_kv_blocks(info.host_tier().blocks());
       return r;
     });
     registration->start();

@@ -130,6 +130,10 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     }
   }
   const KvRanks* kv = prefill_ ? &prefill_->kv() : decode_ ? &decode_->kv() : nullptr;
+  if (prefill_) {
+    reply->set_host_copies_total(prefill_->host_copies());
+    reply->set_host_copy_fallbacks_total(prefill_->host_copy_fallbacks());
+  }
   reply->set_backend(e.backend(0).name());
   reply->set_kv_compat(kv_compat_);
   if (kv) {

@@ -39,6 +39,7 @@ void copy_identity(const Message& m, ControlPeer& peer) {
   peer.incarnation = m.incarnation();
   for (const auto& region : m.regions()) peer.regions[region.name()] = region.blob();
   peer.arena = m.arena();
+  peer.host_arena = m.host_arena();
   peer.local_lane = m.local_lane();
   peer.local_lane_token = m.local_lane_token();
 }
@@ -450,6 +451,7 @@ void ControlChannel::on_router_frame(const std::string& routing_id, const std::s
       ack.set_incarnation(local.incarnation());
       *ack.mutable_regions() = local.regions();
       *ack.mutable_arena() = local.arena();
+      *ack.mutable_host_arena() = local.host_arena();
       if (lane_) {
         ack.set_local_lane(lane_->address());
         ack.set_local_lane_token(lane_token_);

@@ -87,6 +87,7 @@ struct ControlPeer {
   uint64_t incarnation = 0;  // Handshake.incarnation: which process on that endpoint.
   std::map<std::string, std::string> regions;  // Region name → transport descriptor.
   proto::ArenaInfo arena;  // Unset (all zero) when the peer announced no KV arena.
+  proto::ArenaInfo host_arena;  // Unset (all zero) when the peer announced no host-tier arena.
   std::string local_lane;  // Its same-host lane's address; empty when it has none.
   std::string local_lane_token;  // What its lane datagrams start with.
 };

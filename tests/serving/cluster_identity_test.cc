@@ -3,7 +3,8 @@
 // the output verbatim and a new user message; half greedy, half sampled with per-request seeds)
 // give the same tokens on every topology with the cache on as the in-process engine with the
 // cache off — aggregated; push and pull at TP pairs (1,1), (1,2), (2,1); with decode-local
-// prefill; with every worker's device cache at a quarter of the working set and a host tier; and
+// prefill; with every worker's device cache at a quarter of the working set and a host tier (also
+// in pull-host, the decode side reading every prompt from the prefill worker's host tier); and
 // a cluster with the cache off, which ties the two ends together. Every arm with
 // the cache on must also have reused blocks (cached tokens > 0, and on the decode side for P/D),
 // so the identity is not that of a cache that never hit. And an aggregated worker with a host and
@@ -192,6 +193,7 @@ struct Arm {
   bool pd = true;
   bool decode_local = false;  // Some placements prefill on the decode worker, some do not.
   bool host_tier = false;     // Workers have a host tier, which must have served hits.
+  bool via_host = false;      // pull-host: every prompt the decode side read came from a host-tier copy.
 };
 
 class ClusterCacheIdentity : public ::testing::TestWithParam<Arm> {};
@@ -245,6 +247,16 @@ TEST_P(ClusterCacheIdentity, TwoHundredConversationsGiveTheCacheOffTokens) {
     std::cerr << arm.name << ": " << host_hits << " prompt tokens served by the workers' host tiers\n";
     EXPECT_GT(host_hits, 0) << arm.name << ": the host tier never served a hit";
   }
+  if (arm.via_host) {
+    const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+    ASSERT_TRUE(text);
+    const double copied = testing::metric_sum(*text, "pdserve:worker_host_copies_total", "outcome=\"copied\"");
+    const double fallbacks = testing::metric_sum(*text, "pdserve:worker_host_copies_total", "outcome=\"fallback\"");
+    std::cerr << arm.name << ": " << copied << " prompts copied to the prefill worker's host tier, " << fallbacks
+              << " read from its device\n";
+    EXPECT_GT(copied, 0) << arm.name;
+    EXPECT_EQ(fallbacks, 0) << arm.name << ": the 64 MiB host tier had room for every prompt";
+  }
   if (arm.decode_local) {
     EXPECT_GT(local, 0) << arm.name;
     EXPECT_LT(local, kConversations * kTurns) << arm.name << ": every placement was local";
@@ -255,13 +267,14 @@ TEST_P(ClusterCacheIdentity, TwoHundredConversationsGiveTheCacheOffTokens) {
 
 Arm pd(const std::string& mode, int ptp, int dtp, int local_tokens = 0, bool cache_on = true) {
   Arm a;
-  a.name = mode + "_" + std::to_string(ptp) + "_" + std::to_string(dtp) + (local_tokens ? "_local" : "") +
+  a.name = (mode == "pull-host" ? "pull_host" : mode) + "_" + std::to_string(ptp) + "_" + std::to_string(dtp) + (local_tokens ? "_local" : "") +
            (cache_on ? "" : "_cache_off");
   a.up_args = {"--prefill", "1", "--prefill-tp", std::to_string(ptp), "--decode", "1", "--decode-tp",
                std::to_string(dtp), "--kv-mode", mode, "--local-prefill-tokens", std::to_string(local_tokens),
                "--prefix-caching", cache_on ? "on" : "off"};
   a.cache_on = cache_on;
   a.decode_local = local_tokens > 0;
+  a.via_host = mode == "pull-host";
   return a;
 }
 
@@ -291,7 +304,8 @@ INSTANTIATE_TEST_SUITE_P(Topologies, ClusterCacheIdentity,
                                            pd("pull", 1, 1), pd("pull", 1, 2), pd("pull", 2, 1),
                                            pd("push", 1, 2, 20), pd("pull", 2, 1, 20),
                                            pd("push", 1, 1, 0, false), quarter_with_host(aggregated()),
-                                           quarter_with_host(pd("push", 1, 1)), quarter_with_host(pd("pull", 1, 2))),
+                                           quarter_with_host(pd("push", 1, 1)), quarter_with_host(pd("pull", 1, 2)),
+                                           quarter_with_host(pd("pull-host", 2, 1))),
                          [](const ::testing::TestParamInfo<Arm>& info) { return info.param.name; });
 
 // The tiers on a real aggregated worker (`pdserve up`): a device cache of about two requests,
