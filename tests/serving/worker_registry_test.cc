@@ -160,6 +160,20 @@ TEST(RegistryService, RefusesWorkersTheRouterDoesNotUseAndAnswersItsTimings) {
   RegistryService agg(reg, {"stories260K"}, KvMode::kAggregated);
   req.set_role(worker::ROLE_PREFILL);
   EXPECT_EQ(agg.Register(nullptr, &req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // pull-host reads prompts from the prefill workers' host tier: one without it is refused.
+  RegistryService via_host(reg, {"stories260K"}, KvMode::kPullHost);
+  req.set_model("stories260K");
+  req.set_address("127.0.0.1:1011");
+  const grpc::Status no_tier = via_host.Register(nullptr, &req, &resp);
+  EXPECT_EQ(no_tier.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(no_tier.error_message().find("--host-kv-bytes"), std::string::npos) << no_tier.error_message();
+  req.set_host_kv_blocks(3276);
+  EXPECT_TRUE(via_host.Register(nullptr, &req, &resp).ok());
+  req.set_host_kv_blocks(0);
+  req.set_role(worker::ROLE_DECODE);  // Its host tier is its own business.
+  req.set_address("127.0.0.1:1012");
+  EXPECT_TRUE(via_host.Register(nullptr, &req, &resp).ok());
 }
 
 // With cluster tokens, Registry calls need one in their metadata: a worker without it (or with

@@ -181,6 +181,17 @@ TEST(Cli, BadFlag) {
   EXPECT_LT(r.exit_code, 128);
 }
 
+// `pdserve up --kv-mode pull-host` reads prompts from the prefill workers' host tier: without
+// --host-kv-bytes it is refused before any process starts.
+TEST(Cli, UpPullHostNeedsAHostTier) {
+  CliRun r = pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--kv-mode", "pull-host"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--kv-mode pull-host reads prompts from the prefill workers' host KV tier: give "
+                       "--host-kv-bytes"),
+            std::string::npos)
+      << r.err;
+}
+
 // `pdserve bench` refuses a flag its --workload would silently not read (exit 2, naming it),
 // before connecting: nothing listens on the router address given.
 TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {

@@ -186,6 +186,8 @@ const REFUSALS = [
     want: ['ratio.prefillPerDecodeMin is set but mode is aggregated', 'ratio.prefillPerDecodeMax is set but mode is aggregated'] },
   { name: 'pull kv mode', opts: { values: [AGG], set: ['router.kvMode=pull'] },
     want: ['router.kvMode pull says how decode fetches KV from prefill, but mode aggregated moves no KV'] },
+  { name: 'pull-host kv mode', opts: { values: [AGG], set: ['router.kvMode=pull-host'] },
+    want: ['router.kvMode pull-host says how decode fetches KV from prefill, but mode aggregated moves no KV'] },
   { name: 'decode-local prefill', opts: { values: [AGG], set: ['router.localPrefillTokens=64'] },
     want: ['router.localPrefillTokens chooses between a decode and a prefill worker, but mode aggregated runs neither'] },
   { name: 'RDMA', opts: { values: [AGG], set: ['rdma.enabled=true', 'ucx.preset=ib'] },

@@ -834,3 +834,9 @@ test('values.yaml sets every key values.schema.json defines for the chart (so ea
   // Kubernetes ResourceRequirements.claims is passed through if given; nothing to document.
   assert.deepEqual(missing.filter((m) => !m.endsWith('.claims')), []);
 });
+
+test('router.kvMode pull-host reaches the router flag, with the prefill workers\' host tier', () => {
+  const docs = render({ set: ['router.kvMode=pull-host', 'prefill.hostKvBytes=8589934592'] }).docs;
+  assert.equal(flag(mainContainer(deployment(docs, 'router')), '--kv-mode'), 'pull-host');
+  assert.equal(flag(mainContainer(deployment(docs, 'prefill')), '--host-kv-bytes'), '8589934592');
+});

@@ -77,8 +77,8 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- $errors = append $errors (printf "ratio.%s is set but mode is aggregated: there is no prefill:decode ratio to bound" $bound) -}}
 {{- end -}}
 {{- end -}}
-{{- if eq $v.router.kvMode "pull" -}}
-{{- $errors = append $errors "router.kvMode pull says how decode fetches KV from prefill, but mode aggregated moves no KV (the router runs --kv-mode=aggregated): leave router.kvMode at push" -}}
+{{- if ne $v.router.kvMode "push" -}}
+{{- $errors = append $errors (printf "router.kvMode %s says how decode fetches KV from prefill, but mode aggregated moves no KV (the router runs --kv-mode=aggregated): leave router.kvMode at push" $v.router.kvMode) -}}
 {{- end -}}
 {{- if not (kindIs "invalid" $v.router.localPrefillTokens) -}}
 {{- $errors = append $errors "router.localPrefillTokens chooses between a decode and a prefill worker, but mode aggregated runs neither (the router refuses --local-prefill-tokens with --kv-mode=aggregated): leave it null" -}}
@@ -92,6 +92,10 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- if $v.auth.kvKey.existingSecret -}}
 {{- $errors = append $errors (printf "auth.kvKey.existingSecret %q is set but mode is aggregated: there is no KV control channel to encrypt (aggregated workers refuse --kv-key-file)" $v.auth.kvKey.existingSecret) -}}
 {{- end -}}
+{{- end -}}
+
+{{- if and (not $aggregated) (eq $v.router.kvMode "pull-host") (kindIs "invalid" $v.prefill.hostKvBytes) -}}
+{{- $errors = append $errors "router.kvMode pull-host has decode read prompts from the prefill workers' host KV tier: set prefill.hostKvBytes (the router refuses prefill workers without one)" -}}
 {{- end -}}
 
 {{- /* The mode's worker roles: prefill and decode, or aggregated. */ -}}
