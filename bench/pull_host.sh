@@ -5,8 +5,10 @@
 # them at once, so a decode side slower to take requests than the prefill side makes them no
 # longer pile up on the prefill worker's device. A sampler reads the router's metrics every
 # 100 ms while the bench runs (the router polls the workers' Info; --poll-interval-ms). Each row:
-# requests, failures, TTFT median / p90 and their ratio to pull, the prefill worker's device KV
-# usage (mean and peak of the samples, from pdserve:kv_cache_usage_perc) and its host-tier copies.
+# requests, failures, TTFT median / p90 and their ratio to pull, the device block-milliseconds the
+# prefill worker held per request for its transfer after the prefill ended
+# (pdserve:worker_transfer_held_block_seconds_total), its device KV usage (mean and peak of the
+# samples, from pdserve:kv_cache_usage_perc: running prefills included) and its host-tier copies.
 #   bench/pull_host.sh MODEL [pdserve up flags...] [-- bench flags...]
 # Topology defaults to 1 prefill, 1 decode, a 3 MB device cache per rank (about four
 # 512-token-prompt requests on stories260K) and a 64 MiB host tier; bench flags to 64 random
@@ -69,25 +71,28 @@ printf 'model %s; up %s; bench %s\n' "$model" "${topology[*]}" "${bench[*]}"
 python3 - "$work" <<'PY'
 import json, sys
 work = sys.argv[1]
-def metric(mode, name, label):
+def metric(mode, name, label=""):
     total = 0.0
     for line in open(f"{work}/{mode}.metrics"):
         if line.startswith(name + "{") and label in line:
             total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+    return total
 rows = []
 for mode in ("pull", "pull-host"):
     r = json.load(open(f"{work}/{mode}.json"))
     usage = [float(x) for x in open(f"{work}/{mode}.usage").read().split()]
     rows.append((mode, r, usage))
 base = rows[0][1]
-print("mode\tok\tfailed\tTTFT med/p90 ms\tTTFT med/pull\tprefill device usage mean/peak\thost copies/fallbacks\ttok/s")
+print("mode\tok\tfailed\tTTFT med/p90 ms\tTTFT med/pull\theld block-ms/request\tprefill device usage mean/peak\t"
+      "host copies/fallbacks\ttok/s")
 for mode, r, usage in rows:
     mean = sum(usage) / len(usage) if usage else float("nan")
     peak = max(usage) if usage else float("nan")
     ratio = r["median_ttft_ms"] / base["median_ttft_ms"] if base["median_ttft_ms"] > 0 else float("nan")
-    copies = metric(mode, "pdserve:worker_host_copies_total", 'outcome="copied"')
-    fallbacks = metric(mode, "pdserve:worker_host_copies_total", 'outcome="fallback"')
+    copies = int(metric(mode, "pdserve:worker_host_copies_total", 'outcome="copied"'))
+    fallbacks = int(metric(mode, "pdserve:worker_host_copies_total", 'outcome="fallback"'))
+    held = metric(mode, "pdserve:worker_transfer_held_block_seconds_total") * 1000 / max(1, r["completed"])
     print(f'{mode}\t{r["completed"]}\t{r["failed"]}\t{r["median_ttft_ms"]:.1f} / {r["p90_ttft_ms"]:.1f}\t{ratio:.2f}\t'
-          f'{mean:.3f} / {peak:.3f} ({len(usage)} samples)\t{copies} / {fallbacks}\t{r["output_throughput"]:.0f}')
+          f'{held:.1f}\t{mean:.3f} / {peak:.3f} ({len(usage)} samples)\t{copies} / {fallbacks}\t'
+          f'{r["output_throughput"]:.0f}')
 PY

@@ -229,6 +229,14 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
     append_sample(out, "pdserve:worker_host_copies_total",
                   {{"worker", w.worker}, {"role", w.role}, {"outcome", "fallback"}}, double(w.host_copy_fallbacks));
   }
+  append_header(out, "pdserve:worker_transfer_held_block_seconds_total",
+                "Prefill worker: device KV block-seconds that finished prefills held for their transfers (from the "
+                "prefill's end until the decode side had the KV; pull-host frees them at its host-tier copy).",
+                "counter");
+  for (const WorkerGauges& w : workers)
+    if (w.role == "prefill")
+      append_sample(out, "pdserve:worker_transfer_held_block_seconds_total", {{"worker", w.worker}, {"role", w.role}},
+                    w.transfer_held_block_seconds);
   // The KV cache's host and filesystem tiers (docs/kv_offload.md), per worker that has them.
   using Tier = WorkerGauges::Tier;
   struct TierGauge {

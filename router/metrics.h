@@ -56,6 +56,7 @@ struct WorkerGauges {
   double kv_transfer_seconds = 0;
   uint64_t preemptions = 0;  // WorkerInfo.preemptions_total.
   uint64_t host_copies = 0, host_copy_fallbacks = 0;  // WorkerInfo.host_copies_total, ..._fallbacks_total.
+  double transfer_held_block_seconds = 0;  // WorkerInfo.transfer_held_block_seconds_total.
   // A KV cache tier below the device's (WorkerInfo.host_tier, .disk_tier).
   struct Tier {
     bool present = false;

@@ -304,6 +304,7 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
     g.preemptions = w.info.preemptions_total();
     g.host_copies = w.info.host_copies_total();
     g.host_copy_fallbacks = w.info.host_copy_fallbacks_total();
+    g.transfer_held_block_seconds = w.info.transfer_held_block_seconds_total();
     auto tier = [](bool present, const worker::KvTierStats& t) {
       return WorkerGauges::Tier{present,
                                 t.blocks(),

@@ -4,7 +4,8 @@
 #                         (stories260K) and stream a completion through its router
 #   scripts/dev.sh test   set up, build, and run every test (ctest)
 # BUILD_DIR (default build/) and JOBS (default: cores) may be set; for `run` also PROMPT,
-# PREFILL_TP and DECODE_TP (default 1), KV_MODE (push or pull, default push) and PORT (the
+# PREFILL_TP and DECODE_TP (default 1), KV_MODE (push, pull or pull-host — which gives the
+# workers a 64 MiB host KV tier; default push) and PORT (the
 # router's gRPC port, HTTP on PORT + 1; default: any free one). Extra arguments go to
 # `pdserve generate`.
 set -euo pipefail
@@ -41,7 +42,8 @@ case "${1:-}" in
     # prefill, 512 tokens): LOCAL_PREFILL_TOKENS=0 keeps it on the prefill worker, so KV moves.
     "$pdserve" up --model stories260K --prefill 1 --prefill-tp "${PREFILL_TP:-1}" --decode 1 \
       --decode-tp "${DECODE_TP:-1}" --kv-mode "${KV_MODE:-push}" --port "${PORT:-0}" \
-      --local-prefill-tokens "${LOCAL_PREFILL_TOKENS:-0}" >"$out" 2>"$log" &
+      --local-prefill-tokens "${LOCAL_PREFILL_TOKENS:-0}" \
+      $([ "${KV_MODE:-push}" = pull-host ] && echo --host-kv-bytes 67108864) >"$out" 2>"$log" &
     up=$!
     stop_cluster() {
       if kill -0 "$up" 2>/dev/null; then

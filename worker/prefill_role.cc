@@ -248,6 +248,12 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
   maybe_finish(id);
 }
 
+void PrefillRole::note_held(const Job& job) {
+  const double held = std::chrono::duration<double>(clock_->now() - job.prefilled_at).count();
+  const int64_t us = int64_t(std::max(0.0, held) * 1e6) * int64_t(job.kv_blocks.size());
+  held_block_us_.fetch_add(us, std::memory_order_relaxed);
+}
+
 void PrefillRole::copy_to_host(const std::string& id, Job& job) {
   StatusOr<std::vector<int>> slots = engine_.lease_host_copy(job.kv_blocks);
   if (!slots.ok()) {
@@ -257,6 +263,7 @@ void PrefillRole::copy_to_host(const std::string& id, Job& job) {
     return;
   }
   ++host_copies_;
+  note_held(job);
   release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": copied to the host tier"));
   job.kv_blocks.clear();
   job.host_slots = std::move(*slots);
@@ -438,6 +445,7 @@ void PrefillRole::maybe_finish(const std::string& id) {
   // request take them (and the finishing event's release of the rest freed them twice: chaos
   // with injected transfer faults logged it as a block-accounting bug).
   if (job.transfer_started && blocks_back && prefill_over && !job.kv_blocks.empty()) {
+    note_held(job);
     if (Status s = engine_.release_blocks(job.kv_blocks); !s.ok())
       PD_LOG_ERROR("prefill {}: releasing blocks: {}", id, s.ToString());
     job.kv_blocks.clear();

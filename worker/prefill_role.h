@@ -49,6 +49,9 @@ class PrefillRole {
   // pull-host: prompts copied to the host tier, and those read from the device for want of room.
   uint64_t host_copies() const { return host_copies_.load(); }
   uint64_t host_copy_fallbacks() const { return host_copy_fallbacks_.load(); }
+  // Device block-seconds that finished prefills held for their transfers (from the prefill's end
+  // to the blocks' release): what pull-host saves the prefill worker's device.
+  double held_block_seconds() const { return double(held_block_us_.load()) * 1e-6; }
   // Aborts everything and drains the transfers for at most `drain`.
   void shutdown(Duration drain);
 
@@ -69,6 +72,8 @@ class PrefillRole {
   // pull-host: copies the prompt's blocks to leased host-tier slots and frees the device ones;
   // leaves them on the device (read from there) when the host tier has no room.
   void copy_to_host(const std::string& id, Job& job);
+  // Adds the job's device blocks, held since its prefill ended, to held_block_seconds().
+  void note_held(const Job& job);
   // False once the job is gone or aborting: its queued commands then do nothing.
   bool transfer_live(const std::string& id);
   // A command failed on a rank's thread: aborts it there and fails the job.
@@ -92,6 +97,7 @@ class PrefillRole {
   std::condition_variable changed_;
   std::map<std::string, Job> jobs_;
   std::atomic<uint64_t> host_copies_{0}, host_copy_fallbacks_{0};
+  std::atomic<int64_t> held_block_us_{0};
 };
 
 }  // namespace pdserve::worker

@@ -133,6 +133,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   if (prefill_) {
     reply->set_host_copies_total(prefill_->host_copies());
     reply->set_host_copy_fallbacks_total(prefill_->host_copy_fallbacks());
+    reply->set_transfer_held_block_seconds_total(prefill_->held_block_seconds());
   }
   reply->set_backend(e.backend(0).name());
   reply->set_kv_compat(kv_compat_);
