@@ -79,7 +79,11 @@ def metric(mode, name, label=""):
     return total
 rows = []
 for mode in ("pull", "pull-host"):
-    r = json.load(open(f"{work}/{mode}.json"))
+    try:
+        r = json.load(open(f"{work}/{mode}.json"))
+    except OSError:
+        print(f"{mode}: no result (its bench failed)")
+        sys.exit(1)
     usage = [float(x) for x in open(f"{work}/{mode}.usage").read().split()]
     rows.append((mode, r, usage))
 base = rows[0][1]

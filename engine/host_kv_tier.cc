@@ -144,14 +144,17 @@ StatusOr<std::vector<int>> HostKvTier::lease(std::span<const int> device_blocks)
   PD_ASSIGN_OR_RETURN(std::vector<int> slots, slots_.allocate(int(device_blocks.size())));
   Status error;
   for (size_t i = 0; i < slots.size() && error.ok(); ++i) error = copy(device_blocks[i], slots[i], Direction::kToHost);
-  // A device backend queues the copies on its stream; the reader is another process.
-  for (size_t r = 0; r < device_.size() && error.ok(); ++r)
-    if (!device_[r].backend->host_memory()) error = device_[r].backend->synchronize();
+  // A device backend queues the copies on its stream, and the reader is another process; after
+  // a failed copy too, before the slots can be taken again.
+  for (size_t r = 0; r < device_.size(); ++r)
+    if (!device_[r].backend->host_memory()) {
+      const Status synced = device_[r].backend->synchronize();
+      if (error.ok()) error = synced;
+    }
   if (!error.ok()) {
     (void)slots_.release(slots);
     return error;
   }
-  stored_blocks_ += slots.size();
   return slots;
 }
 

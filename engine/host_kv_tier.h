@@ -86,7 +86,7 @@ class HostKvTier {
 
   int num_blocks() const { return slots_.num_blocks(); }
   BlockAllocator::Counts counts() const { return slots_.counts(); }
-  // Blocks copied in and out since start.
+  // Blocks copied in and out since start (by store and load: leases are not the tier's stores).
   uint64_t stored_blocks() const;
   uint64_t loaded_blocks() const;
   uint8_t* arena(int rank) const { return arenas_[size_t(rank)].get(); }

@@ -370,8 +370,10 @@ class KvRankEndpoint {
   Status seal_now(const std::string& id, Request& request, std::optional<int32_t> first_token);
   // Pull consumer: binds leg `p` to `remote`, posts its gets and asks for its checksums.
   Status open_pull_leg(const std::string& id, Request& request, int p, Leg& leg, Remote& remote);
+  // Connects the transport to `remote` (once); its arenas are loaded by remote_region().
   Status ensure_transport(Remote& remote);
-  // The transport's id of the remote's arena `region` (loaded the first time).
+  // The transport's id of the remote's arena `region` (its descriptor loaded the first time; a
+  // pull-host consumer never loads the producer's KV arena).
   StatusOr<RemoteRegionId> remote_region(Remote& remote, KvRegion region);
   // This rank's host-tier arena: its layouts, memory and registration.
   struct HostArena {

@@ -229,8 +229,8 @@ Status KvRankEndpoint::ensure_transport(Remote& remote) {
   StatusOr<PeerId> peer = transport_->connect(remote.address);
   if (!peer.ok()) return peer_fault(peer.status());
   remote.transport_peer = *peer;
-  remote.transport_ready = true;
-  return remote_region(remote, KvRegion::kDevice).status();
+  remote.transport_ready = true;  // Its arenas' descriptors are loaded when first used (remote_region).
+  return absl::OkStatus();
 }
 
 StatusOr<RemoteRegionId> KvRankEndpoint::remote_region(Remote& remote, KvRegion region) {

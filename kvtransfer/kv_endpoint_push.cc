@@ -63,6 +63,7 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
 Status KvRankEndpoint::open_push_leg(const std::string& id, Request& request, int c, Leg& leg, Remote& remote) {
   leg.remote = remote.address;
   PD_RETURN_IF_ERROR(ensure_transport(remote));
+  PD_RETURN_IF_ERROR(remote_region(remote, KvRegion::kDevice).status());
   PD_ASSIGN_OR_RETURN(leg.plan, plan(options_.rank, c, remote, request, request.consumer_blocks, request.skip_blocks));
   for (int layer = 0; layer < static_cast<int>(request.layers_posted.size()); ++layer) {
     if (request.layers_posted[layer]) PD_RETURN_IF_ERROR(post_layer(id, request, c, leg, layer));
@@ -106,10 +107,11 @@ Status KvRankEndpoint::post_layer(const std::string& id, Request& request, int c
   if (copies.ops.empty()) return absl::OkStatus();
   Remote& remote = remotes_.at(leg.remote);
   PD_RETURN_IF_ERROR(remote.error);
+  PD_ASSIGN_OR_RETURN(const RemoteRegionId destination, remote_region(remote, KvRegion::kDevice));
   TransferBatch batch{remote.transport_peer, {}};
   batch.ops.reserve(copies.ops.size());
   for (const CopyOp& op : copies.ops) {
-    batch.ops.push_back({OpCode::kPut, region_, op.src_offset, *remote.arena(KvRegion::kDevice).loaded, op.dst_offset, op.length});
+    batch.ops.push_back({OpCode::kPut, region_, op.src_offset, destination, op.dst_offset, op.length});
   }
   PD_ASSIGN_OR_RETURN(BatchId posted, post_batch(batch));
   leg.batches.push_back(posted);

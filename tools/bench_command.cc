@@ -298,7 +298,7 @@ void print_table(const json& r, const std::vector<double>& percentiles) {
     }
   }
   const std::string mode = r.value("kv_mode", "aggregated");
-  if (mode == "push" || mode == "pull") {
+  if (mode == "push" || mode == "pull" || mode == "pull-host") {
     std::cout << "-----------------KV placement (P/D)----------------\n";
     line("Prompt tokens cached (all / decode side):", std::to_string(r["total_cached_tokens"].get<int64_t>()) + " / " +
                                                        std::to_string(r["total_decode_cached_tokens"].get<int64_t>()));

@@ -170,8 +170,13 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
       return absl::FailedPreconditionError("the producer's KV geometry differs from this worker's (compat hash)");
     if (!request.has_first_token()) return absl::InvalidArgumentError("pull mode needs first_token");
     const int block_size = engine_.kv_layout(0).block_size();
-    if (source.blocks_size() != blocks_for(prompt_len, block_size))
-      return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source.blocks_size(), " blocks; a prompt of ",
+    // pull-host names the producer's host-tier slots instead of its blocks (never both).
+    const bool host = source.host_blocks_size() > 0;
+    if (host && source.blocks_size() > 0)
+      return absl::InvalidArgumentError("kv_source names both device blocks and host-tier slots");
+    const int source_blocks = host ? source.host_blocks_size() : source.blocks_size();
+    if (source_blocks != blocks_for(prompt_len, block_size))
+      return absl::InvalidArgumentError(absl::StrCat("kv_source holds ", source_blocks, " blocks; a prompt of ",
                                                      prompt_len, " tokens fills ", blocks_for(prompt_len, block_size)));
     PD_ASSIGN_OR_RETURN(engine::Engine::Reservation reservation,
                         reserve_for_pull(request, prompt_len, cancelled));
@@ -179,7 +184,7 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     Job job;
     job.push = false;
     job.blocks = blocks;
-    job.kv_blocks.assign(blocks.begin(), blocks.begin() + source.blocks_size());
+    job.kv_blocks.assign(blocks.begin(), blocks.begin() + source_blocks);
     job.skip = reservation.cached_blocks;
     job.cache_salt = request.cache_salt();
     job.ranks = RankProgress(kv_->tp());
@@ -191,11 +196,12 @@ StatusOr<PreparedDecode> DecodeRole::prepare(const WorkerGenerateRequest& reques
     pull.producer_tp = source.tp();
     pull.producer_endpoints.assign(source.rank_endpoints().begin(), source.rank_endpoints().end());
     pull.producer_incarnations.assign(source.rank_incarnations().begin(), source.rank_incarnations().end());
-    pull.producer_blocks.assign(source.blocks().begin(), source.blocks().end());
+    pull.producer_blocks.assign(host ? source.host_blocks().begin() : source.blocks().begin(),
+                                host ? source.host_blocks().end() : source.blocks().end());
     pull.consumer_blocks = job.kv_blocks;
     pull.lease = lease_;
     pull.skip_blocks = job.skip;
-    pull.region = source.region() == KvGroup::REGION_HOST ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
+    pull.region = host ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
     lock.lock();
     if (jobs_.count(id)) {
       release_blocks(engine_, blocks, absl::StrCat("decode ", id, ": duplicate pull"));

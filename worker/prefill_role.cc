@@ -33,6 +33,9 @@ struct PrefillRole::Job {
   // pull-host: the host-tier slots holding the prompt's copy (the device blocks went back at
   // once); empty when the host tier had no room and the decode side reads kv_blocks instead.
   std::vector<int> host_slots;
+  // What the hold announced (kv_source): the blocks or slots, and whether they are host slots.
+  std::vector<int> held_blocks;
+  bool held_in_host = false;
   // Push starts at admission (begin_push), posts each layer from the engine's layer hook as
   // soon as the layer is written, and seals when the prefill finishes; pull starts then.
   bool transfer_started = false;
@@ -154,9 +157,7 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
     if (j.reason == engine::FinishReason::kLength && j.request_ends_at_first_token) response.set_finish_reason("length");
     if (!push && j.transfer_started) {
       KvGroup source = kv_->group();
-      const bool host = !j.host_slots.empty();
-      for (int b : host ? j.host_slots : j.kv_blocks) source.add_blocks(b);
-      source.set_region(host ? KvGroup::REGION_HOST : KvGroup::REGION_DEVICE);
+      for (int b : j.held_blocks) (j.held_in_host ? source.add_host_blocks(b) : source.add_blocks(b));
       response.set_kv_source(source.SerializeAsString());
     }
   }
@@ -240,8 +241,11 @@ void PrefillRole::on_token(const std::string& id, const engine::TokenEvent& ev) 
     // A pull request that already ended needs no decode: nobody will read these blocks.
     release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": ended at its first token"));
     job.kv_blocks.clear();
+  } else if (Status copied = job.via_host ? copy_to_host(id, job) : absl::OkStatus(); !copied.ok()) {
+    job.error = copied;
+    release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": its host-tier copy failed"));
+    job.kv_blocks.clear();
   } else {
-    if (job.via_host) copy_to_host(id, job);
     start_hold(id, job);
   }
   changed_.notify_all();
@@ -254,19 +258,21 @@ void PrefillRole::note_held(const Job& job) {
   held_block_us_.fetch_add(us, std::memory_order_relaxed);
 }
 
-void PrefillRole::copy_to_host(const std::string& id, Job& job) {
+Status PrefillRole::copy_to_host(const std::string& id, Job& job) {
   StatusOr<std::vector<int>> slots = engine_.lease_host_copy(job.kv_blocks);
-  if (!slots.ok()) {
-    // A host tier whose every slot is being read: this request is read from the device instead.
+  if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
+    // Every host slot is leased or being read: this request is read from the device instead.
     ++host_copy_fallbacks_;
     PD_LOG_WARN("prefill {}: pull-host: {}; the decode side reads the device blocks", id, slots.status().ToString());
-    return;
+    return absl::OkStatus();
   }
+  if (!slots.ok()) return slots.status();  // A failed copy: the request fails, nothing is read.
   ++host_copies_;
   note_held(job);
   release_blocks(engine_, job.kv_blocks, absl::StrCat("prefill ", id, ": copied to the host tier"));
   job.kv_blocks.clear();
   job.host_slots = std::move(*slots);
+  return absl::OkStatus();
 }
 
 void PrefillRole::begin_push(const std::string& id, Job& job) {
@@ -350,9 +356,10 @@ void PrefillRole::start_hold(const std::string& id, Job& job) {
   job.transfer_started = true;
   kvtransfer::HoldRequest hold;
   hold.request_id = id;
-  const bool host = !job.host_slots.empty();
-  hold.producer_blocks = host ? job.host_slots : job.kv_blocks;
-  hold.region = host ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
+  job.held_in_host = !job.host_slots.empty();
+  job.held_blocks = job.held_in_host ? job.host_slots : job.kv_blocks;
+  hold.producer_blocks = job.held_blocks;
+  hold.region = job.held_in_host ? kvtransfer::KvRegion::kHost : kvtransfer::KvRegion::kDevice;
   hold.lease = lease_;
   kv_->post_all([this, hold](int rank, kvtransfer::KvRankEndpoint& ep) {
     // The prefill's steps have finished on every rank (a forward pass ends synchronized), so its

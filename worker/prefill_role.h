@@ -70,8 +70,9 @@ class PrefillRole {
   void seal_push(const std::string& id, Job& job);
   void start_hold(const std::string& id, Job& job);
   // pull-host: copies the prompt's blocks to leased host-tier slots and frees the device ones;
-  // leaves them on the device (read from there) when the host tier has no room.
-  void copy_to_host(const std::string& id, Job& job);
+  // leaves them on the device (read from there) when the host tier has no room. An error (a
+  // failed copy) fails the request; the caller still holds the device blocks then.
+  Status copy_to_host(const std::string& id, Job& job);
   // Adds the job's device blocks, held since its prefill ended, to held_block_seconds().
   void note_held(const Job& job);
   // False once the job is gone or aborting: its queued commands then do nothing.

@@ -110,6 +110,8 @@ const CASES = [
     'decode.kvOffload.loadTimeoutMs=0'] }, want: [/loadTimeoutMs/] },
   { name: 'pull-host without a prefill host tier', opts: { set: ['router.kvMode=pull-host'] },
     want: ['router.kvMode pull-host has decode read prompts from the prefill workers\' host KV tier: set prefill.hostKvBytes'] },
+  { name: 'pull-host with a host tier of 0 bytes', opts: { set: ['router.kvMode=pull-host', 'prefill.hostKvBytes=0'] },
+    want: [/router.kvMode pull-host .* set prefill.hostKvBytes/] },
   { name: 'an unknown kv mode', opts: { set: ['router.kvMode=pull-disk'] }, want: [/kvMode/] },
   { name: 'typo in kvOffload', opts: { set: ['decode.kvOffload.maxByte=1'] }, want: [/kvOffload/, /maxByte/] },
   { name: 'default-deny without the allow-list', opts: { set: ['networkPolicy.defaultDeny=true'] },

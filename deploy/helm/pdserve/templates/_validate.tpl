@@ -94,7 +94,7 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- end -}}
 {{- end -}}
 
-{{- if and (not $aggregated) (eq $v.router.kvMode "pull-host") (kindIs "invalid" $v.prefill.hostKvBytes) -}}
+{{- if and (not $aggregated) (eq $v.router.kvMode "pull-host") (not (gt (default 0 $v.prefill.hostKvBytes | int64) 0)) -}}
 {{- $errors = append $errors "router.kvMode pull-host has decode read prompts from the prefill workers' host KV tier: set prefill.hostKvBytes (the router refuses prefill workers without one)" -}}
 {{- end -}}
 
