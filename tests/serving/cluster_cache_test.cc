@@ -395,7 +395,61 @@ TEST_P(ClusterPressure, MoreRequestsThanTheDecodeCacheHoldsAllCompleteWithTheirO
   EXPECT_GT(preemptions, 0) << "the decode cache was never short";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ClusterPressure, ::testing::Values("push", "pull"));
+INSTANTIATE_TEST_SUITE_P(Modes, ClusterPressure, ::testing::Values("push", "pull", "pull-host"));
+
+// pull-host when the prefill worker's host tier cannot take a prompt (2 blocks, every prompt 7
+// or more): each request is read from the prefill worker's device blocks instead, counted as a
+// fallback, with the tokens a plain pull cluster gives; with room, every prompt is copied.
+TEST(ClusterPullHost, AFullHostTierFallsBackToDeviceReadsWithPullsTokens) {
+  std::mt19937 rng(31);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int> p = {1};
+    for (int t : random_tokens(rng, 100 + int(rng() % 40))) p.push_back(t);
+    prompts.push_back(p);
+  }
+  auto serve = [&](const std::vector<std::string>& args, double* copied, double* fallbacks) {
+    Cluster cluster(args);
+    EXPECT_TRUE(cluster.wait_ready(120s)) << cluster.log();
+    auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
+    EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
+    auto stub = v1::Generation::NewStub(channel);
+    std::vector<std::vector<int>> outputs;
+    for (const auto& p : prompts) {
+      const Served s = generate(*stub, p, 32);
+      EXPECT_TRUE(s.error.empty()) << s.error;
+      EXPECT_GT(s.transferred_blocks, 0) << "the prompt's KV did not move";
+      outputs.push_back(s.output);
+    }
+    const int n = int(prompts.size());
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         *copied + *fallbacks < n && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+      const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+      if (!text) continue;
+      *copied = testing::metric_sum(*text, "pdserve:worker_host_copies_total", "outcome=\"copied\"");
+      *fallbacks = testing::metric_sum(*text, "pdserve:worker_host_copies_total", "outcome=\"fallback\"");
+    }
+    return outputs;
+  };
+  const std::vector<std::string> base = {"--prefill", "1", "--decode", "1", "--kv-events", "off"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  double copied = 0, fallbacks = 0;
+  const auto pulled = serve(with({"--kv-mode", "pull"}), &copied, &fallbacks);
+  EXPECT_EQ(copied + fallbacks, 0);
+  const auto full = serve(with({"--kv-mode", "pull-host", "--host-kv-bytes", "40960"}), &copied, &fallbacks);
+  EXPECT_EQ(copied, 0);
+  EXPECT_EQ(fallbacks, double(prompts.size()));
+  EXPECT_EQ(full, pulled);
+  copied = fallbacks = 0;
+  const auto roomy = serve(with({"--kv-mode", "pull-host", "--host-kv-bytes", "67108864"}), &copied, &fallbacks);
+  EXPECT_EQ(copied, double(prompts.size()));
+  EXPECT_EQ(fallbacks, 0);
+  EXPECT_EQ(roomy, pulled);
+}
 
 }  // namespace
 }  // namespace pdserve
