@@ -356,6 +356,10 @@ class KvRankEndpoint {
   // Checks `blocks` against the remote's arena `region` (FailedPrecondition when it has none).
   Status check_remote_blocks(const Remote& remote, KvRegion region, const std::vector<int>& blocks,
                              const char* what) const;
+  // The arena a peer announced in region `region_name` with `info`, checked against this side's KV
+  // spec (`what` names it in errors); nullopt when it announced none.
+  StatusOr<std::optional<Remote::Arena>> announced_arena(const ControlPeer& peer, const char* region_name,
+                                                         const proto::ArenaInfo& info, const char* what) const;
   Status record_remote(const ControlPeer& peer, Remote** out);
   // Records a handshaken peer (unless already recorded) and checks its role, TP and rank.
   StatusOr<Remote*> accept_dialed(const ControlPeer& peer, const std::string& endpoint, int tp, int rank);

@@ -29,23 +29,34 @@ StatusOr<const RankMap*> KvRankEndpoint::map_for(int producer_tp, int consumer_t
   return &maps_.emplace(key, std::move(map)).first->second;
 }
 
-Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
-  auto arena_it = peer.regions.find(kArenaRegion);
-  const proto::ArenaInfo& info = peer.arena;
-  if (arena_it == peer.regions.end() || info.num_blocks() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("peer rank ", peer.rank, "/", peer.tp_size,
-                                                   " announced no KV arena"));
-  }
+StatusOr<std::optional<KvRankEndpoint::Remote::Arena>> KvRankEndpoint::announced_arena(
+    const ControlPeer& peer, const char* region_name, const proto::ArenaInfo& info, const char* what) const {
+  auto it = peer.regions.find(region_name);
+  if (it == peer.regions.end() || info.num_blocks() == 0) return std::nullopt;
   if (info.spec_fingerprint() != options_.spec.fingerprint()) {
     return absl::FailedPreconditionError("peer KV spec fingerprint differs");
   }
-  PD_ASSIGN_OR_RETURN(engine::KvCacheLayout layout,
-                      engine::KvCacheLayout::create(options_.spec, peer.rank, peer.tp_size,
-                                                    info.num_blocks()));
-  if (layout.total_bytes() != info.arena_bytes()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "peer arena of ", info.arena_bytes(), " bytes, its layout needs ", layout.total_bytes()));
+  Remote::Arena arena;
+  PD_ASSIGN_OR_RETURN(arena.layout,
+                      engine::KvCacheLayout::create(options_.spec, peer.rank, peer.tp_size, info.num_blocks()));
+  if (arena.layout->total_bytes() != info.arena_bytes()) {
+    return absl::FailedPreconditionError(absl::StrCat("peer ", what, " of ", info.arena_bytes(),
+                                                      " bytes, its layout needs ", arena.layout->total_bytes()));
   }
+  PD_ASSIGN_OR_RETURN(arena.planning_layout,
+                      engine::KvCacheLayout::create(seams_.planning_spec, peer.rank, peer.tp_size, info.num_blocks()));
+  arena.descriptor = it->second;
+  return arena;
+}
+
+Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
+  PD_ASSIGN_OR_RETURN(std::optional<Remote::Arena> device, announced_arena(peer, kArenaRegion, peer.arena, "arena"));
+  if (!device) {
+    return absl::InvalidArgumentError(absl::StrCat("peer rank ", peer.rank, "/", peer.tp_size,
+                                                   " announced no KV arena"));
+  }
+  PD_ASSIGN_OR_RETURN(std::optional<Remote::Arena> host,
+                      announced_arena(peer, kHostArenaRegion, peer.host_arena, "host-tier arena"));
   Remote& remote = remotes_[peer.worker_address];
   if (!remote.error.ok() || remote.address.empty()) {
     remote = Remote{};  // New, or a lost peer that handshook again.
@@ -54,30 +65,13 @@ Status KvRankEndpoint::record_remote(const ControlPeer& peer, Remote** out) {
   remote.role = peer.role;
   remote.tp = static_cast<int>(peer.tp_size);
   remote.rank = static_cast<int>(peer.rank);
-  PD_ASSIGN_OR_RETURN(engine::KvCacheLayout planning,
-                      engine::KvCacheLayout::create(seams_.planning_spec, peer.rank, peer.tp_size, info.num_blocks()));
-  Remote::Arena& device = remote.arena(KvRegion::kDevice);
-  device.layout = std::move(layout);
-  device.planning_layout = std::move(planning);
-  if (device.descriptor != arena_it->second) device.loaded.reset();
-  device.descriptor = arena_it->second;
-  Remote::Arena& host = remote.arena(KvRegion::kHost);
-  auto host_it = peer.regions.find(kHostArenaRegion);
-  if (host_it != peer.regions.end() && peer.host_arena.num_blocks() > 0) {
-    const proto::ArenaInfo& hinfo = peer.host_arena;
-    PD_ASSIGN_OR_RETURN(engine::KvCacheLayout host_layout,
-                        engine::KvCacheLayout::create(options_.spec, peer.rank, peer.tp_size, hinfo.num_blocks()));
-    if (host_layout.total_bytes() != hinfo.arena_bytes() || hinfo.spec_fingerprint() != options_.spec.fingerprint())
-      return absl::FailedPreconditionError(absl::StrCat("peer host-tier arena of ", hinfo.arena_bytes(),
-                                                        " bytes, its layout needs ", host_layout.total_bytes()));
-    PD_ASSIGN_OR_RETURN(host.planning_layout, engine::KvCacheLayout::create(seams_.planning_spec, peer.rank,
-                                                                            peer.tp_size, hinfo.num_blocks()));
-    host.layout = std::move(host_layout);
-    if (host.descriptor != host_it->second) host.loaded.reset();
-    host.descriptor = host_it->second;
-  } else {
-    host = Remote::Arena{};
-  }
+  auto update = [](Remote::Arena& arena, std::optional<Remote::Arena> fresh) {
+    // A descriptor the transport already loaded for this peer stays loaded.
+    if (fresh && fresh->descriptor == arena.descriptor) fresh->loaded = arena.loaded;
+    arena = std::move(fresh).value_or(Remote::Arena{});
+  };
+  update(remote.arena(KvRegion::kDevice), std::move(device));
+  update(remote.arena(KvRegion::kHost), std::move(host));
   // Prefer a connection we dialed for sending: it exists as long as we keep it.
   if (remote.control_id == 0 || peer.dialed || !remote.dialed) {
     remote.control_id = peer.id;
