@@ -233,6 +233,10 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --local-prefill-tokens applies to P/D clusters (--prefill/--decode), not --aggregated\n";
     return 2;
   }
+  if (!pd && f.kv_mode != "push") {  // push is the default: it cannot be told from a value given.
+    std::cerr << "error: --kv-mode " << f.kv_mode << " applies to P/D clusters (--prefill/--decode), not --aggregated\n";
+    return 2;
+  }
   if (f.kv_mode == "pull-host" && f.host_kv_bytes == 0) {
     std::cerr << "error: --kv-mode pull-host reads prompts from the prefill workers' host KV tier: give --host-kv-bytes\n";
     return 2;

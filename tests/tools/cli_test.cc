@@ -190,6 +190,12 @@ TEST(Cli, UpPullHostNeedsAHostTier) {
                        "--host-kv-bytes"),
             std::string::npos)
       << r.err;
+  // An aggregated cluster moves no KV: a --kv-mode other than the default is refused, not ignored.
+  for (const char* mode : {"pull", "pull-host"}) {
+    CliRun agg = pdserve({"up", "--model", kModel, "--aggregated", "1", "--kv-mode", mode, "--host-kv-bytes", "67108864"});
+    EXPECT_EQ(agg.exit_code, 2) << agg.err;
+    EXPECT_NE(agg.err.find(std::string("--kv-mode ") + mode + " applies to P/D clusters"), std::string::npos) << agg.err;
+  }
 }
 
 // `pdserve bench` refuses a flag its --workload would silently not read (exit 2, naming it),
