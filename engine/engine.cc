@@ -89,6 +89,10 @@ struct Engine::Sequence {
   int cached_tokens = 0;
   int preemptions = 0;  // Times its blocks were taken back to make room (it recomputes them).
   KvTiers::Progress tiers;  // How far its blocks reached the host and filesystem tiers.
+  // The chunk files read ahead of its admission (PENDING in Engine::loading_ until done), and
+  // whether admission looked for them already (both reset once it is admitted).
+  std::shared_ptr<KvTiers::Prefetch> prefetch;
+  bool prefetch_tried = false;
 
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
@@ -176,6 +180,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     to.sink = options.prefix_cache.event_sink;
     to.load_timeout = options.kv_load_timeout;
     to.clock = options.clock;
+    to.on_prefetched = [e = engine.get()] {
+      std::lock_guard lock(e->mu_);
+      e->idle_.notify_all();
+    };
     PD_ASSIGN_OR_RETURN(engine->tiers_, KvTiers::create(std::move(device), std::move(to)));
     const int host_blocks = engine->tiers_->host().num_blocks();
     if (host_blocks < int(num_blocks))
@@ -200,7 +208,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
 Engine::Engine(LoadedModel model, const EngineOptions& options)
     : model_(std::move(model)), options_(options), step_window_(options.step_window) {}
 
-Engine::~Engine() = default;
+// The tiers' loader thread goes first: it calls back into mu_ and idle_.
+Engine::~Engine() { tiers_.reset(); }
 
 int64_t Engine::kv_capacity_tokens() const { return int64_t(stats_.num_blocks) * options_.block_size; }
 
@@ -237,6 +246,7 @@ EngineStats Engine::stats() const {
     s.disk_chunk_blocks = fs->chunk_blocks();
     s.disk_load_s = tiers_->disk_load_seconds();
     s.disk_load_timeouts = tiers_->disk_load_timeouts();
+    s.disk_pending_loads = tiers_->disk_pending_loads();
   }
   return s;
 }
@@ -301,19 +311,34 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
   seq->ns_root = namespace_root(key_root_, canonical_namespace(seq->request.cache_salt));
   std::lock_guard lock(mu_);
   waiting_.push_back(std::move(seq));
+  idle_.notify_all();
   std::lock_guard published(stats_mu_);
-  published_.waiting = int(waiting_.size());
+  published_.waiting = int(waiting_.size() + loading_.size());
   return absl::OkStatus();
 }
 
 void Engine::abort(const std::string& id) {
   std::lock_guard lock(mu_);
   aborts_.push_back(id);
+  idle_.notify_all();
 }
 
 bool Engine::has_work() const {
   std::lock_guard lock(mu_);
-  return !waiting_.empty() || !running_.empty() || !aborts_.empty();
+  return !waiting_.empty() || !loading_.empty() || !running_.empty() || !aborts_.empty();
+}
+
+bool Engine::prefetch_done_locked() const {
+  return std::any_of(loading_.begin(), loading_.end(), [](const auto& s) { return s->prefetch->done(); });
+}
+
+void Engine::wait_for_prefetches() {
+  std::unique_lock lock(mu_);
+  if (loading_.empty() || !waiting_.empty() || !aborts_.empty()) return;
+  // Only PENDING requests: sleep until a prefetch ends or a request or an abort comes, rather
+  // than spin (the bound is a safety net: each of those notifies idle_).
+  idle_.wait_for(lock, std::chrono::milliseconds(100),
+                 [&] { return !waiting_.empty() || !aborts_.empty() || prefetch_done_locked(); });
 }
 
 void Engine::finish(Sequence& seq, FinishReason reason, Status error) {
@@ -372,13 +397,21 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
   std::lock_guard lock(mu_);
   // Aborts first, so that their blocks are free for admission.
   for (const std::string& id : aborts_) {
-    for (auto& seq : running_)
-      if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
+    for (auto* list : {&running_, &loading_})
+      for (auto& seq : *list)
+        if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
     for (auto& seq : waiting_)
       if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
   }
   aborts_.clear();
   std::erase_if(waiting_, [](const auto& s) { return s->finished; });
+  std::erase_if(loading_, [](const auto& s) { return s->finished; });
+  // Sequences whose chunk files were read go back to the front, in their order: they were first.
+  for (size_t i = loading_.size(); i-- > 0;) {
+    if (!loading_[i]->prefetch->done()) continue;
+    waiting_.push_front(std::move(loading_[i]));
+    loading_.erase(loading_.begin() + int64_t(i));
+  }
   // Preloaded requests hold their blocks already: they start at once, with the handed-over
   // token as their first output.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -412,6 +445,20 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
                         (seq.request.params.prompt_logprobs < 0 || seq.prompt_logprobs_sent);
     const int max_hit = lookup ? (len - 1) / options_.block_size : 0;
     extend_keys(seq, max_hit);
+    // Chunk files past what the device and the host hold are read first, off this thread: the
+    // sequence waits PENDING in loading_ and those behind it are admitted meanwhile.
+    if (tiers_ && tiers_->disk() && lookup && !seq.prefetch_tried) {
+      seq.prefetch_tried = true;
+      const std::span<const BlockKey> keys = std::span(seq.keys).first(size_t(max_hit));
+      const int run = std::max(blocks_->cached_prefix(keys, seq.ns_root, seq.tokens),
+                               tiers_->host().held_prefix(keys, seq.ns_root, seq.tokens));
+      seq.prefetch = tiers_->prefetch({keys, seq.ns_root, seq.tokens, {}}, run, max_hit, seq.request.id);
+      if (seq.prefetch) {
+        loading_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+        continue;
+      }
+    }
     auto a = blocks_->allocate_cached(std::span(seq.keys).first(size_t(max_hit)), seq.ns_root, seq.tokens, need,
                                       int(running_.size()));
     if (!a.ok()) break;
@@ -423,6 +470,8 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     // The host and filesystem tiers continue the device's hit: their blocks are copied into the
     // new ones.
     if (tiers_ && lookup && computed < max_hit) computed = load_from_tiers(seq, computed, max_hit);
+    seq.prefetch.reset();
+    seq.prefetch_tried = false;
     seq.num_computed = computed * options_.block_size;
     if (seq.preemptions == 0) {
       seq.cached_tokens = seq.num_computed;
@@ -436,7 +485,7 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     waiting_.pop_front();
   }
   // Both counts at once, so that a request moving from waiting to running is counted once.
-  publish_stats(int(waiting_.size()));
+  publish_stats(int(waiting_.size() + loading_.size()));
 }
 
 void Engine::grow_blocks() {
@@ -478,7 +527,7 @@ void Engine::grow_blocks() {
   std::lock_guard lock(mu_);
   // Oldest at the front: the one preempted last was admitted earliest of them.
   for (auto& seq : preempted) waiting_.push_front(std::move(seq));
-  publish_stats(int(waiting_.size()));
+  publish_stats(int(waiting_.size() + loading_.size()));
 }
 
 void Engine::preempt(Sequence& s) {
@@ -517,6 +566,7 @@ Status Engine::run_step() {
   grow_blocks();
   if (running_.empty()) {
     publish_stats();
+    wait_for_prefetches();
     return absl::OkStatus();
   }
 
@@ -794,7 +844,8 @@ void Engine::store_in_host(Sequence& s, int blocks) {
 }
 
 int Engine::load_from_tiers(Sequence& s, int from, int limit) {
-  const KvTiers::Loaded loaded = tiers_->load({s.keys, s.ns_root, s.tokens, s.blocks}, from, limit, s.tiers, s.request.id);
+  const KvTiers::Loaded loaded =
+      tiers_->load({s.keys, s.ns_root, s.tokens, s.blocks}, from, limit, s.tiers, s.request.id, s.prefetch.get());
   if (s.preemptions == 0) {
     const int b = options_.block_size;
     stats_.host_hit_tokens += uint64_t(loaded.host_end - from) * b;

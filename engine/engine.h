@@ -5,6 +5,7 @@
 // prefill and decode workers wrap, and the reference every distributed topology must equal.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -92,10 +93,10 @@ struct EngineOptions {
   std::string kv_offload_dir;
   uint64_t kv_offload_dir_bytes = 0;
   int kv_offload_chunk_blocks = 16;
-  // How long one admission may spend reading chunk files (--kv-load-timeout-ms; 0: no limit).
-  // Loads run on the scheduler thread between steps, so a slow disk would stall every running
-  // sequence: past the deadline the request keeps the contiguous prefix loaded so far and
-  // computes the rest. Measured on `clock`.
+  // How long one admission may wait for chunk files (--kv-load-timeout-ms; 0: no limit), from
+  // when it asked for them. Files are read on the tiers' loader thread while the request waits
+  // PENDING (the running sequences keep stepping); past the deadline the request keeps the
+  // contiguous prefix read so far and computes the rest. Measured on `clock`.
   Duration kv_load_timeout{0};
 };
 
@@ -230,6 +231,9 @@ struct EngineStats {
   // --kv-load-timeout-ms (their requests computed the rest).
   double disk_load_s = 0;
   uint64_t disk_load_timeouts = 0;
+  // Admissions that waited PENDING while chunk files were read for them (off the scheduler's
+  // thread; `waiting` counts them meanwhile).
+  uint64_t disk_pending_loads = 0;
 };
 
 class Engine {
@@ -345,6 +349,11 @@ class Engine {
   // device blocks; returns the end of the run loaded (`from` when none).
   int load_from_tiers(Sequence& seq, int from, int limit);
   Status run_step();  // step() but for the KV events' step end.
+  // Whether a PENDING sequence's prefetch is done (caller holds mu_).
+  bool prefetch_done_locked() const;
+  // With nothing to run but PENDING sequences, waits (a bounded while) for a prefetch to end or
+  // a request or an abort to arrive.
+  void wait_for_prefetches();
   void finish(Sequence& seq, FinishReason reason, Status error = absl::OkStatus());
   // Feeds a sampled (or handed-over) token to the sequence and reports it; finishes if due.
   // `streamed`: the client already has this token; only its finish (if any) is reported.
@@ -379,6 +388,10 @@ class Engine {
   std::unique_ptr<KvTiers> tiers_;
   mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
   std::deque<std::unique_ptr<Sequence>> waiting_;
+  // PENDING: waiting for their chunk files (Sequence::prefetch); also guarded by mu_. Back to the
+  // front of waiting_ once read.
+  std::vector<std::unique_ptr<Sequence>> loading_;
+  std::condition_variable idle_;  // With mu_: a request, an abort or a prefetch's end.
   std::vector<std::string> aborts_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<float> logits_;

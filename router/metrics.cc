@@ -269,11 +269,14 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
        [](const Tier& t) { return double(t.evicted_blocks); }},
       {"pdserve:worker_kv_tier_corrupt_files_total", "Chunk files that failed a check (deleted, computed instead).",
        false, true, [](const Tier& t) { return double(t.corrupt_files); }},
-      {"pdserve:worker_kv_tier_load_seconds_total", "Seconds requests' admissions spent loading from the tier.", false,
-       true, [](const Tier& t) { return t.load_seconds; }},
+      {"pdserve:worker_kv_tier_load_seconds_total", "Seconds the worker's loader spent reading the tier's files.",
+       false, true, [](const Tier& t) { return t.load_seconds; }},
       {"pdserve:worker_kv_tier_load_timeouts_total",
        "Loads from the tier that reached --kv-load-timeout-ms (their requests computed the rest).", false, true,
        [](const Tier& t) { return double(t.load_timeouts); }},
+      {"pdserve:worker_kv_tier_pending_loads_total",
+       "Admissions that waited (PENDING) while the tier's files were read for them.", false, true,
+       [](const Tier& t) { return double(t.pending_loads); }},
   };
   for (const TierGauge& g : tier_gauges) {
     append_header(out, g.name, g.help, std::string_view(g.name).ends_with("_total") ? "counter" : "gauge");

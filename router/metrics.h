@@ -65,6 +65,7 @@ struct WorkerGauges {
     uint64_t bytes = 0, dropped_blocks = 0, evicted_blocks = 0, corrupt_files = 0;  // Disk only.
     double load_seconds = 0;      // Disk only.
     uint64_t load_timeouts = 0;   // Disk only.
+    uint64_t pending_loads = 0;   // Disk only.
   };
   Tier host, disk;
 };

@@ -318,7 +318,8 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
                                 t.evicted_blocks_total(),
                                 t.corrupt_files_total(),
                                 t.load_seconds_total(),
-                                t.load_timeouts_total()};
+                                t.load_timeouts_total(),
+                                t.pending_loads_total()};
     };
     g.host = tier(w.info.has_host_tier(), w.info.host_tier());
     g.disk = tier(w.info.has_disk_tier(), w.info.disk_tier());

@@ -438,8 +438,9 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                  "Bytes the filesystem tier keeps at most (0: no limit)")
       ->capture_default_str();
   app.add_option("--kv-load-timeout-ms", f.kv_load_timeout_ms,
-                 "How long one request's admission may read chunk files of the filesystem tier; past it the "
-                 "request computes the rest of its prompt (0: no limit; needs --kv-offload-dir)")
+                 "How long one request may wait for its chunk files of the filesystem tier (read off the "
+                 "scheduler's thread); past it the request computes the rest of its prompt (0: no limit; needs "
+                 "--kv-offload-dir)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");

@@ -113,6 +113,7 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     disk->set_corrupt_files_total(st.engine.disk_corrupt_files);
     disk->set_load_seconds_total(st.engine.disk_load_s);
     disk->set_load_timeouts_total(st.engine.disk_load_timeouts);
+    disk->set_pending_loads_total(st.engine.disk_pending_loads);
   }
   if (request->include_cached_keys()) {
     for (const engine::BlockKey& k : e.cached_keys())

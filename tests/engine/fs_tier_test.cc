@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "engine/engine.h"
 #include "tests/engine/temp_files.h"
@@ -41,6 +44,39 @@ class TickingClock final : public Clock {
 
  private:
   mutable std::atomic<int64_t> ticks_{0};
+};
+
+// A clock whose readings on any thread but its owner's wait until open() (or a minute): the
+// tiers' loader thread stops before its first chunk file, so a request stays PENDING for as long
+// as the test likes, while the owner — the test, stepping the engine — reads it freely.
+class GateClock final : public Clock {
+ public:
+  TimePoint now() const override {
+    if (std::this_thread::get_id() != owner_) {
+      std::unique_lock lock(mu_);
+      waiting_ = true;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::minutes(1), [&] { return open_; });
+    }
+    return RealClock::instance().now();
+  }
+  // Whether another thread is waiting at the gate within `limit`.
+  bool someone_waits(Duration limit) const {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, limit, [&] { return waiting_; });
+  }
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const std::thread::id owner_ = std::this_thread::get_id();
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable bool waiting_ = false;
+  bool open_ = false;
 };
 
 using pdserve::testing::prompt_of;
@@ -126,6 +162,59 @@ TEST(FsTier, ALoadPastItsDeadlineKeepsItsPrefixAndComputesTheRest) {
   EXPECT_EQ(r.token_ids, want);
   EXPECT_EQ(r.cached_tokens, 5 * 64);
   EXPECT_EQ(e->stats().disk_load_timeouts, 0u);
+}
+
+// Chunk files are read off the scheduler's thread: while a request waits PENDING for its files
+// (the loader held at the gate), a running request keeps decoding, and the pending one counts as
+// waiting; once the files are read it is admitted with the whole prefix from them, and both give
+// the tokens they give alone. Reading the files in admission instead blocks no other thread (the
+// gate never sees a waiter) and fails the test.
+TEST(FsTier, ARequestWaitingForItsFilesLetsTheRunningOnesStep) {
+  const std::string dir = testing::fresh_dir("fs-tier-pending");
+  EngineOptions o = tier_options(dir);
+  o.kv_offload_chunk_blocks = 4;
+  const std::vector<int> pending_prompt = prompt_of(375, 3), running_prompt = prompt_of(40, 8);
+  std::vector<int> want_pending, want_running;
+  {
+    auto e = pdserve::testing::stories_engine(o);
+    want_pending = run(*e, pending_prompt).token_ids;
+    want_running = run(*e, running_prompt, 40).token_ids;
+  }
+  GateClock gate;
+  o.clock = &gate;
+  auto e = pdserve::testing::stories_engine(o);
+  SamplingParams p;
+  p.ignore_eos = true;
+  p.max_tokens = 40;
+  GenerationResult running, pending;
+  auto collect = [](GenerationResult& r) {
+    return [&r](const TokenEvent& ev) {
+      if (ev.token >= 0) r.token_ids.push_back(ev.token);
+      r.cached_tokens = ev.cached_tokens;
+    };
+  };
+  ASSERT_TRUE(e->add_request({"running", running_prompt, p}, collect(running)).ok());
+  ASSERT_TRUE(e->step().ok());
+  ASSERT_EQ(running.token_ids.size(), 1u);
+  p.max_tokens = 8;
+  ASSERT_TRUE(e->add_request({"pending", pending_prompt, p}, collect(pending)).ok());
+  ASSERT_TRUE(e->step().ok());
+  ASSERT_TRUE(gate.someone_waits(std::chrono::seconds(20))) << "no chunk file was read off the scheduler's thread";
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(e->step().ok());
+  EXPECT_EQ(running.token_ids.size(), 12u);
+  EXPECT_TRUE(pending.token_ids.empty());
+  EngineStats s = e->stats();
+  EXPECT_EQ(s.waiting, 1);
+  EXPECT_EQ(s.running, 1);
+  EXPECT_EQ(s.disk_pending_loads, 1u);
+  gate.open();
+  ASSERT_TRUE(e->run_until_idle().ok());
+  EXPECT_EQ(running.token_ids, want_running);
+  EXPECT_EQ(pending.token_ids, want_pending);
+  EXPECT_EQ(pending.cached_tokens, 5 * 64);
+  s = e->stats();
+  EXPECT_EQ(s.disk_loaded_chunks, 5u);
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
 }
 
 // A deadline bounds the filesystem tier's loads: refused without one, and when negative.

@@ -354,7 +354,7 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
     if (round == 1) {
       // After the restart the device and host tiers start empty: the hits came from the files,
       // and the router's metrics say so (within a health poll or two).
-      double disk_hits = 0, disk_loaded = 0, load_seconds = 0, load_timeouts = -1;
+      double disk_hits = 0, disk_loaded = 0, load_seconds = 0, load_timeouts = -1, pending_loads = 0;
       for (auto deadline = std::chrono::steady_clock::now() + 10s;
            disk_hits == 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
         if (const auto text = testing::router_metrics_text(cluster.http_port())) {
@@ -362,12 +362,14 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
           disk_loaded = testing::metric_sum(*text, "pdserve:worker_kv_tier_loaded_blocks_total", "tier=\"disk\"");
           load_seconds = testing::metric_sum(*text, "pdserve:worker_kv_tier_load_seconds_total", "tier=\"disk\"");
           load_timeouts = testing::metric_sum(*text, "pdserve:worker_kv_tier_load_timeouts_total", "tier=\"disk\"");
+          pending_loads = testing::metric_sum(*text, "pdserve:worker_kv_tier_pending_loads_total", "tier=\"disk\"");
         }
       }
       EXPECT_GE(disk_hits, 5 * 256);
       EXPECT_GE(disk_loaded, 5 * 16);
       EXPECT_GT(load_seconds, 0);
       EXPECT_EQ(load_timeouts, 0);  // Ten minutes (--kv-load-timeout-ms, forwarded by up) is plenty.
+      EXPECT_GE(pending_loads, 5);  // Each waited for its files off the scheduler's thread.
     }
   }
   std::filesystem::remove_all(dir);

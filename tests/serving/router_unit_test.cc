@@ -402,7 +402,7 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
   // Tiers: the host's under tier="host" (capacity in blocks), the disk's under tier="disk" (bytes,
   // drops, evictions, corrupt files); a worker without a tier has no tier samples.
   aggregated.host = {true, 400, 390, 120, 512, 130, 60};
-  aggregated.disk = {true, 0, 0, 64, 256, 96, 32, 1 << 20, 16, 8, 1, 0.25, 2};
+  aggregated.disk = {true, 0, 0, 64, 256, 96, 32, 1 << 20, 16, 8, 1, 0.25, 2, 5};
   const std::string text = m.render(3, 2, {w, aggregated});
   EXPECT_EQ(text.find("pdserve:worker_kv_transfer_requests_total{worker=\"a:3\""), std::string::npos) << text;
   EXPECT_EQ(text.find("{worker=\"d:2\",role=\"decode\",tier="), std::string::npos) << text;
@@ -422,6 +422,7 @@ TEST(RouterMetricsFormat, RenderHasVllmNamesAndPerWorkerLabels) {
                            "pdserve:worker_kv_tier_corrupt_files_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 1",
                            "pdserve:worker_kv_tier_load_seconds_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 0.25",
                            "pdserve:worker_kv_tier_load_timeouts_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 2",
+                           "pdserve:worker_kv_tier_pending_loads_total{worker=\"a:3\",role=\"aggregated\",tier=\"disk\"} 5",
                            "# TYPE pdserve:worker_kv_tier_bytes gauge"})
     EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
   for (const char* want : {"pdserve:num_requests_running 3", "pdserve:num_requests_waiting 2",
