@@ -176,7 +176,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
                .chunk_blocks = options.kv_offload_chunk_blocks,
                .block_size = options.block_size,
                .compat = spec.fingerprint(),
-               .key_root = engine->key_root_};
+               .key_root = engine->key_root_,
+               .sink = options.prefix_cache.event_sink};
     to.sink = options.prefix_cache.event_sink;
     to.load_timeout = options.kv_load_timeout;
     to.clock = options.clock;
@@ -867,6 +868,7 @@ int Engine::cached_prefix_tokens(const std::vector<int>& tokens, std::string_vie
 std::vector<BlockKey> Engine::cached_keys(KvTier tier) const {
   if (tier == KvTier::kDevice) return blocks_->cached_keys();
   if (tier == KvTier::kHost && tiers_) return tiers_->host().cached_keys();
+  if (tier == KvTier::kDisk && tiers_ && tiers_->disk()) return tiers_->disk()->cached_keys();
   return {};
 }
 

@@ -19,7 +19,9 @@ namespace {
 // The header: one 4096-byte page, little-endian fields at fixed offsets, then the tokens and
 // the payload, each from a page boundary.
 constexpr char kMagic[8] = {'P', 'D', 'K', 'V', 'C', 'H', 'K', '1'};
-constexpr uint32_t kVersion = 1;
+// 2: the first block's parent key and index (KV events). Files of another version are misses
+// (and live in another directory: pdkv-v<version>-<root>).
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kHeaderBytes = 4096;
 constexpr size_t kKeysAt = 128;  // Block keys, 16 bytes each (at most 240 of them).
 constexpr size_t kMaxChunkBlocks = (kHeaderBytes - kKeysAt - 16) / 16;
@@ -37,6 +39,9 @@ struct Header {
   uint64_t payload_xxh3;
   uint64_t writer_pid;
   uint64_t created_unix_ns;
+  uint32_t first_block_index;
+  uint32_t has_parent;
+  uint8_t parent[16];
 };
 static_assert(sizeof(Header) <= kKeysAt);
 constexpr size_t kHeaderHashAt = kHeaderBytes - 8;  // xxh3 of bytes [0, kHeaderHashAt).
@@ -69,6 +74,27 @@ bool read_all(int fd, void* data, size_t bytes, off_t at) {
     at += n;
   }
   return true;
+}
+
+BlockKey key_at(const uint8_t* p) {
+  BlockKey k;
+  std::memcpy(k.bytes.data(), p, 16);
+  return k;
+}
+
+// Why a header read from a file is not one of this tier's (empty: it is): its checksum, magic,
+// version, geometry and key root.
+std::string header_problem(const std::vector<uint8_t>& header, const Header& h, uint64_t compat,
+                           const BlockKey& key_root, int block_size) {
+  uint64_t header_hash = 0;
+  std::memcpy(&header_hash, header.data() + kHeaderHashAt, 8);
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != kVersion || h.header_bytes != kHeaderBytes)
+    return "magic or version";
+  if (header_hash != XXH3_64bits(header.data(), kHeaderHashAt)) return "header checksum";
+  if (h.compat != compat || std::memcmp(h.key_root, key_root.bytes.data(), 16) != 0 ||
+      h.block_size != uint32_t(block_size) || h.num_blocks == 0 || h.num_blocks > kMaxChunkBlocks)
+    return "geometry, key root or block count";
+  return "";
 }
 
 // A temporary file's writer pid (name: <final>.tmp.<pid>.<random>), or -1.
@@ -109,7 +135,8 @@ StatusOr<std::unique_ptr<FsKvTier>> FsKvTier::create(Options options) {
 }
 
 FsKvTier::FsKvTier(Options options)
-    : options_(std::move(options)), root_(options_.dir + "/pdkv-v1-" + options_.key_root.hex().substr(0, 16)) {}
+    : options_(std::move(options)),
+      root_(absl::StrCat(options_.dir, "/pdkv-v", kVersion, "-", options_.key_root.hex().substr(0, 16))) {}
 
 FsKvTier::~FsKvTier() {
   {
@@ -201,6 +228,9 @@ Status FsKvTier::write_file(const Chunk& chunk) {
   h.created_unix_ns =
       uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
                    .count());
+  h.first_block_index = chunk.first_block_index;
+  h.has_parent = chunk.parent.has_value();
+  if (chunk.parent) std::memcpy(h.parent, chunk.parent->bytes.data(), 16);
   std::memcpy(header.data(), &h, sizeof(h));
   for (size_t i = 0; i < chunk.keys.size(); ++i)
     std::memcpy(header.data() + kKeysAt + 16 * i, chunk.keys[i].bytes.data(), 16);
@@ -224,7 +254,7 @@ Status FsKvTier::write_file(const Chunk& chunk) {
     return s;
   }
   std::lock_guard lock(mu_);
-  note_file(final_path, h.payload_off + h.payload_bytes);
+  note_file(final_path, h.payload_off + h.payload_bytes, chunk);
   evict_locked();
   return absl::OkStatus();
 }
@@ -234,27 +264,28 @@ std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> key
     return std::nullopt;
   const std::string path = path_of(keys.back());
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;  // ENOENT: a miss (another worker may have evicted it).
+  if (fd < 0) {
+    // ENOENT: a miss; indexed, another worker evicted it (its keys are removed).
+    if (errno == ENOENT) {
+      std::lock_guard lock(mu_);
+      forget_file(path);
+    }
+    return std::nullopt;
+  }
   struct stat opened {};
   ::fstat(fd, &opened);
   std::string reason;
   std::vector<uint8_t> header(kHeaderBytes);
   std::vector<uint8_t> payload;
   Header h{};
-  uint64_t header_hash = 0;
   if (!read_all(fd, header.data(), header.size(), 0)) {
     reason = "short header";
   } else {
     std::memcpy(&h, header.data(), sizeof(h));
-    std::memcpy(&header_hash, header.data() + kHeaderHashAt, 8);
-    if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 || h.version != kVersion || h.header_bytes != kHeaderBytes) {
-      reason = "magic or version";
-    } else if (header_hash != XXH3_64bits(header.data(), kHeaderHashAt)) {
-      reason = "header checksum";
-    } else if (h.compat != options_.compat || std::memcmp(h.key_root, options_.key_root.bytes.data(), 16) != 0 ||
-               h.num_blocks != keys.size() || h.block_size != uint32_t(options_.block_size)) {
-      reason = "geometry, key root or block count";
-    } else {
+    reason = header_problem(header, h, options_.compat, options_.key_root, options_.block_size);
+    if (reason.empty() && h.num_blocks != keys.size()) {
+      reason = "block count";
+    } else if (reason.empty()) {
       for (size_t i = 0; i < keys.size() && reason.empty(); ++i)
         if (std::memcmp(header.data() + kKeysAt + 16 * i, keys[i].bytes.data(), 16) != 0) reason = "block keys";
     }
@@ -281,24 +312,60 @@ std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> key
     struct stat now {};
     if (::stat(path.c_str(), &now) == 0 && now.st_ino == opened.st_ino && now.st_dev == opened.st_dev)
       ::unlink(path.c_str());
-    if (auto it = files_.find(path); it != files_.end()) {
-      counters_.bytes -= it->second.bytes;
-      files_.erase(it);
-    }
+    forget_file(path);
     ++counters_.corrupt_files;
     PD_LOG_WARN("filesystem KV tier: {} failed its check ({}): deleted, computed instead", path, reason);
     return std::nullopt;
   }
   ++counters_.loaded_chunks;
-  note_file(path, h.payload_off + h.payload_bytes);
+  if (!files_.count(path)) {
+    // Written by another worker, not scanned yet: announced with what the read checked.
+    Chunk chunk;
+    chunk.keys.assign(keys.begin(), keys.end());
+    chunk.tokens.assign(tokens.begin(), tokens.end());
+    chunk.first_block_index = h.first_block_index;
+    if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+    note_file(path, h.payload_off + h.payload_bytes, chunk);
+  } else {
+    files_[path].used = ++clock_;
+  }
   return payload;
 }
 
-void FsKvTier::note_file(const std::string& path, uint64_t bytes) {
-  File& f = files_[path];
+void FsKvTier::note_file(const std::string& path, uint64_t bytes, const Chunk& chunk) {
+  auto [it, added] = files_.try_emplace(path);
+  File& f = it->second;
   counters_.bytes += bytes - f.bytes;
   f.bytes = bytes;
   f.used = ++clock_;
+  if (!added) return;
+  f.keys = chunk.keys;
+  if (!options_.sink) return;
+  options_.sink->stored(KvTier::kDisk, chunk.parent, chunk.keys, chunk.first_block_index, chunk.tokens);
+  options_.sink->step_end();  // This tier's threads step no engine: each file is a batch.
+}
+
+void FsKvTier::forget_file(const std::string& path) {
+  auto it = files_.find(path);
+  if (it == files_.end()) return;
+  counters_.bytes -= it->second.bytes;
+  if (options_.sink) {
+    options_.sink->removed(KvTier::kDisk, it->second.keys);
+    options_.sink->step_end();
+  }
+  files_.erase(it);
+}
+
+std::vector<BlockKey> FsKvTier::cached_keys() const {
+  std::lock_guard lock(mu_);
+  std::vector<BlockKey> keys;
+  for (const auto& [path, f] : files_) keys.insert(keys.end(), f.keys.begin(), f.keys.end());
+  return keys;
+}
+
+void FsKvTier::wait_scanned() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return scanned_; });
 }
 
 void FsKvTier::evict_locked() {
@@ -309,8 +376,7 @@ void FsKvTier::evict_locked() {
   for (const auto& [used, path] : by_use) {
     if (counters_.bytes <= options_.max_bytes / 100 * 85) break;
     ::unlink(path.c_str());  // A reader holding it open keeps its bytes.
-    counters_.bytes -= files_[path].bytes;
-    files_.erase(path);
+    forget_file(path);
     ++counters_.evicted_files;
   }
 }
@@ -321,25 +387,47 @@ void FsKvTier::scan() {
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     {
       std::lock_guard lock(mu_);
-      if (stop_) return;
+      if (stop_) break;
     }
     const std::string path = it->path().string();
     if (!path.ends_with(".kvc") || !it->is_regular_file(ec)) continue;
-    const uint64_t bytes = it->file_size(ec);
-    if (ec) continue;
+    // Its header and tokens, for its KV events (a file that fails a check is left for a read to
+    // delete: the scan only indexes).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::vector<uint8_t> header(kHeaderBytes);
+    Header h{};
+    Chunk chunk;
+    bool good = read_all(fd, header.data(), header.size(), 0);
+    if (good) {
+      std::memcpy(&h, header.data(), sizeof(h));
+      good = header_problem(header, h, options_.compat, options_.key_root, options_.block_size).empty() &&
+             h.tokens_bytes == uint64_t(h.num_blocks) * h.block_size * sizeof(int32_t);
+    }
+    if (good) {
+      chunk.tokens.resize(h.tokens_bytes / sizeof(int32_t));
+      good = read_all(fd, chunk.tokens.data(), h.tokens_bytes, off_t(h.tokens_off));
+    }
+    ::close(fd);
+    if (!good) continue;
+    for (uint32_t i = 0; i < h.num_blocks; ++i)
+      chunk.keys.push_back(key_at(header.data() + kKeysAt + 16 * i));
+    chunk.first_block_index = h.first_block_index;
+    if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
     std::lock_guard lock(mu_);
     // Files the writer or a read noted meanwhile keep their (newer) use. One this process evicted
     // or deleted since the directory listing named it is gone: unlinks happen under this lock, so
     // a stat here sees them (without it the scan would count a file that no longer exists).
     struct stat still {};
     if (!files_.count(path) && ::stat(path.c_str(), &still) == 0) {
-      File& f = files_[path];
-      f.bytes = bytes;
-      counters_.bytes += bytes;
+      note_file(path, h.payload_off + h.payload_bytes, chunk);
+      files_[path].used = 0;  // Older than any use since start.
     }
   }
   std::lock_guard lock(mu_);
   evict_locked();
+  scanned_ = true;
+  cv_.notify_all();
 }
 
 }  // namespace pdserve::engine

@@ -12,7 +12,10 @@
 // scan indexes the directory for eviction, which keeps the bytes under --kv-offload-dir-bytes
 // (from 95 % down to 85 %, least recently used first). Writes run on a thread of their own from
 // a bounded queue; a store that finds the queue full is dropped and counted (a later miss, never
-// an error). Thread-safe.
+// an error). KV events (tier "disk") follow the index: a chunk's blocks are stored when its file
+// enters it (written here, found by the scan or by a read) and removed when it leaves (evicted,
+// or deleted as corrupt); each file names its first block's parent key, so the events chain.
+// Thread-safe.
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +32,7 @@
 
 #include "common/status.h"
 #include "engine/prefix/block_key.h"
+#include "engine/prefix/kv_event_sink.h"
 
 namespace pdserve::engine {
 
@@ -42,11 +46,15 @@ class FsKvTier {
     uint64_t compat = 0;            // The KV geometry's fingerprint (KvCacheSpec::fingerprint()).
     BlockKey key_root;              // The engine's key root: files of other roots are never read.
     size_t max_queued_chunks = 64;  // Stores beyond this many queued are dropped.
+    KvEventSink* sink = nullptr;    // The tier's KV events (KvTier::kDisk); may be null.
   };
-  // One chunk to store: its blocks' keys and tokens, and its canonical payload.
+  // One chunk to store: its blocks' keys and tokens, the key before them in their sequence
+  // (nullopt: they start it) and the first one's block index, and its canonical payload.
   struct Chunk {
     std::vector<BlockKey> keys;
     std::vector<int32_t> tokens;
+    std::optional<BlockKey> parent;
+    uint32_t first_block_index = 0;
     std::vector<uint8_t> payload;
   };
   struct Counters {
@@ -79,6 +87,10 @@ class FsKvTier {
   Counters counters() const;
   // The file a chunk ending with block key `last` lives in.
   std::string path_of(const BlockKey& last) const;
+  // The block keys of the files the tier indexes (the KV events' exactness checks).
+  std::vector<BlockKey> cached_keys() const;
+  // Waits until the start-up scan has indexed the directory.
+  void wait_scanned();
   int chunk_blocks() const { return options_.chunk_blocks; }
 
  private:
@@ -86,7 +98,11 @@ class FsKvTier {
   void writer();
   void scan();
   Status write_file(const Chunk& chunk);
-  void note_file(const std::string& path, uint64_t bytes);  // Caller holds mu_.
+  // A file is used (read or written): its bytes and use; one new to the index is announced
+  // (stored events of `chunk`'s keys, chain and tokens). Caller holds mu_.
+  void note_file(const std::string& path, uint64_t bytes, const Chunk& chunk);
+  // Forgets a file (removed events of its keys). Caller holds mu_.
+  void forget_file(const std::string& path);
   void evict_locked();
 
   Options options_;
@@ -94,11 +110,12 @@ class FsKvTier {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Chunk> queue_;
-  bool writing_ = false, stop_ = false;
+  bool writing_ = false, stop_ = false, scanned_ = false;
   // The index for eviction: path → bytes and last use (a counter), and its total.
   struct File {
     uint64_t bytes = 0;
     uint64_t used = 0;
+    std::vector<BlockKey> keys;  // Its blocks', for their removed events.
   };
   std::map<std::string, File> files_;
   uint64_t clock_ = 0;

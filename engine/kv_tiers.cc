@@ -122,6 +122,8 @@ void KvTiers::store(const Chain& chain, int blocks, Progress& progress, std::str
     FsKvTier::Chunk chunk;
     chunk.keys.assign(chain.keys.begin() + from, chain.keys.begin() + from + c);
     chunk.tokens.assign(chain.tokens.begin() + int64_t(from) * b, chain.tokens.begin() + int64_t(from + c) * b);
+    if (from > 0) chunk.parent = chain.keys[size_t(from) - 1];
+    chunk.first_block_index = uint32_t(from);
     chunk.payload = std::move(*payload);
     disk_->store(std::move(chunk));
     progress.disk = from + c;

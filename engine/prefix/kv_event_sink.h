@@ -1,10 +1,11 @@
 // Where a KV cache reports its set transitions, for KV events (docs/kv_events.md): a key is
 // "stored" once when it becomes present in a tier and "removed" once when it stops being
 // present, never twice in a row, so a consumer that applies them in order holds exactly the
-// cache's key set. The engine's prefix cache (device tier) calls it; a worker's publisher
-// implements it. Calls come from the engine's scheduler thread, or from a transfer thread
-// releasing blocks, always under the cache's lock and in causal order: implementations must
-// be quick and must not call back into the engine.
+// cache's key set. The engine's prefix cache (device tier) and its host and filesystem tiers
+// call it; a worker's publisher implements it. Calls come from the engine's scheduler thread, a
+// transfer thread releasing blocks, or the filesystem tier's threads (which end a batch after
+// each file's events: no engine step ends them), always under the tier's lock and in causal
+// order: implementations must be quick and must not call back into the engine.
 #pragma once
 
 #include <cstdint>

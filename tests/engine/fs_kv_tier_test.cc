@@ -2,7 +2,8 @@
 // their keys: writers killed with SIGKILL at 1,000 random points leave only whole files (each
 // reads back exactly) and temporary files that the next start removes; a file read with another
 // chunk's tokens is refused and deleted; eviction keeps the bytes under the cap; a full queue
-// drops stores; and stores and loads from several threads at once (TSan).
+// drops stores; stores and loads from several threads at once (TSan); and its KV events follow
+// its index across writes, evictions, corrupt files and a restart.
 #include "engine/fs_kv_tier.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +12,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "tests/engine/temp_files.h"
@@ -47,6 +52,118 @@ FsKvTier::Options tier_options(const std::string& dir) {
   o.compat = 42;
   o.key_root.bytes[0] = 7;
   return o;
+}
+
+// The disk tier's KV events as a consumer applies them: the present key set (a key stored twice
+// in a row, or removed while absent, is an error) and each stored chain's parent and first index.
+class RecordingSink final : public KvEventSink {
+ public:
+  void stored(KvTier tier, const std::optional<BlockKey>& parent, std::span<const BlockKey> keys,
+              uint32_t first_block_index, std::span<const int32_t> tokens) override {
+    std::lock_guard lock(mu_);
+    if (tier != KvTier::kDisk || tokens.size() != keys.size() * 16) ++errors_;
+    for (const BlockKey& k : keys)
+      if (!present_.insert(k).second) ++errors_;
+    heads_[keys.front()] = {parent, first_block_index};
+  }
+  void removed(KvTier tier, std::span<const BlockKey> keys) override {
+    std::lock_guard lock(mu_);
+    if (tier != KvTier::kDisk) ++errors_;
+    for (const BlockKey& k : keys)
+      if (present_.erase(k) == 0) ++errors_;
+    ++removals_;
+  }
+  void cleared(KvTier) override { ++errors_; }
+  void step_end() override {}
+
+  std::set<BlockKey> present() const {
+    std::lock_guard lock(mu_);
+    return present_;
+  }
+  std::map<BlockKey, std::pair<std::optional<BlockKey>, uint32_t>> heads() const {
+    std::lock_guard lock(mu_);
+    return heads_;
+  }
+  int errors() const {
+    std::lock_guard lock(mu_);
+    return errors_;
+  }
+  int removals() const {
+    std::lock_guard lock(mu_);
+    return removals_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<BlockKey> present_;
+  std::map<BlockKey, std::pair<std::optional<BlockKey>, uint32_t>> heads_;
+  int errors_ = 0, removals_ = 0;
+};
+
+std::set<BlockKey> key_set(const std::vector<BlockKey>& keys) { return {keys.begin(), keys.end()}; }
+
+// KV events (tier "disk") follow the index: every chunk written is stored with its parent and
+// first index, every file evicted or deleted as corrupt is removed, and a restart's scan announces
+// every file on disk with the chain its header names — so the events always equal the files.
+TEST(FsKvTier, KvEventsFollowTheIndexAcrossWritesEvictionCorruptionAndARestart) {
+  const std::string dir = testing::fresh_dir("fs-kv-events");
+  // Chunk n continues chunk n-1's sequence (blocks 4n .. 4n+3).
+  auto chained = [](uint64_t n) {
+    FsKvTier::Chunk c = chunk_of(n);
+    if (n > 0) c.parent = chunk_of(n - 1).keys.back();
+    c.first_block_index = uint32_t(4 * n);
+    return c;
+  };
+  auto written_head = [&](uint64_t n) {
+    const FsKvTier::Chunk c = chained(n);
+    return std::pair{c.keys.front(), std::pair{c.parent, c.first_block_index}};
+  };
+  RecordingSink first;
+  FsKvTier::Options o = tier_options(dir);
+  o.max_bytes = 20 * (20 << 10);
+  o.sink = &first;
+  auto tier = FsKvTier::create(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  (*tier)->wait_scanned();
+  for (uint64_t n = 0; n < 40; ++n) {
+    ASSERT_TRUE((*tier)->store(chained(n)));
+    (*tier)->flush();
+  }
+  EXPECT_GT(first.removals(), 0);  // Evictions.
+  EXPECT_EQ(first.present(), key_set((*tier)->cached_keys()));
+  for (uint64_t n : {uint64_t(0), uint64_t(1), uint64_t(39)}) {
+    const auto [key, head] = written_head(n);
+    EXPECT_EQ(first.heads().at(key), head) << n;
+  }
+  // A damaged file, read: deleted, and its keys removed.
+  const FsKvTier::Chunk last = chained(39);
+  {
+    std::fstream f((*tier)->path_of(last.keys.back()), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3 * 4096 + 100);
+    f.put('\x5a');
+  }
+  EXPECT_FALSE((*tier)->load(last.keys, last.tokens).has_value());
+  EXPECT_EQ(first.present(), key_set((*tier)->cached_keys()));
+  EXPECT_EQ(first.present().count(last.keys.front()), 0u);
+  EXPECT_EQ(first.errors(), 0);
+  const std::set<BlockKey> on_disk = first.present();
+  ASSERT_FALSE(on_disk.empty());
+  tier->reset();
+  // A restart: the scan announces what the files hold, with the chains their headers name.
+  RecordingSink second;
+  o.sink = &second;
+  tier = FsKvTier::create(o);
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  (*tier)->wait_scanned();
+  EXPECT_EQ(second.present(), on_disk);
+  EXPECT_EQ(second.present(), key_set((*tier)->cached_keys()));
+  for (const auto& [key, head] : second.heads()) {
+    uint64_t n = 0;
+    while (n < 40 && chained(n).keys.front() != key) ++n;
+    ASSERT_LT(n, 40u);
+    EXPECT_EQ(head, written_head(n).second) << n;
+  }
+  EXPECT_EQ(second.errors(), 0);
 }
 
 // kill -9 at 1,000 random points of the write path (writers in child processes), then a restart:

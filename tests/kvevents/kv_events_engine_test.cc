@@ -1,7 +1,8 @@
 // KV events from the real engine: its prefix cache reports every set transition to a
 // KvEventPublisher (1 % of live messages dropped), and a router KvIndex fed over ZeroMQ must
 // hold exactly the engine's cached keys once the engine is quiet — under a cache small enough
-// that multi-turn conversations keep evicting, so removals and descendant invalidations flow.
+// that multi-turn conversations keep evicting, so removals and descendant invalidations flow;
+// the host tier's keys and the filesystem tier's (files written, evicted over a small cap) too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "kvevents/kv_event_publisher.h"
 #include "router/kv_event_subscriber.h"
 #include "router/kv_index.h"
+#include "tests/engine/temp_files.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve {
@@ -39,6 +41,10 @@ TEST(KvEventsFromTheEngine, TheIndexEqualsTheEnginesCachedKeys) {
   engine::EngineOptions eo;
   eo.kv_cache_bytes = 48 * 16 * 1280;  // 48 blocks: conversations evict each other.
   eo.host_kv_bytes = 96 * 16 * 1280;   // And from the host tier too, which reports as TIER_HOST.
+  // And the filesystem tier's files (two blocks each, ~20 of them at most), as TIER_DISK.
+  eo.kv_offload_dir = testing::fresh_dir("kv-events-disk");
+  eo.kv_offload_chunk_blocks = 2;
+  eo.kv_offload_dir_bytes = 20 * (2 * 20480 + 2 * 4096);
   eo.prefix_cache.event_sink = publisher->get();
   auto eng = engine::Engine::create(std::move(*model), eo);
   ASSERT_TRUE(eng.ok()) << eng.status();
@@ -72,13 +78,22 @@ TEST(KvEventsFromTheEngine, TheIndexEqualsTheEnginesCachedKeys) {
   std::sort(want_host.begin(), want_host.end());
   ASSERT_FALSE(want.empty());
   ASSERT_FALSE(want_host.empty());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  // The files are written on the tier's own thread: their keys settle once it is done.
+  auto disk_keys = [&] {
+    std::vector<engine::BlockKey> keys = (*eng)->cached_keys(KvTier::kDisk);
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (std::chrono::steady_clock::now() < deadline &&
          !(index.state("w") == router::WorkerKvState::kExact && index.keys("w", KvTier::kDevice) == want &&
-           index.keys("w", KvTier::kHost) == want_host))
+           index.keys("w", KvTier::kHost) == want_host && index.keys("w", KvTier::kDisk) == disk_keys()))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // Polling, not waiting for time.
   EXPECT_EQ(index.keys("w", KvTier::kDevice), want);
   EXPECT_EQ(index.keys("w", KvTier::kHost), want_host);
+  EXPECT_FALSE(disk_keys().empty());
+  EXPECT_EQ(index.keys("w", KvTier::kDisk), disk_keys());
+  EXPECT_GT((*eng)->stats().disk_evicted_files, 0u);
   EXPECT_GT((*eng)->stats().host_hit_tokens, 0u);
   EXPECT_GT((*publisher)->stats().dropped, 0u);
   EXPECT_GT((*eng)->stats().prefix_hit_tokens, 0u);
