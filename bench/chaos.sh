@@ -18,18 +18,13 @@
 # (tests/serving/faulty_worker_main.cc: a random $PDSERVE_DROP_NOTIFICATIONS of the transfers'
 # completion notifications, default 5 %, never leave; those transfers end at their lease).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-pdserve=${PDSERVE:-$root/build/tools/pdserve}
-if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
-  export PDSERVE_MODEL_PATH="$root/../shared/models"
-fi
+. "$(dirname "$0")/lib.sh"
 model=${1:?usage: $0 MODEL [MINUTES] [CONCURRENCY] [KILL_EVERY] [KV_MODE]}
 minutes=${2:-30}
 concurrency=${3:-16}
 kill_every=${4:-20}
 kv_mode=${5:-push}
 work=$(mktemp -d)
-up_pid=""
 # Its own copy of the binaries (`up` finds the others beside itself), so that a rebuild meanwhile
 # cannot take a binary away from a restart.
 mkdir -p "$work/bin" "$work/fds"
@@ -46,16 +41,11 @@ if [ "${CHAOS_FAULTS:-0}" = 1 ]; then  # The faulty workers under the names `up`
 fi
 read -r -a bench_flags <<<"${CHAOS_BENCH_FLAGS:-}"
 pdserve="$work/bin/pdserve"
-trap '[ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; rm -rf "$work"' EXIT
+trap 'stop_up; rm -rf "$work"' EXIT
 
 # Every prompt on a prefill worker (no decode-local prefill): their deaths are part of the chaos.
-"$pdserve" up --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 --local-prefill-tokens 0 \
-  "${up_flags[@]}" >"$work/up.out" 2>"$work/up.err" &
-up_pid=$!
-for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
-router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
-http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
-[ -n "$router" ] || { cat "$work/up.err" >&2; echo "chaos: the cluster did not start" >&2; exit 1; }
+start_up "$work" "chaos: the cluster" --model "$model" --prefill 2 --decode 2 --kv-mode "$kv_mode" --port 0 \
+  --local-prefill-tokens 0 "${up_flags[@]}"
 echo "chaos: $model, $kv_mode, 2P+2D at $router, $minutes min, concurrency $concurrency, $([ "$kill_every" -gt 0 ] && echo "a kill every ${kill_every}s" || echo "no kills")${CHAOS_UP_FLAGS:+, up $CHAOS_UP_FLAGS}${CHAOS_BENCH_FLAGS:+, bench $CHAOS_BENCH_FLAGS}${CHAOS_FAULTS:+, faults $CHAOS_FAULTS}"
 
 worker_pids() {  # The children of `up` that are workers.

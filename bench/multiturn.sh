@@ -11,33 +11,22 @@
 #   bench/multiturn.sh MODEL [WORKLOAD=multiturn] [pdserve up topology flags...] [-- bench flags...]
 # Topology defaults to 2 prefill + 2 decode workers, push; bench flags to the workload's defaults.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-pdserve=${PDSERVE:-$root/build/tools/pdserve}
+. "$(dirname "$0")/lib.sh"
 model=${1:?usage: $0 MODEL [WORKLOAD] [up flags] [-- bench flags]}
 workload=${2:-multiturn}
 shift $(( $# >= 2 ? 2 : 1 ))
-topology=() bench=()
-while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-bench=("$@")
+split_flags "$@"
 [ ${#topology[@]} -gt 0 ] || topology=(--prefill 2 --decode 2 --kv-mode push)
 work=$(mktemp -d)
-up_pid=""
-stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
-trap 'stop; rm -rf "$work"' EXIT
+trap 'stop_up; rm -rf "$work"' EXIT
 
 run() {  # ARM, then extra `pdserve up` flags
   local arm=$1; shift
-  "$pdserve" up --model "$model" --port 0 "${topology[@]}" "$@" >"$work/up.out" 2>"$work/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
-  local router
-  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
-  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "multiturn: $arm did not start" >&2; exit 1; }
+  start_up "$work" "multiturn: $arm" --model "$model" --port 0 "${topology[@]}" "$@"
   "$pdserve" bench --router "$router" --workload "$workload" --ignore-eos --result-file "$work/$arm.json" \
     "${bench[@]}" >"$work/bench.out" 2>"$work/bench.err" ||
     { cat "$work/bench.err" >&2; echo "multiturn: $arm: bench failed" >&2; }
-  stop
+  stop_up
 }
 
 arms=(cache-off cache-load cache-routed)

@@ -14,26 +14,18 @@
 # 512-token-prompt requests on stories260K) and a 64 MiB host tier; bench flags to 64 random
 # requests of 512 prompt tokens and 64 output tokens, all at once.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-pdserve=${PDSERVE:-$root/build/tools/pdserve}
-if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
-  export PDSERVE_MODEL_PATH="$root/../shared/models"
-fi
+. "$(dirname "$0")/lib.sh"
 model=${1:?usage: $0 MODEL [up flags] [-- bench flags]}
 shift
-topology=() bench=()
-while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-bench=("$@")
+split_flags "$@"
 [ ${#topology[@]} -gt 0 ] || topology=(--prefill 1 --decode 1 --kv-cache-bytes 3000000 --host-kv-bytes 67108864)
 [ ${#bench[@]} -gt 0 ] || bench=(--num-prompts 64 --input-len 512 --output-len 64 --ignore-eos)
 work=$(mktemp -d)
-up_pid="" sampler=""
+sampler=""
 stop() {
   [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
   sampler=""
-  [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null
-  up_pid=""
+  stop_up
 }
 trap 'stop; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
@@ -41,14 +33,8 @@ run() {  # MODE
   local mode=$1
   # Every prompt is prefilled on the prefill worker (no decode-local prefill): the arms differ in
   # how its KV moves.
-  "$pdserve" up --model "$model" --port 0 "${topology[@]}" --kv-mode "$mode" --local-prefill-tokens 0 \
-    >"$work/up.out" 2>"$work/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
-  local router http
-  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
-  http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
-  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "pull_host: $mode did not start" >&2; exit 1; }
+  start_up "$work" "pull_host: $mode" --model "$model" --port 0 "${topology[@]}" --kv-mode "$mode" \
+    --local-prefill-tokens 0
   : >"$work/$mode.usage"
   (while true; do
      curl -s "http://$http/metrics" | sed -n 's/^pdserve:kv_cache_usage_perc{.*role="prefill".*} \(.*\)$/\1/p' \

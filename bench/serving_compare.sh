@@ -8,29 +8,21 @@
 # TP (default 2) is each P/D worker's TP; the aggregated baseline runs 2 workers of that TP, so
 # both use 2*TP ranks. Bench flags default to 64 prompts of 128 in / 64 out, concurrency 8.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-pdserve=${PDSERVE:-$root/build/tools/pdserve}
+. "$(dirname "$0")/lib.sh"
 model=${1:?usage: $0 MODEL [TP] [bench flags]}
 tp=${2:-2}
 shift $(( $# >= 2 ? 2 : 1 ))
 flags=("$@")
 [ ${#flags[@]} -gt 0 ] || flags=(--num-prompts 64 --random-input-len 128 --random-output-len 64 --max-concurrency 8)
 work=$(mktemp -d)
-up_pid=""
-stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
-trap 'stop; rm -rf "$work"' EXIT
+trap 'stop_up; rm -rf "$work"' EXIT
 
 run() {  # NAME, then `pdserve up` flags
   local name=$1; shift
-  "$pdserve" up --model "$model" --port 0 "$@" >"$work/up.out" 2>"$work/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
-  local router
-  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
-  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "serving_compare: $name did not start" >&2; exit 1; }
+  start_up "$work" "serving_compare: $name" --model "$model" --port 0 "$@"
   "$pdserve" bench --router "$router" --ignore-eos --num-warmups 2 "${flags[@]}" >"$work/bench.out" 2>"$work/bench.err" ||
     { cat "$work/bench.err" >&2; echo "serving_compare: $name: bench failed" >&2; }
-  stop
+  stop_up
   awk -F':' -v n="$name" '
     { gsub(/^ +| +$/, "", $2); v[$1] = $2 }
     END { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n, v["Successful requests"], v["Failed requests"],

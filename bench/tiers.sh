@@ -9,25 +9,16 @@
 #   bench/tiers.sh MODEL [pdserve up topology flags...] [-- bench flags...]
 # Topology defaults to one aggregated worker; bench flags to 64 sessions, 4 requests in flight.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-pdserve=${PDSERVE:-$root/build/tools/pdserve}
-if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
-  export PDSERVE_MODEL_PATH="$root/../shared/models"
-fi
+. "$(dirname "$0")/lib.sh"
 model=${1:?usage: $0 MODEL [up flags] [-- bench flags]}
 shift
-topology=() bench=()
-while [ $# -gt 0 ] && [ "$1" != -- ]; do topology+=("$1"); shift; done
-[ $# -gt 0 ] && shift
-bench=("$@")
+split_flags "$@"
 [ ${#topology[@]} -gt 0 ] || topology=(--aggregated 1)
 # 64 open sessions, 4 requests in flight: the servers hold many histories between turns while
 # computing few, the case a tier below the device cache is for.
 [ ${#bench[@]} -gt 0 ] || bench=(--sessions 64 --max-inflight 4)
 work=$(mktemp -d)
-up_pid=""
-stop() { [ -n "$up_pid" ] && kill -INT "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null; up_pid=""; }
-trap 'stop; rm -rf "$work"' EXIT
+trap 'stop_up; rm -rf "$work"' EXIT
 
 metric_sum() {  # NAME [count]: the sum of a router metric's samples, or their number
   python3 - "$1" "$work/metrics" "${2:-sum}" <<'PY'
@@ -40,13 +31,7 @@ PY
 
 run() {  # ARM, then extra `pdserve up` flags
   local arm=$1; shift
-  "$pdserve" up --model "$model" --port 0 "${topology[@]}" "$@" >"$work/up.out" 2>"$work/up.err" &
-  up_pid=$!
-  for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done
-  local router http
-  router=$(sed -n 's/^READY grpc=\([^ ]*\).*/\1/p' "$work/up.out")
-  http=$(sed -n 's/^READY .*http=\([^ ]*\).*/\1/p' "$work/up.out")
-  [ -n "$router" ] || { cat "$work/up.err" >&2; echo "tiers: $arm did not start" >&2; exit 1; }
+  start_up "$work" "tiers: $arm" --model "$model" --port 0 "${topology[@]}" "$@"
   "$pdserve" bench --router "$router" --workload multiturn --ignore-eos --result-file "$work/$arm.json" \
     "${bench[@]}" >"$work/bench.out" 2>"$work/bench.err" ||
     { cat "$work/bench.err" >&2; echo "tiers: $arm: bench failed" >&2; }
@@ -58,7 +43,7 @@ run() {  # ARM, then extra `pdserve up` flags
     metric_sum pdserve:kv_cache_total_blocks >"$work/total_blocks"
     metric_sum pdserve:kv_cache_total_blocks count >"$work/workers"
   fi
-  stop
+  stop_up
 }
 
 full=$((1 << 30))

@@ -193,9 +193,7 @@ StatusOr<TransferPlan> KvRankEndpoint::plan(int producer_rank, int consumer_rank
                          skip_blocks);
   }
   const Remote::Arena& source = remote.arena(request.region);
-  if (!source.planning_layout)
-    return absl::FailedPreconditionError(absl::StrCat("producer rank ", remote.rank, "/", remote.tp,
-                                                      " announced no host-tier arena"));
+  if (!source.planning_layout) return missing_arena(remote, request.region, "producer");
   return plan_for_pair(producer_rank, consumer_rank, *map, *source.planning_layout, *planning_layout_,
                        request.producer_blocks, consumer_blocks, skip_blocks);
 }

@@ -353,6 +353,8 @@ class KvRankEndpoint {
                             const std::vector<std::string>& endpoints, int tp,
                             const std::vector<uint64_t>& incarnations,
                             const std::vector<int>* remote_blocks, KvRegion remote_region, const char* what);
+  // FailedPrecondition naming the arena `region` that the peer (`who`: its role) did not announce.
+  static Status missing_arena(const Remote& remote, KvRegion region, const char* who);
   // Checks `blocks` against the remote's arena `region` (FailedPrecondition when it has none).
   Status check_remote_blocks(const Remote& remote, KvRegion region, const std::vector<int>& blocks,
                              const char* what) const;

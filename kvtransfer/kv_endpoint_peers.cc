@@ -230,9 +230,7 @@ Status KvRankEndpoint::ensure_transport(Remote& remote) {
 StatusOr<RemoteRegionId> KvRankEndpoint::remote_region(Remote& remote, KvRegion region) {
   Remote::Arena& arena = remote.arena(region);
   if (arena.loaded) return *arena.loaded;
-  if (!arena.layout)
-    return absl::FailedPreconditionError(absl::StrCat("peer rank ", remote.rank, "/", remote.tp,
-                                                      " announced no host-tier arena"));
+  if (!arena.layout) return missing_arena(remote, region, "peer");
   StatusOr<RemoteRegionId> id = transport_->load_remote_region(remote.transport_peer, arena.descriptor);
   if (!id.ok()) return peer_fault(id.status());
   arena.loaded = *id;
@@ -242,10 +240,14 @@ StatusOr<RemoteRegionId> KvRankEndpoint::remote_region(Remote& remote, KvRegion 
 Status KvRankEndpoint::check_remote_blocks(const Remote& remote, KvRegion region, const std::vector<int>& blocks,
                                            const char* what) const {
   const Remote::Arena& arena = remote.arena(region);
-  if (!arena.layout)
-    return absl::FailedPreconditionError(absl::StrCat(what, " rank ", remote.rank, "/", remote.tp,
-                                                      " has no host-tier arena (--host-kv-bytes) to read from"));
+  if (!arena.layout) return missing_arena(remote, region, what);
   return check_blocks(blocks, arena.layout->num_blocks(), what);
+}
+
+Status KvRankEndpoint::missing_arena(const Remote& remote, KvRegion region, const char* who) {
+  const char* arena =
+      region == KvRegion::kHost ? "host-tier arena (it runs without --host-kv-bytes) to read from" : "KV arena";
+  return absl::FailedPreconditionError(absl::StrCat(who, " rank ", remote.rank, "/", remote.tp, " announced no ", arena));
 }
 
 }  // namespace pdserve::kvtransfer

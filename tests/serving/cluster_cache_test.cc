@@ -22,6 +22,7 @@
 #include "kvevents/wire.h"
 #include "proto/pdserve.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "tests/serving/generation_stub.h"
 #include "tests/serving/cluster_process.h"
 #include "tests/serving/metrics_text.h"
 
@@ -87,9 +88,8 @@ class ClusterCache : public ::testing::TestWithParam<std::string> {
     const nlohmann::json j = nlohmann::json::parse(in);
     for (const auto& w : j["workers"]) workers_.push_back(w["grpc"].get<std::string>());
     ASSERT_EQ(workers_.size(), 4u);
-    auto channel = grpc::CreateChannel(cluster_->grpc(), grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-    stub_ = v1::Generation::NewStub(channel);
+    stub_ = testing::connected_generation_stub(cluster_->grpc());
+    ASSERT_TRUE(stub_ != nullptr);
     // The router follows every worker's events before the test starts.
     const auto deadline = std::chrono::steady_clock::now() + 20s;
     while (std::chrono::steady_clock::now() < deadline && !all_exact()) std::this_thread::sleep_for(50ms);
@@ -284,9 +284,8 @@ double router_metric_sum(int http_port, const std::string& name, const std::stri
 TEST(DecodeLocalPrefill, ShortUncachedPartsArePrefilledOnTheDecodeWorker) {
   Cluster cluster({"--prefill", "1", "--decode", "1", "--local-prefill-tokens", "64"});
   ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
-  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(cluster.grpc());
+  ASSERT_TRUE(stub != nullptr);
   std::mt19937 rng(5);
   std::vector<int> prompt = {1};
   const std::vector<int> body = random_tokens(rng, 99);
@@ -363,9 +362,8 @@ TEST_P(ClusterPressure, MoreRequestsThanTheDecodeCacheHoldsAllCompleteWithTheirO
   Cluster cluster({"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--kv-cache-bytes", "1500000",
                    "--host-kv-bytes", "67108864", "--kv-events", "off"});
   ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
-  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(cluster.grpc());
+  ASSERT_TRUE(stub != nullptr);
   std::mt19937 rng(23);
   std::vector<std::vector<int>> prompts;
   for (int i = 0; i < 12; ++i) {
@@ -411,9 +409,8 @@ TEST(ClusterPullHost, AFullHostTierFallsBackToDeviceReadsWithPullsTokens) {
   auto serve = [&](const std::vector<std::string>& args, double* copied, double* fallbacks) {
     Cluster cluster(args);
     EXPECT_TRUE(cluster.wait_ready(120s)) << cluster.log();
-    auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-    EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-    auto stub = v1::Generation::NewStub(channel);
+    auto stub = testing::connected_generation_stub(cluster.grpc());
+    EXPECT_TRUE(stub != nullptr);
     std::vector<std::vector<int>> outputs;
     for (const auto& p : prompts) {
       const Served s = generate(*stub, p, 32);

@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "tests/serving/generation_stub.h"
 #include "tests/serving/cluster_process.h"
 #include "tests/serving/metrics_text.h"
 
@@ -204,9 +205,8 @@ TEST_P(ClusterCacheIdentity, TwoHundredConversationsGiveTheCacheOffTokens) {
   const Outcome& want = cached_reference();
   Cluster cluster(arm.up_args);
   ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
-  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(cluster.grpc());
+  ASSERT_TRUE(stub != nullptr);
   const Outcome got = run_conversations(cs, [&](int t, const std::vector<std::vector<int>>& prompts) {
     // 16 clients at once, as concurrent chats do: placements and batches interleave.
     std::vector<Answer> answers(prompts.size());
@@ -335,9 +335,8 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
   for (int round = 0; round < 2; ++round) {
     Cluster cluster(args);
     ASSERT_TRUE(cluster.wait_ready(120s)) << cluster.log();
-    auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-    ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-    auto stub = v1::Generation::NewStub(channel);
+    auto stub = testing::connected_generation_stub(cluster.grpc());
+    ASSERT_TRUE(stub != nullptr);
     if (round == 0) {
       for (int i = 0; i < 10; ++i) {
         const Answer a = greedy(*stub, prompt_of(i));

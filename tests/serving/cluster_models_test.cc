@@ -15,6 +15,7 @@
 #include "engine/model/make_model.h"
 #include "engine/model_loader.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "tests/serving/generation_stub.h"
 #include "tests/model/test_util.h"
 #include "tests/serving/cluster_process.h"
 
@@ -64,9 +65,8 @@ TEST_P(ClusterModels, StreamsTheInProcessTokensAcrossHeterogeneousTp) {
   created->reset();
 
   ASSERT_TRUE(cluster.wait_ready(90s)) << cluster.log();
-  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(cluster.grpc());
+  ASSERT_TRUE(stub != nullptr);
   std::vector<std::vector<int>> got(prompts.size());
   std::vector<std::string> errors(prompts.size());
   std::vector<std::thread> threads;

@@ -21,6 +21,7 @@
 #include "proto/engine_sampling.h"
 #include "proto/grpc_status.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "tests/serving/generation_stub.h"
 #include "tests/serving/cluster_process.h"
 #include "worker/token_logprobs.h"
 
@@ -205,9 +206,8 @@ TEST_P(ClusterSampling, PenaltiesBiasMinTokensAndLogprobsMatchTheInProcessEngine
   created->reset();
 
   ASSERT_TRUE(cluster.wait_ready(90s)) << cluster.log();
-  auto channel = grpc::CreateChannel(cluster.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(cluster.grpc());
+  ASSERT_TRUE(stub != nullptr);
   // All at once, so that they share the workers' batches.
   std::vector<Output> got(prompts.size());
   std::vector<Status> status(prompts.size());

@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "engine/model_loader.h"
 #include "proto/pdserve.grpc.pb.h"
+#include "tests/serving/generation_stub.h"
 #include "tests/engine/test_model.h"
 #include "tests/serving/cluster_process.h"
 #include "tests/serving/metrics_text.h"
@@ -166,9 +167,8 @@ TEST_P(ClusterStream, ConcurrentStreamsEqualInProcessAndFreeEveryBlock) {
   created->reset();
 
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
-  auto channel = grpc::CreateChannel(c.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(c.grpc());
+  ASSERT_TRUE(stub != nullptr);
 
   // All at once: each thread waits for the others to exist before it sends.
   std::vector<Outcome> got(kRequests);
@@ -323,9 +323,8 @@ TEST_P(ClusterFault, AWorkerFaultMidStreamLosesNoRequestAndNoToken) {
   created->reset();
 
   ASSERT_TRUE(c.wait_ready(90s)) << c.log();
-  auto channel = grpc::CreateChannel(c.grpc(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + 10s));
-  auto stub = v1::Generation::NewStub(channel);
+  auto stub = testing::connected_generation_stub(c.grpc());
+  ASSERT_TRUE(stub != nullptr);
   const std::vector<pid_t> decode_pids = children_with_role(c, "decode");
   const std::vector<pid_t> prefill_pids = children_with_role(c, "prefill");
   const std::vector<std::string> addresses = worker_addresses(c.log());  // prefill0, decode0, decode1.
