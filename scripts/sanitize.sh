@@ -38,7 +38,7 @@ case "$mode" in
     tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*:ParallelSamples.*"
            "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
-           "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*"
+           "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*:KvEventsFromTheEngine.*"
            "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*:FsKvTier.Evicts*"
            "tests/engine/engine_integration_tests|FsTier.*")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
