@@ -1,6 +1,7 @@
-# Helpers of the bench scripts that run a `pdserve up` cluster (chaos.sh, pull_host.sh, tiers.sh),
-# sourced after their `set -euo pipefail`: sets `root`, `pdserve` ($PDSERVE, else the build's) and
-# PDSERVE_MODEL_PATH (unless set: the shared models beside the checkout).
+# Helpers of the bench scripts that run a `pdserve up` cluster (chaos.sh, multiturn.sh,
+# pull_host.sh, serving_compare.sh, tiers.sh), sourced after their `set -euo pipefail`: sets
+# `root`, `pdserve` ($PDSERVE, else the build's) and PDSERVE_MODEL_PATH (unless set: the shared
+# models beside the checkout).
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 pdserve=${PDSERVE:-$root/build/tools/pdserve}
 if [ -z "${PDSERVE_MODEL_PATH:-}" ] && [ -d "$root/../shared/models" ]; then
@@ -23,6 +24,7 @@ split_flags() {
 start_up() {
   local work=$1 name=$2
   shift 2
+  : >"$work/up.out"  # Not the last run's READY line, whenever the child opens it.
   "$pdserve" up "$@" >"$work/up.out" 2>"$work/up.err" &
   up_pid=$!
   for _ in $(seq 600); do grep -q '^READY grpc=' "$work/up.out" && break; sleep 0.2; done

@@ -234,6 +234,8 @@ EngineStats Engine::stats() const {
     s.host_cached_blocks = host.cached;
     s.host_stored_blocks = host_tier.stored_blocks();
     s.host_loaded_blocks = host_tier.loaded_blocks();
+    s.host_lease_shared_blocks = host_tier.lease_shared_blocks();
+    s.host_lease_copied_blocks = host_tier.lease_copied_blocks();
   }
   if (const FsKvTier* fs = tiers_ ? tiers_->disk() : nullptr) {
     const FsKvTier::Counters disk = fs->counters();
@@ -398,9 +400,13 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
   std::lock_guard lock(mu_);
   // Aborts first, so that their blocks are free for admission.
   for (const std::string& id : aborts_) {
-    for (auto* list : {&running_, &loading_})
-      for (auto& seq : *list)
-        if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
+    for (auto& seq : running_)
+      if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
+    for (auto& seq : loading_)
+      if (seq->request.id == id) {
+        seq->prefetch->cancel();
+        finish(*seq, FinishReason::kAbort);
+      }
     for (auto& seq : waiting_)
       if (seq->request.id == id) finish(*seq, FinishReason::kAbort);
   }
@@ -449,6 +455,9 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
     // Chunk files past what the device and the host hold are read first, off this thread: the
     // sequence waits PENDING in loading_ and those behind it are admitted meanwhile.
     if (tiers_ && tiers_->disk() && lookup && !seq.prefetch_tried) {
+      // At most max_running wait PENDING (their chunks are held in memory until admitted): the
+      // queue waits for one of them.
+      if (int(loading_.size()) >= options_.max_running) break;
       seq.prefetch_tried = true;
       const std::span<const BlockKey> keys = std::span(seq.keys).first(size_t(max_hit));
       const int run = std::max(blocks_->cached_prefix(keys, seq.ns_root, seq.tokens),
@@ -801,9 +810,15 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
 
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }
 
-StatusOr<std::vector<int>> Engine::lease_host_copy(const std::vector<int>& blocks) {
+StatusOr<std::vector<int>> Engine::lease_host_copy(const std::vector<int>& prompt, std::string_view cache_salt,
+                                                   const std::vector<int>& blocks) {
   if (!tiers_) return absl::FailedPreconditionError("no host KV tier (--host-kv-bytes) to copy the prompt into");
-  return tiers_->host().lease(blocks);
+  // The keys of the prompt's full blocks, as its sequence cached them (none past the blocks given).
+  const int b = options_.block_size;
+  const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
+  std::vector<BlockKey> keys;
+  extend_block_keys(keys, ns_root, prompt, b, std::min(int(prompt.size()) / b, int(blocks.size())), key_fn_);
+  return tiers_->host().lease(keys, ns_root, prompt, blocks);
 }
 
 Status Engine::release_host_lease(const std::vector<int>& slots) {
@@ -870,6 +885,10 @@ std::vector<BlockKey> Engine::cached_keys(KvTier tier) const {
   if (tier == KvTier::kHost && tiers_) return tiers_->host().cached_keys();
   if (tier == KvTier::kDisk && tiers_ && tiers_->disk()) return tiers_->disk()->cached_keys();
   return {};
+}
+
+void Engine::flush_disk_writes() {
+  if (tiers_) tiers_->flush_disk_writes();
 }
 
 void Engine::reset_prefix_cache() {

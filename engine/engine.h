@@ -214,6 +214,9 @@ struct EngineStats {
   uint64_t host_hit_tokens = 0;
   uint64_t host_stored_blocks = 0;
   uint64_t host_loaded_blocks = 0;
+  // pull-host leases (lease_host_copy): blocks shared with the host tier's cache, blocks copied.
+  uint64_t host_lease_shared_blocks = 0;
+  uint64_t host_lease_copied_blocks = 0;
   // The filesystem tier (all 0 without one): blocks per chunk file (0: no tier), prompt tokens
   // found there (beyond the device's and the host's hits), chunk files written and read, stores
   // dropped, files that failed a check, files evicted over --kv-offload-dir-bytes, and the chunk
@@ -227,7 +230,7 @@ struct EngineStats {
   uint64_t disk_evicted_files = 0;
   uint64_t disk_files = 0;
   uint64_t disk_bytes = 0;
-  // Seconds admissions spent loading from the filesystem tier, and the loads that reached
+  // Seconds the tiers' loader spent reading chunk files, and the loads that reached
   // --kv-load-timeout-ms (their requests computed the rest).
   double disk_load_s = 0;
   uint64_t disk_load_timeouts = 0;
@@ -275,11 +278,13 @@ class Engine {
                                               int num_tokens);
   // Returns blocks from reserve_cached_blocks or a prefill_only hand-off.
   Status release_blocks(const std::vector<int>& blocks);
-  // pull-host (docs/kv_offload.md): copies `blocks` (a prefill_only hand-off's) into host-tier
-  // slots leased to the caller (HostKvTier::lease) — the caller then releases the device blocks
-  // at once — until release_host_lease. FailedPrecondition without a host tier;
+  // pull-host (docs/kv_offload.md): host-tier slots holding `blocks` (a prefill_only hand-off's, of
+  // `prompt` in namespace `cache_salt`) leased to the caller (HostKvTier::lease: the full blocks
+  // the host tier holds already are shared, the rest copied) — the caller then releases the device
+  // blocks at once — until release_host_lease. FailedPrecondition without a host tier;
   // ResourceExhausted when the host tier has too few slots free or evictable.
-  StatusOr<std::vector<int>> lease_host_copy(const std::vector<int>& blocks);
+  StatusOr<std::vector<int>> lease_host_copy(const std::vector<int>& prompt, std::string_view cache_salt,
+                                             const std::vector<int>& blocks);
   Status release_host_lease(const std::vector<int>& slots);
   // Rank `rank`'s host-tier arena and its block count (null, 0 without a host tier).
   uint8_t* host_kv_arena(int rank) const;
@@ -296,6 +301,8 @@ class Engine {
   int cached_prefix_tokens(const std::vector<int>& tokens, std::string_view cache_salt = "");
   // The keys `tier` holds (the KV events' exactness checks; none for a tier it lacks).
   std::vector<BlockKey> cached_keys(KvTier tier = KvTier::kDevice) const;
+  // Waits until the filesystem tier's queued chunk files are written (no-op without one).
+  void flush_disk_writes();
   // Uncaches every block (running requests keep theirs, uncached); events get "cleared".
   void reset_prefix_cache();
 

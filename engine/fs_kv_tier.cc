@@ -207,7 +207,12 @@ void FsKvTier::writer() {
 Status FsKvTier::write_file(const Chunk& chunk) {
   const std::string final_path = path_of(chunk.keys.back());
   std::error_code ec;
-  if (std::filesystem::exists(final_path, ec)) return absl::OkStatus();  // Another writer's.
+  if (struct stat existing {}; ::stat(final_path.c_str(), &existing) == 0) {
+    // Another writer's (or this one's, not indexed yet): indexed and announced, not written again.
+    std::lock_guard lock(mu_);
+    if (!files_.count(final_path)) note_file(final_path, uint64_t(existing.st_size), chunk);
+    return absl::OkStatus();
+  }
   std::filesystem::create_directories(std::filesystem::path(final_path).parent_path(), ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create the directory of ", final_path, ": ", ec.message()));
   std::vector<uint8_t> header(kHeaderBytes, 0);
@@ -318,7 +323,10 @@ std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> key
     return std::nullopt;
   }
   ++counters_.loaded_chunks;
-  if (!files_.count(path)) {
+  struct stat now {};
+  const bool still_there =
+      ::stat(path.c_str(), &now) == 0 && now.st_ino == opened.st_ino && now.st_dev == opened.st_dev;
+  if (!files_.count(path) && still_there) {
     // Written by another worker, not scanned yet: announced with what the read checked.
     Chunk chunk;
     chunk.keys.assign(keys.begin(), keys.end());
@@ -326,7 +334,7 @@ std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> key
     chunk.first_block_index = h.first_block_index;
     if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
     note_file(path, h.payload_off + h.payload_bytes, chunk);
-  } else {
+  } else if (files_.count(path)) {
     files_[path].used = ++clock_;
   }
   return payload;
@@ -340,7 +348,7 @@ void FsKvTier::note_file(const std::string& path, uint64_t bytes, const Chunk& c
   f.used = ++clock_;
   if (!added) return;
   f.keys = chunk.keys;
-  if (!options_.sink) return;
+  if (!options_.sink || chunk.keys.empty()) return;
   options_.sink->stored(KvTier::kDisk, chunk.parent, chunk.keys, chunk.first_block_index, chunk.tokens);
   options_.sink->step_end();  // This tier's threads step no engine: each file is a batch.
 }
@@ -349,7 +357,7 @@ void FsKvTier::forget_file(const std::string& path) {
   auto it = files_.find(path);
   if (it == files_.end()) return;
   counters_.bytes -= it->second.bytes;
-  if (options_.sink) {
+  if (options_.sink && !it->second.keys.empty()) {
     options_.sink->removed(KvTier::kDisk, it->second.keys);
     options_.sink->step_end();
   }
@@ -409,11 +417,20 @@ void FsKvTier::scan() {
       good = read_all(fd, chunk.tokens.data(), h.tokens_bytes, off_t(h.tokens_off));
     }
     ::close(fd);
-    if (!good) continue;
-    for (uint32_t i = 0; i < h.num_blocks; ++i)
+    if (!good) {
+      // Indexed by its size only (no keys, no events), so that the byte cap counts and evicts it;
+      // a read of its key deletes it.
+      chunk = {};
+      h.payload_off = 0;
+      h.payload_bytes = it->file_size(ec);
+      if (ec) continue;
+    }
+    for (uint32_t i = 0; good && i < h.num_blocks; ++i)
       chunk.keys.push_back(key_at(header.data() + kKeysAt + 16 * i));
-    chunk.first_block_index = h.first_block_index;
-    if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+    if (good) {
+      chunk.first_block_index = h.first_block_index;
+      if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+    }
     std::lock_guard lock(mu_);
     // Files the writer or a read noted meanwhile keep their (newer) use. One this process evicted
     // or deleted since the directory listing named it is gone: unlinks happen under this lock, so

@@ -106,7 +106,7 @@ class FsKvTier {
   void evict_locked();
 
   Options options_;
-  std::string root_;  // dir/pdkv-v1-<root>.
+  std::string root_;  // dir/pdkv-v<format version>-<root>.
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Chunk> queue_;

@@ -139,11 +139,22 @@ StatusOr<int> HostKvTier::load(std::span<const BlockKey> keys, const BlockKey& n
   return end;
 }
 
-StatusOr<std::vector<int>> HostKvTier::lease(std::span<const int> device_blocks) {
+StatusOr<std::vector<int>> HostKvTier::lease(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                             std::span<const int32_t> tokens, std::span<const int> device_blocks) {
   std::lock_guard lock(mu_);
-  PD_ASSIGN_OR_RETURN(std::vector<int> slots, slots_.allocate(int(device_blocks.size())));
+  keys = keys.first(std::min(keys.size(), device_blocks.size()));
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys, ns_root, tokens);
+  const size_t shared = held.blocks.size();
+  StatusOr<std::vector<int>> fresh = slots_.allocate(int(device_blocks.size() - shared));
+  if (!fresh.ok()) {
+    (void)slots_.release(held.blocks);
+    return fresh.status();
+  }
+  std::vector<int> slots = std::move(held.blocks);
+  slots.insert(slots.end(), fresh->begin(), fresh->end());
   Status error;
-  for (size_t i = 0; i < slots.size() && error.ok(); ++i) error = copy(device_blocks[i], slots[i], Direction::kToHost);
+  for (size_t i = shared; i < slots.size() && error.ok(); ++i)
+    error = copy(device_blocks[i], slots[i], Direction::kToHost);
   // A device backend queues the copies on its stream, and the reader is another process; after
   // a failed copy too, before the slots can be taken again.
   for (size_t r = 0; r < device_.size(); ++r)
@@ -155,7 +166,19 @@ StatusOr<std::vector<int>> HostKvTier::lease(std::span<const int> device_blocks)
     (void)slots_.release(slots);
     return error;
   }
+  lease_shared_ += shared;
+  lease_copied_ += slots.size() - shared;
   return slots;
+}
+
+uint64_t HostKvTier::lease_shared_blocks() const {
+  std::lock_guard lock(mu_);
+  return lease_shared_;
+}
+
+uint64_t HostKvTier::lease_copied_blocks() const {
+  std::lock_guard lock(mu_);
+  return lease_copied_;
 }
 
 uint64_t HostKvTier::stored_blocks() const {

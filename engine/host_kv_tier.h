@@ -69,12 +69,15 @@ class HostKvTier {
   StatusOr<int> import_canonical(std::span<const BlockKey> keys, const BlockKey& ns_root,
                                  std::span<const int32_t> tokens, int from, int count,
                                  std::span<const uint8_t> payload);
-  // Copies device blocks `device_blocks` (every rank) into as many slots taken for the caller
-  // alone — uncached, so no lookup finds and no eviction takes them — until release_lease():
-  // pull-host's copy of a prompt, which a decode worker reads from here once this returns (the
-  // bytes are in host memory). ResourceExhausted (nothing taken) when too few slots are free or
-  // evictable.
-  StatusOr<std::vector<int>> lease(std::span<const int> device_blocks);
+  // Slots holding a prompt's blocks `device_blocks` for the caller until release_lease():
+  // pull-host's copy, which a decode worker reads from here once this returns (the bytes are in
+  // host memory). The leading full blocks the tier holds already under keys[i] (in namespace
+  // `ns_root`, tokens `tokens`; the write-through stored them as their step ended) are shared —
+  // pinned, so no eviction takes them — and the rest, the partial last block at least, are
+  // copied (every rank) into slots taken for the caller alone (uncached, so no lookup finds
+  // them). ResourceExhausted (nothing taken) when too few slots are free or evictable.
+  StatusOr<std::vector<int>> lease(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                   std::span<const int32_t> tokens, std::span<const int> device_blocks);
   Status release_lease(const std::vector<int>& slots) { return slots_.release(slots); }
   // Bytes of the canonical form of `count` blocks.
   uint64_t canonical_bytes(int count) const;
@@ -89,6 +92,9 @@ class HostKvTier {
   // Blocks copied in and out since start (by store and load: leases are not the tier's stores).
   uint64_t stored_blocks() const;
   uint64_t loaded_blocks() const;
+  // Blocks leases shared with the cache instead of copying, and blocks they copied.
+  uint64_t lease_shared_blocks() const;
+  uint64_t lease_copied_blocks() const;
   uint8_t* arena(int rank) const { return arenas_[size_t(rank)].get(); }
   const KvCacheLayout& layout(int rank) const { return layouts_[size_t(rank)]; }
 
@@ -113,6 +119,7 @@ class HostKvTier {
   BlockAllocator slots_;                            // Thread-safe itself.
   mutable std::mutex mu_;                           // Serializes store and load (their copies and scratch).
   uint64_t stored_blocks_ = 0, loaded_blocks_ = 0;  // Guarded by mu_.
+  uint64_t lease_shared_ = 0, lease_copied_ = 0;    // Guarded by mu_.
   std::vector<ByteRange> from_, to_;                // copy()'s scratch, guarded by mu_.
 };
 

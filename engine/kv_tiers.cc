@@ -89,6 +89,7 @@ void KvTiers::read_chunks(Prefetch& p) {
   TimePoint now = clock_.now();
   const TimePoint reading = now;
   for (size_t at = 0; at + size_t(c) <= p.keys.size(); at += size_t(c)) {
+    if (stop_.load() || p.cancelled_.load(std::memory_order_relaxed)) break;
     if (load_timeout_ > Duration::zero() && now - p.started >= load_timeout_) {
       ++disk_load_timeouts_;
       PD_LOG_DEBUG("{}: the filesystem tier's load passed --kv-load-timeout-ms at block {}: computing the rest",

@@ -70,6 +70,8 @@ class KvTiers {
   class Prefetch {
    public:
     bool done() const { return done_.load(std::memory_order_acquire); }
+    // Its request is gone (aborted): the loader reads no more files for it.
+    void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
 
    private:
     friend class KvTiers;
@@ -80,6 +82,7 @@ class KvTiers {
     TimePoint started;
     std::vector<std::vector<uint8_t>> payloads;  // Chunks read, in order from `first`; the loader's until done.
     std::atomic<bool> done_{false};
+    std::atomic<bool> cancelled_{false};
   };
   // Starts reading the chunk files past the tiers' run of the chain, which ends at block `from`
   // (what the device and the host hold), up to block `limit`; null when no whole chunk fits (or
@@ -104,6 +107,10 @@ class KvTiers {
   double disk_load_seconds() const { return double(disk_load_ns_.load()) * 1e-9; }
   uint64_t disk_load_timeouts() const { return disk_load_timeouts_.load(); }
   uint64_t disk_pending_loads() const { return disk_pending_loads_.load(); }
+  // Waits until the filesystem tier's queued writes are done (no-op without one).
+  void flush_disk_writes() const {
+    if (disk_) disk_->flush();
+  }
   // Finishes the prefetch under way (the queued ones are dropped, done), then the tiers.
   ~KvTiers();
 
@@ -126,7 +133,7 @@ class KvTiers {
   std::mutex loader_mu_;
   std::condition_variable loader_cv_;
   std::deque<std::shared_ptr<Prefetch>> prefetches_;  // Guarded by loader_mu_.
-  bool stop_ = false;                                 // Guarded by loader_mu_.
+  std::atomic<bool> stop_{false};                     // Set under loader_mu_.
   std::thread loader_;  // Only with a filesystem tier.
 };
 

@@ -1,7 +1,7 @@
 // KvEventPublisher: a worker's KV-event publisher (docs/kv_events.md). It implements
 // engine::KvEventSink, so the engine's prefix cache reports its set transitions to it, and
-// publishes them as KvEventBatch messages on a ZeroMQ PUB socket, one batch per engine step
-// (split at max_batch_events), with contiguous 1-based seqs under a random epoch, heartbeats
+// publishes them as KvEventBatch messages on a ZeroMQ PUB socket, one batch per step_end() —
+// an engine step, or a filesystem-tier file — (split at max_batch_events), with contiguous 1-based seqs under a random epoch, heartbeats
 // that carry the last seq, and a ROUTER replay socket that answers from a bounded ring of
 // recent batches or, when that cannot cover the request, with a snapshot of its own mirror of
 // the key set. ZeroMQ sockets are not thread safe and the sink's callers hold the engine's

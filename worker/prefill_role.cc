@@ -15,6 +15,9 @@ using kvtransfer::KvTransferEvent;
 struct PrefillRole::Job {
   bool push = true;
   bool via_host = false;           // pull-host: the decode side reads a host-tier copy.
+  // pull-host: the prompt and its cache namespace, whose full blocks the host tier may hold already.
+  std::vector<int> prompt;
+  std::string cache_salt;
   KvGroup consumer;                // push: the decode worker's ranks.
   std::vector<int> target_blocks;  // push: the decode worker's reserved blocks.
   int skip_blocks = 0;             // push: prompt blocks the decode side holds already (not sent).
@@ -85,6 +88,10 @@ StatusOr<PrefillResponse> PrefillRole::prefill(const PrefillRequest& request,
   Job job;
   job.push = push;
   job.via_host = via_host;
+  if (via_host) {
+    job.prompt.assign(request.prompt().begin(), request.prompt().end());
+    job.cache_salt = request.cache_salt();
+  }
   job.prompt_len = prompt_len;
   job.request_ends_at_first_token = params.max_tokens == 1 || prompt_len >= engine_.config().max_seq_len;
   job.want_logprobs = params.logprobs >= 0;
@@ -259,7 +266,7 @@ void PrefillRole::note_held(const Job& job) {
 }
 
 Status PrefillRole::copy_to_host(const std::string& id, Job& job) {
-  StatusOr<std::vector<int>> slots = engine_.lease_host_copy(job.kv_blocks);
+  StatusOr<std::vector<int>> slots = engine_.lease_host_copy(job.prompt, job.cache_salt, job.kv_blocks);
   if (slots.status().code() == absl::StatusCode::kResourceExhausted) {
     // Every host slot is leased or being read: this request is read from the device instead.
     ++host_copy_fallbacks_;

@@ -3,7 +3,8 @@
 // without it), the same tokens either way; preempted requests swap out to it and resume from it;
 // the decode side's reservations continue their device hit in it; the device path (a backend
 // whose memory the host cannot touch) copies through the Backend interface and gives the CPU's
-// tokens; and a host tier without the prefix cache is refused.
+// tokens; pull-host's lease shares the prompt blocks the write-through cached and copies only the
+// rest; and a host tier without the prefix cache is refused.
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
@@ -128,6 +129,37 @@ TEST(HostTier, ReservationsContinueTheDeviceHitInIt) {
   EXPECT_EQ(pdserve::testing::decode_preloaded(*decode, prompt, params, reserved->blocks, handed.first_token), whole);
   ASSERT_TRUE(prefill->release_blocks(handed.blocks).ok());
   EXPECT_EQ(decode->stats().free_blocks, decode->stats().num_blocks);
+}
+
+// pull-host's lease of a prefilled prompt: the full blocks the write-through stored as their step
+// ended are shared (pinned: no eviction takes them while leased), only the partial last block is
+// copied; in another namespace nothing is cached, so everything is copied. Released, every slot is
+// free or evictable again.
+TEST(HostTier, ALeaseSharesTheBlocksTheWriteThroughStored) {
+  const std::vector<int> prompt = prompt_of(200, 5);  // 12 full blocks and 8 tokens.
+  SamplingParams params;
+  params.max_tokens = 1;
+  auto prefill = make_engine(40 * kBlockBytes, 400 * kBlockBytes);
+  const auto handed = pdserve::testing::run_prefill_only(*prefill, prompt, params);
+  ASSERT_EQ(handed.blocks.size(), 13u);
+  auto slots = prefill->lease_host_copy(prompt, "", handed.blocks);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  EXPECT_EQ(slots->size(), 13u);
+  EngineStats s = prefill->stats();
+  EXPECT_EQ(s.host_lease_shared_blocks, 12u);
+  EXPECT_EQ(s.host_lease_copied_blocks, 1u);
+  EXPECT_EQ(s.host_free_blocks, s.host_blocks - 13);  // Shared ones are pinned, not evictable.
+  auto other = prefill->lease_host_copy(prompt, "another namespace", handed.blocks);
+  ASSERT_TRUE(other.ok()) << other.status();
+  s = prefill->stats();
+  EXPECT_EQ(s.host_lease_shared_blocks, 12u);
+  EXPECT_EQ(s.host_lease_copied_blocks, 14u);
+  ASSERT_TRUE(prefill->release_host_lease(*slots).ok());
+  ASSERT_TRUE(prefill->release_host_lease(*other).ok());
+  ASSERT_TRUE(prefill->release_blocks(handed.blocks).ok());
+  s = prefill->stats();
+  EXPECT_EQ(s.host_free_blocks, s.host_blocks);
+  EXPECT_EQ(s.free_blocks, s.num_blocks);
 }
 
 // On a backend whose memory the host cannot touch, the tier copies through the Backend

@@ -410,8 +410,11 @@ TEST(ClusterPullHost, AFullHostTierFallsBackToDeviceReadsWithPullsTokens) {
     Cluster cluster(args);
     EXPECT_TRUE(cluster.wait_ready(120s)) << cluster.log();
     auto stub = testing::connected_generation_stub(cluster.grpc());
-    EXPECT_TRUE(stub != nullptr);
     std::vector<std::vector<int>> outputs;
+    if (!stub) {
+      ADD_FAILURE() << "the router's channel did not connect";
+      return outputs;
+    }
     for (const auto& p : prompts) {
       const Served s = generate(*stub, p, 32);
       EXPECT_TRUE(s.error.empty()) << s.error;
