@@ -232,10 +232,11 @@ EngineStats Engine::stats() const {
     const BlockAllocator::Counts host = host_tier.counts();
     s.host_free_blocks = host.free;
     s.host_cached_blocks = host.cached;
-    s.host_stored_blocks = host_tier.stored_blocks();
-    s.host_loaded_blocks = host_tier.loaded_blocks();
-    s.host_lease_shared_blocks = host_tier.lease_shared_blocks();
-    s.host_lease_copied_blocks = host_tier.lease_copied_blocks();
+    const HostKvTier::Copies copies = host_tier.copies();
+    s.host_stored_blocks = copies.stored;
+    s.host_loaded_blocks = copies.loaded;
+    s.host_lease_shared_blocks = copies.lease_shared;
+    s.host_lease_copied_blocks = copies.lease_copied;
   }
   if (const FsKvTier* fs = tiers_ ? tiers_->disk() : nullptr) {
     const FsKvTier::Counters disk = fs->counters();

@@ -82,6 +82,12 @@ BlockKey key_at(const uint8_t* p) {
   return k;
 }
 
+// Where a file's chunk sits in its sequence, from its header (the KV events' chain).
+void set_chain(const Header& h, FsKvTier::Chunk& chunk) {
+  chunk.first_block_index = h.first_block_index;
+  if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+}
+
 // Why a header read from a file is not one of this tier's (empty: it is): its checksum, magic,
 // version, geometry and key root.
 std::string header_problem(const std::vector<uint8_t>& header, const Header& h, uint64_t compat,
@@ -331,8 +337,7 @@ std::optional<std::vector<uint8_t>> FsKvTier::load(std::span<const BlockKey> key
     Chunk chunk;
     chunk.keys.assign(keys.begin(), keys.end());
     chunk.tokens.assign(tokens.begin(), tokens.end());
-    chunk.first_block_index = h.first_block_index;
-    if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+    set_chain(h, chunk);
     note_file(path, h.payload_off + h.payload_bytes, chunk);
   } else if (files_.count(path)) {
     files_[path].used = ++clock_;
@@ -425,11 +430,9 @@ void FsKvTier::scan() {
       h.payload_bytes = it->file_size(ec);
       if (ec) continue;
     }
-    for (uint32_t i = 0; good && i < h.num_blocks; ++i)
-      chunk.keys.push_back(key_at(header.data() + kKeysAt + 16 * i));
     if (good) {
-      chunk.first_block_index = h.first_block_index;
-      if (h.has_parent) chunk.parent.emplace(key_at(h.parent));
+      for (uint32_t i = 0; i < h.num_blocks; ++i) chunk.keys.push_back(key_at(header.data() + kKeysAt + 16 * i));
+      set_chain(h, chunk);
     }
     std::lock_guard lock(mu_);
     // Files the writer or a read noted meanwhile keep their (newer) use. One this process evicted

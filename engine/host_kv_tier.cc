@@ -109,7 +109,7 @@ StatusOr<int> HostKvTier::store(std::span<const BlockKey> keys, const BlockKey& 
     slots.push_back(s);
     error = copy(device_blocks[size_t(i)], s, Direction::kToHost);
     if (!error.ok()) break;  // The slot stays uncached and goes back free.
-    ++stored_blocks_;
+    ++copies_.stored;
     parent = slots_.cache(s, keys[size_t(i)], parent, ns_root, uint32_t(i), tokens.subspan(size_t(i) * b, size_t(b)));
     if (!parent) break;  // A collision: the chain cannot go on here.
     held_now = i + 1;
@@ -131,7 +131,7 @@ StatusOr<int> HostKvTier::load(std::span<const BlockKey> keys, const BlockKey& n
   for (int i = from; i < int(held.blocks.size()); ++i) {
     error = copy(device_blocks[size_t(i)], held.blocks[size_t(i)], Direction::kToDevice);
     if (!error.ok()) break;
-    ++loaded_blocks_;
+    ++copies_.loaded;
     end = i + 1;
   }
   PD_RETURN_IF_ERROR(slots_.release(held.blocks));
@@ -166,29 +166,14 @@ StatusOr<std::vector<int>> HostKvTier::lease(std::span<const BlockKey> keys, con
     (void)slots_.release(slots);
     return error;
   }
-  lease_shared_ += shared;
-  lease_copied_ += slots.size() - shared;
+  copies_.lease_shared += shared;
+  copies_.lease_copied += slots.size() - shared;
   return slots;
 }
 
-uint64_t HostKvTier::lease_shared_blocks() const {
+HostKvTier::Copies HostKvTier::copies() const {
   std::lock_guard lock(mu_);
-  return lease_shared_;
-}
-
-uint64_t HostKvTier::lease_copied_blocks() const {
-  std::lock_guard lock(mu_);
-  return lease_copied_;
-}
-
-uint64_t HostKvTier::stored_blocks() const {
-  std::lock_guard lock(mu_);
-  return stored_blocks_;
-}
-
-uint64_t HostKvTier::loaded_blocks() const {
-  std::lock_guard lock(mu_);
-  return loaded_blocks_;
+  return copies_;
 }
 
 template <typename F>

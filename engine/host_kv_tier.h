@@ -89,12 +89,13 @@ class HostKvTier {
 
   int num_blocks() const { return slots_.num_blocks(); }
   BlockAllocator::Counts counts() const { return slots_.counts(); }
-  // Blocks copied in and out since start (by store and load: leases are not the tier's stores).
-  uint64_t stored_blocks() const;
-  uint64_t loaded_blocks() const;
-  // Blocks leases shared with the cache instead of copying, and blocks they copied.
-  uint64_t lease_shared_blocks() const;
-  uint64_t lease_copied_blocks() const;
+  // Blocks since start: copied in and out by store and load (leases are not the tier's stores),
+  // and leased: shared with the cache instead of copied, and copied.
+  struct Copies {
+    uint64_t stored = 0, loaded = 0;
+    uint64_t lease_shared = 0, lease_copied = 0;
+  };
+  Copies copies() const;
   uint8_t* arena(int rank) const { return arenas_[size_t(rank)].get(); }
   const KvCacheLayout& layout(int rank) const { return layouts_[size_t(rank)]; }
 
@@ -118,8 +119,7 @@ class HostKvTier {
   std::vector<bool> pinned_;
   BlockAllocator slots_;                            // Thread-safe itself.
   mutable std::mutex mu_;                           // Serializes store and load (their copies and scratch).
-  uint64_t stored_blocks_ = 0, loaded_blocks_ = 0;  // Guarded by mu_.
-  uint64_t lease_shared_ = 0, lease_copied_ = 0;    // Guarded by mu_.
+  Copies copies_;                                   // Guarded by mu_.
   std::vector<ByteRange> from_, to_;                // copy()'s scratch, guarded by mu_.
 };
 
