@@ -75,6 +75,7 @@ BlockAllocator::Allocation BlockAllocator::match_prefix(std::span<const BlockKey
         index_.match(keys[i], a.last_hit, ns_root, tokens.subspan(i * size_t(block_size_), size_t(block_size_)));
     if (!link) break;
     a.blocks.push_back(link->block);
+    a.hits.push_back(*link);
     a.last_hit = link;
   }
   return a;
@@ -133,6 +134,11 @@ std::optional<CachedLink> BlockAllocator::cache(int block, const BlockKey& key, 
 bool BlockAllocator::valid(const CachedLink& link) const {
   std::lock_guard lock(mu_);
   return index_.valid(link);
+}
+
+bool BlockAllocator::holds(const CachedLink& link, const BlockKey& key) const {
+  std::lock_guard lock(mu_);
+  return index_.holds(link, key);
 }
 
 void BlockAllocator::reset_cache() {

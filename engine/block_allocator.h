@@ -38,6 +38,7 @@ class BlockAllocator {
     std::vector<int> blocks;
     int cached_blocks = 0;               // blocks[0, cached_blocks) came from the cache.
     std::optional<CachedLink> last_hit;  // Where the request's chain goes on from (none: its start).
+    std::vector<CachedLink> hits;        // The links of blocks[0, cached_blocks), in chain order.
   };
   // Takes `total` blocks for a request: first the longest cached prefix of `keys` (the keys of
   // its leading full blocks of `tokens`, chained from `ns_root`; every hit is checked against
@@ -55,6 +56,8 @@ class BlockAllocator {
                                   const BlockKey& ns_root, uint32_t index, std::span<const int32_t> tokens);
   // Whether `link` still names a cached block.
   bool valid(const CachedLink& link) const;
+  // Whether `link` still names a cached block, cached under `key` (PrefixIndex::holds).
+  bool holds(const CachedLink& link, const BlockKey& key) const;
   // Uncaches every block (evictable ones become free); the sink gets one "cleared".
   void reset_cache();
 

@@ -815,12 +815,20 @@ StatusOr<std::vector<int>> Engine::lease_host_copy(const std::vector<int>& promp
                                                    const std::vector<int>& blocks) {
   if (!tiers_) return absl::FailedPreconditionError("no host KV tier (--host-kv-bytes) to copy the prompt into");
   // The keys of the prompt's full blocks, as its sequence cached them (none past the blocks given).
-  const int b = options_.block_size;
-  const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
-  std::vector<BlockKey> keys;
-  extend_block_keys(keys, ns_root, prompt, b, std::min(int(prompt.size()) / b, int(blocks.size())), key_fn_);
-  return tiers_->host().lease(keys, ns_root, prompt, blocks);
+  const PromptKeys k = prompt_keys(prompt, cache_salt, int(blocks.size()));
+  return tiers_->host().lease(k.keys, k.ns_root, prompt, blocks);
 }
+
+Engine::PromptKeys Engine::prompt_keys(const std::vector<int>& prompt, std::string_view cache_salt,
+                                       int blocks) const {
+  const int b = options_.block_size;
+  PromptKeys k;
+  k.ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
+  extend_block_keys(k.keys, k.ns_root, prompt, b, std::min(int(prompt.size()) / b, blocks), key_fn_);
+  return k;
+}
+
+HostKvTier* Engine::host_tier() const { return tiers_ ? &tiers_->host() : nullptr; }
 
 Status Engine::release_host_lease(const std::vector<int>& slots) {
   if (!tiers_) return absl::FailedPreconditionError("no host KV tier");

@@ -30,6 +30,7 @@
 namespace pdserve::engine {
 
 class Backend;
+class HostKvTier;
 class KvTiers;
 class RankPool;
 class ModelWeightsF32;
@@ -286,6 +287,15 @@ class Engine {
   StatusOr<std::vector<int>> lease_host_copy(const std::vector<int>& prompt, std::string_view cache_salt,
                                              const std::vector<int>& blocks);
   Status release_host_lease(const std::vector<int>& slots);
+  // The keys of `prompt`'s leading full blocks (at most `blocks`) in namespace `cache_salt`, and
+  // the namespace's root: what this engine's caches, tiers and KV events name them by.
+  struct PromptKeys {
+    BlockKey ns_root;
+    std::vector<BlockKey> keys;
+  };
+  PromptKeys prompt_keys(const std::vector<int>& prompt, std::string_view cache_salt, int blocks) const;
+  // The host tier (thread-safe; the peer tier leases and fills its slots), or null without one.
+  HostKvTier* host_tier() const;
   // Rank `rank`'s host-tier arena and its block count (null, 0 without a host tier).
   uint8_t* host_kv_arena(int rank) const;
   int host_kv_blocks() const;

@@ -171,6 +171,53 @@ StatusOr<std::vector<int>> HostKvTier::lease(std::span<const BlockKey> keys, con
   return slots;
 }
 
+HostKvTier::PeerLease HostKvTier::lease_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                               std::span<const int32_t> tokens, int limit) {
+  keys = keys.first(std::min(keys.size(), size_t(std::max(limit, 0))));
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys, ns_root, tokens);
+  PeerLease lease;
+  lease.slots = std::move(held.blocks);
+  lease.keys.assign(keys.begin(), keys.begin() + ptrdiff_t(lease.slots.size()));
+  lease.stamps = std::move(held.hits);
+  return lease;
+}
+
+bool HostKvTier::stamps_hold(const PeerLease& lease) const {
+  for (size_t i = 0; i < lease.stamps.size(); ++i)
+    if (!slots_.holds(lease.stamps[i], lease.keys[i])) return false;
+  return true;
+}
+
+StatusOr<bool> HostKvTier::release_peer_lease(const PeerLease& lease, bool unpin) {
+  // Checked before unpinning: once unpinned, an eviction may take a slot at any moment, which
+  // says nothing about the read that ended before.
+  const bool intact = stamps_hold(lease);
+  if (unpin) PD_RETURN_IF_ERROR(slots_.release(lease.slots));
+  return intact;
+}
+
+StatusOr<int> HostKvTier::adopt(std::span<const BlockKey> keys, const BlockKey& ns_root,
+                                std::span<const int32_t> tokens, int from, const std::vector<int>& slots) {
+  std::lock_guard lock(mu_);
+  const int b = layouts_[0].block_size();
+  const int end = std::min({from + int(slots.size()), int(keys.size()), int(tokens.size()) / b});
+  BlockAllocator::Allocation held = slots_.acquire_prefix(keys.first(size_t(std::max(end, 0))), ns_root, tokens);
+  int held_now = int(held.blocks.size());
+  if (held_now >= from) {  // Blocks the tier came to hold meanwhile keep their slots.
+    std::optional<CachedLink> parent = held.last_hit;
+    for (int i = held_now; i < end; ++i) {
+      parent = slots_.cache(slots[size_t(i - from)], keys[size_t(i)], parent, ns_root, uint32_t(i),
+                            tokens.subspan(size_t(i) * b, size_t(b)));
+      if (!parent) break;
+      held_now = i + 1;
+    }
+  }
+  const Status unheld = slots_.release(held.blocks);
+  PD_RETURN_IF_ERROR(slots_.release(slots));
+  PD_RETURN_IF_ERROR(unheld);
+  return held_now;
+}
+
 HostKvTier::Copies HostKvTier::copies() const {
   std::lock_guard lock(mu_);
   return copies_;

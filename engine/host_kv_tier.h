@@ -79,6 +79,34 @@ class HostKvTier {
   StatusOr<std::vector<int>> lease(std::span<const BlockKey> keys, const BlockKey& ns_root,
                                    std::span<const int32_t> tokens, std::span<const int> device_blocks);
   Status release_lease(const std::vector<int>& slots) { return slots_.release(slots); }
+  // Peer tier, source side (docs/kv_offload.md): the leading blocks of keys[0, limit) the tier
+  // holds, pinned (no eviction takes them) for another worker to read until
+  // release_peer_lease, each with its stamp: its key and cache link (slot and generation).
+  struct PeerLease {
+    std::vector<int> slots;
+    std::vector<BlockKey> keys;
+    std::vector<CachedLink> stamps;
+  };
+  PeerLease lease_prefix(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                         int limit);
+  // Unpins a lease's slots (none when `unpin` is false: the lease ran out and unpinned them
+  // already). Whether every slot still holds its key at its generation: false when one was
+  // uncached (evicted and perhaps reused for other content) since the lease, so a reader's
+  // copy of it may be another prompt's KV and must be dropped (vllm#52234).
+  StatusOr<bool> release_peer_lease(const PeerLease& lease, bool unpin = true);
+  // Whether every slot of `lease` still holds its key at its generation.
+  bool stamps_hold(const PeerLease& lease) const;
+  // Peer tier, reader side: `count` slots taken for the caller (uncached: no lookup finds
+  // them), to receive blocks read from a peer; ResourceExhausted (none taken) when too few are
+  // free or evictable. adopt() or release_lease() gives them back.
+  StatusOr<std::vector<int>> reserve(int count) { return slots_.allocate(count); }
+  // Caches reserved `slots`, now holding blocks [from, from + slots.size()) of the chain
+  // (keys[i] holding tokens[i·B, (i+1)·B) in namespace `ns_root`), in chain order after the
+  // blocks [0, from) the tier holds, and gives them back (evictable). Slots past a break of
+  // the chain (the tier does not hold [0, from), a collision) and those of blocks it holds
+  // already go back uncached. Returns how many leading blocks the tier holds now.
+  StatusOr<int> adopt(std::span<const BlockKey> keys, const BlockKey& ns_root, std::span<const int32_t> tokens,
+                      int from, const std::vector<int>& slots);
   // Bytes of the canonical form of `count` blocks.
   uint64_t canonical_bytes(int count) const;
   // Leading blocks of keys[0, limit) the tier holds (read only).

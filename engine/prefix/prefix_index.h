@@ -53,6 +53,11 @@ class PrefixIndex {
 
   // Whether `link` still names a cached block.
   bool valid(const CachedLink& link) const;
+  // Whether `link` is valid and its block is cached under `key`: a peer-tier stamp, checked
+  // before and after another worker reads the block (HostKvTier::PeerLease).
+  bool holds(const CachedLink& link, const BlockKey& key) const {
+    return valid(link) && meta_[size_t(link.block)].key == key;
+  }
   bool cached(int block) const { return meta_[size_t(block)].cached; }
   size_t size() const { return map_.size(); }
   uint64_t collisions() const { return collisions_; }

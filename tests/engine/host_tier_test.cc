@@ -4,10 +4,13 @@
 // the decode side's reservations continue their device hit in it; the device path (a backend
 // whose memory the host cannot touch) copies through the Backend interface and gives the CPU's
 // tokens; pull-host's lease shares the prompt blocks the write-through cached and copies only the
-// rest; and a host tier without the prefix cache is refused.
+// rest; the peer tier's primitives (a source's stamped lease, a reader's reserved slots adopted
+// into its cache) carry a prefix between engines, and a stamp no longer holds once its slot was
+// taken; and a host tier without the prefix cache is refused.
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
+#include "engine/host_kv_tier.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
@@ -160,6 +163,72 @@ TEST(HostTier, ALeaseSharesTheBlocksTheWriteThroughStored) {
   s = prefill->stats();
   EXPECT_EQ(s.host_free_blocks, s.host_blocks);
   EXPECT_EQ(s.free_blocks, s.num_blocks);
+}
+
+// The peer tier by hand (worker/peer_tier.h does it over kvtransfer): the source leases the
+// prefix its host tier holds, the reader copies the slots into slots it reserved and adopts
+// them, and then serves the prompt from its host tier, with the source's tokens.
+TEST(HostTier, APeerLeaseCarriesAPrefixIntoAnotherEnginesTier) {
+  const std::vector<int> prompt = prompt_of(375, 3);  // 23 full blocks.
+  auto source = make_engine(1500000, 64u << 20);
+  auto reader = make_engine(1500000, 64u << 20);
+  const GenerationResult want = run(*source, prompt);
+  HostKvTier& from = *source->host_tier();
+  HostKvTier& to = *reader->host_tier();
+  const Engine::PromptKeys k = source->prompt_keys(prompt, "", 1 << 20);
+  ASSERT_EQ(k.keys, reader->prompt_keys(prompt, "", 1 << 20).keys);
+  HostKvTier::PeerLease lease = from.lease_prefix(k.keys, k.ns_root, prompt, 20);
+  ASSERT_EQ(lease.slots.size(), 20u);
+  ASSERT_EQ(lease.stamps.size(), 20u);
+  EXPECT_EQ(source->stats().host_free_blocks, source->stats().host_blocks - 20);  // Pinned.
+  auto slots = to.reserve(20);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  pdserve::testing::copy_kv_arena(from.layout(0), from.arena(0), lease.slots, to.layout(0), to.arena(0), *slots, 20);
+  auto intact = from.release_peer_lease(lease);
+  ASSERT_TRUE(intact.ok()) << intact.status();
+  EXPECT_TRUE(*intact);
+  auto held = to.adopt(k.keys, k.ns_root, prompt, 0, *slots);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ(*held, 20);
+  EXPECT_EQ(to.held_prefix(k.keys, k.ns_root, prompt), 20);
+  const GenerationResult got = run(*reader, prompt);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.cached_tokens, 20 * 16);
+  EXPECT_EQ(reader->stats().host_hit_tokens, 20u * 16);
+  EXPECT_EQ(source->stats().host_free_blocks, source->stats().host_blocks);
+}
+
+// A stamp names a slot's content, not the slot: once the source's tier dropped the block (a
+// lease that ran out, then eviction or a reset), the stamp no longer holds, and a reader's copy
+// is refused rather than taken for the prompt's KV.
+TEST(HostTier, AStampNoLongerHoldsOnceItsSlotWasTaken) {
+  const std::vector<int> prompt = prompt_of(200, 7);
+  auto source = make_engine(1500000, 64u << 20);
+  run(*source, prompt);
+  HostKvTier& tier = *source->host_tier();
+  const Engine::PromptKeys k = source->prompt_keys(prompt, "", 1 << 20);
+  HostKvTier::PeerLease lease = tier.lease_prefix(k.keys, k.ns_root, prompt, 1 << 20);
+  ASSERT_EQ(lease.slots.size(), 12u);
+  EXPECT_TRUE(tier.stamps_hold(lease));
+  // The lease ran out: unpinned with its stamps checked, then the source's tier moved on.
+  auto intact = tier.release_peer_lease(lease);
+  ASSERT_TRUE(intact.ok() && *intact);
+  EXPECT_TRUE(tier.stamps_hold(lease));  // Still cached, merely evictable.
+  source->reset_prefix_cache();
+  EXPECT_FALSE(tier.stamps_hold(lease));
+  run(*source, prompt);  // Cached again, in the same slots perhaps, at new generations.
+  EXPECT_FALSE(tier.stamps_hold(lease));
+  auto late = tier.release_peer_lease(lease, /*unpin=*/false);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(*late);
+  // A reader's slots past a chain its tier does not hold go back uncached.
+  auto reader = make_engine(1500000, 64u << 20);
+  auto slots = reader->host_tier()->reserve(4);
+  ASSERT_TRUE(slots.ok());
+  auto held = reader->host_tier()->adopt(k.keys, k.ns_root, prompt, 2, *slots);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(*held, 0);
+  EXPECT_EQ(reader->stats().host_free_blocks, reader->stats().host_blocks);
 }
 
 // On a backend whose memory the host cannot touch, the tier copies through the Backend
