@@ -94,6 +94,7 @@ Router::Attempt Router::run_push(Flow& f) {
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode("push");
+  name_prefix_source(f, p, preq);
   preq.set_kv_target(reserved.kv_target());
   preq.mutable_target_blocks()->CopyFrom(reserved.block_ids());
   preq.set_skip_blocks(reserved.cached_prefix_blocks());  // Only the blocks the decode side lacks move.

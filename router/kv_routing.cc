@@ -20,6 +20,7 @@ void KvRouting::on_worker_info(const std::string& address, const worker::WorkerI
               info.compat_hash()};
   k.prefix_caching = info.prefix_caching() && info.kv_key_root().size() == k.key_root.bytes.size();
   k.num_blocks = size_t(std::max(info.num_blocks(), 0));
+  k.peer_tier = info.has_peer_tier();
   std::optional<std::string> unsubscribe;
   {
     std::lock_guard lock(mu_);
@@ -93,6 +94,31 @@ std::vector<int> KvRouting::cached_blocks(const std::vector<std::string>& addres
     out[i] = int(blocks);
   }
   return out;
+}
+
+size_t KvRouting::host_match(const Known& k, const std::vector<engine::BlockKey>& chain) const {
+  if (k.pub_endpoint.empty() || index_.state(k.worker_id) != WorkerKvState::kExact) return 0;
+  for (const WorkerMatch& m : index_.match(chain, engine::KvTier::kHost))
+    if (m.worker_id == k.worker_id) return m.blocks;
+  return 0;
+}
+
+std::optional<KvRouting::HostHolder> KvRouting::host_holder(const std::vector<std::string>& addresses,
+                                                            const PromptKeys& prompt) const {
+  std::optional<HostHolder> best;
+  for (const std::string& address : addresses) {
+    const std::optional<Known> k = known(address);
+    if (!k || !k->prefix_caching || !k->peer_tier) continue;
+    const int blocks = int(host_match(*k, keys_of(*k, prompt)));
+    if (blocks > 0 && (!best || blocks > best->blocks)) best = HostHolder{address, blocks};
+  }
+  return best;
+}
+
+int KvRouting::held_blocks(const std::string& address, const PromptKeys& prompt) const {
+  const std::optional<Known> k = known(address);
+  if (!k || !k->prefix_caching) return 0;
+  return std::max(cached_blocks({address}, prompt).front(), int(host_match(*k, keys_of(*k, prompt))));
 }
 
 void KvRouting::predict(const std::string& address, const PromptKeys& prompt) {

@@ -57,6 +57,18 @@ class KvRouting final : public WorkerInfoListener {
   // approximate overlay's count instead of the events'; 0 for a worker without a prefix cache
   // or Info.
   std::vector<int> cached_blocks(const std::vector<std::string>& addresses, const PromptKeys& prompt) const;
+  // Peer tier (docs/kv_offload.md): the worker among `addresses` that serves one
+  // (WorkerInfo.peer_tier) whose host tier holds the most leading full blocks of the prompt, by
+  // its KV events while its index is EXACT (no guesses: a named source that holds less costs
+  // the prefill a round trip); nullopt when none holds any.
+  struct HostHolder {
+    std::string address;
+    int blocks = 0;
+  };
+  std::optional<HostHolder> host_holder(const std::vector<std::string>& addresses, const PromptKeys& prompt) const;
+  // Leading full blocks of the prompt that the worker at `address` holds in any of its device
+  // and host tiers (the device's as cached_blocks counts them).
+  int held_blocks(const std::string& address, const PromptKeys& prompt) const;
   // A request with the prompt was sent to `address`: its full blocks are predicted there, and
   // recorded in the approximate overlay.
   void predict(const std::string& address, const PromptKeys& prompt);
@@ -82,11 +94,14 @@ class KvRouting final : public WorkerInfoListener {
     KvScheme scheme;
     bool prefix_caching = false;
     size_t num_blocks = 0;  // The worker's KV capacity: the overlay's bound.
+    bool peer_tier = false;  // It serves its host tier to other workers.
     bool operator==(const Known&) const = default;
   };
   std::optional<Known> known(const std::string& address) const;
   // The prompt's chain in `k`'s key space (empty without a prefix cache), hashed on first use.
   static const std::vector<engine::BlockKey>& keys_of(const Known& k, const PromptKeys& prompt);
+  // Leading blocks of `chain` the worker's host tier holds, by its KV events (0 unless EXACT).
+  size_t host_match(const Known& k, const std::vector<engine::BlockKey>& chain) const;
 
   KvIndex index_;
   KvEventSubscriber subscriber_;  // Feeds index_: declared after it, destroyed before it.

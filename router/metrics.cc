@@ -237,51 +237,67 @@ std::string RouterMetrics::render(int running, int waiting, const std::vector<Wo
     if (w.role == "prefill")
       append_sample(out, "pdserve:worker_transfer_held_block_seconds_total", {{"worker", w.worker}, {"role", w.role}},
                     w.transfer_held_block_seconds);
-  // The KV cache's host and filesystem tiers (docs/kv_offload.md), per worker that has them.
+  // The KV cache's host, filesystem and peer tiers (docs/kv_offload.md), per worker that has them.
   using Tier = WorkerGauges::Tier;
   struct TierGauge {
     const char* name;
     const char* help;
-    bool host, disk;  // The tiers that have it.
+    bool host, disk, peer;  // The tiers that have it.
     double (*value)(const Tier&);
   };
   const TierGauge tier_gauges[] = {
-      {"pdserve:worker_kv_tier_blocks", "Blocks the worker's host KV tier holds at most (per rank).", true, false,
+      {"pdserve:worker_kv_tier_blocks", "Blocks the worker's host KV tier holds at most (per rank).", true, false, false,
        [](const Tier& t) { return double(t.blocks); }},
       {"pdserve:worker_kv_tier_free_blocks",
-       "Blocks of the worker's host KV tier free or holding an evictable cached key (none being read).", true, false,
+       "Blocks of the worker's host KV tier free or holding an evictable cached key (none being read).", true, false, false,
        [](const Tier& t) { return double(t.free_blocks); }},
-      {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.", true, true,
+      {"pdserve:worker_kv_tier_cached_blocks", "Blocks of the worker's KV tier holding a cached key.", true, true, false,
        [](const Tier& t) { return double(t.cached_blocks); }},
       {"pdserve:worker_kv_tier_hit_tokens_total",
-       "Prompt tokens requests found in the tier (beyond the tiers above it).", true, true,
+       "Prompt tokens requests found in the tier (beyond the tiers above it).", true, true, false,
        [](const Tier& t) { return double(t.hit_tokens); }},
-      {"pdserve:worker_kv_tier_stored_blocks_total", "Blocks copied into the tier.", true, true,
+      {"pdserve:worker_kv_tier_stored_blocks_total", "Blocks copied into the tier.", true, true, false,
        [](const Tier& t) { return double(t.stored_blocks); }},
-      {"pdserve:worker_kv_tier_loaded_blocks_total", "Blocks copied from the tier back to the device.", true, true,
+      {"pdserve:worker_kv_tier_loaded_blocks_total",
+       "Blocks copied from the tier back to the device (peer: read from other workers into the host tier).", true,
+       true, true,
        [](const Tier& t) { return double(t.loaded_blocks); }},
-      {"pdserve:worker_kv_tier_bytes", "Bytes of the worker's filesystem tier's chunk files.", false, true,
+      {"pdserve:worker_kv_tier_bytes", "Bytes of the worker's filesystem tier's chunk files.", false, true, false,
        [](const Tier& t) { return double(t.bytes); }},
       {"pdserve:worker_kv_tier_dropped_blocks_total",
-       "Blocks whose store the tier dropped (write queue full, or the write failed).", false, true,
+       "Blocks whose store the tier dropped (write queue full, or the write failed).", false, true, false,
        [](const Tier& t) { return double(t.dropped_blocks); }},
-      {"pdserve:worker_kv_tier_evicted_blocks_total", "Blocks the tier evicted over its byte cap.", false, true,
+      {"pdserve:worker_kv_tier_evicted_blocks_total", "Blocks the tier evicted over its byte cap.", false, true, false,
        [](const Tier& t) { return double(t.evicted_blocks); }},
       {"pdserve:worker_kv_tier_corrupt_files_total", "Chunk files that failed a check (deleted, computed instead).",
-       false, true, [](const Tier& t) { return double(t.corrupt_files); }},
-      {"pdserve:worker_kv_tier_load_seconds_total", "Seconds the worker's loader spent reading the tier's files.",
-       false, true, [](const Tier& t) { return t.load_seconds; }},
+       false, true, false, [](const Tier& t) { return double(t.corrupt_files); }},
+      {"pdserve:worker_kv_tier_load_seconds_total",
+       "Seconds the worker spent reading the tier (the loader's file reads; peer reads, lease to release).", false,
+       true, true, [](const Tier& t) { return t.load_seconds; }},
       {"pdserve:worker_kv_tier_load_timeouts_total",
-       "Loads from the tier that reached --kv-load-timeout-ms (their requests computed the rest).", false, true,
+       "Loads from the tier that reached --kv-load-timeout-ms (peer: --kv-peer-read-timeout-ms); their requests "
+       "computed the rest.",
+       false, true, true,
        [](const Tier& t) { return double(t.load_timeouts); }},
       {"pdserve:worker_kv_tier_pending_loads_total",
-       "Admissions that waited (PENDING) while the tier's files were read for them.", false, true,
+       "Admissions that waited (PENDING) while the tier's files were read for them.", false, true, false,
        [](const Tier& t) { return double(t.pending_loads); }},
+      {"pdserve:worker_kv_tier_failed_loads_total",
+       "Peer reads that failed (refused or empty lease, no host slots, a failed transfer); computed instead.", false,
+       false, true, [](const Tier& t) { return double(t.failed_loads); }},
+      {"pdserve:worker_kv_tier_stale_loads_total",
+       "Peer reads dropped because a block's stamp no longer held at the source after the read.", false, false, true,
+       [](const Tier& t) { return double(t.stale_loads); }},
+      {"pdserve:worker_kv_tier_leases_total", "Peer-tier leases the worker granted to other workers' reads.", false,
+       false, true, [](const Tier& t) { return double(t.leases); }},
+      {"pdserve:worker_kv_tier_leased_blocks_total", "Blocks of the peer-tier leases the worker granted.", false,
+       false, true, [](const Tier& t) { return double(t.leased_blocks); }},
   };
   for (const TierGauge& g : tier_gauges) {
     append_header(out, g.name, g.help, std::string_view(g.name).ends_with("_total") ? "counter" : "gauge");
     for (const WorkerGauges& w : workers)
-      for (const auto& [has, tier, label] : {std::tuple{g.host, &w.host, "host"}, std::tuple{g.disk, &w.disk, "disk"}})
+      for (const auto& [has, tier, label] : {std::tuple{g.host, &w.host, "host"}, std::tuple{g.disk, &w.disk, "disk"},
+                                             std::tuple{g.peer, &w.peer, "peer"}})
         if (has && tier->present)
           append_sample(out, g.name, {{"worker", w.worker}, {"role", w.role}, {"tier", label}}, g.value(*tier));
   }

@@ -63,11 +63,13 @@ struct WorkerGauges {
     int blocks = 0, free_blocks = 0, cached_blocks = 0;  // free_blocks: host only.
     uint64_t hit_tokens = 0, stored_blocks = 0, loaded_blocks = 0;
     uint64_t bytes = 0, dropped_blocks = 0, evicted_blocks = 0, corrupt_files = 0;  // Disk only.
-    double load_seconds = 0;      // Disk only.
-    uint64_t load_timeouts = 0;   // Disk only.
+    double load_seconds = 0;      // Disk and peer.
+    uint64_t load_timeouts = 0;   // Disk and peer.
     uint64_t pending_loads = 0;   // Disk only.
+    // Peer only: reads that failed or were dropped (a stamp no longer held); leases served.
+    uint64_t failed_loads = 0, stale_loads = 0, leases = 0, leased_blocks = 0;
   };
-  Tier host, disk;
+  Tier host, disk, peer;
 };
 
 // Thread-safe live metrics of one router.

@@ -319,10 +319,15 @@ std::vector<WorkerGauges> WorkerRegistry::gauges() const {
                                 t.corrupt_files_total(),
                                 t.load_seconds_total(),
                                 t.load_timeouts_total(),
-                                t.pending_loads_total()};
+                                t.pending_loads_total(),
+                                t.failed_loads_total(),
+                                t.stale_loads_total(),
+                                t.leases_total(),
+                                t.leased_blocks_total()};
     };
     g.host = tier(w.info.has_host_tier(), w.info.host_tier());
     g.disk = tier(w.info.has_disk_tier(), w.info.disk_tier());
+    g.peer = tier(w.info.has_peer_tier(), w.info.peer_tier());
     out.push_back(g);
   }
   return out;

@@ -46,6 +46,7 @@ struct UpFlags {
   std::string kv_offload_dir;
   uint64_t kv_offload_dir_bytes = 0;
   int64_t kv_load_timeout_ms = 0;
+  bool kv_peer_tier = false;
   std::string prefix_caching = "on";
   std::string kv_events = "on";       // Workers publish KV events on free ports; the router subscribes.
   std::string placement = "cache";    // The router's --placement.
@@ -241,6 +242,11 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --kv-mode pull-host reads prompts from the prefill workers' host KV tier: give --host-kv-bytes\n";
     return 2;
   }
+  if (f.kv_peer_tier && (!pd || f.host_kv_bytes == 0 || f.kv_events != "on")) {
+    std::cerr << "error: --kv-peer-tier needs a P/D cluster (--prefill/--decode) with --host-kv-bytes and KV events "
+                 "(the router names a peer by its host-tier events)\n";
+    return 2;
+  }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
   if (!tls.ok()) {
@@ -284,6 +290,7 @@ int run_up(const UpFlags& f) {
       a.insert(a.end(), {"--kv-offload-dir-bytes", std::to_string(f.kv_offload_dir_bytes)});
     if (f.kv_load_timeout_ms > 0)
       a.insert(a.end(), {"--kv-load-timeout-ms", std::to_string(f.kv_load_timeout_ms)});
+    if (f.kv_peer_tier && role != "aggregated") a.push_back("--kv-peer-tier");
     a.insert(a.end(), {"--prefix-caching", f.prefix_caching});
     if (f.kv_events == "on") {
       const std::string any_port = "tcp://" + f.host + ":0";  // The worker advertises what it bound.
@@ -441,6 +448,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--kv-offload-dir", f->kv_offload_dir,
                   "Filesystem tier of the KV cache (workers; one directory all of them share)");
   cmd->add_option("--kv-offload-dir-bytes", f->kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most (workers)");
+  cmd->add_flag("--kv-peer-tier", f->kv_peer_tier,
+                "Peer tier of the KV cache (workers; needs --host-kv-bytes): a prefill worker reads a prompt's "
+                "prefix from the worker whose host tier holds more of it (the decode worker of an earlier turn)");
   cmd->add_option("--kv-load-timeout-ms", f->kv_load_timeout_ms,
                   "How long a request may read the filesystem tier before computing the rest (workers; 0: no limit)")
       ->check(CLI::NonNegativeNumber);

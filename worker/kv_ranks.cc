@@ -166,14 +166,17 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.side = options.side;
     o.tp = engine.tp();
     o.rank = r;
-    o.num_blocks = engine.kv_layout(r).num_blocks();
+    const bool host_tier = options.arena == KvArena::kHostTier;
+    if (host_tier && engine.host_kv_blocks() == 0)
+      return absl::FailedPreconditionError("no host KV tier (--host-kv-bytes) to register");
+    o.num_blocks = host_tier ? engine.host_kv_blocks() : engine.kv_layout(r).num_blocks();
     o.clock = options.clock;
     o.default_lease = options.default_lease;
     o.peer_timeout = options.peer_timeout;
     o.heartbeat_interval = options.heartbeat_interval;
     o.curve_secret_key = options.curve_secret_key;
     o.test_faults = options.test_faults;
-    if (options.side == kvtransfer::SessionSide::kProducer && engine.host_kv_blocks() > 0) {
+    if (!host_tier && options.side == kvtransfer::SessionSide::kProducer && engine.host_kv_blocks() > 0) {
       // pull-host: decode workers read prompts the prefill worker copied to its host tier.
       o.host_arena = engine.host_kv_arena(r);
       o.host_num_blocks = engine.host_kv_blocks();
@@ -181,12 +184,20 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     o.on_release = [on_release, r](const std::string& id, std::vector<int> blocks) {
       on_release(r, id, std::move(blocks));
     };
-    o.name = options.side == kvtransfer::SessionSide::kProducer ? "prefill" : "decode";
+    o.name = options.side == kvtransfer::SessionSide::kProducer ? (host_tier ? "peer-serve" : "prefill")
+                                                                : (host_tier ? "peer-read" : "decode");
     o.bind_endpoint = absl::StrCat("tcp://", bracket_host(options.bind_host), ":",
                                    options.port_base > 0 ? std::to_string(options.port_base + r) : std::string("*"));
     const std::string advertise = options.advertise_host.empty() ? options.bind_host : options.advertise_host;
     const engine::Backend& backend = engine.backend(r);
     auto rank = std::make_unique<Rank>(r, on_event, advertise);
+    if (host_tier) {
+      // Host memory (pinned for a GPU backend), registered as it is.
+      o.arena = engine.host_kv_arena(r);
+      PD_RETURN_IF_ERROR(rank->start(std::move(o)));
+      ranks->ranks_.push_back(std::move(rank));
+      continue;
+    }
     // A GPU arena is registered as device memory where the UCX build can; otherwise (or when
     // forced) the transport gets a host mirror that the worker stages through.
     std::string path = backend.host_memory() && options.memory == KvMemory::kAuto ? "host" : "staged";
@@ -218,6 +229,7 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     ranks->memory_path_ = path;
     ranks->ranks_.push_back(std::move(rank));
   }
+  if (options.arena == KvArena::kHostTier) return ranks;
   PD_LOG_INFO("kvtransfer: {} backend, KV moves through {}", engine.backend(0).name(),
               ranks->memory_path_ == "host"     ? "the engine's arena"
               : ranks->memory_path_ == "device" ? "the engine's arena, registered as device memory"

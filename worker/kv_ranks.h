@@ -30,8 +30,15 @@ enum class KvMemory {
   kStaged,  // Always a host mirror the worker copies through (forced: tests, debugging).
 };
 
+// Which arena a group's endpoints register as their KV arena.
+enum class KvArena {
+  kEngine,    // The engine's KV blocks (P/D transfers).
+  kHostTier,  // The host tier's slots (the peer tier: worker/peer_tier.h).
+};
+
 struct KvRanksOptions {
   kvtransfer::SessionSide side = kvtransfer::SessionSide::kProducer;
+  KvArena arena = KvArena::kEngine;
   KvMemory memory = KvMemory::kAuto;
   std::string model_id;  // With the engine's KV spec, the compat hash.
   const Clock* clock = &RealClock::instance();
@@ -63,7 +70,7 @@ using KvCommand = std::function<void(kvtransfer::KvRankEndpoint& endpoint)>;
 
 class KvRanks {
  public:
-  // One endpoint per engine rank over its KV arena, bound as the options say.
+  // One endpoint per engine rank over its KV arena (or its host tier's), bound as the options say.
   static StatusOr<std::unique_ptr<KvRanks>> create(const engine::Engine& engine,
                                                    const KvRanksOptions& options,
                                                    const KvEventFn& on_event, const KvReleaseFn& on_release);

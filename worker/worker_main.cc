@@ -23,6 +23,7 @@
 #include "kvtransfer/control/curve.h"
 #include "kvtransfer/ucx/ucx_resources.h"
 #include "worker/decode_role.h"
+#include "worker/peer_tier.h"
 #include "worker/prefill_role.h"
 #include "worker/probe_server.h"
 #include "worker/router_set.h"
@@ -65,6 +66,8 @@ struct WorkerFlags {
   std::string prefix_caching = "on";
   std::string kv_hash_secret_file;  // Mixed into the prefix cache's block keys.
   int64_t kv_load_timeout_ms = 0;
+  bool kv_peer_tier = false;
+  int64_t kv_peer_read_timeout_ms = 2000;
 };
 
 // A bound ZeroMQ endpoint ("tcp://0.0.0.0:41234") as peers connect to it: on `host`.
@@ -174,6 +177,11 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
                  "aggregated worker moves no KV)\n";
     return 2;
   }
+  if (f.kv_peer_tier && (role == ROLE_AGGREGATED || f.engine.host_kv_bytes == 0)) {
+    std::cerr << "error: --kv-peer-tier applies to prefill and decode workers with a host KV tier (--host-kv-bytes): "
+                 "it serves that tier to, and reads prefixes from, the other workers of a P/D cluster\n";
+    return 2;
+  }
   if (f.drain_timeout_s < 0) {
     std::cerr << "error: --drain-timeout-s must be >= 0\n";
     return 2;
@@ -273,6 +281,18 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
     if (!r.ok()) return fail("kvtransfer", r.status());
     decode = std::move(*r);
   }
+  // Declared after the roles: destroyed before them, while the engine still lives.
+  std::unique_ptr<PeerTier> peer;
+  if (f.kv_peer_tier) {
+    PeerTierOptions po;
+    po.kv = kv;
+    po.lease = kv.default_lease;
+    po.read_timeout = std::chrono::milliseconds(f.kv_peer_read_timeout_ms);
+    po.credentials = peer_channel_credentials(*tls);
+    auto r = PeerTier::create(*eng, std::move(po));
+    if (!r.ok()) return fail("--kv-peer-tier", r.status());
+    peer = std::move(*r);
+  }
   loop = std::make_unique<engine::EngineLoop>(std::move(eng));
   if (prefill) prefill->attach(loop.get());
   health.set_started([&loop, kv_ranks = prefill ? &prefill->kv() : decode ? &decode->kv() : nullptr] {
@@ -298,6 +318,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
 
   std::string worker_id = f.id;
   WorkerService service(role, "", *loop, prefill.get(), decode.get(), f.kv_compat);
+  service.set_peer_tier(peer.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -442,6 +463,14 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                  "scheduler's thread); past it the request computes the rest of its prompt (0: no limit; needs "
                  "--kv-offload-dir)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--kv-peer-tier", f.kv_peer_tier,
+               "Peer tier of the KV cache (P/D workers with --host-kv-bytes): serve this worker's host tier to the "
+               "cluster's other workers, and read a prompt's prefix from the worker the router names as holding "
+               "more of it before computing it (docs/kv_offload.md)");
+  app.add_option("--kv-peer-read-timeout-ms", f.kv_peer_read_timeout_ms,
+                 "How long a prefill waits for a peer-tier read before it computes the prefix instead")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
   app.add_option("--max-batch-tokens", f.engine.max_batch_tokens, "Tokens per engine step")->capture_default_str();

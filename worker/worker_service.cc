@@ -115,6 +115,18 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
     disk->set_load_timeouts_total(st.engine.disk_load_timeouts);
     disk->set_pending_loads_total(st.engine.disk_pending_loads);
   }
+  if (peer_) {
+    const PeerTierStats p = peer_->stats();
+    KvTierStats* peer = reply->mutable_peer_tier();
+    peer->set_loaded_blocks_total(p.read_blocks);
+    peer->set_bytes(p.read_bytes);
+    peer->set_load_seconds_total(p.read_seconds);
+    peer->set_load_timeouts_total(p.timed_out_reads);
+    peer->set_failed_loads_total(p.failed_reads);
+    peer->set_stale_loads_total(p.stale_reads);
+    peer->set_leases_total(p.leases);
+    peer->set_leased_blocks_total(p.leased_blocks);
+  }
   if (request->include_cached_keys()) {
     for (const engine::BlockKey& k : e.cached_keys())
       reply->add_cached_keys(std::string(k.bytes.begin(), k.bytes.end()));
@@ -172,9 +184,34 @@ grpc::Status WorkerService::Prefill(grpc::ServerContext* context, const PrefillR
   if (!prefill_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "Prefill is served by prefill workers");
   InFlight counted(in_flight_);
   if (draining_) return draining_error();
+  if (request->has_prefix_source()) {
+    if (!peer_)
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          "a PrefixSource names a peer to read from, but this worker has no peer tier (--kv-peer-tier)");
+    // What the source holds beyond this worker's caches lands in the host tier, where the
+    // prefill's admission finds it; a failed read is computed instead.
+    peer_->read(request->request_id(), {request->prompt().begin(), request->prompt().end()}, request->cache_salt(),
+                request->prefix_source());
+  }
   StatusOr<PrefillResponse> r = prefill_->prefill(*request, [context] { return context->IsCancelled(); });
   if (!r.ok()) return to_grpc(context, r.status());
   *reply = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::PeerLease(grpc::ServerContext* context, const PeerLeaseRequest* request,
+                                      PeerLeaseResponse* reply) {
+  if (!peer_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no peer tier (--kv-peer-tier)");
+  StatusOr<PeerLeaseResponse> r = peer_->lease(*request);
+  if (!r.ok()) return to_grpc(context, r.status());
+  *reply = std::move(*r);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::PeerRelease(grpc::ServerContext*, const PeerReleaseRequest* request,
+                                        PeerReleaseResponse* reply) {
+  if (!peer_) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this worker has no peer tier (--kv-peer-tier)");
+  *reply = peer_->release(*request);
   return grpc::Status::OK;
 }
 

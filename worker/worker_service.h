@@ -11,6 +11,7 @@
 #include "engine/engine_loop.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/decode_role.h"
+#include "worker/peer_tier.h"
 #include "worker/prefill_role.h"
 
 namespace pdserve::worker {
@@ -42,6 +43,10 @@ class WorkerService final : public Worker::Service {
     kv_replay_endpoint_ = std::move(replay_endpoint);
   }
 
+  // The worker's peer tier (--kv-peer-tier): serves PeerLease/PeerRelease, and Prefill reads a
+  // request's PrefixSource through it. Set before serving; none: those are refused.
+  void set_peer_tier(PeerTier* peer) { peer_ = peer; }
+
   grpc::Status Info(grpc::ServerContext* context, const InfoRequest* request, WorkerInfo* reply) override;
   grpc::Status Reserve(grpc::ServerContext* context, const ReserveRequest* request,
                        ReserveResponse* reply) override;
@@ -51,6 +56,10 @@ class WorkerService final : public Worker::Service {
                         grpc::ServerWriter<WorkerEvent>* writer) override;
   grpc::Status Abort(grpc::ServerContext* context, const WorkerAbortRequest* request,
                      WorkerAbortResponse* reply) override;
+  grpc::Status PeerLease(grpc::ServerContext* context, const PeerLeaseRequest* request,
+                         PeerLeaseResponse* reply) override;
+  grpc::Status PeerRelease(grpc::ServerContext* context, const PeerReleaseRequest* request,
+                           PeerReleaseResponse* reply) override;
 
  private:
   // Streams an engine request's events until it finishes or the client goes away. `kv`: how a
@@ -73,6 +82,7 @@ class WorkerService final : public Worker::Service {
   engine::EngineLoop& loop_;
   PrefillRole* prefill_;
   DecodeRole* decode_;
+  PeerTier* peer_ = nullptr;
 };
 
 }  // namespace pdserve::worker

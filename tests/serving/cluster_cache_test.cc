@@ -451,5 +451,84 @@ TEST(ClusterPullHost, AFullHostTierFallsBackToDeviceReadsWithPullsTokens) {
   EXPECT_EQ(roomy, pulled);
 }
 
+// The peer tier's reverse reuse (docs/kv_offload.md): after a conversation's turn, the decode
+// worker's host tier holds the turn's prompt and answer, of which the prefill worker computed
+// only the prompt; the next turn's prefill reads the rest from the decode worker instead of
+// computing it — and every turn's tokens equal those of the same cluster without the peer tier.
+TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTier) {
+  std::mt19937 rng(57);
+  constexpr int kConversations = 3, kTurns = 3, kMaxTokens = 48;
+  auto serve = [&](bool peer, std::vector<int>* cached, std::string* metrics) {
+    std::vector<std::string> args = {"--prefill", "1", "--decode", "1", "--kv-mode", "pull", "--host-kv-bytes",
+                                     "67108864", "--local-prefill-tokens", "0"};
+    if (peer) args.push_back("--kv-peer-tier");
+    Cluster cluster(args);
+    std::vector<std::vector<int>> outputs;
+    if (!cluster.wait_ready(120s)) {
+      ADD_FAILURE() << cluster.log();
+      return outputs;
+    }
+    auto stub = testing::connected_generation_stub(cluster.grpc());
+    if (!stub) {
+      ADD_FAILURE() << "the router's channel did not connect";
+      return outputs;
+    }
+    std::mt19937 r(rng);  // The same conversations for both clusters.
+    for (int c = 0; c < kConversations; ++c) {
+      std::vector<int> history = {1};
+      for (int t = 0; t < kTurns; ++t) {
+        for (int x : random_tokens(r, 40 + int(r() % 30))) history.push_back(x);
+        if (t > 0) {
+          // The decode worker's host tier holds the last turn once its Info says so; its KV
+          // events (which the router names the source by) come before that.
+          const int want = int(history.size()) / 16 - 3;
+          for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;
+               std::this_thread::sleep_for(50ms)) {
+            const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+            if (text && testing::metric_sum(*text, "pdserve:worker_kv_tier_cached_blocks",
+                                            "role=\"decode\",tier=\"host\"") >= want)
+              break;
+          }
+        }
+        const Served s = generate(*stub, history, kMaxTokens);
+        EXPECT_TRUE(s.error.empty()) << s.error;
+        EXPECT_FALSE(s.decode_local_prefill);
+        outputs.push_back(s.output);
+        cached->push_back(s.cached_tokens);
+        history.insert(history.end(), s.output.begin(), s.output.end());
+      }
+    }
+    for (auto deadline = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(100ms)) {
+      const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+      if (text) *metrics = *text;
+      if (!peer || (text && testing::metric_sum(*text, "pdserve:worker_kv_tier_leases_total", "tier=\"peer\"") > 0))
+        break;
+    }
+    return outputs;
+  };
+  std::vector<int> plain_cached, peer_cached;
+  std::string plain_metrics, peer_metrics;
+  const auto plain = serve(false, &plain_cached, &plain_metrics);
+  const auto peered = serve(true, &peer_cached, &peer_metrics);
+  ASSERT_EQ(plain.size(), size_t(kConversations * kTurns));
+  EXPECT_EQ(peered, plain);
+  // Every later turn: the prefill worker held the last prompt; with the peer tier it also read
+  // the last answer's full blocks (48 tokens: at least 2 blocks more).
+  for (int c = 0; c < kConversations; ++c)
+    for (int t = 1; t < kTurns; ++t) {
+      const size_t i = size_t(c * kTurns + t);
+      EXPECT_GE(peer_cached[i], plain_cached[i] + 32) << "conversation " << c << " turn " << t;
+    }
+  const double read = testing::metric_sum(peer_metrics, "pdserve:worker_kv_tier_loaded_blocks_total",
+                                          "role=\"prefill\",tier=\"peer\"");
+  const double leased = testing::metric_sum(peer_metrics, "pdserve:worker_kv_tier_leased_blocks_total",
+                                            "role=\"decode\",tier=\"peer\"");
+  EXPECT_GE(read, 2.0 * kConversations * (kTurns - 1)) << peer_metrics;
+  EXPECT_GE(leased, read);
+  EXPECT_EQ(testing::metric_sum(peer_metrics, "pdserve:worker_kv_tier_stale_loads_total", "tier=\"peer\""), 0);
+  EXPECT_EQ(testing::metric_sum(plain_metrics, "pdserve:worker_kv_tier_leases_total", "tier=\"peer\""), 0);
+}
+
 }  // namespace
 }  // namespace pdserve

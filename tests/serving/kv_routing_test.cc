@@ -216,5 +216,46 @@ TEST(KvRouting, ANonExactWorkerIsCreditedByTheOverlayOfWhatWasSentThere) {
   EXPECT_EQ(kv.cached_blocks({"p0:1"}, KvRouting::PromptKeys(prompt, ""))[0], 0);
 }
 
+// The peer tier's source: the peer-tier worker whose host tier (TIER_HOST events) holds the
+// most of the prompt; device blocks, predictions and workers without a peer tier do not count.
+TEST(KvRouting, TheHostHolderIsThePeerTierWorkerWhoseHostTierHoldsTheMost) {
+  FakeClock clock;
+  KvRouting kv(clock);
+  const std::vector<int> prompt = prompt_of(160, 6);
+  const std::vector<engine::BlockKey> keys =
+      engine::block_keys(engine::namespace_root(test_root(), engine::canonical_namespace("")), prompt, kBlockSize);
+  auto peer = [](worker::WorkerInfo info) {
+    info.mutable_peer_tier();
+    return info;
+  };
+  auto d0 = publisher_for("decode@d0", kBlockSize), d1 = publisher_for("decode@d1", kBlockSize),
+       d2 = publisher_for("decode@d2", kBlockSize);
+  kv.on_worker_info("d0:1", peer(info_of("decode@d0", d0->pub_endpoint(), d0->replay_endpoint())));
+  kv.on_worker_info("d1:2", peer(info_of("decode@d1", d1->pub_endpoint(), d1->replay_endpoint())));
+  kv.on_worker_info("d2:3", info_of("decode@d2", d2->pub_endpoint(), d2->replay_endpoint()));  // No peer tier.
+  for (const char* a : {"d0:1", "d1:2", "d2:3"})
+    ASSERT_TRUE(eventually([&] { return kv.view(a)->state == WorkerKvState::kExact; }));
+  const KvRouting::PromptKeys pk(prompt, "");
+  EXPECT_FALSE(kv.host_holder({"d0:1", "d1:2", "d2:3"}, pk).has_value());
+  d0->stored(engine::KvTier::kHost, std::nullopt, std::span(keys).first(4), 0, {});
+  d0->step_end();
+  d1->stored(engine::KvTier::kHost, std::nullopt, std::span(keys).first(7), 0, {});
+  d1->stored(engine::KvTier::kDevice, std::nullopt, std::span(keys).first(9), 0, {});
+  d1->step_end();
+  d2->stored(engine::KvTier::kHost, std::nullopt, std::span(keys).first(10), 0, {});
+  d2->step_end();
+  ASSERT_TRUE(eventually([&] {
+    const auto h = kv.host_holder({"d0:1", "d1:2", "d2:3"}, pk);
+    return h && h->blocks == 7;
+  }));
+  EXPECT_EQ(kv.host_holder({"d0:1", "d1:2", "d2:3"}, pk)->address, "d1:2");
+  EXPECT_EQ(kv.host_holder({"d0:1", "d2:3"}, pk)->blocks, 4);
+  EXPECT_FALSE(kv.host_holder({"d1:2"}, KvRouting::PromptKeys(prompt, "tenant-b")).has_value());
+  EXPECT_EQ(kv.held_blocks("d1:2", pk), 9) << "device and host tiers";
+  EXPECT_EQ(kv.held_blocks("d2:3", pk), 10);
+  kv.predict("d0:1", pk);  // A prediction is a guess, not a holding.
+  EXPECT_EQ(kv.host_holder({"d0:1"}, pk)->blocks, 4);
+}
+
 }  // namespace
 }  // namespace pdserve::router
