@@ -196,6 +196,21 @@ StatusOr<bool> HostKvTier::release_peer_lease(const PeerLease& lease, bool unpin
   return intact;
 }
 
+StatusOr<std::vector<int>> HostKvTier::reserve(int count) {
+  std::lock_guard lock(mu_);
+  PD_ASSIGN_OR_RETURN(std::vector<int> slots, slots_.allocate(count));
+  // A load's host→device copies are queued on the rank's stream and may still read a slot that
+  // was evictable; another process writes these next.
+  for (size_t r = 0; r < device_.size(); ++r)
+    if (!device_[r].backend->host_memory()) {
+      if (Status s = device_[r].backend->synchronize(); !s.ok()) {
+        (void)slots_.release(slots);
+        return s;
+      }
+    }
+  return slots;
+}
+
 StatusOr<int> HostKvTier::adopt(std::span<const BlockKey> keys, const BlockKey& ns_root,
                                 std::span<const int32_t> tokens, int from, const std::vector<int>& slots) {
   std::lock_guard lock(mu_);

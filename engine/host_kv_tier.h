@@ -98,8 +98,9 @@ class HostKvTier {
   bool stamps_hold(const PeerLease& lease) const;
   // Peer tier, reader side: `count` slots taken for the caller (uncached: no lookup finds
   // them), to receive blocks read from a peer; ResourceExhausted (none taken) when too few are
-  // free or evictable. adopt() or release_lease() gives them back.
-  StatusOr<std::vector<int>> reserve(int count) { return slots_.allocate(count); }
+  // free or evictable. adopt() or release_lease() gives them back. A device backend's queued
+  // copies out of evicted slots are done before this returns (a peer writes them next).
+  StatusOr<std::vector<int>> reserve(int count);
   // Caches reserved `slots`, now holding blocks [from, from + slots.size()) of the chain
   // (keys[i] holding tokens[i·B, (i+1)·B) in namespace `ns_root`), in chain order after the
   // blocks [0, from) the tier holds, and gives them back (evictable). Slots past a break of

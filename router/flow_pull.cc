@@ -19,7 +19,7 @@ Router::Attempt Router::run_pull(Flow& f) {
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode(std::string(kv_mode_name(options_.kv_mode)));  // pull or pull-host.
-  name_prefix_source(f, p, preq);
+  if (auto source = prefix_source(f, p)) *preq.mutable_prefix_source() = *source;
   const int64_t queued =
       dispatched_prefill_tokens(preq.prompt_size(), producer_load, prefill_terms ? &*prefill_terms : nullptr);
   registry_.note_assigned(p, 0, queued);

@@ -86,6 +86,7 @@ Router::Attempt Router::run_push(Flow& f) {
   const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
                                                    prefill_terms ? &*prefill_terms : nullptr);
   registry_.note_assigned(p, 0, queued);
+  const std::optional<worker::PrefixSource> source = prefix_source(f, p);
   predict_cached(f, p);
   predict_cached(f, d);
   f.prefill_worker = registry_.address(p);
@@ -94,7 +95,7 @@ Router::Attempt Router::run_push(Flow& f) {
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode("push");
-  name_prefix_source(f, p, preq);
+  if (source) *preq.mutable_prefix_source() = *source;
   preq.set_kv_target(reserved.kv_target());
   preq.mutable_target_blocks()->CopyFrom(reserved.block_ids());
   preq.set_skip_blocks(reserved.cached_prefix_blocks());  // Only the blocks the decode side lacks move.

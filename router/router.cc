@@ -108,19 +108,20 @@ void Router::predict_cached(const Flow& f, int worker) {
   if (kv_ && options_.placement == Placement::kCache && f.prompt_keys) kv_->predict(registry_.address(worker), *f.prompt_keys);
 }
 
-void Router::name_prefix_source(const Flow& f, int prefill, worker::PrefillRequest& preq) const {
-  if (!kv_ || !f.prompt_keys) return;
+std::optional<worker::PrefixSource> Router::prefix_source(const Flow& f, int prefill) const {
+  if (!kv_ || !f.prompt_keys) return std::nullopt;
   const auto info = registry_.info(prefill);
-  if (!info || !info->has_peer_tier()) return;
+  if (!info || !info->has_peer_tier()) return std::nullopt;
   std::vector<std::string> others;
   for (worker::Role role : {worker::ROLE_PREFILL, worker::ROLE_DECODE})
     for (const WorkerLoad& l : registry_.loads(role))
       if (l.up && l.index != prefill) others.push_back(registry_.address(l.index));
   const std::optional<KvRouting::HostHolder> holder = kv_->host_holder(others, *f.prompt_keys);
-  if (!holder || holder->blocks <= kv_->held_blocks(registry_.address(prefill), *f.prompt_keys)) return;
-  worker::PrefixSource* source = preq.mutable_prefix_source();
-  source->set_address(holder->address);
-  source->set_blocks(holder->blocks);
+  if (!holder || holder->blocks <= kv_->held_blocks(registry_.address(prefill), *f.prompt_keys)) return std::nullopt;
+  worker::PrefixSource source;
+  source.set_address(holder->address);
+  source.set_blocks(holder->blocks);
+  return source;
 }
 
 std::string Router::new_request_id() { return absl::StrCat("req-", id_prefix_, "-", next_id_++); }

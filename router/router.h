@@ -197,9 +197,10 @@ class Router {
   std::optional<CacheTerms> cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const;
   // After dispatching `f` to `worker`: its prompt's blocks are predicted there.
   void predict_cached(const Flow& f, int worker);
-  // Peer tier: names in `preq` the worker whose host tier holds more of the prompt than the
-  // prefill worker `prefill` has (when it reads from peers), for it to read first.
-  void name_prefix_source(const Flow& f, int prefill, worker::PrefillRequest& preq) const;
+  // Peer tier: the worker whose host tier holds more of the prompt than the prefill worker
+  // `prefill` has (when it reads from peers), for it to read first. Asked before predicting the
+  // prompt on `prefill` (predict_cached), which would credit it with the whole prompt.
+  std::optional<worker::PrefixSource> prefix_source(const Flow& f, int prefill) const;
 
   const RouterOptions options_;
   const ServedModel model_;

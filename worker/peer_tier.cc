@@ -11,6 +11,8 @@ namespace {
 
 // How often the reaper looks for leases past their end.
 constexpr auto kReapEvery = std::chrono::milliseconds(50);
+// A read's lease (source pins and holds, reader's pull) outlasts its timeout by this much.
+constexpr auto kLeaseMargin = std::chrono::seconds(1);
 // How long a stopping worker waits for its aborted reads to let go of their slots.
 constexpr auto kStopDrain = std::chrono::seconds(1);
 
@@ -58,6 +60,7 @@ StatusOr<std::unique_ptr<PeerTier>> PeerTier::create(engine::Engine& engine, Pee
 }
 
 PeerTier::~PeerTier() {
+  if (!serving_ || !reading_) return;  // create() failed before the endpoints were up: nothing held.
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
@@ -79,6 +82,8 @@ PeerTier::~PeerTier() {
   for (auto& [id, lease] : leases_)
     if (!lease.expired) (void)host_.release_peer_lease(lease.pinned);
 }
+
+Duration PeerTier::read_lease() const { return options_.read_timeout + kLeaseMargin; }
 
 Worker::Stub& PeerTier::stub(const std::string& address) {
   std::unique_ptr<Worker::Stub>& s = stubs_[address];
@@ -104,10 +109,20 @@ StatusOr<PeerLeaseResponse> PeerTier::lease(const PeerLeaseRequest& request) {
   const Duration length = request.lease_ms() > 0 ? Duration(std::chrono::milliseconds(request.lease_ms()))
                                                  : options_.lease;
   {
+    // The id is taken at once (a lease still being granted holds it), so that two calls with one
+    // id cannot both pin and hold.
     std::lock_guard lock(mu_);
-    if (leases_.count(request.lease_id()))
+    if (leases_.count(request.lease_id()) || !granting_.insert(request.lease_id()).second)
       return absl::AlreadyExistsError(absl::StrCat("lease ", request.lease_id(), " exists"));
   }
+  struct Granting {
+    PeerTier* self;
+    const std::string& id;
+    ~Granting() {
+      std::lock_guard lock(self->mu_);
+      self->granting_.erase(id);
+    }
+  } granting{this, request.lease_id()};
   engine::HostKvTier::PeerLease pinned = host_.lease_prefix(k.keys, k.ns_root, prompt, limit);
   PeerLeaseResponse reply;
   if (pinned.slots.empty()) return reply;
@@ -162,12 +177,12 @@ PeerReleaseResponse PeerTier::release(const PeerReleaseRequest& request) {
   StatusOr<bool> intact = host_.release_peer_lease(lease.pinned, /*unpin=*/!lease.expired);
   if (!intact.ok()) PD_LOG_WARN("peer tier: lease {}: {}", request.lease_id(), intact.status().ToString());
   reply.set_intact(intact.ok() && *intact);
-  // A reader that failed leaves its hold open until the hold's lease: closed now (a finished
-  // one is unknown to the endpoints by now, and its abort a no-op).
-  const std::string id = request.lease_id();
-  serving_->post_all([id](int, kvtransfer::KvRankEndpoint& ep) {
-    if (ep.open_requests() > 0) (void)ep.abort(id, "lease released");
-  });
+  // A reader that failed leaves the holds open until their lease: closed now. (After a good
+  // read its RELEASEs close them; this call may overtake them, so they are left alone.)
+  if (!request.read_ok()) {
+    const std::string id = request.lease_id();
+    serving_->post_all([id](int, kvtransfer::KvRankEndpoint& ep) { (void)ep.abort(id, "the reader gave up"); });
+  }
   return reply;
 }
 
@@ -180,7 +195,14 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
   // The last prompt token is always computed, so the block holding it is never read.
   const int limit = std::min<int>(source.blocks(), int(prompt.size() - 1) / b);
   const engine::Engine::PromptKeys k = engine_.prompt_keys(prompt, cache_salt, limit);
-  const int own = host_.held_prefix(k.keys, k.ns_root, prompt);
+  // The reader's own leading blocks stay pinned until the read is adopted after them: the slots
+  // reserved for the read must not evict them (adopt needs the chain before what it caches).
+  struct Pinned {
+    engine::HostKvTier& host;
+    engine::HostKvTier::PeerLease lease;
+    ~Pinned() { (void)host.release_peer_lease(lease); }
+  } mine{host_, host_.lease_prefix(k.keys, k.ns_root, prompt, limit)};
+  const int own = int(mine.lease.slots.size());
   const int device = engine_.cached_prefix_tokens(prompt, cache_salt) / b;
   if (limit <= std::max(own, device)) return own;
   std::string id;
@@ -193,16 +215,17 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
     PD_LOG_WARN("peer tier: {}: reading {} blocks from {}: {}: {}", request_id, limit - own, source.address(), why,
                 s.ToString());
     std::lock_guard lock(mu_);
-    ++stats_.failed_reads;
+    ++(absl::IsDeadlineExceeded(s) ? stats_.timed_out_reads : stats_.failed_reads);
     return own;
   };
-  auto call_release = [&]() -> bool {
+  auto call_release = [&](bool read_ok) -> bool {
     grpc::ClientContext ctx;
     // The release goes out even past the read's deadline: the source unpins now, not at the lease.
     ctx.set_deadline(
         grpc_deadline(*options_.kv.clock, std::max(deadline, options_.kv.clock->now() + std::chrono::milliseconds(200))));
     PeerReleaseRequest rq;
     rq.set_lease_id(id);
+    rq.set_read_ok(read_ok);
     PeerReleaseResponse rs;
     Worker::Stub* s;
     {
@@ -223,24 +246,31 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
     rq.set_cache_salt(cache_salt);
     rq.set_max_blocks(limit);
     rq.set_reader_tp(reading_->tp());
-    rq.set_lease_ms(millis(options_.lease));
+    rq.set_lease_ms(millis(read_lease()));
     Worker::Stub* s;
     {
       std::lock_guard lock(mu_);
       s = &stub(source.address());
     }
     const grpc::Status st = s->PeerLease(&ctx, rq, &leased);
-    if (!st.ok()) return failed("lease", absl::UnavailableError(st.error_message()));
+    if (!st.ok()) {
+      // The source may have granted it all the same (an answer lost or late): let it go now
+      // rather than at the lease's end (an unknown id is answered "not intact", nothing else).
+      if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          st.error_code() == grpc::StatusCode::CANCELLED)
+        (void)call_release(false);
+      return failed("lease", absl::UnavailableError(st.error_message()));
+    }
   }
   const int n = std::min(leased.blocks(), limit);
   if (n <= own || leased.slots_size() != leased.blocks()) {
-    if (leased.blocks() > 0) (void)call_release();
+    if (leased.blocks() > 0) (void)call_release(false);
     return failed("lease", absl::NotFoundError(absl::StrCat("the source leased ", leased.blocks(), " blocks")));
   }
   StatusOr<KvGroup> group = parse_kv_group(leased.kv_source(), "PeerLeaseResponse.kv_source");
   StatusOr<std::vector<int>> slots = group.ok() ? host_.reserve(n - own) : StatusOr<std::vector<int>>(group.status());
   if (!slots.ok()) {
-    (void)call_release();
+    (void)call_release(false);
     return failed("slots", slots.status());
   }
   kvtransfer::PullRequest pull;
@@ -250,7 +280,7 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
   pull.producer_incarnations.assign(group->rank_incarnations().begin(), group->rank_incarnations().end());
   pull.producer_blocks.assign(leased.slots().begin() + own, leased.slots().begin() + n);
   pull.consumer_blocks = *slots;
-  pull.lease = options_.lease;
+  pull.lease = read_lease();
   std::unique_lock lock(mu_);
   Read& r = reads_[id];
   r.ranks = RankProgress(reading_->tp());
@@ -281,7 +311,8 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
   }
   Read& done = reads_.at(id);
   const bool ready = done.error.ok() && done.ranks.all(RankProgress::kReady);
-  const Status error = timed_out ? absl::DeadlineExceededError("the read outlasted --kv-load-timeout-ms") : done.error;
+  const Status error =
+      timed_out ? absl::DeadlineExceededError("the read outlasted --kv-peer-read-timeout-ms") : done.error;
   const uint64_t bytes = done.bytes;
   if (!ready) {
     done.abandoned = true;
@@ -290,14 +321,8 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
   }
   lock.unlock();
   // Released either way: the source unpins now rather than at the lease's end.
-  const bool intact = call_release();
-  if (!ready) {
-    {
-      std::lock_guard g(mu_);
-      if (timed_out) ++stats_.timed_out_reads;
-    }
-    return failed(timed_out ? "timeout" : "transfer", error);
-  }
+  const bool intact = call_release(ready);
+  if (!ready) return failed(timed_out ? "timeout" : "transfer", error);
   lock.lock();
   reads_.erase(id);  // Every rank is ready: the slots are ours.
   lock.unlock();
@@ -311,6 +336,9 @@ int PeerTier::read(const std::string& request_id, const std::vector<int>& prompt
   }
   StatusOr<int> held = host_.adopt(k.keys, k.ns_root, prompt, own, *slots);
   if (!held.ok()) return failed("adopt", held.status());
+  if (*held < n)  // A collision in this worker's index: the chain could not go on.
+    PD_LOG_WARN("peer tier: {}: {} of {} blocks read from {} could be cached", request_id, *held - own, n - own,
+                source.address());
   std::lock_guard g(mu_);
   stats_.read_blocks += uint64_t(std::max(*held - own, 0));
   stats_.read_bytes += bytes;

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,8 +43,9 @@ struct PeerTierOptions {
   // How the peer endpoints bind and time out (`side` and `arena` are set per group; port_base
   // is ignored: they take free ports).
   KvRanksOptions kv;
-  // A serving lease's length when the reader gives none; and the reader's whole wait (lease,
-  // gets, release) before its prefill computes the prefix instead.
+  // A serving lease's length when the reader gives none (a reader asks for its read timeout and
+  // a second); and the reader's whole wait (lease, gets, release) before its prefill computes the
+  // prefix instead.
   Duration lease = std::chrono::seconds(10);
   Duration read_timeout = std::chrono::seconds(2);
   // To call other workers' Worker API (mutual TLS where the cluster uses it).
@@ -104,6 +106,8 @@ class PeerTier {
 
   PeerTier(engine::Engine& engine, PeerTierOptions options);
   Worker::Stub& stub(const std::string& address);  // Caller holds mu_.
+  // A read's lease: the source's pin and holds and the reader's pull (its timeout and a margin).
+  Duration read_lease() const;
   // Reading endpoints' callbacks (rank threads).
   void on_read_event(int rank, const kvtransfer::KvTransferEvent& event);
   void on_read_release(int rank, const std::string& id);
@@ -120,6 +124,7 @@ class PeerTier {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, Lease> leases_;  // Served, by lease id.
+  std::set<std::string> granting_;       // Lease ids being granted (not in leases_ yet).
   std::map<std::string, Read> reads_;    // In flight, by lease id.
   std::map<std::string, std::unique_ptr<Worker::Stub>> stubs_;  // By address.
   uint64_t next_read_ = 0;

@@ -454,12 +454,15 @@ TEST(ClusterPullHost, AFullHostTierFallsBackToDeviceReadsWithPullsTokens) {
 // The peer tier's reverse reuse (docs/kv_offload.md): after a conversation's turn, the decode
 // worker's host tier holds the turn's prompt and answer, of which the prefill worker computed
 // only the prompt; the next turn's prefill reads the rest from the decode worker instead of
-// computing it — and every turn's tokens equal those of the same cluster without the peer tier.
-TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTier) {
+// computing it — and every turn's tokens equal those of the same cluster without the peer tier,
+// in pull and in push.
+class ClusterPeerTier : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTier) {
   std::mt19937 rng(57);
   constexpr int kConversations = 3, kTurns = 3, kMaxTokens = 48;
   auto serve = [&](bool peer, std::vector<int>* cached, std::string* metrics) {
-    std::vector<std::string> args = {"--prefill", "1", "--decode", "1", "--kv-mode", "pull", "--host-kv-bytes",
+    std::vector<std::string> args = {"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--host-kv-bytes",
                                      "67108864", "--local-prefill-tokens", "0"};
     if (peer) args.push_back("--kv-peer-tier");
     Cluster cluster(args);
@@ -474,21 +477,23 @@ TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTie
       return outputs;
     }
     std::mt19937 r(rng);  // The same conversations for both clusters.
+    // The decode worker's host tier holds every finished turn's prompt and answer: the full
+    // blocks of each conversation's history but its last token (whose KV is never computed).
+    double decode_host_blocks = 0;
     for (int c = 0; c < kConversations; ++c) {
       std::vector<int> history = {1};
+      int held = 0;  // Of this conversation's blocks, by the decode worker's host tier.
       for (int t = 0; t < kTurns; ++t) {
         for (int x : random_tokens(r, 40 + int(r() % 30))) history.push_back(x);
-        if (t > 0) {
-          // The decode worker's host tier holds the last turn once its Info says so; its KV
-          // events (which the router names the source by) come before that.
-          const int want = int(history.size()) / 16 - 3;
-          for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;
-               std::this_thread::sleep_for(50ms)) {
-            const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
-            if (text && testing::metric_sum(*text, "pdserve:worker_kv_tier_cached_blocks",
-                                            "role=\"decode\",tier=\"host\"") >= want)
-              break;
-          }
+        // The router names the decode worker by its KV events, which come before its Info
+        // reports the blocks: the next turn goes once the Info does (the turns follow each other
+        // faster than any client would).
+        for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;
+             std::this_thread::sleep_for(20ms)) {
+          const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
+          if (text && testing::metric_sum(*text, "pdserve:worker_kv_tier_cached_blocks",
+                                          "role=\"decode\",tier=\"host\"") >= decode_host_blocks)
+            break;
         }
         const Served s = generate(*stub, history, kMaxTokens);
         EXPECT_TRUE(s.error.empty()) << s.error;
@@ -496,13 +501,21 @@ TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTie
         outputs.push_back(s.output);
         cached->push_back(s.cached_tokens);
         history.insert(history.end(), s.output.begin(), s.output.end());
+        decode_host_blocks += int(history.size() - 1) / 16 - held;
+        held = int(history.size() - 1) / 16;
       }
     }
-    for (auto deadline = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < deadline;
-         std::this_thread::sleep_for(100ms)) {
+    // Info polls lag: read the counters once they show every later turn's read (2 blocks at least).
+    for (auto deadline = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < deadline;
+         std::this_thread::sleep_for(50ms)) {
       const std::optional<std::string> text = testing::router_metrics_text(cluster.http_port());
       if (text) *metrics = *text;
-      if (!peer || (text && testing::metric_sum(*text, "pdserve:worker_kv_tier_leases_total", "tier=\"peer\"") > 0))
+      if (!text) continue;
+      if (!peer) break;
+      const double read = testing::metric_sum(*text, "pdserve:worker_kv_tier_loaded_blocks_total",
+                                              "role=\"prefill\",tier=\"peer\"");
+      if (read >= 2.0 * kConversations * (kTurns - 1) &&
+          testing::metric_sum(*text, "pdserve:worker_kv_tier_leased_blocks_total", "role=\"decode\",tier=\"peer\"") >= read)
         break;
     }
     return outputs;
@@ -514,7 +527,7 @@ TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTie
   ASSERT_EQ(plain.size(), size_t(kConversations * kTurns));
   EXPECT_EQ(peered, plain);
   // Every later turn: the prefill worker held the last prompt; with the peer tier it also read
-  // the last answer's full blocks (48 tokens: at least 2 blocks more).
+  // the last answer's blocks (48 tokens: 3 blocks, at least 2 of them full beyond the prompt's).
   for (int c = 0; c < kConversations; ++c)
     for (int t = 1; t < kTurns; ++t) {
       const size_t i = size_t(c * kTurns + t);
@@ -529,6 +542,8 @@ TEST(ClusterPeerTier, ThePrefillWorkerReadsTheAnswersFromTheDecodeWorkersHostTie
   EXPECT_EQ(testing::metric_sum(peer_metrics, "pdserve:worker_kv_tier_stale_loads_total", "tier=\"peer\""), 0);
   EXPECT_EQ(testing::metric_sum(plain_metrics, "pdserve:worker_kv_tier_leases_total", "tier=\"peer\""), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, ClusterPeerTier, ::testing::Values("pull", "push"));
 
 }  // namespace
 }  // namespace pdserve

@@ -119,6 +119,16 @@ TEST(WorkerDeploy, AggregatedWorkersRefuseTheKvTransferFlags) {
                                         testing::stories_bin() + " --require-rdma 2>&1");
   EXPECT_EQ(out.exit_code, 2) << out.out;
   EXPECT_NE(out.out.find("apply to the prefill and decode roles"), std::string::npos) << out.out;
+  // The peer tier serves and reads host tiers between P/D workers: refused on an aggregated
+  // worker and on one without a host tier.
+  for (const std::string& args : {std::string(" --role aggregated --host-kv-bytes 67108864"), std::string("")}) {
+    const testing::CommandOutput peer = testing::run_command(worker_bin("decode") + args + " --model " +
+                                                             testing::stories_bin() + " --kv-peer-tier 2>&1");
+    EXPECT_EQ(peer.exit_code, 2) << peer.out;
+    EXPECT_NE(peer.out.find("--kv-peer-tier applies to prefill and decode workers with a host KV tier"),
+              std::string::npos)
+        << peer.out;
+  }
 }
 
 // Streams read on their own threads: tokens seen so far, and how the stream ended.

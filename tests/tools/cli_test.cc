@@ -198,6 +198,26 @@ TEST(Cli, UpPullHostNeedsAHostTier) {
   }
 }
 
+// `pdserve up --kv-peer-tier` serves and reads host tiers between P/D workers, named by their
+// KV events: without a host tier, on an aggregated cluster or with KV events off it is refused
+// before any process starts.
+TEST(Cli, UpPeerTierNeedsAPdClusterWithHostTiersAndKvEvents) {
+  const std::vector<std::vector<std::string>> refused = {
+      {"--prefill", "1", "--decode", "1"},
+      {"--aggregated", "1", "--host-kv-bytes", "67108864"},
+      {"--prefill", "1", "--decode", "1", "--host-kv-bytes", "67108864", "--kv-events", "off"},
+  };
+  for (const auto& extra : refused) {
+    std::vector<std::string> args = {"up", "--model", kModel, "--kv-peer-tier"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CliRun r = pdserve(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("--kv-peer-tier needs a P/D cluster (--prefill/--decode) with --host-kv-bytes and KV events"),
+              std::string::npos)
+        << r.err;
+  }
+}
+
 // `pdserve bench` refuses a flag its --workload would silently not read (exit 2, naming it),
 // before connecting: nothing listens on the router address given.
 TEST(Cli, BenchRefusesFlagsItsWorkloadDoesNotRead) {
