@@ -464,12 +464,14 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                  "--kv-offload-dir)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_flag("--kv-peer-tier", f.kv_peer_tier,
+  CLI::Option* peer_tier = app.add_flag("--kv-peer-tier", f.kv_peer_tier,
                "Peer tier of the KV cache (P/D workers with --host-kv-bytes): serve this worker's host tier to the "
                "cluster's other workers, and read a prompt's prefix from the worker the router names as holding "
                "more of it before computing it (docs/kv_offload.md)");
   app.add_option("--kv-peer-read-timeout-ms", f.kv_peer_read_timeout_ms,
-                 "How long a prefill waits for a peer-tier read before it computes the prefix instead")
+                 "How long a prefill waits for a peer-tier read before it computes the prefix instead (needs "
+                 "--kv-peer-tier)")
+      ->needs(peer_tier)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--memory-utilization", f.engine.memory_utilization, "KV cache as a fraction of device memory");
