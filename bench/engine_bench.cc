@@ -64,6 +64,25 @@ double prefill_rate(Engine& e, int prompts, int prompt_len, std::mt19937& rng) {
   return prompts * prompt_len / seconds_since(t0);
 }
 
+// Greedy decode of one sequence from BOS as llama2.c's run.c does it (`-t 0 -n steps`): `steps`
+// positions at most, stopping early at an EOS (BOS for llama2.c checkpoints), timed from the first
+// token to the last (run.c starts its clock after the first forward pass).
+struct FromBos {
+  double tok_s = 0;
+  int tokens = 0;
+};
+
+FromBos decode_from_bos(Engine& e, int steps) {
+  engine::SamplingParams p;
+  p.max_tokens = steps - 1;
+  std::vector<Clock::time_point> at;
+  Status s = e.add_request({"from-bos", {e.config().bos_id}, p}, [&at](const engine::TokenEvent& ev) {
+    if (ev.token >= 0) at.push_back(Clock::now());
+  });
+  if (!s.ok() || !e.run_until_idle().ok() || at.size() < 2) return {};
+  return {double(at.size() - 1) / std::chrono::duration<double>(at.back() - at.front()).count(), int(at.size())};
+}
+
 long peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -81,18 +100,24 @@ int main(int argc, char** argv) {
   std::vector<int> tps = {1, 2};
   std::vector<int> batches = {1, 8, 32, 128};
   int new_tokens = 32, prompt_len = 16, prefill_len = 256, prefill_prompts = 4;
+  int from_bos_steps = 0;
   std::string json_out;
   app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
   app.add_option("--tp", tps, "TP sizes");
   app.add_option("--batches", batches, "Decode batch sizes");
   app.add_option("--new-tokens", new_tokens, "Tokens decoded per sequence");
   app.add_option("--prefill-len", prefill_len, "Prompt length for the prefill measurement");
+  app.add_option("--from-bos-steps", from_bos_steps,
+                 "Only time greedy decode of one sequence from BOS over this many positions, as run.c -t 0 -n N does "
+                 "(bench/cpu_vs_runc.sh)")
+      ->check(CLI::Range(2, 1 << 20));
   app.add_option("--json", json_out, "Write results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%-16s %3s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "decode-1", "agg-b1",
-              "agg-b8", "agg-b32", "agg-b128", "prefill", "rss-MiB");
+  if (from_bos_steps == 0)
+    std::printf("%-16s %3s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "decode-1", "agg-b1", "agg-b8",
+                "agg-b32", "agg-b128", "prefill", "rss-MiB");
   for (const std::string& name : models) {
     std::string path = name;
     if (name == "synthetic-100m") {
@@ -122,8 +147,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
         return 1;
       }
-      std::mt19937 rng(7);
       nlohmann::json row = {{"model", name}, {"tp", tp}};
+      if (from_bos_steps > 0) {
+        const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
+        row["from_bos_tok_s"] = r.tok_s;
+        row["from_bos_tokens"] = r.tokens;
+        std::printf("%-16s %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, r.tok_s, r.tokens);
+        results.push_back(row);
+        continue;
+      }
+      std::mt19937 rng(7);
       const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
       row["decode_single_tok_s"] = single;
       std::printf("%-16s %3d %10.1f", name.c_str(), tp, single);
@@ -146,7 +179,7 @@ int main(int argc, char** argv) {
       results.push_back(row);
     }
   }
-  if (tps.size() > 1) {
+  if (tps.size() > 1 && from_bos_steps == 0) {
     std::printf("\nratio vs TP %d (same run):\n", tps.front());
     for (const auto& r : results)
       if (r["tp"] != tps.front())

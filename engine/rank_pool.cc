@@ -1,7 +1,7 @@
 #include "engine/rank_pool.h"
 
-
 #include "engine/gpu_module.h"
+#include "engine/spin_barrier.h"
 
 namespace pdserve::engine {
 namespace {
@@ -56,11 +56,8 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
 }
 
 RankPool::~RankPool() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
+  stop_ = true;
+  wake();
   for (std::thread& t : threads_) t.join();
   runners_.clear();  // Before the shards and backends they use.
   uploaded_.clear();
@@ -71,33 +68,27 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
   // others waiting in it.
   meta_.pack(batch, runners_[0]->kv_layout().block_size());
   for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch, meta_));
-  {
-    std::lock_guard lock(mu_);
-    batch_ = &batch;
-    out_ = out;
-    ++generation_;
-  }
-  cv_.notify_all();
+  batch_ = &batch;
+  out_ = out;
+  wake();
   Status status = runners_[0]->forward(batch, out);
   // Every rank set its status before the final barrier that rank 0 has passed.
   for (int r = 1; r < size(); ++r) status.Update(runners_[r]->status());
   return status;
 }
 
+void RankPool::wake() {
+  generation_.fetch_add(1);
+  if (sleepers_.load() > 0) generation_.notify_all();
+}
+
 void RankPool::worker(int rank) {
   uint64_t seen = 0;
   for (;;) {
-    const ForwardBatch* batch;
-    StepOutput out;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      batch = batch_;
-      out = out_;
-    }
-    (void)runners_[rank]->forward(*batch, out);  // Its status is read through status().
+    spin_then_wait(generation_, seen, sleepers_);
+    seen = generation_.load();
+    if (stop_) return;
+    (void)runners_[rank]->forward(*batch_, out_);  // Its status is read through status().
   }
 }
 

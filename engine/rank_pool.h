@@ -4,9 +4,8 @@
 // own backend (rank r on device r for a device backend) and its shard of the weights in it.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,15 +39,17 @@ class RankPool {
  private:
   RankPool() = default;
   void worker(int rank);
+  void wake();  // Releases the rank threads (for batch_ or stop_).
 
   std::vector<std::unique_ptr<Backend>> backends_;
   std::vector<std::unique_ptr<UploadedShard>> uploaded_;
   std::vector<std::unique_ptr<Communicator>> comms_;
   std::vector<std::unique_ptr<RankRunner>> runners_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // Wakes the rank threads for the next batch.
-  uint64_t generation_ = 0;
+  // Bumped for each batch (batch_, out_ written first) and once more to stop; rank threads spin
+  // on it, then sleep (spin_barrier.h), so back-to-back steps wake them without a syscall.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> sleepers_{0};
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
   StepOutput out_;

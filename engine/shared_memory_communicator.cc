@@ -4,11 +4,11 @@
 // the whole result out. The barrier that opens the next collective keeps scratch from being
 // overwritten while a slow rank still copies.
 #include <atomic>
-#include <barrier>
 #include <cstring>
 #include <vector>
 
 #include "engine/communicator.h"
+#include "engine/spin_barrier.h"
 #include "engine/tp_shard.h"
 
 namespace pdserve::engine {
@@ -18,20 +18,20 @@ struct SharedState;
 // Runs once per barrier phase, when every rank has arrived (so nobody reads scratch): grows it.
 struct GrowScratch {
   SharedState* state;
-  void operator()() noexcept;
+  void operator()();
 };
 
 struct SharedState {
   explicit SharedState(int n) : size(n), sync(n, GrowScratch{this}), buffers(n), inputs(n) {}
   int size;
   std::atomic<int64_t> wanted{0};
-  std::barrier<GrowScratch> sync;
+  SpinBarrier<GrowScratch> sync;
   std::vector<float*> buffers;
   std::vector<const float*> inputs;
   std::vector<float> scratch;
 };
 
-void GrowScratch::operator()() noexcept {
+void GrowScratch::operator()() {
   const int64_t n = state->wanted.load();
   if (int64_t(state->scratch.size()) < n) state->scratch.resize(n);
 }

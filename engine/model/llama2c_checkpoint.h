@@ -40,4 +40,10 @@ struct Llama2cCheckpoint {
 // Errors name the file; a corrupt file is an error, never a crash.
 StatusOr<Llama2cCheckpoint> read_llama2c_checkpoint(const std::string& path);
 
+// Writes a checkpoint with this header and seeded random weights (uniform, standard deviation
+// 0.02; norm weights 1; the legacy RoPE tables zero) to `path`: a stand-in of any size for
+// benchmarks against llama2.c's run.c, which reads the same file. Same header + seed: the same
+// bytes. Streams, so a large model needs no memory beyond a buffer.
+Status write_random_llama2c_checkpoint(const Llama2cHeader& header, uint64_t seed, const std::string& path);
+
 }  // namespace pdserve::engine

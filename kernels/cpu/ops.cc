@@ -60,22 +60,38 @@ inline float reduce_lanes(const float* a) {
   return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
 }
 
+// The kLanes partial sums of one dot product as one vector value, so that the accumulators of a
+// tile live in registers (a float array indexed in the remainder loop was kept on the stack,
+// and every step of the main loop went through memory). Element-wise: lane l is computed as it
+// would be alone, whatever the vector width the target splits it into.
+using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes load_lanes(const float* p) {
+  Lanes v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
 // y[r][o] for R rows of x and C columns, with exactly the operations of every other tile shape:
 // the value of one output element never depends on its neighbours in the call.
 template <int R, int C>
 [[gnu::always_inline]] inline void dot_tile(float* y, int64_t ldy, const float* x, const float* w, int in, int64_t ldw, bool accumulate) {
-  float acc[R][C][kLanes] = {};
+  Lanes acc[R][C] = {};
   const int whole = in - in % kLanes;
-  for (int k = 0; k < whole; k += kLanes)
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c)
-        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += x[int64_t(r) * in + k + l] * w[int64_t(c) * ldw + k + l];
-  for (int k = whole; k < in; ++k)
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) acc[r][c][k - whole] += x[int64_t(r) * in + k] * w[int64_t(c) * ldw + k];
+  for (int k = 0; k < whole; k += kLanes) {
+    Lanes wk[C];
+    for (int c = 0; c < C; ++c) wk[c] = load_lanes(w + int64_t(c) * ldw + k);
+    for (int r = 0; r < R; ++r) {
+      const Lanes xk = load_lanes(x + int64_t(r) * in + k);
+      for (int c = 0; c < C; ++c) acc[r][c] += xk * wk[c];
+    }
+  }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      const float sum = reduce_lanes(acc[r][c]);
+      float lanes[kLanes];
+      __builtin_memcpy(lanes, &acc[r][c], sizeof(lanes));
+      for (int k = whole; k < in; ++k) lanes[k - whole] += x[int64_t(r) * in + k] * w[int64_t(c) * ldw + k];
+      const float sum = reduce_lanes(lanes);
       y[r * ldy + c] = accumulate ? y[r * ldy + c] + sum : sum;
     }
 }

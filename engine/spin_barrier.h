@@ -1,0 +1,73 @@
+// SpinBarrier: a reusable barrier for the rank threads of one CPU engine, and `spin_then_wait`,
+// the wait it is built on. A decode step of a small model meets its peers dozens of times within
+// a few milliseconds; a futex sleep and wake per meeting (std::barrier, a condition variable)
+// costs tens of microseconds each on a virtual machine, which was most of what TP 2 lost on CPU.
+// So a waiter first spins (with a pause) for about as long as a few such wakes would take, and
+// only then sleeps on the atomic, so that idle ranks between requests still cost nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace pdserve::engine {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Pauses per wait before sleeping: some tens of microseconds (a pause is 10-150 cycles,
+// depending on the core).
+inline constexpr int kSpinsBeforeSleep = 1 << 12;
+
+// Returns once `value` no longer holds `old`. `sleepers` counts the threads asleep on `value`,
+// so that the side that changes it calls notify_all (a syscall) only when someone sleeps:
+// whoever changes `value` must store it, then read `sleepers` (both sequentially consistent).
+template <typename T>
+void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepers) {
+  for (int i = 0; i < kSpinsBeforeSleep; ++i) {
+    if (value.load(std::memory_order_acquire) != old) return;
+    cpu_relax();
+  }
+  sleepers.fetch_add(1);
+  while (value.load() == old) value.wait(old);
+  sleepers.fetch_sub(1);
+}
+
+// A barrier for a fixed number of threads, reusable phase after phase. The last thread to
+// arrive runs `completion` (before any thread leaves) and releases the others.
+template <typename Completion>
+class SpinBarrier {
+ public:
+  SpinBarrier(int count, Completion completion) : count_(count), completion_(std::move(completion)) {}
+
+  void arrive_and_wait() {
+    // The phase cannot move on before this thread arrives, so it is the one being waited out.
+    const uint32_t phase = phase_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
+      completion_();
+      arrived_.store(0, std::memory_order_relaxed);
+      phase_.store(phase + 1);
+      if (sleepers_.load() > 0) phase_.notify_all();
+      return;
+    }
+    spin_then_wait(phase_, phase, sleepers_);
+  }
+
+ private:
+  const int count_;
+  Completion completion_;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint32_t> phase_{0};
+  std::atomic<int> sleepers_{0};
+};
+
+}  // namespace pdserve::engine
