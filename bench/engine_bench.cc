@@ -74,7 +74,7 @@ struct FromBos {
 
 FromBos decode_from_bos(Engine& e, int steps) {
   engine::SamplingParams p;
-  p.max_tokens = steps - 1;
+  p.max_tokens = steps;
   std::vector<Clock::time_point> at;
   Status s = e.add_request({"from-bos", {e.config().bos_id}, p}, [&at](const engine::TokenEvent& ev) {
     if (ev.token >= 0) at.push_back(Clock::now());

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/lanes.h"
+
 namespace pdserve::kernels::cpu {
 
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps) {
@@ -48,29 +50,9 @@ void add_inplace(float* x, const float* y, int64_t n) {
 
 namespace {
 
-// Partial sums per dot product: k is split into lanes k % kLanes, each summed in order of k, and
-// the lanes are added in one fixed tree. The lanes are independent, so the compiler vectorizes
-// them without reordering any sum.
-constexpr int kLanes = 8;
 // Rows (of x) and columns (rows of w) per tile: each loaded element of w serves kTileRows rows,
 // each of x kTileCols columns.
 constexpr int kTileRows = 4, kTileCols = 4;
-
-inline float reduce_lanes(const float* a) {
-  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
-
-// The kLanes partial sums of one dot product as one vector value, so that the accumulators of a
-// tile live in registers (a float array indexed in the remainder loop was kept on the stack,
-// and every step of the main loop went through memory). Element-wise: lane l is computed as it
-// would be alone, whatever the vector width the target splits it into.
-using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Lanes load_lanes(const float* p) {
-  Lanes v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return v;
-}
 
 // y[r][o] for R rows of x and C columns, with exactly the operations of every other tile shape:
 // the value of one output element never depends on its neighbours in the call.
@@ -88,10 +70,7 @@ template <int R, int C>
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      float lanes[kLanes];
-      __builtin_memcpy(lanes, &acc[r][c], sizeof(lanes));
-      for (int k = whole; k < in; ++k) lanes[k - whole] += x[int64_t(r) * in + k] * w[int64_t(c) * ldw + k];
-      const float sum = reduce_lanes(lanes);
+      const float sum = finish_lanes(acc[r][c], x + int64_t(r) * in, w + int64_t(c) * ldw, whole, in);
       y[r * ldy + c] = accumulate ? y[r * ldy + c] + sum : sum;
     }
 }
@@ -106,22 +85,7 @@ template <int R>
 
 }  // namespace
 
-// Cloned for AVX2 (chosen at load time where the CPU has it): the lanes are independent and
-// nothing is fused or reordered, so the wider vectors compute every element bit for bit as the
-// baseline does, and machines of either kind agree. Not under ThreadSanitizer: the clones'
-// ifunc resolver runs before its runtime is up and crashes the process.
-#if defined(__SANITIZE_THREAD__)
-#define PDSERVE_GEMM_CLONES
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define PDSERVE_GEMM_CLONES
-#endif
-#endif
-#ifndef PDSERVE_GEMM_CLONES
-#define PDSERVE_GEMM_CLONES [[gnu::target_clones("avx2", "default")]]
-#endif
-
-PDSERVE_GEMM_CLONES void matmul_xwt(float* y, const float* x, const float* w, int rows,
+PDSERVE_CPU_CLONES void matmul_xwt(float* y, const float* x, const float* w, int rows,
                                                            int out, int in, int64_t ldw, bool accumulate) {
   int r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/lanes.h"
+
 namespace pdserve::kernels::cpu {
 
 void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,
@@ -23,33 +25,35 @@ void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, cons
   }
 }
 
-void paged_attention(float* out, const float* q, const PagedLayerView& kv,
-                     const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                     float scale) {
+PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedLayerView& kv,
+                                        const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                                        float scale) {
   std::vector<float> scores;
+  // Per position the offsets of its K and V rows (head 0), -1 where the mask hides it: walked
+  // block by block once per token, not divided out per key and head.
+  std::vector<int64_t> k_at, v_at;
   for (int t = 0; t < tokens.num_tokens; ++t) {
     const int pos = tokens.positions[t];
     const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
     const int count = pos - first + 1;
     const int* table = tokens.block_tables[t];
     const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
-    auto visible = [&](int p) { return mask == nullptr || mask[p / kv.block_size] != 0; };
     scores.resize(count);
+    k_at.resize(count);
+    v_at.resize(count);
+    for (int j = 0, block = first / kv.block_size, slot = first % kv.block_size; j < count; ++j) {
+      const bool visible = mask == nullptr || mask[block] != 0;
+      k_at[j] = visible ? table[block] * kv.k_block_stride + slot * kv.k_token_stride : -1;
+      v_at[j] = visible ? table[block] * kv.v_block_stride + slot * kv.v_token_stride : -1;
+      if (++slot == kv.block_size) slot = 0, ++block;
+    }
     for (int h = 0; h < n_q_heads; ++h) {
       const int kvh = h / q_per_kv;
       const float* qh = q + int64_t(t) * n_q_heads * kv.head_dim + int64_t(h) * kv.head_dim;
+      const float* kh = kv.k + kvh * kv.k_head_stride;
       float max_score = -INFINITY;
       for (int j = 0; j < count; ++j) {
-        const int p = first + j;
-        if (!visible(p)) {
-          scores[j] = -INFINITY;
-          continue;
-        }
-        const float* kj = kv.k + table[p / kv.block_size] * kv.k_block_stride +
-                          (p % kv.block_size) * kv.k_token_stride + kvh * kv.k_head_stride;
-        float dot = 0.0f;
-        for (int d = 0; d < kv.head_dim; ++d) dot += qh[d] * kj[d];
-        scores[j] = dot * scale;
+        scores[j] = k_at[j] < 0 ? -INFINITY : dot_lanes(qh, kh + k_at[j], kv.head_dim) * scale;
         max_score = std::max(max_score, scores[j]);
       }
       float sum = 0.0f;
@@ -59,11 +63,10 @@ void paged_attention(float* out, const float* q, const PagedLayerView& kv,
       }
       float* oh = out + int64_t(t) * n_q_heads * kv.v_head_dim + int64_t(h) * kv.v_head_dim;
       std::fill(oh, oh + kv.v_head_dim, 0.0f);
+      const float* vh = kv.v + kvh * kv.v_head_stride;
       for (int j = 0; j < count; ++j) {
-        const int p = first + j;
-        if (!visible(p)) continue;
-        const float* vj = kv.v + table[p / kv.block_size] * kv.v_block_stride +
-                          (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
+        if (v_at[j] < 0) continue;
+        const float* vj = vh + v_at[j];
         const float w = scores[j] / sum;
         for (int d = 0; d < kv.v_head_dim; ++d) oh[d] += w * vj[d];
       }
