@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -15,6 +17,7 @@
 #include "engine/communicator.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/rope_scaling.h"
+#include "engine/spin_barrier.h"
 #include "engine/tp_shard.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
@@ -766,6 +769,31 @@ TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {
   for (auto& t : threads) t.join();
   for (int r = 0; r < n; ++r)
     for (int i = 0; i < 3 * n; ++i) EXPECT_EQ(gathered[r][i], float(i / 3));
+}
+
+TEST(SpinBarrier, NoThreadLeavesAPhaseBeforeAllArriveAndCompletionRunsOncePerPhase) {
+  // Thread 0 is late now and then by more than the spin budget, so the others also take the
+  // sleeping path (a lost wake-up there would hang this test).
+  const int n = 3, phases = 400;
+  int completions = 0;
+  engine::SpinBarrier barrier(n, [&completions] { ++completions; });
+  std::vector<std::atomic<int>> at(n);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t)
+    threads.emplace_back([&, t] {
+      for (int phase = 1; phase <= phases; ++phase) {
+        if (t == 0 && phase % 50 == 0) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);
+          while (std::chrono::steady_clock::now() < until) engine::cpu_relax();
+        }
+        at[t].store(phase);
+        barrier.arrive_and_wait();
+        for (int u = 0; u < n; ++u) ASSERT_GE(at[u].load(), phase) << "thread " << u << " had not arrived";
+        barrier.arrive_and_wait();  // Nobody starts the next phase while another still checks.
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(completions, 2 * phases);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "engine/model/llama2c_checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "engine/model/mapped_file.h"
@@ -80,6 +81,36 @@ TEST(Llama2cCheckpoint, LoadsStories260K) {
   ASSERT_TRUE(norm.ok());
   size_t offset = raw.size() - size_t(512 * 8) * 4 - 64 * 4;
   EXPECT_EQ(std::memcmp(norm->data, raw.data() + offset, 64 * 4), 0);
+}
+
+TEST(Llama2cCheckpoint, RandomCheckpointsReadBackAndFollowTheirSeed) {
+  TempDir dir;
+  // An unshared classifier (negative vocab) and GQA, so every array of the format is written.
+  const Llama2cHeader h{16, 40, 2, 4, 2, -30, 8};
+  const std::string a = (dir.path() / "a.bin").string(), b = (dir.path() / "b.bin").string(),
+                    c = (dir.path() / "c.bin").string();
+  ASSERT_TRUE(write_random_llama2c_checkpoint(h, 7, a).ok());
+  ASSERT_TRUE(write_random_llama2c_checkpoint(h, 7, b).ok());
+  ASSERT_TRUE(write_random_llama2c_checkpoint(h, 8, c).ok());
+  EXPECT_EQ(read_file(a), read_file(b));
+  EXPECT_NE(read_file(a), read_file(c));
+  auto ckpt = read_llama2c_checkpoint(a);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_EQ(ckpt->config.vocab_size, 30);
+  EXPECT_FALSE(ckpt->config.tie_embeddings);
+  auto norm = ckpt->weights->tensor("model.layers.1.post_attention_layernorm.weight");
+  ASSERT_TRUE(norm.ok());
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(static_cast<const float*>(norm->data)[i], 1.0f);
+  auto head = ckpt->weights->tensor("lm_head.weight");
+  ASSERT_TRUE(head.ok());
+  const float* w = static_cast<const float*>(head->data);
+  double sum_sq = 0;
+  for (int i = 0; i < 30 * 16; ++i) {
+    EXPECT_LE(std::abs(w[i]), 0.0347f);
+    sum_sq += double(w[i]) * w[i];
+  }
+  EXPECT_NEAR(std::sqrt(sum_sq / (30 * 16)), 0.02, 0.004);  // Standard deviation 0.02.
+  EXPECT_FALSE(write_random_llama2c_checkpoint({16, 40, 2, 3, 3, 30, 8}, 1, a).ok());  // 16 % 3 heads.
 }
 
 // A copy of the bundled checkpoint, altered by `edit`, in a scratch directory.
