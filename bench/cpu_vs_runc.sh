@@ -8,8 +8,8 @@
 # Makefile's `runomp`). CHECKPOINT: a llama2.c .bin (stories260K, or one from
 # build/bench/write_llama2c); TOKENIZER defaults to the tok*.bin / tokenizer.bin beside it.
 # Both decode greedily from BOS over STEPS positions (run.c -t 0 -n STEPS; engine_bench
-# --from-bos-steps), their texts must be equal (else exit 1), and each is timed from its first
-# token to its last. run.c runs with OMP_NUM_THREADS=THREADS, pdserve at each TP size in TPS (one
+# --from-bos-steps), their texts must be equal at every TP (else exit 1), and each is timed from
+# its first token to its last (run.c's clock has millisecond ticks: ~2% on stories260K's ~50 ms). run.c runs with OMP_NUM_THREADS=THREADS, pdserve at each TP size in TPS (one
 # thread per rank). RUNS rounds alternate the programs; the table gives min/median/max tok/s
 # and the ratio of medians to run.c.
 # Env: RUNS (5), STEPS (256), THREADS (2), TPS ("1 2").
@@ -26,28 +26,36 @@ bench_bin=${ENGINE_BENCH:-$root/build/bench/engine_bench}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The same text first: equal weights and greedy decoding must give equal tokens.
-OMP_NUM_THREADS=$threads "$runc" "$ckpt" -z "$tok" -t 0 -n "$steps" >"$work/runc.txt" 2>/dev/null
-"$pdserve" generate --model "$ckpt" --tokenizer "$tok" --prompt "" --max-tokens "$steps" \
-  >"$work/pdserve.txt" 2>/dev/null
-if ! diff <(sed -e 's/[[:space:]]*$//' "$work/runc.txt") <(sed -e 's/[[:space:]]*$//' "$work/pdserve.txt") >/dev/null; then
-  echo "pdserve's greedy text differs from run.c's:" >&2
-  diff <(cat "$work/runc.txt") <(cat "$work/pdserve.txt") | head -5 >&2
-  exit 1
-fi
+# fail WHAT LOG: the run's errors, then exit 1.
+fail() { echo "$1 failed:" >&2; tail -n 20 "$2" >&2; exit 1; }
+
+# The same text first: equal weights and greedy decoding must give equal tokens, at every TP.
+OMP_NUM_THREADS=$threads "$runc" "$ckpt" -z "$tok" -t 0 -n "$steps" >"$work/runc.txt" 2>"$work/err" ||
+  fail "run.c" "$work/err"
+for tp in $tps; do
+  "$pdserve" generate --model "$ckpt" --tokenizer "$tok" --prompt "" --max-tokens "$steps" --tp "$tp" \
+    >"$work/pdserve.txt" 2>"$work/err" || fail "pdserve generate --tp $tp" "$work/err"
+  if ! diff <(sed -e 's/[[:space:]]*$//' "$work/runc.txt") <(sed -e 's/[[:space:]]*$//' "$work/pdserve.txt") >/dev/null; then
+    echo "pdserve's greedy text at TP $tp differs from run.c's:" >&2
+    diff "$work/runc.txt" "$work/pdserve.txt" | head -5 >&2 || true
+    exit 1
+  fi
+done
 
 for i in $(seq "$runs"); do
-  OMP_NUM_THREADS=$threads "$runc" "$ckpt" -z "$tok" -t 0 -n "$steps" 2>&1 >/dev/null |
-    sed -n 's/^achieved tok\/s: //p' >>"$work/runc.rates"
+  OMP_NUM_THREADS=$threads "$runc" "$ckpt" -z "$tok" -t 0 -n "$steps" 2>"$work/err" >/dev/null || fail "run.c" "$work/err"
+  sed -n 's/^achieved tok\/s: //p' "$work/err" >>"$work/runc.rates"
   # shellcheck disable=SC2086
-  "$bench_bin" --models "$ckpt" --tp $tps --from-bos-steps "$steps" 2>/dev/null |
-    awk '/tok\/s from BOS/ { print $2, $3 }' >>"$work/pdserve.rates"
+  "$bench_bin" --models "$ckpt" --tp $tps --from-bos-steps "$steps" >"$work/out" 2>"$work/err" ||
+    fail "engine_bench" "$work/err"
+  # "<model> <tp> <tok/s> tok/s from BOS (<n> tokens)", counted from the end (paths may hold spaces).
+  awk '/tok\/s from BOS/ { print $(NF - 6), $(NF - 5) }' "$work/out" >>"$work/pdserve.rates"
 done
 
 # stats FILE: "min median max" of a column of numbers.
 stats() { sort -g "$1" | awk '{ v[NR] = $1 } END { printf "%.1f %.1f %.1f", v[1], (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[NR] }'; }
 read -r rmin rmed rmax <<<"$(stats "$work/runc.rates")"
-echo "model: $ckpt ($(stat -c %s "$ckpt") bytes), $steps positions from BOS, $runs runs alternated, text equal"
+echo "model: $ckpt ($(stat -c %s "$ckpt") bytes), $steps positions from BOS, $runs runs alternated, texts equal"
 printf '%-34s %10s %10s %10s %10s\n' program min median max "vs run.c"
 printf '%-34s %10s %10s %10s %10s\n' "run.c (OMP_NUM_THREADS=$threads)" "$rmin" "$rmed" "$rmax" 1.00
 for tp in $tps; do

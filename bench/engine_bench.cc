@@ -150,6 +150,10 @@ int main(int argc, char** argv) {
       nlohmann::json row = {{"model", name}, {"tp", tp}};
       if (from_bos_steps > 0) {
         const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
+        if (r.tokens < 2) {
+          std::fprintf(stderr, "%s: decoding from BOS failed or gave fewer than 2 tokens\n", name.c_str());
+          return 1;
+        }
         row["from_bos_tok_s"] = r.tok_s;
         row["from_bos_tokens"] = r.tokens;
         std::printf("%-16s %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, r.tok_s, r.tokens);

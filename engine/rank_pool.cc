@@ -51,6 +51,7 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                         options.kv_arena_allocator));
     pool->runners_.push_back(std::move(runner));
   }
+  pool->spins_ = spin_budget(tp);
   for (int r = 1; r < tp; ++r) pool->threads_.emplace_back(&RankPool::worker, pool.get(), r);
   return pool;
 }
@@ -85,7 +86,7 @@ void RankPool::wake() {
 void RankPool::worker(int rank) {
   uint64_t seen = 0;
   for (;;) {
-    spin_then_wait(generation_, seen, sleepers_);
+    spin_then_wait(generation_, seen, sleepers_, spins_);
     seen = generation_.load();
     if (stop_) return;
     (void)runners_[rank]->forward(*batch_, out_);  // Its status is read through status().

@@ -50,6 +50,7 @@ class RankPool {
   // on it, then sleep (spin_barrier.h), so back-to-back steps wake them without a syscall.
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> sleepers_{0};
+  int spins_ = 0;  // spin_budget(tp).
   bool stop_ = false;
   const ForwardBatch* batch_ = nullptr;
   StepOutput out_;

@@ -18,7 +18,7 @@ struct SharedState;
 // Runs once per barrier phase, when every rank has arrived (so nobody reads scratch): grows it.
 struct GrowScratch {
   SharedState* state;
-  void operator()();
+  void operator()() noexcept;
 };
 
 struct SharedState {
@@ -31,7 +31,7 @@ struct SharedState {
   std::vector<float> scratch;
 };
 
-void GrowScratch::operator()() {
+void GrowScratch::operator()() noexcept {
   const int64_t n = state->wanted.load();
   if (int64_t(state->scratch.size()) < n) state->scratch.resize(n);
 }

@@ -2,12 +2,17 @@
 // the wait it is built on. A decode step of a small model meets its peers dozens of times within
 // a few milliseconds; a futex sleep and wake per meeting (std::barrier, a condition variable)
 // costs tens of microseconds each on a virtual machine, which was most of what TP 2 lost on CPU.
-// So a waiter first spins (with a pause) for about as long as a few such wakes would take, and
-// only then sleeps on the atomic, so that idle ranks between requests still cost nothing.
+// So a waiter first spins (with a pause) for a bounded number of pauses — from ~15 to ~200 us
+// depending on the core's pause — and only then sleeps on the atomic, so that idle ranks between
+// requests cost nothing. Spinning only pays while every waiter has a core of its own: with more
+// threads than cores a spinner takes the core the thread it waits for needs, so callers then
+// ask for no spinning (`spins` 0; spin_budget()).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <thread>
+#include <type_traits>
 #include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -24,16 +29,20 @@ inline void cpu_relax() {
 #endif
 }
 
-// Pauses per wait before sleeping: some tens of microseconds (a pause is 10-150 cycles,
-// depending on the core).
-inline constexpr int kSpinsBeforeSleep = 1 << 12;
+// Pauses per wait before sleeping for `threads` waiting threads: 4096 while each can have a
+// core, none beyond (see above).
+inline int spin_budget(int threads) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores == 0 || unsigned(threads) <= cores ? 1 << 12 : 0;
+}
 
-// Returns once `value` no longer holds `old`. `sleepers` counts the threads asleep on `value`,
-// so that the side that changes it calls notify_all (a syscall) only when someone sleeps:
-// whoever changes `value` must store it, then read `sleepers` (both sequentially consistent).
+// Returns once `value` no longer holds `old`, after at most `spins` pauses of polling.
+// `sleepers` counts the threads asleep on `value`, so that the side that changes it calls
+// notify_all (a syscall) only when someone sleeps: whoever changes `value` must store it, then
+// read `sleepers` (both sequentially consistent).
 template <typename T>
-void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepers) {
-  for (int i = 0; i < kSpinsBeforeSleep; ++i) {
+void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepers, int spins) {
+  for (int i = 0; i < spins; ++i) {
     if (value.load(std::memory_order_acquire) != old) return;
     cpu_relax();
   }
@@ -43,11 +52,15 @@ void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepe
 }
 
 // A barrier for a fixed number of threads, reusable phase after phase. The last thread to
-// arrive runs `completion` (before any thread leaves) and releases the others.
+// arrive runs `completion` (before any thread leaves) and releases the others. The completion
+// must not throw: the others would wait for a phase that never ends.
 template <typename Completion>
 class SpinBarrier {
+  static_assert(std::is_nothrow_invocable_v<Completion&>, "a throwing completion would strand the waiters");
+
  public:
-  SpinBarrier(int count, Completion completion) : count_(count), completion_(std::move(completion)) {}
+  SpinBarrier(int count, Completion completion)
+      : count_(count), spins_(spin_budget(count)), completion_(std::move(completion)) {}
 
   void arrive_and_wait() {
     // The phase cannot move on before this thread arrives, so it is the one being waited out.
@@ -59,11 +72,12 @@ class SpinBarrier {
       if (sleepers_.load() > 0) phase_.notify_all();
       return;
     }
-    spin_then_wait(phase_, phase, sleepers_);
+    spin_then_wait(phase_, phase, sleepers_, spins_);
   }
 
  private:
   const int count_;
+  const int spins_;
   Completion completion_;
   std::atomic<int> arrived_{0};
   std::atomic<uint32_t> phase_{0};
