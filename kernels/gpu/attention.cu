@@ -186,6 +186,113 @@ prefill_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu
   }
 }
 
+// Split-KV, GQA-grouped decode attention (flash-decoding). Block (x: token, y: KV head x chunk
+// of its group's query heads, z: split of the key range) loads each K and V row once for its
+// `g` query heads (up to kMaxGroup) over keys [z * keys_per_split, (z + 1) * keys_per_split) of
+// the token's visible range; the block's warps take keys round-robin, then merge. With one split
+// the block writes the output; otherwise its unnormalised state (m, l, acc) goes to `part` for
+// merge_splits_kernel.
+constexpr int kMaxGroup = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+split_decode_attention_kernel(float* out, float* part, const float* q, cpu::PagedLayerView kv,
+                              cpu::TokenPlacement tokens, int n_q_heads, int q_per_kv, int g, int window,
+                              float scale, int keys_per_split) {
+  __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
+  __shared__ float sm_acc[kAttnWarps][kMaxGroup][kMaxHeadDim];
+  const int chunks = (q_per_kv + g - 1) / g;
+  const int t = blockIdx.x, kvh = blockIdx.y / chunks, h0 = kvh * q_per_kv + (blockIdx.y % chunks) * g;
+  const int heads = min(g, kvh * q_per_kv + q_per_kv - h0);
+  const int split = blockIdx.z, splits = gridDim.z;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int hd = kv.head_dim, vhd = kv.v_head_dim;
+  const int pos = tokens.positions[t];
+  const int first = window > 0 ? max(0, pos - window + 1) : 0;
+  const int lo = first + split * keys_per_split, hi = min(pos, lo + keys_per_split - 1);
+  const int* table = tokens.block_tables[t];
+  const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
+  float qr[kMaxGroup][kDimsPerLane];
+  RowState st[kMaxGroup];
+#pragma unroll
+  for (int j = 0; j < kMaxGroup; ++j)
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      qr[j][i] = j < heads && d < hd ? q[(int64_t(t) * n_q_heads + h0 + j) * hd + d] : 0.0f;
+    }
+  for (int p = lo + warp; p <= hi; p += kAttnWarps) {
+    if (mask && !mask[p / kv.block_size]) continue;
+    const T* kp = key_ptr<T>(kv, table, p, kvh);
+    const T* vp = value_ptr<T>(kv, table, p, kvh);
+    float kr[kDimsPerLane];
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      kr[i] = d < hd ? to_f32(kp[d]) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxGroup; ++j) {
+      if (j >= heads) break;
+      float dot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kDimsPerLane; ++i) dot += qr[j][i] * kr[i];
+      online_update(st[j], warp_sum(dot) * scale, vp, vhd);
+    }
+  }
+  for (int j = 0; j < heads; ++j) {
+    if (lane == 0) {
+      sm_m[warp][j] = st[j].m;
+      sm_l[warp][j] = st[j].l;
+    }
+#pragma unroll
+    for (int i = 0; i < kDimsPerLane; ++i) {
+      const int d = lane + i * kWarpSize;
+      if (d < vhd) sm_acc[warp][j][d] = st[j].acc[i];
+    }
+  }
+  __syncthreads();
+  for (int j = 0; j < heads; ++j) {
+    float m = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) m = fmaxf(m, sm_m[w][j]);
+    float l = 0.0f;
+    for (int w = 0; w < kAttnWarps; ++w)
+      if (sm_l[w][j] > 0.0f) l += sm_l[w][j] * expf(sm_m[w][j] - m);
+    const int64_t row = int64_t(t) * n_q_heads + h0 + j;
+    float* dst = splits == 1 ? out + row * vhd : part + (row * splits + split) * vhd;
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kAttnWarps; ++w)
+        if (sm_l[w][j] > 0.0f) o += sm_acc[w][j][d] * expf(sm_m[w][j] - m);
+      dst[d] = splits == 1 ? o / l : o;
+    }
+    if (splits > 1 && threadIdx.x == 0) {
+      float* ml = part + int64_t(gridDim.x) * n_q_heads * splits * vhd;
+      ml[2 * (row * splits + split)] = m;
+      ml[2 * (row * splits + split) + 1] = l;
+    }
+  }
+}
+
+// out[t][h] from the splits' states: a split that saw no key has l = 0 and adds nothing.
+__global__ void __launch_bounds__(kAttnThreads)
+merge_splits_kernel(float* out, const float* part, int n_tokens, int n_q_heads, int splits, int vhd) {
+  const int64_t row = int64_t(blockIdx.x) * n_q_heads + blockIdx.y;
+  const float* ml = part + int64_t(n_tokens) * n_q_heads * splits * vhd + 2 * row * splits;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s)
+    if (ml[2 * s + 1] > 0.0f) m = fmaxf(m, ml[2 * s]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s)
+    if (ml[2 * s + 1] > 0.0f) l += ml[2 * s + 1] * expf(ml[2 * s] - m);
+  for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (ml[2 * s + 1] > 0.0f) o += part[(row * splits + s) * vhd + d] * expf(ml[2 * s] - m);
+    out[row * vhd + d] = o / l;
+  }
+}
+
 void check_dims(const char* kernel, const cpu::PagedLayerView& kv) {
   if (kv.head_dim > kMaxHeadDim || kv.v_head_dim > kMaxHeadDim)
     kernel_limit_exceeded(kernel, "head dim above 256");
@@ -203,6 +310,39 @@ void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, 
     gpu_launch(decode_attention_kernel<T>, dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream, out, q, kv,
                tokens, n_q_heads, q_per_kv, window, scale);
   });
+}
+
+int decode_splits(int max_position) {
+  // Enough blocks to fill a large GPU at batch 1 (132 SMs / 8 KV heads ~ 16 splits), keys per
+  // split no fewer than 128 so that a split's fixed cost stays small.
+  const int keys = max_position + 1;
+  int splits = (keys + 127) / 128;
+  return splits < 1 ? 1 : (splits > kMaxDecodeSplits ? kMaxDecodeSplits : splits);
+}
+
+size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits) {
+  return splits <= 1 ? 0 : size_t(num_tokens) * n_q_heads * splits * (v_head_dim + 2);
+}
+
+void split_decode_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                            const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                            int max_position, int splits, float* scratch, gpuStream_t stream) {
+  if (tokens.num_tokens <= 0) return;
+  check_dims("split_decode_attention", kv);
+  if (splits < 1 || splits > kMaxDecodeSplits) kernel_limit_exceeded("split_decode_attention", "splits out of range");
+  const int visible = window > 0 && window < max_position + 1 ? window : max_position + 1;
+  const int keys_per_split = (visible + splits - 1) / splits;
+  const int g = q_per_kv < kMaxGroup ? q_per_kv : kMaxGroup;
+  const int chunks = (q_per_kv + g - 1) / g;
+  const dim3 grid(tokens.num_tokens, (n_q_heads / q_per_kv) * chunks, splits);
+  dispatch_storage(storage, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    gpu_launch(split_decode_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, scratch, q, kv, tokens,
+               n_q_heads, q_per_kv, g, window, scale, keys_per_split);
+  });
+  if (splits > 1)
+    gpu_launch(merge_splits_kernel, dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream, out, scratch,
+               tokens.num_tokens, n_q_heads, splits, kv.v_head_dim);
 }
 
 void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,

@@ -5,6 +5,7 @@
 // TokenPlacement's positions, block tables (an array of device pointers) and block mask.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/cpu/paged_attention.h"
@@ -57,6 +58,19 @@ void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::T
 void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
                      const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale, gpuStream_t stream);
+
+// Decode attention split over the key range (flash-decoding) and grouped by KV head: each K/V
+// row is read once per group of up to 8 query heads, and each token's visible keys are spread
+// over `splits` blocks (1..kMaxDecodeSplits), merged by a second kernel. Same result as
+// paged_attention for tokens whose positions are at most `max_position` (the step's largest,
+// known on the host). decode_splits(max_position) is the production choice (at least 128 keys a
+// split). `scratch`: split_decode_scratch_floats(...) floats of device memory (none for 1 split).
+inline constexpr int kMaxDecodeSplits = 32;
+int decode_splits(int max_position);
+size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits);
+void split_decode_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
+                            const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                            int max_position, int splits, float* scratch, gpuStream_t stream);
 
 // Chunked causal prefill: same result as paged_attention, but a tile of consecutive query
 // tokens of one sequence (same block table, consecutive positions) shares each K/V tile it

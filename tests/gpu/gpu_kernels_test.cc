@@ -620,6 +620,14 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
       EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
       gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
       EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
+      const int max_position = *std::max_element(pl.positions.begin(), pl.positions.end());
+      for (int splits : {1, 3, 7, gpu::kMaxDecodeSplits}) {
+        Dev<float> scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
+        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale,
+                                    max_position, splits, scratch.get(), nullptr);
+        EXPECT_LE(rel_error(dout.host(), want), tol)
+            << "split decode kernel, " << splits << " splits, window " << window << " mask " << masked;
+      }
     }
 }
 
@@ -659,6 +667,23 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
   gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
   EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+  // Groups of 8 query heads, the last of 4; splits of 64 and of 15 keys.
+  for (int splits : {2, 9}) {
+    Dev<float> scratch(gpu::split_decode_scratch_floats(all.n(), nq, hd, splits));
+    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0,
+                                0.0625f, 127, splits, scratch.get(), nullptr);
+    EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << splits << " splits";
+  }
+}
+
+TEST(GpuPagedAttention, DecodeSplitsFollowTheContext) {
+  EXPECT_EQ(gpu::decode_splits(0), 1);
+  EXPECT_EQ(gpu::decode_splits(127), 1);
+  EXPECT_EQ(gpu::decode_splits(128), 2);
+  EXPECT_EQ(gpu::decode_splits(1023), 8);
+  EXPECT_EQ(gpu::decode_splits(1 << 20), gpu::kMaxDecodeSplits);
+  EXPECT_EQ(gpu::split_decode_scratch_floats(3, 4, 64, 1), 0u);
+  EXPECT_EQ(gpu::split_decode_scratch_floats(3, 4, 64, 5), size_t(3 * 4 * 5 * 66));
 }
 
 TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
