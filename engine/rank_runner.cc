@@ -214,6 +214,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
                                               size_t(n) * sizeof(const int*)));
   placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
+  if (n > 0) placement_.max_position = *std::max_element(batch.positions.begin(), batch.positions.end());
   single_tokens_ = meta.single_tokens;
   return absl::OkStatus();
 }

@@ -33,6 +33,9 @@ struct TokenPlacement {
   // A hint: every token is the only one of its sequence here (decode tokens), so a backend's
   // one-query-per-sequence attention kernel fits however many there are.
   bool single_tokens = false;
+  // A hint known on the host: no token's position exceeds it (-1: unknown). A GPU backend sizes
+  // its split-KV decode launch by it without reading positions back.
+  int max_position = -1;
 };
 
 // Stores K (and V) rows of `n_kv_heads` heads for each token into its block and slot.
