@@ -233,14 +233,17 @@ split_decode_attention_kernel(float* out, float* part, const float* q, cpu::Page
     }
 #pragma unroll
     for (int j = 0; j < kMaxGroup; ++j) {
-      if (j >= heads) break;
-      float dot = 0.0f;
+      if (j < heads) {  // Not a break: the loop must unroll to keep st[] and qr[] in registers.
+        float dot = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) dot += qr[j][i] * kr[i];
-      online_update(st[j], warp_sum(dot) * scale, vp, vhd);
+        for (int i = 0; i < kDimsPerLane; ++i) dot += qr[j][i] * kr[i];
+        online_update(st[j], warp_sum(dot) * scale, vp, vhd);
+      }
     }
   }
-  for (int j = 0; j < heads; ++j) {
+#pragma unroll
+  for (int j = 0; j < kMaxGroup; ++j) {
+    if (j >= heads) continue;
     if (lane == 0) {
       sm_m[warp][j] = st[j].m;
       sm_l[warp][j] = st[j].l;
