@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -95,6 +96,10 @@ struct Router::Active {
   int attempt_tokens = 0;
   Duration mean_itl{0};
   int stalled_worker = -1;
+  // Counts placements (begin_attempt), so that the watchdog's verdict on one it looked at cannot
+  // land on the next: it would cancel the new placement's first calls (its Reserve) as though
+  // their worker had failed.
+  uint64_t attempt = 0;
   std::string stalled_why;
 
   // Whether the client went away; false once generate() is returning.
@@ -126,6 +131,7 @@ struct Router::Active {
   void begin_attempt(std::vector<int> placed, TimePoint now) {
     std::lock_guard lock(mu);
     workers = std::move(placed);
+    ++attempt;
     streaming_worker = -1;
     last_progress = now;
     attempt_tokens = 0;
@@ -144,11 +150,11 @@ struct Router::Active {
     attempt_tokens += n;
     last_progress = now;
   }
-  // The watchdog ends the current placement (not the request): `worker` failed it, and the
-  // request is placed again.
-  void stall(int worker, std::string why) {
+  // The watchdog ends placement `of_attempt` (not the request), if it is still the current one:
+  // `worker` failed it, and the request is placed again.
+  void stall(int worker, std::string why, uint64_t of_attempt) {
     std::lock_guard lock(mu);
-    if (stalled_worker >= 0) return;
+    if (stalled_worker >= 0 || of_attempt != attempt) return;
     stalled_worker = worker;
     stalled_why = std::move(why);
     for (grpc::ClientContext* c : contexts) c->TryCancel();

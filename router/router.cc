@@ -62,9 +62,11 @@ void Router::watch_placement(Active& a, TimePoint now) {
   int streaming = -1;
   TimePoint last;
   Duration itl;
+  uint64_t attempt;
   {
     std::lock_guard lock(a.mu);
     if (a.stalled_worker >= 0) return;
+    attempt = a.attempt;
     workers = a.workers;
     streaming = a.streaming_worker;
     last = a.last_progress;
@@ -72,14 +74,16 @@ void Router::watch_placement(Active& a, TimePoint now) {
   }
   for (int w : workers)
     if (registry_.is_failed(w)) {
-      a.stall(w, absl::StrCat("worker ", registry_.address(w), " is down"));
+      a.stall(w, absl::StrCat("worker ", registry_.address(w), " is down"), attempt);
       return;
     }
   if (streaming < 0) return;  // Before the first token a prefill may queue for long: only a down worker ends it.
   const Duration limit = std::max(options_.stall_timeout, itl * 50);
   if (now - last > limit)
-    a.stall(streaming, absl::StrCat("no token from ", registry_.address(streaming), " for ", seconds(now - last),
-                                    " s (mean inter-token time ", seconds(itl) * 1e3, " ms)"));
+    a.stall(streaming,
+            absl::StrCat("no token from ", registry_.address(streaming), " for ", seconds(now - last),
+                         " s (mean inter-token time ", seconds(itl) * 1e3, " ms)"),
+            attempt);
 }
 
 int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const {
