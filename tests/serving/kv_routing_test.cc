@@ -244,9 +244,11 @@ TEST(KvRouting, TheHostHolderIsThePeerTierWorkerWhoseHostTierHoldsTheMost) {
   d1->step_end();
   d2->stored(engine::KvTier::kHost, std::nullopt, std::span(keys).first(10), 0, {});
   d2->step_end();
+  // Every worker's events in (each arrives on its own subscription, in any order).
   ASSERT_TRUE(eventually([&] {
     const auto h = kv.host_holder({"d0:1", "d1:2", "d2:3"}, pk);
-    return h && h->blocks == 7;
+    const auto h0 = kv.host_holder({"d0:1"}, pk);
+    return h && h->blocks == 7 && h0 && h0->blocks == 4 && kv.held_blocks("d2:3", pk) == 10;
   }));
   EXPECT_EQ(kv.host_holder({"d0:1", "d1:2", "d2:3"}, pk)->address, "d1:2");
   EXPECT_EQ(kv.host_holder({"d0:1", "d2:3"}, pk)->blocks, 4);
