@@ -75,12 +75,12 @@ StatusOr<double> number(const Json& value, std::string_view what) {
 
 StatusOr<int> token_id(const Json& value, std::string_view what) {
   if (value.is_number_unsigned()) {
-    if (value.get<uint64_t>() <= uint64_t(INT32_MAX)) return int(value.get<uint64_t>());
+    if (value.get<uint64_t>() < uint64_t(kMaxTokenIds)) return int(value.get<uint64_t>());
   } else if (value.is_number_integer()) {
     const int64_t v = value.get<int64_t>();
-    if (v >= 0 && v <= INT32_MAX) return int(v);
+    if (v >= 0 && v < kMaxTokenIds) return int(v);
   }
-  return malformed(what, "an integer in [0, 2^31)", value);
+  return malformed(what, "an integer in [0, 2^22)", value);
 }
 
 StatusOr<const Json*> array_member(const Json& node, std::string_view key) {

@@ -26,7 +26,10 @@ StatusOr<std::optional<std::string>> optional_string(const Json& node, std::stri
 StatusOr<bool> bool_member(const Json& node, std::string_view key, bool default_value);
 StatusOr<int> int_member(const Json& node, std::string_view key, int default_value);
 StatusOr<double> number(const Json& value, std::string_view what);
-// A token id: an integer in [0, 2^31).
+// The bound on token ids: vocabularies index dense tables by id, so a file naming id 2^31 - 1
+// would make them allocate gigabytes. 2^22 is 16x the largest real vocabulary (Gemma's 262,144).
+inline constexpr int kMaxTokenIds = 1 << 22;
+// A token id: an integer in [0, kMaxTokenIds).
 StatusOr<int> token_id(const Json& value, std::string_view what);
 // A required array member.
 StatusOr<const Json*> array_member(const Json& node, std::string_view key);

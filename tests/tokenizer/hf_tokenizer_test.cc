@@ -273,8 +273,11 @@ TEST(HfTokenizerByteLevel, BadFilesGiveErrors) {
   load_error(json.substr(0, json.size() / 2));  // Truncated.
   load_error(R"({"model": {"type": "BPE", "vocab": {"a": "zero"}, "merges": []}})");  // Wrong type.
   // Ids that are no int: negative, fractional, beyond int's range (a float that the fuzzer found
-  // made the conversion undefined behaviour), in the vocab and among the added tokens.
-  for (const char* id : {"-1", "1.5", "5.11111e+102", "2147483648", "18446744073709551615"}) {
+  // made the conversion undefined behaviour), and ids past kMaxTokenIds (2^22; the fuzzer's
+  // 2147483647 made the dense id tables allocate gigabytes), in the vocab and among the added
+  // tokens.
+  for (const char* id : {"-1", "1.5", "5.11111e+102", "2147483648", "18446744073709551615",
+                         "2147483647", "4194304"}) {
     EXPECT_EQ(load_error(absl::StrCat(R"({"model": {"type": "BPE", "vocab": {"a": )", id, R"(}, "merges": []}})")),
               absl::StatusCode::kInvalidArgument)
         << id;
@@ -282,6 +285,12 @@ TEST(HfTokenizerByteLevel, BadFilesGiveErrors) {
     added.replace(added.find(R"("id": 256)"), 9, absl::StrCat(R"("id": )", id));
     EXPECT_EQ(load_error(added), absl::StatusCode::kInvalidArgument) << id;
   }
+  std::string last_id = minimal_json(true);  // The largest id loads.
+  last_id.replace(last_id.find(R"("id": 256)"), 9, R"("id": 4194303)");
+  write_all(path, last_id);
+  auto sparse = load_tokenizer(path);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_EQ((*sparse)->vocab_size(), 4194304);
   std::string bad_merge = minimal_json(true);
   bad_merge.replace(bad_merge.find("\"merges\": []"), 12, R"("merges": ["a b"])");
   load_error(bad_merge);  // "ab" is not in the vocab.
