@@ -80,7 +80,7 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
 
 void RankPool::wake() {
   generation_.fetch_add(1);
-  if (sleepers_.load() > 0) generation_.notify_all();
+  wake_sleepers(generation_, sleepers_);
 }
 
 void RankPool::worker(int rank) {

@@ -38,8 +38,8 @@ inline int spin_budget(int threads) {
 
 // Returns once `value` no longer holds `old`, after at most `spins` pauses of polling.
 // `sleepers` counts the threads asleep on `value`, so that the side that changes it calls
-// notify_all (a syscall) only when someone sleeps: whoever changes `value` must store it, then
-// read `sleepers` (both sequentially consistent).
+// notify_all (a syscall) only when someone sleeps: whoever changes `value` stores it, then
+// calls wake_sleepers (both sequentially consistent).
 template <typename T>
 void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepers, int spins) {
   for (int i = 0; i < spins; ++i) {
@@ -49,6 +49,13 @@ void spin_then_wait(const std::atomic<T>& value, T old, std::atomic<int>& sleepe
   sleepers.fetch_add(1);
   while (value.load() == old) value.wait(old);
   sleepers.fetch_sub(1);
+}
+
+// Called right after a sequentially consistent change of `value`: wakes the threads
+// spin_then_wait() put to sleep on it, with a syscall only when there are some.
+template <typename T>
+void wake_sleepers(std::atomic<T>& value, const std::atomic<int>& sleepers) {
+  if (sleepers.load() > 0) value.notify_all();
 }
 
 // A barrier for a fixed number of threads, reusable phase after phase. The last thread to
@@ -69,7 +76,7 @@ class SpinBarrier {
       completion_();
       arrived_.store(0, std::memory_order_relaxed);
       phase_.store(phase + 1);
-      if (sleepers_.load() > 0) phase_.notify_all();
+      wake_sleepers(phase_, sleepers_);
       return;
     }
     spin_then_wait(phase_, phase, sleepers_, spins_);

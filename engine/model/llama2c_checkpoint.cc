@@ -144,30 +144,27 @@ Status write_random_llama2c_checkpoint(const Llama2cHeader& header, uint64_t see
   std::vector<float> buf(1 << 16);
   // Uniform on [-a, a] has standard deviation a / sqrt(3).
   const float a = 0.02f * std::sqrt(3.0f);
-  auto write = [&](uint64_t n, bool ones) {
+  // n floats: seeded uniform weights, or `fill` (norm gains of 1, RoPE tables of 0).
+  enum class Values { kRandom, kFill };
+  auto write = [&](uint64_t n, Values values, float fill = 0.0f) {
     while (n > 0) {
       const uint64_t k = std::min<uint64_t>(n, buf.size());
       for (uint64_t i = 0; i < k; ++i)
-        buf[i] = ones ? 1.0f : a * (2.0f * float(splitmix64(counter++) >> 40) / float(1 << 24) - 1.0f);
+        buf[i] = values == Values::kFill ? fill : a * (2.0f * float(splitmix64(counter++) >> 40) / float(1 << 24) - 1.0f);
       out.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(k * sizeof(float)));
       n -= k;
     }
   };
   const uint64_t kv_dim = dim * header.n_kv_heads / header.n_heads;
   const uint64_t vocab = std::abs(int64_t{header.vocab_size});
-  write(vocab * dim, false);                          // token embedding
-  write(layers * dim, true);                          // attention norms
-  write(layers * (dim * dim + 2 * kv_dim * dim + dim * dim), false);  // wq, wk, wv, wo
-  write(layers * dim, true);                          // ffn norms
-  write(layers * 3 * uint64_t(header.hidden_dim) * dim, false);        // w1, w2, w3
-  write(dim, true);                                   // final norm
-  std::fill(buf.begin(), buf.end(), 0.0f);
-  for (uint64_t n = uint64_t(header.seq_len) * (dim / header.n_heads); n > 0;) {  // RoPE tables
-    const uint64_t k = std::min<uint64_t>(n, buf.size());
-    out.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(k * sizeof(float)));
-    n -= k;
-  }
-  if (header.vocab_size < 0) write(vocab * dim, false);  // classifier
+  write(vocab * dim, Values::kRandom);                                          // token embedding
+  write(layers * dim, Values::kFill, 1.0f);                                     // attention norms
+  write(layers * (dim * dim + 2 * kv_dim * dim + dim * dim), Values::kRandom);  // wq, wk, wv, wo
+  write(layers * dim, Values::kFill, 1.0f);                                     // ffn norms
+  write(layers * 3 * uint64_t(header.hidden_dim) * dim, Values::kRandom);       // w1, w2, w3
+  write(dim, Values::kFill, 1.0f);                                              // final norm
+  write(uint64_t(header.seq_len) * (dim / header.n_heads), Values::kFill);      // RoPE tables
+  if (header.vocab_size < 0) write(vocab * dim, Values::kRandom);  // classifier
   out.close();
   if (!out) return absl::UnavailableError(absl::StrCat("writing ", path, " failed"));
   return absl::OkStatus();

@@ -301,6 +301,11 @@ void check_dims(const char* kernel, const cpu::PagedLayerView& kv) {
     kernel_limit_exceeded(kernel, "head dim above 256");
 }
 
+// The most keys a token at a position up to max_position sees through `window` (0: all).
+int visible_keys(int max_position, int window) {
+  return window > 0 && window < max_position + 1 ? window : max_position + 1;
+}
+
 }  // namespace
 
 void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
@@ -315,11 +320,10 @@ void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, 
   });
 }
 
-int decode_splits(int max_position) {
+int decode_splits(int max_position, int window) {
   // Enough blocks to fill a large GPU at batch 1 (132 SMs / 8 KV heads ~ 16 splits), keys per
   // split no fewer than 128 so that a split's fixed cost stays small.
-  const int keys = max_position + 1;
-  int splits = (keys + 127) / 128;
+  const int splits = (visible_keys(max_position, window) + 127) / 128;
   return splits < 1 ? 1 : (splits > kMaxDecodeSplits ? kMaxDecodeSplits : splits);
 }
 
@@ -333,8 +337,7 @@ void split_decode_attention(float* out, const float* q, const cpu::PagedLayerVie
   if (tokens.num_tokens <= 0) return;
   check_dims("split_decode_attention", kv);
   if (splits < 1 || splits > kMaxDecodeSplits) kernel_limit_exceeded("split_decode_attention", "splits out of range");
-  const int visible = window > 0 && window < max_position + 1 ? window : max_position + 1;
-  const int keys_per_split = (visible + splits - 1) / splits;
+  const int keys_per_split = (visible_keys(max_position, window) + splits - 1) / splits;
   const int g = q_per_kv < kMaxGroup ? q_per_kv : kMaxGroup;
   const int chunks = (q_per_kv + g - 1) / g;
   const dim3 grid(tokens.num_tokens, (n_q_heads / q_per_kv) * chunks, splits);

@@ -2,6 +2,7 @@
 // vendor SGEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable GEMM) on
 // a per-backend stream, staging copies on a second one.
 #include "engine/gpu_backend.h"
+#include "engine/backend_buffer.h"
 #include "kernels/gpu/ops.h"
 
 #if defined(PDSERVE_GPU_CUDA)
@@ -78,7 +79,7 @@ class GpuBackend final : public Backend {
 #endif
     if (stream_) (void)gpuStreamDestroy(stream_);
     if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
-    if (decode_scratch_) (void)gpuFree(decode_scratch_);
+    decode_scratch_.reset();  // Here, while this is still a whole backend to free it with.
   }
 
   std::string name() const override { return absl::StrCat(kKind, ":", device_); }
@@ -193,11 +194,13 @@ class GpuBackend final : public Backend {
       g::prefill_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     } else if (tokens.max_position >= 0) {
       // Decode: split over the key range, each K/V row read once per group of query heads.
-      int splits = g::decode_splits(tokens.max_position);
-      if (!reserve_decode_scratch(g::split_decode_scratch_floats(tokens.num_tokens, n_q_heads, kv.v_head_dim, splits)))
+      int splits = g::decode_splits(tokens.max_position, window);
+      // Growing frees the old scratch, which waits for the kernels queued on it.
+      const size_t floats = g::split_decode_scratch_floats(tokens.num_tokens, n_q_heads, kv.v_head_dim, splits);
+      if (!decode_scratch_.reserve(this, floats * sizeof(float)).ok())
         splits = 1;  // One split keeps no partial states: slower, never wrong.
       g::split_decode_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale,
-                                tokens.max_position, splits, decode_scratch_, stream_);
+                                tokens.max_position, splits, decode_scratch_.as<float>(), stream_);
     } else {
       g::paged_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     }
@@ -226,19 +229,6 @@ class GpuBackend final : public Backend {
   explicit GpuBackend(int device) : device_(device) {}
   // The current device is per thread, and rank threads may call any backend.
   void bind() const { (void)gpuSetDevice(device_); }
-  // Grows the split-KV decode scratch to `floats` (freeing the old one waits for the kernels
-  // queued on it); false when the device has no memory for it.
-  bool reserve_decode_scratch(size_t floats) {
-    if (floats <= decode_scratch_floats_) return true;
-    if (decode_scratch_ != nullptr) deallocate(decode_scratch_);
-    decode_scratch_ = nullptr;
-    decode_scratch_floats_ = 0;
-    auto p = allocate(floats * sizeof(float));
-    if (!p.ok()) return false;
-    decode_scratch_ = static_cast<float*>(*p);
-    decode_scratch_floats_ = floats;
-    return true;
-  }
 
   int device_;
   gpuStream_t stream_ = nullptr;
@@ -247,8 +237,7 @@ class GpuBackend final : public Backend {
   gpublasHandle_t blas_ = nullptr;
 #endif
   size_t total_bytes_ = 0;
-  float* decode_scratch_ = nullptr;  // The splits' softmax states (g::split_decode_attention).
-  size_t decode_scratch_floats_ = 0;
+  BackendBuffer decode_scratch_;  // The splits' softmax states (g::split_decode_attention).
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
   bool gemm_failed_ = false;

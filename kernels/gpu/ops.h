@@ -63,10 +63,11 @@ void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, 
 // row is read once per group of up to 8 query heads, and each token's visible keys are spread
 // over `splits` blocks (1..kMaxDecodeSplits), merged by a second kernel. Same result as
 // paged_attention for tokens whose positions are at most `max_position` (the step's largest,
-// known on the host). decode_splits(max_position) is the production choice (at least 128 keys a
-// split). `scratch`: split_decode_scratch_floats(...) floats of device memory (none for 1 split).
+// known on the host). decode_splits(max_position, window) is the production choice (at least 128
+// of the visible keys a split). `scratch`: split_decode_scratch_floats(...) floats of device
+// memory (none for 1 split).
 inline constexpr int kMaxDecodeSplits = 32;
-int decode_splits(int max_position);
+int decode_splits(int max_position, int window);
 size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits);
 void split_decode_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
                             const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,

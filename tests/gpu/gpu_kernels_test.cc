@@ -677,11 +677,15 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
 }
 
 TEST(GpuPagedAttention, DecodeSplitsFollowTheContext) {
-  EXPECT_EQ(gpu::decode_splits(0), 1);
-  EXPECT_EQ(gpu::decode_splits(127), 1);
-  EXPECT_EQ(gpu::decode_splits(128), 2);
-  EXPECT_EQ(gpu::decode_splits(1023), 8);
-  EXPECT_EQ(gpu::decode_splits(1 << 20), gpu::kMaxDecodeSplits);
+  EXPECT_EQ(gpu::decode_splits(0, 0), 1);
+  EXPECT_EQ(gpu::decode_splits(127, 0), 1);
+  EXPECT_EQ(gpu::decode_splits(128, 0), 2);
+  EXPECT_EQ(gpu::decode_splits(1023, 0), 8);
+  EXPECT_EQ(gpu::decode_splits(1 << 20, 0), gpu::kMaxDecodeSplits);
+  // A sliding window bounds the keys, whatever the position.
+  EXPECT_EQ(gpu::decode_splits(1 << 20, 128), 1);
+  EXPECT_EQ(gpu::decode_splits(1 << 20, 1024), 8);
+  EXPECT_EQ(gpu::decode_splits(100, 1024), 1);
   EXPECT_EQ(gpu::split_decode_scratch_floats(3, 4, 64, 1), 0u);
   EXPECT_EQ(gpu::split_decode_scratch_floats(3, 4, 64, 5), size_t(3 * 4 * 5 * 66));
 }
