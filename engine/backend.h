@@ -17,6 +17,15 @@
 
 namespace pdserve::engine {
 
+// Where a backend's memory lives: it decides how weights and KV reach it (uploads and staging
+// copies, or none) and which device memory a transport may be handed.
+enum class MemoryKind {
+  kHost,    // Host memory the CPU may use directly (the CPU backend).
+  kCuda,    // NVIDIA device memory.
+  kRocm,    // AMD device memory.
+  kOpaque,  // Device memory no transport understands (the emulated GPU, test doubles): copies only.
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -43,10 +52,11 @@ class Backend {
   // memory needs no pinning); unpin_host_memory undoes it.
   virtual Status pin_host_memory(void* ptr, size_t bytes) = 0;
   virtual void unpin_host_memory(void* ptr) = 0;
-  // Whether the backend's memory is host memory the CPU may use directly (the CPU backend).
-  // A device backend's is not: weights are uploaded, and the KV arena is reached through copies
-  // or a transport that understands device memory.
-  virtual bool host_memory() const = 0;
+  // Where the backend's memory lives. A device backend's is not host memory: weights are
+  // uploaded, and the KV arena is reached through copies or a transport that understands it.
+  virtual MemoryKind memory_kind() const = 0;
+  // Whether the backend's memory is host memory the CPU may use directly.
+  bool host_memory() const { return memory_kind() == MemoryKind::kHost; }
 
   virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;

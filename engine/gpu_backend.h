@@ -39,10 +39,14 @@ StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device);
 // necessarily run to run across versions).
 StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size);
 
-// The library's entry points, as the engine finds them after dlopen.
+// The library's entry points, as the engine finds them after dlopen. `version` stays the first
+// member, so that a library of another layout is told apart before anything else is read.
 struct GpuBackendApi {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   int version = kVersion;
+  // PDSERVE_GPU_ABI_ID of the build (engine/backends/gpu/gpu_abi_id.h): the hash of the headers
+  // whose types cross this boundary. The engine loads only a library built from its own.
+  const char* abi_id = nullptr;
   std::string_view (*kind)() = nullptr;
   int (*device_count)() = nullptr;
   StatusOr<std::unique_ptr<Backend>> (*make_backend)(int device) = nullptr;

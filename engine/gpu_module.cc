@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "engine/backends/gpu/gpu_abi_id.h"
 
 namespace pdserve::engine {
 namespace {
@@ -52,6 +53,10 @@ StatusOr<const GpuBackendApi*> load(std::string_view kind) {
     const GpuBackendApi* api = api_fn != nullptr ? api_fn() : nullptr;
     if (api == nullptr || api->version != GpuBackendApi::kVersion)
       return absl::FailedPreconditionError(absl::StrCat(path, " is not a pdserve GPU backend of this version"));
+    if (api->abi_id == nullptr || std::string_view(api->abi_id) != PDSERVE_GPU_ABI_ID)
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " was built from other engine headers (ABI id ", api->abi_id ? api->abi_id : "none",
+          ", this engine's ", PDSERVE_GPU_ABI_ID, "): rebuild it with this engine"));
     if (api->kind() != kind)
       return absl::FailedPreconditionError(
           absl::StrCat(path, " is the ", std::string(api->kind()), " backend, not ", std::string(kind)));

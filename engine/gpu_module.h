@@ -16,7 +16,8 @@ namespace pdserve::engine {
 // for at $PDSERVE_GPU_BACKEND (a path; for cuda/hip), then by name on the loader's path
 // (LD_LIBRARY_PATH, ...), then beside the executable and in its ../lib, then where this build
 // made it. Unavailable, naming every place tried and the loader's reason, when it is not found or
-// does not load; FailedPrecondition when the library is another kind's.
+// does not load; FailedPrecondition when the library is another kind's, another version's, or
+// built from other engine headers (GpuBackendApi::abi_id).
 StatusOr<const GpuBackendApi*> load_gpu_module(std::string_view kind);
 
 }  // namespace pdserve::engine

@@ -4,7 +4,6 @@
 #include <future>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/host_port.h"
 #include "common/logging.h"
@@ -133,13 +132,18 @@ class KvRanks::Rank {
 
 namespace {
 
-// The transport's name for a GPU backend's memory; nullopt for host memory or a backend the
+// The transport's name for a GPU backend's memory; nullopt for host memory or memory the
 // transport has no name for.
 std::optional<kvtransfer::MemoryKind> device_memory_kind(const engine::Backend& backend) {
-  if (backend.host_memory()) return std::nullopt;
-  const std::string name = backend.name();
-  if (absl::StartsWith(name, "cuda:")) return kvtransfer::MemoryKind::kCuda;
-  if (absl::StartsWith(name, "hip:")) return kvtransfer::MemoryKind::kRocm;
+  switch (backend.memory_kind()) {
+    case engine::MemoryKind::kCuda:
+      return kvtransfer::MemoryKind::kCuda;
+    case engine::MemoryKind::kRocm:
+      return kvtransfer::MemoryKind::kRocm;
+    case engine::MemoryKind::kHost:
+    case engine::MemoryKind::kOpaque:
+      return std::nullopt;
+  }
   return std::nullopt;
 }
 

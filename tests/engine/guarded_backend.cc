@@ -46,7 +46,7 @@ class GuardedBackend final : public Backend {
   Status copy_to_host(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
   Status synchronize() override { return absl::OkStatus(); }
   uint64_t memory_bytes() const override { return capacity_; }
-  bool host_memory() const override { return false; }
+  engine::MemoryKind memory_kind() const override { return engine::MemoryKind::kOpaque; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
   Status staging_wait() override { return absl::OkStatus(); }
   Status pin_host_memory(void*, size_t) override {

@@ -113,7 +113,7 @@ inline gpu_emulated_bf16 __float2bfloat16(float f) {
 inline float __half2float(gpu_emulated_f16 h) { return float(h.value); }
 inline gpu_emulated_f16 __float2half(float f) { return {_Float16(f)}; }
 
-// The runtime calls the kernels' launchers, tests and the GPU backend (kernels/gpu/gpu_backend.cc)
+// The runtime calls the kernels' launchers, tests and the GPU backend (engine/backends/gpu/gpu_backend.cc)
 // use, for kEmulatedDevices devices of host memory (so the engine's shared-memory collectives
 // serve their TP ranks) whose streams have always completed everything already.
 enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2, gpuErrorInvalidDevice = 101 };

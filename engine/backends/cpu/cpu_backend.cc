@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   Status synchronize() override { return absl::OkStatus(); }
-  bool host_memory() const override { return true; }
+  MemoryKind memory_kind() const override { return MemoryKind::kHost; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();

@@ -3,6 +3,7 @@
 // a per-backend stream, staging copies on a second one.
 #include "engine/gpu_backend.h"
 #include "engine/backend_buffer.h"
+#include "engine/backends/gpu/gpu_abi_id.h"
 #include "kernels/gpu/ops.h"
 
 #if defined(PDSERVE_GPU_CUDA)
@@ -40,10 +41,13 @@ constexpr int kPrefillKernelMinTokens = 16;
 
 #if defined(PDSERVE_GPU_HIP)
 constexpr const char* kKind = "hip";
+constexpr MemoryKind kMemory = MemoryKind::kRocm;
 #elif defined(PDSERVE_GPU_EMULATION)
 constexpr const char* kKind = "emulated";
+constexpr MemoryKind kMemory = MemoryKind::kOpaque;  // Host memory, but kept behind copies as a GPU's.
 #else
 constexpr const char* kKind = "cuda";
+constexpr MemoryKind kMemory = MemoryKind::kCuda;
 #endif
 
 Status gpu_status(gpuError_t e, const char* what) {
@@ -121,7 +125,7 @@ class GpuBackend final : public Backend {
     return gpu_status(gpuStreamSynchronize(stream_), "synchronize");
   }
   uint64_t memory_bytes() const override { return total_bytes_; }
-  bool host_memory() const override { return false; }
+  MemoryKind memory_kind() const override { return kMemory; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override {
     bind();
     return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, staging_stream_), "staging copy");
@@ -263,7 +267,7 @@ StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {
 
 extern "C" const pdserve::engine::GpuBackendApi* pdserve_gpu_backend_api() {
   using namespace pdserve::engine;
-  static const GpuBackendApi api = {GpuBackendApi::kVersion, &gpu_backend_kind, &gpu_device_count,
-                                    &make_gpu_backend, &make_gpu_group};
+  static const GpuBackendApi api = {GpuBackendApi::kVersion, PDSERVE_GPU_ABI_ID, &gpu_backend_kind,
+                                    &gpu_device_count, &make_gpu_backend, &make_gpu_group};
   return &api;
 }
