@@ -47,7 +47,7 @@ cmd_bundle() {
   done
   # The GPU backend library, which the engine loads when asked for a GPU (gpu_backend_tests
   # links it too).
-  cp -L "$build/kernels/gpu/libpdserve_gpu_backend.so" "$stage/lib/"
+  cp -L "$build/engine/backends/gpu/libpdserve_gpu_backend.so" "$stage/lib/"
   # UCX loads its transports (cma, ib, rdmacm) as modules at run time.
   mkdir -p "$stage/lib/ucx"
   cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so.0 "$stage/lib/ucx/"
@@ -100,7 +100,7 @@ cmd_run() {
     command -v nvcc >/dev/null && nvcc --version | tail -1
     echo "--- device code in the GPU backend library (cuobjdump --list-elf)"
     local lib=${unpacked:+$unpacked/lib/}libpdserve_gpu_backend.so
-    [ -n "${unpacked:-}" ] || lib=$build/kernels/gpu/libpdserve_gpu_backend.so
+    [ -n "${unpacked:-}" ] || lib=$build/engine/backends/gpu/libpdserve_gpu_backend.so
     if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$lib" 2>&1; else echo "cuobjdump not found"; fi
     echo "--- shared libraries"
     ldd "$bin/gpu_backend_tests" "$bin/pdserve" 2>&1 | grep -E 'not found|cublas|nccl|cudart' || true
