@@ -36,7 +36,7 @@ case "$mode" in
   tsan)
     sanitize=thread
     tests=("tests/serving/router_unit_tests|RouterPolicy.*:AdmissionQueue.*:BoundedTaskQueue.*:RouterMetricsFormat.*:ApiKeys.*:ParallelSamples.*"
-           "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
+           "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:KvStaging*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
            "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*:KvEventsFromTheEngine.*"
            "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*:FsKvTier.Evicts*:SpinBarrier.*:SharedMemoryCommunicator.*"

@@ -302,7 +302,7 @@ void DecodeRole::on_kv_event(int rank, const KvTransferEvent& ev) {
   std::unique_lock lock(mu_);
   auto it = jobs_.find(ev.request_id);
   if (it == jobs_.end()) return;
-  kvtransfer::KvStaging* staging = kv_->staging(rank);
+  KvStaging* staging = kv_->staging(rank);
   if (ev.kind == KvTransferEvent::Kind::kReady && staging != nullptr) {
     // The rank's share is complete in the host mirror: on to the device before the engine may
     // decode from it. The blocks stay reserved for this request meanwhile (a failure or abort

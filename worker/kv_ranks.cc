@@ -226,7 +226,7 @@ StatusOr<std::unique_ptr<KvRanks>> KvRanks::create(const engine::Engine& engine,
     } else if (path == "staged") {
       o.allocate_arena = true;
       PD_RETURN_IF_ERROR(rank->start(std::move(o)));
-      PD_ASSIGN_OR_RETURN(auto staging, kvtransfer::KvStaging::create(engine.kv_layout(r), engine.kv_arena(r),
+      PD_ASSIGN_OR_RETURN(auto staging, KvStaging::create(engine.kv_layout(r), engine.kv_arena(r),
                                                                       rank->arena(), &engine.backend(r)));
       ranks->staged_.push_back(std::move(staging));
     }
@@ -261,7 +261,7 @@ void KvRanks::post_all(const std::function<void(int, kvtransfer::KvRankEndpoint&
 
 void KvRanks::post(int rank, KvCommand command) { ranks_[rank]->post(std::move(command)); }
 
-kvtransfer::KvStaging* KvRanks::staging(int rank) const {
+KvStaging* KvRanks::staging(int rank) const {
   return staged_.empty() ? nullptr : staged_[rank].get();
 }
 

@@ -18,7 +18,7 @@
 #include "common/status.h"
 #include "engine/engine.h"
 #include "kvtransfer/kv_endpoint.h"
-#include "kvtransfer/kv_staging.h"
+#include "worker/kv_staging.h"
 #include "proto/worker.pb.h"
 
 namespace pdserve::worker {
@@ -89,7 +89,7 @@ class KvRanks {
   void stop(Duration drain);
   // Rank `rank`'s host mirror of a device arena, or nullptr when the transport uses the
   // engine's arena itself.
-  kvtransfer::KvStaging* staging(int rank) const;
+  KvStaging* staging(int rank) const;
   // Where the transport reads and writes KV: "host" (the engine's arena, host memory),
   // "device" (the engine's GPU arena, registered as device memory) or "staged" (a host mirror).
   const std::string& memory_path() const { return memory_path_; }
@@ -109,7 +109,7 @@ class KvRanks {
   std::vector<std::unique_ptr<Rank>> ranks_;
   // Per rank, when staged. Declared after ranks_ so that it goes first: each staging unpins its
   // mirror while the endpoint that allocated it (kept by its Rank past stop()) still holds it.
-  std::vector<std::unique_ptr<kvtransfer::KvStaging>> staged_;
+  std::vector<std::unique_ptr<KvStaging>> staged_;
   std::string memory_path_ = "host";
   uint64_t compat_hash_ = 0;
 };

@@ -320,7 +320,7 @@ void PrefillRole::on_layer(int rank, int layer, const std::vector<std::string>& 
       pushes.emplace_back(id, std::vector<int>(job.kv_blocks.begin() + int64_t(skip), job.kv_blocks.end()));
     }
   }
-  if (kvtransfer::KvStaging* staging = kv_->staging(rank); staging != nullptr && !pushes.empty()) {
+  if (KvStaging* staging = kv_->staging(rank); staging != nullptr && !pushes.empty()) {
     // The layer goes to the host mirror before any put reads it. The blocks stay ours until
     // every rank gave them back, which an abort cannot complete before this hook returns.
     lock.unlock();
@@ -372,7 +372,7 @@ void PrefillRole::start_hold(const std::string& id, Job& job) {
     // The prefill's steps have finished on every rank (a forward pass ends synchronized), so its
     // KV is complete on the device: the consumers may read the mirror once it holds it. A
     // host-tier copy is host memory already.
-    kvtransfer::KvStaging* staging = kv_->staging(rank);
+    KvStaging* staging = kv_->staging(rank);
     if (staging != nullptr && hold.region == kvtransfer::KvRegion::kDevice) {
       if (Status s = staging->to_host(hold.producer_blocks); !s.ok()) {
         on_command_failed(rank, hold.request_id, s, /*registered=*/false);

@@ -185,7 +185,7 @@ Status UcxTransport::check_memory_kind(MemoryKind kind) {
   const ucs_status_t st = ucp_context_query(context_, &attr);
   if (st != UCS_OK) return ucs_error("ucp_context_query", st);
   if ((attr.memory_types & UCS_BIT(to_ucs_memory_type(kind))) == 0) {
-    // Callers stage through host memory instead (worker/kv_ranks.cc, kvtransfer/kv_staging.h).
+    // Callers stage through host memory instead (worker/kv_ranks.cc, worker/kv_staging.h).
     return absl::UnimplementedError(
         absl::StrCat("this UCX build cannot register ", memory_kind_name(kind), " memory"));
   }

@@ -16,7 +16,7 @@
 #include "engine/backend.h"
 #include "engine/kv_cache_layout.h"
 
-namespace pdserve::kvtransfer {
+namespace pdserve::worker {
 
 class KvStaging {
  public:
@@ -53,4 +53,4 @@ class KvStaging {
   std::atomic<uint64_t> bytes_to_host_{0}, bytes_to_device_{0};
 };
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::worker

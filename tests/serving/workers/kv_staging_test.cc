@@ -1,7 +1,7 @@
 // KvStaging copies exactly a request's blocks (one layer, or all) between a device arena and its
 // host mirror, for every KV layout and order of the mixed-geometry spec; the CPU backend stands
 // in for the device (its copies are the same calls a GPU backend queues).
-#include "kvtransfer/kv_staging.h"
+#include "worker/kv_staging.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include "tests/engine/test_model.h"
 #include "tests/kvtransfer/kv_sim.h"
 
-namespace pdserve::kvtransfer {
+namespace pdserve::worker {
 namespace {
 
 using engine::ByteRange;
@@ -38,7 +38,7 @@ std::vector<char> owned(const KvCacheLayout& L, const std::vector<int>& blocks, 
 class KvStagingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto layout = KvCacheLayout::create(testing::mixed_spec(), /*rank=*/1, /*tp=*/2, /*num_blocks=*/12);
+    auto layout = KvCacheLayout::create(kvtransfer::testing::mixed_spec(), /*rank=*/1, /*tp=*/2, /*num_blocks=*/12);
     ASSERT_TRUE(layout.ok()) << layout.status();
     layout_ = std::make_unique<KvCacheLayout>(*layout);
     backend_ = engine::make_cpu_backend();
@@ -91,14 +91,14 @@ TEST_F(KvStagingTest, BlocksOrLayersOutsideTheArenaAreRefusedUntouched) {
 }
 
 }  // namespace
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::worker
 
 // The hand-off through host mirrors with a "device" that the host cannot touch (the guarded
 // backend): a prefill on it stages each layer of its request to a mirror from the layer hook,
 // as the prefill worker does, and a CPU engine decodes from the copy; the other way, a CPU
 // prefill lands in a device engine's mirror and is staged in before the device decodes. Both
 // give the undivided run's tokens.
-namespace pdserve::kvtransfer {
+namespace pdserve::worker {
 namespace {
 
 std::unique_ptr<engine::Engine> stories_engine(bool device, bool pinnable = true) {
@@ -192,4 +192,4 @@ TEST(KvStagingEngine, CpuPrefillStagedIntoADeviceDecodes) {
 }
 
 }  // namespace
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::worker

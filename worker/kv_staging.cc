@@ -1,10 +1,10 @@
-#include "kvtransfer/kv_staging.h"
+#include "worker/kv_staging.h"
 
 #include <algorithm>
 
 #include "common/logging.h"
 
-namespace pdserve::kvtransfer {
+namespace pdserve::worker {
 
 using engine::ByteRange;
 using engine::KvPart;
@@ -83,4 +83,4 @@ Status KvStaging::to_device(const std::vector<int>& blocks) {
   return copy(ranges(blocks, -1), /*to_host=*/false);
 }
 
-}  // namespace pdserve::kvtransfer
+}  // namespace pdserve::worker
