@@ -193,7 +193,7 @@ int run(const Options& o) {
                               int64_t((*runner)->kv_layout().total_bytes() / 4), 99, 1.0f, 0.0f, nullptr);
     std::vector<int> tokens;
     auto time_step = [&](ForwardBatch& batch, int iters) -> double {
-      batch.samples.assign(batch.logit_rows.size(), kernels::cpu::SampleRow{1.0f, 0, 0.95f, 0.5});
+      batch.samples.assign(batch.logit_rows.size(), kernels::SampleRow{1.0f, 0, 0.95f, 0.5});
       tokens.resize(batch.logit_rows.size());
       double t0 = 0;
       for (int i = 0; i < iters + 2; ++i) {
@@ -290,9 +290,9 @@ int run(const Options& o) {
     BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
     if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
-        !params.reserve(backend, rows * sizeof(kernels::cpu::SampleRow)).ok() ||
+        !params.reserve(backend, rows * sizeof(kernels::SampleRow)).ok() ||
         !tokens.reserve(backend, rows * 4).ok() ||
-        !logprobs.reserve(backend, rows * sizeof(kernels::cpu::RowLogprobs)).ok()) {
+        !logprobs.reserve(backend, rows * sizeof(kernels::RowLogprobs)).ok()) {
       std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
       return 1;
     }
@@ -310,13 +310,13 @@ int run(const Options& o) {
     const double copy = time_it([&] { (void)backend->copy_to_host(host.data(), logits.as<void>(), n * 4); });
     // The same rows asking for the sampled token's log-probability and the top 20 (OpenAI's
     // most): what a logprobs request adds to a step.
-    const auto with_logprobs = [](kernels::cpu::SampleRow row) {
-      row.logprobs = kernels::cpu::kMaxLogprobs;
+    const auto with_logprobs = [](kernels::SampleRow row) {
+      row.logprobs = kernels::kMaxLogprobs;
       return row;
     };
     const struct {
       const char* name;
-      kernels::cpu::SampleRow row;
+      kernels::SampleRow row;
     } modes[] = {{"greedy", {0.0f, 0, 1.0f, 0.0}},
                  {"top_p_0.95", {1.0f, 0, 0.95f, 0.5}},
                  {"top_k_50", {1.0f, 50, 1.0f, 0.5}},
@@ -325,12 +325,12 @@ int run(const Options& o) {
                  {"greedy_logprobs_20", with_logprobs({0.0f, 0, 1.0f, 0.0})},
                  {"top_p_0.95_logprobs_20", with_logprobs({1.0f, 0, 0.95f, 0.5})}};
     for (const auto& m : modes) {
-      const std::vector<kernels::cpu::SampleRow> rows_params(rows, m.row);
+      const std::vector<kernels::SampleRow> rows_params(rows, m.row);
       cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
-      const kernels::cpu::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
+      const kernels::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
       const double t = time_it([&] {
-        kernels::gpu::sample(tokens.as<int>(), logprobs.as<kernels::cpu::RowLogprobs>(), view,
-                             params.as<kernels::cpu::SampleRow>(), {}, {}, scratch.as<float>(), nullptr);
+        kernels::gpu::sample(tokens.as<int>(), logprobs.as<kernels::RowLogprobs>(), view,
+                             params.as<kernels::SampleRow>(), {}, {}, scratch.as<float>(), nullptr);
       });
       const cudaError_t e = cudaGetLastError();
       std::snprintf(buf, sizeof buf,

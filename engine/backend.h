@@ -74,24 +74,24 @@ class Backend {
   virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
                     const int* positions, const float* inv_freq, float attention_scale,
                     bool rotate_half) = 0;
-  virtual void paged_kv_write(const kernels::cpu::PagedLayerView& kv,
-                              const kernels::cpu::TokenPlacement& tokens, const float* k,
+  virtual void paged_kv_write(const kernels::PagedLayerView& kv,
+                              const kernels::TokenPlacement& tokens, const float* k,
                               int64_t k_row_stride, const float* v, int64_t v_row_stride,
                               int n_kv_heads) = 0;
-  virtual void paged_attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
-                               const kernels::cpu::TokenPlacement& tokens, int n_q_heads,
+  virtual void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                               const kernels::TokenPlacement& tokens, int n_q_heads,
                                int q_per_kv, int window, float scale) = 0;
   virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                                   const kernels::cpu::PagedLayerView& index_view,
-                                   const kernels::cpu::TokenPlacement& tokens, int top_k) = 0;
+                                   const kernels::PagedLayerView& index_view,
+                                   const kernels::TokenPlacement& tokens, int top_k) = 0;
   // tokens[r] (and logprobs[r] for rows asking) = what kernels::cpu::sample_rows gives for row
   // r of `logits` with params[r], the penalties' state `seen` (updated in place) and the step's
   // `edits`, so that only tokens and log-probabilities leave the device. Every pointer (logits.data,
   // seen's and edits' too) is backend memory; `logprobs` may be null when no row asks;
   // `scratch` holds logits.rows * logits.vocab floats.
-  virtual void sample(int* tokens, kernels::cpu::RowLogprobs* logprobs, const kernels::cpu::ShardedLogits& logits,
-                      const kernels::cpu::SampleRow* params, const kernels::cpu::SeenTokens& seen,
-                      const kernels::cpu::LogitEdits& edits, float* scratch) = 0;
+  virtual void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits,
+                      const kernels::SampleRow* params, const kernels::SeenTokens& seen,
+                      const kernels::LogitEdits& edits, float* scratch) = 0;
   virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };

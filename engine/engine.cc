@@ -68,11 +68,11 @@ struct Engine::Sequence {
   StopChecker stop;
   std::vector<int> tokens;  // Prompt, then generated tokens.
   int num_computed = 0;     // Leading tokens whose KV is in the cache.
-  // The repetition penalty's slot (kernels::cpu::SeenTokens; -1: none yet) and how many of
+  // The repetition penalty's slot (kernels::SeenTokens; -1: none yet) and how many of
   // `tokens` are in it.
   int seen_slot = -1;
   size_t seen_synced = 0;
-  std::vector<kernels::cpu::LogitBias> biases;  // params.logit_bias, sorted by id.
+  std::vector<kernels::LogitBias> biases;  // params.logit_bias, sorted by id.
   std::vector<int> min_tokens_banned;           // Stop ids, banned before min_tokens.
   std::vector<TokenLogprob> prompt_logprobs;    // Collected over the prefill steps.
   bool prompt_logprobs_sent = false;
@@ -389,7 +389,7 @@ void Engine::attach_prompt_logprobs(Sequence& seq, TokenEvent& ev) {
 
 namespace {
 
-TokenLogprob token_logprob(int token, const kernels::cpu::RowLogprobs& lp) {
+TokenLogprob token_logprob(int token, const kernels::RowLogprobs& lp) {
   TokenLogprob t{token, lp.logprob, {}};
   for (int i = 0; i < lp.top_count; ++i) t.top.push_back({lp.top_ids[i], lp.top_logprobs[i]});
   return t;
@@ -647,14 +647,14 @@ Status Engine::run_step() {
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
   StepOutput out;
-  std::vector<kernels::cpu::SampleRow> rows;
+  std::vector<kernels::SampleRow> rows;
   std::vector<int> seen_new_ids, banned;
-  std::vector<kernels::cpu::LogitBias> biases;
+  std::vector<kernels::LogitBias> biases;
   bool want_logprobs = false;
   for (const LogitRow& r : logit_of) {
     if (r.prompt_pos >= 0) {
       // Greedy, no slot, no edits: only its log-probabilities are used.
-      kernels::cpu::SampleRow row;
+      kernels::SampleRow row;
       row.logprobs = r.seq->request.params.prompt_logprobs;
       row.logprob_of = r.seq->request.prompt[r.prompt_pos + 1];
       rows.push_back(row);
@@ -691,7 +691,7 @@ Status Engine::run_step() {
   if (!sample_on_backend_) {
     // The backend's sampling, on the host: the same rows, bitmaps, counts and edits, in host
     // memory (resize keeps the slots' contents, as the backend's grow_keeping does).
-    const kernels::cpu::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
+    const kernels::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
     host_counts_.resize(size_t(seen_slots_) * vocab);
     kernels::cpu::sample_rows(sampled_tokens_.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1}, rows.data(),
@@ -724,9 +724,9 @@ Status Engine::run_step() {
   return absl::OkStatus();
 }
 
-kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_ids,
-                                           std::vector<kernels::cpu::LogitBias>* biases, std::vector<int>* banned) {
-  kernels::cpu::SampleRow row = s.sampler.next_row();
+kernels::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_ids,
+                                           std::vector<kernels::LogitBias>* biases, std::vector<int>* banned) {
+  kernels::SampleRow row = s.sampler.next_row();
   if (!s.biases.empty()) {
     row.bias_begin = int(biases->size());
     row.bias_count = int(s.biases.size());
@@ -759,7 +759,7 @@ kernels::cpu::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_n
   return row;
 }
 
-void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::cpu::RowLogprobs* logprobs) {
+void Engine::accept_token(Sequence& s, int token, bool streamed, const kernels::RowLogprobs* logprobs) {
   const int prev = s.tokens.back();
   s.tokens.push_back(token);
   const StopStep st = s.stop.push(token, model_.tokenizer->token_text(prev, token, s.request.params.skip_special_tokens));

@@ -143,7 +143,7 @@ struct GenerationRequest {
   std::string cache_salt;
 };
 
-// A token's log-probability and its most likely alternatives (kernels::cpu::RowLogprobs).
+// A token's log-probability and its most likely alternatives (kernels::RowLogprobs).
 struct TokenLogprob {
   int token = -1;
   float logprob = 0.0f;
@@ -376,7 +376,7 @@ class Engine {
   // `streamed`: the client already has this token; only its finish (if any) is reported.
   // `logprobs`: the row it was sampled from asked for them (params.logprobs >= 0).
   void accept_token(Sequence& seq, int token, bool streamed = false,
-                    const kernels::cpu::RowLogprobs* logprobs = nullptr);
+                    const kernels::RowLogprobs* logprobs = nullptr);
   // The prefix cache: the keys of `seq`'s first `blocks` full blocks (computed once), and
   // caching its blocks whose KV every rank has written (at the end of a step).
   void extend_keys(Sequence& seq, int blocks);
@@ -388,8 +388,8 @@ class Engine {
   // to `biases`, and before min_tokens its stop ids, appended to `banned`; and, with any
   // penalty, its seen slot (handed out on first use) and the ids of its tokens not yet in the
   // slot, appended to `seen_new_ids`: the whole prompt at its first sample, then the new token.
-  kernels::cpu::SampleRow sample_row(Sequence& seq, std::vector<int>* seen_new_ids,
-                                     std::vector<kernels::cpu::LogitBias>* biases, std::vector<int>* banned);
+  kernels::SampleRow sample_row(Sequence& seq, std::vector<int>* seen_new_ids,
+                                     std::vector<kernels::LogitBias>* biases, std::vector<int>* banned);
   // Copies the scheduler's counters and running count for stats() (scheduler thread), and
   // `waiting` when the caller holds mu_, which guards waiting_; records the `step` that
   // brought the counters there, so that the window and the counters agree.
@@ -414,13 +414,13 @@ class Engine {
   std::vector<float> logits_;
   bool sample_on_backend_ = false;
   std::vector<int> sampled_tokens_;  // A step's tokens (the backend's, or sampled from logits_).
-  // The penalties' slots (kernels::cpu::SeenTokens): seen_slots_ handed out so far, those free
+  // The penalties' slots (kernels::SeenTokens): seen_slots_ handed out so far, those free
   // again (a finished sequence's), and, sampling on the host, their bitmaps and output counts.
   int seen_slots_ = 0;
   std::vector<int> free_seen_slots_;
   std::vector<uint32_t> host_seen_bits_;
   std::vector<int32_t> host_counts_;
-  std::vector<kernels::cpu::RowLogprobs> step_logprobs_;  // A step's, when some row asks.
+  std::vector<kernels::RowLogprobs> step_logprobs_;  // A step's, when some row asks.
   kernels::cpu::SampleScratch host_scratch_;
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).

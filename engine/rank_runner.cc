@@ -32,7 +32,7 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
   }
   const KvCacheLayout& L = runner->layout_;
   for (int l = 0; l < L.num_layers(); ++l) {
-    kernels::cpu::PagedLayerView v;
+    kernels::PagedLayerView v;
     v.block_size = L.block_size();
     v.head_dim = L.part_head_dim(l, KvPart::kK);
     v.k = reinterpret_cast<float*>(runner->arena_ + L.offset(l, KvPart::kK, 0, 0, 0));
@@ -162,7 +162,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   if (rows > 0) {
     PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(rows) * config_.dim * sizeof(float)));
     // Padded to the widest shard: the all-gather of sampling on the backend takes equal parts.
-    const kernels::cpu::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
+    const kernels::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
     const size_t local = size_t(rows) * shards.shard_stride() * sizeof(float);
     PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, local));
     if (!batch.samples.empty()) {
@@ -170,13 +170,13 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
         return absl::InvalidArgumentError(absl::StrCat(batch.samples.size(), " samples for ", rows, " logit rows"));
       if (shard_.tp > 1) PD_RETURN_IF_ERROR(logits_gathered_.reserve(backend_, local * shard_.tp));
       if (shard_.rank == 0) {
-        PD_RETURN_IF_ERROR(sample_rows_.reserve(backend_, rows * sizeof(kernels::cpu::SampleRow)));
+        PD_RETURN_IF_ERROR(sample_rows_.reserve(backend_, rows * sizeof(kernels::SampleRow)));
         PD_RETURN_IF_ERROR(sample_scratch_.reserve(backend_, size_t(rows) * config_.vocab_size * sizeof(float)));
         PD_RETURN_IF_ERROR(tokens_.reserve(backend_, rows * sizeof(int)));
         PD_RETURN_IF_ERROR(backend_->copy_to_device(sample_rows_.as<void>(), batch.samples.data(),
-                                                    rows * sizeof(kernels::cpu::SampleRow)));
+                                                    rows * sizeof(kernels::SampleRow)));
         if (batch.seen_slots > 0) {
-          const kernels::cpu::SeenTokens seen{nullptr, nullptr, nullptr, config_.vocab_size};
+          const kernels::SeenTokens seen{nullptr, nullptr, nullptr, config_.vocab_size};
           // Doubled when it grows, so that slots handed out one by one do not copy every time.
           const size_t need = size_t(batch.seen_slots) * seen.words_per_slot() * sizeof(uint32_t);
           if (need > seen_bits_.bytes())
@@ -186,7 +186,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
             PD_RETURN_IF_ERROR(seen_counts_.grow_keeping(backend_, std::max(counts, 2 * seen_counts_.bytes())));
         }
         if (!batch.biases.empty()) {
-          const size_t bytes = batch.biases.size() * sizeof(kernels::cpu::LogitBias);
+          const size_t bytes = batch.biases.size() * sizeof(kernels::LogitBias);
           PD_RETURN_IF_ERROR(biases_.reserve(backend_, bytes));
           PD_RETURN_IF_ERROR(backend_->copy_to_device(biases_.as<void>(), batch.biases.data(), bytes));
         }
@@ -196,7 +196,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
           PD_RETURN_IF_ERROR(backend_->copy_to_device(banned_.as<void>(), batch.banned.data(), bytes));
         }
         if (std::any_of(batch.samples.begin(), batch.samples.end(), [](const auto& r) { return r.logprobs >= 0; }))
-          PD_RETURN_IF_ERROR(logprobs_.reserve(backend_, size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
+          PD_RETURN_IF_ERROR(logprobs_.reserve(backend_, size_t(rows) * sizeof(kernels::RowLogprobs)));
         if (!batch.seen_new_ids.empty()) {
           PD_RETURN_IF_ERROR(seen_new_ids_.reserve(backend_, batch.seen_new_ids.size() * sizeof(int)));
           PD_RETURN_IF_ERROR(backend_->copy_to_device(seen_new_ids_.as<void>(), batch.seen_new_ids.data(),
@@ -213,25 +213,25 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   PD_RETURN_IF_ERROR(backend_->copy_to_device(meta_.as<void>(), meta.ints.data(), meta.ints.size() * sizeof(int)));
   PD_RETURN_IF_ERROR(backend_->copy_to_device(table_ptrs_.as<void>(), table_ptrs_host_.data(),
                                               size_t(n) * sizeof(const int*)));
-  placement_ = kernels::cpu::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
+  placement_ = kernels::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
   if (n > 0) placement_.max_position = *std::max_element(batch.positions.begin(), batch.positions.end());
   single_tokens_ = meta.single_tokens;
   return absl::OkStatus();
 }
 
-void RankRunner::attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
-                           const kernels::cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+void RankRunner::attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                           const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                            float scale) {
   const int d = single_tokens_, n = tokens.num_tokens;
   const int64_t q_row = int64_t(n_q_heads) * kv.head_dim, out_row = int64_t(n_q_heads) * kv.v_head_dim;
   if (d > 0) {
-    kernels::cpu::TokenPlacement decode = tokens;
+    kernels::TokenPlacement decode = tokens;
     decode.num_tokens = d;
     decode.single_tokens = true;
     backend_->paged_attention(out, q, kv, decode, n_q_heads, q_per_kv, window, scale);
   }
   if (d < n) {
-    kernels::cpu::TokenPlacement rest = tokens;
+    kernels::TokenPlacement rest = tokens;
     rest.num_tokens = n - d;
     rest.positions += d;
     rest.block_tables += d;
@@ -275,7 +275,7 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     const int nkv = w.kv_heads.size(), hd = w.head_dim;
     const int q_local = nq * hd, kv_local = nkv * hd;
     const float scale = 1.0f / std::sqrt(float(hd));
-    kernels::cpu::TokenPlacement place = placement_;
+    kernels::TokenPlacement place = placement_;
     backend_->rms_norm(xn, x, w.attn_norm, n, c.dim, c.rms_eps);
     matmul(q, xn, w.wq, n, q_local, c.dim, c.dim);
     matmul(k, xn, w.wk, n, kv_local, c.dim, c.dim);
@@ -332,24 +332,24 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     matmul(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
     float* logits = result.logits;
     if (!batch.samples.empty()) {
-      kernels::cpu::ShardedLogits gathered{logits_local_.as<float>(), rows, c.vocab_size, shard_.tp};
+      kernels::ShardedLogits gathered{logits_local_.as<float>(), rows, c.vocab_size, shard_.tp};
       if (shard_.tp > 1) {
         comm_->all_gather(logits_local_.as<float>(), int64_t(rows) * gathered.shard_stride(),
                           logits_gathered_.as<float>());
         gathered.data = logits_gathered_.as<float>();
       }
       if (shard_.rank == 0) {
-        const kernels::cpu::SeenTokens seen{seen_bits_.as<uint32_t>(), seen_counts_.as<int32_t>(),
+        const kernels::SeenTokens seen{seen_bits_.as<uint32_t>(), seen_counts_.as<int32_t>(),
                                             seen_new_ids_.as<const int>(), c.vocab_size};
-        const kernels::cpu::LogitEdits edits{biases_.as<const kernels::cpu::LogitBias>(), banned_.as<const int>()};
+        const kernels::LogitEdits edits{biases_.as<const kernels::LogitBias>(), banned_.as<const int>()};
         // The engine asks for log-probabilities only when some row does (prepare reserved them).
-        kernels::cpu::RowLogprobs* logprobs = result.logprobs ? logprobs_.as<kernels::cpu::RowLogprobs>() : nullptr;
-        backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::cpu::SampleRow>(), seen, edits,
+        kernels::RowLogprobs* logprobs = result.logprobs ? logprobs_.as<kernels::RowLogprobs>() : nullptr;
+        backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::SampleRow>(), seen, edits,
                          sample_scratch_.as<float>());
         status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
         if (logprobs)
           status.Update(
-              backend_->copy_to_host(result.logprobs, logprobs, size_t(rows) * sizeof(kernels::cpu::RowLogprobs)));
+              backend_->copy_to_host(result.logprobs, logprobs, size_t(rows) * sizeof(kernels::RowLogprobs)));
       }
     } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)

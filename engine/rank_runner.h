@@ -29,14 +29,14 @@ struct ForwardBatch {
   std::vector<int> logit_rows;           // Tokens whose next-token logits are wanted.
   // Empty, or how to sample each logit row: then the ranks sample on the backend (the LM head's
   // shards gathered on rank 0) and only the tokens come back.
-  std::vector<kernels::cpu::SampleRow> samples;
+  std::vector<kernels::SampleRow> samples;
   // With samples: the ids that rows with a seen slot add to it this step (SampleRow::new_ids_*),
   // and how many slots the engine has handed out. Rank 0 keeps that many bitmaps of the
   // vocabulary in backend memory across steps, so a step uploads only the new ids.
   std::vector<int> seen_new_ids;
   int seen_slots = 0;
-  // With samples: the step's logit edits (kernels::cpu::LogitEdits), which rows name by range.
-  std::vector<kernels::cpu::LogitBias> biases;
+  // With samples: the step's logit edits (kernels::LogitEdits), which rows name by range.
+  std::vector<kernels::LogitBias> biases;
   std::vector<int> banned;
   // Called after each layer's KV is written (see Engine::set_layer_hook), with
   // `completed_prefills` — the requests whose whole prompt is in the cache after this step.
@@ -50,7 +50,7 @@ struct ForwardBatch {
 struct StepOutput {
   float* logits = nullptr;
   int* tokens = nullptr;
-  kernels::cpu::RowLogprobs* logprobs = nullptr;
+  kernels::RowLogprobs* logprobs = nullptr;
 };
 
 // A step's metadata packed once for all ranks: [tokens][positions][each distinct block table,
@@ -103,8 +103,8 @@ class RankRunner {
   Status upload_rope_tables();
   // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their
   // own, marked so, and the rest in another.
-  void attention(float* out, const float* q, const kernels::cpu::PagedLayerView& kv,
-                 const kernels::cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale);
+  void attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                 const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale);
 
   ModelConfig config_;
   RankShard shard_;
@@ -113,7 +113,7 @@ class RankRunner {
   Communicator* comm_;
   uint8_t* arena_ = nullptr;
   bool owns_arena_ = false;  // From backend_ (freed here), not from a KvArenaAllocator.
-  std::vector<kernels::cpu::PagedLayerView> views_;
+  std::vector<kernels::PagedLayerView> views_;
   int max_tokens_ = 0;
   int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
   // Backend memory: activations for max_tokens_, the step's metadata, the logits rows, and for
@@ -127,7 +127,7 @@ class RankRunner {
     float attention_scale = 1.0f;
   };
   std::vector<LayerRope> layer_rope_;
-  kernels::cpu::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
+  kernels::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;

@@ -331,7 +331,7 @@ Status read_logit_bias(const RequestJson& j, v1::SamplingParams* s) {
 
 // logprobs (completions: the top-k, an integer; chat: a boolean with top_logprobs the top-k).
 Status read_logprobs(const RequestJson& j, bool chat, int* logprobs) {
-  const int max = kernels::cpu::kMaxLogprobs;
+  const int max = kernels::kMaxLogprobs;
   if (!chat) return read_int_in(j, "logprobs", 0, max, logprobs);
   bool on = false;
   PD_RETURN_IF_ERROR(read_bool(j, "logprobs", &on));

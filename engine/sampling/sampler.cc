@@ -52,12 +52,12 @@ Status SamplingParams::validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens));
   }
-  if (logprobs < -1 || logprobs > kernels::cpu::kMaxLogprobs) {
+  if (logprobs < -1 || logprobs > kernels::kMaxLogprobs) {
     return absl::InvalidArgumentError(
-        absl::StrCat("logprobs must be in [-1, ", kernels::cpu::kMaxLogprobs, "] (-1 = none), got ", logprobs));
+        absl::StrCat("logprobs must be in [-1, ", kernels::kMaxLogprobs, "] (-1 = none), got ", logprobs));
   }
-  if (prompt_logprobs < -1 || prompt_logprobs > kernels::cpu::kMaxLogprobs) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [-1, ", kernels::cpu::kMaxLogprobs,
+  if (prompt_logprobs < -1 || prompt_logprobs > kernels::kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [-1, ", kernels::kMaxLogprobs,
                                                    "] (-1 = none), got ", prompt_logprobs));
   }
   return absl::OkStatus();
@@ -76,8 +76,8 @@ Sampler::Sampler(const SamplingParams& params)
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-kernels::cpu::SampleRow Sampler::next_row() {
-  kernels::cpu::SampleRow row{temperature_, top_k_, top_p_, 0.0};
+kernels::SampleRow Sampler::next_row() {
+  kernels::SampleRow row{temperature_, top_k_, top_p_, 0.0};
   row.repetition_penalty = repetition_penalty_;
   row.frequency_penalty = frequency_penalty_;
   row.presence_penalty = presence_penalty_;

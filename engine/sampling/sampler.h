@@ -38,7 +38,7 @@ struct SamplingParams {
   // tokens were generated (vLLM's min_tokens). <= max_tokens.
   int min_tokens = 0;
   // -1: none. Else each generated token's log-probability and its `logprobs` most likely
-  // alternatives (<= kernels::cpu::kMaxLogprobs), log_softmax of the raw logits (vLLM's default
+  // alternatives (<= kernels::kMaxLogprobs), log_softmax of the raw logits (vLLM's default
   // logprobs_mode, raw_logprobs: before penalties, biases and temperature).
   int logprobs = -1;
   // -1: none. Else the same for every prompt token after the first, computed in the prefill
@@ -70,7 +70,7 @@ class Sampler {
   // device, with the same result as sample() on the same logits. It carries the penalties and
   // the logprobs wanted; the caller, which keeps the sequence's seen ids and its logit edits,
   // fills in its seen slot and its bias and banned ranges.
-  kernels::cpu::SampleRow next_row();
+  kernels::SampleRow next_row();
   // Consumes the random draw that sampling one token takes, without sampling: the decode side
   // of a P/D split calls it for the first token, drawn on the prefill side, so that a seeded
   // request continues with the same draws as an undivided run.

@@ -6,37 +6,9 @@
 
 #include <cstdint>
 
+#include "kernels/abi.h"
+
 namespace pdserve::kernels::cpu {
-
-// One layer's cache on one rank, fp32. Element [block][slot][head][d] of K is at
-// k + block*k_block_stride + slot*k_token_stride + head*k_head_stride + d (likewise V).
-struct PagedLayerView {
-  float* k = nullptr;
-  float* v = nullptr;  // nullptr for key-only layers.
-  int64_t k_block_stride = 0, k_token_stride = 0, k_head_stride = 0;
-  int64_t v_block_stride = 0, v_token_stride = 0, v_head_stride = 0;
-  int block_size = 0;
-  int head_dim = 0;
-  int v_head_dim = 0;
-};
-
-// The tokens of one forward pass: token t sits at positions[t] of the sequence whose block
-// table is block_tables[t] (so tokens of many sequences can be mixed in one call).
-struct TokenPlacement {
-  int num_tokens = 0;
-  const int* positions = nullptr;
-  const int* const* block_tables = nullptr;
-  // Optional: token t attends only positions whose logical block b (position / block size)
-  // has block_mask[t * mask_stride + b] != 0 (set by index_select_blocks).
-  const uint8_t* block_mask = nullptr;
-  int mask_stride = 0;
-  // A hint: every token is the only one of its sequence here (decode tokens), so a backend's
-  // one-query-per-sequence attention kernel fits however many there are.
-  bool single_tokens = false;
-  // A hint known on the host: no token's position exceeds it (-1: unknown). A GPU backend sizes
-  // its split-KV decode launch by it without reading positions back.
-  int max_position = -1;
-};
 
 // Stores K (and V) rows of `n_kv_heads` heads for each token into its block and slot.
 void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,

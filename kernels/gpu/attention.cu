@@ -23,12 +23,12 @@ struct RowState {
 };
 
 template <typename T>
-__device__ __forceinline__ const T* key_ptr(const cpu::PagedLayerView& kv, const int* table, int p, int kvh) {
+__device__ __forceinline__ const T* key_ptr(const kernels::PagedLayerView& kv, const int* table, int p, int kvh) {
   return reinterpret_cast<const T*>(kv.k) + int64_t(table[p / kv.block_size]) * kv.k_block_stride +
          (p % kv.block_size) * kv.k_token_stride + kvh * kv.k_head_stride;
 }
 template <typename T>
-__device__ __forceinline__ const T* value_ptr(const cpu::PagedLayerView& kv, const int* table, int p, int kvh) {
+__device__ __forceinline__ const T* value_ptr(const kernels::PagedLayerView& kv, const int* table, int p, int kvh) {
   return reinterpret_cast<const T*>(kv.v) + int64_t(table[p / kv.block_size]) * kv.v_block_stride +
          (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
 }
@@ -50,7 +50,7 @@ __device__ __forceinline__ void online_update(RowState& st, float s, const V* v,
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-decode_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu::TokenPlacement tokens,
+decode_attention_kernel(float* out, const float* q, kernels::PagedLayerView kv, kernels::TokenPlacement tokens,
                         int n_q_heads, int q_per_kv, int window, float scale) {
   __shared__ float sm_m[kAttnWarps], sm_l[kAttnWarps];
   __shared__ float sm_acc[kAttnWarps][kMaxHeadDim];
@@ -109,7 +109,7 @@ decode_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu:
 // shared memory for all its rows.
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-prefill_attention_kernel(float* out, const float* q, cpu::PagedLayerView kv, cpu::TokenPlacement tokens,
+prefill_attention_kernel(float* out, const float* q, kernels::PagedLayerView kv, kernels::TokenPlacement tokens,
                          int n_q_heads, int q_per_kv, int gq, int tq, int window, float scale) {
   __shared__ float ks[kTileKeys][kMaxHeadDim];
   __shared__ float vs[kTileKeys][kMaxHeadDim];
@@ -196,8 +196,8 @@ constexpr int kMaxGroup = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
-split_decode_attention_kernel(float* out, float* part, const float* q, cpu::PagedLayerView kv,
-                              cpu::TokenPlacement tokens, int n_q_heads, int q_per_kv, int g, int window,
+split_decode_attention_kernel(float* out, float* part, const float* q, kernels::PagedLayerView kv,
+                              kernels::TokenPlacement tokens, int n_q_heads, int q_per_kv, int g, int window,
                               float scale, int keys_per_split) {
   __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
   __shared__ float sm_acc[kAttnWarps][kMaxGroup][kMaxHeadDim];
@@ -296,7 +296,7 @@ merge_splits_kernel(float* out, const float* part, int n_tokens, int n_q_heads, 
   }
 }
 
-void check_dims(const char* kernel, const cpu::PagedLayerView& kv) {
+void check_dims(const char* kernel, const kernels::PagedLayerView& kv) {
   if (kv.head_dim > kMaxHeadDim || kv.v_head_dim > kMaxHeadDim)
     kernel_limit_exceeded(kernel, "head dim above 256");
 }
@@ -308,8 +308,8 @@ int visible_keys(int max_position, int window) {
 
 }  // namespace
 
-void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                     const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("paged_attention", kv);
@@ -331,8 +331,8 @@ size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim
   return splits <= 1 ? 0 : size_t(num_tokens) * n_q_heads * splits * (v_head_dim + 2);
 }
 
-void split_decode_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                            const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                            const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                             int max_position, int splits, float* scratch, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("split_decode_attention", kv);
@@ -351,8 +351,8 @@ void split_decode_attention(float* out, const float* q, const cpu::PagedLayerVie
                tokens.num_tokens, n_q_heads, splits, kv.v_head_dim);
 }
 
-void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                       const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("prefill_attention", kv);

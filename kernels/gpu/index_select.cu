@@ -8,7 +8,7 @@ namespace {
 // One block per token; dynamic shared memory holds one score per logical block (mask_stride).
 template <typename T>
 __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const float* q_index,
-                                    cpu::PagedLayerView view, const int* positions,
+                                    kernels::PagedLayerView view, const int* positions,
                                     const int* const* block_tables, int top_k) {
   PDSERVE_DYNAMIC_SHARED(float, scores);
   const int t = blockIdx.x, bs = view.block_size, hd = view.head_dim;
@@ -45,8 +45,8 @@ __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const 
 }  // namespace
 
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const cpu::PagedLayerView& index_view, Storage storage,
-                         const cpu::TokenPlacement& tokens, int top_k, gpuStream_t stream) {
+                         const kernels::PagedLayerView& index_view, Storage storage,
+                         const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   const size_t smem = sizeof(float) * size_t(mask_stride);
   if (smem > 48 * 1024) kernel_limit_exceeded("index_select_blocks", "more than 12288 blocks per sequence");

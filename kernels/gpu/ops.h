@@ -45,18 +45,18 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
 // As cpu::sample_rows: tokens[r] (and logprobs[r] for rows asking) from row r of `logits` with
 // params[r] (log-probabilities of the raw row; the edits and penalties; then greedy, or
 // temperature, top_k, top_p and the row's draw). `scratch` holds logits.rows * logits.vocab floats.
-void sample(int* tokens, cpu::RowLogprobs* logprobs, const cpu::ShardedLogits& logits, const cpu::SampleRow* params,
-            const cpu::SeenTokens& seen, const cpu::LogitEdits& edits, float* scratch, gpuStream_t stream);
+void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
+            const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch, gpuStream_t stream);
 
 // `kv` as the CPU kernel's, its k/v pointers holding `storage` elements (strides in elements).
-void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::TokenPlacement& tokens,
+void paged_kv_write(const kernels::PagedLayerView& kv, Storage storage, const kernels::TokenPlacement& tokens,
                     const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
                     int n_kv_heads, gpuStream_t stream);
 
 // Decode-shaped attention: one query token per (token, head) work item, online softmax over the
 // token's visible positions. Right for any batch; prefill_attention is faster for long chunks.
-void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                     const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale, gpuStream_t stream);
 
 // Decode attention split over the key range (flash-decoding) and grouped by KV head: each K/V
@@ -69,34 +69,34 @@ void paged_attention(float* out, const float* q, const cpu::PagedLayerView& kv, 
 inline constexpr int kMaxDecodeSplits = 32;
 int decode_splits(int max_position, int window);
 size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits);
-void split_decode_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                            const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                            const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                             int max_position, int splits, float* scratch, gpuStream_t stream);
 
 // Chunked causal prefill: same result as paged_attention, but a tile of consecutive query
 // tokens of one sequence (same block table, consecutive positions) shares each K/V tile it
 // loads. Tokens that do not form such runs fall back to per-token work inside the kernel.
-void prefill_attention(float* out, const float* q, const cpu::PagedLayerView& kv, Storage storage,
-                       const cpu::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale, gpuStream_t stream);
 
 // As the CPU kernel: per token, the top_k blocks by best index-key match plus its own block.
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const cpu::PagedLayerView& index_view, Storage storage,
-                         const cpu::TokenPlacement& tokens, int top_k, gpuStream_t stream);
+                         const kernels::PagedLayerView& index_view, Storage storage,
+                         const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream);
 
 // Layout conversion for KV transfer: copies heads [head_begin, head_begin+n_heads) of K (and V)
 // of `n_blocks` blocks (ids in `block_ids`) between a paged view and a packed buffer laid out
 // [block][slot][head][k dims] followed, per block, by the same for V. Packing from one layout
 // and unpacking into another converts between any two layouts PagedLayerView can describe.
-void pack_blocks(void* packed, const cpu::PagedLayerView& kv, Storage storage, const int* block_ids,
+void pack_blocks(void* packed, const kernels::PagedLayerView& kv, Storage storage, const int* block_ids,
                  int n_blocks, int head_begin, int n_heads, gpuStream_t stream);
-void unpack_blocks(const cpu::PagedLayerView& kv, Storage storage, const void* packed,
+void unpack_blocks(const kernels::PagedLayerView& kv, Storage storage, const void* packed,
                    const int* block_ids, int n_blocks, int head_begin, int n_heads,
                    gpuStream_t stream);
 
 // Bytes one block takes in the packed layout of pack_blocks.
-int64_t packed_block_bytes(const cpu::PagedLayerView& kv, Storage storage, int n_heads);
+int64_t packed_block_bytes(const kernels::PagedLayerView& kv, Storage storage, int n_heads);
 
 // Deterministic N(0, stddev)-like fill (a counter-based hash, Box-Muller) for synthetic weights
 // made on the device; `value` fill when stddev is 0.

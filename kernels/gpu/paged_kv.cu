@@ -8,7 +8,7 @@ namespace {
 
 // One block per (token, head); threads over the head's dims.
 template <typename T>
-__global__ void paged_kv_write_kernel(cpu::PagedLayerView kv, const int* positions,
+__global__ void paged_kv_write_kernel(kernels::PagedLayerView kv, const int* positions,
                                       const int* const* block_tables, const float* k,
                                       int64_t k_row_stride, const float* v, int64_t v_row_stride) {
   const int t = blockIdx.x, h = blockIdx.y;
@@ -26,7 +26,7 @@ __global__ void paged_kv_write_kernel(cpu::PagedLayerView kv, const int* positio
 
 // One block per (listed block, slot); threads over heads x dims. `to_packed` picks direction.
 template <typename T>
-__global__ void block_copy_kernel(T* packed, cpu::PagedLayerView kv, const int* block_ids,
+__global__ void block_copy_kernel(T* packed, kernels::PagedLayerView kv, const int* block_ids,
                                   int head_begin, int n_heads, int64_t packed_block_elems,
                                   bool to_packed) {
   const int i = blockIdx.x, slot = blockIdx.y, bs = kv.block_size;
@@ -51,7 +51,7 @@ __global__ void block_copy_kernel(T* packed, cpu::PagedLayerView kv, const int* 
   }
 }
 
-void block_copy(void* packed, const cpu::PagedLayerView& kv, Storage storage, const int* block_ids,
+void block_copy(void* packed, const kernels::PagedLayerView& kv, Storage storage, const int* block_ids,
                 int n_blocks, int head_begin, int n_heads, bool to_packed, gpuStream_t stream) {
   if (n_blocks <= 0 || n_heads <= 0) return;
   const int64_t elems = packed_block_bytes(kv, storage, n_heads) / storage_bytes(storage);
@@ -64,7 +64,7 @@ void block_copy(void* packed, const cpu::PagedLayerView& kv, Storage storage, co
 
 }  // namespace
 
-void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::TokenPlacement& tokens,
+void paged_kv_write(const kernels::PagedLayerView& kv, Storage storage, const kernels::TokenPlacement& tokens,
                     const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
                     int n_kv_heads, gpuStream_t stream) {
   if (tokens.num_tokens <= 0 || n_kv_heads <= 0) return;
@@ -77,17 +77,17 @@ void paged_kv_write(const cpu::PagedLayerView& kv, Storage storage, const cpu::T
   });
 }
 
-int64_t packed_block_bytes(const cpu::PagedLayerView& kv, Storage storage, int n_heads) {
+int64_t packed_block_bytes(const kernels::PagedLayerView& kv, Storage storage, int n_heads) {
   const int64_t dims = kv.head_dim + (kv.v ? kv.v_head_dim : 0);
   return int64_t(kv.block_size) * n_heads * dims * storage_bytes(storage);
 }
 
-void pack_blocks(void* packed, const cpu::PagedLayerView& kv, Storage storage, const int* block_ids,
+void pack_blocks(void* packed, const kernels::PagedLayerView& kv, Storage storage, const int* block_ids,
                  int n_blocks, int head_begin, int n_heads, gpuStream_t stream) {
   block_copy(packed, kv, storage, block_ids, n_blocks, head_begin, n_heads, true, stream);
 }
 
-void unpack_blocks(const cpu::PagedLayerView& kv, Storage storage, const void* packed,
+void unpack_blocks(const kernels::PagedLayerView& kv, Storage storage, const void* packed,
                    const int* block_ids, int n_blocks, int head_begin, int n_heads,
                    gpuStream_t stream) {
   block_copy(const_cast<void*>(packed), kv, storage, block_ids, n_blocks, head_begin, n_heads, false,

@@ -22,9 +22,9 @@
 namespace pdserve::kernels::gpu {
 namespace {
 
-using cpu::SampleRow;
-using cpu::SeenTokens;
-using cpu::ShardedLogits;
+using kernels::SampleRow;
+using kernels::SeenTokens;
+using kernels::ShardedLogits;
 
 constexpr int kSampleThreads = 512;  // A block on the GPU: a multiple of both warp sizes.
 constexpr uint32_t kOneBits = 0x3F800000u;  // 1.0f: no probability is larger.
@@ -179,14 +179,14 @@ __device__ float logit_of(const ShardedLogits& logits, int row, int col) {
   return logits.row_of_shard(s, row)[col - logits.shard_begin(s)];
 }
 
-__global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLogits logits, const SampleRow* params,
-                              SeenTokens seen, cpu::LogitEdits edits, float* scratch) {
+__global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, ShardedLogits logits, const SampleRow* params,
+                              SeenTokens seen, kernels::LogitEdits edits, float* scratch) {
   __shared__ double shared[kSampleThreads + 1];
   __shared__ float best_v[kSampleThreads];
   __shared__ int best_i[kSampleThreads];
   __shared__ int result[3];
-  __shared__ int top_ids[cpu::kMaxLogprobs];
-  __shared__ float top_v[cpu::kMaxLogprobs];
+  __shared__ int top_ids[kernels::kMaxLogprobs];
+  __shared__ float top_v[kernels::kMaxLogprobs];
   const int row = blockIdx.x, n = logits.vocab;
   const SampleRow P = params[row];
   const auto no_nan = [](float x, int) { return !isnan(x); };
@@ -210,7 +210,7 @@ __global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLo
         if (!isnan(src[j])) sum += exp(cpu::LogNormalizer::logprob_shift(src[j], normalizer.max));
     }
     normalizer.log_sum = log(block_sum(sum, shared));
-    top = P.logprobs < cpu::kMaxLogprobs ? P.logprobs : cpu::kMaxLogprobs;
+    top = P.logprobs < kernels::kMaxLogprobs ? P.logprobs : kernels::kMaxLogprobs;
     if (top > n) top = n;
     for (int j = 0; j < top; ++j) {
       const float last_v = j > 0 ? top_v[j - 1] : 0.0f;
@@ -278,7 +278,7 @@ __global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLo
       __syncthreads();
       if (threadIdx.x == 0)
         for (int i = 0; i < P.bias_count; ++i) {
-          const cpu::LogitBias b = edits.biases[P.bias_begin + i];
+          const kernels::LogitBias b = edits.biases[P.bias_begin + i];
           if (b.id >= 0 && b.id < n) edited[b.id] += b.bias;
         }
       __syncthreads();
@@ -345,7 +345,7 @@ __global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLo
   tokens[row] = token;
   if (!want_logprobs) return;
   // Of the raw logits, which the edits left in place.
-  cpu::RowLogprobs& out = logprobs[row];
+  kernels::RowLogprobs& out = logprobs[row];
   const int of = P.logprob_of >= 0 ? P.logprob_of : token;
   out.logprob = of < n ? normalizer.logprob(logit_of(logits, row, of)) : -INFINITY;
   out.top_count = top;
@@ -357,8 +357,8 @@ __global__ void sample_kernel(int* tokens, cpu::RowLogprobs* logprobs, ShardedLo
 
 }  // namespace
 
-void sample(int* tokens, cpu::RowLogprobs* logprobs, const cpu::ShardedLogits& logits, const cpu::SampleRow* params,
-            const cpu::SeenTokens& seen, const cpu::LogitEdits& edits, float* scratch, gpuStream_t stream) {
+void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
+            const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch, gpuStream_t stream) {
   if (logits.rows <= 0) return;
   gpu_launch(sample_kernel, logits.rows, kSampleThreads, 0, stream, tokens, logprobs, logits, params, seen, edits,
              scratch);

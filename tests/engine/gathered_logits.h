@@ -1,5 +1,5 @@
 // Test helper: plain [rows][vocab] logits laid out as tensor-parallel ranks gather them
-// (kernels::cpu::ShardedLogits), for the sampling tests of the CPU reference and the GPU kernel.
+// (kernels::ShardedLogits), for the sampling tests of the CPU reference and the GPU kernel.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +11,10 @@ namespace pdserve::testing {
 
 // The gathered buffer for `logits` (its rows, vocab and shards; its data is ignored) holding
 // `plain`; padding columns hold `pad`.
-inline std::vector<float> gather_logits(const std::vector<float>& plain, const kernels::cpu::ShardedLogits& logits,
+inline std::vector<float> gather_logits(const std::vector<float>& plain, const kernels::ShardedLogits& logits,
                                         float pad) {
   std::vector<float> gathered(size_t(logits.shards) * logits.rows * logits.shard_stride(), pad);
-  kernels::cpu::ShardedLogits view = logits;
+  kernels::ShardedLogits view = logits;
   view.data = gathered.data();
   for (int s = 0; s < logits.shards; ++s)
     for (int r = 0; r < logits.rows; ++r) {

@@ -86,24 +86,24 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
   }
-  void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
+  void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {
     Open open(this);
     inner_->paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads);
   }
-  void paged_attention(float* out, const float* q, const k::PagedLayerView& kv, const k::TokenPlacement& tokens,
+  void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
                        int n_q_heads, int q_per_kv, int window, float scale) override {
     Open open(this);
     inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                           const k::PagedLayerView& index_view, const k::TokenPlacement& tokens,
+                           const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,
                            int top_k) override {
     Open open(this);
     inner_->index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k);
   }
-  void sample(int* tokens, k::RowLogprobs* logprobs, const k::ShardedLogits& logits, const k::SampleRow* params,
-              const k::SeenTokens& seen, const k::LogitEdits& edits, float* scratch) override {
+  void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
+              const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch) override {
     Open open(this);
     inner_->sample(tokens, logprobs, logits, params, seen, edits, scratch);
   }

@@ -268,7 +268,7 @@ TEST(SamplingFeatures, LogprobsAreTheRawLogSoftmax) {
   for (Where where : {Where::kHost, Where::kGuarded}) {
     auto engine = make_engine(where);
     const std::vector<int> prompt = story_prompt(*engine);
-    for (int k : {0, 5, kernels::cpu::kMaxLogprobs}) {
+    for (int k : {0, 5, kernels::kMaxLogprobs}) {
       SamplingParams p = greedy(20);
       p.logprobs = k;
       p.frequency_penalty = 0.5f;

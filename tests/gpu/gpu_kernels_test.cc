@@ -125,7 +125,7 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       kEmulated ? std::vector<int>{1, 7, 1000, 3001} : std::vector<int>{1000, 32000, 128256};
   for (int vocab : vocabs)
     for (int shards : {1, 3}) {
-      std::vector<cpu::SampleRow> params;
+      std::vector<kernels::SampleRow> params;
       for (float t : {0.0f, 0.5f, 1.0f, 1.7f})
         for (int k : {0, 1, 5, 50, 2000})
           for (float p : {1.0f, 0.95f, 0.5f, 0.05f}) params.push_back({t, k, p, uniform(rng)});
@@ -151,7 +151,7 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
         if (r == all_nan)  // But one -inf: the reference takes index 0.
           for (int i = 0; i < vocab; ++i) row[i] = i == vocab / 2 ? -INFINITY : std::nanf("");
       }
-      cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+      kernels::ShardedLogits logits{nullptr, rows, vocab, shards};
       const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
       logits.data = gathered.data();
       std::vector<int> want(rows);
@@ -159,7 +159,7 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       cpu::sample_rows(want.data(), nullptr, logits, params.data(), {}, {}, &scratch);
 
       Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
-      Dev<cpu::SampleRow> dparams(params);
+      Dev<kernels::SampleRow> dparams(params);
       Dev<int> dtokens(rows);
       logits.data = dlogits.get();
       gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {}, {}, dscratch.get(), nullptr);
@@ -192,15 +192,15 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
       const std::vector<Mode> modes = {{0.0f, 0, 1.0f, 1.3f}, {0.0f, 0, 1.0f, 0.7f}, {0.8f, 0, 0.9f, 2.0f},
                                        {1.0f, 40, 1.0f, 1.1f}, {0.7f, 0, 1.0f, 1.5f}};
       const int slots = int(modes.size());
-      const cpu::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
+      const kernels::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
       std::vector<uint32_t> want_bits(size_t(slots) * shape.words_per_slot(), 0xA5A5A5A5u);
       Dev<uint32_t> dbits(want_bits);
       int changed = 0;
       for (int step = 0; step < 2; ++step) {
-        std::vector<cpu::SampleRow> params;
+        std::vector<kernels::SampleRow> params;
         std::vector<int> new_ids;
         for (int m = 0; m < slots; ++m) {
-          cpu::SampleRow row{modes[m].temperature, modes[m].top_k, modes[m].top_p, uniform(rng)};
+          kernels::SampleRow row{modes[m].temperature, modes[m].top_k, modes[m].top_p, uniform(rng)};
           row.repetition_penalty = modes[m].penalty;
           row.seen_slot = (m + 2) % slots;  // Rows and slots in different orders.
           row.clear_slot = step == 0;
@@ -214,18 +214,18 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
         params.push_back({0.0f, 0, 1.0f, 0.0});  // No slot: no penalty.
         const int rows = int(params.size());
         const std::vector<float> plain = random_vec(size_t(rows) * vocab, 40 + vocab + shards + step, 3.0f);
-        cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+        kernels::ShardedLogits logits{nullptr, rows, vocab, shards};
         const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
         logits.data = gathered.data();
         std::vector<int> want(rows), unpenalised(rows);
         cpu::SampleScratch scratch;
         cpu::sample_rows(want.data(), nullptr, logits, params.data(), {want_bits.data(), nullptr, new_ids.data(), vocab}, {}, &scratch);
-        std::vector<cpu::SampleRow> without = params;
-        for (cpu::SampleRow& r : without) r.seen_slot = -1;
+        std::vector<kernels::SampleRow> without = params;
+        for (kernels::SampleRow& r : without) r.seen_slot = -1;
         cpu::sample_rows(unpenalised.data(), nullptr, logits, without.data(), {}, {}, &scratch);
 
         Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
-        Dev<cpu::SampleRow> dparams(params);
+        Dev<kernels::SampleRow> dparams(params);
         Dev<int> dnew(new_ids), dtokens(rows);
         logits.data = dlogits.get();
         gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {dbits.get(), nullptr, dnew.get(), vocab}, {}, dscratch.get(), nullptr);
@@ -283,12 +283,12 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
       if (!alone || m == 0 || m == 1 + int(fi) % 3) row_kinds.push_back({features[fi], m});
   }
   const int rows = int(row_kinds.size()), slots = rows + 2, steps = 3;
-  cpu::RowLogprobs sentinel;
+  kernels::RowLogprobs sentinel;
   sentinel.logprob = 7.0f;
   sentinel.top_count = -3;
   for (int vocab : vocabs)
     for (int shards : {1, 2, 3}) {
-      const cpu::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
+      const kernels::SeenTokens shape{nullptr, nullptr, nullptr, vocab};
       std::vector<uint32_t> want_bits(size_t(slots) * shape.words_per_slot(), 0x5A5A5A5Au);
       std::vector<int32_t> want_counts(size_t(slots) * vocab, 4);  // Left by earlier sequences.
       Dev<uint32_t> dbits(want_bits);
@@ -297,8 +297,8 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
       int moved = 0, with_logprobs = 0;
       for (int step = 0; step < steps; ++step) {
         std::vector<float> plain = random_vec(size_t(rows) * vocab, 50 + vocab + shards + step, 3.0f);
-        std::vector<cpu::SampleRow> params;
-        std::vector<cpu::LogitBias> biases;
+        std::vector<kernels::SampleRow> params;
+        std::vector<kernels::LogitBias> biases;
         std::vector<int> banned, new_ids;
         for (int r = 0; r < rows; ++r) {
           float* lr = plain.data() + int64_t(r) * vocab;
@@ -307,7 +307,7 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
           if (r % 5 == 1) lr[r % vocab] = std::nanf("");
           const int f = row_kinds[r].first;
           const Mode& m = modes[row_kinds[r].second];
-          cpu::SampleRow p{m.temperature, m.top_k, m.top_p, uniform(rng)};
+          kernels::SampleRow p{m.temperature, m.top_k, m.top_p, uniform(rng)};
           const int argmax =
               int(std::max_element(lr, lr + vocab,
                                    [](float a, float b) { return std::isnan(a) || (!std::isnan(b) && a < b); }) -
@@ -346,36 +346,36 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
             p.banned_count = int(banned.size()) - p.banned_begin;
           }
           if (f & kLogprobs) {
-            p.logprobs = std::vector<int>{0, 1, 5, cpu::kMaxLogprobs}[(r + step) % 4];
+            p.logprobs = std::vector<int>{0, 1, 5, kernels::kMaxLogprobs}[(r + step) % 4];
             p.logprob_of = r % 2 ? -1 : pick(vocab);
             ++with_logprobs;
           }
           params.push_back(p);
         }
-        cpu::ShardedLogits logits{nullptr, rows, vocab, shards};
+        kernels::ShardedLogits logits{nullptr, rows, vocab, shards};
         const std::vector<float> gathered = pdserve::testing::gather_logits(plain, logits, 0.0f);
         logits.data = gathered.data();
         std::vector<int> want(rows), unedited(rows);
-        std::vector<cpu::RowLogprobs> want_lp(rows, sentinel);
+        std::vector<kernels::RowLogprobs> want_lp(rows, sentinel);
         cpu::SampleScratch scratch;
         cpu::sample_rows(want.data(), want_lp.data(), logits, params.data(),
                          {want_bits.data(), want_counts.data(), new_ids.data(), vocab}, {biases.data(), banned.data()},
                          &scratch);
-        std::vector<cpu::SampleRow> plain_params(rows);
+        std::vector<kernels::SampleRow> plain_params(rows);
         for (int r = 0; r < rows; ++r)
           plain_params[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].u};
         cpu::sample_rows(unedited.data(), nullptr, logits, plain_params.data(), {}, {}, &scratch);
 
         Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
-        Dev<cpu::SampleRow> dparams(params);
-        Dev<cpu::LogitBias> dbiases(biases);
+        Dev<kernels::SampleRow> dparams(params);
+        Dev<kernels::LogitBias> dbiases(biases);
         Dev<int> dbanned(banned), dnew(new_ids), dtokens(rows);
-        Dev<cpu::RowLogprobs> dlp(std::vector<cpu::RowLogprobs>(rows, sentinel));
+        Dev<kernels::RowLogprobs> dlp(std::vector<kernels::RowLogprobs>(rows, sentinel));
         logits.data = dlogits.get();
         gpu::sample(dtokens.get(), dlp.get(), logits, dparams.get(), {dbits.get(), dcounts.get(), dnew.get(), vocab},
                     {dbiases.get(), dbanned.get()}, dscratch.get(), nullptr);
         const std::vector<int> got = dtokens.host();
-        const std::vector<cpu::RowLogprobs> got_lp = dlp.host();
+        const std::vector<kernels::RowLogprobs> got_lp = dlp.host();
         for (int r = 0; r < rows; ++r) {
           const std::string where = "vocab " + std::to_string(vocab) + ", " + std::to_string(shards) +
                                     " shards, step " + std::to_string(step) + ", row " + std::to_string(r) +
@@ -383,7 +383,7 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
                                     std::to_string(row_kinds[r].second) + ")";
           EXPECT_EQ(got[r], want[r]) << where;
           moved += want[r] != unedited[r];
-          const cpu::RowLogprobs &g = got_lp[r], &w = want_lp[r];
+          const kernels::RowLogprobs &g = got_lp[r], &w = want_lp[r];
           ASSERT_EQ(g.top_count, w.top_count) << where;
           const auto near = [](float a, float b) {
             return std::isinf(b) ? a == b
@@ -481,9 +481,9 @@ struct PagedCase {
     tables = {{ids.begin(), ids.begin() + 8}, {ids.begin() + 8, ids.begin() + 16}, {ids.begin() + 16, ids.end()}};
   }
 
-  static cpu::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) {
+  static kernels::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) {
     const int elem = int(engine::dtype_size(L.spec().layers[0].dtype));
-    cpu::PagedLayerView v;
+    kernels::PagedLayerView v;
     v.block_size = kBlock;
     v.head_dim = L.part_head_dim(0, KvPart::kK);
     v.k = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kK, 0, 0, 0));
@@ -499,13 +499,13 @@ struct PagedCase {
     }
     return v;
   }
-  cpu::PagedLayerView host_view() { return view(host_layout, reinterpret_cast<uint8_t*>(host_arena.data())); }
-  cpu::PagedLayerView dev_view() { return view(dev_layout, dev_arena->get()); }
+  kernels::PagedLayerView host_view() { return view(host_layout, reinterpret_cast<uint8_t*>(host_arena.data())); }
+  kernels::PagedLayerView dev_view() { return view(dev_layout, dev_arena->get()); }
 
   // The device cache read back as f32 in the host layout, for comparison.
   std::vector<float> dev_as_host_layout() {
     const std::vector<uint8_t> raw = dev_arena->host();
-    cpu::PagedLayerView d = view(dev_layout, const_cast<uint8_t*>(raw.data())), h = host_view();
+    kernels::PagedLayerView d = view(dev_layout, const_cast<uint8_t*>(raw.data())), h = host_view();
     std::vector<float> out(host_arena.size());
     auto read = [&](const float* base, int64_t off) -> float {
       if (storage == Storage::kF32) return base[off];
@@ -557,8 +557,8 @@ struct Placement {
     d_tables = std::make_unique<Dev<const int*>>(dev_tables);
   }
   int n() const { return int(positions.size()); }
-  cpu::TokenPlacement host() const { return {n(), positions.data(), host_tables.data()}; }
-  cpu::TokenPlacement dev() const { return {n(), d_positions->get(), d_tables->get()}; }
+  kernels::TokenPlacement host() const { return {n(), positions.data(), host_tables.data()}; }
+  kernels::TokenPlacement dev() const { return {n(), d_positions->get(), d_tables->get()}; }
 };
 
 // Every position of three sequences (lengths 70, 128, 9), written in one call.
@@ -608,7 +608,7 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
   Dev<uint8_t> dmask(mask);
   for (int window : {0, 20})
     for (bool masked : {false, true}) {
-      cpu::TokenPlacement hp = pl.host(), dp = pl.dev();
+      kernels::TokenPlacement hp = pl.host(), dp = pl.dev();
       if (masked) {
         hp.block_mask = mask.data();
         dp.block_mask = dmask.get();

@@ -93,8 +93,8 @@ TEST(SamplingParams, ValidationOfPenaltiesBiasesMinTokensAndLogprobs) {
       {"min_tokens > max_tokens", [](SamplingParams& p) { p.min_tokens = p.max_tokens + 1; }, "min_tokens"},
       {"min_tokens -1", [](SamplingParams& p) { p.min_tokens = -1; }, "min_tokens"},
       {"logprobs 0", [](SamplingParams& p) { p.logprobs = 0; }, nullptr},
-      {"logprobs 20", [](SamplingParams& p) { p.logprobs = kernels::cpu::kMaxLogprobs; }, nullptr},
-      {"logprobs 21", [](SamplingParams& p) { p.logprobs = kernels::cpu::kMaxLogprobs + 1; }, "logprobs"},
+      {"logprobs 20", [](SamplingParams& p) { p.logprobs = kernels::kMaxLogprobs; }, nullptr},
+      {"logprobs 21", [](SamplingParams& p) { p.logprobs = kernels::kMaxLogprobs + 1; }, "logprobs"},
       {"logprobs -2", [](SamplingParams& p) { p.logprobs = -2; }, "logprobs"},
       {"prompt_logprobs 20", [](SamplingParams& p) { p.prompt_logprobs = 20; }, nullptr},
       {"prompt_logprobs 21", [](SamplingParams& p) { p.prompt_logprobs = 21; }, "prompt_logprobs"},
@@ -120,7 +120,7 @@ TEST(Sampler, RowCarriesPenaltiesAndLogprobs) {
   params.presence_penalty = -1.25f;
   params.logprobs = 3;
   Sampler sampler(params);
-  const kernels::cpu::SampleRow row = sampler.next_row();
+  const kernels::SampleRow row = sampler.next_row();
   EXPECT_EQ(row.frequency_penalty, 0.5f);
   EXPECT_EQ(row.presence_penalty, -1.25f);
   EXPECT_EQ(row.logprobs, 3);

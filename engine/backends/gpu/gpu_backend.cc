@@ -184,14 +184,14 @@ class GpuBackend final : public Backend {
     bind();
     g::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half, stream_);
   }
-  void paged_kv_write(const k::PagedLayerView& kv, const k::TokenPlacement& tokens, const float* kp,
+  void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,
                       int n_kv_heads) override {
     bind();
     g::paged_kv_write(kv, g::Storage::kF32, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads, stream_);
   }
-  void paged_attention(float* out, const float* q, const k::PagedLayerView& kv,
-                       const k::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+  void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale) override {
     bind();
     if (tokens.num_tokens >= kPrefillKernelMinTokens && !tokens.single_tokens) {
@@ -210,13 +210,13 @@ class GpuBackend final : public Backend {
     }
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                           const k::PagedLayerView& index_view, const k::TokenPlacement& tokens,
+                           const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,
                            int top_k) override {
     bind();
     g::index_select_blocks(block_mask, mask_stride, q_index, index_view, g::Storage::kF32, tokens, top_k, stream_);
   }
-  void sample(int* tokens, k::RowLogprobs* logprobs, const k::ShardedLogits& logits, const k::SampleRow* params,
-              const k::SeenTokens& seen, const k::LogitEdits& edits, float* scratch) override {
+  void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
+              const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch) override {
     bind();
     g::sample(tokens, logprobs, logits, params, seen, edits, scratch, stream_);
   }

@@ -1,0 +1,144 @@
+// The kernels' ABI: the plain structs every backend's kernels take — the CPU reference
+// (kernels/cpu) and the GPU kernels (kernels/gpu) alike, and engine::Backend's entry points that
+// forward to them — so that one description of a paged KV layer, of a step's tokens and of a
+// row's sampling reaches every kernel unchanged. Plain data only (host and device code include
+// it); what the kernels compute with them is documented beside the kernels.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define PDSERVE_HOST_DEVICE __host__ __device__
+#else
+#define PDSERVE_HOST_DEVICE
+#endif
+
+namespace pdserve::kernels {
+
+// One layer's cache on one rank, fp32. Element [block][slot][head][d] of K is at
+// k + block*k_block_stride + slot*k_token_stride + head*k_head_stride + d (likewise V).
+struct PagedLayerView {
+  float* k = nullptr;
+  float* v = nullptr;  // nullptr for key-only layers.
+  int64_t k_block_stride = 0, k_token_stride = 0, k_head_stride = 0;
+  int64_t v_block_stride = 0, v_token_stride = 0, v_head_stride = 0;
+  int block_size = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;
+};
+
+// The tokens of one forward pass: token t sits at positions[t] of the sequence whose block
+// table is block_tables[t] (so tokens of many sequences can be mixed in one call).
+struct TokenPlacement {
+  int num_tokens = 0;
+  const int* positions = nullptr;
+  const int* const* block_tables = nullptr;
+  // Optional: token t attends only positions whose logical block b (position / block size)
+  // has block_mask[t * mask_stride + b] != 0 (set by index_select_blocks).
+  const uint8_t* block_mask = nullptr;
+  int mask_stride = 0;
+  // A hint: every token is the only one of its sequence here (decode tokens), so a backend's
+  // one-query-per-sequence attention kernel fits however many there are.
+  bool single_tokens = false;
+  // A hint known on the host: no token's position exceeds it (-1: unknown). A GPU backend sizes
+  // its split-KV decode launch by it without reading positions back.
+  int max_position = -1;
+};
+
+// The most alternatives a row's log-probabilities list (OpenAI's top_logprobs limit).
+inline constexpr int kMaxLogprobs = 20;
+
+// One logit_bias entry: `bias` is added to the logit of `id`.
+struct LogitBias {
+  int id = 0;
+  float bias = 0.0f;
+};
+
+// A step's sparse logit edits, shared by its rows (each row names its ranges in SampleRow).
+struct LogitEdits {
+  const LogitBias* biases = nullptr;
+  const int* banned = nullptr;  // Ids whose logit becomes -inf.
+};
+
+// A row's log-probabilities, log_softmax of its raw logits: of one token, and the row's
+// `top_count` most likely tokens, most likely first (the lower id first among equals). NaN
+// logits count as -inf.
+struct RowLogprobs {
+  float logprob = 0.0f;  // Of SampleRow::logprob_of, or of the sampled token.
+  int top_count = 0;
+  int top_ids[kMaxLogprobs] = {};
+  float top_logprobs[kMaxLogprobs] = {};
+};
+
+// How to pick one row's token.
+struct SampleRow {
+  float temperature = 0.0f;  // 0: greedy.
+  int top_k = 0;             // 0: off.
+  float top_p = 1.0f;        // In (0, 1]; 1: off.
+  double u = 0.0;            // The draw, uniform in [0, 1); unused when greedy.
+  // The repetition penalty, applied when seen_slot >= 0: each id of the slot's bitmap in
+  // SeenTokens, once the row's new ids are in it, has its logit divided by the penalty when
+  // positive and multiplied by it otherwise. The slot holds the sequence's ids across steps, so
+  // a step adds only what is new since the last (the whole prompt first, then one token).
+  float repetition_penalty = 1.0f;
+  int seen_slot = -1;       // -1: no penalty.
+  bool clear_slot = false;  // Empty the slot before adding (a slot's first use by a sequence).
+  int new_ids_begin = 0;    // SeenTokens::new_ids[begin, begin + count) join the slot first.
+  int new_ids_count = 0;
+  // Of those new ids, the ones from new_ids_begin + new_output_from on are output tokens: they
+  // are also counted in the slot's output counts (SeenTokens::counts), which the frequency and
+  // presence penalties read: logit -= frequency_penalty * count + presence_penalty * (count > 0).
+  int new_output_from = 0;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // LogitEdits::biases[bias_begin, bias_begin + bias_count) are added to the row's logits,
+  // then LogitEdits::banned[banned_begin, banned_begin + banned_count) set to -inf. Ids outside
+  // the vocabulary are skipped.
+  int bias_begin = 0;
+  int bias_count = 0;
+  int banned_begin = 0;
+  int banned_count = 0;
+  // -1: no log-probabilities. Else, in the row's RowLogprobs, the log-probability of
+  // `logprob_of` (-1: of the sampled token) and the top `logprobs` (<= kMaxLogprobs) tokens.
+  int logprobs = -1;
+  int logprob_of = -1;
+};
+
+// The token ids each penalised sequence has seen (prompt and output so far), kept where the
+// rows are sampled: one bitmap of vocab bits per slot, [slots][words_per_slot()] 32-bit words;
+// how often each id occurs in the sequence's output, [slots][vocab] counts; and the step's new
+// ids, which sampling adds to the rows' slots.
+struct SeenTokens {
+  uint32_t* bits = nullptr;
+  int32_t* counts = nullptr;
+  const int* new_ids = nullptr;
+  int vocab = 0;
+
+  PDSERVE_HOST_DEVICE int64_t words_per_slot() const { return (int64_t(vocab) + 31) / 32; }
+  PDSERVE_HOST_DEVICE uint32_t* slot(int s) const { return bits + int64_t(s) * words_per_slot(); }
+  PDSERVE_HOST_DEVICE int32_t* counts_of(int s) const { return counts + int64_t(s) * vocab; }
+};
+
+// The logits of `rows` rows over `vocab` columns as tensor-parallel ranks gather them. Shard s
+// holds the columns [shard_begin(s), shard_begin(s+1)) of every row — the first vocab % shards
+// shards one column more, as the engine splits the LM head — as a [rows][its columns] matrix
+// at data + s*rows*shard_stride(): each rank's slice padded to the widest for the all-gather.
+// One shard is the plain [rows][vocab].
+struct ShardedLogits {
+  const float* data = nullptr;
+  int rows = 0;
+  int vocab = 0;
+  int shards = 1;
+
+  PDSERVE_HOST_DEVICE int shard_begin(int s) const {
+    const int base = vocab / shards, extra = vocab % shards;
+    return s * base + (s < extra ? s : extra);
+  }
+  // Columns of the widest shard.
+  PDSERVE_HOST_DEVICE int shard_stride() const { return vocab / shards + (vocab % shards != 0 ? 1 : 0); }
+  PDSERVE_HOST_DEVICE const float* row_of_shard(int s, int row) const {
+    return data + int64_t(s) * rows * shard_stride() + int64_t(row) * (shard_begin(s + 1) - shard_begin(s));
+  }
+};
+
+}  // namespace pdserve::kernels
