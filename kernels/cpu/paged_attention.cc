@@ -25,6 +25,23 @@ void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, cons
   }
 }
 
+namespace {
+
+// The lane sums of q · K[row] (finish_lanes' lanes: the remainder added in scalar, in order).
+[[gnu::always_inline]] inline Lanes key_lanes(const float* q, const float* k, int n) {
+  Lanes acc = {};
+  const int whole = n - n % kLanes;
+  for (int d = 0; d < whole; d += kLanes) acc += load_lanes(q + d) * load_lanes(k + d);
+  if (whole == n) return acc;
+  float lanes[kLanes];
+  __builtin_memcpy(lanes, &acc, sizeof(lanes));
+  for (int d = whole; d < n; ++d) lanes[d - whole] += q[d] * k[d];
+  __builtin_memcpy(&acc, lanes, sizeof(lanes));
+  return acc;
+}
+
+}  // namespace
+
 PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedLayerView& kv,
                                         const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                                         float scale) {
@@ -51,24 +68,43 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
       const int kvh = h / q_per_kv;
       const float* qh = q + int64_t(t) * n_q_heads * kv.head_dim + int64_t(h) * kv.head_dim;
       const float* kh = kv.k + kvh * kv.k_head_stride;
-      float max_score = -INFINITY;
-      for (int j = 0; j < count; ++j) {
+      // Scores eight keys at a time (reduce_lanes_x8), then one by one; each is the
+      // dot_lanes(q, K[j]) * scale of a key alone.
+      int j = 0;
+      for (; j + kLanes <= count; j += kLanes) {
+        Lanes acc[kLanes];
+        for (int s = 0; s < kLanes; ++s) {
+          const int64_t at = k_at[j + kReduceSlotKey[s]];
+          acc[s] = at < 0 ? Lanes{} : key_lanes(qh, kh + at, kv.head_dim);
+        }
+        const Lanes dots = reduce_lanes_x8(acc);
+        for (int i = 0; i < kLanes; ++i) scores[j + i] = k_at[j + i] < 0 ? -INFINITY : dots[i] * scale;
+      }
+      for (; j < count; ++j)
         scores[j] = k_at[j] < 0 ? -INFINITY : dot_lanes(qh, kh + k_at[j], kv.head_dim) * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
+      float max_score = -INFINITY;
+      for (int i = 0; i < count; ++i) max_score = std::max(max_score, scores[i]);
       float sum = 0.0f;
-      for (int j = 0; j < count; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        sum += scores[j];
+      for (int i = 0; i < count; ++i) {
+        scores[i] = std::exp(scores[i] - max_score);
+        sum += scores[i];
       }
+      for (int i = 0; i < count; ++i) scores[i] /= sum;  // The weights.
+      // out = Σ_j w_j V[j] in order of j, eight columns at a time in registers.
       float* oh = out + int64_t(t) * n_q_heads * kv.v_head_dim + int64_t(h) * kv.v_head_dim;
-      std::fill(oh, oh + kv.v_head_dim, 0.0f);
       const float* vh = kv.v + kvh * kv.v_head_stride;
-      for (int j = 0; j < count; ++j) {
-        if (v_at[j] < 0) continue;
-        const float* vj = vh + v_at[j];
-        const float w = scores[j] / sum;
-        for (int d = 0; d < kv.v_head_dim; ++d) oh[d] += w * vj[d];
+      int d = 0;
+      for (; d + kLanes <= kv.v_head_dim; d += kLanes) {
+        Lanes o = {};
+        for (int i = 0; i < count; ++i)
+          if (v_at[i] >= 0) o += scores[i] * load_lanes(vh + v_at[i] + d);
+        __builtin_memcpy(oh + d, &o, sizeof(o));
+      }
+      for (; d < kv.v_head_dim; ++d) {
+        float o = 0.0f;
+        for (int i = 0; i < count; ++i)
+          if (v_at[i] >= 0) o += scores[i] * vh[v_at[i] + d];
+        oh[d] = o;
       }
     }
   }

@@ -195,6 +195,88 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{engine::KvLayout::kSeparate, engine::KvOrder::kTokenMajor, 3},
                       LayoutCase{engine::KvLayout::kInterleaved, engine::KvOrder::kHeadMajor, 5}));
 
+// The CPU kernels' dot product (kernels/cpu/lanes.h): eight partial sums, element k into sum
+// k % 8 in order of k, added in the tree ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
+float lanes_dot(const float* a, const float* b, int n) {
+  float s[8] = {};
+  for (int k = 0; k < n; ++k) s[k % 8] += a[k] * b[k];
+  return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+// The attention a key at a time, as the kernel computed it before it scored eight keys at once
+// (reduce_lanes_x8): each score lanes_dot(q, K[j]) * scale, softmax in order of j, weights
+// score / sum, and out = the weighted V rows summed in order of j from 0.
+std::vector<float> one_key_at_a_time(const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v, const std::vector<uint8_t>& hidden, int pos,
+                                     int q_heads, int q_per_kv, int hd, float scale) {
+  const int kv_heads = q_heads / q_per_kv;
+  std::vector<float> out(q_heads * hd);
+  for (int h = 0; h < q_heads; ++h) {
+    const int g = h / q_per_kv;
+    std::vector<float> s(pos + 1);
+    float mx = -INFINITY;
+    for (int j = 0; j <= pos; ++j) {
+      s[j] = hidden[j] ? -INFINITY : lanes_dot(&q[h * hd], &k[(j * kv_heads + g) * hd], hd) * scale;
+      mx = std::max(mx, s[j]);
+    }
+    float sum = 0.0f;
+    for (float& x : s) sum += (x = std::exp(x - mx));
+    for (int j = 0; j <= pos; ++j) {
+      if (hidden[j]) continue;
+      const float w = s[j] / sum;
+      for (int d = 0; d < hd; ++d) out[h * hd + d] += w * v[(j * kv_heads + g) * hd + d];
+    }
+  }
+  return out;
+}
+
+// Scoring eight keys at once changes no bit: against the key-at-a-time reference for head dims
+// of one lane vector, with a remainder, and of several vectors, contexts that end inside and at
+// the end of a group of eight, and hidden blocks.
+TEST(PagedAttention, EqualsTheKeyAtATimeReferenceBitForBit) {
+  const int block = 4, q_per_kv = 2, kv_heads = 2, q_heads = kv_heads * q_per_kv;
+  for (const int hd : {8, 12, 64}) {
+    for (const int pos : {0, 6, 7, 15, 16, 38}) {
+      for (const bool masked : {false, true}) {
+        const int keys = pos + 1, blocks = (keys + block - 1) / block;
+        std::vector<float> k = random_vec(keys * kv_heads * hd, 31 + hd + pos);
+        std::vector<float> v = random_vec(keys * kv_heads * hd, 32 + hd + pos);
+        const std::vector<float> q = random_vec(q_heads * hd, 33 + hd + pos);
+        // The cache: one block per table entry, token-major, laid out in reverse block order.
+        std::vector<float> kc(blocks * block * kv_heads * hd), vc(kc.size());
+        std::vector<int> table(blocks);
+        for (int b = 0; b < blocks; ++b) table[b] = blocks - 1 - b;
+        PagedLayerView view;
+        view.k = kc.data();
+        view.v = vc.data();
+        view.block_size = block;
+        view.head_dim = view.v_head_dim = hd;
+        view.k_block_stride = view.v_block_stride = int64_t(block) * kv_heads * hd;
+        view.k_token_stride = view.v_token_stride = int64_t(kv_heads) * hd;
+        view.k_head_stride = view.v_head_stride = hd;
+        std::vector<int> positions(keys);
+        std::iota(positions.begin(), positions.end(), 0);
+        std::vector<const int*> tables(keys, table.data());
+        paged_kv_write(view, TokenPlacement{keys, positions.data(), tables.data()}, k.data(), kv_heads * hd, v.data(),
+                       kv_heads * hd, kv_heads);
+        // Masked: every other block but the token's own hidden.
+        std::vector<uint8_t> block_mask(blocks, 1), hidden(keys, 0);
+        if (masked)
+          for (int b = 0; b + 1 < blocks; b += 2) block_mask[b] = 0;
+        for (int j = 0; j < keys; ++j) hidden[j] = block_mask[j / block] == 0;
+        const int* one_table = table.data();
+        TokenPlacement one{1, &pos, &one_table, block_mask.data(), blocks};
+        std::vector<float> out(q_heads * hd);
+        paged_attention(out.data(), q.data(), view, one, q_heads, q_per_kv, 0, 0.3f);
+        const std::vector<float> want = one_key_at_a_time(q, k, v, hidden, pos, q_heads, q_per_kv, hd, 0.3f);
+        for (size_t i = 0; i < out.size(); ++i)
+          ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want[i]))
+              << "hd " << hd << ", position " << pos << (masked ? ", masked" : "") << ", element " << i;
+      }
+    }
+  }
+}
+
 // The gathered logits of sampling on the backend: shard s is the LM head's even_split slice of
 // rank s, so the shard layout must split the vocabulary exactly as the engine does.
 TEST(ShardedLogits, ShardsAreTheEnginesVocabularySplit) {
