@@ -1,16 +1,20 @@
 // Engine throughput on CPU: single-sequence decode, aggregate decode at several batch sizes,
 // and prefill, per model and TP size. Prints a table (and JSON with --json FILE). Figures are
 // also given as a ratio to TP 1 measured in the same run, since the machine is shared and noisy.
+// --breakdown B adds where a decode step at batch B spends its time, phase by phase
+// (engine/backends/phase_profiler.h), on rank 0.
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "common/logging.h"
+#include "engine/backends/phase_profiler.h"
 #include "engine/engine.h"
 #include "engine/model/make_model.h"
 
@@ -28,8 +32,10 @@ std::vector<int> random_prompt(int len, int vocab, std::mt19937& rng) {
   return p;
 }
 
-// Tokens per second of decoding `batch` sequences together (prefill excluded).
-double decode_rate(Engine& e, int batch, int prompt_len, int new_tokens, std::mt19937& rng) {
+// Tokens per second of decoding `batch` sequences together (prefill excluded); `at_decode` runs
+// once every sequence has its first token, before the timed decode steps.
+double decode_rate(Engine& e, int batch, int prompt_len, int new_tokens, std::mt19937& rng,
+                   const std::function<void()>& at_decode = [] {}) {
   std::vector<int> counts(batch, 0);
   for (int i = 0; i < batch; ++i) {
     engine::SamplingParams p;
@@ -47,6 +53,7 @@ double decode_rate(Engine& e, int batch, int prompt_len, int new_tokens, std::mt
   while (!all_started() && e.has_work()) (void)e.step();
   int before = 0;
   for (int c : counts) before += c;
+  at_decode();
   const auto t0 = Clock::now();
   (void)e.run_until_idle();
   int after = 0;
@@ -83,6 +90,34 @@ FromBos decode_from_bos(Engine& e, int steps) {
   return {double(at.size() - 1) / std::chrono::duration<double>(at.back() - at.front()).count(), int(at.size())};
 }
 
+// Decodes `batch` sequences with every rank's profiler on during the decode steps; prints and
+// returns rank 0's phases per step (its LM head runs once a step).
+nlohmann::json decode_breakdown(Engine& e, const std::vector<engine::PhaseProfiler*>& profilers, int batch,
+                                int prompt_len, int new_tokens, std::mt19937& rng) {
+  (void)decode_rate(e, batch, prompt_len, new_tokens, rng, [&profilers] {
+    for (engine::PhaseProfiler* p : profilers) {
+      p->reset();
+      (void)p->set_enabled(true);
+    }
+  });
+  for (engine::PhaseProfiler* p : profilers) (void)p->set_enabled(false);
+  const auto& totals = profilers.front()->totals();
+  const double steps = std::max<int64_t>(1, totals[size_t(engine::Phase::kLmHead)].calls);
+  double all = 0;
+  for (const engine::PhaseTotal& t : totals) all += std::chrono::duration<double>(t.time).count();
+  nlohmann::json out;
+  std::printf("  decode step at batch %d, rank 0, per step (each call waited for):\n", batch);
+  for (int i = 0; i < engine::kPhases; ++i) {
+    const engine::PhaseTotal& t = totals[size_t(i)];
+    const double ms = std::chrono::duration<double, std::milli>(t.time).count() / steps;
+    const double share = all > 0 ? std::chrono::duration<double>(t.time).count() / all : 0;
+    const char* name = engine::phase_name(engine::Phase(i));
+    std::printf("    %-14s %7.1f calls %9.3f ms %6.1f%%\n", name, t.calls / steps, ms, 100 * share);
+    out[name] = {{"calls_per_step", t.calls / steps}, {"ms_per_step", ms}, {"share", share}};
+  }
+  return out;
+}
+
 long peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -101,6 +136,7 @@ int main(int argc, char** argv) {
   std::vector<int> batches = {1, 8, 32, 128};
   int new_tokens = 32, prompt_len = 16, prefill_len = 256, prefill_prompts = 4;
   int from_bos_steps = 0;
+  int breakdown_batch = 0;
   std::string json_out;
   app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
   app.add_option("--tp", tps, "TP sizes");
@@ -111,6 +147,10 @@ int main(int argc, char** argv) {
                  "Only time greedy decode of one sequence from BOS over this many positions, as run.c -t 0 -n N does "
                  "(bench/cpu_vs_runc.sh)")
       ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--breakdown", breakdown_batch,
+                 "Also profile a decode step at this batch size phase by phase (GEMMs, LM head, attention, small "
+                 "kernels, sampling, copies)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--json", json_out, "Write results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
@@ -138,7 +178,19 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
         return 1;
       }
+      // With --breakdown every rank's backend is the CPU backend under a PhaseProfiler (off
+      // until the breakdown runs).
+      std::vector<engine::PhaseProfiler*> profilers(tp);
+      const int vocab = model->config.vocab_size;
       engine::EngineOptions opts;
+      if (breakdown_batch > 0)
+        opts.backend_factory = [&profilers, vocab, tp](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
+          // The rank's LM head slice: the vocabulary split evenly, the first vocab % tp one wider.
+          const int lm_head_out = vocab / tp + (rank < vocab % tp ? 1 : 0);
+          auto profiler = std::make_unique<engine::PhaseProfiler>(engine::make_cpu_backend(), lm_head_out);
+          profilers[size_t(rank)] = profiler.get();
+          return std::unique_ptr<engine::Backend>(std::move(profiler));
+        };
       opts.tp = tp;
       opts.max_running = 256;
       opts.max_batch_tokens = 512;
@@ -174,6 +226,9 @@ int main(int argc, char** argv) {
       row["prefill_tok_s"] = pre;
       row["peak_rss_mib"] = bench::peak_rss_mib();
       std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
+      if (breakdown_batch > 0)
+        row["breakdown_batch_" + std::to_string(breakdown_batch)] =
+            bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
       if (tp == tps.front()) {
         for (auto& [k, v] : row.items())
           if (v.is_number_float()) tp1[k] = v.get<double>();

@@ -9,8 +9,12 @@
 // 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
 // copy of the logits to the host that sampling there would take.
 //
+// With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
+// the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
+// GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step.
+//
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
-//             [--prefill 512,2048] [--out results.jsonl]
+//             [--prefill 512,2048] [--breakdown 1] [--out results.jsonl]
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -29,6 +33,7 @@
 #include "engine/model_weights.h"
 #include "kernels/gpu/ops.h"
 #include "engine/backend_buffer.h"
+#include "engine/backends/phase_profiler.h"
 #include "engine/rank_runner.h"
 
 namespace pdserve {
@@ -45,6 +50,7 @@ struct Options {
   int context = 1024;
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> prefill = {512, 2048};
+  bool breakdown = true;
   std::string out;
 };
 
@@ -182,8 +188,10 @@ int run(const Options& o) {
   // runner of its own, freed before the next (the KV cache is the largest allocation).
   auto measure = [&](const RankShard& rank_shard) -> bool {
     const char* weights_name = dtype_name(rank_shard.weight_dtype);
+    // Off except for the breakdown rows' steps.
+    PhaseProfiler profiler(backend, c.vocab_size);
     auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block), blocks, std::max(max_batch, max_prefill),
-                                     backend, comm[0].get());
+                                     &profiler, comm[0].get());
     if (!runner.ok()) {
       std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
       return false;
@@ -209,6 +217,24 @@ int run(const Options& o) {
       }
       return (now_s() - t0) / iters;
     };
+    // One more step of `batch` with each kernel call waited for, as a "breakdown" row.
+    auto breakdown = [&](ForwardBatch& batch, const char* step, int size) -> bool {
+      if (!o.breakdown) return true;
+      profiler.reset();
+      if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
+      const auto& totals = profiler.totals();
+      const double steps = std::max<int64_t>(1, totals[size_t(Phase::kLmHead)].calls);
+      std::string line = absl::StrCat("{\"kind\":\"breakdown\",\"weights\":\"", weights_name, "\",\"step\":\"", step,
+                                      "\",\"size\":", size);
+      for (int i = 0; i < kPhases; ++i) {
+        const PhaseTotal& t = totals[size_t(i)];
+        const char* name = phase_name(Phase(i));
+        absl::StrAppend(&line, ",\"", name, "_ms\":", std::chrono::duration<double, std::milli>(t.time).count() / steps,
+                        ",\"", name, "_calls\":", t.calls / steps);
+      }
+      report.line(line + "}");
+      return true;
+    };
     // Decode: every sequence at position `context` (its earlier KV already in place).
     for (int b : o.batches) {
       ForwardBatch batch;
@@ -231,6 +257,7 @@ int run(const Options& o) {
                     weights_name, b, o.context, t * 1e3, b / t, bytes / t / kHbmBytesPerS, flops / t / kF32FlopPerS,
                     flops / t / kBf16FlopPerS);
       report.line(buf);
+      if (!breakdown(batch, "decode", b)) return false;
     }
     // Prefill: one sequence's prompt in one step, logits for its last token.
     for (int p : o.prefill) {
@@ -249,6 +276,7 @@ int run(const Options& o) {
                     "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
                     weights_name, p, t * 1e3, p / t, flops / t / kF32FlopPerS, flops / t / kBf16FlopPerS);
       report.line(buf);
+      if (!breakdown(batch, "prefill", p)) return false;
     }
     return true;
   };
@@ -430,6 +458,7 @@ int main(int argc, char** argv) {
     else if (k == "--batches") o.batches = pdserve::parse_list(v);
     else if (k == "--prefill") o.prefill = pdserve::parse_list(v);
     else if (k == "--out") o.out = v;
+    else if (k == "--breakdown") o.breakdown = v != "0";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

@@ -1,0 +1,123 @@
+#include "engine/backends/phase_profiler.h"
+
+#include <utility>
+
+namespace pdserve::engine {
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kGemm: return "gemm";
+    case Phase::kLmHead: return "lm_head";
+    case Phase::kAttention: return "attention";
+    case Phase::kSmallKernels: return "small_kernels";
+    case Phase::kSampling: return "sampling";
+    case Phase::kCopies: return "copies";
+  }
+  return "?";
+}
+
+PhaseProfiler::PhaseProfiler(Backend* inner, int lm_head_out, const Clock& clock)
+    : inner_(inner), lm_head_out_(lm_head_out), clock_(clock) {}
+
+PhaseProfiler::PhaseProfiler(std::unique_ptr<Backend> inner, int lm_head_out, const Clock& clock)
+    : owned_(std::move(inner)), inner_(owned_.get()), lm_head_out_(lm_head_out), clock_(clock) {}
+
+Status PhaseProfiler::set_enabled(bool enabled) {
+  PD_RETURN_IF_ERROR(inner_->synchronize());
+  enabled_ = enabled;
+  return absl::OkStatus();
+}
+
+template <typename Call>
+void PhaseProfiler::timed(Phase phase, Call&& call) {
+  if (!enabled_) {
+    call();
+    return;
+  }
+  const TimePoint start = clock_.now();
+  call();
+  // A failure here surfaces again at the caller's own synchronize().
+  (void)inner_->synchronize();
+  PhaseTotal& total = totals_[size_t(phase)];
+  ++total.calls;
+  total.time += clock_.now() - start;
+}
+
+Status PhaseProfiler::copy_to_device(void* dst, const void* src, size_t bytes) {
+  Status s;
+  timed(Phase::kCopies, [&] { s = inner_->copy_to_device(dst, src, bytes); });
+  return s;
+}
+
+Status PhaseProfiler::copy_to_host(void* dst, const void* src, size_t bytes) {
+  Status s;
+  timed(Phase::kCopies, [&] { s = inner_->copy_to_host(dst, src, bytes); });
+  return s;
+}
+
+void PhaseProfiler::embed(float* out, const float* table, const int* tokens, int n, int dim) {
+  timed(Phase::kSmallKernels, [&] { inner_->embed(out, table, tokens, n, dim); });
+}
+
+void PhaseProfiler::rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) {
+  timed(Phase::kSmallKernels, [&] { inner_->rms_norm(out, in, w, rows, dim, eps); });
+}
+
+void PhaseProfiler::matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) {
+  timed(out == lm_head_out_ ? Phase::kLmHead : Phase::kGemm,
+        [&] { inner_->matmul_xwt(y, x, w, rows, out, in, ldw); });
+}
+
+void PhaseProfiler::matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
+                                    int64_t ldw) {
+  timed(out == lm_head_out_ ? Phase::kLmHead : Phase::kGemm,
+        [&] { inner_->matmul_xwt_bf16(y, x, w, rows, out, in, ldw); });
+}
+
+void PhaseProfiler::add_bias(float* y, const float* bias, int rows, int out) {
+  timed(Phase::kSmallKernels, [&] { inner_->add_bias(y, bias, rows, out); });
+}
+
+void PhaseProfiler::rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
+                         const float* inv_freq, float attention_scale, bool rotate_half) {
+  timed(Phase::kSmallKernels, [&] {
+    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
+  });
+}
+
+void PhaseProfiler::paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
+                                   const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
+                                   int n_kv_heads) {
+  timed(Phase::kAttention,
+        [&] { inner_->paged_kv_write(kv, tokens, k, k_row_stride, v, v_row_stride, n_kv_heads); });
+}
+
+void PhaseProfiler::paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                                    const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                                    float scale) {
+  timed(Phase::kAttention,
+        [&] { inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale); });
+}
+
+void PhaseProfiler::index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
+                                        const kernels::PagedLayerView& index_view,
+                                        const kernels::TokenPlacement& tokens, int top_k) {
+  timed(Phase::kAttention,
+        [&] { inner_->index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k); });
+}
+
+void PhaseProfiler::sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits,
+                           const kernels::SampleRow* params, const kernels::SeenTokens& seen,
+                           const kernels::LogitEdits& edits, float* scratch) {
+  timed(Phase::kSampling, [&] { inner_->sample(tokens, logprobs, logits, params, seen, edits, scratch); });
+}
+
+void PhaseProfiler::silu_mul(float* gate, const float* up, int64_t n) {
+  timed(Phase::kSmallKernels, [&] { inner_->silu_mul(gate, up, n); });
+}
+
+void PhaseProfiler::add_inplace(float* x, const float* y, int64_t n) {
+  timed(Phase::kSmallKernels, [&] { inner_->add_inplace(x, y, n); });
+}
+
+}  // namespace pdserve::engine

@@ -1,0 +1,67 @@
+// PhaseProfiler: under it the engine computes exactly what it computes without it, and each
+// kernel call lands in its phase once per call while profiling is on, never while it is off.
+#include "engine/backends/phase_profiler.h"
+
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "engine/engine.h"
+#include "engine/model_loader.h"
+#include "tests/engine/test_model.h"
+
+namespace pdserve::engine {
+namespace {
+
+TEST(PhaseProfiler, ForwardsEveryCallAndCountsEachStepsKernels) {
+  SamplingParams params;
+  params.max_tokens = 24;
+  params.ignore_eos = true;
+  const std::vector<int> prompt = {1, 403, 407, 261};
+  auto plain = Engine::create(*load_model({pdserve::testing::stories_bin()}), {});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const auto want = (*plain)->generate(prompt, params);
+  ASSERT_TRUE(want.ok()) << want.status();
+
+  FakeClock clock;  // Never advanced: the test is about what is charged where, not how long.
+  PhaseProfiler* profiler = nullptr;
+  EngineOptions o;
+  o.backend_factory = [&](int) -> StatusOr<std::unique_ptr<Backend>> {
+    auto p = std::make_unique<PhaseProfiler>(make_cpu_backend(), /*lm_head_out=*/512, clock);
+    profiler = p.get();
+    return std::unique_ptr<Backend>(std::move(p));
+  };
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok()) << model.status();
+  const ModelConfig config = model->config;
+  ASSERT_EQ(config.vocab_size, 512);
+  auto profiled = Engine::create(std::move(*model), o);
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  ASSERT_NE(profiler, nullptr);
+
+  // Off: forwards only.
+  auto off = (*profiled)->generate(prompt, params);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->token_ids, want->token_ids);
+  for (const PhaseTotal& t : profiler->totals()) EXPECT_EQ(t.calls, 0);
+
+  ASSERT_TRUE(profiler->set_enabled(true).ok());
+  auto on = (*profiled)->generate(prompt, params);
+  ASSERT_TRUE(profiler->set_enabled(false).ok());
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->token_ids, want->token_ids);
+  // One LM head per step: the prompt's step, then one per further token.
+  const auto& totals = profiler->totals();
+  const int64_t steps = totals[size_t(Phase::kLmHead)].calls;
+  EXPECT_EQ(steps, params.max_tokens);
+  const int64_t layers = config.n_layers;
+  EXPECT_EQ(totals[size_t(Phase::kGemm)].calls, steps * layers * 7);  // q, k, v, o, gate, up, down.
+  EXPECT_EQ(totals[size_t(Phase::kAttention)].calls, steps * layers * 2);  // KV write, attention.
+  EXPECT_GT(totals[size_t(Phase::kSmallKernels)].calls, steps * layers * 2);  // Norms, RoPE, ...
+  EXPECT_EQ(totals[size_t(Phase::kSampling)].calls, 0);  // The CPU engine samples on the host.
+  for (const PhaseTotal& t : totals) EXPECT_EQ(t.time, Duration(0));
+  profiler->reset();
+  for (const PhaseTotal& t : profiler->totals()) EXPECT_EQ(t.calls, 0);
+}
+
+}  // namespace
+}  // namespace pdserve::engine
