@@ -165,6 +165,13 @@ TEST_P(ClusterCache, RepeatedPromptsAndLaterTurnsHitTheCache) {
     first.push_back(generate(*stub_, p, 4));
     ASSERT_EQ(first.back().error, "") << cluster_->log();
   }
+  // The blocks' events reach the router after the answers do (more so on a loaded machine):
+  // cache-aware placement of the second sends needs them, so wait until the router's index of
+  // every worker is its engine's keys.
+  for (const auto deadline = std::chrono::steady_clock::now() + 20s;
+       std::chrono::steady_clock::now() < deadline && !index_equals_engines();)
+    std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(index_equals_engines()) << cluster_->log();
   std::set<std::string> prefill_used;
   int hits = 0;
   for (int i = 0; i < kPrompts; ++i) {
