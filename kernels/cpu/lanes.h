@@ -28,11 +28,20 @@ using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
   return v;
 }
 
-// Adds the products a[k] * b[k] of the remainder [whole, n) to their lanes of `acc` and reduces.
-[[gnu::always_inline]] inline float finish_lanes(Lanes acc, const float* a, const float* b, int whole, int n) {
+// `acc` with the products a[k] * b[k] of the remainder [whole, n) added to their lanes.
+[[gnu::always_inline]] inline Lanes add_remainder(Lanes acc, const float* a, const float* b, int whole, int n) {
   float lanes[kLanes];
   __builtin_memcpy(lanes, &acc, sizeof(lanes));
   for (int k = whole; k < n; ++k) lanes[k - whole] += a[k] * b[k];
+  __builtin_memcpy(&acc, lanes, sizeof(lanes));
+  return acc;
+}
+
+// Adds the remainder's products to their lanes of `acc` (add_remainder) and reduces.
+[[gnu::always_inline]] inline float finish_lanes(Lanes acc, const float* a, const float* b, int whole, int n) {
+  float lanes[kLanes];
+  acc = add_remainder(acc, a, b, whole, n);
+  __builtin_memcpy(lanes, &acc, sizeof(lanes));
   return reduce_lanes(lanes);
 }
 

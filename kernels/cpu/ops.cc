@@ -72,11 +72,29 @@ template <int R, int C>
       for (int c = 0; c < C; ++c) acc[r][c] += xk * wk[c];
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      const float sum = finish_lanes(acc[r][c], x + int64_t(r) * in, w + int64_t(c) * ldw, whole, in);
-      y[r * ldy + c] = accumulate ? y[r * ldy + c] + sum : sum;
+  if constexpr (R * C % kLanes == 0) {
+    // Eight outputs reduced at once (reduce_lanes_x8: the same tree, so the same bits as
+    // finish_lanes on each), after the remainder's products join their lanes.
+    Lanes* flat = &acc[0][0];
+    if (whole != in)
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = add_remainder(acc[r][c], x + int64_t(r) * in, w + int64_t(c) * ldw, whole, in);
+    for (int g = 0; g < R * C; g += kLanes) {
+      Lanes slots[kLanes];
+      for (int s = 0; s < kLanes; ++s) slots[s] = flat[g + kReduceSlotKey[s]];
+      const Lanes sums = reduce_lanes_x8(slots);
+      for (int i = 0; i < kLanes; ++i) {
+        float& out = y[(g + i) / C * ldy + (g + i) % C];
+        out = accumulate ? out + sums[i] : sums[i];
+      }
     }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        const float sum = finish_lanes(acc[r][c], x + int64_t(r) * in, w + int64_t(c) * ldw, whole, in);
+        y[r * ldy + c] = accumulate ? y[r * ldy + c] + sum : sum;
+      }
+  }
 }
 
 template <int R>

@@ -32,12 +32,7 @@ namespace {
   Lanes acc = {};
   const int whole = n - n % kLanes;
   for (int d = 0; d < whole; d += kLanes) acc += load_lanes(q + d) * load_lanes(k + d);
-  if (whole == n) return acc;
-  float lanes[kLanes];
-  __builtin_memcpy(lanes, &acc, sizeof(lanes));
-  for (int d = whole; d < n; ++d) lanes[d - whole] += q[d] * k[d];
-  __builtin_memcpy(&acc, lanes, sizeof(lanes));
-  return acc;
+  return whole == n ? acc : add_remainder(acc, q, k, whole, n);
 }
 
 }  // namespace
