@@ -17,6 +17,7 @@
 #include "engine/backends/phase_profiler.h"
 #include "engine/engine.h"
 #include "engine/model/make_model.h"
+#include "engine/tp_shard.h"
 
 namespace pdserve::bench {
 namespace {
@@ -101,19 +102,17 @@ nlohmann::json decode_breakdown(Engine& e, const std::vector<engine::PhaseProfil
     }
   });
   for (engine::PhaseProfiler* p : profilers) (void)p->set_enabled(false);
-  const auto& totals = profilers.front()->totals();
-  const double steps = std::max<int64_t>(1, totals[size_t(engine::Phase::kLmHead)].calls);
+  const auto phases = profilers.front()->per_step();
   double all = 0;
-  for (const engine::PhaseTotal& t : totals) all += std::chrono::duration<double>(t.time).count();
+  for (const engine::PhasePerStep& p : phases) all += p.ms;
   nlohmann::json out;
   std::printf("  decode step at batch %d, rank 0, per step (each call waited for):\n", batch);
   for (int i = 0; i < engine::kPhases; ++i) {
-    const engine::PhaseTotal& t = totals[size_t(i)];
-    const double ms = std::chrono::duration<double, std::milli>(t.time).count() / steps;
-    const double share = all > 0 ? std::chrono::duration<double>(t.time).count() / all : 0;
+    const engine::PhasePerStep& p = phases[size_t(i)];
+    const double share = all > 0 ? p.ms / all : 0;
     const char* name = engine::phase_name(engine::Phase(i));
-    std::printf("    %-14s %7.1f calls %9.3f ms %6.1f%%\n", name, t.calls / steps, ms, 100 * share);
-    out[name] = {{"calls_per_step", t.calls / steps}, {"ms_per_step", ms}, {"share", share}};
+    std::printf("    %-14s %7.1f calls %9.3f ms %6.1f%%\n", name, p.calls, p.ms, 100 * share);
+    out[name] = {{"calls_per_step", p.calls}, {"ms_per_step", p.ms}, {"share", share}};
   }
   return out;
 }
@@ -185,9 +184,9 @@ int main(int argc, char** argv) {
       engine::EngineOptions opts;
       if (breakdown_batch > 0)
         opts.backend_factory = [&profilers, vocab, tp](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
-          // The rank's LM head slice: the vocabulary split evenly, the first vocab % tp one wider.
-          const int lm_head_out = vocab / tp + (rank < vocab % tp ? 1 : 0);
-          auto profiler = std::make_unique<engine::PhaseProfiler>(engine::make_cpu_backend(), lm_head_out);
+          // The rank's LM head slice of the vocabulary, as the engine shards it.
+          auto profiler = std::make_unique<engine::PhaseProfiler>(engine::make_cpu_backend(),
+                                                                  engine::even_split(vocab, tp, rank).size());
           profilers[size_t(rank)] = profiler.get();
           return std::unique_ptr<engine::Backend>(std::move(profiler));
         };

@@ -222,15 +222,13 @@ int run(const Options& o) {
       if (!o.breakdown) return true;
       profiler.reset();
       if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
-      const auto& totals = profiler.totals();
-      const double steps = std::max<int64_t>(1, totals[size_t(Phase::kLmHead)].calls);
+      const auto phases = profiler.per_step();
       std::string line = absl::StrCat("{\"kind\":\"breakdown\",\"weights\":\"", weights_name, "\",\"step\":\"", step,
                                       "\",\"size\":", size);
       for (int i = 0; i < kPhases; ++i) {
-        const PhaseTotal& t = totals[size_t(i)];
         const char* name = phase_name(Phase(i));
-        absl::StrAppend(&line, ",\"", name, "_ms\":", std::chrono::duration<double, std::milli>(t.time).count() / steps,
-                        ",\"", name, "_calls\":", t.calls / steps);
+        absl::StrAppend(&line, ",\"", name, "_ms\":", phases[size_t(i)].ms, ",\"", name,
+                        "_calls\":", phases[size_t(i)].calls);
       }
       report.line(line + "}");
       return true;
@@ -458,7 +456,13 @@ int main(int argc, char** argv) {
     else if (k == "--batches") o.batches = pdserve::parse_list(v);
     else if (k == "--prefill") o.prefill = pdserve::parse_list(v);
     else if (k == "--out") o.out = v;
-    else if (k == "--breakdown") o.breakdown = v != "0";
+    else if (k == "--breakdown") {
+      if (v != "0" && v != "1") {
+        std::fprintf(stderr, "--breakdown takes 0 or 1, not %s\n", v.c_str());
+        return 2;
+      }
+      o.breakdown = v == "1";
+    }
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

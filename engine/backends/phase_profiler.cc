@@ -1,5 +1,7 @@
 #include "engine/backends/phase_profiler.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace pdserve::engine {
@@ -21,6 +23,15 @@ PhaseProfiler::PhaseProfiler(Backend* inner, int lm_head_out, const Clock& clock
 
 PhaseProfiler::PhaseProfiler(std::unique_ptr<Backend> inner, int lm_head_out, const Clock& clock)
     : owned_(std::move(inner)), inner_(owned_.get()), lm_head_out_(lm_head_out), clock_(clock) {}
+
+std::array<PhasePerStep, kPhases> PhaseProfiler::per_step() const {
+  const double steps = double(std::max<int64_t>(1, totals_[size_t(Phase::kLmHead)].calls));
+  std::array<PhasePerStep, kPhases> out;
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = {double(totals_[i].calls) / steps,
+              std::chrono::duration<double, std::milli>(totals_[i].time).count() / steps};
+  return out;
+}
 
 Status PhaseProfiler::set_enabled(bool enabled) {
   PD_RETURN_IF_ERROR(inner_->synchronize());

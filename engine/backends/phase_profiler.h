@@ -29,6 +29,12 @@ struct PhaseTotal {
   Duration time{0};
 };
 
+// A phase's share of one forward step: its totals over the steps profiled.
+struct PhasePerStep {
+  double calls = 0;
+  double ms = 0;
+};
+
 class PhaseProfiler final : public Backend {
  public:
   // Over `inner` (not owned), which must outlive it. A GEMM whose output has `lm_head_out`
@@ -41,6 +47,8 @@ class PhaseProfiler final : public Backend {
   Status set_enabled(bool enabled);
   // The totals since the last reset().
   const std::array<PhaseTotal, kPhases>& totals() const { return totals_; }
+  // The totals per forward step, counting steps by the LM head's calls (one a step; at least 1).
+  std::array<PhasePerStep, kPhases> per_step() const;
   void reset() { totals_ = {}; }
 
   std::string name() const override { return inner_->name(); }

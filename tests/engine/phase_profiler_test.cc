@@ -59,6 +59,7 @@ TEST(PhaseProfiler, ForwardsEveryCallAndCountsEachStepsKernels) {
   EXPECT_GT(totals[size_t(Phase::kSmallKernels)].calls, steps * layers * 2);  // Norms, RoPE, ...
   EXPECT_EQ(totals[size_t(Phase::kSampling)].calls, 0);  // The CPU engine samples on the host.
   for (const PhaseTotal& t : totals) EXPECT_EQ(t.time, Duration(0));
+  EXPECT_EQ(profiler->per_step()[size_t(Phase::kGemm)].calls, double(layers * 7));
   profiler->reset();
   for (const PhaseTotal& t : profiler->totals()) EXPECT_EQ(t.calls, 0);
 }

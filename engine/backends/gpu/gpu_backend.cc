@@ -34,7 +34,6 @@ namespace pdserve::engine {
 namespace {
 
 namespace g = kernels::gpu;
-namespace k = kernels::cpu;
 
 // Prefill kernel pays off once a call carries tiles of several query tokens.
 constexpr int kPrefillKernelMinTokens = 16;
