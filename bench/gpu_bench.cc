@@ -12,10 +12,14 @@
 // With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
 // GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step.
+// --only and --weights pick parts, so that one item re-measures in a minute or two (the model's
+// weights are only made for decode and prefill). One source for CUDA and HIP (the runtime and
+// BLAS through gpu_compat.h and gpu_blas.h); the rooflines are the H200's on both.
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
-//             [--prefill 512,2048] [--breakdown 1] [--out results.jsonl]
-#include <cublas_v2.h>
+//             [--prefill 512,2048] [--breakdown 1] [--only decode,prefill,sampling,gemm]
+//             [--weights f32,bf16] [--out results.jsonl]
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -23,10 +27,10 @@
 #include <fstream>
 #include <map>
 #include <numeric>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "engine/backends/gpu/gpu_blas.h"
 #include "engine/gpu_backend.h"
 #include "engine/model/make_model.h"
 #include "engine/model_tensors.h"
@@ -45,24 +49,38 @@ constexpr double kHbmBytesPerS = 4.8e12;
 constexpr double kBf16FlopPerS = 990e12;
 constexpr double kF32FlopPerS = 67e12;
 
+// What a run measures (--only): steps of the model (decode, prefill; each with the f32 and/or
+// bf16 weights of --weights), the sampling kernel, the GEMMs alone.
+enum class Part { kDecode, kPrefill, kSampling, kGemm };
+
 struct Options {
   std::string preset = "llama-3-8b";
   int context = 1024;
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> prefill = {512, 2048};
   bool breakdown = true;
+  std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
+  std::vector<DType> weights = {DType::kF32, DType::kBF16};
   std::string out;
-};
 
-std::vector<int> parse_list(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
-  return v;
-}
+  bool runs(Part p) const { return std::find(only.begin(), only.end(), p) != only.end(); }
+  bool runs(DType d) const { return std::find(weights.begin(), weights.end(), d) != weights.end(); }
+};
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Mean seconds per call of `body` over `iters` calls after one warm-up call, and the device's
+// status after them.
+template <typename Body>
+std::pair<double, gpuError_t> time_calls(Body&& body, int iters) {
+  body();
+  (void)gpuDeviceSynchronize();
+  const double t0 = now_s();
+  for (int i = 0; i < iters; ++i) body();
+  const gpuError_t e = gpuDeviceSynchronize();
+  return {(now_s() - t0) / iters, e};
 }
 
 // Tensors by name whose data is already in device memory (the synthetic weights).
@@ -118,25 +136,11 @@ double matmul_params(const ModelConfig& c) {
   return p;
 }
 
-int run(const Options& o) {
-  auto config_or = make_model_preset_config(o.preset);
-  if (!config_or.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(config_or.status().message()).c_str());
-    return 1;
-  }
-  ModelConfig c = *config_or;
+// Decode steps against batch size and prefill tokens/s of the synthetic model, with f32 GEMM
+// weights (the vendor SGEMM) and/or bf16 ones (the portable GEMM), as --only and --weights ask.
+bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
-  c.max_seq_len = std::max({c.max_seq_len, o.context + 1, max_prefill});
-  auto backend_or = make_gpu_backend(0);
-  if (!backend_or.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(backend_or.status().message()).c_str());
-    return 1;
-  }
-  Backend* backend = backend_or->get();
-  Report report;
-  if (!o.out.empty()) report.file.open(o.out);
-
   // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
   std::vector<const float*> tensors;
   std::vector<std::unique_ptr<BackendBuffer>> buffers;
@@ -152,7 +156,7 @@ int run(const Options& o) {
     auto buf = std::make_unique<BackendBuffer>();
     if (Status s = buf->reserve(backend, size_t(n) * 4); !s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-      return 1;
+      return false;
     }
     const bool norm = t.name.find("norm") != std::string::npos;
     kernels::gpu::fill_random(buf->as<float>(), n, seed++, norm ? 0.0f : 0.02f, 1.0f, nullptr);
@@ -160,16 +164,19 @@ int run(const Options& o) {
     weight_bytes += double(n) * 4;
     buffers.push_back(std::move(buf));
   }
-  cudaDeviceSynchronize();
+  if (gpuDeviceSynchronize() != gpuSuccess) {
+    std::fprintf(stderr, "making the synthetic weights failed\n");
+    return false;
+  }
   auto weights = wrap_device_tensors(c, tensors);
   if (!weights.ok()) {
     std::fprintf(stderr, "%s\n", std::string(weights.status().message()).c_str());
-    return 1;
+    return false;
   }
   auto shard = shard_weights(c, **weights, 0, 1);
   if (!shard.ok()) {
     std::fprintf(stderr, "%s\n", std::string(shard.status().message()).c_str());
-    return 1;
+    return false;
   }
   const int block = 16;
   const int per_seq = (std::max(o.context + 1, max_prefill) + block - 1) / block;
@@ -234,7 +241,7 @@ int run(const Options& o) {
       return true;
     };
     // Decode: every sequence at position `context` (its earlier KV already in place).
-    for (int b : o.batches) {
+    for (int b : o.runs(Part::kDecode) ? o.batches : std::vector<int>{}) {
       ForwardBatch batch;
       for (int s = 0; s < b; ++s) {
         batch.tokens.push_back(s % c.vocab_size);
@@ -258,7 +265,7 @@ int run(const Options& o) {
       if (!breakdown(batch, "decode", b)) return false;
     }
     // Prefill: one sequence's prompt in one step, logits for its last token.
-    for (int p : o.prefill) {
+    for (int p : o.runs(Part::kPrefill) ? o.prefill : std::vector<int>{}) {
       ForwardBatch batch;
       for (int i = 0; i < p; ++i) {
         batch.tokens.push_back(i % c.vocab_size);
@@ -278,7 +285,9 @@ int run(const Options& o) {
     }
     return true;
   };
-  if (!measure(*shard)) return 1;
+  if (o.runs(DType::kF32) && !measure(*shard)) return false;
+  if (!o.runs(DType::kBF16)) return true;
+
 
   // The same model with bf16 GEMM weights (--weight-dtype bf16): each GEMM tensor truncated to
   // bf16 in a buffer of its own (TP 1: every shard pointer is its tensor's start).
@@ -287,8 +296,10 @@ int run(const Options& o) {
   half.weight_dtype = DType::kBF16;
   auto to_bf16 = [&](const float*& w, int64_t n) -> bool {
     auto b = std::make_unique<BackendBuffer>();
-    if (!b->reserve(backend, size_t(n) * 2).ok()) return false;
-    cudaMemcpy2D(b->as<void>(), 2, reinterpret_cast<const char*>(w) + 2, 4, 2, size_t(n), cudaMemcpyDeviceToDevice);
+    if (!b->reserve(backend, size_t(n) * 2).ok() ||
+        gpuMemcpy2D(b->as<void>(), 2, reinterpret_cast<const char*>(w) + 2, 4, 2, size_t(n),
+                    gpuMemcpyDeviceToDevice) != gpuSuccess)
+      return false;
     w = b->as<const float>();
     half_buffers.push_back(std::move(b));
     return true;
@@ -303,15 +314,16 @@ int run(const Options& o) {
     if (converted && w.w_index_q != nullptr)
       converted = to_bf16(w.w_index_q, index_dim * d) && to_bf16(w.w_index_k, index_dim * d);
   }
-  if (!converted || cudaDeviceSynchronize() != cudaSuccess) {
+  if (!converted || gpuDeviceSynchronize() != gpuSuccess) {
     std::fprintf(stderr, "bf16 copies of the weights failed\n");
-    return 1;
+    return false;
   }
-  if (!measure(half)) return 1;
-  half_buffers.clear();
-  buffers.clear();
+  return measure(half);
+}
 
-  // Sampling rows of the model's vocabulary on the device against copying them to the host.
+// Sampling rows of the model's vocabulary on the device against copying them to the host.
+bool measure_sampling(const ModelConfig& c, Backend* backend, Report& report) {
+  char buf[512];
   for (int rows : {1, 32, 128}) {
     BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
@@ -320,20 +332,12 @@ int run(const Options& o) {
         !tokens.reserve(backend, rows * 4).ok() ||
         !logprobs.reserve(backend, rows * sizeof(kernels::RowLogprobs)).ok()) {
       std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
-      return 1;
+      return false;
     }
     kernels::gpu::fill_random(logits.as<float>(), int64_t(n), 400 + rows, 3.0f, 0.0f, nullptr);
     std::vector<float> host(n);
-    auto time_it = [&](auto&& body) {
-      body();
-      cudaDeviceSynchronize();
-      const int iters = 20;
-      const double t0 = now_s();
-      for (int i = 0; i < iters; ++i) body();
-      cudaDeviceSynchronize();
-      return (now_s() - t0) / iters;
-    };
-    const double copy = time_it([&] { (void)backend->copy_to_host(host.data(), logits.as<void>(), n * 4); });
+    const double copy =
+        time_calls([&] { (void)backend->copy_to_host(host.data(), logits.as<void>(), n * 4); }, 20).first;
     // The same rows asking for the sampled token's log-probability and the top 20 (OpenAI's
     // most): what a logprobs request adds to a step.
     const auto with_logprobs = [](kernels::SampleRow row) {
@@ -352,95 +356,118 @@ int run(const Options& o) {
                  {"top_p_0.95_logprobs_20", with_logprobs({1.0f, 0, 0.95f, 0.5})}};
     for (const auto& m : modes) {
       const std::vector<kernels::SampleRow> rows_params(rows, m.row);
-      cudaMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), cudaMemcpyHostToDevice);
+      if (gpuMemcpy(params.as<void>(), rows_params.data(), rows * sizeof(m.row), gpuMemcpyHostToDevice) != gpuSuccess)
+        return false;
       const kernels::ShardedLogits view{logits.as<float>(), rows, c.vocab_size, 1};
-      const double t = time_it([&] {
+      const auto [t, e] = time_calls([&] {
         kernels::gpu::sample(tokens.as<int>(), logprobs.as<kernels::RowLogprobs>(), view,
                              params.as<kernels::SampleRow>(), {}, {}, scratch.as<float>(), nullptr);
-      });
-      const cudaError_t e = cudaGetLastError();
+      }, 20);
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"sampling\",\"mode\":\"%s\",\"rows\":%d,\"vocab\":%d,\"device_us\":%.1f,"
                     "\"logits_to_host_us\":%.1f,\"vs_copy\":%.3f,\"error\":\"%s\"}",
                     m.name, rows, c.vocab_size, t * 1e6, copy * 1e6, t / copy,
-                    e == cudaSuccess ? "" : cudaGetErrorString(e));
+                    e == gpuSuccess ? "" : gpuGetErrorString(e));
       report.line(buf);
     }
   }
 
-  // cuBLAS bf16 GEMMs (f32 accumulate) at the model's projection shapes, and the portable GEMM
-  // (GEMV up to 8 rows, tiled beyond) with bf16 weights and f32 activations, as
-  // --weight-dtype bf16 and the HIP fallback run it. Inputs are random, never
-  // zeros: bf16 values are the upper halves of N(0, 0.02) floats (a truncation), copied out
-  // with a strided 2D copy.
-  auto random_bf16 = [](void* dst, int64_t n, uint64_t seed) {
-    float* f = nullptr;
-    cudaMalloc(&f, size_t(n) * 4);
-    kernels::gpu::fill_random(f, n, seed, 0.02f, 0.0f, nullptr);
-    cudaMemcpy2D(dst, 2, reinterpret_cast<char*>(f) + 2, 4, 2, size_t(n), cudaMemcpyDeviceToDevice);
-    cudaFree(f);
+  return true;
+}
+
+// The vendor BLAS's bf16 GEMMs (f32 accumulation; cuBLAS, or hipBLAS where the HIP build has it)
+// at the model's projection shapes, and the portable GEMM (GEMV up to 8 rows, tiled beyond) with
+// bf16 weights and f32 activations, as --weight-dtype bf16 and a HIP build without hipBLAS run
+// it. Inputs are random, never zeros: bf16 values are the upper halves of N(0, 0.02) floats (a
+// truncation), copied out with a strided 2D copy.
+bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
+  char buf[512];
+  BackendBuffer f32;
+  auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) -> bool {
+    if (!dst.reserve(backend, size_t(n) * 2).ok() || !f32.reserve(backend, size_t(n) * 4).ok()) return false;
+    kernels::gpu::fill_random(f32.as<float>(), n, seed, 0.02f, 0.0f, nullptr);
+    return gpuMemcpy2D(dst.as<void>(), 2, f32.as<char>() + 2, 4, 2, size_t(n), gpuMemcpyDeviceToDevice) == gpuSuccess;
   };
-  cublasHandle_t h;
-  cublasCreate(&h);
+#if defined(PDSERVE_GPU_BLAS)
+  gpublasHandle_t h;
+  if (gpublasCreate(&h) != GPUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "BLAS handle create failed\n");
+    return false;
+  }
+#endif
   const int shapes[4][2] = {{c.q_dim() + 2 * c.kv_dim(), c.dim}, {c.dim, c.q_dim()}, {2 * c.hidden_dim, c.dim}, {c.dim, c.hidden_dim}};
   const char* names[4] = {"qkv", "o", "gate_up", "down"};
+  const int iters = 20;
   for (int rows : {1, 32, 128, 2048, 8192})
     for (int s = 0; s < 4; ++s) {
       const int out = shapes[s][0], in = shapes[s][1];
-      void *w, *x, *y;
-      cudaMalloc(&w, size_t(out) * in * 2);
-      cudaMalloc(&x, size_t(rows) * in * 2);
-      cudaMalloc(&y, size_t(rows) * out * 2);
-      random_bf16(w, int64_t(out) * in, 100 + s);
-      random_bf16(x, int64_t(rows) * in, 200 + s);
+      const double flops = 2.0 * rows * out * in;
+      BackendBuffer w, x, y;
+      if (!random_bf16(w, int64_t(out) * in, 100 + s) || !random_bf16(x, int64_t(rows) * in, 200 + s) ||
+          !y.reserve(backend, size_t(rows) * out * 2).ok()) {
+        std::fprintf(stderr, "no memory for the %s GEMM of %d rows\n", names[s], rows);
+        return false;
+      }
+      double vendor_s = 0;  // 0: no vendor BLAS in this build.
+#if defined(PDSERVE_GPU_BLAS)
       const float alpha = 1, beta = 0;
-      auto gemm = [&] {
-        return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, w, CUDA_R_16BF, in, x, CUDA_R_16BF,
-                            in, &beta, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      };
-      const int iters = 20;
-      gemm();
-      cudaDeviceSynchronize();
-      const double t0 = now_s();
-      for (int i = 0; i < iters; ++i) gemm();
-      cudaDeviceSynchronize();
-      const double t = (now_s() - t0) / iters;
-      const double flops = 2.0 * rows * out * in, bytes = 2.0 * (double(out) * in + double(rows) * (in + out));
+      const auto [t, e] = time_calls([&] {
+        (void)gpublasGemmEx(h, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w.as<void>(), GPUBLAS_R_16BF, in,
+                            x.as<void>(), GPUBLAS_R_16BF, in, &beta, y.as<void>(), GPUBLAS_R_16BF, out,
+                            GPUBLAS_COMPUTE_32F, GPUBLAS_GEMM_DEFAULT);
+      }, iters);
+      vendor_s = t;
+      const double bytes = 2.0 * (double(out) * in + double(rows) * (in + out));
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"bf16_gemm\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
-                    "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f}",
+                    "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
                     names[s], rows, out, in, t * 1e6, flops / t / 1e12, flops / t / kBf16FlopPerS,
-                    bytes / t / kHbmBytesPerS);
+                    bytes / t / kHbmBytesPerS, e == gpuSuccess ? "" : gpuGetErrorString(e));
       report.line(buf);
-      if (rows <= 2048) {
-        float *xf = nullptr, *yf = nullptr;
-        cudaMalloc(&xf, size_t(rows) * in * 4);
-        cudaMalloc(&yf, size_t(rows) * out * 4);
-        kernels::gpu::fill_random(xf, int64_t(rows) * in, 300 + s, 1.0f, 0.0f, nullptr);
-        auto tiled = [&] {
-          kernels::gpu::matmul_xwt(yf, xf, w, kernels::gpu::Storage::kBF16, rows, out, in, in, nullptr);
-        };
-        tiled();
-        cudaDeviceSynchronize();
-        const double t1 = now_s();
-        for (int i = 0; i < iters; ++i) tiled();
-        const cudaError_t e = cudaDeviceSynchronize();
-        const double tt = (now_s() - t1) / iters;
-        const double tbytes = 2.0 * double(out) * in + 4.0 * double(rows) * (in + out);
-        std::snprintf(buf, sizeof buf,
-                      "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
-                      "\"tflops\":%.2f,\"vs_cublas_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                      names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, t / tt, tbytes / tt / kHbmBytesPerS,
-                      e == cudaSuccess ? "" : cudaGetErrorString(e));
-        report.line(buf);
-        cudaFree(xf);
-        cudaFree(yf);
+#endif
+      if (rows > 2048) continue;
+      BackendBuffer xf, yf;
+      if (!xf.reserve(backend, size_t(rows) * in * 4).ok() || !yf.reserve(backend, size_t(rows) * out * 4).ok()) {
+        std::fprintf(stderr, "no memory for the portable %s GEMM of %d rows\n", names[s], rows);
+        return false;
       }
-      cudaFree(w);
-      cudaFree(x);
-      cudaFree(y);
+      kernels::gpu::fill_random(xf.as<float>(), int64_t(rows) * in, 300 + s, 1.0f, 0.0f, nullptr);
+      const auto [tt, e] = time_calls([&] {
+        kernels::gpu::matmul_xwt(yf.as<float>(), xf.as<float>(), w.as<void>(), kernels::gpu::Storage::kBF16, rows, out,
+                                 in, in, nullptr);
+      }, iters);
+      const double tbytes = 2.0 * double(out) * in + 4.0 * double(rows) * (in + out);
+      std::snprintf(buf, sizeof buf,
+                    "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
+                    "\"tflops\":%.2f,\"vs_vendor_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
+                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, vendor_s / tt, tbytes / tt / kHbmBytesPerS,
+                    e == gpuSuccess ? "" : gpuGetErrorString(e));
+      report.line(buf);
     }
-  cublasDestroy(h);
+#if defined(PDSERVE_GPU_BLAS)
+  gpublasDestroy(h);
+#endif
+  return true;
+}
+
+int run(const Options& o) {
+  auto config_or = make_model_preset_config(o.preset);
+  if (!config_or.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(config_or.status().message()).c_str());
+    return 1;
+  }
+  ModelConfig c = *config_or;
+  c.max_seq_len = std::max({c.max_seq_len, o.context + 1, *std::max_element(o.prefill.begin(), o.prefill.end())});
+  auto backend = make_gpu_backend(0);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(backend.status().message()).c_str());
+    return 1;
+  }
+  Report report;
+  if (!o.out.empty()) report.file.open(o.out);
+  if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, c, backend->get(), report)) return 1;
+  if (o.runs(Part::kSampling) && !measure_sampling(c, backend->get(), report)) return 1;
+  if (o.runs(Part::kGemm) && !measure_gemms(c, backend->get(), report)) return 1;
   return 0;
 }
 
@@ -448,25 +475,30 @@ int run(const Options& o) {
 }  // namespace pdserve
 
 int main(int argc, char** argv) {
+  using pdserve::Part;
+  using pdserve::engine::DType;
   pdserve::Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--preset") o.preset = v;
-    else if (k == "--context") o.context = std::stoi(v);
-    else if (k == "--batches") o.batches = pdserve::parse_list(v);
-    else if (k == "--prefill") o.prefill = pdserve::parse_list(v);
-    else if (k == "--out") o.out = v;
-    else if (k == "--breakdown") {
-      if (v != "0" && v != "1") {
-        std::fprintf(stderr, "--breakdown takes 0 or 1, not %s\n", v.c_str());
-        return 2;
-      }
-      o.breakdown = v == "1";
-    }
-    else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"pdserve GPU forward-pass benchmark (8B-shape synthetic model against H200 rooflines)"};
+  app.add_option("--preset", o.preset, "Model shape (make-model preset)");
+  app.add_option("--context", o.context, "Decode position of every sequence")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--batches", o.batches, "Decode batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
+  app.add_option("--prefill", o.prefill, "Prefill prompt lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
+      ->check(CLI::IsMember({"0", "1"}));
+  std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"};
+  app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm"}));
+  app.add_option("--weights", weights, "GEMM weights of the decode and prefill rows: f32, bf16")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--out", o.out, "Also write the JSON lines to this file");
+  CLI11_PARSE(app, argc, argv);
+  const std::map<std::string, Part> parts = {
+      {"decode", Part::kDecode}, {"prefill", Part::kPrefill}, {"sampling", Part::kSampling}, {"gemm", Part::kGemm}};
+  o.only.clear();
+  for (const std::string& name : only) o.only.push_back(parts.at(name));
+  o.weights.clear();
+  for (const std::string& name : weights) o.weights.push_back(name == "f32" ? DType::kF32 : DType::kBF16);
   return pdserve::run(o);
 }

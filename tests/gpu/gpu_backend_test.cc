@@ -39,28 +39,54 @@ TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
 }
 
 #if !defined(PDSERVE_GPU_EMULATION)
-// Runs without a device. Each kernel object embeds a fat binary whose cubins are ELF files for
-// the CUDA machine (e_machine 190) with the SM version in bits 8-15 of e_flags; every
-// configured architecture must have one, or the build silently shipped no code for that GPU.
+// The architecture field of a device-code ELF for `arch`, as the configured list spells it:
+// CUDA's "90", "100" or "90-real" give the SM version (bits 8-15 of e_flags); HIP's "gfx90a",
+// "gfx942" or "gfx950" (a ":xnack-" suffix allowed) give EF_AMDGPU_MACH (bits 0-7), -1 if unknown.
+int wanted_arch_code(const std::string& arch) {
+#if defined(PDSERVE_GPU_HIP)
+  static const std::pair<const char*, int> kMach[] = {
+      {"gfx908", 0x030}, {"gfx90a", 0x03f}, {"gfx940", 0x040}, {"gfx941", 0x04b},
+      {"gfx942", 0x04c}, {"gfx950", 0x04f}};
+  const std::string name = arch.substr(0, arch.find(':'));
+  for (const auto& [gfx, mach] : kMach)
+    if (name == gfx) return mach;
+  return -1;
+#else
+  return std::atoi(arch.c_str());
+#endif
+}
+
+// Runs without a device. Each kernel object embeds a fat binary (CUDA) or offload bundle (HIP)
+// whose device code is ELF: for the CUDA machine (e_machine 190) with the SM version in bits 8-15
+// of e_flags, or for AMDGPU (e_machine 224) with the processor in bits 0-7. Every configured
+// architecture must have one, or the build silently shipped no code for that GPU.
 TEST(GpuArtifacts, KernelLibraryHoldsCodeForEveryConfiguredArch) {
   std::ifstream in(PDSERVE_GPU_KERNELS_LIB, std::ios::binary);
   // The build tree's library: absent where the tests travel without it (the GPU machine's bundle).
   if (!in) GTEST_SKIP() << PDSERVE_GPU_KERNELS_LIB << " is not here";
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::set<int> sm;
+#if defined(PDSERVE_GPU_HIP)
+  constexpr uint16_t kMachine = 224;
+  auto arch_code = [](uint32_t flags) { return int(flags & 0xff); };
+#else
+  constexpr uint16_t kMachine = 190;
+  auto arch_code = [](uint32_t flags) { return int((flags >> 8) & 0xff); };
+#endif
+  std::set<int> found;
   for (size_t at = bytes.find("\x7f" "ELF"); at != std::string::npos; at = bytes.find("\x7f" "ELF", at + 4)) {
     if (at + 0x34 > bytes.size() || bytes[at + 4] != 2) continue;  // ELF64 only.
     uint16_t machine = 0;
     uint32_t flags = 0;
     std::memcpy(&machine, bytes.data() + at + 0x12, sizeof(machine));
     std::memcpy(&flags, bytes.data() + at + 0x30, sizeof(flags));
-    if (machine == 190) sm.insert(int((flags >> 8) & 0xff));
+    if (machine == kMachine) found.insert(arch_code(flags));
   }
-  for (const std::string& arch : std::vector<std::string>(absl::StrSplit(PDSERVE_CUDA_ARCHS, ','))) {
-    const int want = std::atoi(arch.c_str());  // "90", "100", or "90-real".
-    EXPECT_TRUE(sm.count(want)) << "no sm_" << want << " code in " << PDSERVE_GPU_KERNELS_LIB;
+  for (const std::string& arch : std::vector<std::string>(absl::StrSplit(PDSERVE_GPU_ARCHS, ','))) {
+    const int want = wanted_arch_code(arch);
+    ASSERT_NE(want, -1) << "unknown architecture " << arch << ": add its ELF code to wanted_arch_code";
+    EXPECT_TRUE(found.count(want)) << "no " << arch << " code in " << PDSERVE_GPU_KERNELS_LIB;
   }
-  EXPECT_FALSE(sm.empty());
+  EXPECT_FALSE(found.empty());
 }
 #endif
 
@@ -148,8 +174,8 @@ TEST(Stories, UnknownOrMissingBackendIsAClearError) {
 // keep earlier prompts, so the second round loads them back from the host tier through the
 // backend's copies on its stream, which must give the CPU engine's tokens and cached counts. On
 // the emulation also with each block's threads run last to first (EmulatedReversed).
-TEST(Stories, CudaEngineHostTierEqualsCpu) {
-  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+TEST(Stories, GpuEngineHostTierEqualsCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   EngineOptions tiers;
   tiers.kv_cache_bytes = 8 * 16 * 1280;  // 8 blocks: two of the prompts below (the emulation is slow).
   tiers.host_kv_bytes = 64 * 16 * 1280;
@@ -165,15 +191,17 @@ TEST(Stories, CudaEngineHostTierEqualsCpu) {
       ASSERT_TRUE(want.ok() && got.ok());
       EXPECT_EQ(got->token_ids, want->token_ids) << "round " << round << " prompt " << i;
       EXPECT_EQ(got->cached_tokens, want->cached_tokens) << "round " << round << " prompt " << i;
-      if (round == 1) EXPECT_EQ(got->cached_tokens, 32) << i;  // Both full blocks, from the host tier.
+      if (round == 1) {
+        EXPECT_EQ(got->cached_tokens, 32) << i;  // Both full blocks, from the host tier.
+      }
     }
   }
   EXPECT_GT(gpu->stats().host_loaded_blocks, 0u);
   EXPECT_EQ(gpu->stats().free_blocks, gpu->stats().num_blocks);
 }
 
-TEST(Stories, CudaEngineGreedyFromBosEqualsPublishedText) {
-  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+TEST(Stories, GpuEngineGreedyFromBosEqualsPublishedText) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   auto engine = stories_engine(gpu_kind());
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(engine->backend(0).name(), gpu_kind() + ":0");
@@ -182,8 +210,8 @@ TEST(Stories, CudaEngineGreedyFromBosEqualsPublishedText) {
   EXPECT_EQ(trimmed(got->text), published_text());
 }
 
-TEST(Stories, CudaEngineLongPromptPrefillEqualsCpu) {
-  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+TEST(Stories, GpuEngineLongPromptPrefillEqualsCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   auto cuda = stories_engine(gpu_kind());
   auto cpu = stories_engine("cpu");
   ASSERT_TRUE(cuda && cpu);
@@ -199,8 +227,8 @@ TEST(Stories, CudaEngineLongPromptPrefillEqualsCpu) {
 
 // Sixteen requests at once (six on the emulation): decode tokens and prefill chunks of many
 // sequences share steps, and the per-step token budget splits long prompts across steps.
-TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
-  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+TEST(Stories, GpuEngineConcurrentRequestsEqualCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   auto cuda = stories_engine(gpu_kind());
   auto cpu = stories_engine("cpu");
   ASSERT_TRUE(cuda && cpu);
@@ -218,7 +246,7 @@ TEST(Stories, CudaEngineConcurrentRequestsEqualCpu) {
 
 // --weight-dtype bf16 on a bf16 checkpoint: the GPU multiplies the checkpoint's own values (the
 // portable GEMM, f32 accumulation), as the CPU does after widening them.
-TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
+TEST(Stories, GpuEngineBf16WeightsOfABf16CheckpointEqualCpu) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   const Bf16Checkpoint checkpoint("pdserve_gpu_bf16w");
   ASSERT_TRUE(checkpoint.status().ok()) << checkpoint.status();
@@ -237,8 +265,8 @@ TEST(Stories, CudaEngineBf16WeightsOfABf16CheckpointEqualCpu) {
 // Seeded sampling through the engine: the GPU samples on the device, the CPU from its logits on
 // the host, each request drawing from its own generator. The logits differ in their last bits,
 // which moves a token only for a draw at a boundary's edge.
-TEST(Stories, CudaEngineSeededSamplingEqualsCpu) {
-  if (gpu_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+TEST(Stories, GpuEngineSeededSamplingEqualsCpu) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   auto gpu = stories_engine(gpu_kind());
   auto cpu = stories_engine("cpu");
   ASSERT_TRUE(gpu && cpu);
@@ -263,8 +291,8 @@ TEST(Stories, CudaEngineSeededSamplingEqualsCpu) {
   EXPECT_EQ(run(*gpu), run(*cpu));
 }
 
-TEST(Stories, CudaEngineTensorParallelOverNcclEqualsCpu) {
-  if (gpu_device_count() < 2) GTEST_SKIP() << "TP 2 needs two CUDA devices";
+TEST(Stories, GpuEngineTensorParallelOverNcclEqualsCpu) {
+  if (gpu_device_count() < 2) GTEST_SKIP() << "TP 2 needs two GPUs";
   auto cuda = stories_engine(gpu_kind(), 2);
   auto cpu = stories_engine("cpu", 2);
   ASSERT_TRUE(cuda && cpu);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "engine/kv_cache_layout.h"
+#include "engine/model/float_convert.h"
 #include "engine/rope_scaling.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
@@ -107,9 +108,9 @@ TEST(GpuKernels, EmbedF32AndBf16Tables) {
   Dev<int> dtok(tokens);
   gpu::embed(dout.get(), dt.get(), Storage::kF32, dtok.get(), tokens.size(), dim, nullptr);
   EXPECT_EQ(dout.host(), want);
-  std::vector<gpu_bf16> t16(table.size());
-  for (size_t i = 0; i < table.size(); ++i) t16[i] = __float2bfloat16(table[i]);
-  Dev<gpu_bf16> dt16(t16);
+  std::vector<uint16_t> t16(table.size());
+  for (size_t i = 0; i < table.size(); ++i) t16[i] = engine::f32_to_bf16(table[i]);
+  Dev<uint16_t> dt16(t16);
   gpu::embed(dout.get(), dt16.get(), Storage::kBF16, dtok.get(), tokens.size(), dim, nullptr);
   EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
 }
@@ -424,13 +425,11 @@ TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
       std::vector<uint16_t> half(w.size());
       for (size_t i = 0; i < w.size(); ++i) {
         if (st == Storage::kF16) {
-          const gpu_f16 h = __float2half(w[i]);
-          std::memcpy(&half[i], &h, 2);
-          rounded[i] = __half2float(h);
+          half[i] = engine::f32_to_f16(w[i]);
+          rounded[i] = engine::f16_to_f32(half[i]);
         } else if (st == Storage::kBF16) {
-          const gpu_bf16 b = __float2bfloat16(w[i]);
-          std::memcpy(&half[i], &b, 2);
-          rounded[i] = __bfloat162float(b);
+          half[i] = engine::f32_to_bf16(w[i]);
+          rounded[i] = engine::bf16_to_f32(half[i]);
         }
       }
       std::vector<float> want(size_t(sh.rows) * sh.out);
@@ -510,8 +509,7 @@ struct PagedCase {
     auto read = [&](const float* base, int64_t off) -> float {
       if (storage == Storage::kF32) return base[off];
       const auto* p = reinterpret_cast<const uint16_t*>(base) + off;
-      if (storage == Storage::kBF16) return __bfloat162float(*reinterpret_cast<const gpu_bf16*>(p));
-      return __half2float(*reinterpret_cast<const gpu_f16*>(p));
+      return storage == Storage::kBF16 ? engine::bf16_to_f32(*p) : engine::f16_to_f32(*p);
     };
     auto* out_base = reinterpret_cast<uint8_t*>(out.data());
     const auto* host_base = reinterpret_cast<const uint8_t*>(host_arena.data());

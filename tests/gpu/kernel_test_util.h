@@ -49,18 +49,18 @@ class Dev {
  public:
   explicit Dev(size_t n) : n_(n) {
     EXPECT_EQ(gpuMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), gpuSuccess);
-    gpuMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T));
+    EXPECT_EQ(gpuMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(T)), gpuSuccess);
   }
   explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    gpuMemcpy(p_, h.data(), h.size() * sizeof(T), gpuMemcpyHostToDevice);
+    EXPECT_EQ(gpuMemcpy(p_, h.data(), h.size() * sizeof(T), gpuMemcpyHostToDevice), gpuSuccess);
   }
   Dev(const Dev&) = delete;
-  ~Dev() { gpuFree(p_); }
+  ~Dev() { EXPECT_EQ(gpuFree(p_), gpuSuccess); }
   T* get() const { return p_; }
   std::vector<T> host() const {
     EXPECT_EQ(gpuDeviceSynchronize(), gpuSuccess);
     std::vector<T> h(n_);
-    gpuMemcpy(h.data(), p_, n_ * sizeof(T), gpuMemcpyDeviceToHost);
+    EXPECT_EQ(gpuMemcpy(h.data(), p_, n_ * sizeof(T), gpuMemcpyDeviceToHost), gpuSuccess);
     return h;
   }
 

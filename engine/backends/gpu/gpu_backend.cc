@@ -4,31 +4,8 @@
 #include "engine/gpu_backend.h"
 #include "engine/backend_buffer.h"
 #include "engine/backends/gpu/gpu_abi_id.h"
+#include "engine/backends/gpu/gpu_blas.h"
 #include "kernels/gpu/ops.h"
-
-#if defined(PDSERVE_GPU_CUDA)
-#include <cublas_v2.h>
-#define PDSERVE_GPU_BLAS 1
-using gpublasHandle_t = cublasHandle_t;
-#define gpublasCreate cublasCreate
-#define gpublasDestroy cublasDestroy
-#define gpublasSetStream cublasSetStream
-#define gpublasSgemm cublasSgemm
-#define GPUBLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
-#define GPUBLAS_OP_N CUBLAS_OP_N
-#define GPUBLAS_OP_T CUBLAS_OP_T
-#elif defined(PDSERVE_HAVE_HIPBLAS)
-#include <hipblas/hipblas.h>
-#define PDSERVE_GPU_BLAS 1
-using gpublasHandle_t = hipblasHandle_t;
-#define gpublasCreate hipblasCreate
-#define gpublasDestroy hipblasDestroy
-#define gpublasSetStream hipblasSetStream
-#define gpublasSgemm hipblasSgemm
-#define GPUBLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
-#define GPUBLAS_OP_N HIPBLAS_OP_N
-#define GPUBLAS_OP_T HIPBLAS_OP_T
-#endif
 
 namespace pdserve::engine {
 namespace {
