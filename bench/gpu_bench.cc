@@ -432,7 +432,7 @@ bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
         return false;
       }
       kernels::gpu::fill_random(xf.as<float>(), int64_t(rows) * in, 300 + s, 1.0f, 0.0f, nullptr);
-      const auto [tt, e] = time_calls([&] {
+      const auto [tt, portable_error] = time_calls([&] {
         kernels::gpu::matmul_xwt(yf.as<float>(), xf.as<float>(), w.as<void>(), kernels::gpu::Storage::kBF16, rows, out,
                                  in, in, nullptr);
       }, iters);
@@ -441,7 +441,7 @@ bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
                     "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
                     "\"tflops\":%.2f,\"vs_vendor_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
                     names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, vendor_s / tt, tbytes / tt / kHbmBytesPerS,
-                    e == gpuSuccess ? "" : gpuGetErrorString(e));
+                    portable_error == gpuSuccess ? "" : gpuGetErrorString(portable_error));
       report.line(buf);
     }
 #if defined(PDSERVE_GPU_BLAS)
