@@ -1,9 +1,9 @@
 // GPU forward-pass benchmark on a synthetic model of a preset's shape (default llama-3-8b),
 // weights made on the device (no file): decode step time against batch size, prefill
-// tokens/s, cuBLAS bf16 GEMM rates at the model's shapes and the portable tiled GEMM's (bf16
-// weights) against them, each as a fraction of H200
-// rooflines (4.8 TB/s HBM; 990 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor, datasheet).
-// The forward pass runs twice: f32 weights (cuBLAS SGEMM), then bf16 GEMM weights (the tiled
+// tokens/s, the vendor BLAS's bf16 GEMM rates at the model's shapes and the portable tiled GEMM's
+// (bf16 weights) against them, each as a fraction of a GPU's rooflines (--roofline h200, the
+// default: 4.8 TB/s HBM, 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor; h100, mi355x;
+// datasheets). The forward pass runs twice: f32 weights (vendor SGEMM), then bf16 GEMM weights (the tiled
 // kernel, as --weight-dtype bf16 runs); KV and activations are f32. The bf16 GEMM rows show
 // what the vendor GEMM reaches with bf16 activations too. Steps sample on the device (temperature
 // 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
@@ -45,9 +45,20 @@ namespace {
 
 using namespace engine;
 
-constexpr double kHbmBytesPerS = 4.8e12;
-constexpr double kBf16FlopPerS = 990e12;
-constexpr double kF32FlopPerS = 67e12;
+// A GPU's peaks, from its datasheet, that the fractions are taken of (--roofline).
+struct Roofline {
+  double hbm_bytes_per_s;
+  double bf16_flop_per_s;  // Dense (no sparsity).
+  double f32_flop_per_s;   // Without tensor cores / matrix cores.
+};
+const std::map<std::string, Roofline>& rooflines() {
+  static const std::map<std::string, Roofline> table = {
+      {"h100", {3.35e12, 989e12, 67e12}},   // H100 SXM.
+      {"h200", {4.8e12, 989e12, 67e12}},
+      {"mi355x", {8.0e12, 2.5e15, 157.3e12}},
+  };
+  return table;
+}
 
 // What a run measures (--only): steps of the model (decode, prefill; each with the f32 and/or
 // bf16 weights of --weights), the sampling kernel, the GEMMs alone.
@@ -61,6 +72,7 @@ struct Options {
   bool breakdown = true;
   std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
   std::vector<DType> weights = {DType::kF32, DType::kBF16};
+  std::string roofline = "h200";
   std::string out;
 
   bool runs(Part p) const { return std::find(only.begin(), only.end(), p) != only.end(); }
@@ -139,6 +151,7 @@ double matmul_params(const ModelConfig& c) {
 // Decode steps against batch size and prefill tokens/s of the synthetic model, with f32 GEMM
 // weights (the vendor SGEMM) and/or bf16 ones (the portable GEMM), as --only and --weights ask.
 bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
+  const Roofline& roof = rooflines().at(o.roofline);
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
   // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
@@ -259,8 +272,8 @@ bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Rep
                     "{\"kind\":\"decode\",\"weights\":\"%s\",\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,"
                     "\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
                     "\"bf16_compute_fraction\":%.4f}",
-                    weights_name, b, o.context, t * 1e3, b / t, bytes / t / kHbmBytesPerS, flops / t / kF32FlopPerS,
-                    flops / t / kBf16FlopPerS);
+                    weights_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s, flops / t / roof.f32_flop_per_s,
+                    flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "decode", b)) return false;
     }
@@ -279,7 +292,7 @@ bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Rep
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"prefill\",\"weights\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
                     "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                    weights_name, p, t * 1e3, p / t, flops / t / kF32FlopPerS, flops / t / kBf16FlopPerS);
+                    weights_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "prefill", p)) return false;
     }
@@ -380,7 +393,8 @@ bool measure_sampling(const ModelConfig& c, Backend* backend, Report& report) {
 // bf16 weights and f32 activations, as --weight-dtype bf16 and a HIP build without hipBLAS run
 // it. Inputs are random, never zeros: bf16 values are the upper halves of N(0, 0.02) floats (a
 // truncation), copied out with a strided 2D copy.
-bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
+bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
+  const Roofline& roof = rooflines().at(o.roofline);
   char buf[512];
   BackendBuffer f32;
   auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) -> bool {
@@ -421,8 +435,8 @@ bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"bf16_gemm\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
                     "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, t * 1e6, flops / t / 1e12, flops / t / kBf16FlopPerS,
-                    bytes / t / kHbmBytesPerS, e == gpuSuccess ? "" : gpuGetErrorString(e));
+                    names[s], rows, out, in, t * 1e6, flops / t / 1e12, flops / t / roof.bf16_flop_per_s,
+                    bytes / t / roof.hbm_bytes_per_s, e == gpuSuccess ? "" : gpuGetErrorString(e));
       report.line(buf);
 #endif
       if (rows > 2048) continue;
@@ -440,7 +454,7 @@ bool measure_gemms(const ModelConfig& c, Backend* backend, Report& report) {
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
                     "\"tflops\":%.2f,\"vs_vendor_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, vendor_s / tt, tbytes / tt / kHbmBytesPerS,
+                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, vendor_s / tt, tbytes / tt / roof.hbm_bytes_per_s,
                     portable_error == gpuSuccess ? "" : gpuGetErrorString(portable_error));
       report.line(buf);
     }
@@ -467,7 +481,7 @@ int run(const Options& o) {
   if (!o.out.empty()) report.file.open(o.out);
   if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, c, backend->get(), report)) return 1;
   if (o.runs(Part::kSampling) && !measure_sampling(c, backend->get(), report)) return 1;
-  if (o.runs(Part::kGemm) && !measure_gemms(c, backend->get(), report)) return 1;
+  if (o.runs(Part::kGemm) && !measure_gemms(o, c, backend->get(), report)) return 1;
   return 0;
 }
 
@@ -478,7 +492,7 @@ int main(int argc, char** argv) {
   using pdserve::Part;
   using pdserve::engine::DType;
   pdserve::Options o;
-  CLI::App app{"pdserve GPU forward-pass benchmark (8B-shape synthetic model against H200 rooflines)"};
+  CLI::App app{"pdserve GPU forward-pass benchmark (8B-shape synthetic model against a GPU's rooflines)"};
   app.add_option("--preset", o.preset, "Model shape (make-model preset)");
   app.add_option("--context", o.context, "Decode position of every sequence")->check(CLI::Range(1, 1 << 20));
   app.add_option("--batches", o.batches, "Decode batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
@@ -492,6 +506,8 @@ int main(int argc, char** argv) {
   app.add_option("--weights", weights, "GEMM weights of the decode and prefill rows: f32, bf16")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--roofline", o.roofline, "The GPU whose datasheet peaks the fractions are of")
+      ->check(CLI::IsMember({"h100", "h200", "mi355x"}));
   app.add_option("--out", o.out, "Also write the JSON lines to this file");
   CLI11_PARSE(app, argc, argv);
   const std::map<std::string, Part> parts = {

@@ -18,6 +18,10 @@
 #                                      summary.txt, gpu_backend_tests.{log,xml}, cluster/ and
 #                                      gpu_bench.{log,jsonl} and kvtransfer_bench.log into OUT; exits
 #                                      non-zero if a check failed
+#   scripts/gpu-check.sh rocm OUT      on an AMD machine with ROCm 7 (MI355X: gfx950; ROCM_ARCHS
+#                                      to change) and the project's packages: builds from source
+#                                      with -DPDSERVE_WITH_HIP=ON and runs the same checks on the
+#                                      hip backend (docs/gpu.md, "Validating on AMD")
 # Through the device tool: run(command="scripts/gpu-check.sh run $OUT", carry=["build-gpu-bundle"]).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,10 +29,18 @@ build=${BUILD_DIR:-$root/build-gpu}
 bundle_dir=$root/build-gpu-bundle
 targets=(gpu_backend_tests gpu_bench kvtransfer_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
 
+# The vendor the checks run on: cuda (bundle, run) or hip (rocm).
+vendor=cuda
+
 configure_and_build() {
-  cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100}" >/dev/null || return 1
-  ninja -C "$build" -j"${JOBS:-2}" "${targets[@]}"
+  if [ "$vendor" = hip ]; then
+    cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_HIP=ON \
+      -DCMAKE_HIP_ARCHITECTURES="${ROCM_ARCHS:-gfx950}" >/dev/null || return 1
+  else
+    cmake -S "$root" -B "$build" -G Ninja -DPDSERVE_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90;100}" >/dev/null || return 1
+  fi
+  ninja -C "$build" -j"${JOBS:-$(nproc)}" "${targets[@]}"
 }
 
 cmd_bundle() {
@@ -79,7 +91,7 @@ cmd_run() {
   local out=${1:?usage: gpu-check.sh run OUT}
   mkdir -p "$out"
   local bin src_dir
-  if [ -f "$bundle_dir/bundle.tar.gz" ]; then
+  if [ "$vendor" = cuda ] && [ -f "$bundle_dir/bundle.tar.gz" ]; then
     local unpacked=/tmp/pdserve-gpu-bundle
     rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xzf "$bundle_dir/bundle.tar.gz" || return 1
     bin=$unpacked/bin
@@ -94,22 +106,36 @@ cmd_run() {
       "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router" "$bin/"
     src_dir=$root
   fi
+  local lib=${unpacked:+$unpacked/lib/}libpdserve_gpu_backend.so
+  [ -n "${unpacked:-}" ] || lib=$build/engine/backends/gpu/libpdserve_gpu_backend.so
   {
     date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-    command -v nvcc >/dev/null && nvcc --version | tail -1
-    echo "--- device code in the GPU backend library (cuobjdump --list-elf)"
-    local lib=${unpacked:+$unpacked/lib/}libpdserve_gpu_backend.so
-    [ -n "${unpacked:-}" ] || lib=$build/engine/backends/gpu/libpdserve_gpu_backend.so
-    if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$lib" 2>&1; else echo "cuobjdump not found"; fi
+    if [ "$vendor" = hip ]; then
+      rocm-smi --showproductname --showdriverversion 2>&1
+      hipconfig --version 2>&1
+      echo "--- device code in the GPU backend library (roc-obj-ls)"
+      if command -v roc-obj-ls >/dev/null; then roc-obj-ls "$lib" 2>&1; else echo "roc-obj-ls not found"; fi
+    else
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+      command -v nvcc >/dev/null && nvcc --version | tail -1
+      echo "--- device code in the GPU backend library (cuobjdump --list-elf)"
+      if command -v cuobjdump >/dev/null; then cuobjdump --list-elf "$lib" 2>&1; else echo "cuobjdump not found"; fi
+    fi
     echo "--- shared libraries"
-    ldd "$bin/gpu_backend_tests" "$bin/pdserve" 2>&1 | grep -E 'not found|cublas|nccl|cudart' || true
+    ldd "$bin/gpu_backend_tests" "$bin/pdserve" 2>&1 | grep -E 'not found|cublas|nccl|cudart|amdhip|hipblas|rccl' || true
   } >"$out/summary.txt" 2>&1
   local status=0
   PDSERVE_SOURCE_DIR=$src_dir timeout 240 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
     2>&1 | tee "$out/gpu_backend_tests.log" || status=1
-  timeout 180 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" cuda 2>&1 || status=1
-  timeout 150 "$bin/gpu_bench" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  timeout 180 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" "$vendor" 2>&1 || status=1
+  # The fractions are of this GPU's datasheet peaks.
+  local roofline=h200
+  if [ "$vendor" = hip ]; then
+    roofline=mi355x
+  elif nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100; then
+    roofline=h100
+  fi
+  timeout 150 "$bin/gpu_bench" --roofline "$roofline" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
   # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
   timeout 90 "$bin/kvtransfer_bench" --tokens 512 --reps 1 --small-reps 100 --no-perftest --pairs 1:1,4:8,8:4 \
     2>&1 | tee "$out/kvtransfer_bench.log" || status=1
@@ -121,5 +147,6 @@ cmd_run() {
 case "${1:-}" in
   bundle) cmd_bundle ;;
   run) shift; cmd_run "$@" ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  rocm) shift; vendor=hip; build=${BUILD_DIR:-$root/build-rocm}; cmd_run "$@" ;;
+  *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
