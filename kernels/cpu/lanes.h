@@ -73,9 +73,11 @@ inline constexpr int kReduceSlotKey[kLanes] = {0, 4, 2, 6, 1, 5, 3, 7};
          __builtin_shufflevector(quads[0], quads[1], 1, 9, 3, 11, 5, 13, 7, 15);
 }
 
-// Functions over lanes are cloned for AVX2 (chosen at load time where the CPU has it): the lanes are independent and
-// nothing is fused or reordered, so the wider vectors compute every element bit for bit as the
-// baseline does, and machines of either kind agree. Not under ThreadSanitizer: the clones'
+// Functions over lanes are cloned for x86-64-v4 (AVX-512: 32 vector registers, so the GEMM's 4x4
+// tiles keep their accumulators in registers) and AVX2, chosen at load time by what the CPU has:
+// the lanes are independent and nothing is fused (the kernels build with -ffp-contract=off) or
+// reordered, so every clone computes every element bit for bit as the baseline does, and
+// machines of every kind agree. Not under ThreadSanitizer: the clones'
 // ifunc resolver runs before its runtime is up and crashes the process.
 #if defined(__SANITIZE_THREAD__)
 #define PDSERVE_CPU_CLONES
@@ -85,7 +87,7 @@ inline constexpr int kReduceSlotKey[kLanes] = {0, 4, 2, 6, 1, 5, 3, 7};
 #endif
 #endif
 #ifndef PDSERVE_CPU_CLONES
-#define PDSERVE_CPU_CLONES [[gnu::target_clones("avx2", "default")]]
+#define PDSERVE_CPU_CLONES [[gnu::target_clones("arch=x86-64-v4", "avx2", "default")]]
 #endif
 
 }  // namespace pdserve::kernels::cpu
