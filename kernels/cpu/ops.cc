@@ -54,7 +54,7 @@ namespace {
 // each of x tile_cols(R) columns. A single row (decode's GEMV) streams w from memory: 8 rows of
 // w at a time read about 1.5x faster than 4 (measured on the 2-core dev machine: ~36 vs ~24
 // GB/s on one core); several rows of x share each loaded w in 4x4 tiles (16 accumulators: all
-// of AVX2's vector registers, so some spill — a wider register file would help batched decode).
+// of AVX2's vector registers, so some spill there; AVX-512's 32 hold them: lanes.h's clones).
 constexpr int kTileRows = 4;
 constexpr int tile_cols(int rows) { return rows == 1 ? 8 : 4; }
 
