@@ -351,19 +351,20 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
       EXPECT_GE(a.cached_tokens, 256) << "round " << round << " prompt " << i;
     }
     if (round == 0) {
-      // The files are written behind the requests, on the tier's writer thread: wait until the
-      // ten prompts' full blocks (23 each) are on disk before stopping the cluster, so that a
-      // writer slowed by a loaded machine is not cut off by the stop's grace period (a miss in
-      // round 1 would follow). A store dropped on a full queue shows in the message.
+      // The files are written behind the requests, on the tier's writer thread: wait until each
+      // of the ten prompts' whole chunk (its first 16 blocks, the 256 tokens round 1 expects)
+      // is on disk before stopping the cluster, so that a writer slowed by a loaded machine is
+      // not cut off by the stop's grace period (a miss in round 1 would follow). A store
+      // dropped on a full queue shows in the message.
       double stored = 0, dropped = 0;
       for (auto deadline = std::chrono::steady_clock::now() + 60s;
-           stored < 10 * 23 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+           stored < 10 * 16 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
         if (const auto text = testing::router_metrics_text(cluster.http_port())) {
           stored = testing::metric_sum(*text, "pdserve:worker_kv_tier_stored_blocks_total", "tier=\"disk\"");
           dropped = testing::metric_sum(*text, "pdserve:worker_kv_tier_dropped_blocks_total", "tier=\"disk\"");
         }
       }
-      ASSERT_GE(stored, 10 * 23) << "blocks on disk before the restart; dropped: " << dropped;
+      ASSERT_GE(stored, 10 * 16) << "blocks on disk before the restart; dropped: " << dropped;
     }
     if (round == 1) {
       // After the restart the device and host tiers start empty: the hits came from the files,
