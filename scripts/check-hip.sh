@@ -27,7 +27,7 @@ hip_flags=(-Werror -Wno-unused-command-line-argument)
 args=()
 if [ ! -f "$rocm/lib/cmake/hip-lang/hip-lang-config.cmake" ]; then
   shim=$build/rocm-shim
-  library=$(ls /usr/lib/x86_64-linux-gnu/libamdhip64.so.* 2>/dev/null | head -1)
+  library=$(find /usr/lib -name 'libamdhip64.so.*' -print -quit)
   [ -n "$library" ] || { echo "check-hip: no libamdhip64 beside hipcc" >&2; exit 1; }
   mkdir -p "$shim/lib/cmake/hip-lang"
   cat >"$shim/lib/cmake/hip-lang/hip-lang-config.cmake" <<CMAKE
@@ -43,11 +43,15 @@ set(_CMAKE_HIP_DEVICE_RUNTIME_TARGET hip-lang::device)
 CMAKE
   # hipcc's own flags for Debian's clang: where the HIP headers and device libraries are, and
   # the HIP version (without it clang assumes 3.5 and skips its HIP runtime wrapper header).
-  clang=$(ls /usr/bin/clang++-[0-9]* | sort -V | tail -1)
+  # The clang hipcc itself drives (hipcc --offload-arch avoids its probe of the machine's GPUs).
+  echo 'int x;' >"$build/probe.hip"
+  clang=$(HIPCC_VERBOSE=1 hipcc --offload-arch=gfx90a -x hip --cuda-host-only -E "$build/probe.hip" -o /dev/null 2>&1 |
+    sed -n 's/^hipcc-cmd: *\([^ ]*\).*/\1/p' | head -1)
+  [ -x "$clang" ] || { echo "check-hip: cannot tell which clang hipcc runs" >&2; exit 1; }
   version=$(hipconfig --version)
   args+=(-DCMAKE_HIP_COMPILER="$clang" -DCMAKE_HIP_COMPILER_ROCM_ROOT="$shim")
   hip_flags+=(--rocm-path=/usr "--hip-version=${version%%-*}"
-    "--hip-device-lib-path=$(dirname "$(find /usr/lib -name ocml.bc | head -1)")")
+    "--hip-device-lib-path=$(dirname "$(find /usr/lib -name ocml.bc -print -quit)")")
 fi
 arch_list=$(IFS=';'; echo "${archs[*]}")
 export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=1
