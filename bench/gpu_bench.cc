@@ -3,7 +3,8 @@
 // tokens/s, the vendor BLAS's bf16 GEMM rates at the model's shapes and the portable tiled GEMM's
 // (bf16 weights) against them, each as a fraction of a GPU's rooflines (--roofline h200, the
 // default: 4.8 TB/s HBM, 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor; h100, mi355x;
-// datasheets). The forward pass runs twice: f32 weights (vendor SGEMM), then bf16 GEMM weights (the tiled
+// datasheets; the first line names it). The forward pass runs twice: f32 weights (the vendor
+// SGEMM; the portable GEMM in a HIP build without hipBLAS), then bf16 GEMM weights (the tiled
 // kernel, as --weight-dtype bf16 runs); KV and activations are f32. The bf16 GEMM rows show
 // what the vendor GEMM reaches with bf16 activations too. Steps sample on the device (temperature
 // 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
@@ -14,7 +15,7 @@
 // GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step.
 // --only and --weights pick parts, so that one item re-measures in a minute or two (the model's
 // weights are only made for decode and prefill). One source for CUDA and HIP (the runtime and
-// BLAS through gpu_compat.h and gpu_blas.h); the rooflines are the H200's on both.
+// BLAS through gpu_compat.h and gpu_blas.h).
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--breakdown 1] [--only decode,prefill,sampling,gemm]
@@ -28,8 +29,10 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "engine/backends/gpu/gpu_blas.h"
 #include "engine/gpu_backend.h"
 #include "engine/model/make_model.h"
@@ -412,8 +415,15 @@ bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Rep
   const int shapes[4][2] = {{c.q_dim() + 2 * c.kv_dim(), c.dim}, {c.dim, c.q_dim()}, {2 * c.hidden_dim, c.dim}, {c.dim, c.hidden_dim}};
   const char* names[4] = {"qkv", "o", "gate_up", "down"};
   const int iters = 20;
+  // 8192 rows for the vendor GEMM only (the portable one stops at 2048).
+  constexpr bool kVendorBlas =
+#if defined(PDSERVE_GPU_BLAS)
+      true;
+#else
+      false;
+#endif
   for (int rows : {1, 32, 128, 2048, 8192})
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 4 && (kVendorBlas || rows <= 2048); ++s) {
       const int out = shapes[s][0], in = shapes[s][1];
       const double flops = 2.0 * rows * out * in;
       BackendBuffer w, x, y;
@@ -422,22 +432,29 @@ bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Rep
         std::fprintf(stderr, "no memory for the %s GEMM of %d rows\n", names[s], rows);
         return false;
       }
-      double vendor_s = 0;  // 0: no vendor BLAS in this build.
+      double vendor_s = 0;  // 0: no vendor BLAS in this build, or its call failed.
 #if defined(PDSERVE_GPU_BLAS)
       const float alpha = 1, beta = 0;
-      const auto [t, e] = time_calls([&] {
-        (void)gpublasGemmEx(h, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w.as<void>(), GPUBLAS_R_16BF, in,
-                            x.as<void>(), GPUBLAS_R_16BF, in, &beta, y.as<void>(), GPUBLAS_R_16BF, out,
-                            GPUBLAS_COMPUTE_32F, GPUBLAS_GEMM_DEFAULT);
-      }, iters);
-      vendor_s = t;
+      auto vendor_gemm = [&] {
+        return gpublasGemmEx(h, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w.as<void>(), GPUBLAS_R_16BF, in,
+                             x.as<void>(), GPUBLAS_R_16BF, in, &beta, y.as<void>(), GPUBLAS_R_16BF, out,
+                             GPUBLAS_COMPUTE_32F, GPUBLAS_GEMM_DEFAULT);
+      };
+      double t = 0;
+      gpuError_t e = gpuSuccess;
+      // A refused call launches nothing: time it only once the BLAS has taken it.
+      const bool taken = vendor_gemm() == GPUBLAS_STATUS_SUCCESS;
+      if (taken) std::tie(t, e) = time_calls([&] { (void)vendor_gemm(); }, iters);
       const double bytes = 2.0 * (double(out) * in + double(rows) * (in + out));
+      const bool ok = taken && e == gpuSuccess;
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"bf16_gemm\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
                     "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, t * 1e6, flops / t / 1e12, flops / t / roof.bf16_flop_per_s,
-                    bytes / t / roof.hbm_bytes_per_s, e == gpuSuccess ? "" : gpuGetErrorString(e));
+                    names[s], rows, out, in, t * 1e6, ok ? flops / t / 1e12 : 0.0,
+                    ok ? flops / t / roof.bf16_flop_per_s : 0.0, ok ? bytes / t / roof.hbm_bytes_per_s : 0.0,
+                    !taken ? "the BLAS refused the call" : e == gpuSuccess ? "" : gpuGetErrorString(e));
       report.line(buf);
+      if (ok) vendor_s = t;
 #endif
       if (rows > 2048) continue;
       BackendBuffer xf, yf;
@@ -453,8 +470,10 @@ bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Rep
       const double tbytes = 2.0 * double(out) * in + 4.0 * double(rows) * (in + out);
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
-                    "\"tflops\":%.2f,\"vs_vendor_bf16\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12, vendor_s / tt, tbytes / tt / roof.hbm_bytes_per_s,
+                    "\"tflops\":%.2f,\"vs_vendor_bf16\":%s,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
+                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12,
+                    vendor_s > 0 ? absl::StrFormat("%.3f", vendor_s / tt).c_str() : "null",
+                    tbytes / tt / roof.hbm_bytes_per_s,
                     portable_error == gpuSuccess ? "" : gpuGetErrorString(portable_error));
       report.line(buf);
     }
@@ -479,6 +498,11 @@ int run(const Options& o) {
   }
   Report report;
   if (!o.out.empty()) report.file.open(o.out);
+  const Roofline& roof = rooflines().at(o.roofline);
+  report.line(absl::StrFormat(
+      "{\"kind\":\"roofline\",\"name\":\"%s\",\"backend\":\"%s\",\"hbm_bytes_per_s\":%.4g,"
+      "\"bf16_flop_per_s\":%.4g,\"f32_flop_per_s\":%.4g}",
+      o.roofline, (*backend)->name(), roof.hbm_bytes_per_s, roof.bf16_flop_per_s, roof.f32_flop_per_s));
   if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, c, backend->get(), report)) return 1;
   if (o.runs(Part::kSampling) && !measure_sampling(c, backend->get(), report)) return 1;
   if (o.runs(Part::kGemm) && !measure_gemms(o, c, backend->get(), report)) return 1;

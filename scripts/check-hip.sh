@@ -46,7 +46,7 @@ CMAKE
   # The clang hipcc itself drives (hipcc --offload-arch avoids its probe of the machine's GPUs).
   echo 'int x;' >"$build/probe.hip"
   clang=$(HIPCC_VERBOSE=1 hipcc --offload-arch=gfx90a -x hip --cuda-host-only -E "$build/probe.hip" -o /dev/null 2>&1 |
-    sed -n 's/^hipcc-cmd: *\([^ ]*\).*/\1/p' | head -1)
+    sed -n 's/^hipcc-cmd: *\([^ ]*\).*/\1/p' | head -1 || true)
   [ -x "$clang" ] || { echo "check-hip: cannot tell which clang hipcc runs" >&2; exit 1; }
   version=$(hipconfig --version)
   args+=(-DCMAKE_HIP_COMPILER="$clang" -DCMAKE_HIP_COMPILER_ROCM_ROOT="$shim")

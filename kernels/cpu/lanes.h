@@ -74,10 +74,15 @@ inline constexpr int kReduceSlotKey[kLanes] = {0, 4, 2, 6, 1, 5, 3, 7};
 }
 
 // Functions over lanes are cloned for x86-64-v4 (AVX-512: 32 vector registers, so the GEMM's 4x4
-// tiles keep their accumulators in registers) and AVX2, chosen at load time by what the CPU has:
-// the lanes are independent and nothing is fused (the kernels build with -ffp-contract=off) or
-// reordered, so every clone computes every element bit for bit as the baseline does, and
-// machines of every kind agree. Not under ThreadSanitizer: the clones'
+// tiles keep their accumulators in registers) and AVX2, chosen at load time by what the CPU has
+// (GCC's resolver; clang 14/15's never picks the x86-64-v4 clone and runs the AVX2 one): the
+// lanes are independent and nothing is fused or reordered, so every clone computes every
+// element bit for bit as the baseline does, and machines of every kind agree. x86-64-v4 has FMA,
+// which GCC would contract a*b+c into by default: the sources built with these clones must have
+// -ffp-contract=off (kernels/CMakeLists.txt defines PDSERVE_FP_CONTRACT_OFF beside it).
+#if !defined(PDSERVE_FP_CONTRACT_OFF)
+#error "kernels/cpu/lanes.h needs -ffp-contract=off (and PDSERVE_FP_CONTRACT_OFF): see its clones"
+#endif Not under ThreadSanitizer: the clones'
 // ifunc resolver runs before its runtime is up and crashes the process.
 #if defined(__SANITIZE_THREAD__)
 #define PDSERVE_CPU_CLONES
