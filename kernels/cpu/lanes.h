@@ -82,8 +82,9 @@ inline constexpr int kReduceSlotKey[kLanes] = {0, 4, 2, 6, 1, 5, 3, 7};
 // -ffp-contract=off (kernels/CMakeLists.txt defines PDSERVE_FP_CONTRACT_OFF beside it).
 #if !defined(PDSERVE_FP_CONTRACT_OFF)
 #error "kernels/cpu/lanes.h needs -ffp-contract=off (and PDSERVE_FP_CONTRACT_OFF): see its clones"
-#endif Not under ThreadSanitizer: the clones'
-// ifunc resolver runs before its runtime is up and crashes the process.
+#endif
+// Not under ThreadSanitizer: the clones' ifunc resolver runs before its runtime is up and crashes
+// the process.
 #if defined(__SANITIZE_THREAD__)
 #define PDSERVE_CPU_CLONES
 #elif defined(__has_feature)
