@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks as one command: gpu_backend_tests (every kernel against the CPU reference, and
-# stories260K's greedy text on the CUDA engine), scripts/cluster-check.sh (the CUDA engine in
+# stories260K's greedy text on the GPU engine), scripts/cluster-check.sh (the GPU engine in
 # process and a prefill + decode worker on the GPU behind the router give the CPU's tokens) and
-# gpu_bench (8B-shape decode and prefill against H200 rooflines), and kvtransfer_bench's small
+# gpu_bench (8B-shape decode and prefill against the GPU's rooflines: H200, H100 SXM or MI355X
+# by the device, ROOFLINE to name one), and kvtransfer_bench's small
 # requests on the GPU machine's host (the copy and per-request overhead on a server's memory
 # system, which the 2-vCPU development VM cannot show), results written to a directory.
 #
@@ -99,7 +100,7 @@ cmd_run() {
     export LD_LIBRARY_PATH="$unpacked/lib:$(cuda_lib_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export UCX_MODULE_DIR=$unpacked/lib/ucx MODEL=$unpacked/shared/models/stories260K
   else
-    echo "no bundle: building from source (needs the project's packages)"
+    echo "building from source (needs the project's packages)"
     configure_and_build || return 1
     bin=$build/bin-links && mkdir -p "$bin"
     ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/bench/kvtransfer_bench" "$build/tools/pdserve" \
@@ -128,12 +129,17 @@ cmd_run() {
   PDSERVE_SOURCE_DIR=$src_dir timeout 240 "$bin/gpu_backend_tests" --gtest_output="xml:$out/gpu_backend_tests.xml" \
     2>&1 | tee "$out/gpu_backend_tests.log" || status=1
   timeout 180 "$root/scripts/cluster-check.sh" "$bin" "$out/cluster" "$vendor" 2>&1 || status=1
-  # The fractions are of this GPU's datasheet peaks.
-  local roofline=h200
-  if [ "$vendor" = hip ]; then
-    roofline=mi355x
-  elif nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100; then
-    roofline=h100
+  # The fractions are of this GPU's datasheet peaks (gpu_bench's first line names them): MI355X
+  # on AMD, H100 SXM ("H100 80GB HBM3"), else H200; ROOFLINE overrides.
+  local roofline=${ROOFLINE:-} gpu_name=""
+  if [ -z "$roofline" ]; then
+    roofline=h200
+    if [ "$vendor" = hip ]; then
+      roofline=mi355x
+    else
+      gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || true)
+      case "$gpu_name" in *"H100 80GB HBM3"*) roofline=h100 ;; esac
+    fi
   fi
   timeout 150 "$bin/gpu_bench" --roofline "$roofline" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
   # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
