@@ -18,8 +18,11 @@
 // BLAS through gpu_compat.h and gpu_blas.h).
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
-//             [--prefill 512,2048] [--breakdown 1] [--only decode,prefill,sampling,gemm]
-//             [--weights f32,bf16] [--out results.jsonl]
+//             [--prefill 512,2048] [--gemm-rows 1,32,128,2048,8192] [--sampling-rows 1,32,128]
+//             [--breakdown 1] [--only decode,prefill,sampling,gemm] [--weights f32,bf16]
+//             [--roofline h200] [--out results.jsonl]
+// gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
+// CI's smoke run on a tiny preset (bench/CMakeLists.txt).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -72,6 +75,8 @@ struct Options {
   int context = 1024;
   std::vector<int> batches = {1, 8, 32, 64, 128};
   std::vector<int> prefill = {512, 2048};
+  std::vector<int> gemm_rows = {1, 32, 128, 2048, 8192};  // The portable GEMM's stop at 2048.
+  std::vector<int> sampling_rows = {1, 32, 128};
   bool breakdown = true;
   std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
   std::vector<DType> weights = {DType::kF32, DType::kBF16};
@@ -338,9 +343,9 @@ bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Rep
 }
 
 // Sampling rows of the model's vocabulary on the device against copying them to the host.
-bool measure_sampling(const ModelConfig& c, Backend* backend, Report& report) {
+bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
   char buf[512];
-  for (int rows : {1, 32, 128}) {
+  for (int rows : o.sampling_rows) {
     BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
     if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
@@ -415,14 +420,14 @@ bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Rep
   const int shapes[4][2] = {{c.q_dim() + 2 * c.kv_dim(), c.dim}, {c.dim, c.q_dim()}, {2 * c.hidden_dim, c.dim}, {c.dim, c.hidden_dim}};
   const char* names[4] = {"qkv", "o", "gate_up", "down"};
   const int iters = 20;
-  // 8192 rows for the vendor GEMM only (the portable one stops at 2048).
+  // Beyond 2048 rows the vendor GEMM only.
   constexpr bool kVendorBlas =
 #if defined(PDSERVE_GPU_BLAS)
       true;
 #else
       false;
 #endif
-  for (int rows : {1, 32, 128, 2048, 8192})
+  for (int rows : o.gemm_rows)
     for (int s = 0; s < 4 && (kVendorBlas || rows <= 2048); ++s) {
       const int out = shapes[s][0], in = shapes[s][1];
       const double flops = 2.0 * rows * out * in;
@@ -504,7 +509,7 @@ int run(const Options& o) {
       "\"bf16_flop_per_s\":%.4g,\"f32_flop_per_s\":%.4g}",
       o.roofline, (*backend)->name(), roof.hbm_bytes_per_s, roof.bf16_flop_per_s, roof.f32_flop_per_s));
   if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, c, backend->get(), report)) return 1;
-  if (o.runs(Part::kSampling) && !measure_sampling(c, backend->get(), report)) return 1;
+  if (o.runs(Part::kSampling) && !measure_sampling(o, c, backend->get(), report)) return 1;
   if (o.runs(Part::kGemm) && !measure_gemms(o, c, backend->get(), report)) return 1;
   return 0;
 }
@@ -521,6 +526,10 @@ int main(int argc, char** argv) {
   app.add_option("--context", o.context, "Decode position of every sequence")->check(CLI::Range(1, 1 << 20));
   app.add_option("--batches", o.batches, "Decode batch sizes")->delimiter(',')->check(CLI::Range(1, 4096));
   app.add_option("--prefill", o.prefill, "Prefill prompt lengths")->delimiter(',')->check(CLI::Range(1, 1 << 20));
+  app.add_option("--gemm-rows", o.gemm_rows, "Rows of the GEMM rows")->delimiter(',')->check(CLI::Range(1, 1 << 16));
+  app.add_option("--sampling-rows", o.sampling_rows, "Rows of the sampling rows")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
       ->check(CLI::IsMember({"0", "1"}));
   std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"};

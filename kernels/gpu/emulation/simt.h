@@ -164,6 +164,14 @@ inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyK
   std::memmove(dst, src, bytes);
   return gpuSuccess;
 }
+// `rows` rows of `width` bytes, each `src_pitch` apart in the source and `dst_pitch` in the
+// destination (cudaMemcpy2D).
+inline gpuError_t gpuMemcpy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                              size_t rows, gpuMemcpyKind) {
+  for (size_t r = 0; r < rows; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  return gpuSuccess;
+}
 inline gpuError_t gpuMemsetAsync(void* ptr, int value, size_t bytes, gpuStream_t) {
   return gpuMemset(ptr, value, bytes);
 }
