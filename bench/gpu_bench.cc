@@ -103,6 +103,13 @@ std::pair<double, gpuError_t> time_calls(Body&& body, int iters) {
   return {(now_s() - t0) / iters, e};
 }
 
+// n bf16 values at `dst` from the n f32 values at `src` (device memory): each value's upper half,
+// a truncation, by a strided 2D copy.
+bool truncate_to_bf16(void* dst, const void* src, int64_t n) {
+  return gpuMemcpy2D(dst, 2, static_cast<const char*>(src) + 2, 4, 2, size_t(n), gpuMemcpyDeviceToDevice) ==
+         gpuSuccess;
+}
+
 // Tensors by name whose data is already in device memory (the synthetic weights).
 class DeviceTensorSource final : public WeightSource {
  public:
@@ -158,8 +165,7 @@ double matmul_params(const ModelConfig& c) {
 
 // Decode steps against batch size and prefill tokens/s of the synthetic model, with f32 GEMM
 // weights (the vendor SGEMM) and/or bf16 ones (the portable GEMM), as --only and --weights ask.
-bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
-  const Roofline& roof = rooflines().at(o.roofline);
+bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
   // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
@@ -309,7 +315,6 @@ bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Rep
   if (o.runs(DType::kF32) && !measure(*shard)) return false;
   if (!o.runs(DType::kBF16)) return true;
 
-
   // The same model with bf16 GEMM weights (--weight-dtype bf16): each GEMM tensor truncated to
   // bf16 in a buffer of its own (TP 1: every shard pointer is its tensor's start).
   std::vector<std::unique_ptr<BackendBuffer>> half_buffers;
@@ -317,10 +322,7 @@ bool measure_model(const Options& o, const ModelConfig& c, Backend* backend, Rep
   half.weight_dtype = DType::kBF16;
   auto to_bf16 = [&](const float*& w, int64_t n) -> bool {
     auto b = std::make_unique<BackendBuffer>();
-    if (!b->reserve(backend, size_t(n) * 2).ok() ||
-        gpuMemcpy2D(b->as<void>(), 2, reinterpret_cast<const char*>(w) + 2, 4, 2, size_t(n),
-                    gpuMemcpyDeviceToDevice) != gpuSuccess)
-      return false;
+    if (!b->reserve(backend, size_t(n) * 2).ok() || !truncate_to_bf16(b->as<void>(), w, n)) return false;
     w = b->as<const float>();
     half_buffers.push_back(std::move(b));
     return true;
@@ -399,16 +401,14 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
 // The vendor BLAS's bf16 GEMMs (f32 accumulation; cuBLAS, or hipBLAS where the HIP build has it)
 // at the model's projection shapes, and the portable GEMM (GEMV up to 8 rows, tiled beyond) with
 // bf16 weights and f32 activations, as --weight-dtype bf16 and a HIP build without hipBLAS run
-// it. Inputs are random, never zeros: bf16 values are the upper halves of N(0, 0.02) floats (a
-// truncation), copied out with a strided 2D copy.
-bool measure_gemms(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
-  const Roofline& roof = rooflines().at(o.roofline);
+// it. Inputs are random, never zeros: bf16 values truncated from N(0, 0.02) floats.
+bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
   char buf[512];
   BackendBuffer f32;
   auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) -> bool {
     if (!dst.reserve(backend, size_t(n) * 2).ok() || !f32.reserve(backend, size_t(n) * 4).ok()) return false;
     kernels::gpu::fill_random(f32.as<float>(), n, seed, 0.02f, 0.0f, nullptr);
-    return gpuMemcpy2D(dst.as<void>(), 2, f32.as<char>() + 2, 4, 2, size_t(n), gpuMemcpyDeviceToDevice) == gpuSuccess;
+    return truncate_to_bf16(dst.as<void>(), f32.as<void>(), n);
   };
 #if defined(PDSERVE_GPU_BLAS)
   gpublasHandle_t h;
@@ -508,9 +508,9 @@ int run(const Options& o) {
       "{\"kind\":\"roofline\",\"name\":\"%s\",\"backend\":\"%s\",\"hbm_bytes_per_s\":%.4g,"
       "\"bf16_flop_per_s\":%.4g,\"f32_flop_per_s\":%.4g}",
       o.roofline, (*backend)->name(), roof.hbm_bytes_per_s, roof.bf16_flop_per_s, roof.f32_flop_per_s));
-  if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, c, backend->get(), report)) return 1;
+  if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, roof, c, backend->get(), report)) return 1;
   if (o.runs(Part::kSampling) && !measure_sampling(o, c, backend->get(), report)) return 1;
-  if (o.runs(Part::kGemm) && !measure_gemms(o, c, backend->get(), report)) return 1;
+  if (o.runs(Part::kGemm) && !measure_gemms(o, roof, c, backend->get(), report)) return 1;
   return 0;
 }
 
