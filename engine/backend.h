@@ -74,6 +74,9 @@ class Backend {
   virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
                     const int* positions, const float* inv_freq, float attention_scale,
                     bool rotate_half) = 0;
+  // Whether the paged-KV entry points below take views of bf16 storage (half the bytes a decode
+  // step's attention reads and the cache holds); the CPU backend keeps its KV in f32.
+  virtual bool bf16_kv() const = 0;
   virtual void paged_kv_write(const kernels::PagedLayerView& kv,
                               const kernels::TokenPlacement& tokens, const float* k,
                               int64_t k_row_stride, const float* v, int64_t v_row_stride,

@@ -114,7 +114,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   if (model.tokenizer == nullptr) return absl::InvalidArgumentError("model has no tokenizer");
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
   const ModelConfig& config = engine->model_.config;
-  const KvCacheSpec spec = config.kv_cache_spec(options.block_size);
+  const KvCacheSpec spec = config.kv_cache_spec(options.block_size, options.kv_dtype);
   PD_ASSIGN_OR_RETURN(uint64_t block_bytes, KvCacheLayout::bytes_per_block(spec, options.tp));
   PD_ASSIGN_OR_RETURN(auto weights, ModelWeightsF32::create(config, *engine->model_.weights));
   uint64_t budget = options.kv_cache_bytes;

@@ -59,6 +59,11 @@ struct EngineOptions {
   // GEMM weights in device memory: f32, or bf16 (half the memory and the bytes a decode step
   // reads; exact for bf16 checkpoints, a rounding of f32 ones). The CPU backend takes f32 only.
   DType weight_dtype = DType::kF32;
+  // The paged KV cache's elements: f32, or bf16 (half the bytes attention reads and the cache
+  // holds, so twice the blocks in the same memory; each K and V element rounded to nearest even
+  // once, where it is written). The CPU backend keeps f32 KV only. Producer and consumer of a
+  // KV transfer must agree (the KV spec's fingerprint includes it).
+  DType kv_dtype = DType::kF32;
   // Where tokens are sampled: kAuto samples on the backend when its memory is not the host's
   // (only the tokens cross, not [batch][vocab] logits), else on the host; kHost and kBackend
   // force one (tests compare them). The tokens are the same either way (kernels/cpu/sampling.h).

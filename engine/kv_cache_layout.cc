@@ -106,6 +106,32 @@ uint64_t KvCacheLayout::offset(int layer, KvPart part, int block, int slot, int 
   return part_start + uint64_t(elem) * dtype_size(s.dtype);
 }
 
+kernels::PagedLayerView KvCacheLayout::view(int layer, void* arena) const {
+  const LayerKvSpec& s = spec_.layers[layer];
+  const uint64_t elem = dtype_size(s.dtype);
+  uint8_t* base = static_cast<uint8_t*>(arena);
+  kernels::PagedLayerView v;
+  switch (s.dtype) {
+    case DType::kF32: v.storage = kernels::Storage::kF32; break;
+    case DType::kF16: v.storage = kernels::Storage::kF16; break;
+    case DType::kBF16: v.storage = kernels::Storage::kBF16; break;
+  }
+  v.block_size = spec_.block_size;
+  v.head_dim = part_head_dim(layer, KvPart::kK);
+  v.k = base + offset(layer, KvPart::kK, 0, 0, 0);
+  v.k_block_stride = int64_t(block_stride(layer, KvPart::kK) / elem);
+  v.k_token_stride = token_stride(layer, KvPart::kK);
+  v.k_head_stride = head_stride(layer, KvPart::kK);
+  if (s.has_v()) {
+    v.v_head_dim = part_head_dim(layer, KvPart::kV);
+    v.v = base + offset(layer, KvPart::kV, 0, 0, 0);
+    v.v_block_stride = int64_t(block_stride(layer, KvPart::kV) / elem);
+    v.v_token_stride = token_stride(layer, KvPart::kV);
+    v.v_head_stride = head_stride(layer, KvPart::kV);
+  }
+  return v;
+}
+
 void KvCacheLayout::ranges(int layer, int block, KvPart part, int head_begin, int head_end,
                            std::vector<ByteRange>* out) const {
   if (head_end <= head_begin) return;

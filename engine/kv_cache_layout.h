@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "engine/kv_spec.h"
 #include "engine/tp_shard.h"
+#include "kernels/abi.h"
 
 namespace pdserve::engine {
 
@@ -62,6 +63,10 @@ class KvCacheLayout {
   // Distance in elements between consecutive tokens (slots) and between consecutive heads.
   int64_t token_stride(int layer, KvPart part) const;
   int64_t head_stride(int layer, KvPart part) const;
+
+  // The kernels' description of `layer` in an arena of this layout starting at `arena`: part
+  // bases, element strides and storage.
+  kernels::PagedLayerView view(int layer, void* arena) const;
 
   // Appends the byte ranges holding local heads [head_begin, head_end) of `part` of `block` in
   // `layer`, in address order, adjacent ranges merged.

@@ -12,7 +12,10 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
                                                          Communicator* comm,
                                                          const KvArenaAllocator& arena_allocator) {
   for (const LayerKvSpec& s : kv_spec.layers)
-    if (s.dtype != DType::kF32) return absl::UnimplementedError("the forward pass keeps its KV cache in f32");
+    if (s.dtype != DType::kF32 && (s.dtype != DType::kBF16 || !backend->bf16_kv()))
+      return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot keep a ",
+                                                     dtype_name(s.dtype), " KV cache (it takes f32",
+                                                     backend->bf16_kv() ? " or bf16)" : ")"));
   if (max_tokens <= 0) return absl::InvalidArgumentError("a rank needs room for at least one token per step");
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));
@@ -30,24 +33,7 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
     runner->arena_ = static_cast<uint8_t*>(arena);
     runner->owns_arena_ = true;
   }
-  const KvCacheLayout& L = runner->layout_;
-  for (int l = 0; l < L.num_layers(); ++l) {
-    kernels::PagedLayerView v;
-    v.block_size = L.block_size();
-    v.head_dim = L.part_head_dim(l, KvPart::kK);
-    v.k = reinterpret_cast<float*>(runner->arena_ + L.offset(l, KvPart::kK, 0, 0, 0));
-    v.k_block_stride = int64_t(L.block_stride(l, KvPart::kK) / sizeof(float));
-    v.k_token_stride = L.token_stride(l, KvPart::kK);
-    v.k_head_stride = L.head_stride(l, KvPart::kK);
-    if (kv_spec.layers[l].has_v()) {
-      v.v_head_dim = L.part_head_dim(l, KvPart::kV);
-      v.v = reinterpret_cast<float*>(runner->arena_ + L.offset(l, KvPart::kV, 0, 0, 0));
-      v.v_block_stride = int64_t(L.block_stride(l, KvPart::kV) / sizeof(float));
-      v.v_token_stride = L.token_stride(l, KvPart::kV);
-      v.v_head_stride = L.head_stride(l, KvPart::kV);
-    }
-    runner->views_.push_back(v);
-  }
+  for (int l = 0; l < runner->layout_.num_layers(); ++l) runner->views_.push_back(runner->layout_.view(l, runner->arena_));
   PD_RETURN_IF_ERROR(runner->reserve(max_tokens));
   PD_RETURN_IF_ERROR(runner->upload_rope_tables());
   return runner;

@@ -15,11 +15,20 @@
 
 namespace pdserve::kernels {
 
-// One layer's cache on one rank, fp32. Element [block][slot][head][d] of K is at
-// k + block*k_block_stride + slot*k_token_stride + head*k_head_stride + d (likewise V).
+// Element type of a paged KV cache (and of the GPU kernels' tensors where they offer a choice).
+// Arithmetic is f32 whatever the storage; the CPU reference kernels take f32 only.
+enum class Storage : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Bytes of one element of `s`.
+PDSERVE_HOST_DEVICE constexpr int storage_bytes(Storage s) { return s == Storage::kF32 ? 4 : 2; }
+
+// One layer's cache on one rank, its elements `storage`. Element [block][slot][head][d] of K is
+// at k + block*k_block_stride + slot*k_token_stride + head*k_head_stride + d elements (likewise
+// V).
 struct PagedLayerView {
-  float* k = nullptr;
-  float* v = nullptr;  // nullptr for key-only layers.
+  void* k = nullptr;
+  void* v = nullptr;  // nullptr for key-only layers.
+  Storage storage = Storage::kF32;
   int64_t k_block_stride = 0, k_token_stride = 0, k_head_stride = 0;
   int64_t v_block_stride = 0, v_token_stride = 0, v_head_stride = 0;
   int block_size = 0;

@@ -64,6 +64,7 @@ class PhaseProfiler final : public Backend {
   void unpin_host_memory(void* ptr) override { inner_->unpin_host_memory(ptr); }
   MemoryKind memory_kind() const override { return inner_->memory_kind(); }
   bool bf16_weights() const override { return inner_->bf16_weights(); }
+  bool bf16_kv() const override { return inner_->bf16_kv(); }
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim) override;
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override;

@@ -16,10 +16,10 @@ void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, cons
     const int block = tokens.block_tables[t][pos / kv.block_size];
     const int slot = pos % kv.block_size;
     for (int h = 0; h < n_kv_heads; ++h) {
-      float* kd = kv.k + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;
+      float* kd = static_cast<float*>(kv.k) + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;
       std::memcpy(kd, k + t * k_row_stride + int64_t(h) * kv.head_dim, sizeof(float) * kv.head_dim);
       if (kv.v == nullptr) continue;
-      float* vd = kv.v + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
+      float* vd = static_cast<float*>(kv.v) + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
       std::memcpy(vd, v + t * v_row_stride + int64_t(h) * kv.v_head_dim, sizeof(float) * kv.v_head_dim);
     }
   }
@@ -62,7 +62,7 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
     for (int h = 0; h < n_q_heads; ++h) {
       const int kvh = h / q_per_kv;
       const float* qh = q + int64_t(t) * n_q_heads * kv.head_dim + int64_t(h) * kv.head_dim;
-      const float* kh = kv.k + kvh * kv.k_head_stride;
+      const float* kh = static_cast<const float*>(kv.k) + kvh * kv.k_head_stride;
       // Scores eight keys at a time (reduce_lanes_x8), then one by one; each is the
       // dot_lanes(q, K[j]) * scale of a key alone.
       int j = 0;
@@ -87,7 +87,7 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
       for (int i = 0; i < count; ++i) scores[i] /= sum;  // The weights.
       // out = Σ_j w_j V[j] in order of j, eight columns at a time in registers.
       float* oh = out + int64_t(t) * n_q_heads * kv.v_head_dim + int64_t(h) * kv.v_head_dim;
-      const float* vh = kv.v + kvh * kv.v_head_stride;
+      const float* vh = static_cast<const float*>(kv.v) + kvh * kv.v_head_stride;
       int d = 0;
       for (; d + kLanes <= kv.v_head_dim; d += kLanes) {
         Lanes o = {};
@@ -120,7 +120,7 @@ void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_in
     for (int b = 0; b < own; ++b) {
       float best = -INFINITY;
       for (int slot = 0; slot < bs; ++slot) {
-        const float* kj = index_view.k + table[b] * index_view.k_block_stride + slot * index_view.k_token_stride;
+        const float* kj = static_cast<const float*>(index_view.k) + table[b] * index_view.k_block_stride + slot * index_view.k_token_stride;
         float dot = 0.0f;
         for (int d = 0; d < hd; ++d) dot += qi[d] * kj[d];
         best = std::max(best, dot);

@@ -1,7 +1,8 @@
 // Paged KV cache kernels on CPU: writing new tokens' K/V into their blocks and causal
 // attention over blocks. The caller describes one layer's cache on one rank as plain strides
 // (derived from engine::KvCacheLayout), so any layout the per-layer spec allows — separate or
-// interleaved K/V, token- or head-major blocks — is read through the same code.
+// interleaved K/V, token- or head-major blocks — is read through the same code. The views'
+// storage is f32 (the reference's numerics); other storages are the GPU kernels'.
 #pragma once
 
 #include <cstdint>

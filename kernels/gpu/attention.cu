@@ -308,12 +308,12 @@ int visible_keys(int max_position, int window) {
 
 }  // namespace
 
-void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                      const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("paged_attention", kv);
-  dispatch_storage(storage, [&](auto* tag) {
+  dispatch_storage(kv.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gpu_launch(decode_attention_kernel<T>, dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream, out, q, kv,
                tokens, n_q_heads, q_per_kv, window, scale);
@@ -331,7 +331,7 @@ size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim
   return splits <= 1 ? 0 : size_t(num_tokens) * n_q_heads * splits * (v_head_dim + 2);
 }
 
-void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                             const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                             int max_position, int splits, float* scratch, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
@@ -341,7 +341,7 @@ void split_decode_attention(float* out, const float* q, const kernels::PagedLaye
   const int g = q_per_kv < kMaxGroup ? q_per_kv : kMaxGroup;
   const int chunks = (q_per_kv + g - 1) / g;
   const dim3 grid(tokens.num_tokens, (n_q_heads / q_per_kv) * chunks, splits);
-  dispatch_storage(storage, [&](auto* tag) {
+  dispatch_storage(kv.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gpu_launch(split_decode_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, scratch, q, kv, tokens,
                n_q_heads, q_per_kv, g, window, scale, keys_per_split);
@@ -351,7 +351,7 @@ void split_decode_attention(float* out, const float* q, const kernels::PagedLaye
                tokens.num_tokens, n_q_heads, splits, kv.v_head_dim);
 }
 
-void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
@@ -359,7 +359,7 @@ void prefill_attention(float* out, const float* q, const kernels::PagedLayerView
   const int gq = q_per_kv < kTileRows ? q_per_kv : kTileRows;
   const int tq = kTileRows / gq;
   const dim3 grid((tokens.num_tokens + tq - 1) / tq, n_q_heads / q_per_kv, (q_per_kv + gq - 1) / gq);
-  dispatch_storage(storage, [&](auto* tag) {
+  dispatch_storage(kv.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gpu_launch(prefill_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, q, kv, tokens, n_q_heads,
                                                                    q_per_kv, gq, tq, window, scale);

@@ -45,12 +45,12 @@ __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const 
 }  // namespace
 
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const kernels::PagedLayerView& index_view, Storage storage,
+                         const kernels::PagedLayerView& index_view,
                          const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   const size_t smem = sizeof(float) * size_t(mask_stride);
   if (smem > 48 * 1024) kernel_limit_exceeded("index_select_blocks", "more than 12288 blocks per sequence");
-  dispatch_storage(storage, [&](auto* tag) {
+  dispatch_storage(index_view.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gpu_launch(index_select_kernel<T>, tokens.num_tokens, kBlockThreads, smem, stream, block_mask, mask_stride, q_index,
                index_view, tokens.positions, tokens.block_tables, top_k);

@@ -21,8 +21,6 @@ void dispatch_storage(Storage storage, F&& body) {
   }
 }
 
-inline int storage_bytes(Storage s) { return s == Storage::kF32 ? 4 : 2; }
-
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   // Grid-stride loops cover the rest; enough blocks to fill any current GPU several times.

@@ -14,9 +14,9 @@
 
 namespace pdserve::kernels::gpu {
 
-// Element type of a paged KV cache (and of the tensors where a kernel offers a choice).
-// Arithmetic is f32 whatever the storage.
-enum class Storage : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// kernels::Storage (kernels/abi.h) names the element type of a paged KV cache (the view's
+// `storage`) and of the tensors where a kernel offers a choice.
+using kernels::Storage;
 
 // out[t] = table[tokens[t]] (rows of `dim`), table stored as `table_type`.
 void embed(float* out, const void* table, Storage table_type, const int* tokens, int n, int dim,
@@ -48,14 +48,14 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
 void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
             const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch, gpuStream_t stream);
 
-// `kv` as the CPU kernel's, its k/v pointers holding `storage` elements (strides in elements).
-void paged_kv_write(const kernels::PagedLayerView& kv, Storage storage, const kernels::TokenPlacement& tokens,
+// `kv` as the CPU kernel's, in any storage (f32, f16 or bf16: rounded to nearest even).
+void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
                     const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
                     int n_kv_heads, gpuStream_t stream);
 
 // Decode-shaped attention: one query token per (token, head) work item, online softmax over the
 // token's visible positions. Right for any batch; prefill_attention is faster for long chunks.
-void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                      const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                      float scale, gpuStream_t stream);
 
@@ -69,34 +69,34 @@ void paged_attention(float* out, const float* q, const kernels::PagedLayerView& 
 inline constexpr int kMaxDecodeSplits = 32;
 int decode_splits(int max_position, int window);
 size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits);
-void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                             const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                             int max_position, int splits, float* scratch, gpuStream_t stream);
 
 // Chunked causal prefill: same result as paged_attention, but a tile of consecutive query
 // tokens of one sequence (same block table, consecutive positions) shares each K/V tile it
 // loads. Tokens that do not form such runs fall back to per-token work inside the kernel.
-void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv, Storage storage,
+void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale, gpuStream_t stream);
 
 // As the CPU kernel: per token, the top_k blocks by best index-key match plus its own block.
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const kernels::PagedLayerView& index_view, Storage storage,
+                         const kernels::PagedLayerView& index_view,
                          const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream);
 
 // Layout conversion for KV transfer: copies heads [head_begin, head_begin+n_heads) of K (and V)
 // of `n_blocks` blocks (ids in `block_ids`) between a paged view and a packed buffer laid out
 // [block][slot][head][k dims] followed, per block, by the same for V. Packing from one layout
 // and unpacking into another converts between any two layouts PagedLayerView can describe.
-void pack_blocks(void* packed, const kernels::PagedLayerView& kv, Storage storage, const int* block_ids,
+void pack_blocks(void* packed, const kernels::PagedLayerView& kv, const int* block_ids,
                  int n_blocks, int head_begin, int n_heads, gpuStream_t stream);
-void unpack_blocks(const kernels::PagedLayerView& kv, Storage storage, const void* packed,
+void unpack_blocks(const kernels::PagedLayerView& kv, const void* packed,
                    const int* block_ids, int n_blocks, int head_begin, int n_heads,
                    gpuStream_t stream);
 
 // Bytes one block takes in the packed layout of pack_blocks.
-int64_t packed_block_bytes(const kernels::PagedLayerView& kv, Storage storage, int n_heads);
+int64_t packed_block_bytes(const kernels::PagedLayerView& kv, int n_heads);
 
 // Deterministic N(0, stddev)-like fill (a counter-based hash, Box-Muller) for synthetic weights
 // made on the device; `value` fill when stddev is 0.

@@ -86,6 +86,7 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
   }
+  bool bf16_kv() const override { return inner_->bf16_kv(); }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {
     Open open(this);

@@ -141,17 +141,7 @@ TEST_P(PagedAttentionTest, EqualsDenseAttention) {
   ASSERT_TRUE(layout.ok());
   std::vector<float> arena(layout->total_bytes() / 4);
   auto* base = reinterpret_cast<uint8_t*>(arena.data());
-  PagedLayerView view;
-  view.block_size = block;
-  view.head_dim = view.v_head_dim = hd;
-  view.k = reinterpret_cast<float*>(base + layout->offset(0, KvPart::kK, 0, 0, 0));
-  view.v = reinterpret_cast<float*>(base + layout->offset(0, KvPart::kV, 0, 0, 0));
-  view.k_block_stride = layout->block_stride(0, KvPart::kK) / 4;
-  view.v_block_stride = layout->block_stride(0, KvPart::kV) / 4;
-  view.k_token_stride = layout->token_stride(0, KvPart::kK);
-  view.v_token_stride = layout->token_stride(0, KvPart::kV);
-  view.k_head_stride = layout->head_stride(0, KvPart::kK);
-  view.v_head_stride = layout->head_stride(0, KvPart::kV);
+  const PagedLayerView view = layout->view(0, base);
   // Scattered, out-of-order blocks.
   const std::vector<int> table = {5, 2, 0};
   std::vector<const int*> tables(seq, table.data());

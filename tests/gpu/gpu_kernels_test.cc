@@ -480,24 +480,7 @@ struct PagedCase {
     tables = {{ids.begin(), ids.begin() + 8}, {ids.begin() + 8, ids.begin() + 16}, {ids.begin() + 16, ids.end()}};
   }
 
-  static kernels::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) {
-    const int elem = int(engine::dtype_size(L.spec().layers[0].dtype));
-    kernels::PagedLayerView v;
-    v.block_size = kBlock;
-    v.head_dim = L.part_head_dim(0, KvPart::kK);
-    v.k = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kK, 0, 0, 0));
-    v.k_block_stride = int64_t(L.block_stride(0, KvPart::kK)) / elem;
-    v.k_token_stride = L.token_stride(0, KvPart::kK);
-    v.k_head_stride = L.head_stride(0, KvPart::kK);
-    if (L.spec().layers[0].has_v()) {
-      v.v_head_dim = L.part_head_dim(0, KvPart::kV);
-      v.v = reinterpret_cast<float*>(arena + L.offset(0, KvPart::kV, 0, 0, 0));
-      v.v_block_stride = int64_t(L.block_stride(0, KvPart::kV)) / elem;
-      v.v_token_stride = L.token_stride(0, KvPart::kV);
-      v.v_head_stride = L.head_stride(0, KvPart::kV);
-    }
-    return v;
-  }
+  static kernels::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) { return L.view(0, arena); }
   kernels::PagedLayerView host_view() { return view(host_layout, reinterpret_cast<uint8_t*>(host_arena.data())); }
   kernels::PagedLayerView dev_view() { return view(dev_layout, dev_arena->get()); }
 
@@ -506,9 +489,9 @@ struct PagedCase {
     const std::vector<uint8_t> raw = dev_arena->host();
     kernels::PagedLayerView d = view(dev_layout, const_cast<uint8_t*>(raw.data())), h = host_view();
     std::vector<float> out(host_arena.size());
-    auto read = [&](const float* base, int64_t off) -> float {
-      if (storage == Storage::kF32) return base[off];
-      const auto* p = reinterpret_cast<const uint16_t*>(base) + off;
+    auto read = [&](const void* base, int64_t off) -> float {
+      if (storage == Storage::kF32) return static_cast<const float*>(base)[off];
+      const auto* p = static_cast<const uint16_t*>(base) + off;
       return storage == Storage::kBF16 ? engine::bf16_to_f32(*p) : engine::f16_to_f32(*p);
     };
     auto* out_base = reinterpret_cast<uint8_t*>(out.data());
@@ -587,7 +570,7 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
   std::vector<float> k = random_vec(all.n() * kv_row, 20), v = random_vec(all.n() * kv_row, 21);
   cpu::paged_kv_write(c.host_view(), all.host(), k.data(), kv_row, v.data(), kv_row, kv_heads);
   Dev<float> dk(k), dv(v);
-  gpu::paged_kv_write(c.dev_view(), P.storage, all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
   EXPECT_LE(rel_error(c.dev_as_host_layout(), c.host_arena), P.storage == Storage::kF32 ? 0.0 : kHalfTol);
 
   // A mixed step: a decode token, a 40-token prefill chunk from position 30, another decode.
@@ -614,14 +597,14 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
       }
       std::vector<float> want(pl.n() * nq * hd);
       cpu::paged_attention(want.data(), q.data(), c.host_view(), hp, nq, q_per_kv, window, scale);
-      gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, nullptr);
       EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
-      gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale, nullptr);
+      gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, nullptr);
       EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
       const int max_position = *std::max_element(pl.positions.begin(), pl.positions.end());
       for (int splits : {1, 3, 7, gpu::kMaxDecodeSplits}) {
         Dev<float> scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
-        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), P.storage, dp, nq, q_per_kv, window, scale,
+        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale,
                                     max_position, splits, scratch.get(), nullptr);
         EXPECT_LE(rel_error(dout.host(), want), tol)
             << "split decode kernel, " << splits << " splits, window " << window << " mask " << masked;
@@ -657,18 +640,18 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   std::vector<float> k = random_vec(all.n() * hd, 30), v = random_vec(all.n() * hd, 31);
   cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, v.data(), hd, kv_heads);
   Dev<float> dk(k), dv(v);
-  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, dv.get(), hd, kv_heads, nullptr);
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), hd, dv.get(), hd, kv_heads, nullptr);
   std::vector<float> q = random_vec(all.n() * nq * hd, 32), want(all.n() * nq * hd);
   Dev<float> dq(q), dout(want.size());
   cpu::paged_attention(want.data(), q.data(), c.host_view(), all.host(), nq, q_per_kv, 0, 0.0625f);
-  gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
   EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
-  gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
+  gpu::paged_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0, 0.0625f, nullptr);
   EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
   // Groups of 8 query heads, the last of 4; splits of 64 and of 15 keys.
   for (int splits : {2, 9}) {
     Dev<float> scratch(gpu::split_decode_scratch_floats(all.n(), nq, hd, splits));
-    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), Storage::kF32, all.dev(), nq, q_per_kv, 0,
+    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0,
                                 0.0625f, 127, splits, scratch.get(), nullptr);
     EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << splits << " splits";
   }
@@ -696,7 +679,7 @@ TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
   std::vector<float> k = random_vec(all.n() * hd, 40);
   cpu::paged_kv_write(c.host_view(), all.host(), k.data(), hd, nullptr, 0, 1);
   Dev<float> dk(k);
-  gpu::paged_kv_write(c.dev_view(), Storage::kF32, all.dev(), dk.get(), hd, nullptr, 0, 1, nullptr);
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), hd, nullptr, 0, 1, nullptr);
   std::vector<float> qi = random_vec(all.n() * hd, 41);
   Dev<float> dqi(qi);
   const int mask_stride = 8;
@@ -704,7 +687,7 @@ TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
     std::vector<uint8_t> want(all.n() * mask_stride);
     cpu::index_select_blocks(want.data(), mask_stride, qi.data(), c.host_view(), all.host(), top_k);
     Dev<uint8_t> dmask(all.n() * mask_stride);
-    gpu::index_select_blocks(dmask.get(), mask_stride, dqi.get(), c.dev_view(), Storage::kF32, all.dev(), top_k, nullptr);
+    gpu::index_select_blocks(dmask.get(), mask_stride, dqi.get(), c.dev_view(), all.dev(), top_k, nullptr);
     EXPECT_EQ(dmask.host(), want) << "top_k " << top_k;
   }
 }
@@ -717,16 +700,16 @@ TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
   Placement all(all_positions(), src.tables);
   std::vector<float> k = random_vec(all.n() * kv_heads * hd, 50), v = random_vec(all.n() * kv_heads * hd, 51);
   Dev<float> dk(k), dv(v);
-  gpu::paged_kv_write(src.dev_view(), Storage::kF32, all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd,
+  gpu::paged_kv_write(src.dev_view(), all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd,
                       kv_heads, nullptr);
   // The destination holds the reference: the same tokens written straight into its layout.
   cpu::paged_kv_write(dst.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
   std::vector<int> ids(PagedCase::kBlocks);
   std::iota(ids.begin(), ids.end(), 0);
   Dev<int> dids(ids);
-  Dev<uint8_t> packed(gpu::packed_block_bytes(src.dev_view(), Storage::kF32, kv_heads) * ids.size());
-  gpu::pack_blocks(packed.get(), src.dev_view(), Storage::kF32, dids.get(), ids.size(), 0, kv_heads, nullptr);
-  gpu::unpack_blocks(dst.dev_view(), Storage::kF32, packed.get(), dids.get(), ids.size(), 0, kv_heads, nullptr);
+  Dev<uint8_t> packed(gpu::packed_block_bytes(src.dev_view(), kv_heads) * ids.size());
+  gpu::pack_blocks(packed.get(), src.dev_view(), dids.get(), ids.size(), 0, kv_heads, nullptr);
+  gpu::unpack_blocks(dst.dev_view(), packed.get(), dids.get(), ids.size(), 0, kv_heads, nullptr);
   EXPECT_EQ(dst.dev_as_host_layout(), dst.host_arena);
 }
 

@@ -64,6 +64,7 @@ class CpuBackend final : public Backend {
             const float* inv_freq, float attention_scale, bool rotate_half) override {
     k::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
   }
+  bool bf16_kv() const override { return false; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,
                       int n_kv_heads) override {

@@ -160,18 +160,19 @@ class GpuBackend final : public Backend {
     bind();
     g::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half, stream_);
   }
+  bool bf16_kv() const override { return true; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,
                       int n_kv_heads) override {
     bind();
-    g::paged_kv_write(kv, g::Storage::kF32, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads, stream_);
+    g::paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads, stream_);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale) override {
     bind();
     if (tokens.num_tokens >= kPrefillKernelMinTokens && !tokens.single_tokens) {
-      g::prefill_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+      g::prefill_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     } else if (tokens.max_position >= 0) {
       // Decode: split over the key range, each K/V row read once per group of query heads.
       int splits = g::decode_splits(tokens.max_position, window);
@@ -179,17 +180,17 @@ class GpuBackend final : public Backend {
       const size_t floats = g::split_decode_scratch_floats(tokens.num_tokens, n_q_heads, kv.v_head_dim, splits);
       if (!decode_scratch_.reserve(this, floats * sizeof(float)).ok())
         splits = 1;  // One split keeps no partial states: slower, never wrong.
-      g::split_decode_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale,
+      g::split_decode_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale,
                                 tokens.max_position, splits, decode_scratch_.as<float>(), stream_);
     } else {
-      g::paged_attention(out, q, kv, g::Storage::kF32, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+      g::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     }
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                            const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,
                            int top_k) override {
     bind();
-    g::index_select_blocks(block_mask, mask_stride, q_index, index_view, g::Storage::kF32, tokens, top_k, stream_);
+    g::index_select_blocks(block_mask, mask_stride, q_index, index_view, tokens, top_k, stream_);
   }
   void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
               const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch) override {
