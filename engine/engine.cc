@@ -198,9 +198,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->stats_.kv_bytes_per_rank = num_blocks * block_bytes;
   engine->publish_stats();
   PD_LOG_INFO(
-      "KV cache: {} blocks x {} tokens = {} tokens ({} MiB per rank, TP {} on {}, weights uploaded {:.1f} MiB per "
-      "rank, sampling on the {})",
-      num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20, options.tp,
+      "KV cache: {} blocks x {} tokens = {} tokens ({} MiB of {} per rank, TP {} on {}, weights uploaded {:.1f} MiB "
+      "per rank, sampling on the {})",
+      num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20,
+      dtype_name(options.kv_dtype), options.tp,
       engine->ranks_->rank(0).backend().name(), double(engine->ranks_->uploaded_weight_bytes()) / (1 << 20),
       engine->sample_on_backend_ ? "backend" : "host");
   return engine;

@@ -8,6 +8,8 @@
 #   inprocess  a prompt's greedy tokens on DEVICE equal the CPU's
 #   push, pull 1 prefill + 1 decode worker on DEVICE behind the router give the CPU's tokens
 #   mixed      prefill on DEVICE, decode on the CPU (a device arena meets a host one)
+#   bf16kv     --kv-dtype bf16: the push cluster's tokens equal DEVICE's in process with the same
+#              cache (bf16 blocks cross unchanged); on the CPU, that the CPU refuses a bf16 cache
 # and records each cluster's pdserve:worker_info lines (backend, kv_memory). Exits non-zero if
 # any check failed. CI runs it with DEVICE=cpu (ctest cluster_check_script) and emulated (the GPU
 # backend on the CPU emulation of the GPU, ctest cluster_check_emulated); the GPU machine with
@@ -60,11 +62,17 @@ check_inprocess() {
   [ "$(token_ids "$out/reference.json")" = "$(token_ids "$out/inprocess.json")" ]
 }
 
-# Starts `pdserve up` with the given flags, generates through it, compares, stops it. The prompt
-# is prefilled on the prefill worker (--local-prefill-tokens 0): the KV transfer is what is checked.
-check_cluster() {  # name, up flags...
-  local name=$1
-  shift
+check_cpu_refuses_bf16_kv() {
+  ! generate_json "$out/bf16kv.json" --device cpu --kv-dtype bf16 2>"$out/bf16kv.err" &&
+    grep 'cannot keep a bf16 KV cache' "$out/bf16kv.err"
+}
+
+# Starts `pdserve up` with the given flags, generates through it, compares with the tokens in
+# the reference file, stops it. The prompt is prefilled on the prefill worker
+# (--local-prefill-tokens 0): the KV transfer is what is checked.
+check_cluster() {  # name, reference file, up flags...
+  local name=$1 reference=$2
+  shift 2
   local ready_file=$out/$name.ready up_pid ready="" router http
   "$pdserve" up --model "$model" --prefill 1 --decode 1 --port 0 --local-prefill-tokens 0 "$@" >"$ready_file" \
     2>"$out/$name.cluster.log" &
@@ -81,9 +89,9 @@ check_cluster() {  # name, up flags...
     router=${router%% *}
     http=${ready##*http=}
     generate_json "$out/$name.json" --router "$router" &&
-      echo "cpu:     $(token_ids "$out/reference.json")" &&
-      echo "cluster: $(token_ids "$out/$name.json")" &&
-      [ "$(token_ids "$out/reference.json")" = "$(token_ids "$out/$name.json")" ] && rc=0
+      echo "reference: $(token_ids "$reference")" &&
+      echo "cluster:   $(token_ids "$out/$name.json")" &&
+      [ "$(token_ids "$reference")" = "$(token_ids "$out/$name.json")" ] && rc=0
     # The router polls workers for their gauges; give it a poll before reading them.
     sleep 1.5
     curl -s "http://$http/metrics" 2>/dev/null | grep -E '^pdserve:(worker_info|kv_staged_bytes_total)' ||
@@ -103,7 +111,16 @@ if ! generate_json "$out/reference.json" --device cpu 2>"$out/reference.log"; th
 fi
 check bos check_bos
 check inprocess check_inprocess
-check push check_cluster push --device "$device" --kv-mode push
-check pull check_cluster pull --device "$device" --kv-mode pull
-check mixed check_cluster mixed --prefill-device "$device" --decode-device cpu --kv-mode push
+cpu_ref=$out/reference.json
+check push check_cluster push "$cpu_ref" --device "$device" --kv-mode push
+check pull check_cluster pull "$cpu_ref" --device "$device" --kv-mode pull
+check mixed check_cluster mixed "$cpu_ref" --prefill-device "$device" --decode-device cpu --kv-mode push
+if [ "$device" = cpu ]; then
+  check bf16kv check_cpu_refuses_bf16_kv
+elif generate_json "$out/reference_bf16kv.json" --device "$device" --kv-dtype bf16 2>"$out/reference_bf16kv.log"; then
+  check bf16kv check_cluster bf16kv "$out/reference_bf16kv.json" --device "$device" --kv-dtype bf16 --kv-mode push
+else
+  echo "FAIL bf16kv (the in-process bf16-KV run failed; see reference_bf16kv.log)" | tee -a "$report"
+  failed=1
+fi
 exit $failed

@@ -30,6 +30,7 @@ struct GenerateFlags {
   engine::EngineOptions engine;
   int64_t kv_load_timeout_ms = 0;
   std::string weight_dtype = "f32";
+  std::string kv_dtype = "f32";
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
   std::string api_key;
@@ -185,7 +186,8 @@ int run_generate(const GenerateFlags& f) {
   }
   engine::EngineOptions options = f.engine;
   options.kv_load_timeout = std::chrono::milliseconds(f.kv_load_timeout_ms);
-  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
+  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
+  options.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
   auto eng = engine::Engine::create(std::move(*model), options);
   if (!eng.ok()) {
     std::cerr << "error: " << eng.status().message() << "\n";
@@ -276,6 +278,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--weight-dtype", flags->weight_dtype,
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", flags->kv_dtype, "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();

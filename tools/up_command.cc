@@ -38,6 +38,7 @@ struct UpFlags {
   std::string device = "cpu", prefill_device, decode_device;
   std::string kv_memory = "auto";
   std::string weight_dtype = "f32";
+  std::string kv_dtype = "f32";
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -282,6 +283,7 @@ int run_up(const UpFlags& f) {
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
+    a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker: a CPU one refuses bf16.
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     if (f.host_kv_bytes > 0) a.insert(a.end(), {"--host-kv-bytes", std::to_string(f.host_kv_bytes)});
@@ -435,6 +437,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode-device", f->decode_device, "Decode workers' backend (default: --device)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}));
   cmd->add_option("--weight-dtype", f->weight_dtype, "GPU workers' GEMM weights: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--kv-memory", f->kv_memory, "P/D workers' KV for transfers: auto or staged (see the workers)")

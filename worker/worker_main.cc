@@ -52,6 +52,7 @@ struct WorkerFlags {
   int64_t heartbeat_ms = 0;  // 0: the router's advice.
   std::string kv_memory = "auto";
   std::string weight_dtype = "f32";
+  std::string kv_dtype = "f32";
   int probe_port = -1;  // -1: no probe server; 0: any free port.
   int kv_port = 0;      // Rank r's control channel on kv_port + r; 0: any free port.
   bool require_rdma = false;
@@ -245,7 +246,8 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   }
   engine::EngineOptions options = engine_options;
   options.prefix_cache.event_sink = kv_events.get();
-  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flag.
+  options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
+  options.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
   auto created = engine::Engine::create(std::move(*model), options);
   if (!created.ok()) return fail("engine", created.status());
   std::unique_ptr<engine::Engine> eng = std::move(*created);
@@ -437,6 +439,11 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
       ->capture_default_str();
   app.add_option("--weight-dtype", f.weight_dtype,
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--kv-dtype", f.kv_dtype,
+                 "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)"
+                 "; prefill and decode workers must agree")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   app.add_option("--kv-memory", f.kv_memory,

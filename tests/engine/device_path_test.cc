@@ -224,5 +224,22 @@ TEST(DevicePath, TheCpuBackendRefusesBf16Weights) {
   EXPECT_NE(e.status().message().find("f32 weights"), std::string_view::npos) << e.status();
 }
 
+// --kv-dtype bf16 where the backend's attention kernels read f32 only (as CPU workers), and f16,
+// which no backend keeps: refused when the engine is made, never a cache read as the wrong type.
+TEST(DevicePath, KvDtypesABackendCannotKeepAreRefused) {
+  for (DType kv : {DType::kBF16, DType::kF16}) {
+    auto model = load_model({pdserve::testing::stories_bin()});
+    ASSERT_TRUE(model.ok());
+    EngineOptions o;
+    o.kv_dtype = kv;
+    auto e = Engine::create(std::move(*model), o);
+    ASSERT_FALSE(e.ok()) << dtype_name(kv);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find(std::string("cannot keep a ") + dtype_name(kv) + " KV cache"),
+              std::string_view::npos)
+        << e.status();
+  }
+}
+
 }  // namespace
 }  // namespace pdserve::engine

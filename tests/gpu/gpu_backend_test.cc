@@ -262,6 +262,61 @@ TEST(Stories, GpuEngineBf16WeightsOfABf16CheckpointEqualCpu) {
   EXPECT_EQ(run_batch(*gpu, prompts, 32), run_batch(*cpu, prompts, 32));
 }
 
+// --kv-dtype bf16: each K and V element is rounded once where it is written, so the logits move
+// in their low bits and the tokens are no longer the CPU's by construction. Checked teacher-forced
+// (research note R4/R5): the CPU's greedy text as a prompt, scored by prompt log-probabilities on
+// the f32-KV and the bf16-KV GPU engine (prefill attention over bf16 blocks); then the bf16
+// engine's own greedy continuation (decode attention over bf16 blocks) scored by the f32 engine,
+// where every token it chose must be the f32 engine's choice or a near-tie. (On the emulation:
+// all 120 argmaxes agree, the log-probabilities differ by at most 0.017.)
+TEST(Stories, GpuEngineBf16KvFollowsTheF32KvEngineTeacherForced) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  EngineOptions bf16_kv;
+  bf16_kv.kv_dtype = DType::kBF16;
+  auto cpu = stories_engine("cpu");
+  auto f32 = stories_engine(gpu_kind());
+  auto bf16 = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, bf16_kv);
+  ASSERT_TRUE(cpu && f32 && bf16);
+  EXPECT_EQ(bf16->stats().kv_bytes_per_rank * 2, f32->stats().kv_bytes_per_rank);
+  const int n = pdserve::kernels::kEmulated ? 120 : 250;
+  auto text = cpu->generate({cpu->config().bos_id}, greedy(n));
+  ASSERT_TRUE(text.ok()) << text.status();
+  std::vector<int> forced = {cpu->config().bos_id};
+  forced.insert(forced.end(), text->token_ids.begin(), text->token_ids.end());
+  SamplingParams score = greedy(1);
+  score.prompt_logprobs = 1;
+  auto want = f32->generate(forced, score), got = bf16->generate(forced, score);
+  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+  ASSERT_EQ(got->prompt_logprobs.size(), forced.size() - 1);
+  int agree = 0;
+  float max_diff = 0.0f;
+  for (size_t i = 0; i < got->prompt_logprobs.size(); ++i) {
+    const TokenLogprob &g = got->prompt_logprobs[i], &w = want->prompt_logprobs[i];
+    ASSERT_EQ(g.token, forced[i + 1]);
+    ASSERT_FALSE(g.top.empty());
+    agree += g.top[0].first == w.top[0].first;
+    max_diff = std::max(max_diff, std::abs(g.logprob - w.logprob));
+  }
+  EXPECT_GE(agree, int(0.99 * double(got->prompt_logprobs.size()))) << agree << " of " << got->prompt_logprobs.size();
+  EXPECT_LE(max_diff, 0.05f);
+  EXPECT_GT(max_diff, 0.0f) << "bit-identical log-probabilities: the bf16 cache is not in use";
+
+  // Decode: the bf16 engine's continuation of a prompt, every token a choice the f32 engine makes
+  // or nearly makes.
+  std::vector<int> prompt(forced.begin(), forced.begin() + 20);
+  auto free_run = bf16->generate(prompt, greedy(pdserve::kernels::kEmulated ? 48 : 200));
+  ASSERT_TRUE(free_run.ok()) << free_run.status();
+  prompt.insert(prompt.end(), free_run->token_ids.begin(), free_run->token_ids.end());
+  auto judged = f32->generate(prompt, score);
+  ASSERT_TRUE(judged.ok()) << judged.status();
+  for (size_t i = 19; i < judged->prompt_logprobs.size(); ++i) {
+    const TokenLogprob& j = judged->prompt_logprobs[i];
+    EXPECT_GE(j.logprob, j.top[0].second - 0.05f) << "token " << i + 1 << ": " << j.token << " where the f32 cache gives "
+                                                  << j.top[0].first;
+  }
+  EXPECT_EQ(bf16->stats().free_blocks, bf16->stats().num_blocks);
+}
+
 // Seeded sampling through the engine: the GPU samples on the device, the CPU from its logits on
 // the host, each request drawing from its own generator. The logits differ in their last bits,
 // which moves a token only for a draw at a boundary's edge.
