@@ -3,9 +3,10 @@
 // tokens/s, the vendor BLAS's bf16 GEMM rates at the model's shapes and the portable tiled GEMM's
 // (bf16 weights) against them, each as a fraction of a GPU's rooflines (--roofline h200, the
 // default: 4.8 TB/s HBM, 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor; h100, mi355x;
-// datasheets; the first line names it). The forward pass runs twice: f32 weights (the vendor
+// datasheets; the first line names it). The forward pass runs with f32 weights (the vendor
 // SGEMM; the portable GEMM in a HIP build without hipBLAS), then bf16 GEMM weights (the tiled
-// kernel, as --weight-dtype bf16 runs); KV and activations are f32. The bf16 GEMM rows show
+// kernel, as --weight-dtype bf16 runs), each with an f32 and a bf16 KV cache (--kv-dtype);
+// activations are f32. The bf16 GEMM rows show
 // what the vendor GEMM reaches with bf16 activations too. Steps sample on the device (temperature
 // 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
 // copy of the logits to the host that sampling there would take.
@@ -20,7 +21,7 @@
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--gemm-rows 1,32,128,2048,8192] [--sampling-rows 1,32,128]
 //             [--breakdown 1] [--only decode,prefill,sampling,gemm] [--weights f32,bf16]
-//             [--roofline h200] [--out results.jsonl]
+//             [--kv-dtype f32,bf16] [--roofline h200] [--out results.jsonl]
 // gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
 // CI's smoke run on a tiny preset (bench/CMakeLists.txt).
 #include <CLI/CLI.hpp>
@@ -80,6 +81,7 @@ struct Options {
   bool breakdown = true;
   std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
   std::vector<DType> weights = {DType::kF32, DType::kBF16};
+  std::vector<DType> kv_dtypes = {DType::kF32, DType::kBF16};
   std::string roofline = "h200";
   std::string out;
 
@@ -130,6 +132,24 @@ class DeviceTensorSource final : public WeightSource {
  private:
   std::map<std::string, TensorView> tensors_;
 };
+
+// Random KV "already in place" in `runner`'s arena (never zeros, never NaN): N(0, 1) values in its
+// element type, bf16 ones truncated from f32 a chunk at a time through `chunk`.
+bool fill_kv_arena(RankRunner& runner, BackendBuffer& chunk, Backend* backend) {
+  const uint64_t bytes = runner.kv_layout().total_bytes();
+  if (runner.kv_layout().spec().layers[0].dtype == DType::kF32) {
+    kernels::gpu::fill_random(reinterpret_cast<float*>(runner.kv_arena()), int64_t(bytes / 4), 99, 1.0f, 0.0f, nullptr);
+    return true;
+  }
+  const int64_t per_chunk = int64_t(1) << 26, total = int64_t(bytes / 2);
+  if (!chunk.reserve(backend, size_t(per_chunk) * 4).ok()) return false;
+  for (int64_t at = 0; at < total; at += per_chunk) {
+    const int64_t n = std::min(per_chunk, total - at);
+    kernels::gpu::fill_random(chunk.as<float>(), n, 99 + uint64_t(at / per_chunk), 1.0f, 0.0f, nullptr);
+    if (!truncate_to_bf16(static_cast<uint8_t*>(runner.kv_arena()) + at * 2, chunk.as<void>(), n)) return false;
+  }
+  return true;
+}
 
 // One device pointer per model_tensors entry (nullptr for an absent optional one), as the
 // ModelWeightsF32 that shard_weights slices.
@@ -214,25 +234,28 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   const double params = matmul_params(c);
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f,\"kv_dtype\":\"f32\"}",
+                "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f}",
                 o.preset.c_str(), weight_bytes / 1e9, params);
   report.line(buf);
 
-  // Decode against batch size and prefill tokens/s for one shard (f32 or bf16 GEMM weights); a
-  // runner of its own, freed before the next (the KV cache is the largest allocation).
-  auto measure = [&](const RankShard& rank_shard) -> bool {
+  // Decode against batch size and prefill tokens/s for one shard (f32 or bf16 GEMM weights) and
+  // KV dtype; a runner of its own, freed before the next (the KV cache is the largest allocation).
+  auto measure_with = [&](const RankShard& rank_shard, DType kv_dtype) -> bool {
     const char* weights_name = dtype_name(rank_shard.weight_dtype);
+    const char* kv_name = dtype_name(kv_dtype);
     // Off except for the breakdown rows' steps.
     PhaseProfiler profiler(backend, c.vocab_size);
-    auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block), blocks, std::max(max_batch, max_prefill),
-                                     &profiler, comm[0].get());
+    auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block, kv_dtype), blocks,
+                                     std::max(max_batch, max_prefill), &profiler, comm[0].get());
     if (!runner.ok()) {
       std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
       return false;
     }
-    // The context's KV "already in place": random, never zeros.
-    kernels::gpu::fill_random(reinterpret_cast<float*>((*runner)->kv_arena()),
-                              int64_t((*runner)->kv_layout().total_bytes() / 4), 99, 1.0f, 0.0f, nullptr);
+    BackendBuffer fill_chunk;
+    if (!fill_kv_arena(**runner, fill_chunk, backend)) {
+      std::fprintf(stderr, "filling the KV cache failed\n");
+      return false;
+    }
     std::vector<int> tokens;
     auto time_step = [&](ForwardBatch& batch, int iters) -> double {
       batch.samples.assign(batch.logit_rows.size(), kernels::SampleRow{1.0f, 0, 0.95f, 0.5});
@@ -257,8 +280,8 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       profiler.reset();
       if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
       const auto phases = profiler.per_step();
-      std::string line = absl::StrCat("{\"kind\":\"breakdown\",\"weights\":\"", weights_name, "\",\"step\":\"", step,
-                                      "\",\"size\":", size);
+      std::string line = absl::StrCat("{\"kind\":\"breakdown\",\"weights\":\"", weights_name, "\",\"kv_dtype\":\"",
+                                      kv_name, "\",\"step\":\"", step, "\",\"size\":", size);
       for (int i = 0; i < kPhases; ++i) {
         const char* name = phase_name(Phase(i));
         absl::StrAppend(&line, ",\"", name, "_ms\":", phases[size_t(i)].ms, ",\"", name,
@@ -279,14 +302,15 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       const double t = time_step(batch, 10);
       if (t < 0) return false;
       double kv_bytes = 0;
-      for (int l = 0; l < c.n_layers; ++l) kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * 4;
+      for (int l = 0; l < c.n_layers; ++l)
+        kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * double(dtype_size(kv_dtype));
       const double bytes = params * dtype_size(rank_shard.weight_dtype) + kv_bytes;
       const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
       std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"decode\",\"weights\":\"%s\",\"batch\":%d,\"context\":%d,\"step_ms\":%.3f,"
-                    "\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
+                    "{\"kind\":\"decode\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"batch\":%d,\"context\":%d,"
+                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
                     "\"bf16_compute_fraction\":%.4f}",
-                    weights_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s, flops / t / roof.f32_flop_per_s,
+                    weights_name, kv_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s, flops / t / roof.f32_flop_per_s,
                     flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "decode", b)) return false;
@@ -304,12 +328,17 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       if (t < 0) return false;
       const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
       std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"prefill\",\"weights\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
+                    "{\"kind\":\"prefill\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
                     "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                    weights_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
+                    weights_name, kv_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "prefill", p)) return false;
     }
+    return true;
+  };
+  auto measure = [&](const RankShard& rank_shard) {
+    for (DType kv : o.kv_dtypes)
+      if (!measure_with(rank_shard, kv)) return false;
     return true;
   };
   if (o.runs(DType::kF32) && !measure(*shard)) return false;
@@ -532,11 +561,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
       ->check(CLI::IsMember({"0", "1"}));
-  std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"};
+  std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"},
+                           kv_dtypes = {"f32", "bf16"};
   app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm")
       ->delimiter(',')
       ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm"}));
   app.add_option("--weights", weights, "GEMM weights of the decode and prefill rows: f32, bf16")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--kv-dtype", kv_dtypes, "KV cache elements of the decode and prefill rows: f32, bf16")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--roofline", o.roofline, "The GPU whose datasheet peaks the fractions are of")
@@ -547,7 +580,26 @@ int main(int argc, char** argv) {
       {"decode", Part::kDecode}, {"prefill", Part::kPrefill}, {"sampling", Part::kSampling}, {"gemm", Part::kGemm}};
   o.only.clear();
   for (const std::string& name : only) o.only.push_back(parts.at(name));
+  // An option given for a part --only leaves out would change nothing: refused, not ignored.
+  const std::vector<std::pair<const char*, std::vector<Part>>> serves = {
+      {"--context", {Part::kDecode}},
+      {"--batches", {Part::kDecode}},
+      {"--prefill", {Part::kPrefill}},
+      {"--breakdown", {Part::kDecode, Part::kPrefill}},
+      {"--weights", {Part::kDecode, Part::kPrefill}},
+      {"--kv-dtype", {Part::kDecode, Part::kPrefill}},
+      {"--gemm-rows", {Part::kGemm}},
+      {"--sampling-rows", {Part::kSampling}}};
+  for (const auto& [option, served] : serves) {
+    if (app.count(option) == 0) continue;
+    if (std::none_of(served.begin(), served.end(), [&](Part p) { return o.runs(p); })) {
+      std::fprintf(stderr, "%s measures nothing that --only runs\n", option);
+      return 1;
+    }
+  }
   o.weights.clear();
-  for (const std::string& name : weights) o.weights.push_back(name == "f32" ? DType::kF32 : DType::kBF16);
+  for (const std::string& name : weights) o.weights.push_back(*pdserve::engine::dtype_from_name(name));
+  o.kv_dtypes.clear();
+  for (const std::string& name : kv_dtypes) o.kv_dtypes.push_back(*pdserve::engine::dtype_from_name(name));
   return pdserve::run(o);
 }

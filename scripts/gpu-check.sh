@@ -141,7 +141,9 @@ cmd_run() {
       case "$gpu_name" in *"H100 80GB HBM3"*) roofline=h100 ;; esac
     fi
   fi
-  timeout 150 "$bin/gpu_bench" --roofline "$roofline" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  # Four model passes (f32 and bf16 weights, each with an f32 and a bf16 KV cache), then sampling
+  # and GEMMs; rows are flushed as they come, so a run cut short keeps what it measured.
+  timeout 210 "$bin/gpu_bench" --roofline "$roofline" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
   # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
   timeout 90 "$bin/kvtransfer_bench" --tokens 512 --reps 1 --small-reps 100 --no-perftest --pairs 1:1,4:8,8:4 \
     2>&1 | tee "$out/kvtransfer_bench.log" || status=1

@@ -200,6 +200,41 @@ TEST(Stories, GpuEngineHostTierEqualsCpu) {
   EXPECT_EQ(gpu->stats().free_blocks, gpu->stats().num_blocks);
 }
 
+// The host tier with a bf16 KV cache: blocks copied out to host memory and back must come back
+// bit for bit, so an engine that reloads them gives exactly the tokens, log-probabilities and
+// cached counts of one whose device cache kept them — same dtype, same chunking, same kernels.
+TEST(Stories, GpuEngineHostTierKeepsBf16BlocksExactly) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  EngineOptions tiers, kept;
+  tiers.kv_dtype = kept.kv_dtype = DType::kBF16;
+  // 8 bf16 blocks: the six prompts' twelve full blocks do not fit, so the second round reloads
+  // each prompt's blocks into device blocks other prompts have written since.
+  tiers.kv_cache_bytes = 8 * 16 * 640;
+  tiers.host_kv_bytes = 64 * 16 * 640;
+  auto reloads = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, tiers);
+  auto keeps = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, kept);
+  ASSERT_TRUE(reloads && keeps);
+  ASSERT_EQ(reloads->stats().num_blocks, 8);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 6; ++i) {
+      std::vector<int> prompt = {1};
+      for (int t = 1; t < 40; ++t) prompt.push_back(3 + (t * 37 + i * 101) % 500);
+      SamplingParams params = greedy(4);
+      params.logprobs = 0;  // Each token's log-probability: equal bits, or the KV differed.
+      auto want = keeps->generate(prompt, params);
+      auto got = reloads->generate(prompt, params);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+      EXPECT_EQ(got->token_ids, want->token_ids) << "round " << round << " prompt " << i;
+      EXPECT_EQ(got->cached_tokens, want->cached_tokens) << "round " << round << " prompt " << i;
+      ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+      for (size_t t = 0; t < got->logprobs.size(); ++t)
+        EXPECT_EQ(got->logprobs[t].logprob, want->logprobs[t].logprob) << "round " << round << " prompt " << i;
+    }
+  }
+  EXPECT_EQ(reloads->stats().host_loaded_blocks, 12u);
+  EXPECT_EQ(reloads->stats().free_blocks, reloads->stats().num_blocks);
+}
+
 TEST(Stories, GpuEngineGreedyFromBosEqualsPublishedText) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   auto engine = stories_engine(gpu_kind());
