@@ -239,7 +239,7 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   const base = value(render().docs);
   assert.equal(value(render({ set: ['prefill.tensorParallel=2', 'decode.replicas=3'] }).docs), base, 'per-role sizing must not change it');
   for (const s of ['image.tag=other', 'image.digest=sha256:' + 'a'.repeat(64), 'model.name=other', 'model.revision=2',
-    'engine.weightDtype=f32', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
+    'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
     assert.notEqual(value(render({ set: [s] }).docs), base, `${s} must change the KV-compat value`);
   }
   assert.equal(value(render({ set: ['kvCompat.override=0123456789abcdef'] }).docs), '0123456789abcdef');

@@ -49,6 +49,8 @@ const CASES = [
     want: ['accelerator.device "cuda" does not match accelerator.vendor "cpu"'] },
   { name: 'hip on NVIDIA', opts: { preset: 'nvidia-h200', set: ['accelerator.device=hip'] },
     want: ['accelerator.device "hip" does not match accelerator.vendor "nvidia"'] },
+  { name: 'bf16 KV on CPU', opts: { preset: 'cpu', set: ['engine.kvDtype=bf16'] },
+    want: ['engine.kvDtype bf16 needs a GPU device: CPU workers keep an f32 KV cache'] },
   { name: 'GPU resource name on CPU', opts: { preset: 'cpu', set: ['accelerator.resourceName=nvidia.com/gpu'] },
     want: ['accelerator.resourceName "nvidia.com/gpu" is set but accelerator.vendor is cpu'] },
   { name: 'router tGPS below preStop + drain + margin', opts: { set: ['router.terminationGracePeriodSeconds=20'] },

@@ -98,6 +98,7 @@ KV blocks mean the same thing to a decode worker. */}}
       (printf "model=%s" .Values.model.name)
       (printf "revision=%s" (.Values.model.revision | toString))
       (printf "dtype=%s" .Values.engine.weightDtype)
+      (printf "kv=%s" .Values.engine.kvDtype)
       (printf "block=%d" (.Values.engine.blockSize | int))
       (printf "layout=%s" (.Values.engine.kvLayoutVersion | toString))
       (printf "image=%s" (include "pdserve.image" .)) -}}

@@ -15,6 +15,9 @@ Called once, from validate.yaml. */}}
 {{- if and (ne $v.accelerator.vendor "nvidia") $v.accelerator.runtimeClassName -}}
 {{- $errors = append $errors (printf "accelerator.runtimeClassName %q is for NVIDIA nodes; accelerator.vendor is %s" $v.accelerator.runtimeClassName $v.accelerator.vendor) -}}
 {{- end -}}
+{{- if and (eq $v.accelerator.device "cpu") (ne $v.engine.kvDtype "f32") -}}
+{{- $errors = append $errors (printf "engine.kvDtype %s needs a GPU device: CPU workers keep an f32 KV cache (accelerator.device is cpu)" $v.engine.kvDtype) -}}
+{{- end -}}
 {{- $gpu := include "pdserve.gpuResource" . -}}
 
 {{- /* Model source. */ -}}
