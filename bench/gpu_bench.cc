@@ -379,7 +379,8 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
   for (int rows : o.sampling_rows) {
     BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
-    if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, n * 4).ok() ||
+    const size_t scratch_bytes = size_t(kernels::sample_scratch_floats(rows, c.vocab_size)) * 4;
+    if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, scratch_bytes).ok() ||
         !params.reserve(backend, rows * sizeof(kernels::SampleRow)).ok() ||
         !tokens.reserve(backend, rows * 4).ok() ||
         !logprobs.reserve(backend, rows * sizeof(kernels::RowLogprobs)).ok()) {

@@ -91,7 +91,7 @@ class Backend {
   // r of `logits` with params[r], the penalties' state `seen` (updated in place) and the step's
   // `edits`, so that only tokens and log-probabilities leave the device. Every pointer (logits.data,
   // seen's and edits' too) is backend memory; `logprobs` may be null when no row asks;
-  // `scratch` holds logits.rows * logits.vocab floats.
+  // `scratch` holds kernels::sample_scratch_floats(logits.rows, logits.vocab) floats.
   virtual void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits,
                       const kernels::SampleRow* params, const kernels::SeenTokens& seen,
                       const kernels::LogitEdits& edits, float* scratch) = 0;

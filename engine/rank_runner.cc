@@ -157,7 +157,8 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
       if (shard_.tp > 1) PD_RETURN_IF_ERROR(logits_gathered_.reserve(backend_, local * shard_.tp));
       if (shard_.rank == 0) {
         PD_RETURN_IF_ERROR(sample_rows_.reserve(backend_, rows * sizeof(kernels::SampleRow)));
-        PD_RETURN_IF_ERROR(sample_scratch_.reserve(backend_, size_t(rows) * config_.vocab_size * sizeof(float)));
+        PD_RETURN_IF_ERROR(sample_scratch_.reserve(
+            backend_, size_t(kernels::sample_scratch_floats(rows, config_.vocab_size)) * sizeof(float)));
         PD_RETURN_IF_ERROR(tokens_.reserve(backend_, rows * sizeof(int)));
         PD_RETURN_IF_ERROR(backend_->copy_to_device(sample_rows_.as<void>(), batch.samples.data(),
                                                     rows * sizeof(kernels::SampleRow)));

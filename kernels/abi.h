@@ -128,6 +128,10 @@ struct SeenTokens {
   PDSERVE_HOST_DEVICE int32_t* counts_of(int s) const { return counts + int64_t(s) * vocab; }
 };
 
+// Floats of backend memory a backend's sampling takes as scratch for `rows` rows of `vocab`
+// columns: per row, its probabilities and a list of candidate columns.
+inline constexpr int64_t sample_scratch_floats(int rows, int vocab) { return 2 * int64_t(rows) * vocab; }
+
 // The logits of `rows` rows over `vocab` columns as tensor-parallel ranks gather them. Shard s
 // holds the columns [shard_begin(s), shard_begin(s+1)) of every row — the first vocab % shards
 // shards one column more, as the engine splits the LM head — as a [rows][its columns] matrix

@@ -44,7 +44,7 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
 
 // As cpu::sample_rows: tokens[r] (and logprobs[r] for rows asking) from row r of `logits` with
 // params[r] (log-probabilities of the raw row; the edits and penalties; then greedy, or
-// temperature, top_k, top_p and the row's draw). `scratch` holds logits.rows * logits.vocab floats.
+// temperature, top_k, top_p and the row's draw). `scratch` holds kernels::sample_scratch_floats(logits.rows, logits.vocab) floats.
 void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
             const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch, gpuStream_t stream);
 

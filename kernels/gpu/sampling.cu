@@ -14,6 +14,16 @@
 // a row samples the same token on every run; they can differ from the reference's sequential
 // sums in the last bits of a double, which can move a token only for a draw within ~1e-16 of a
 // boundary.
+//
+// Each step of those searches is a pass over the elements, ~60-100 per top-p row; so a row with
+// top_k or top_p first narrows them (issue 18's R3): one pass builds a histogram of the
+// probabilities by their top bits (exact counts, and masses in integer fixed point, so that the
+// atomics add up alike in any order), which names a bin edge every element of the final prefix
+// is at or above; the columns at or above it are compacted, in column order, and the searches
+// run over those alone. A count cut (top_k) is exact; a mass cut (top_p alone) takes one bin more
+// than the fixed-point masses say, and the searches' own sum over the candidates must reach the
+// target, or the row searches all its elements as before. Either way the cuts are the ones the
+// full searches find: every element they measure above the edge is a candidate.
 #include <cmath>
 
 #include "kernels/cpu/sampling.h"
@@ -28,6 +38,19 @@ using kernels::ShardedLogits;
 
 constexpr int kSampleThreads = 512;  // A block on the GPU: a multiple of both warp sizes.
 constexpr uint32_t kOneBits = 0x3F800000u;  // 1.0f: no probability is larger.
+// Histogram bins by a probability's top bits (sign, exponent, 3 mantissa bits): p <= 1 gives a
+// bin <= kOneBits >> kBinShift = 1016.
+constexpr int kBinShift = 20, kBins = 1024;
+constexpr double kMassScale = 1099511627776.0;  // 2^40: a bin's mass as an integer.
+
+// The elements a search runs over, by position: every column of the row (idx == nullptr:
+// position i is column i), or a list of columns in increasing order. `probs` is by column.
+struct Elements {
+  const float* probs;
+  const int* idx;
+  int n;
+  __device__ int col(int i) const { return idx != nullptr ? idx[i] : i; }
+};
 
 // The prefix of the sorted order ending at (v, c); (0, -1) is every positive probability.
 struct Cut {
@@ -49,11 +72,12 @@ __device__ double block_sum(double x, double* shared) {
 }
 
 // Count (mass == false) or mass of the elements of `cut` with probability >= at_least.
-__device__ double measure(const float* probs, int n, Cut cut, float at_least, bool mass, double* shared) {
+__device__ double measure(Elements e, Cut cut, float at_least, bool mass, double* shared) {
   double sum = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float p = probs[i];
-    if (p >= at_least && cut.holds(p, i)) sum += mass ? double(p) : 1.0;
+  for (int i = threadIdx.x; i < e.n; i += blockDim.x) {
+    const int c = e.col(i);
+    const float p = e.probs[c];
+    if (p >= at_least && cut.holds(p, c)) sum += mass ? double(p) : 1.0;
   }
   return block_sum(sum, shared);
 }
@@ -65,17 +89,18 @@ __device__ bool reaches(double f, double target, bool strict) { return strict ? 
 // another order, reached it), -1 if there is none. Each thread sums a contiguous chunk, one thread scans the
 // chunk sums, and the thread of the chunk where the target is reached walks it.
 template <typename Pred>
-__device__ int walk(const float* probs, int n, Pred pred, bool mass, double base, double target, bool strict,
-                    double* shared, int* result) {
-  const int threads = blockDim.x, chunk = (n + threads - 1) / threads;
-  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+__device__ int walk(Elements e, Pred pred, bool mass, double base, double target, bool strict, double* shared,
+                    int* result) {
+  const int threads = blockDim.x, chunk = (e.n + threads - 1) / threads;
+  const int begin = min(e.n, int(threadIdx.x) * chunk), end = min(e.n, begin + chunk);
   double sum = 0.0;
   int last = -1;
   for (int i = begin; i < end; ++i) {
-    const float p = probs[i];
-    if (pred(p, i)) {
+    const int c = e.col(i);
+    const float p = e.probs[c];
+    if (pred(p, c)) {
       sum += mass ? double(p) : 1.0;
-      last = i;
+      last = c;
     }
   }
   __syncthreads();  // `shared` and `result` may still be read by a previous call.
@@ -100,9 +125,10 @@ __device__ int walk(const float* probs, int n, Pred pred, bool mass, double base
     double running = shared[threads];
     int at = -1;
     for (int i = begin; i < end; ++i) {
-      const float p = probs[i];
-      if (!pred(p, i)) continue;
-      at = i;
+      const int c = e.col(i);
+      const float p = e.probs[c];
+      if (!pred(p, c)) continue;
+      at = c;
       running += mass ? double(p) : 1.0;
       if (reaches(running, target, strict)) break;
     }
@@ -114,19 +140,94 @@ __device__ int walk(const float* probs, int n, Pred pred, bool mass, double base
 
 // The shortest prefix of `cut` in sorted order whose count or mass reaches `target` (strictly
 // when `strict`); `cut` itself must reach it.
-__device__ Cut select(const float* probs, int n, Cut cut, bool mass, double target, bool strict, double* shared,
-                      int* result) {
+__device__ Cut select(Elements e, Cut cut, bool mass, double target, bool strict, double* shared, int* result) {
   // The largest v whose elements >= v reach the target: v = 0 (all of `cut`) does; above 1 none.
   uint32_t lo = 0, hi = kOneBits + 1;
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    if (reaches(measure(probs, n, cut, __uint_as_float(mid), mass, shared), target, strict)) lo = mid;
+    if (reaches(measure(e, cut, __uint_as_float(mid), mass, shared), target, strict)) lo = mid;
     else hi = mid;
   }
   const float v = __uint_as_float(lo);
-  const double above = measure(probs, n, cut, __uint_as_float(lo + 1), mass, shared);  // Elements > v.
+  const double above = measure(e, cut, __uint_as_float(lo + 1), mass, shared);  // Elements > v.
   const auto equal = [cut, v](float p, int i) { return p == v && cut.holds(p, i); };
-  return Cut{v, walk(probs, n, equal, mass, above, target, strict, shared, result)};
+  return Cut{v, walk(e, equal, mass, above, target, strict, shared, result)};
+}
+
+// One pass over the row's n probabilities: their histogram by top bits (counts, and masses in
+// 2^-40 units, rounded down), and the count and mass of the positive ones in measure's order.
+struct Histogram {
+  unsigned* counts;            // [kBins]
+  unsigned long long* masses;  // [kBins]
+};
+__device__ void histogram(const float* probs, int n, Histogram h, double* count, double* mass, double* shared) {
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+    h.counts[b] = 0u;
+    h.masses[b] = 0ull;
+  }
+  __syncthreads();
+  double c = 0.0, m = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float p = probs[i];
+    if (!(p > 0.0f)) continue;
+    const int bin = int(__float_as_uint(p) >> kBinShift);
+    atomicAdd(&h.counts[bin], 1u);
+    atomicAdd(&h.masses[bin], static_cast<unsigned long long>(double(p) * kMassScale));
+    c += 1.0;
+    m += double(p);
+  }
+  *count = block_sum(c, shared);
+  *mass = block_sum(m, shared);
+}
+
+// The lower edge of the highest bin at which the bins from the top hold `target` elements
+// (by_mass false) or mass, one bin lower again for a mass (the fixed-point masses are rounded
+// down, and the searches' double sums round otherwise); 0 when none does. Into every thread.
+__device__ float bin_edge(Histogram h, bool by_mass, double target, int* result) {
+  __syncthreads();  // `result` may still be read by a previous call.
+  if (threadIdx.x == 0) {
+    double cum = 0.0;
+    int bin = 0;
+    for (int b = kBins - 1; b >= 0; --b) {
+      cum += by_mass ? double(h.masses[b]) / kMassScale : double(h.counts[b]);
+      if (cum >= target) {
+        bin = by_mass && b > 0 ? b - 1 : b;
+        break;
+      }
+    }
+    result[0] = bin;
+  }
+  __syncthreads();
+  return __uint_as_float(uint32_t(result[0]) << kBinShift);
+}
+
+// The columns whose probability is at least `edge` (and positive), in column order, into
+// `cand`; their number. Each thread counts its contiguous chunk, a scan of the counts gives
+// each chunk's place, and each thread writes its own.
+__device__ int compact(const float* probs, int n, float edge, int* cand, int* offsets) {
+  const int threads = blockDim.x, chunk = (n + threads - 1) / threads;
+  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+  const auto keep = [edge](float p) { return p > 0.0f && p >= edge; };
+  int count = 0;
+  for (int i = begin; i < end; ++i) count += keep(probs[i]);
+  __syncthreads();  // `offsets` may still be read by a previous call.
+  offsets[threadIdx.x] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int running = 0;
+    for (int t = 0; t < threads; ++t) {
+      const int c = offsets[t];
+      offsets[t] = running;
+      running += c;
+    }
+    offsets[threads] = running;
+  }
+  __syncthreads();
+  int at = offsets[threadIdx.x];
+  for (int i = begin; i < end; ++i)
+    if (keep(probs[i])) cand[at++] = i;
+  __syncthreads();  // Every candidate is written before anyone reads the list.
+  return offsets[threads];
 }
 
 // The largest value(x, col) over row `row`'s columns with eligible(value, col), the lowest column
@@ -183,7 +284,9 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
                               SeenTokens seen, kernels::LogitEdits edits, float* scratch) {
   __shared__ double shared[kSampleThreads + 1];
   __shared__ float best_v[kSampleThreads];
-  __shared__ int best_i[kSampleThreads];
+  __shared__ int best_i[kSampleThreads + 1];
+  __shared__ unsigned bin_counts[kBins];
+  __shared__ unsigned long long bin_masses[kBins];
   __shared__ int result[3];
   __shared__ int top_ids[kernels::kMaxLogprobs];
   __shared__ float top_v[kernels::kMaxLogprobs];
@@ -315,29 +418,42 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
     }
     __syncthreads();  // Each thread reads every thread's probabilities from here on.
 
+    // Count and mass of the positive probabilities, and their histogram.
+    const Histogram hist{bin_counts, bin_masses};
+    double positive = 0.0, total = 0.0;
+    histogram(probs, n, hist, &positive, &total, shared);
+    const bool top_k = P.top_k > 0 && double(P.top_k) < positive, top_p = P.top_p < 1.0f;
+    Elements all{probs, nullptr, n};
     Cut cut{0.0f, -1};
-    bool sorted = false;  // Whether the reference walks the candidates most likely first.
-    if (P.top_k > 0 && double(P.top_k) < measure(probs, n, cut, 0.0f, false, shared)) {
-      cut = select(probs, n, cut, false, double(P.top_k), false, shared, result);
-      sorted = true;
-    }
-    double total = measure(probs, n, cut, 0.0f, true, shared);
-    if (P.top_p < 1.0f) {
-      cut = select(probs, n, cut, true, double(P.top_p) * total, false, shared, result);
-      total = measure(probs, n, cut, 0.0f, true, shared);
-      sorted = true;
-    }
-    const double target = P.u * total;
     int picked;
-    if (!sorted) {
+    if (!top_k && !top_p) {
       // Every positive probability, walked in index order.
       const auto candidate = [cut](float p, int i) { return cut.holds(p, i); };
-      picked = walk(probs, n, candidate, true, 0.0, target, true, shared, result);
-    } else if (reaches(total, target, true)) {
-      picked = select(probs, n, cut, true, target, true, shared, result).c;
+      picked = walk(all, candidate, true, 0.0, P.u * total, true, shared, result);
     } else {
-      // Rounding left a sliver past the last candidate: the last in sorted order.
-      picked = select(probs, n, cut, false, measure(probs, n, cut, 0.0f, false, shared), false, shared, result).c;
+      // The searches run over the candidates: every column at or above the edge of the bin that
+      // holds the top_k-th element (the top_p prefix of those is among them too), or, with top_p
+      // alone, one bin below where the masses from the top reach top_p of the total.
+      const double p_target = double(P.top_p) * total;
+      const float edge = top_k ? bin_edge(hist, false, double(P.top_k), result) : bin_edge(hist, true, p_target, result);
+      int* cand = reinterpret_cast<int*>(scratch + int64_t(logits.rows) * n) + int64_t(row) * n;
+      Elements e{probs, cand, compact(probs, n, edge, cand, best_i)};
+      if (!top_k && !reaches(measure(e, cut, 0.0f, true, shared), p_target, false)) e = all;
+      if (top_k) {
+        cut = select(e, cut, false, double(P.top_k), false, shared, result);
+        total = measure(e, cut, 0.0f, true, shared);
+      }
+      if (top_p) {
+        cut = select(e, cut, true, double(P.top_p) * total, false, shared, result);
+        total = measure(e, cut, 0.0f, true, shared);
+      }
+      const double target = P.u * total;
+      if (reaches(total, target, true)) {
+        picked = select(e, cut, true, target, true, shared, result).c;
+      } else {
+        // Rounding left a sliver past the last candidate: the last in sorted order.
+        picked = select(e, cut, false, measure(e, cut, 0.0f, false, shared), false, shared, result).c;
+      }
     }
     if (picked >= 0) token = picked;
   }

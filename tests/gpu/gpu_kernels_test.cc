@@ -10,6 +10,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "engine/kv_cache_layout.h"
 #include "engine/model/float_convert.h"
@@ -159,7 +160,7 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       cpu::SampleScratch scratch;
       cpu::sample_rows(want.data(), nullptr, logits, params.data(), {}, {}, &scratch);
 
-      Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+      Dev<float> dlogits(gathered), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
       Dev<kernels::SampleRow> dparams(params);
       Dev<int> dtokens(rows);
       logits.data = dlogits.get();
@@ -170,6 +171,48 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
                                    << params[r].temperature << " top_k " << params[r].top_k << " top_p "
                                    << params[r].top_p << " u " << params[r].u;
     }
+}
+
+// The narrowing the top_k / top_p searches start with (a histogram names a bin edge, the columns
+// above it are compacted): on rows shaped like an LLM's (a few dominant logits over a N(0, 1)
+// floor), on flat N(0, 1) and N(0, 3) rows (nuclei of thousands), and on all-equal rows (every
+// column in one bin), the token is the reference's, and ten runs give the same tokens — the
+// histogram's atomics land in any order.
+TEST(GpuKernels, SamplingNarrowedSearchesMatchCpuReferenceAndRepeat) {
+  REQUIRE_GPU();
+  const int vocab = kEmulated ? 8192 : 128256;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<kernels::SampleRow> params;
+  std::vector<float> logits;
+  for (int shape = 0; shape < 4; ++shape)
+    for (const auto& [t, k, p] : {std::tuple{1.0f, 0, 0.95f}, std::tuple{0.7f, 0, 0.5f}, std::tuple{1.0f, 40, 1.0f},
+                                  std::tuple{1.2f, 500, 0.9f}, std::tuple{1.0f, 0, 0.999f}}) {
+      params.push_back({t, k, p, uniform(rng)});
+      for (int i = 0; i < vocab; ++i) {
+        const float floor = normal(rng);
+        logits.push_back(shape == 0 ? floor + (i % 997 == 0 ? 12.0f + float(i % 5) : 0.0f)
+                         : shape == 1 ? floor
+                         : shape == 2 ? 3.0f * floor
+                                      : 0.25f);
+      }
+    }
+  const int rows = int(params.size());
+  const kernels::ShardedLogits host{logits.data(), rows, vocab, 1};
+  std::vector<int> want(rows);
+  cpu::SampleScratch cpu_scratch;
+  cpu::sample_rows(want.data(), nullptr, host, params.data(), {}, {}, &cpu_scratch);
+  Dev<float> dlogits(logits), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
+  Dev<kernels::SampleRow> dparams(params);
+  Dev<int> dtokens(rows);
+  for (int run = 0; run < (kEmulated ? 3 : 10); ++run) {
+    gpu::sample(dtokens.get(), nullptr, {dlogits.get(), rows, vocab, 1}, dparams.get(), {}, {}, dscratch.get(), nullptr);
+    const std::vector<int> got = dtokens.host();
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(got[r], want[r]) << "run " << run << ", row " << r << " (shape " << r / 5 << "): temperature "
+                                 << params[r].temperature << " top_k " << params[r].top_k << " top_p " << params[r].top_p;
+  }
 }
 
 // The repetition penalty on the device, over two steps as the engine drives it: each row's new
@@ -225,7 +268,7 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
         for (kernels::SampleRow& r : without) r.seen_slot = -1;
         cpu::sample_rows(unpenalised.data(), nullptr, logits, without.data(), {}, {}, &scratch);
 
-        Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+        Dev<float> dlogits(gathered), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
         Dev<kernels::SampleRow> dparams(params);
         Dev<int> dnew(new_ids), dtokens(rows);
         logits.data = dlogits.get();
@@ -367,7 +410,7 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
           plain_params[r] = {params[r].temperature, params[r].top_k, params[r].top_p, params[r].u};
         cpu::sample_rows(unedited.data(), nullptr, logits, plain_params.data(), {}, {}, &scratch);
 
-        Dev<float> dlogits(gathered), dscratch(size_t(rows) * vocab);
+        Dev<float> dlogits(gathered), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
         Dev<kernels::SampleRow> dparams(params);
         Dev<kernels::LogitBias> dbiases(biases);
         Dev<int> dbanned(banned), dnew(new_ids), dtokens(rows);

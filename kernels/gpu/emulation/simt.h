@@ -87,7 +87,12 @@ inline int atomicMax(int* address, int value) {
   return old;
 }
 inline unsigned atomicOr(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_or(value); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_add(value); }
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
+}
 inline float __uint_as_float(unsigned bits) { return std::bit_cast<float>(bits); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
 template <typename T>
 T min(T a, T b) {
   return b < a ? b : a;
