@@ -3,7 +3,9 @@
 // bf16). Weights f32, f16 or bf16, accumulation always f32. No tensor cores: the vendor GEMMs
 // are the fast path for same-type operands.
 // - Up to kGemvRows rows (decode steps): a GEMV, one warp per output column streaming its
-//   weight row once for every token, as decode is bound by reading the weights.
+//   weight row once for every token, as decode is bound by reading the weights: 16 bytes per
+//   lane and load (8 bf16/f16 or 4 f32 weights; issue 18's R5b) where the rows are 16-byte
+//   aligned, one weight per lane and load otherwise.
 // - More rows: classic shared-memory tiling, a block computing a 64×64 tile of y with 256
 //   threads of 4×4 outputs each, stepping through the inner dimension 16 at a time.
 #include "kernels/gpu/kernel_util.h"
@@ -87,11 +89,65 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The kPer weights of one 16-byte load as f32.
+template <typename W>
+__device__ __forceinline__ void widen16(const uint4& raw, float* out) {
+  constexpr int kPer = 16 / int(sizeof(W));
+  W v[kPer];
+  __builtin_memcpy(v, &raw, 16);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) out[e] = to_f32(v[e]);
+}
+
+// gemv_xwt_kernel with each lane loading 16 bytes of the weight row at a time — consecutive
+// lanes consecutive 16-byte chunks, so a warp's load is 512 contiguous bytes — and the last
+// in % kPer weights one per lane. Rows must start 16-byte aligned (w and ldw).
+template <typename W, int R>
+__global__ void __launch_bounds__(kThreads)
+    gemv_xwt_vec_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
+  constexpr int kPer = 16 / int(sizeof(W));
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = kThreads / kWarpSize;
+  const int chunks = in / kPer;
+  for (int o = blockIdx.x * warps + warp; o < out; o += gridDim.x * warps) {
+    const W* row = w + int64_t(o) * ldw;
+    const uint4* vec = reinterpret_cast<const uint4*>(row);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += kWarpSize) {
+      float wf[kPer];
+      widen16<W>(vec[c], wf);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc[r] = fmaf(xr[e], wf[e], acc[r]);
+      }
+    }
+    for (int i = chunks * kPer + lane; i < in; i += kWarpSize) {
+      const float wi = to_f32(row[i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(x[int64_t(r) * in + i], wi, acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float sum = warp_sum(acc[r]);
+      if (lane == 0) y[int64_t(r) * out + o] = sum;
+    }
+  }
+}
+
 template <typename W, int R>
 void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t ldw, gpuStream_t stream) {
   constexpr int warps = kThreads / kWarpSize;
   const unsigned blocks = grid_for(out, warps);
-  gpu_launch(gemv_xwt_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+  const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && (ldw * int64_t(sizeof(W))) % 16 == 0;
+  if (aligned)
+    gpu_launch(gemv_xwt_vec_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+  else
+    gpu_launch(gemv_xwt_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
 }
 
 template <typename W>

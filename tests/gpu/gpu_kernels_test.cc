@@ -459,8 +459,13 @@ TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
   struct Shape {
     int rows, out, in, ldw, offset;
   };
+  // Rows <= 8 take the GEMV: 16-byte loads where every weight row starts 16-byte aligned (offset 0
+  // and ldw a multiple of 8 elements, or of 4 for f32; a tail of in % 8 or in % 4 one by one),
+  // else one weight per load.
   for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{8, 1000, 4100, 4100, 1},
-                          Shape{9, 70, 33, 40, 0}, Shape{70, 65, 17, 17, 0}, Shape{130, 129, 300, 310, 3}}) {
+                          Shape{2, 50, 256, 272, 0}, Shape{5, 37, 1003, 1008, 0}, Shape{8, 300, 2052, 2056, 0},
+                          Shape{3, 20, 44, 44, 0}, Shape{9, 70, 33, 40, 0}, Shape{70, 65, 17, 17, 0},
+                          Shape{130, 129, 300, 310, 3}}) {
     std::vector<float> w = random_vec(size_t(sh.out) * sh.ldw + sh.offset, 20 + sh.rows);
     const std::vector<float> x = random_vec(size_t(sh.rows) * sh.in, 30 + sh.rows);
     for (Storage st : {Storage::kF32, Storage::kF16, Storage::kBF16}) {

@@ -103,6 +103,11 @@ T max(T a, T b) {
 }
 
 // 16-bit storage types with CUDA's conversion functions (round to nearest even).
+// CUDA's and HIP's 16-byte vector type, for 16-byte loads.
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
 struct gpu_emulated_bf16 {
   uint16_t bits;
 };
