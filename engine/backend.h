@@ -60,6 +60,10 @@ class Backend {
 
   virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
+  // x += residual, then out = rms_norm(x) (one launch where two were: the residual add and the
+  // next norm); the same results as add_inplace then rms_norm.
+  virtual void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
+                            float eps) = 0;
   virtual void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                           int64_t ldw) = 0;
   // Whether the backend keeps GEMM weights as bf16 (half the bytes a decode step reads), with

@@ -257,13 +257,15 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   };
 
   backend_->embed(x, shard_.embed, tokens, n, c.dim);
+  // Each layer's residual adds are fused with the norm that follows them (add_rms_norm): the
+  // attention norm of layer 0 alone stands by itself, the last layer's MLP add alone is plain.
+  backend_->rms_norm(xn, x, shard_.layers[0].attn_norm, n, c.dim, c.rms_eps);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerShard& w = shard_.layers[l];
     const int nkv = w.kv_heads.size(), hd = w.head_dim;
     const int q_local = nq * hd, kv_local = nkv * hd;
     const float scale = 1.0f / std::sqrt(float(hd));
     kernels::TokenPlacement place = placement_;
-    backend_->rms_norm(xn, x, w.attn_norm, n, c.dim, c.rms_eps);
     matmul(q, xn, w.wq, n, q_local, c.dim, c.dim);
     matmul(k, xn, w.wk, n, kv_local, c.dim, c.dim);
     matmul(v, xn, w.wv, n, kv_local, c.dim, c.dim);
@@ -297,15 +299,14 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
-    backend_->add_inplace(x, out, int64_t(n) * c.dim);
-
-    backend_->rms_norm(xn, x, w.ffn_norm, n, c.dim, c.rms_eps);
+    backend_->add_rms_norm(xn, x, out, w.ffn_norm, n, c.dim, c.rms_eps);
     matmul(gate, xn, w.w_gate, n, hidden, c.dim, c.dim);
     matmul(up, xn, w.w_up, n, hidden, c.dim, c.dim);
     backend_->silu_mul(gate, up, int64_t(n) * hidden);
     matmul(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
-    backend_->add_inplace(x, out, int64_t(n) * c.dim);
+    if (l + 1 < c.n_layers) backend_->add_rms_norm(xn, x, out, shard_.layers[l + 1].attn_norm, n, c.dim, c.rms_eps);
+    else backend_->add_inplace(x, out, int64_t(n) * c.dim);
   }
 
   if (rows > 0) {

@@ -127,6 +127,11 @@ void PhaseProfiler::silu_mul(float* gate, const float* up, int64_t n) {
   timed(Phase::kSmallKernels, [&] { inner_->silu_mul(gate, up, n); });
 }
 
+void PhaseProfiler::add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
+                                 float eps) {
+  timed(Phase::kSmallKernels, [&] { inner_->add_rms_norm(out, x, residual, w, rows, dim, eps); });
+}
+
 void PhaseProfiler::add_inplace(float* x, const float* y, int64_t n) {
   timed(Phase::kSmallKernels, [&] { inner_->add_inplace(x, y, n); });
 }

@@ -17,6 +17,15 @@ void rms_norm(float* out, const float* in, const float* weight, int rows, int di
   }
 }
 
+void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows, int dim, float eps) {
+  for (int r = 0; r < rows; ++r) {
+    float* xr = x + int64_t(r) * dim;
+    const float* res = residual + int64_t(r) * dim;
+    for (int i = 0; i < dim; ++i) xr[i] += res[i];
+    rms_norm(out + int64_t(r) * dim, xr, weight, 1, dim, eps);
+  }
+}
+
 void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
           const float* inv_freq, float attention_scale, bool rotate_half) {
   const int half = head_dim / 2;

@@ -10,6 +10,10 @@ namespace pdserve::kernels::cpu {
 // out[r] = in[r] / rms(in[r]) * weight, for `rows` rows of `dim`.
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps);
 
+// x += residual, then out = rms_norm(x): add_inplace and rms_norm in one pass over each row, with
+// the same results.
+void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows, int dim, float eps);
+
 // Rotates each head of `rows` rows in place by RoPE at the row's position. Row r starts at
 // x + r*row_stride and holds `n_heads` heads of `head_dim`. Pair i turns by position *
 // inv_freq[i] (head_dim/2 entries: engine/rope_scaling.h's table, scaling included), its cos and

@@ -62,6 +62,11 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->rms_norm(out, in, w, rows, dim, eps);
   }
+  void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
+                    float eps) override {
+    Open open(this);
+    inner_->add_rms_norm(out, x, residual, w, rows, dim, eps);
+  }
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override {
     Open open(this);
     inner_->matmul_xwt(y, x, w, rows, out, in, ldw);

@@ -35,6 +35,19 @@ std::vector<float> random_vec(size_t n, uint32_t seed) {
   return v;
 }
 
+// The fused residual add + norm the forward pass uses between sublayers: the same bits as the
+// add and the norm one after the other, so the CPU engine's tokens stay what they were.
+TEST(Kernels, AddRmsNormEqualsAddThenNormBitForBit) {
+  const int rows = 3, dim = 67;
+  const std::vector<float> x = random_vec(rows * dim, 1), r = random_vec(rows * dim, 2), w = random_vec(dim, 3);
+  std::vector<float> want_x = x, want(rows * dim), got_x = x, got(rows * dim);
+  add_inplace(want_x.data(), r.data(), rows * dim);
+  rms_norm(want.data(), want_x.data(), w.data(), rows, dim, 1e-5f);
+  add_rms_norm(got.data(), got_x.data(), r.data(), w.data(), rows, dim, 1e-5f);
+  EXPECT_EQ(got_x, want_x);
+  EXPECT_EQ(got, want);
+}
+
 TEST(Kernels, RopeRotateHalfEqualsAdjacentOnPermutedDims) {
   const int hd = 8, heads = 2;
   std::vector<float> adj = random_vec(hd * heads, 1), half(hd * heads);

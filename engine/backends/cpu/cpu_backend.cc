@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
     k::rms_norm(out, in, w, rows, dim, eps);
   }
+  void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
+                    float eps) override {
+    k::add_rms_norm(out, x, residual, w, rows, dim, eps);
+  }
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                   int64_t ldw) override {
     k::matmul_xwt(y, x, w, rows, out, in, ldw);

@@ -127,6 +127,11 @@ class GpuBackend final : public Backend {
     bind();
     g::rms_norm(out, in, w, rows, dim, eps, stream_);
   }
+  void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
+                    float eps) override {
+    bind();
+    g::add_rms_norm(out, x, residual, w, rows, dim, eps, stream_);
+  }
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                   int64_t ldw) override {
     bind();
