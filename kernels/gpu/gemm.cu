@@ -63,32 +63,6 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kGemvRows = 8;
 
-// One warp per output column (grid-stride over columns): each lane reads every kWarpSize-th
-// weight of the column's row (coalesced) and multiplies it into all R rows of x; the lanes'
-// sums meet in a warp reduction.
-template <typename W, int R>
-__global__ void __launch_bounds__(kThreads)
-    gemv_xwt_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = kThreads / kWarpSize;
-  for (int o = blockIdx.x * warps + warp; o < out; o += gridDim.x * warps) {
-    const W* row = w + int64_t(o) * ldw;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (int i = lane; i < in; i += kWarpSize) {
-      const float wi = to_f32(row[i]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(x[int64_t(r) * in + i], wi, acc[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float sum = warp_sum(acc[r]);
-      if (lane == 0) y[int64_t(r) * out + o] = sum;
-    }
-  }
-}
-
 // The kPer weights of one 16-byte load as f32.
 template <typename W>
 __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
@@ -99,31 +73,35 @@ __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
   for (int e = 0; e < kPer; ++e) out[e] = to_f32(v[e]);
 }
 
-// gemv_xwt_kernel with each lane loading 16 bytes of the weight row at a time — consecutive
-// lanes consecutive 16-byte chunks, so a warp's load is 512 contiguous bytes — and the last
-// in % kPer weights one per lane. Rows must start 16-byte aligned (w and ldw).
-template <typename W, int R>
+// One warp per output column (grid-stride over columns), multiplying each weight into all R rows
+// of x; the lanes' sums meet in a warp reduction. kVec: each lane loads 16 bytes of the weight
+// row at a time (kPer weights; consecutive lanes consecutive chunks, so a warp's load is 512
+// contiguous bytes), which needs rows starting 16-byte aligned (w and ldw), and the last
+// in % kPer weights one per lane; otherwise every weight one per lane (coalesced too).
+template <typename W, int R, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    gemv_xwt_vec_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
+    gemv_xwt_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
   constexpr int kPer = 16 / int(sizeof(W));
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = kThreads / kWarpSize;
-  const int chunks = in / kPer;
+  const int chunks = kVec ? in / kPer : 0;
   for (int o = blockIdx.x * warps + warp; o < out; o += gridDim.x * warps) {
     const W* row = w + int64_t(o) * ldw;
-    const uint4* vec = reinterpret_cast<const uint4*>(row);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    if constexpr (kVec) {
+      const uint4* vec = reinterpret_cast<const uint4*>(row);
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += kWarpSize) {
-      float wf[kPer];
-      widen16<W>(vec[c], wf);
+      for (int c = lane; c < chunks; c += kWarpSize) {
+        float wf[kPer];
+        widen16<W>(vec[c], wf);
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
+        for (int r = 0; r < R; ++r) {
+          const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) acc[r] = fmaf(xr[e], wf[e], acc[r]);
+          for (int e = 0; e < kPer; ++e) acc[r] = fmaf(xr[e], wf[e], acc[r]);
+        }
       }
     }
     for (int i = chunks * kPer + lane; i < in; i += kWarpSize) {
@@ -145,9 +123,9 @@ void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t 
   const unsigned blocks = grid_for(out, warps);
   const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && (ldw * int64_t(sizeof(W))) % 16 == 0;
   if (aligned)
-    gpu_launch(gemv_xwt_vec_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, true>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
   else
-    gpu_launch(gemv_xwt_kernel<W, R>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, false>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
 }
 
 template <typename W>
