@@ -233,8 +233,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   for (int s = 0; s < max_batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * per_seq);
   const double params = matmul_params(c);
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f}",
+  std::snprintf(buf, sizeof buf, "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f}",
                 o.preset.c_str(), weight_bytes / 1e9, params);
   report.line(buf);
 
@@ -251,8 +250,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
       return false;
     }
-    BackendBuffer fill_chunk;
-    if (!fill_kv_arena(**runner, fill_chunk, backend)) {
+    if (BackendBuffer fill_chunk; !fill_kv_arena(**runner, fill_chunk, backend)) {  // Freed after the fill.
       std::fprintf(stderr, "filling the KV cache failed\n");
       return false;
     }
@@ -310,8 +308,8 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
                     "{\"kind\":\"decode\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"batch\":%d,\"context\":%d,"
                     "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
                     "\"bf16_compute_fraction\":%.4f}",
-                    weights_name, kv_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s, flops / t / roof.f32_flop_per_s,
-                    flops / t / roof.bf16_flop_per_s);
+                    weights_name, kv_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s,
+                    flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "decode", b)) return false;
     }
@@ -330,7 +328,8 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       std::snprintf(buf, sizeof buf,
                     "{\"kind\":\"prefill\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
                     "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                    weights_name, kv_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
+                    weights_name, kv_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s,
+                    flops / t / roof.bf16_flop_per_s);
       report.line(buf);
       if (!breakdown(batch, "prefill", p)) return false;
     }
@@ -381,8 +380,7 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
     const size_t n = size_t(rows) * c.vocab_size;
     const size_t scratch_bytes = size_t(kernels::sample_scratch_floats(rows, c.vocab_size)) * 4;
     if (!logits.reserve(backend, n * 4).ok() || !scratch.reserve(backend, scratch_bytes).ok() ||
-        !params.reserve(backend, rows * sizeof(kernels::SampleRow)).ok() ||
-        !tokens.reserve(backend, rows * 4).ok() ||
+        !params.reserve(backend, rows * sizeof(kernels::SampleRow)).ok() || !tokens.reserve(backend, rows * 4).ok() ||
         !logprobs.reserve(backend, rows * sizeof(kernels::RowLogprobs)).ok()) {
       std::fprintf(stderr, "no memory for sampling %d rows\n", rows);
       return false;
@@ -590,7 +588,8 @@ int main(int argc, char** argv) {
       {"--weights", {Part::kDecode, Part::kPrefill}},
       {"--kv-dtype", {Part::kDecode, Part::kPrefill}},
       {"--gemm-rows", {Part::kGemm}},
-      {"--sampling-rows", {Part::kSampling}}};
+      {"--sampling-rows", {Part::kSampling}},
+      {"--roofline", {Part::kDecode, Part::kPrefill, Part::kGemm}}};
   for (const auto& [option, served] : serves) {
     if (app.count(option) == 0) continue;
     if (std::none_of(served.begin(), served.end(), [&](Part p) { return o.runs(p); })) {

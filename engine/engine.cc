@@ -201,9 +201,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
       "KV cache: {} blocks x {} tokens = {} tokens ({} MiB of {} per rank, TP {} on {}, weights uploaded {:.1f} MiB "
       "per rank, sampling on the {})",
       num_blocks, options.block_size, num_blocks * options.block_size, (num_blocks * block_bytes) >> 20,
-      dtype_name(options.kv_dtype), options.tp,
-      engine->ranks_->rank(0).backend().name(), double(engine->ranks_->uploaded_weight_bytes()) / (1 << 20),
-      engine->sample_on_backend_ ? "backend" : "host");
+      dtype_name(options.kv_dtype), options.tp, engine->ranks_->rank(0).backend().name(),
+      double(engine->ranks_->uploaded_weight_bytes()) / (1 << 20), engine->sample_on_backend_ ? "backend" : "host");
   return engine;
 }
 

@@ -13,8 +13,8 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
                                                          const KvArenaAllocator& arena_allocator) {
   for (const LayerKvSpec& s : kv_spec.layers)
     if (s.dtype != DType::kF32 && (s.dtype != DType::kBF16 || !backend->bf16_kv()))
-      return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot keep a ",
-                                                     dtype_name(s.dtype), " KV cache (it takes f32",
+      return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot keep its KV cache in ",
+                                                     dtype_name(s.dtype), " (it takes f32",
                                                      backend->bf16_kv() ? " or bf16)" : ")"));
   if (max_tokens <= 0) return absl::InvalidArgumentError("a rank needs room for at least one token per step");
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
@@ -33,7 +33,8 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
     runner->arena_ = static_cast<uint8_t*>(arena);
     runner->owns_arena_ = true;
   }
-  for (int l = 0; l < runner->layout_.num_layers(); ++l) runner->views_.push_back(runner->layout_.view(l, runner->arena_));
+  for (int l = 0; l < runner->layout_.num_layers(); ++l)
+    runner->views_.push_back(runner->layout_.view(l, runner->arena_));
   PD_RETURN_IF_ERROR(runner->reserve(max_tokens));
   PD_RETURN_IF_ERROR(runner->upload_rope_tables());
   return runner;
@@ -305,8 +306,10 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     backend_->silu_mul(gate, up, int64_t(n) * hidden);
     matmul(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
-    if (l + 1 < c.n_layers) backend_->add_rms_norm(xn, x, out, shard_.layers[l + 1].attn_norm, n, c.dim, c.rms_eps);
-    else backend_->add_inplace(x, out, int64_t(n) * c.dim);
+    if (l + 1 < c.n_layers)
+      backend_->add_rms_norm(xn, x, out, shard_.layers[l + 1].attn_norm, n, c.dim, c.rms_eps);
+    else
+      backend_->add_inplace(x, out, int64_t(n) * c.dim);
   }
 
   if (rows > 0) {

@@ -64,7 +64,7 @@ check_inprocess() {
 
 check_cpu_refuses_bf16_kv() {
   ! generate_json "$out/bf16kv.json" --device cpu --kv-dtype bf16 2>"$out/bf16kv.err" &&
-    grep 'cannot keep a bf16 KV cache' "$out/bf16kv.err"
+    grep 'cannot keep its KV cache in bf16' "$out/bf16kv.err"
 }
 
 # Starts `pdserve up` with the given flags, generates through it, compares with the tokens in

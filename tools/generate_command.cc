@@ -280,7 +280,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", flags->kv_dtype, "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")
+  cmd->add_option("--kv-dtype", flags->kv_dtype,
+                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
@@ -304,6 +305,19 @@ void add_generate_command(CLI::App& app, int* exit_code) {
     flags->top_k_given = cmd->count("--top-k") > 0;
     flags->top_p_given = cmd->count("--top-p") > 0;
     flags->repetition_penalty_given = cmd->count("--repetition-penalty") > 0;
+    if (!flags->router.empty()) {
+      // The router's workers have their own engines: an engine option here would change nothing.
+      for (const char* engine_option :
+           {"--tp", "--device", "--weight-dtype", "--kv-dtype", "--block-size", "--kv-cache-bytes", "--host-kv-bytes",
+            "--kv-offload-dir", "--kv-offload-dir-bytes", "--kv-load-timeout-ms", "--memory-utilization"}) {
+        if (cmd->count(engine_option) > 0) {
+          std::cerr << "error: " << engine_option << " sets up the in-process engine; with --router the workers' "
+                    << "own flags decide it\n";
+          *exit_code = 2;
+          return;
+        }
+      }
+    }
     *exit_code = flags->router.empty() ? run_generate(*flags) : run_generate_remote(*flags);
   });
 }

@@ -248,6 +248,15 @@ int run_up(const UpFlags& f) {
                  "(the router names a peer by its host-tier events)\n";
     return 2;
   }
+  if (f.kv_dtype != "f32") {
+    const bool cpu_worker = pd ? (f.prefill_device.empty() ? f.device : f.prefill_device) == "cpu" ||
+                                     (f.decode_device.empty() ? f.device : f.decode_device) == "cpu"
+                               : f.device == "cpu";
+    if (cpu_worker) {
+      std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
+      return 2;
+    }
+  }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
   if (!tls.ok()) {
@@ -283,7 +292,7 @@ int run_up(const UpFlags& f) {
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
-    a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker: a CPU one refuses bf16.
+    a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
     if (f.host_kv_bytes > 0) a.insert(a.end(), {"--host-kv-bytes", std::to_string(f.host_kv_bytes)});

@@ -68,8 +68,7 @@ class PhaseProfiler final : public Backend {
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim) override;
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override;
-  void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
-                    float eps) override;
+  void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim, float eps) override;
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override;
   void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
                        int64_t ldw) override;

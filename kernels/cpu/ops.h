@@ -10,8 +10,8 @@ namespace pdserve::kernels::cpu {
 // out[r] = in[r] / rms(in[r]) * weight, for `rows` rows of `dim`.
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps);
 
-// x += residual, then out = rms_norm(x): add_inplace and rms_norm in one pass over each row, with
-// the same results.
+// x += residual, then out = rms_norm(x): add_inplace and rms_norm row by row (the row still in
+// cache for the norm), with the same results.
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows, int dim, float eps);
 
 // Rotates each head of `rows` rows in place by RoPE at the row's position. Row r starts at

@@ -2,24 +2,42 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/lanes.h"
 
 namespace pdserve::kernels::cpu {
+namespace {
+
+// The view's K and V parts as f32: the reference's caches are f32 (a 16-bit view is a GPU
+// kernel's), and a caller handing it another storage made a programming error.
+std::pair<float*, float*> f32_parts(const PagedLayerView& kv, const char* kernel) {
+  if (kv.storage != Storage::kF32) {
+    std::fprintf(stderr, "pdserve cpu kernel %s: a KV view of %d-byte elements; the reference takes f32\n", kernel,
+                 storage_bytes(kv.storage));
+    std::abort();
+  }
+  return {static_cast<float*>(kv.k), static_cast<float*>(kv.v)};
+}
+
+}  // namespace
 
 void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,
                     int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) {
+  const auto [k_base, v_base] = f32_parts(kv, "paged_kv_write");
   for (int t = 0; t < tokens.num_tokens; ++t) {
     const int pos = tokens.positions[t];
     const int block = tokens.block_tables[t][pos / kv.block_size];
     const int slot = pos % kv.block_size;
     for (int h = 0; h < n_kv_heads; ++h) {
-      float* kd = static_cast<float*>(kv.k) + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;
+      float* kd = k_base + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;
       std::memcpy(kd, k + t * k_row_stride + int64_t(h) * kv.head_dim, sizeof(float) * kv.head_dim);
-      if (kv.v == nullptr) continue;
-      float* vd = static_cast<float*>(kv.v) + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
+      if (v_base == nullptr) continue;
+      float* vd = v_base + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
       std::memcpy(vd, v + t * v_row_stride + int64_t(h) * kv.v_head_dim, sizeof(float) * kv.v_head_dim);
     }
   }
@@ -40,6 +58,7 @@ namespace {
 PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedLayerView& kv,
                                         const TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                                         float scale) {
+  const auto [k_base, v_base] = f32_parts(kv, "paged_attention");
   std::vector<float> scores;
   // Per position the offsets of its K and V rows (head 0), -1 where the mask hides it: walked
   // block by block once per token, not divided out per key and head.
@@ -62,7 +81,7 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
     for (int h = 0; h < n_q_heads; ++h) {
       const int kvh = h / q_per_kv;
       const float* qh = q + int64_t(t) * n_q_heads * kv.head_dim + int64_t(h) * kv.head_dim;
-      const float* kh = static_cast<const float*>(kv.k) + kvh * kv.k_head_stride;
+      const float* kh = k_base + kvh * kv.k_head_stride;
       // Scores eight keys at a time (reduce_lanes_x8), then one by one; each is the
       // dot_lanes(q, K[j]) * scale of a key alone.
       int j = 0;
@@ -87,7 +106,7 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
       for (int i = 0; i < count; ++i) scores[i] /= sum;  // The weights.
       // out = Σ_j w_j V[j] in order of j, eight columns at a time in registers.
       float* oh = out + int64_t(t) * n_q_heads * kv.v_head_dim + int64_t(h) * kv.v_head_dim;
-      const float* vh = static_cast<const float*>(kv.v) + kvh * kv.v_head_stride;
+      const float* vh = v_base + kvh * kv.v_head_stride;
       int d = 0;
       for (; d + kLanes <= kv.v_head_dim; d += kLanes) {
         Lanes o = {};
@@ -107,6 +126,7 @@ PDSERVE_CPU_CLONES void paged_attention(float* out, const float* q, const PagedL
 
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                          const PagedLayerView& index_view, const TokenPlacement& tokens, int top_k) {
+  const float* keys = f32_parts(index_view, "index_select_blocks").first;
   const int bs = index_view.block_size, hd = index_view.head_dim;
   std::vector<std::pair<float, int>> block_scores;
   for (int t = 0; t < tokens.num_tokens; ++t) {
@@ -120,7 +140,7 @@ void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_in
     for (int b = 0; b < own; ++b) {
       float best = -INFINITY;
       for (int slot = 0; slot < bs; ++slot) {
-        const float* kj = static_cast<const float*>(index_view.k) + table[b] * index_view.k_block_stride + slot * index_view.k_token_stride;
+        const float* kj = keys + table[b] * index_view.k_block_stride + slot * index_view.k_token_stride;
         float dot = 0.0f;
         for (int d = 0; d < hd; ++d) dot += qi[d] * kj[d];
         best = std::max(best, dot);

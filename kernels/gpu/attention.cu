@@ -309,8 +309,8 @@ int visible_keys(int max_position, int window) {
 }  // namespace
 
 void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                     float scale, gpuStream_t stream) {
+                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                     gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("paged_attention", kv);
   dispatch_storage(kv.storage, [&](auto* tag) {
@@ -352,8 +352,8 @@ void split_decode_attention(float* out, const float* q, const kernels::PagedLaye
 }
 
 void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                       float scale, gpuStream_t stream) {
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("prefill_attention", kv);
   const int gq = q_per_kv < kTileRows ? q_per_kv : kTileRows;

@@ -75,8 +75,8 @@ __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
 
 // One warp per output column (grid-stride over columns), multiplying each weight into all R rows
 // of x; the lanes' sums meet in a warp reduction. kVec: each lane loads 16 bytes of the weight
-// row at a time (kPer weights; consecutive lanes consecutive chunks, so a warp's load is 512
-// contiguous bytes), which needs rows starting 16-byte aligned (w and ldw), and the last
+// row at a time (kPer weights; consecutive lanes consecutive chunks, so a warp loads kWarpSize ×
+// 16 contiguous bytes), which needs rows starting 16-byte aligned (w and ldw), and the last
 // in % kPer weights one per lane; otherwise every weight one per lane (coalesced too).
 template <typename W, int R, bool kVec>
 __global__ void __launch_bounds__(kThreads)

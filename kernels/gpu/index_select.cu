@@ -45,8 +45,8 @@ __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const 
 }  // namespace
 
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const kernels::PagedLayerView& index_view,
-                         const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream) {
+                         const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens, int top_k,
+                         gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   const size_t smem = sizeof(float) * size_t(mask_stride);
   if (smem > 48 * 1024) kernel_limit_exceeded("index_select_blocks", "more than 12288 blocks per sequence");

@@ -44,20 +44,20 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
 
 // As cpu::sample_rows: tokens[r] (and logprobs[r] for rows asking) from row r of `logits` with
 // params[r] (log-probabilities of the raw row; the edits and penalties; then greedy, or
-// temperature, top_k, top_p and the row's draw). `scratch` holds kernels::sample_scratch_floats(logits.rows, logits.vocab) floats.
+// temperature, top_k, top_p and the row's draw). `scratch` holds kernels::sample_scratch_floats(logits.rows,
+// logits.vocab) floats.
 void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits, const kernels::SampleRow* params,
             const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float* scratch, gpuStream_t stream);
 
 // `kv` as the CPU kernel's, in any storage (f32, f16 or bf16: rounded to nearest even).
-void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
-                    const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
-                    int n_kv_heads, gpuStream_t stream);
+void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
+                    int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads, gpuStream_t stream);
 
 // Decode-shaped attention: one query token per (token, head) work item, online softmax over the
 // token's visible positions. Right for any batch; prefill_attention is faster for long chunks.
 void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                     float scale, gpuStream_t stream);
+                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                     gpuStream_t stream);
 
 // Decode attention split over the key range (flash-decoding) and grouped by KV head: each K/V
 // row is read once per group of up to 8 query heads, and each token's visible keys are spread
@@ -77,23 +77,24 @@ void split_decode_attention(float* out, const float* q, const kernels::PagedLaye
 // tokens of one sequence (same block table, consecutive positions) shares each K/V tile it
 // loads. Tokens that do not form such runs fall back to per-token work inside the kernel.
 void prefill_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                       float scale, gpuStream_t stream);
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       gpuStream_t stream);
 
 // As the CPU kernel: per token, the top_k blocks by best index-key match plus its own block.
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
-                         const kernels::PagedLayerView& index_view,
-                         const kernels::TokenPlacement& tokens, int top_k, gpuStream_t stream);
+                         const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens, int top_k,
+                         gpuStream_t stream);
 
 // Layout conversion for KV transfer: copies heads [head_begin, head_begin+n_heads) of K (and V)
 // of `n_blocks` blocks (ids in `block_ids`) between a paged view and a packed buffer laid out
-// [block][slot][head][k dims] followed, per block, by the same for V. Packing from one layout
-// and unpacking into another converts between any two layouts PagedLayerView can describe.
-void pack_blocks(void* packed, const kernels::PagedLayerView& kv, const int* block_ids,
-                 int n_blocks, int head_begin, int n_heads, gpuStream_t stream);
-void unpack_blocks(const kernels::PagedLayerView& kv, const void* packed,
-                   const int* block_ids, int n_blocks, int head_begin, int n_heads,
-                   gpuStream_t stream);
+// [block][slot][head][k dims] followed, per block, by the same for V, in the view's storage.
+// Packing from one layout and unpacking into another converts between any two layouts
+// PagedLayerView can describe; both views must have the same storage (elements are copied, not
+// converted).
+void pack_blocks(void* packed, const kernels::PagedLayerView& kv, const int* block_ids, int n_blocks, int head_begin,
+                 int n_heads, gpuStream_t stream);
+void unpack_blocks(const kernels::PagedLayerView& kv, const void* packed, const int* block_ids, int n_blocks,
+                   int head_begin, int n_heads, gpuStream_t stream);
 
 // Bytes one block takes in the packed layout of pack_blocks.
 int64_t packed_block_bytes(const kernels::PagedLayerView& kv, int n_heads);

@@ -51,8 +51,8 @@ __global__ void block_copy_kernel(T* packed, kernels::PagedLayerView kv, const i
   }
 }
 
-void block_copy(void* packed, const kernels::PagedLayerView& kv, const int* block_ids, int n_blocks,
-                int head_begin, int n_heads, bool to_packed, gpuStream_t stream) {
+void block_copy(void* packed, const kernels::PagedLayerView& kv, const int* block_ids, int n_blocks, int head_begin,
+                int n_heads, bool to_packed, gpuStream_t stream) {
   if (n_blocks <= 0 || n_heads <= 0) return;
   const int64_t elems = packed_block_bytes(kv, n_heads) / storage_bytes(kv.storage);
   dispatch_storage(kv.storage, [&](auto* tag) {
@@ -64,9 +64,8 @@ void block_copy(void* packed, const kernels::PagedLayerView& kv, const int* bloc
 
 }  // namespace
 
-void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
-                    const float* k, int64_t k_row_stride, const float* v, int64_t v_row_stride,
-                    int n_kv_heads, gpuStream_t stream) {
+void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
+                    int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads, gpuStream_t stream) {
   if (tokens.num_tokens <= 0 || n_kv_heads <= 0) return;
   const int dims = kv.head_dim > kv.v_head_dim ? kv.head_dim : kv.v_head_dim;
   const int threads = dims <= 64 ? 64 : (dims <= 128 ? 128 : 256);
@@ -82,13 +81,13 @@ int64_t packed_block_bytes(const kernels::PagedLayerView& kv, int n_heads) {
   return int64_t(kv.block_size) * n_heads * dims * storage_bytes(kv.storage);
 }
 
-void pack_blocks(void* packed, const kernels::PagedLayerView& kv, const int* block_ids, int n_blocks,
-                 int head_begin, int n_heads, gpuStream_t stream) {
+void pack_blocks(void* packed, const kernels::PagedLayerView& kv, const int* block_ids, int n_blocks, int head_begin,
+                 int n_heads, gpuStream_t stream) {
   block_copy(packed, kv, block_ids, n_blocks, head_begin, n_heads, true, stream);
 }
 
-void unpack_blocks(const kernels::PagedLayerView& kv, const void* packed, const int* block_ids,
-                   int n_blocks, int head_begin, int n_heads, gpuStream_t stream) {
+void unpack_blocks(const kernels::PagedLayerView& kv, const void* packed, const int* block_ids, int n_blocks,
+                   int head_begin, int n_heads, gpuStream_t stream) {
   block_copy(const_cast<void*>(packed), kv, block_ids, n_blocks, head_begin, n_heads, false, stream);
 }
 

@@ -22,8 +22,10 @@
 // is at or above; the columns at or above it are compacted, in column order, and the searches
 // run over those alone. A count cut (top_k) is exact; a mass cut (top_p alone) takes one bin more
 // than the fixed-point masses say, and the searches' own sum over the candidates must reach the
-// target, or the row searches all its elements as before. Either way the cuts are the ones the
-// full searches find: every element they measure above the edge is a candidate.
+// target, or the row searches all its elements as before. Either way the searches see the
+// elements the full searches would at every value they try above the edge; their double sums run
+// over the candidates in another order, which can differ in the last bits (the same ~1e-16 as
+// above, and as deterministic).
 #include <cmath>
 
 #include "kernels/cpu/sampling.h"
@@ -145,7 +147,8 @@ __device__ Cut select(Elements e, Cut cut, bool mass, double target, bool strict
   uint32_t lo = 0, hi = kOneBits + 1;
   while (hi - lo > 1) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    if (reaches(measure(e, cut, __uint_as_float(mid), mass, shared), target, strict)) lo = mid;
+    if (reaches(measure(e, cut, __uint_as_float(mid), mass, shared), target, strict))
+      lo = mid;
     else hi = mid;
   }
   const float v = __uint_as_float(lo);
@@ -154,12 +157,14 @@ __device__ Cut select(Elements e, Cut cut, bool mass, double target, bool strict
   return Cut{v, walk(e, equal, mass, above, target, strict, shared, result)};
 }
 
-// One pass over the row's n probabilities: their histogram by top bits (counts, and masses in
-// 2^-40 units, rounded down), and the count and mass of the positive ones in measure's order.
+// Per bin of probabilities by top bits: how many, and their mass in 2^-40 units (rounded down).
 struct Histogram {
   unsigned* counts;            // [kBins]
   unsigned long long* masses;  // [kBins]
 };
+
+// One pass over the row's n probabilities: their histogram, and the count and mass of the
+// positive ones in measure's order (so the same doubles as measure's).
 __device__ void histogram(const float* probs, int n, Histogram h, double* count, double* mass, double* shared) {
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
     h.counts[b] = 0u;
@@ -170,7 +175,8 @@ __device__ void histogram(const float* probs, int n, Histogram h, double* count,
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float p = probs[i];
     if (!(p > 0.0f)) continue;
-    const int bin = int(__float_as_uint(p) >> kBinShift);
+    // p <= 1 for a positive temperature; a larger p (a caller's bad row) stays in bounds.
+    const int bin = min(int(__float_as_uint(p) >> kBinShift), kBins - 1);
     atomicAdd(&h.counts[bin], 1u);
     atomicAdd(&h.masses[bin], static_cast<unsigned long long>(double(p) * kMassScale));
     c += 1.0;
@@ -284,7 +290,7 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
                               SeenTokens seen, kernels::LogitEdits edits, float* scratch) {
   __shared__ double shared[kSampleThreads + 1];
   __shared__ float best_v[kSampleThreads];
-  __shared__ int best_i[kSampleThreads + 1];
+  __shared__ int best_i[kSampleThreads + 1];  // Also compact()'s per-thread offsets and total.
   __shared__ unsigned bin_counts[kBins];
   __shared__ unsigned long long bin_masses[kBins];
   __shared__ int result[3];
@@ -418,15 +424,18 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
     }
     __syncthreads();  // Each thread reads every thread's probabilities from here on.
 
-    // Count and mass of the positive probabilities, and their histogram.
+    // Count and mass of the positive probabilities, and, for a row that may cut, their histogram.
     const Histogram hist{bin_counts, bin_masses};
-    double positive = 0.0, total = 0.0;
-    histogram(probs, n, hist, &positive, &total, shared);
-    const bool top_k = P.top_k > 0 && double(P.top_k) < positive, top_p = P.top_p < 1.0f;
     Elements all{probs, nullptr, n};
     Cut cut{0.0f, -1};
+    double positive = 0.0, total = 0.0;
+    if (P.top_k > 0 || P.top_p < 1.0f)
+      histogram(probs, n, hist, &positive, &total, shared);
+    else
+      total = measure(all, cut, 0.0f, true, shared);
+    const bool cut_by_count = P.top_k > 0 && double(P.top_k) < positive, cut_by_mass = P.top_p < 1.0f;
     int picked;
-    if (!top_k && !top_p) {
+    if (!cut_by_count && !cut_by_mass) {
       // Every positive probability, walked in index order.
       const auto candidate = [cut](float p, int i) { return cut.holds(p, i); };
       picked = walk(all, candidate, true, 0.0, P.u * total, true, shared, result);
@@ -435,15 +444,16 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
       // holds the top_k-th element (the top_p prefix of those is among them too), or, with top_p
       // alone, one bin below where the masses from the top reach top_p of the total.
       const double p_target = double(P.top_p) * total;
-      const float edge = top_k ? bin_edge(hist, false, double(P.top_k), result) : bin_edge(hist, true, p_target, result);
+      const float edge =
+          cut_by_count ? bin_edge(hist, false, double(P.top_k), result) : bin_edge(hist, true, p_target, result);
       int* cand = reinterpret_cast<int*>(scratch + int64_t(logits.rows) * n) + int64_t(row) * n;
       Elements e{probs, cand, compact(probs, n, edge, cand, best_i)};
-      if (!top_k && !reaches(measure(e, cut, 0.0f, true, shared), p_target, false)) e = all;
-      if (top_k) {
+      if (!cut_by_count && !reaches(measure(e, cut, 0.0f, true, shared), p_target, false)) e = all;
+      if (cut_by_count) {
         cut = select(e, cut, false, double(P.top_k), false, shared, result);
         total = measure(e, cut, 0.0f, true, shared);
       }
-      if (top_p) {
+      if (cut_by_mass) {
         cut = select(e, cut, true, double(P.top_p) * total, false, shared, result);
         total = measure(e, cut, 0.0f, true, shared);
       }

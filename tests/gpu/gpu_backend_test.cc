@@ -346,8 +346,8 @@ TEST(Stories, GpuEngineBf16KvFollowsTheF32KvEngineTeacherForced) {
   ASSERT_TRUE(judged.ok()) << judged.status();
   for (size_t i = 19; i < judged->prompt_logprobs.size(); ++i) {
     const TokenLogprob& j = judged->prompt_logprobs[i];
-    EXPECT_GE(j.logprob, j.top[0].second - 0.05f) << "token " << i + 1 << ": " << j.token << " where the f32 cache gives "
-                                                  << j.top[0].first;
+    EXPECT_GE(j.logprob, j.top[0].second - 0.05f)
+        << "token " << i + 1 << ": " << j.token << " where the f32 cache gives " << j.top[0].first;
   }
   EXPECT_EQ(bf16->stats().free_blocks, bf16->stats().num_blocks);
 }

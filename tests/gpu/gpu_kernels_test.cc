@@ -192,7 +192,7 @@ TEST(GpuKernels, SamplingNarrowedSearchesMatchCpuReferenceAndRepeat) {
       params.push_back({t, k, p, uniform(rng)});
       for (int i = 0; i < vocab; ++i) {
         const float floor = normal(rng);
-        logits.push_back(shape == 0 ? floor + (i % 997 == 0 ? 12.0f + float(i % 5) : 0.0f)
+        logits.push_back(shape == 0   ? floor + (i % 997 == 0 ? 12.0f + float(i % 5) : 0.0f)
                          : shape == 1 ? floor
                          : shape == 2 ? 3.0f * floor
                                       : 0.25f);
@@ -207,11 +207,13 @@ TEST(GpuKernels, SamplingNarrowedSearchesMatchCpuReferenceAndRepeat) {
   Dev<kernels::SampleRow> dparams(params);
   Dev<int> dtokens(rows);
   for (int run = 0; run < (kEmulated ? 3 : 10); ++run) {
-    gpu::sample(dtokens.get(), nullptr, {dlogits.get(), rows, vocab, 1}, dparams.get(), {}, {}, dscratch.get(), nullptr);
+    gpu::sample(dtokens.get(), nullptr, {dlogits.get(), rows, vocab, 1}, dparams.get(), {}, {}, dscratch.get(),
+                nullptr);
     const std::vector<int> got = dtokens.host();
     for (int r = 0; r < rows; ++r)
       EXPECT_EQ(got[r], want[r]) << "run " << run << ", row " << r << " (shape " << r / 5 << "): temperature "
-                                 << params[r].temperature << " top_k " << params[r].top_k << " top_p " << params[r].top_p;
+                                 << params[r].temperature << " top_k " << params[r].top_k << " top_p "
+                                 << params[r].top_p;
   }
 }
 
@@ -462,10 +464,10 @@ TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
   // Rows <= 8 take the GEMV: 16-byte loads where every weight row starts 16-byte aligned (offset 0
   // and ldw a multiple of 8 elements, or of 4 for f32; a tail of in % 8 or in % 4 one by one),
   // else one weight per load.
-  for (const Shape& sh : {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{8, 1000, 4100, 4100, 1},
-                          Shape{2, 50, 256, 272, 0}, Shape{5, 37, 1003, 1008, 0}, Shape{8, 300, 2052, 2056, 0},
-                          Shape{3, 20, 44, 44, 0}, Shape{9, 70, 33, 40, 0}, Shape{70, 65, 17, 17, 0},
-                          Shape{130, 129, 300, 310, 3}}) {
+  for (const Shape& sh :
+       {Shape{1, 33, 64, 64, 0}, Shape{7, 200, 100, 128, 5}, Shape{8, 1000, 4100, 4100, 1}, Shape{2, 50, 256, 272, 0},
+        Shape{5, 37, 1003, 1008, 0}, Shape{8, 300, 2052, 2056, 0}, Shape{3, 20, 44, 44, 0}, Shape{9, 70, 33, 40, 0},
+        Shape{70, 65, 17, 17, 0}, Shape{130, 129, 300, 310, 3}}) {
     std::vector<float> w = random_vec(size_t(sh.out) * sh.ldw + sh.offset, 20 + sh.rows);
     const std::vector<float> x = random_vec(size_t(sh.rows) * sh.in, 30 + sh.rows);
     for (Storage st : {Storage::kF32, Storage::kF16, Storage::kBF16}) {
@@ -652,8 +654,8 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
       const int max_position = *std::max_element(pl.positions.begin(), pl.positions.end());
       for (int splits : {1, 3, 7, gpu::kMaxDecodeSplits}) {
         Dev<float> scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
-        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale,
-                                    max_position, splits, scratch.get(), nullptr);
+        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, max_position,
+                                    splits, scratch.get(), nullptr);
         EXPECT_LE(rel_error(dout.host(), want), tol)
             << "split decode kernel, " << splits << " splits, window " << window << " mask " << masked;
       }
@@ -699,8 +701,8 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   // Groups of 8 query heads, the last of 4; splits of 64 and of 15 keys.
   for (int splits : {2, 9}) {
     Dev<float> scratch(gpu::split_decode_scratch_floats(all.n(), nq, hd, splits));
-    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0,
-                                0.0625f, 127, splits, scratch.get(), nullptr);
+    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0, 0.0625f, 127, splits,
+                                scratch.get(), nullptr);
     EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << splits << " splits";
   }
 }
@@ -748,8 +750,7 @@ TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
   Placement all(all_positions(), src.tables);
   std::vector<float> k = random_vec(all.n() * kv_heads * hd, 50), v = random_vec(all.n() * kv_heads * hd, 51);
   Dev<float> dk(k), dv(v);
-  gpu::paged_kv_write(src.dev_view(), all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd,
-                      kv_heads, nullptr);
+  gpu::paged_kv_write(src.dev_view(), all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd, kv_heads, nullptr);
   // The destination holds the reference: the same tokens written straight into its layout.
   cpu::paged_kv_write(dst.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
   std::vector<int> ids(PagedCase::kBlocks);

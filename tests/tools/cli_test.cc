@@ -129,6 +129,23 @@ TEST(Cli, DeviceThatIsNotThereIsAClearError) {
   EXPECT_NE(r.err.find("--device"), std::string::npos) << r.err;
 }
 
+// A bf16 KV cache needs a GPU backend: refused in process on the CPU, by `up` before any worker
+// starts when one would run on the CPU; and an engine option is refused with --router, whose
+// workers decide it.
+TEST(Cli, Bf16KvOnTheCpuAndEngineOptionsThroughARouterAreRefused) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--kv-dtype", "bf16", "--max-tokens", "3"}),
+                       "cannot keep its KV cache in bf16");
+  expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--kv-dtype", "bf16"}),
+                       "--kv-dtype bf16 needs GPU workers");
+  expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--prefill-device",
+                                "emulated", "--kv-dtype", "bf16"}),
+                       "--kv-dtype bf16 needs GPU workers");
+  expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--kv-dtype", "bf16", "--prompt", "x"}),
+                       "--kv-dtype sets up the in-process engine");
+  expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--device", "emulated", "--prompt", "x"}),
+                       "--device sets up the in-process engine");
+}
+
 TEST(Cli, CorruptTokenizer) {
   TempDir dir;
   fs::copy(kModel, dir.path() / "stories260K.bin");

@@ -245,6 +245,13 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   assert.equal(value(render({ set: ['kvCompat.override=0123456789abcdef'] }).docs), '0123456789abcdef');
 });
 
+test('engine.kvDtype: --kv-dtype on prefill and decode only when not f32 (the workers\' default)', () => {
+  for (const role of ROLES) {
+    assert.equal(flag(mainContainer(deployment(render().docs, role)), '--kv-dtype'), undefined, role);
+    assert.equal(flag(mainContainer(deployment(render({ set: ['engine.kvDtype=bf16'] }).docs, role)), '--kv-dtype'), 'bf16', role);
+  }
+});
+
 test('monitoring objects only where monitoring.coreos.com/v1 is served (or as told)', () => {
   const kinds = (docs) => ['ServiceMonitor', 'PodMonitor', 'PrometheusRule'].filter((k) => byKind(docs, k).length);
   assert.deepEqual(kinds(render().docs), [], 'auto without the API');

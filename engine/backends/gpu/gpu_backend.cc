@@ -185,8 +185,8 @@ class GpuBackend final : public Backend {
       const size_t floats = g::split_decode_scratch_floats(tokens.num_tokens, n_q_heads, kv.v_head_dim, splits);
       if (!decode_scratch_.reserve(this, floats * sizeof(float)).ok())
         splits = 1;  // One split keeps no partial states: slower, never wrong.
-      g::split_decode_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale,
-                                tokens.max_position, splits, decode_scratch_.as<float>(), stream_);
+      g::split_decode_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, tokens.max_position, splits,
+                                decode_scratch_.as<float>(), stream_);
     } else {
       g::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     }

@@ -87,7 +87,9 @@ inline int atomicMax(int* address, int value) {
   return old;
 }
 inline unsigned atomicOr(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_or(value); }
-inline unsigned atomicAdd(unsigned* address, unsigned value) { return std::atomic_ref<unsigned>(*address).fetch_add(value); }
+inline unsigned atomicAdd(unsigned* address, unsigned value) {
+  return std::atomic_ref<unsigned>(*address).fetch_add(value);
+}
 inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
   return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
 }
@@ -102,12 +104,12 @@ T max(T a, T b) {
   return a < b ? b : a;
 }
 
-// 16-bit storage types with CUDA's conversion functions (round to nearest even).
 // CUDA's and HIP's 16-byte vector type, for 16-byte loads.
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
 
+// 16-bit storage types with CUDA's conversion functions (round to nearest even).
 struct gpu_emulated_bf16 {
   uint16_t bits;
 };

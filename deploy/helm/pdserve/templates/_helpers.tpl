@@ -98,10 +98,13 @@ KV blocks mean the same thing to a decode worker. */}}
       (printf "model=%s" .Values.model.name)
       (printf "revision=%s" (.Values.model.revision | toString))
       (printf "dtype=%s" .Values.engine.weightDtype)
-      (printf "kv=%s" .Values.engine.kvDtype)
       (printf "block=%d" (.Values.engine.blockSize | int))
       (printf "layout=%s" (.Values.engine.kvLayoutVersion | toString))
       (printf "image=%s" (include "pdserve.image" .)) -}}
+{{- /* The KV dtype only when not f32: an f32 release keeps the value it had before the field existed. */ -}}
+{{- if ne .Values.engine.kvDtype "f32" -}}
+{{- $fields = append $fields (printf "kv=%s" .Values.engine.kvDtype) -}}
+{{- end -}}
 {{- join "\n" $fields | sha256sum | trunc 16 -}}
 {{- end -}}
 {{- end -}}
