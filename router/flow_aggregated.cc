@@ -40,6 +40,7 @@ Router::Attempt Router::run_on_one(Flow& f, int w) {
   worker::WorkerGenerateRequest req;
   f.fill(req);
   if (f.local_prefill) req.set_kv_mode("local");
+  registry_.note_chosen(w);
   const AssignedTo load(registry_, w, f.blocks_per_worker, int64_t(req.prompt_size()));
   predict_cached(f, w);
   f.decode_worker = f.prefill_worker = registry_.address(w);

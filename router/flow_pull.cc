@@ -14,6 +14,7 @@ Router::Attempt Router::run_pull(Flow& f) {
                              f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
                              prefill_terms ? &*prefill_terms : nullptr);
   if (p < 0) return no_pair(f, prefill_loads);
+  registry_.note_chosen(p);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   f.assign(clock_);
   worker::PrefillRequest preq;
@@ -66,7 +67,7 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.cached_tokens = presp.cached_tokens();
     return {absl::OkStatus(), false};
   }
-  std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+  std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
   const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
   const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
                             preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
@@ -74,6 +75,7 @@ Router::Attempt Router::run_pull(Flow& f) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
   }
+  registry_.note_chosen(d, p);
   const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   predict_cached(f, d);
   f.decode_worker = registry_.address(d);

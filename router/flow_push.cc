@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "router/policy.h"
 #include "router/request_state.h"
 
@@ -29,21 +30,30 @@ Router::Attempt Router::run_push(Flow& f) {
                              f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
                              prefill_terms ? &*prefill_terms : nullptr);
   if (p < 0) return no_pair(f, prefill_loads);
+  registry_.note_chosen(p);
   const WorkerLoad producer_load = load_of(prefill_loads, p);
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   const std::vector<int>& tokens = f.placement_tokens;
   const v1::SamplingParams sampling = f.placement_sampling();
+  // The prompt counts in the prefill worker's queue from now, not after the Reserve round trip,
+  // so that the requests of a burst placed meanwhile see it; off again when the prefill ends, or
+  // when this attempt ends before sending it.
+  const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
+                                                   prefill_terms ? &*prefill_terms : nullptr);
+  registry_.note_assigned(p, 0, queued);
+  auto prefill_queued = absl::MakeCleanup([&] { registry_.note_prefill_done(p, queued); });
   // Reserve on a decode worker; a full one is retried after a back-off.
   int d = -1;
   worker::ReserveResponse reserved;
   auto backoff = std::chrono::duration_cast<Duration>(kReserveBackoffMin);
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
-    std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE);
+    std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
     const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
     d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
                     preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
     if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
+    registry_.note_chosen(d, p);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
                               std::chrono::system_clock::now() + options_.worker_rpc_timeout));
@@ -83,9 +93,6 @@ Router::Attempt Router::run_push(Flow& f) {
   }
   const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   f.assign(clock_);
-  const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
-                                                   prefill_terms ? &*prefill_terms : nullptr);
-  registry_.note_assigned(p, 0, queued);
   const std::optional<worker::PrefixSource> source = prefix_source(f, p);
   predict_cached(f, p);
   predict_cached(f, d);
@@ -128,7 +135,7 @@ Router::Attempt Router::run_push(Flow& f) {
   // sealed; it is read only after the prefill reply, whose first token comes before its events.
   auto decode_stream = registry_.stub(d)->Generate(&dctx, dreq);
   prefill_done.get_future().wait();
-  registry_.note_prefill_done(p, queued);
+  std::move(prefill_queued).Invoke();
   if (prefill_status.ok()) {
     prefill_status = check_prefill(f, p, presp);
     if (!prefill_status.ok()) dctx.TryCancel();

@@ -39,8 +39,8 @@ int pick_prefill_if(const std::vector<WorkerLoad>& workers, const std::vector<in
   std::pair<int64_t, int64_t> best_cost;
   for (const WorkerLoad* w : candidates) {
     const std::pair<int64_t, int64_t> c = cost(*w);
-    if (!best || std::tie(c, w->queued_prefill_tokens, w->running, w->index) <
-                     std::tie(best_cost, best->queued_prefill_tokens, best->running, best->index)) {
+    if (!best || std::tie(c, w->queued_prefill_tokens, w->running, w->last_chosen, w->index) <
+                     std::tie(best_cost, best->queued_prefill_tokens, best->running, best->last_chosen, best->index)) {
       best = w;
       best_cost = c;
     }
@@ -118,9 +118,9 @@ int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const
   double best_cost = 0;
   for (const WorkerLoad* w : room) {
     const double c = cost(*w);
-    if (!with_room || std::make_tuple(other(*w), c, w->running, w->waiting, w->index) <
+    if (!with_room || std::make_tuple(other(*w), c, w->running, w->waiting, w->last_chosen, w->index) <
                           std::make_tuple(other(*with_room), best_cost, with_room->running, with_room->waiting,
-                                          with_room->index)) {
+                                          with_room->last_chosen, with_room->index)) {
       with_room = w;
       best_cost = c;
     }
@@ -128,8 +128,9 @@ int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const
   if (with_room) return with_room->index;
   const WorkerLoad* fallback = nullptr;
   for (const WorkerLoad* w : no_room) {
-    if (!fallback || std::make_tuple(other(*w), -w->free_blocks, w->running, w->index) <
-                         std::make_tuple(other(*fallback), -fallback->free_blocks, fallback->running, fallback->index))
+    if (!fallback || std::make_tuple(other(*w), -w->free_blocks, w->running, w->last_chosen, w->index) <
+                         std::make_tuple(other(*fallback), -fallback->free_blocks, fallback->running,
+                                         fallback->last_chosen, fallback->index))
       fallback = w;
   }
   return fallback ? fallback->index : -1;

@@ -26,6 +26,11 @@ struct WorkerLoad {
   std::string kv_compat;     // The deployment's KV-compatibility label (--kv-compat).
   int block_size = 0;        // Tokens per KV block.
   int cached_blocks = 0;     // Leading blocks of the request's prompt in its prefix cache (KvRouting).
+  // When placement last chose it, as a sequence number (0: never); for decode workers of a P/D
+  // placement, last chosen with the producer WorkerRegistry::loads was given. Equal loads go to
+  // the least recent, so idle workers take turns (a burst finishing faster than it arrives does
+  // not all land on the first one) and a producer's transfers go to each decode peer in turn.
+  uint64_t last_chosen = 0;
 };
 
 // Cache-aware placement's terms (docs/router.md, "Placement"), in blocks. With them, placement
@@ -63,8 +68,8 @@ int64_t dispatched_prefill_tokens(int prompt_tokens, const WorkerLoad& p, const 
 // same deployment label, so the old and new generations of a rolling upgrade never pair.
 bool kv_pairable(const WorkerLoad& p, const WorkerLoad& d);
 
-// The up prefill worker with the fewest queued prefill tokens (then fewest running, then lowest
-// index), skipping indices in `exclude`; -1 when there is none.
+// The up prefill worker with the fewest queued prefill tokens (then fewest running, then least
+// recently chosen, then lowest index), skipping indices in `exclude`; -1 when there is none.
 int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>& exclude);
 
 // The same, among prefill workers that some decode worker in `decode` (up, not in
@@ -79,7 +84,8 @@ int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>&
 // The decode (or aggregated) worker for a request needing `blocks_needed` KV blocks: among up
 // workers with that many free blocks, the one running the fewest sequences; when none has room
 // now, the one with the most free blocks whose cache could ever hold the request (its engine
-// queues it). Skips `exclude`; -1 when no worker could ever serve it.
+// queues it); equal ones go to the least recently chosen, then the lowest index. Skips
+// `exclude`; -1 when no worker could ever serve it.
 // With `paired_with` (the chosen prefill worker), only decode workers kv_pairable with it.
 // Worker `preferred` (-1 for none) goes first among those with room, and among those without.
 // With `cache`: among those with room, the least decode_cost instead of the fewest running.

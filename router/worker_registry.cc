@@ -160,7 +160,7 @@ void WorkerRegistry::poll_loop() {
   }
 }
 
-std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
+std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role, int producer) const {
   std::lock_guard lock(mu_);
   std::vector<WorkerLoad> out;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -180,6 +180,11 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role) const {
     l.compat_hash = w.info.compat_hash();
     l.kv_compat = w.info.kv_compat();
     l.block_size = w.info.block_size();
+    if (producer < 0) {
+      l.last_chosen = w.last_chosen;
+    } else if (auto it = w.chosen_with.find(producer); it != w.chosen_with.end()) {
+      l.last_chosen = it->second;
+    }
     out.push_back(l);
   }
   return out;
@@ -207,6 +212,13 @@ std::optional<worker::WorkerInfo> WorkerRegistry::info(int index) const {
   const Worker& w = *workers_[index];
   if (!w.ever_polled || w.info.block_size() <= 0) return std::nullopt;
   return w.info;
+}
+
+void WorkerRegistry::note_chosen(int index, int producer) {
+  std::lock_guard lock(mu_);
+  Worker& w = *workers_[index];
+  w.last_chosen = ++choices_;
+  if (producer >= 0) w.chosen_with[producer] = choices_;
 }
 
 void WorkerRegistry::note_assigned(int index, int blocks, int64_t prefill_tokens) {

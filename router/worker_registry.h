@@ -10,6 +10,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include <condition_variable>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -81,8 +82,9 @@ class WorkerRegistry {
   // the first poll_once, and outliving the registry's polls.
   void set_listener(WorkerInfoListener* listener);
 
-  // Placement view of the workers of `role`; WorkerLoad::index is the registry index.
-  std::vector<WorkerLoad> loads(worker::Role role) const;
+  // Placement view of the workers of `role`; WorkerLoad::index is the registry index. With a
+  // `producer` (a prefill worker's index), last_chosen is when each was chosen with it.
+  std::vector<WorkerLoad> loads(worker::Role role, int producer = -1) const;
   // Whether any worker of `role` is configured.
   bool has_role(worker::Role role) const;
   // The RPC stub of worker `index`.
@@ -96,6 +98,10 @@ class WorkerRegistry {
   bool is_failed(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
+  // Records that placement chose `index` (with prefill worker `producer`, -1 for none), for
+  // WorkerLoad::last_chosen. Noted at the choice, before any RPC, so that the requests of a
+  // burst placed meanwhile see it.
+  void note_chosen(int index, int producer = -1);
   // Records that a request was sent to `index` (counted in its load until a poll sent after it
   // answers). The notes below are kept the same way.
   void note_assigned(int index, int blocks, int64_t prefill_tokens);
@@ -160,6 +166,8 @@ class WorkerRegistry {
     // What this router sent and saw end since the last poll was sent: a poll's Info already
     // counts what came before it went out, and only that is taken off when it is applied.
     LoadNotes notes;
+    uint64_t last_chosen = 0;             // note_chosen's sequence number; 0: never.
+    std::map<int, uint64_t> chosen_with;  // The same, per producer index.
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };
@@ -177,6 +185,7 @@ class WorkerRegistry {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool poll_now_ = false;  // A worker registered: poll without waiting for the next round.
+  uint64_t choices_ = 0;   // note_chosen calls so far.
   WorkerInfoListener* listener_ = nullptr;  // Guarded by mu_.
   std::thread poller_;
 };

@@ -39,6 +39,11 @@ WorkerLoad load(int index, bool up, int free_blocks, int running, int64_t queued
   return l;
 }
 
+WorkerLoad chosen(WorkerLoad l, uint64_t last_chosen) {
+  l.last_chosen = last_chosen;
+  return l;
+}
+
 TEST(RouterPolicy, PickPrefillTable) {
   struct Case {
     const char* name;
@@ -51,6 +56,9 @@ TEST(RouterPolicy, PickPrefillTable) {
       {"fewest queued tokens", {load(0, true, 0, 0, 500), load(1, true, 0, 5, 100), load(2, true, 0, 0, 300)}, {}, 1},
       {"tie: fewest running", {load(0, true, 0, 3, 100), load(1, true, 0, 1, 100)}, {}, 1},
       {"tie: lowest index", {load(3, true, 0, 1, 100), load(1, true, 0, 1, 100)}, {}, 1},
+      {"tie: least recently chosen", {chosen(load(0, true, 0, 1, 100), 7), chosen(load(1, true, 0, 1, 100), 3)}, {}, 1},
+      {"never chosen before chosen", {chosen(load(0, true, 0, 1, 100), 1), load(1, true, 0, 1, 100)}, {}, 1},
+      {"fewer queued beats less recent", {chosen(load(0, true, 0, 1, 50), 9), load(1, true, 0, 1, 100)}, {}, 0},
       {"skips down", {load(0, false, 0, 0, 0), load(1, true, 0, 0, 900)}, {}, 1},
       {"skips excluded", {load(0, true, 0, 0, 0), load(1, true, 0, 0, 900)}, {0}, 1},
       {"only excluded", {load(0, true, 0, 0, 0)}, {0}, -1},
@@ -68,6 +76,9 @@ TEST(RouterPolicy, PickDecodeTable) {
   } cases[] = {
       {"none", {}, 1, {}, -1},
       {"fewest running with room", {load(0, true, 50, 4), load(1, true, 50, 2), load(2, true, 50, 3)}, 10, {}, 1},
+      {"tie: least recently chosen", {chosen(load(0, true, 50, 2), 5), chosen(load(1, true, 50, 2), 4)}, 10, {}, 1},
+      {"fewer running beats less recent", {chosen(load(0, true, 50, 1), 5), load(1, true, 50, 2)}, 10, {}, 0},
+      {"no room, tie: least recently chosen", {chosen(load(0, true, 5, 0), 2), chosen(load(1, true, 5, 0), 1)}, 10, {}, 1},
       {"room beats fewer running", {load(0, true, 5, 0), load(1, true, 50, 9)}, 10, {}, 1},
       {"no room: most free", {load(0, true, 5, 0), load(1, true, 8, 9)}, 10, {}, 1},
       {"never fits: skipped", {load(0, true, 100, 0, 0, 8), load(1, true, 20, 3)}, 10, {}, 1},

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "common/secrets.h"
+#include "router/policy.h"
 #include "router/registry_service.h"
 #include "router/worker_registry.h"
 
@@ -114,6 +115,40 @@ TEST(WorkerRegistryLoad, EndedRequestsGiveTheirBlocksBackBetweenPolls) {
   reg.note_request_done(d, 24);  // One more than was sent: never above the capacity, never below 0.
   EXPECT_EQ(load().running, 0);
   EXPECT_LE(load().free_blocks, load().num_blocks);
+}
+
+// Requests that come one at a time find every worker idle: the ties go to the least recently
+// chosen worker, and a decode worker to the one least recently chosen with this prefill worker,
+// so 2 × 2 workers serve all four pairs within four requests (not prefill 0 → decode 0 each time).
+TEST(WorkerRegistryLoad, IdleWorkersTakeTurnsAndEachProducerMeetsEveryDecodeWorker) {
+  FakeClock clock;
+  WorkerRegistry reg({{"127.0.0.1:1001", worker::ROLE_PREFILL},
+                      {"127.0.0.1:1002", worker::ROLE_PREFILL},
+                      {"127.0.0.1:1003", worker::ROLE_DECODE},
+                      {"127.0.0.1:1004", worker::ROLE_DECODE}},
+                     options(), clock);
+  // Nothing is polled here: the loads are the registry's notes on workers taken as up and empty.
+  const auto idle = [&](worker::Role role, int producer) {
+    std::vector<WorkerLoad> loads = reg.loads(role, producer);
+    for (WorkerLoad& l : loads) {
+      l.up = true;
+      l.num_blocks = l.free_blocks = 100;
+    }
+    return loads;
+  };
+  std::vector<std::pair<int, int>> pairs;
+  for (int request = 0; request < 8; ++request) {
+    const int p = pick_prefill(idle(worker::ROLE_PREFILL, -1), {}, idle(worker::ROLE_DECODE, -1), 10, {});
+    ASSERT_GE(p, 0);
+    reg.note_chosen(p);
+    const std::vector<WorkerLoad> producer = idle(worker::ROLE_PREFILL, -1);
+    const int d = pick_decode(idle(worker::ROLE_DECODE, p), 10, {}, &producer.at(p));
+    ASSERT_GE(d, 0);
+    reg.note_chosen(d, p);
+    pairs.emplace_back(p, d);
+  }
+  // Prefill 0 and 1 in turn; each meets decode 2, then decode 3, then decode 2 again.
+  EXPECT_EQ(pairs, (std::vector<std::pair<int, int>>{{0, 2}, {1, 2}, {0, 3}, {1, 3}, {0, 2}, {1, 2}, {0, 3}, {1, 3}}));
 }
 
 TEST(WorkerRegistryExpiry, RegistrationIsChecked) {
