@@ -382,8 +382,6 @@ TEST_P(ClusterFault, AWorkerFaultMidStreamLosesNoRequestAndNoToken) {
   EXPECT_GT(migrated, 0) << "no stream was on the faulty worker; final decode workers:" << spread << "\n" << c.log();
   }
 
-  // Only the killed worker was marked down, never the prefill worker or the other decode worker.
-  const std::string log = c.log();
   std::map<std::string, double> free, total, up;
   std::string metrics;
   // A push reservation whose producer died is held until its lease (30 s): the decode side
@@ -405,17 +403,28 @@ TEST_P(ClusterFault, AWorkerFaultMidStreamLosesNoRequestAndNoToken) {
             << " s after the streams ended\n";
   for (const auto& [worker, n] : total) EXPECT_EQ(free[worker], n) << "blocks leaked on " << worker << "\n" << metrics;
   for (const auto& [worker, u] : up) EXPECT_EQ(u, 1) << worker << " did not come back\n" << metrics;
+  // Only the killed worker was marked down, never the prefill worker or the other decode worker
+  // (the log once every worker is up again: a restart is logged before the worker is back).
+  const std::string log = c.log();
   std::istringstream lines(log);
   std::string line;
-  std::set<std::string> marked;
+  std::set<std::string> marked, died;
   while (std::getline(lines, line)) {
     const size_t at = line.find("worker ");
     const size_t down = line.find(" marked down");
     if (at != std::string::npos && down != std::string::npos && down > at) marked.insert(line.substr(at + 7, down - at - 7));
+    if (const size_t on = line.find("; restarting it on "); on != std::string::npos) died.insert(line.substr(on + 19));
   }
-  EXPECT_LE(marked.size(), 1u) << log;
-  if (fault != Fault::kStopDecode) EXPECT_NE(log.find("restarting it"), std::string::npos) << log;
-  for (const std::string& w : marked) EXPECT_EQ(w, victim_address) << "marked down but not the faulty worker\n" << log;
+  if (fault != Fault::kStopDecode) EXPECT_TRUE(died.count(victim_address)) << log;
+  // Only the victim dies — except that Debian 12's UCX 1.13 may abort a worker whose peer dies
+  // while their endpoint's wireup is still pending (docs/transport.md, "Peer failure"). Such a
+  // worker is a second fault, restarted like the victim, and may be marked down too; any other
+  // death, or a live worker marked down, fails.
+  const bool ucx_wireup_abort = log.find("got REP message") != std::string::npos;
+  for (const std::string& w : died)
+    EXPECT_TRUE(w == victim_address || ucx_wireup_abort) << w << " died, and it was not the faulty worker\n" << log;
+  for (const std::string& w : marked)
+    EXPECT_TRUE(w == victim_address || died.count(w)) << w << " marked down but not a faulty worker\n" << log;
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, ClusterFault,
