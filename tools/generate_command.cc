@@ -270,49 +270,54 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--stop", flags->params.stop_strings, "Stop string (repeatable)");
   cmd->add_flag("--ignore-eos", flags->params.ignore_eos, "Keep generating past EOS");
   add_output_sampling_flags(cmd, &flags->params);
-  cmd->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
-  cmd->add_option("--device", flags->engine.backend,
-      "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
-      "emulation of the GPU (tests)")
+  // The in-process engine's options, one group, so that --router refuses every one of them.
+  CLI::Option_group* engine = cmd->add_option_group("Engine", "The in-process engine (not with --router)");
+  engine->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
+  engine
+      ->add_option("--device", flags->engine.backend,
+                   "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
+                   "emulation of the GPU (tests)")
       ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
       ->capture_default_str();
-  cmd->add_option("--weight-dtype", flags->weight_dtype,
-                 "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
+  engine
+      ->add_option("--weight-dtype", flags->weight_dtype,
+                   "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option("--kv-dtype", flags->kv_dtype,
-                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")
+  engine
+      ->add_option("--kv-dtype", flags->kv_dtype,
+                   "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
-  cmd->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
-  cmd->add_option("--host-kv-bytes", flags->engine.host_kv_bytes, "Host tier of the KV cache, bytes per rank");
-  cmd->add_option("--kv-offload-dir", flags->engine.kv_offload_dir, "Filesystem tier of the KV cache (a directory)");
-  cmd->add_option("--kv-offload-dir-bytes", flags->engine.kv_offload_dir_bytes, "Bytes the filesystem tier keeps at most");
-  cmd->add_option("--kv-load-timeout-ms", flags->kv_load_timeout_ms,
-                  "How long a request may read the filesystem tier before computing the rest (0: no limit)")
+  engine->add_option("--block-size", flags->engine.block_size, "Tokens per KV block")->capture_default_str();
+  engine->add_option("--kv-cache-bytes", flags->engine.kv_cache_bytes, "KV cache bytes per rank");
+  engine->add_option("--host-kv-bytes", flags->engine.host_kv_bytes, "Host tier of the KV cache, bytes per rank");
+  engine->add_option("--kv-offload-dir", flags->engine.kv_offload_dir, "Filesystem tier of the KV cache (a directory)");
+  engine->add_option("--kv-offload-dir-bytes", flags->engine.kv_offload_dir_bytes,
+                     "Bytes the filesystem tier keeps at most");
+  engine
+      ->add_option("--kv-load-timeout-ms", flags->kv_load_timeout_ms,
+                   "How long a request may read the filesystem tier before computing the rest (0: no limit)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--memory-utilization", flags->engine.memory_utilization,
-                  "KV cache as a fraction of device memory");
+  engine->add_option("--memory-utilization", flags->engine.memory_utilization,
+                     "KV cache as a fraction of device memory");
   cmd->add_flag("--json", flags->json,
                 "Print one JSON object instead of streaming text (with \"logprobs\" / \"prompt_logprobs\" when asked)");
   cmd->add_option("--router", flags->router, "Generate through the router at HOST:PORT instead of in process");
   cmd->add_option("--api-key", flags->api_key, "API key for the router (default: $PDSERVE_API_KEY)");
   cmd->add_flag("--tls", flags->tls, "Connect to the router over TLS, trusting the system's CAs");
   cmd->add_option("--tls-ca", flags->tls_ca, "Connect to the router over TLS, trusting only this PEM CA");
-  cmd->callback([cmd, flags, exit_code] {
+  cmd->callback([cmd, engine, flags, exit_code] {
     flags->temperature_given = cmd->count("--temperature") > 0;
     flags->top_k_given = cmd->count("--top-k") > 0;
     flags->top_p_given = cmd->count("--top-p") > 0;
     flags->repetition_penalty_given = cmd->count("--repetition-penalty") > 0;
     if (!flags->router.empty()) {
       // The router's workers have their own engines: an engine option here would change nothing.
-      for (const char* engine_option :
-           {"--tp", "--device", "--weight-dtype", "--kv-dtype", "--block-size", "--kv-cache-bytes", "--host-kv-bytes",
-            "--kv-offload-dir", "--kv-offload-dir-bytes", "--kv-load-timeout-ms", "--memory-utilization"}) {
-        if (cmd->count(engine_option) > 0) {
-          std::cerr << "error: " << engine_option << " sets up the in-process engine; with --router the workers' "
-                    << "own flags decide it\n";
+      for (const CLI::Option* engine_option : engine->get_options()) {
+        if (engine_option->count() > 0) {
+          std::cerr << "error: " << engine_option->get_name() << " sets up the in-process engine; with --router the "
+                    << "workers' own flags decide it\n";
           *exit_code = 2;
           return;
         }

@@ -10,17 +10,16 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 #include <thread>
 
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_split.h"
-
 #include "common/tls.h"
 
 namespace pdserve::tools {
@@ -62,6 +61,13 @@ struct UpFlags {
   std::string kv_key_file;            // Passed to every prefill and decode worker (--kv-key-file).
   TlsFiles tls;  // The router's --tls-*; with --tls-ca the workers' too (mutual TLS).
   std::string ready_file;  // Written once every process is ready: the endpoints, as JSON.
+
+  // The backend of the workers of `role` ("prefill", "decode" or "aggregated").
+  const std::string& device_of(std::string_view role) const {
+    if (role == "prefill" && !prefill_device.empty()) return prefill_device;
+    if (role == "decode" && !decode_device.empty()) return decode_device;
+    return device;
+  }
 };
 
 // A child restarted more often than this within kCrashWindow is crash-looping: `up` gives up.
@@ -249,9 +255,8 @@ int run_up(const UpFlags& f) {
     return 2;
   }
   if (f.kv_dtype != "f32") {
-    const bool cpu_worker = pd ? (f.prefill_device.empty() ? f.device : f.prefill_device) == "cpu" ||
-                                     (f.decode_device.empty() ? f.device : f.decode_device) == "cpu"
-                               : f.device == "cpu";
+    const bool cpu_worker =
+        pd ? f.device_of("prefill") == "cpu" || f.device_of("decode") == "cpu" : f.device_of("aggregated") == "cpu";
     if (cpu_worker) {
       std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
       return 2;
@@ -285,9 +290,7 @@ int run_up(const UpFlags& f) {
   sigprocmask(SIG_BLOCK, &signals, nullptr);
 
   auto worker_args = [&](const std::string& bin, const std::string& role, int tp) {
-    const std::string& device = role == "prefill" && !f.prefill_device.empty() ? f.prefill_device
-                                : role == "decode" && !f.decode_device.empty() ? f.decode_device
-                                                                                : f.device;
+    const std::string& device = f.device_of(role);
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});

@@ -86,6 +86,17 @@ __device__ double measure(Elements e, Cut cut, float at_least, bool mass, double
 
 __device__ bool reaches(double f, double target, bool strict) { return strict ? f > target : f >= target; }
 
+// This thread's contiguous share [begin, end) of n elements: the block's threads, in order, cover
+// them in order (walk and compact scan the shares' sums in thread order).
+struct Chunk {
+  int begin, end;
+};
+__device__ Chunk chunk_of(int n) {
+  const int chunk = (n + int(blockDim.x) - 1) / int(blockDim.x);
+  const int begin = min(n, int(threadIdx.x) * chunk);
+  return {begin, min(n, begin + chunk)};
+}
+
 // In index order, the first element satisfying `pred` at which base + the running count or mass
 // of such elements reaches `target`; the last such element if none does (the caller's sums, in
 // another order, reached it), -1 if there is none. Each thread sums a contiguous chunk, one thread scans the
@@ -93,8 +104,8 @@ __device__ bool reaches(double f, double target, bool strict) { return strict ? 
 template <typename Pred>
 __device__ int walk(Elements e, Pred pred, bool mass, double base, double target, bool strict, double* shared,
                     int* result) {
-  const int threads = blockDim.x, chunk = (e.n + threads - 1) / threads;
-  const int begin = min(e.n, int(threadIdx.x) * chunk), end = min(e.n, begin + chunk);
+  const int threads = blockDim.x;
+  const auto [begin, end] = chunk_of(e.n);
   double sum = 0.0;
   int last = -1;
   for (int i = begin; i < end; ++i) {
@@ -211,8 +222,8 @@ __device__ float bin_edge(Histogram h, bool by_mass, double target, int* result)
 // `cand`; their number. Each thread counts its contiguous chunk, a scan of the counts gives
 // each chunk's place, and each thread writes its own.
 __device__ int compact(const float* probs, int n, float edge, int* cand, int* offsets) {
-  const int threads = blockDim.x, chunk = (n + threads - 1) / threads;
-  const int begin = min(n, int(threadIdx.x) * chunk), end = min(n, begin + chunk);
+  const int threads = blockDim.x;
+  const auto [begin, end] = chunk_of(n);
   const auto keep = [edge](float p) { return p > 0.0f && p >= edge; };
   int count = 0;
   for (int i = begin; i < end; ++i) count += keep(probs[i]);

@@ -116,6 +116,20 @@ TEST(GpuKernels, EmbedF32AndBf16Tables) {
   EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
 }
 
+// The device sampler's tokens for host `logits` laid out as `shape` (its data pointer unused)
+// with `params`, `seen` (device memory, or none) and `scratch` (sample_scratch_floats of device
+// memory, kept by a caller that reuses it; null: fresh).
+std::vector<int> device_tokens(const std::vector<float>& logits, ShardedLogits shape,
+                               const std::vector<SampleRow>& params, const SeenTokens& seen = {},
+                               float* scratch = nullptr) {
+  Dev<float> dlogits(logits), fresh(scratch ? 0 : size_t(sample_scratch_floats(shape.rows, shape.vocab)));
+  Dev<SampleRow> dparams(params);
+  Dev<int> dtokens(shape.rows);
+  shape.data = dlogits.get();
+  gpu::sample(dtokens.get(), nullptr, shape, dparams.get(), seen, {}, scratch ? scratch : fresh.get(), nullptr);
+  return dtokens.host();
+}
+
 // Sampling on the device picks the reference's token (kernels/cpu/sampling.h) for greedy rows
 // (ties, NaN, -inf), temperatures, top-k, top-p and both, on rows with many equal logits, from
 // plain rows and rows gathered over TP shards, at random draws.
@@ -160,12 +174,7 @@ TEST(GpuKernels, SamplingMatchesCpuReference) {
       cpu::SampleScratch scratch;
       cpu::sample_rows(want.data(), nullptr, logits, params.data(), {}, {}, &scratch);
 
-      Dev<float> dlogits(gathered), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
-      Dev<kernels::SampleRow> dparams(params);
-      Dev<int> dtokens(rows);
-      logits.data = dlogits.get();
-      gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {}, {}, dscratch.get(), nullptr);
-      const std::vector<int> got = dtokens.host();
+      const std::vector<int> got = device_tokens(gathered, logits, params);
       for (int r = 0; r < rows; ++r)
         EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, row " << r << ": temperature "
                                    << params[r].temperature << " top_k " << params[r].top_k << " top_p "
@@ -203,13 +212,10 @@ TEST(GpuKernels, SamplingNarrowedSearchesMatchCpuReferenceAndRepeat) {
   std::vector<int> want(rows);
   cpu::SampleScratch cpu_scratch;
   cpu::sample_rows(want.data(), nullptr, host, params.data(), {}, {}, &cpu_scratch);
-  Dev<float> dlogits(logits), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
-  Dev<kernels::SampleRow> dparams(params);
-  Dev<int> dtokens(rows);
+  // One scratch for every run: what a run leaves there must not change the next one's tokens.
+  Dev<float> scratch(size_t(sample_scratch_floats(rows, vocab)));
   for (int run = 0; run < (kEmulated ? 3 : 10); ++run) {
-    gpu::sample(dtokens.get(), nullptr, {dlogits.get(), rows, vocab, 1}, dparams.get(), {}, {}, dscratch.get(),
-                nullptr);
-    const std::vector<int> got = dtokens.host();
+    const std::vector<int> got = device_tokens(logits, host, params, {}, scratch.get());
     for (int r = 0; r < rows; ++r)
       EXPECT_EQ(got[r], want[r]) << "run " << run << ", row " << r << " (shape " << r / 5 << "): temperature "
                                  << params[r].temperature << " top_k " << params[r].top_k << " top_p "
@@ -270,12 +276,8 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
         for (kernels::SampleRow& r : without) r.seen_slot = -1;
         cpu::sample_rows(unpenalised.data(), nullptr, logits, without.data(), {}, {}, &scratch);
 
-        Dev<float> dlogits(gathered), dscratch(size_t(kernels::sample_scratch_floats(rows, vocab)));
-        Dev<kernels::SampleRow> dparams(params);
-        Dev<int> dnew(new_ids), dtokens(rows);
-        logits.data = dlogits.get();
-        gpu::sample(dtokens.get(), nullptr, logits, dparams.get(), {dbits.get(), nullptr, dnew.get(), vocab}, {}, dscratch.get(), nullptr);
-        const std::vector<int> got = dtokens.host();
+        Dev<int> dnew(new_ids);
+        const std::vector<int> got = device_tokens(gathered, logits, params, {dbits.get(), nullptr, dnew.get(), vocab});
         for (int r = 0; r < rows; ++r) {
           EXPECT_EQ(got[r], want[r]) << "vocab " << vocab << ", " << shards << " shards, step " << step << ", row " << r;
           changed += want[r] != unpenalised[r];
