@@ -25,27 +25,28 @@
 // gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
 // CI's smoke run on a tiny preset (bench/CMakeLists.txt).
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "absl/strings/str_format.h"
+#include "absl/strings/str_cat.h"
+#include "engine/backend_buffer.h"
 #include "engine/backends/gpu/gpu_blas.h"
+#include "engine/backends/phase_profiler.h"
 #include "engine/gpu_backend.h"
 #include "engine/model/make_model.h"
 #include "engine/model_tensors.h"
 #include "engine/model_weights.h"
-#include "kernels/gpu/ops.h"
-#include "engine/backend_buffer.h"
-#include "engine/backends/phase_profiler.h"
 #include "engine/rank_runner.h"
+#include "kernels/gpu/ops.h"
 
 namespace pdserve {
 namespace {
@@ -162,10 +163,21 @@ StatusOr<std::unique_ptr<ModelWeightsF32>> wrap_device_tensors(const ModelConfig
   return ModelWeightsF32::create(config, source);
 }
 
+// One JSON line of results; its keys print in the order they are set.
+using Row = nlohmann::ordered_json;
+
+// `x` to `decimals` places: a row says what a measurement resolves (the JSON prints the shortest
+// form of the rounded value; a non-finite one is null).
+double places(double x, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::round(x * scale) / scale;
+}
+
 // Each line is flushed as it is written: a run stopped at its time limit keeps what it measured.
 struct Report {
   std::ofstream file;
-  void line(const std::string& json) {
+  void line(const Row& row) {
+    const std::string json = row.dump();
     std::printf("%s\n", json.c_str());
     std::fflush(stdout);
     if (file.is_open()) file << json << std::endl;
@@ -232,10 +244,10 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   std::vector<std::vector<int>> tables(max_batch, std::vector<int>(per_seq));
   for (int s = 0; s < max_batch; ++s) std::iota(tables[s].begin(), tables[s].end(), s * per_seq);
   const double params = matmul_params(c);
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "{\"kind\":\"model\",\"preset\":\"%s\",\"weight_gb\":%.2f,\"matmul_params\":%.0f}",
-                o.preset.c_str(), weight_bytes / 1e9, params);
-  report.line(buf);
+  report.line(Row{{"kind", "model"},
+                  {"preset", o.preset},
+                  {"weight_gb", places(weight_bytes / 1e9, 2)},
+                  {"matmul_params", params}});
 
   // Decode against batch size and prefill tokens/s for one shard (f32 or bf16 GEMM weights) and
   // KV dtype; a runner of its own, freed before the next (the KV cache is the largest allocation).
@@ -278,14 +290,13 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       profiler.reset();
       if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
       const auto phases = profiler.per_step();
-      std::string line = absl::StrCat("{\"kind\":\"breakdown\",\"weights\":\"", weights_name, "\",\"kv_dtype\":\"",
-                                      kv_name, "\",\"step\":\"", step, "\",\"size\":", size);
+      Row row{{"kind", "breakdown"}, {"weights", weights_name}, {"kv_dtype", kv_name}, {"step", step}, {"size", size}};
       for (int i = 0; i < kPhases; ++i) {
-        const char* name = phase_name(Phase(i));
-        absl::StrAppend(&line, ",\"", name, "_ms\":", phases[size_t(i)].ms, ",\"", name,
-                        "_calls\":", phases[size_t(i)].calls);
+        const std::string name = phase_name(Phase(i));
+        row[name + "_ms"] = places(phases[size_t(i)].ms, 4);
+        row[name + "_calls"] = phases[size_t(i)].calls;
       }
-      report.line(line + "}");
+      report.line(row);
       return true;
     };
     // Decode: every sequence at position `context` (its earlier KV already in place).
@@ -304,13 +315,16 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
         kv_bytes += double(b) * (o.context + 1) * 2 * c.kv_dim(l) * double(dtype_size(kv_dtype));
       const double bytes = params * dtype_size(rank_shard.weight_dtype) + kv_bytes;
       const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
-      std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"decode\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"batch\":%d,\"context\":%d,"
-                    "\"step_ms\":%.3f,\"tokens_per_s\":%.1f,\"hbm_fraction\":%.3f,\"f32_compute_fraction\":%.3f,"
-                    "\"bf16_compute_fraction\":%.4f}",
-                    weights_name, kv_name, b, o.context, t * 1e3, b / t, bytes / t / roof.hbm_bytes_per_s,
-                    flops / t / roof.f32_flop_per_s, flops / t / roof.bf16_flop_per_s);
-      report.line(buf);
+      report.line(Row{{"kind", "decode"},
+                      {"weights", weights_name},
+                      {"kv_dtype", kv_name},
+                      {"batch", b},
+                      {"context", o.context},
+                      {"step_ms", places(t * 1e3, 3)},
+                      {"tokens_per_s", places(b / t, 1)},
+                      {"hbm_fraction", places(bytes / t / roof.hbm_bytes_per_s, 3)},
+                      {"f32_compute_fraction", places(flops / t / roof.f32_flop_per_s, 3)},
+                      {"bf16_compute_fraction", places(flops / t / roof.bf16_flop_per_s, 4)}});
       if (!breakdown(batch, "decode", b)) return false;
     }
     // Prefill: one sequence's prompt in one step, logits for its last token.
@@ -325,12 +339,14 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       const double t = time_step(batch, 3);
       if (t < 0) return false;
       const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
-      std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"prefill\",\"weights\":\"%s\",\"kv_dtype\":\"%s\",\"tokens\":%d,\"step_ms\":%.2f,"
-                    "\"tokens_per_s\":%.0f,\"f32_compute_fraction\":%.3f,\"bf16_compute_fraction\":%.4f}",
-                    weights_name, kv_name, p, t * 1e3, p / t, flops / t / roof.f32_flop_per_s,
-                    flops / t / roof.bf16_flop_per_s);
-      report.line(buf);
+      report.line(Row{{"kind", "prefill"},
+                      {"weights", weights_name},
+                      {"kv_dtype", kv_name},
+                      {"tokens", p},
+                      {"step_ms", places(t * 1e3, 2)},
+                      {"tokens_per_s", places(p / t, 0)},
+                      {"f32_compute_fraction", places(flops / t / roof.f32_flop_per_s, 3)},
+                      {"bf16_compute_fraction", places(flops / t / roof.bf16_flop_per_s, 4)}});
       if (!breakdown(batch, "prefill", p)) return false;
     }
     return true;
@@ -374,7 +390,6 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
 
 // Sampling rows of the model's vocabulary on the device against copying them to the host.
 bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, Report& report) {
-  char buf[512];
   for (int rows : o.sampling_rows) {
     BackendBuffer logits, scratch, params, tokens, logprobs;
     const size_t n = size_t(rows) * c.vocab_size;
@@ -414,12 +429,14 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
         kernels::gpu::sample(tokens.as<int>(), logprobs.as<kernels::RowLogprobs>(), view,
                              params.as<kernels::SampleRow>(), {}, {}, scratch.as<float>(), nullptr);
       }, 20);
-      std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"sampling\",\"mode\":\"%s\",\"rows\":%d,\"vocab\":%d,\"device_us\":%.1f,"
-                    "\"logits_to_host_us\":%.1f,\"vs_copy\":%.3f,\"error\":\"%s\"}",
-                    m.name, rows, c.vocab_size, t * 1e6, copy * 1e6, t / copy,
-                    e == gpuSuccess ? "" : gpuGetErrorString(e));
-      report.line(buf);
+      report.line(Row{{"kind", "sampling"},
+                      {"mode", m.name},
+                      {"rows", rows},
+                      {"vocab", c.vocab_size},
+                      {"device_us", places(t * 1e6, 1)},
+                      {"logits_to_host_us", places(copy * 1e6, 1)},
+                      {"vs_copy", places(t / copy, 3)},
+                      {"error", e == gpuSuccess ? "" : gpuGetErrorString(e)}});
     }
   }
 
@@ -431,7 +448,6 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
 // bf16 weights and f32 activations, as --weight-dtype bf16 and a HIP build without hipBLAS run
 // it. Inputs are random, never zeros: bf16 values truncated from N(0, 0.02) floats.
 bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
-  char buf[512];
   BackendBuffer f32;
   auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) -> bool {
     if (!dst.reserve(backend, size_t(n) * 2).ok() || !f32.reserve(backend, size_t(n) * 4).ok()) return false;
@@ -480,13 +496,18 @@ bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c,
       if (taken) std::tie(t, e) = time_calls([&] { (void)vendor_gemm(); }, iters);
       const double bytes = 2.0 * (double(out) * in + double(rows) * (in + out));
       const bool ok = taken && e == gpuSuccess;
-      std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"bf16_gemm\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
-                    "\"tflops\":%.1f,\"bf16_compute_fraction\":%.3f,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, t * 1e6, ok ? flops / t / 1e12 : 0.0,
-                    ok ? flops / t / roof.bf16_flop_per_s : 0.0, ok ? bytes / t / roof.hbm_bytes_per_s : 0.0,
-                    !taken ? "the BLAS refused the call" : e == gpuSuccess ? "" : gpuGetErrorString(e));
-      report.line(buf);
+      report.line(Row{{"kind", "bf16_gemm"},
+                      {"op", names[s]},
+                      {"rows", rows},
+                      {"out", out},
+                      {"in", in},
+                      {"us", places(t * 1e6, 1)},
+                      {"tflops", ok ? places(flops / t / 1e12, 1) : 0.0},
+                      {"bf16_compute_fraction", ok ? places(flops / t / roof.bf16_flop_per_s, 3) : 0.0},
+                      {"hbm_fraction", ok ? places(bytes / t / roof.hbm_bytes_per_s, 3) : 0.0},
+                      {"error", !taken            ? "the BLAS refused the call"
+                                : e == gpuSuccess ? ""
+                                                  : gpuGetErrorString(e)}});
       if (ok) vendor_s = t;
 #endif
       if (rows > 2048) continue;
@@ -501,14 +522,16 @@ bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c,
                                  in, in, nullptr);
       }, iters);
       const double tbytes = 2.0 * double(out) * in + 4.0 * double(rows) * (in + out);
-      std::snprintf(buf, sizeof buf,
-                    "{\"kind\":\"portable_gemm_bf16w\",\"op\":\"%s\",\"rows\":%d,\"out\":%d,\"in\":%d,\"us\":%.1f,"
-                    "\"tflops\":%.2f,\"vs_vendor_bf16\":%s,\"hbm_fraction\":%.3f,\"error\":\"%s\"}",
-                    names[s], rows, out, in, tt * 1e6, flops / tt / 1e12,
-                    vendor_s > 0 ? absl::StrFormat("%.3f", vendor_s / tt).c_str() : "null",
-                    tbytes / tt / roof.hbm_bytes_per_s,
-                    portable_error == gpuSuccess ? "" : gpuGetErrorString(portable_error));
-      report.line(buf);
+      report.line(Row{{"kind", "portable_gemm_bf16w"},
+                      {"op", names[s]},
+                      {"rows", rows},
+                      {"out", out},
+                      {"in", in},
+                      {"us", places(tt * 1e6, 1)},
+                      {"tflops", places(flops / tt / 1e12, 2)},
+                      {"vs_vendor_bf16", vendor_s > 0 ? Row(places(vendor_s / tt, 3)) : Row(nullptr)},
+                      {"hbm_fraction", places(tbytes / tt / roof.hbm_bytes_per_s, 3)},
+                      {"error", portable_error == gpuSuccess ? "" : gpuGetErrorString(portable_error)}});
     }
 #if defined(PDSERVE_GPU_BLAS)
   gpublasDestroy(h);
@@ -532,10 +555,12 @@ int run(const Options& o) {
   Report report;
   if (!o.out.empty()) report.file.open(o.out);
   const Roofline& roof = rooflines().at(o.roofline);
-  report.line(absl::StrFormat(
-      "{\"kind\":\"roofline\",\"name\":\"%s\",\"backend\":\"%s\",\"hbm_bytes_per_s\":%.4g,"
-      "\"bf16_flop_per_s\":%.4g,\"f32_flop_per_s\":%.4g}",
-      o.roofline, (*backend)->name(), roof.hbm_bytes_per_s, roof.bf16_flop_per_s, roof.f32_flop_per_s));
+  report.line(Row{{"kind", "roofline"},
+                  {"name", o.roofline},
+                  {"backend", (*backend)->name()},
+                  {"hbm_bytes_per_s", roof.hbm_bytes_per_s},
+                  {"bf16_flop_per_s", roof.bf16_flop_per_s},
+                  {"f32_flop_per_s", roof.f32_flop_per_s}});
   if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, roof, c, backend->get(), report)) return 1;
   if (o.runs(Part::kSampling) && !measure_sampling(o, c, backend->get(), report)) return 1;
   if (o.runs(Part::kGemm) && !measure_gemms(o, roof, c, backend->get(), report)) return 1;
