@@ -3,6 +3,8 @@
 // the published greedy text. Tests needing a device skip when there is none. Built for the CPU
 // emulation of the GPU too (kernels/gpu/emulation/simt.h), where the backend is linked in and
 // runs the emulated kernels.
+#include "engine/gpu_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,10 +17,10 @@
 
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
-#include "engine/gpu_backend.h"
 #include "engine/model_loader.h"
 #include "kernels/cpu/ops.h"
 #include "tests/engine/bf16_checkpoint.h"
+#include "tests/engine/temp_files.h"
 #include "tests/engine/test_model.h"
 #include "tests/gpu/kernel_test_util.h"
 
@@ -233,6 +235,63 @@ TEST(Stories, GpuEngineHostTierKeepsBf16BlocksExactly) {
   }
   EXPECT_EQ(reloads->stats().host_loaded_blocks, 12u);
   EXPECT_EQ(reloads->stats().free_blocks, reloads->stats().num_blocks);
+}
+
+// The filesystem tier with a bf16 KV cache: chunk files one engine wrote serve a new engine on
+// the same directory (its device and host tiers empty) with the bits of an engine that never
+// gave its blocks up; an f32 engine on that directory reads none of them (the KV geometry's
+// fingerprint names the element type) and computes its own.
+TEST(Stories, GpuEngineFsTierKeepsBf16BlocksExactly) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  EngineOptions files, kept;
+  files.kv_dtype = kept.kv_dtype = DType::kBF16;
+  files.host_kv_bytes = 64 * 16 * 640;
+  files.kv_offload_dir = pdserve::testing::fresh_dir("gpu-bf16-fs-tier");
+  files.kv_offload_chunk_blocks = 2;  // A 40-token prompt's two full blocks: one file.
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back({1});
+    for (int t = 1; t < 40; ++t) prompts.back().push_back(3 + (t * 53 + i * 89) % 500);
+  }
+  SamplingParams params = greedy(4);
+  params.logprobs = 0;  // Each token's log-probability: equal bits, or the KV differed.
+  {
+    auto writer = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, files);
+    ASSERT_TRUE(writer);
+    for (const auto& prompt : prompts) ASSERT_TRUE(writer->generate(prompt, params).ok());
+  }  // Destroyed: its queued writes finish.
+  ASSERT_EQ(pdserve::testing::files_in(files.kv_offload_dir, ".kvc").size(), prompts.size());
+  auto reader = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, files);
+  auto keeps = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, kept);
+  ASSERT_TRUE(reader && keeps);
+  // The engine that keeps its blocks serves each prompt once first, so that both compute the same
+  // 8 uncached tokens over the same 32 cached ones (a different split computes other bits).
+  for (const auto& prompt : prompts) ASSERT_TRUE(keeps->generate(prompt, params).ok());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto want = keeps->generate(prompts[i], params);
+    auto got = reader->generate(prompts[i], params);
+    ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
+    EXPECT_EQ(want->cached_tokens, 32) << "prompt " << i;
+    EXPECT_EQ(got->cached_tokens, 32) << "prompt " << i;
+    EXPECT_EQ(got->token_ids, want->token_ids) << "prompt " << i;
+    ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+    for (size_t t = 0; t < got->logprobs.size(); ++t)
+      EXPECT_EQ(got->logprobs[t].logprob, want->logprobs[t].logprob) << "prompt " << i;
+  }
+  EXPECT_EQ(reader->stats().disk_loaded_chunks, prompts.size());
+  EXPECT_EQ(reader->stats().free_blocks, reader->stats().num_blocks);
+
+  EngineOptions f32_files = files;
+  f32_files.kv_dtype = DType::kF32;
+  auto f32 = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, f32_files);
+  auto f32_kept = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, {});
+  ASSERT_TRUE(f32 && f32_kept);
+  auto got = f32->generate(prompts[0], params);
+  auto want = f32_kept->generate(prompts[0], params);
+  ASSERT_TRUE(got.ok() && want.ok()) << got.status() << " " << want.status();
+  EXPECT_EQ(got->cached_tokens, 0);
+  EXPECT_EQ(got->token_ids, want->token_ids);
+  EXPECT_EQ(f32->stats().disk_hit_tokens, 0u);
 }
 
 TEST(Stories, GpuEngineGreedyFromBosEqualsPublishedText) {
