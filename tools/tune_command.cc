@@ -18,6 +18,7 @@ using tune::LengthDist;
 struct TuneFlags {
   std::string model = "stories260K";
   std::string device = "cpu";
+  std::string weight_dtype = "f32", kv_dtype = "f32";
   int ranks = 0;
   std::vector<int> tps = {1, 2, 4, 8};
   std::string kv_mode = "push";
@@ -103,6 +104,11 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
                      : f.device == "hip" ? tune::Device::kHip
                      : f.device == "emulated" ? tune::Device::kEmulated
                                               : tune::Device::kCpu;
+  if (c.cluster.device == tune::Device::kCpu && (f.weight_dtype != "f32" || f.kv_dtype != "f32"))
+    return fail(
+        "--weight-dtype and --kv-dtype bf16 need GPU workers: CPU workers compute and keep their KV cache in f32");
+  c.cluster.weight_dtype = f.weight_dtype;
+  c.cluster.kv_dtype = f.kv_dtype;
   c.cluster.work_dir = (fs::path(f.out) / "work").string();
   c.ranks = f.ranks;
   c.tps.clear();
@@ -150,6 +156,14 @@ void add_flags(CLI::App* cmd, TuneFlags* f) {
   cmd->add_option("--model", f->model, "Model path or name")->capture_default_str();
   cmd->add_option("--device", f->device, "Workers' backend: cpu, cuda, hip or emulated")
       ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}))
+      ->capture_default_str();
+  cmd->add_option("--weight-dtype", f->weight_dtype,
+                  "GPU workers' GEMM weights, as profiled and planned: f32 or bf16 (the profile records it)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", f->kv_dtype,
+                  "GPU workers' KV cache elements, as profiled and planned: f32 or bf16 (the profile records it)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--ranks", f->ranks, "Rank budget N (GPUs, or CPU ranks)");
   cmd->add_option("--tp", f->tps, "TP sizes to consider (comma-separated)")->delimiter(',')->capture_default_str();

@@ -54,6 +54,11 @@ Status check_plan(const DeployPlan& plan) {
   // The workers pass --weight-dtype to GPU backends only: bf16 on CPU would be silently f32.
   if (plan.device == Device::kCpu && plan.weight_dtype != "f32")
     return absl::InvalidArgumentError(absl::StrCat("weight dtype ", plan.weight_dtype, " on device cpu: CPU workers compute in f32"));
+  if (plan.kv_dtype != "f32" && plan.kv_dtype != "bf16")
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype must be f32 or bf16, not '", plan.kv_dtype, "'"));
+  if (plan.device == Device::kCpu && plan.kv_dtype != "f32")
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV dtype ", plan.kv_dtype, " on device cpu: CPU workers keep an f32 KV cache"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_running, 1, "router max running"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_waiting, 0, "router max waiting"));
   PD_RETURN_IF_ERROR(check_at_least(plan.prefill_max_batch_tokens, 1, "prefill max batch tokens"));
@@ -126,6 +131,8 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   absl::StrAppend(&out, "accelerator:\n  vendor: ", acc.vendor, "\n  device: ", device_name(plan.device), "\n");
   absl::StrAppend(&out, "model:\n  name: ", yaml_string(plan.model_name), "\n");
   absl::StrAppend(&out, "engine:\n  weightDtype: ", plan.weight_dtype, "\n");
+  // The chart's default is f32, and an f32 plan's values stay as they were.
+  if (plan.kv_dtype != "f32") absl::StrAppend(&out, "  kvDtype: ", plan.kv_dtype, "\n");
   // An empty `router:` would be null, which deletes the block: written only with a key in it.
   if (!t.aggregated || plan.max_running || plan.max_waiting) absl::StrAppend(&out, "router:\n");
   // Mode aggregated runs the router with --kv-mode=aggregated and refuses any other kv mode.
@@ -187,6 +194,7 @@ StatusOr<std::string> up_script(const DeployPlan& plan, const std::string& pdser
   absl::StrAppend(&out, " --device ", device_name(plan.device));
   // `pdserve up` passes --weight-dtype to GPU workers only (check_plan refused bf16 on cpu).
   if (plan.device != Device::kCpu) absl::StrAppend(&out, " --weight-dtype ", plan.weight_dtype);
+  if (plan.kv_dtype != "f32") absl::StrAppend(&out, " --kv-dtype ", plan.kv_dtype);
   if (plan.max_running) absl::StrAppend(&out, " --max-running ", *plan.max_running);
   if (plan.max_waiting) absl::StrAppend(&out, " --max-waiting ", *plan.max_waiting);
   absl::StrAppend(&out, " \"$@\"\n");

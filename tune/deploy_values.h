@@ -29,6 +29,7 @@ struct DeployPlan {
   std::string model_name;  // The chart's model.name: a directory inside the model volume.
   std::string model_path;  // `pdserve up --model`: a path or a registered name on this machine.
   std::string weight_dtype = "f32";  // GPU GEMM weights (f32 | bf16); CPU computes in f32.
+  std::string kv_dtype = "f32";      // The KV cache's elements (f32 | bf16 on GPU workers).
   // Router admission: requests out at the workers at once, and queued before refusing.
   std::optional<int> max_running, max_waiting;
   // Worker engine knobs.

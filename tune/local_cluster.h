@@ -18,6 +18,10 @@ struct ClusterOptions {
   std::string pdserve;  // The pdserve binary (it finds the workers and router beside itself).
   std::string model;
   Device device = Device::kCpu;
+  // The workers' GEMM weights (f32 | bf16; GPU workers only) and KV cache elements (f32 | bf16;
+  // GPU workers only), as `pdserve up --weight-dtype/--kv-dtype` take them.
+  std::string weight_dtype = "f32";
+  std::string kv_dtype = "f32";
   std::string work_dir;  // Logs and ready files go here.
   int max_running = 0;   // Router admission (0: up's default).
   int max_waiting = -1;  // (-1: up's default).

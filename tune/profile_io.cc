@@ -207,6 +207,7 @@ json profile_to_json(const Profile& p) {
           {"device", std::string(device_name(p.device))},
           {"device_model", p.device_model},
           {"dtype", p.dtype},
+          {"kv_dtype", p.kv_dtype},
           {"pdserve_version", p.pdserve_version},
           {"tp", tps},
           {"kv", kv},
@@ -216,10 +217,11 @@ json profile_to_json(const Profile& p) {
 }
 
 StatusOr<Profile> profile_from_json(const json& value) {
-  PD_ASSIGN_OR_RETURN(const ObjectReader r,
-                      ObjectReader::open(value, "",
-                                         {"schema", "note", "model", "model_sha256", "device", "device_model", "dtype",
-                                          "pdserve_version", "tp", "kv", "router_overhead_s", "pd_overhead_s", "handoff_s"}));
+  PD_ASSIGN_OR_RETURN(
+      const ObjectReader r,
+      ObjectReader::open(value, "",
+                         {"schema", "note", "model", "model_sha256", "device", "device_model", "dtype", "kv_dtype",
+                          "pdserve_version", "tp", "kv", "router_overhead_s", "pd_overhead_s", "handoff_s"}));
   // The schema first: a file of another version fails on that, not on whichever key moved.
   PD_ASSIGN_OR_RETURN(const std::string schema, r.string("schema"));
   if (schema != kProfileSchema)
@@ -235,6 +237,12 @@ StatusOr<Profile> profile_from_json(const json& value) {
   p.device = *parsed;
   PD_ASSIGN_OR_RETURN(p.device_model, r.string("device_model"));
   PD_ASSIGN_OR_RETURN(p.dtype, r.string("dtype"));
+  // Profiles recorded before the key existed kept an f32 KV cache.
+  if (value.contains("kv_dtype")) {
+    PD_ASSIGN_OR_RETURN(p.kv_dtype, r.string("kv_dtype"));
+  }
+  if (p.kv_dtype != "f32" && p.kv_dtype != "bf16")
+    return absl::InvalidArgumentError(absl::StrCat("kv_dtype must be f32 or bf16, not '", p.kv_dtype, "'"));
   PD_ASSIGN_OR_RETURN(p.pdserve_version, r.string("pdserve_version"));
   PD_ASSIGN_OR_RETURN(const json* tps, r.array("tp"));
   for (size_t i = 0; i < tps->size(); ++i) {
@@ -287,7 +295,8 @@ std::string profile_key(const Profile& p) {
   std::vector<int> tps;
   for (const auto& [tp, unused] : p.by_tp) tps.push_back(tp);
   return absl::StrCat("model=", p.model_sha256, " device=", device_name(p.device), " device_model=\"", p.device_model,
-                      "\" dtype=", p.dtype, " tp=", absl::StrJoin(tps, ","), " pdserve=", p.pdserve_version);
+                      "\" dtype=", p.dtype, " kv_dtype=", p.kv_dtype, " tp=", absl::StrJoin(tps, ","),
+                      " pdserve=", p.pdserve_version);
 }
 
 }  // namespace pdserve::tune

@@ -189,6 +189,8 @@ StatusOr<std::vector<StepSample>> read_steps(const std::string& worker, uint64_t
 StatusOr<Profile> run_profile(const ProfileOptions& o, ProfileData* data) {
   Profile p;
   p.device = o.cluster.device;
+  p.dtype = o.cluster.weight_dtype;
+  p.kv_dtype = o.cluster.kv_dtype;
   engine::ModelLoadOptions lo;
   lo.model = o.cluster.model;
   PD_ASSIGN_OR_RETURN(engine::LoadedModel model, engine::load_model(lo));

@@ -576,6 +576,8 @@ int write_report(const TuneConfig& c) {
     DeployPlan dp;
     dp.topology = rec->topology;
     dp.device = c.cluster.device;
+    dp.weight_dtype = c.cluster.weight_dtype;
+    dp.kv_dtype = c.cluster.kv_dtype;
     dp.model_name = fs::path(c.cluster.model).filename().string();
     dp.model_path = c.cluster.model;
     for (size_t i = 0; i < l.candidates.size(); ++i)

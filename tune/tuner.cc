@@ -151,6 +151,12 @@ int stage_plan(const TuneConfig& c) {
               << device_flag(c.cluster.device) << "\n";
     return kTuneUsage;
   }
+  if (profile->dtype != c.cluster.weight_dtype || profile->kv_dtype != c.cluster.kv_dtype) {
+    std::cerr << "error: plan: the profile was recorded with " << profile->dtype << " weights and an "
+              << profile->kv_dtype << " KV cache, not --weight-dtype " << c.cluster.weight_dtype << " --kv-dtype "
+              << c.cluster.kv_dtype << "\n";
+    return kTuneUsage;
+  }
   SearchSpace space;
   space.ranks = c.ranks;
   for (int tp : c.tps)

@@ -37,6 +37,7 @@ std::vector<Case> cases() {
   hip.provenance_tool = "tune_deploy_values_emit";
   DeployPlan cuda = hip;
   cuda.device = Device::kCuda;
+  cuda.kv_dtype = "bf16";  // The other plans keep the chart's default, f32.
   cuda.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 2, .mode = KvMode::kPush};
   DeployPlan cpu;
   cpu.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 1, .mode = KvMode::kPush};
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
         {"preset", c.preset},
         {"device", std::string(pdserve::tune::device_name(c.plan.device))},
         {"weightDtype", c.plan.weight_dtype},
+        {"kvDtype", c.plan.kv_dtype},
         {"model", c.plan.model_name},
         {"kvMode", t.aggregated ? std::string("aggregated") : std::string(pdserve::tune::kv_mode_name(t.mode))},
         {"workers", workers},

@@ -234,6 +234,16 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
                        "--device hip "
                        "--weight-dtype bf16 --max-running 48 --max-waiting 6 \"$@\"\n"))
       << *up;
+  EXPECT_FALSE(has(*up, "--kv-dtype")) << *up;
+  EXPECT_FALSE(has(*values_yaml(hip), "kvDtype")) << "an f32 KV cache is the chart's default";
+  // A bf16 KV cache: the chart's engine.kvDtype, and up's --kv-dtype.
+  hip.kv_dtype = "bf16";
+  auto values = values_yaml(hip);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_TRUE(has(*values, "engine:\n  weightDtype: bf16\n  kvDtype: bf16\n")) << *values;
+  up = up_script(hip, "pdserve");
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_TRUE(has(*up, "--weight-dtype bf16 --kv-dtype bf16 --max-running 48")) << *up;
 }
 
 // Just around n_p/n_d, whether the ratio is exact in decimal or not.
@@ -290,10 +300,15 @@ TEST(DeployValues, RefusesPlansNoTargetCanRun) {
        "an aggregated plan needs at least one worker"},
       {"unknown dtype", [](DeployPlan& p) { p.weight_dtype = "fp8"; }, "weight dtype must be f32 or bf16, not 'fp8'"},
       {"bf16 on cpu", [](DeployPlan& p) { p.weight_dtype = "bf16"; }, "weight dtype bf16 on device cpu"},
+      {"unknown KV dtype", [](DeployPlan& p) { p.kv_dtype = "f16"; }, "KV dtype must be f32 or bf16, not 'f16'"},
+      {"bf16 KV on cpu", [](DeployPlan& p) { p.kv_dtype = "bf16"; }, "KV dtype bf16 on device cpu"},
       {"zero router max running", [](DeployPlan& p) { p.max_running = 0; }, "router max running must be at least 1"},
-      {"negative router max waiting", [](DeployPlan& p) { p.max_waiting = -1; }, "router max waiting must be at least 0"},
-      {"zero prefill batch", [](DeployPlan& p) { p.prefill_max_batch_tokens = 0; }, "prefill max batch tokens must be at least 1"},
-      {"zero decode batch", [](DeployPlan& p) { p.decode_max_batch_tokens = 0; }, "decode max batch tokens must be at least 1"},
+      {"negative router max waiting", [](DeployPlan& p) { p.max_waiting = -1; },
+       "router max waiting must be at least 0"},
+      {"zero prefill batch", [](DeployPlan& p) { p.prefill_max_batch_tokens = 0; },
+       "prefill max batch tokens must be at least 1"},
+      {"zero decode batch", [](DeployPlan& p) { p.decode_max_batch_tokens = 0; },
+       "decode max batch tokens must be at least 1"},
       {"zero decode running", [](DeployPlan& p) { p.decode_max_running = 0; }, "decode max running must be at least 1"},
   };
   for (const Case& c : cases) {

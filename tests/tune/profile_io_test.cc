@@ -26,6 +26,7 @@ Profile sample_profile() {
   p.device = Device::kHip;
   p.device_model = "AMD Instinct MI355X";
   p.dtype = "bf16";
+  p.kv_dtype = "bf16";
   p.pdserve_version = "15cb056";
   TpProfile t1;
   t1.tp = 1;
@@ -66,6 +67,7 @@ void expect_same_profile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.device, b.device);
   EXPECT_EQ(a.device_model, b.device_model);
   EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.kv_dtype, b.kv_dtype);
   EXPECT_EQ(a.pdserve_version, b.pdserve_version);
   EXPECT_EQ(a.router_overhead_s, b.router_overhead_s);
   EXPECT_EQ(a.pd_overhead_s, b.pd_overhead_s);
@@ -177,25 +179,37 @@ TEST(ProfileIo, RefusesABadFileNamingTheKey) {
     const char* message;  // Part of the error, naming the key.
   };
   const Case cases[] = {
-      {"unknown device", [](json& j) { j["device"] = "rocm"; }, "device: device must be cpu, cuda, hip or emulated, not 'rocm'"},
-      {"unknown kv mode", [](json& j) { j["kv"][0]["mode"] = "aggregated"; }, "kv[0].mode: kv mode must be push or pull"},
+      {"unknown device", [](json& j) { j["device"] = "rocm"; },
+       "device: device must be cpu, cuda, hip or emulated, not 'rocm'"},
+      {"unknown kv mode", [](json& j) { j["kv"][0]["mode"] = "aggregated"; },
+       "kv[0].mode: kv mode must be push or pull"},
       {"missing coefficient", [](json& j) { j["tp"][0]["decode"]["lo"].erase("a"); }, "missing key tp[0].decode.lo.a"},
       {"missing top-level key", [](json& j) { j.erase("handoff_s"); }, "missing key handoff_s"},
       {"negative kv capacity", [](json& j) { j["tp"][1]["kv_tokens"] = -16; }, "tp[1].kv_tokens must be at least 1"},
       {"zero max running", [](json& j) { j["tp"][0]["max_running"] = 0; }, "tp[0].max_running must be at least 1"},
       {"negative max context", [](json& j) { j["tp"][0]["max_context"] = -1; }, "tp[0].max_context must be at least 0"},
-      {"negative coefficient", [](json& j) { j["tp"][0]["prefill"]["b"] = -1e-5; }, "tp[0].prefill.b must not be negative"},
-      {"negative split", [](json& j) { j["tp"][0]["decode"]["split"] = -2; }, "tp[0].decode.split must not be negative"},
-      {"negative kv law", [](json& j) { j["kv"][1]["law"]["per_token"] = -1e-6; }, "kv[1].law.per_token must not be negative"},
+      {"negative coefficient", [](json& j) { j["tp"][0]["prefill"]["b"] = -1e-5; },
+       "tp[0].prefill.b must not be negative"},
+      {"negative split", [](json& j) { j["tp"][0]["decode"]["split"] = -2; },
+       "tp[0].decode.split must not be negative"},
+      {"negative kv law", [](json& j) { j["kv"][1]["law"]["per_token"] = -1e-6; },
+       "kv[1].law.per_token must not be negative"},
       {"fractional integer", [](json& j) { j["tp"][0]["block_size"] = 16.5; }, "tp[0].block_size must be an integer"},
       {"string for a number", [](json& j) { j["router_overhead_s"] = "1ms"; }, "router_overhead_s must be a number"},
       {"misspelt key", [](json& j) { j["tp"][0]["max_runing"] = 8; }, "unknown key tp[0].max_runing"},
       {"duplicate tp", [](json& j) { j["tp"][1]["tp"] = 1; }, "tp[1].tp 1 appears twice"},
-      {"no tp at all", [](json& j) { j["tp"] = json::array(); j["kv"] = json::array(); }, "tp must list at least one TP size"},
-      {"kv between unprofiled sizes", [](json& j) { j["kv"][0]["tp_d"] = 4; }, "kv[0].tp_d 4 is not a profiled TP size"},
+      {"no tp at all",
+       [](json& j) {
+         j["tp"] = json::array();
+         j["kv"] = json::array();
+       },
+       "tp must list at least one TP size"},
+      {"kv between unprofiled sizes", [](json& j) { j["kv"][0]["tp_d"] = 4; },
+       "kv[0].tp_d 4 is not a profiled TP size"},
       {"duplicate kv pair", [](json& j) { j["kv"][1] = j["kv"][0]; }, "kv[1]: TP 1 -> 2 push appears twice"},
       {"not an object", [](json& j) { j["tp"][0]["decode"] = 3; }, "tp[0].decode must be an object"},
       {"note not text", [](json& j) { j["note"] = 1; }, "note must be a string"},
+      {"unknown kv dtype", [](json& j) { j["kv_dtype"] = "fp8"; }, "kv_dtype must be f32 or bf16, not 'fp8'"},
   };
   for (const Case& c : cases) {
     json j = profile_to_json(sample_profile());
@@ -218,8 +232,18 @@ TEST(ProfileIo, LoadReportsTheFile) {
 }
 
 TEST(ProfileIo, KeyNamesWhatWasMeasured) {
-  EXPECT_EQ(profile_key(sample_profile()),
-            "model=ab12 device=hip device_model=\"AMD Instinct MI355X\" dtype=bf16 tp=1,2 pdserve=15cb056");
+  EXPECT_EQ(
+      profile_key(sample_profile()),
+      "model=ab12 device=hip device_model=\"AMD Instinct MI355X\" dtype=bf16 kv_dtype=bf16 tp=1,2 pdserve=15cb056");
+}
+
+// kv_dtype came after the first profiles: one without it kept an f32 KV cache.
+TEST(ProfileIo, AProfileWithoutAKvDtypeKeptAnF32KvCache) {
+  json j = profile_to_json(sample_profile());
+  j.erase("kv_dtype");
+  auto p = profile_from_json(j);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->kv_dtype, "f32");
 }
 
 // The fixtures are SYNTHETIC (their "note" says so): shaped like an 8B bf16 model on the GPU,

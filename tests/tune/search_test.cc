@@ -1,14 +1,16 @@
 // The tuner's search, validation arithmetic, load-point plumbing and report statistics: pure
 // functions, table-tested.
+#include "tune/search.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tune/baselines.h"
 #include "tune/load_runner.h"
 #include "tune/local_cluster.h"
 #include "tune/report.h"
-#include "tune/search.h"
 #include "tune/step_slowdown.h"
 #include "tune/validate.h"
 
@@ -225,6 +227,8 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
   o.pdserve = "/bin/pdserve";
   o.model = "stories260K";
   o.device = Device::kHip;
+  o.weight_dtype = "bf16";
+  o.kv_dtype = "bf16";
   o.max_running = 96;
   Topology t;
   t.n_p = 2;
@@ -238,10 +242,17 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
     for (const std::string& x : a) s += x + " ";
     return s;
   }();
-  EXPECT_EQ(joined,
-            "/bin/pdserve up --model stories260K --device hip --port 0 --restart never --prefix-caching off --prefill 2 "
-            "--prefill-tp 1 "
-            "--decode 1 --decode-tp 2 --kv-mode pull --local-prefill-tokens 0 --max-running 96 ");
+  EXPECT_EQ(
+      joined,
+      "/bin/pdserve up --model stories260K --device hip --port 0 --restart never --prefix-caching off --prefill 2 "
+      "--prefill-tp 1 "
+      "--decode 1 --decode-tp 2 --kv-mode pull --local-prefill-tokens 0 --weight-dtype bf16 --kv-dtype bf16 "
+      "--max-running 96 ");
+  // On CPU workers neither: up passes no weight dtype to them, and they keep an f32 KV cache.
+  o.device = Device::kCpu;
+  o.weight_dtype = o.kv_dtype = "f32";
+  const std::vector<std::string> cpu = up_arguments(t, o);
+  EXPECT_EQ(std::count(cpu.begin(), cpu.end(), "--weight-dtype") + std::count(cpu.begin(), cpu.end(), "--kv-dtype"), 0);
   StatusOr<ClusterEndpoints> e = parse_ready_file(R"({"router": {"grpc": "127.0.0.1:9", "http": "127.0.0.1:10"},
       "workers": [{"name": "prefill0", "grpc": "127.0.0.1:11", "role": "prefill", "tp": "1"},
                   {"name": "decode0", "grpc": "127.0.0.1:12", "role": "decode", "tp": "2"}]})");

@@ -36,9 +36,12 @@ testing::CommandOutput tune(const std::string& args) {
 }
 
 std::string offline_args(const std::string& profile, const std::string& device, const fs::path& out) {
+  // The fixtures were recorded with bf16 weights and an f32 KV cache.
   return "--import-profile " + (source_dir() / "tests/tune/fixtures" / profile).string() + " --device " + device +
-         " --model llama-8b --ranks 8 --tp 1,2,4,8 --kv-mode auto --input-len 8192 --output-len 1024 "
-         "--slo-ttft-ms 2000 --slo-tpot-ms 40 --simulate-top 4 --out " + out.string();
+         " --weight-dtype bf16 --model llama-8b --ranks 8 --tp 1,2,4,8 --kv-mode auto --input-len 8192 --output-len "
+         "1024 "
+         "--slo-ttft-ms 2000 --slo-tpot-ms 40 --simulate-top 4 --out " +
+         out.string();
 }
 
 TEST(TuneCli, AnOfflinePlanFromAHipProfileEmitsAmdGpusAndIsDeterministic) {
@@ -53,6 +56,8 @@ TEST(TuneCli, AnOfflinePlanFromAHipProfileEmitsAmdGpusAndIsDeterministic) {
   const std::string values = read_file(a.path / "values.yaml");
   EXPECT_NE(values.find("amd.com/gpu"), std::string::npos) << values;
   EXPECT_EQ(values.find("nvidia.com/gpu"), std::string::npos) << values;
+  EXPECT_NE(values.find("engine:\n  weightDtype: bf16\n"), std::string::npos) << values;
+  EXPECT_NE(read_file(a.path / "up.sh").find("--weight-dtype bf16 --max-running"), std::string::npos);
   const nlohmann::json r = nlohmann::json::parse(read_file(a.path / "report.json"));
   EXPECT_EQ(r["schema"], "pdserve.tune/v1");
   EXPECT_GE(r["candidates"].size(), 20u);
@@ -79,6 +84,19 @@ TEST(TuneCli, RefusesWhatItCannotHonour) {
   testing::CommandOutput r = tune("plan " + offline_args("profile_hip_mi355x.json", "cuda", d.path));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("profile was recorded on hip"), std::string::npos) << r.out;
+  // ... or with other dtypes than the plan's.
+  for (const std::string& dtypes : {"--weight-dtype f32", "--weight-dtype bf16 --kv-dtype bf16"}) {
+    std::string args = offline_args("profile_hip_mi355x.json", "hip", d.path);
+    args.replace(args.find("--weight-dtype bf16"), 19, dtypes);
+    r = tune("plan " + args);
+    EXPECT_EQ(r.exit_code, 1) << dtypes;
+    EXPECT_NE(r.out.find("the profile was recorded with bf16 weights and an f32 KV cache"), std::string::npos) << r.out;
+  }
+  // bf16 on CPU workers, which compute and keep their KV cache in f32.
+  r = tune("--ranks 2 --input-len 64 --output-len 8 --slo-ttft-ms 100 --slo-tpot-ms 10 --kv-dtype bf16 --out " +
+           d.path.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("need GPU workers"), std::string::npos) << r.out;
   r = tune("--ranks 2 --input-len 64 --output-len 8 --slo-ttft-ms 100 --slo-tpot-ms 10 --workload trace:x.jsonl --out " +
            d.path.string());
   EXPECT_EQ(r.exit_code, 1);
