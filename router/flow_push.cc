@@ -7,7 +7,6 @@
 #include <future>
 #include <thread>
 
-#include "absl/cleanup/cleanup.h"
 #include "router/policy.h"
 #include "router/request_state.h"
 
@@ -35,13 +34,6 @@ Router::Attempt Router::run_push(Flow& f) {
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   const std::vector<int>& tokens = f.placement_tokens;
   const v1::SamplingParams sampling = f.placement_sampling();
-  // The prompt counts in the prefill worker's queue from now, not after the Reserve round trip,
-  // so that the requests of a burst placed meanwhile see it; off again when the prefill ends, or
-  // when this attempt ends before sending it.
-  const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), producer_load,
-                                                   prefill_terms ? &*prefill_terms : nullptr);
-  registry_.note_assigned(p, 0, queued);
-  auto prefill_queued = absl::MakeCleanup([&] { registry_.note_prefill_done(p, queued); });
   // Reserve on a decode worker; a full one is retried after a back-off.
   int d = -1;
   worker::ReserveResponse reserved;
@@ -93,6 +85,9 @@ Router::Attempt Router::run_push(Flow& f) {
   }
   const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   f.assign(clock_);
+  const int64_t queued =
+      dispatched_prefill_tokens(int(tokens.size()), producer_load, prefill_terms ? &*prefill_terms : nullptr);
+  registry_.note_assigned(p, 0, queued);
   const std::optional<worker::PrefixSource> source = prefix_source(f, p);
   predict_cached(f, p);
   predict_cached(f, d);
@@ -135,7 +130,7 @@ Router::Attempt Router::run_push(Flow& f) {
   // sealed; it is read only after the prefill reply, whose first token comes before its events.
   auto decode_stream = registry_.stub(d)->Generate(&dctx, dreq);
   prefill_done.get_future().wait();
-  std::move(prefill_queued).Invoke();
+  registry_.note_prefill_done(p, queued);
   if (prefill_status.ok()) {
     prefill_status = check_prefill(f, p, presp);
     if (!prefill_status.ok()) dctx.TryCancel();

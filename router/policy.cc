@@ -118,9 +118,9 @@ int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const
   double best_cost = 0;
   for (const WorkerLoad* w : room) {
     const double c = cost(*w);
-    if (!with_room || std::make_tuple(other(*w), c, w->running, w->waiting, w->last_chosen, w->index) <
+    if (!with_room || std::make_tuple(other(*w), c, w->running, w->waiting, w->last_paired, w->last_chosen, w->index) <
                           std::make_tuple(other(*with_room), best_cost, with_room->running, with_room->waiting,
-                                          with_room->last_chosen, with_room->index)) {
+                                          with_room->last_paired, with_room->last_chosen, with_room->index)) {
       with_room = w;
       best_cost = c;
     }
@@ -128,9 +128,9 @@ int pick_decode(const std::vector<WorkerLoad>& workers, int blocks_needed, const
   if (with_room) return with_room->index;
   const WorkerLoad* fallback = nullptr;
   for (const WorkerLoad* w : no_room) {
-    if (!fallback || std::make_tuple(other(*w), -w->free_blocks, w->running, w->last_chosen, w->index) <
+    if (!fallback || std::make_tuple(other(*w), -w->free_blocks, w->running, w->last_paired, w->last_chosen, w->index) <
                          std::make_tuple(other(*fallback), -fallback->free_blocks, fallback->running,
-                                         fallback->last_chosen, fallback->index))
+                                         fallback->last_paired, fallback->last_chosen, fallback->index))
       fallback = w;
   }
   return fallback ? fallback->index : -1;

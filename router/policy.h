@@ -26,11 +26,13 @@ struct WorkerLoad {
   std::string kv_compat;     // The deployment's KV-compatibility label (--kv-compat).
   int block_size = 0;        // Tokens per KV block.
   int cached_blocks = 0;     // Leading blocks of the request's prompt in its prefix cache (KvRouting).
-  // When placement last chose it, as a sequence number (0: never); for decode workers of a P/D
-  // placement, last chosen with the producer WorkerRegistry::loads was given. Equal loads go to
-  // the least recent, so idle workers take turns (a burst finishing faster than it arrives does
-  // not all land on the first one) and a producer's transfers go to each decode peer in turn.
+  // When placement last chose it, as a sequence number (0: never), and when it last chose it
+  // together with the prefill worker WorkerRegistry::loads was given (0: never, or no prefill
+  // worker given). Equal loads go to the least recently paired, then the least recently chosen:
+  // idle workers take turns (a burst whose prompts finish faster than they arrive does not all
+  // land on the first one), and each prefill worker hands its KV to each decode worker in turn.
   uint64_t last_chosen = 0;
+  uint64_t last_paired = 0;
 };
 
 // Cache-aware placement's terms (docs/router.md, "Placement"), in blocks. With them, placement
@@ -84,7 +86,8 @@ int pick_prefill(const std::vector<WorkerLoad>& workers, const std::vector<int>&
 // The decode (or aggregated) worker for a request needing `blocks_needed` KV blocks: among up
 // workers with that many free blocks, the one running the fewest sequences; when none has room
 // now, the one with the most free blocks whose cache could ever hold the request (its engine
-// queues it); equal ones go to the least recently chosen, then the lowest index. Skips
+// queues it). Ties among those with room: fewest waiting, then least recently paired, least
+// recently chosen, lowest index; among those without: fewest running, then the same. Skips
 // `exclude`; -1 when no worker could ever serve it.
 // With `paired_with` (the chosen prefill worker), only decode workers kv_pairable with it.
 // Worker `preferred` (-1 for none) goes first among those with room, and among those without.

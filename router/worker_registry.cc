@@ -180,11 +180,8 @@ std::vector<WorkerLoad> WorkerRegistry::loads(worker::Role role, int producer) c
     l.compat_hash = w.info.compat_hash();
     l.kv_compat = w.info.kv_compat();
     l.block_size = w.info.block_size();
-    if (producer < 0) {
-      l.last_chosen = w.last_chosen;
-    } else if (auto it = w.chosen_with.find(producer); it != w.chosen_with.end()) {
-      l.last_chosen = it->second;
-    }
+    l.last_chosen = w.last_chosen;
+    if (auto it = w.chosen_with.find(producer); producer >= 0 && it != w.chosen_with.end()) l.last_paired = it->second;
     out.push_back(l);
   }
   return out;
@@ -388,6 +385,8 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->ever_polled = false;
       w->info.Clear();
       w->notes = {};
+      w->last_chosen = 0;
+      w->chosen_with.clear();
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

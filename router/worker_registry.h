@@ -83,7 +83,7 @@ class WorkerRegistry {
   void set_listener(WorkerInfoListener* listener);
 
   // Placement view of the workers of `role`; WorkerLoad::index is the registry index. With a
-  // `producer` (a prefill worker's index), last_chosen is when each was chosen with it.
+  // `producer` (a prefill worker's index), last_paired is when each was chosen with it.
   std::vector<WorkerLoad> loads(worker::Role role, int producer = -1) const;
   // Whether any worker of `role` is configured.
   bool has_role(worker::Role role) const;

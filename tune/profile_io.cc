@@ -201,19 +201,22 @@ json profile_to_json(const Profile& p) {
   for (const auto& [tp, t] : p.by_tp) tps.push_back(tp_to_json(t));
   json kv = json::array();
   for (const KvPairProfile& k : p.kv) kv.push_back(kv_to_json(k));
-  return {{"schema", std::string(kProfileSchema)},
-          {"model", p.model},
-          {"model_sha256", p.model_sha256},
-          {"device", std::string(device_name(p.device))},
-          {"device_model", p.device_model},
-          {"dtype", p.dtype},
-          {"kv_dtype", p.kv_dtype},
-          {"pdserve_version", p.pdserve_version},
-          {"tp", tps},
-          {"kv", kv},
-          {"router_overhead_s", p.router_overhead_s},
-          {"pd_overhead_s", p.pd_overhead_s},
-          {"handoff_s", p.handoff_s}};
+  json j = {{"schema", std::string(kProfileSchema)},
+            {"model", p.model},
+            {"model_sha256", p.model_sha256},
+            {"device", std::string(device_name(p.device))},
+            {"device_model", p.device_model},
+            {"dtype", p.dtype},
+            {"pdserve_version", p.pdserve_version},
+            {"tp", tps},
+            {"kv", kv},
+            {"router_overhead_s", p.router_overhead_s},
+            {"pd_overhead_s", p.pd_overhead_s},
+            {"handoff_s", p.handoff_s}};
+  // Only when not f32: a reader from before the key reads an f32 profile as it always did, and
+  // refuses a bf16 one (an unknown key) rather than plan its KV capacity as f32's.
+  if (p.kv_dtype != "f32") j["kv_dtype"] = p.kv_dtype;
+  return j;
 }
 
 StatusOr<Profile> profile_from_json(const json& value) {

@@ -12,7 +12,9 @@
 //   request's last token.
 // - P/D: at placement the prefill worker is pick_prefill's (fewest queued prompt tokens) and the
 //   decode worker pick_decode's, whose KV for prompt + max_tokens is reserved then (a request no
-//   decode worker could ever hold is refused). A prefill engine computes prompts FCFS in steps
+//   decode worker could ever hold is refused). Ties go to the lowest index: the router's
+//   least-recently-chosen order only picks among engines whose loads are equal, which the
+//   timing does not tell apart. A prefill engine computes prompts FCFS in steps
 //   of at most max_batch_tokens tokens (long prompts in chunks, short ones sharing a step). The
 //   first token is the prefill's answer; the KV transfer (KvLaw) and Profile::handoff_s follow,
 //   then the sequence waits in the decode engine until it has a slot (max_running) and its

@@ -44,6 +44,11 @@ WorkerLoad chosen(WorkerLoad l, uint64_t last_chosen) {
   return l;
 }
 
+WorkerLoad paired(WorkerLoad l, uint64_t last_paired) {
+  l.last_paired = last_paired;
+  return l;
+}
+
 TEST(RouterPolicy, PickPrefillTable) {
   struct Case {
     const char* name;
@@ -78,7 +83,17 @@ TEST(RouterPolicy, PickDecodeTable) {
       {"fewest running with room", {load(0, true, 50, 4), load(1, true, 50, 2), load(2, true, 50, 3)}, 10, {}, 1},
       {"tie: least recently chosen", {chosen(load(0, true, 50, 2), 5), chosen(load(1, true, 50, 2), 4)}, 10, {}, 1},
       {"fewer running beats less recent", {chosen(load(0, true, 50, 1), 5), load(1, true, 50, 2)}, 10, {}, 0},
-      {"no room, tie: least recently chosen", {chosen(load(0, true, 5, 0), 2), chosen(load(1, true, 5, 0), 1)}, 10, {}, 1},
+      {"no room, tie: least recently chosen",
+       {chosen(load(0, true, 5, 0), 2), chosen(load(1, true, 5, 0), 1)},
+       10,
+       {},
+       1},
+      {"tie: least recently paired first",
+       {paired(chosen(load(0, true, 50, 2), 1), 8), paired(chosen(load(1, true, 50, 2), 9), 7)},
+       10,
+       {},
+       1},
+      {"tie: never paired first", {paired(load(0, true, 50, 2), 3), chosen(load(1, true, 50, 2), 9)}, 10, {}, 1},
       {"room beats fewer running", {load(0, true, 5, 0), load(1, true, 50, 9)}, 10, {}, 1},
       {"no room: most free", {load(0, true, 5, 0), load(1, true, 8, 9)}, 10, {}, 1},
       {"never fits: skipped", {load(0, true, 100, 0, 0, 8), load(1, true, 20, 3)}, 10, {}, 1},

@@ -147,8 +147,9 @@ TEST(WorkerRegistryLoad, IdleWorkersTakeTurnsAndEachProducerMeetsEveryDecodeWork
     reg.note_chosen(d, p);
     pairs.emplace_back(p, d);
   }
-  // Prefill 0 and 1 in turn; each meets decode 2, then decode 3, then decode 2 again.
-  EXPECT_EQ(pairs, (std::vector<std::pair<int, int>>{{0, 2}, {1, 2}, {0, 3}, {1, 3}, {0, 2}, {1, 2}, {0, 3}, {1, 3}}));
+  // Prefill 0 and 1 in turn, and decode 2 and 3 in turn; each prefill worker meets decode 2,
+  // then decode 3, then decode 2 again.
+  EXPECT_EQ(pairs, (std::vector<std::pair<int, int>>{{0, 2}, {1, 3}, {0, 3}, {1, 2}, {0, 2}, {1, 3}, {0, 3}, {1, 2}}));
 }
 
 TEST(WorkerRegistryExpiry, RegistrationIsChecked) {

@@ -237,13 +237,15 @@ TEST(ProfileIo, KeyNamesWhatWasMeasured) {
       "model=ab12 device=hip device_model=\"AMD Instinct MI355X\" dtype=bf16 kv_dtype=bf16 tp=1,2 pdserve=15cb056");
 }
 
-// kv_dtype came after the first profiles: one without it kept an f32 KV cache.
+// kv_dtype came after the first profiles: one without it kept an f32 KV cache, and an f32
+// profile is written without it (so readers from before the key still read it).
 TEST(ProfileIo, AProfileWithoutAKvDtypeKeptAnF32KvCache) {
   json j = profile_to_json(sample_profile());
   j.erase("kv_dtype");
   auto p = profile_from_json(j);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->kv_dtype, "f32");
+  EXPECT_FALSE(profile_to_json(*p).contains("kv_dtype"));
 }
 
 // The fixtures are SYNTHETIC (their "note" says so): shaped like an 8B bf16 model on the GPU,
