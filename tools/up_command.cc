@@ -19,11 +19,16 @@
 #include <string_view>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/tls.h"
 
 namespace pdserve::tools {
 namespace {
+
+// One line on stderr in one write: the router and the workers write to the same stderr, and a
+// line written in pieces comes out with theirs in between.
+void say(const std::string& text) { std::cerr << (text + "\n") << std::flush; }
 
 namespace fs = std::filesystem;
 using Steady = std::chrono::steady_clock;
@@ -141,7 +146,7 @@ void drain(Child& c) {
           c.ready_fields[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
       c.address = c.ready_fields["grpc"];
     } else {
-      std::cerr << "[" << c.name << "] " << line << "\n";
+      say(absl::StrCat("[", c.name, "] ", line));
     }
   }
 }
@@ -166,7 +171,7 @@ void stop_all(std::vector<std::unique_ptr<Child>>& children) {
   }
   for (auto& c : children)
     if (!reap(*c)) {
-      std::cerr << "up: " << c->name << " did not stop; killing it\n";
+      say(absl::StrCat("up: ", c->name, " did not stop; killing it"));
       kill(c->pid, SIGKILL);
       waitpid(c->pid, &c->status, 0);
       c->exited = true;
@@ -209,7 +214,7 @@ bool wait_ready(std::vector<Child*> wanted, const sigset_t& signals, Steady::tim
       if (!c->ready_line.empty()) continue;
       all = false;
       if (reap(*c)) {
-        std::cerr << "up: " << c->name << " " << describe_exit(*c) << " before it was ready\n";
+        say(absl::StrCat("up: ", c->name, " ", describe_exit(*c), " before it was ready"));
         return false;
       }
     }
@@ -337,7 +342,7 @@ int run_up(const UpFlags& f) {
     stop_all(children);
     return signalled ? 0 : 1;
   }
-  for (Child* c : workers) std::cerr << "up: " << c->ready_line.substr(6) << "\n";
+  for (Child* c : workers) say("up: " + c->ready_line.substr(6));
 
   std::vector<std::string> ra = {router_bin, "--model", f.model, "--host", f.host, "--port", std::to_string(f.port)};
   if (pd)
@@ -374,14 +379,14 @@ int run_up(const UpFlags& f) {
       drain(*c);
       if (!reap(*c)) continue;
       if (f.restart == "never") {
-        std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; stopping the others\n";
+        say(absl::StrCat("up: ", c->name, " ", describe_exit(*c), "; stopping the others"));
         stop_all(children);
         return 1;
       }
       const int quick = Steady::now() - c->started < kCrashWindow ? c->quick_restarts + 1 : 0;
       if (quick > kMaxQuickRestarts) {
-        std::cerr << "up: " << c->name << " " << describe_exit(*c) << " again (" << quick
-                  << " times in a row, each within " << kCrashWindow.count() << " s of starting); stopping the others\n";
+        say(absl::StrCat("up: ", c->name, " ", describe_exit(*c), " again (", quick, " times in a row, each within ",
+                         kCrashWindow.count(), " s of starting); stopping the others"));
         stop_all(children);
         return 1;
       }
@@ -396,8 +401,8 @@ int run_up(const UpFlags& f) {
           http != c->ready_fields.end() && std::find(argv.begin(), argv.end(), "--http-port") == argv.end()) {
         argv.insert(argv.end(), {"--http-port", http->second.substr(http->second.rfind(':') + 1)});
       }
-      std::cerr << "up: " << c->name << " " << describe_exit(*c) << "; restarting it"
-                << (c->address.empty() ? "" : " on " + c->address) << "\n";
+      say(absl::StrCat("up: ", c->name, " ", describe_exit(*c), "; restarting it",
+                       c->address.empty() ? "" : " on " + c->address));
       const std::string name = c->name, address = c->address;
       if (c->out >= 0) close(c->out);
       c = spawn(name, argv, signals);
