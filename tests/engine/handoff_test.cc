@@ -45,7 +45,9 @@ TEST(Handoff, PrefillOnlyThenPreloadedDecodeEqualsWholeRun) {
     const std::vector<int> whole = make_engine(tp)->generate(prompt, params)->token_ids;
 
     std::set<std::pair<int, int>> hooked;  // (rank, layer) seen with our request completed.
+    std::mutex mu;                         // The hook runs on every rank's thread at once.
     prefill->set_layer_hook([&](int rank, int layer, const std::vector<std::string>& done) {
+      std::lock_guard lock(mu);
       for (const std::string& id : done)
         if (id == "r") hooked.insert({rank, layer});
     });
