@@ -3,7 +3,7 @@
 #   scripts/sanitize.sh asan   ASan + UBSan: the unit tests of every component and the router
 #                              and worker integration tests (their worker processes sanitized too)
 #   scripts/sanitize.sh tsan   TSan: the concurrency that does not run inside gRPC — the engine
-#                              loop and its tiers' loader, the TP rank threads (barriers, all-reduce), the prefill/decode roles and KV ranks, admission, the parallel samples, the HTTP
+#                              loop and its tiers' loader, the TP rank threads (barriers, all-reduce, the layer hook), the prefill/decode roles and KV ranks, admission, the parallel samples, the HTTP
 #                              task queue, block release, kvtransfer sessions, KV events. (Suites built on
 #                              gRPC servers report races inside Debian's uninstrumented libgrpc
 #                              and Abseil; they need an instrumented gRPC first.)
@@ -47,7 +47,7 @@ case "$mode" in
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
            "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*:KvEventsFromTheEngine.*"
            "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*:FsKvTier.Evicts*:SpinBarrier.*:SharedMemoryCommunicator.*"
-           "tests/engine/engine_integration_tests|FsTier.*:*PublishedOutput.*")
+           "tests/engine/engine_integration_tests|FsTier.*:*PublishedOutput.*:Handoff.*")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
     ;;
   *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;
