@@ -107,8 +107,8 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
   if (c.cluster.device == tune::Device::kCpu && (f.weight_dtype != "f32" || f.kv_dtype != "f32"))
     return fail(
         "--weight-dtype and --kv-dtype bf16 need GPU workers: CPU workers compute and keep their KV cache in f32");
-  c.cluster.weight_dtype = f.weight_dtype;
-  c.cluster.kv_dtype = f.kv_dtype;
+  c.cluster.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
+  c.cluster.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
   c.cluster.work_dir = (fs::path(f.out) / "work").string();
   c.ranks = f.ranks;
   c.tps.clear();

@@ -49,16 +49,19 @@ Status check_plan(const DeployPlan& plan) {
                      : absl::StrFormat("a prefill/decode plan needs at least one worker of TP >= 1 on each side "
                                        "(got %d x TP%d prefill, %d x TP%d decode)",
                                        t.n_p, t.tp_p, t.n_d, t.tp_d));
-  if (plan.weight_dtype != "f32" && plan.weight_dtype != "bf16")
-    return absl::InvalidArgumentError(absl::StrCat("weight dtype must be f32 or bf16, not '", plan.weight_dtype, "'"));
+  for (const auto& [dtype, what] :
+       {std::pair{plan.weight_dtype, "weight dtype"}, std::pair{plan.kv_dtype, "KV dtype"}}) {
+    if (dtype != engine::DType::kF32 && dtype != engine::DType::kBF16)
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " must be f32 or bf16, not '", engine::dtype_name(dtype), "'"));
+  }
   // The workers pass --weight-dtype to GPU backends only: bf16 on CPU would be silently f32.
-  if (plan.device == Device::kCpu && plan.weight_dtype != "f32")
-    return absl::InvalidArgumentError(absl::StrCat("weight dtype ", plan.weight_dtype, " on device cpu: CPU workers compute in f32"));
-  if (plan.kv_dtype != "f32" && plan.kv_dtype != "bf16")
-    return absl::InvalidArgumentError(absl::StrCat("KV dtype must be f32 or bf16, not '", plan.kv_dtype, "'"));
-  if (plan.device == Device::kCpu && plan.kv_dtype != "f32")
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV dtype ", plan.kv_dtype, " on device cpu: CPU workers keep an f32 KV cache"));
+  if (plan.device == Device::kCpu && plan.weight_dtype != engine::DType::kF32)
+    return absl::InvalidArgumentError(absl::StrCat("weight dtype ", engine::dtype_name(plan.weight_dtype),
+                                                   " on device cpu: CPU workers compute in f32"));
+  if (plan.device == Device::kCpu && plan.kv_dtype != engine::DType::kF32)
+    return absl::InvalidArgumentError(absl::StrCat("KV dtype ", engine::dtype_name(plan.kv_dtype),
+                                                   " on device cpu: CPU workers keep an f32 KV cache"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_running, 1, "router max running"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_waiting, 0, "router max waiting"));
   PD_RETURN_IF_ERROR(check_at_least(plan.prefill_max_batch_tokens, 1, "prefill max batch tokens"));
@@ -130,9 +133,10 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   if (t.aggregated) absl::StrAppend(&out, "mode: aggregated\n");
   absl::StrAppend(&out, "accelerator:\n  vendor: ", acc.vendor, "\n  device: ", device_name(plan.device), "\n");
   absl::StrAppend(&out, "model:\n  name: ", yaml_string(plan.model_name), "\n");
-  absl::StrAppend(&out, "engine:\n  weightDtype: ", plan.weight_dtype, "\n");
+  absl::StrAppend(&out, "engine:\n  weightDtype: ", engine::dtype_name(plan.weight_dtype), "\n");
   // The chart's default is f32, and an f32 plan's values stay as they were.
-  if (plan.kv_dtype != "f32") absl::StrAppend(&out, "  kvDtype: ", plan.kv_dtype, "\n");
+  if (plan.kv_dtype != engine::DType::kF32)
+    absl::StrAppend(&out, "  kvDtype: ", engine::dtype_name(plan.kv_dtype), "\n");
   // An empty `router:` would be null, which deletes the block: written only with a key in it.
   if (!t.aggregated || plan.max_running || plan.max_waiting) absl::StrAppend(&out, "router:\n");
   // Mode aggregated runs the router with --kv-mode=aggregated and refuses any other kv mode.
@@ -193,8 +197,8 @@ StatusOr<std::string> up_script(const DeployPlan& plan, const std::string& pdser
   }
   absl::StrAppend(&out, " --device ", device_name(plan.device));
   // `pdserve up` passes --weight-dtype to GPU workers only (check_plan refused bf16 on cpu).
-  if (plan.device != Device::kCpu) absl::StrAppend(&out, " --weight-dtype ", plan.weight_dtype);
-  if (plan.kv_dtype != "f32") absl::StrAppend(&out, " --kv-dtype ", plan.kv_dtype);
+  if (plan.device != Device::kCpu) absl::StrAppend(&out, " --weight-dtype ", engine::dtype_name(plan.weight_dtype));
+  if (plan.kv_dtype != engine::DType::kF32) absl::StrAppend(&out, " --kv-dtype ", engine::dtype_name(plan.kv_dtype));
   if (plan.max_running) absl::StrAppend(&out, " --max-running ", *plan.max_running);
   if (plan.max_waiting) absl::StrAppend(&out, " --max-waiting ", *plan.max_waiting);
   absl::StrAppend(&out, " \"$@\"\n");

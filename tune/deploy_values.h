@@ -28,8 +28,8 @@ struct DeployPlan {
   Device device = Device::kCpu;
   std::string model_name;  // The chart's model.name: a directory inside the model volume.
   std::string model_path;  // `pdserve up --model`: a path or a registered name on this machine.
-  std::string weight_dtype = "f32";  // GPU GEMM weights (f32 | bf16); CPU computes in f32.
-  std::string kv_dtype = "f32";      // The KV cache's elements (f32 | bf16 on GPU workers).
+  engine::DType weight_dtype = engine::DType::kF32;  // GPU GEMM weights (f32 | bf16); CPU computes in f32.
+  engine::DType kv_dtype = engine::DType::kF32;      // The KV cache's elements (f32 | bf16 on GPU workers).
   // Router admission: requests out at the workers at once, and queued before refusing.
   std::optional<int> max_running, max_waiting;
   // Worker engine knobs.

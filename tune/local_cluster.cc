@@ -33,8 +33,8 @@ std::vector<std::string> up_arguments(const Topology& t, const ClusterOptions& o
                        t.mode == KvMode::kPush ? "push" : "pull", "--local-prefill-tokens", "0"});
   }
   // up passes --weight-dtype to GPU workers only, and refuses a bf16 KV cache with CPU workers.
-  if (o.device != Device::kCpu) a.insert(a.end(), {"--weight-dtype", o.weight_dtype});
-  if (o.kv_dtype != "f32") a.insert(a.end(), {"--kv-dtype", o.kv_dtype});
+  if (o.device != Device::kCpu) a.insert(a.end(), {"--weight-dtype", engine::dtype_name(o.weight_dtype)});
+  if (o.kv_dtype != engine::DType::kF32) a.insert(a.end(), {"--kv-dtype", engine::dtype_name(o.kv_dtype)});
   if (o.max_running > 0) a.insert(a.end(), {"--max-running", std::to_string(o.max_running)});
   if (o.max_waiting >= 0) a.insert(a.end(), {"--max-waiting", std::to_string(o.max_waiting)});
   return a;

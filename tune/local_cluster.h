@@ -20,8 +20,8 @@ struct ClusterOptions {
   Device device = Device::kCpu;
   // The workers' GEMM weights (f32 | bf16; GPU workers only) and KV cache elements (f32 | bf16;
   // GPU workers only), as `pdserve up --weight-dtype/--kv-dtype` take them.
-  std::string weight_dtype = "f32";
-  std::string kv_dtype = "f32";
+  engine::DType weight_dtype = engine::DType::kF32;
+  engine::DType kv_dtype = engine::DType::kF32;
   std::string work_dir;  // Logs and ready files go here.
   int max_running = 0;   // Router admission (0: up's default).
   int max_waiting = -1;  // (-1: up's default).

@@ -188,6 +188,12 @@ StatusOr<Device> parse_device(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("device must be cpu, cuda, hip or emulated, not '", name, "'"));
 }
 
+StatusOr<engine::DType> parse_dtype(absl::string_view name) {
+  for (engine::DType t : {engine::DType::kF32, engine::DType::kBF16})
+    if (engine::dtype_name(t) == name) return t;
+  return absl::InvalidArgumentError(absl::StrCat("must be f32 or bf16, not '", name, "'"));
+}
+
 absl::string_view kv_mode_name(KvMode mode) { return mode == KvMode::kPush ? "push" : "pull"; }
 
 StatusOr<KvMode> parse_kv_mode(absl::string_view name) {
@@ -206,7 +212,7 @@ json profile_to_json(const Profile& p) {
             {"model_sha256", p.model_sha256},
             {"device", std::string(device_name(p.device))},
             {"device_model", p.device_model},
-            {"dtype", p.dtype},
+            {"dtype", engine::dtype_name(p.dtype)},
             {"pdserve_version", p.pdserve_version},
             {"tp", tps},
             {"kv", kv},
@@ -215,7 +221,7 @@ json profile_to_json(const Profile& p) {
             {"handoff_s", p.handoff_s}};
   // Only when not f32: a reader from before the key reads an f32 profile as it always did, and
   // refuses a bf16 one (an unknown key) rather than plan its KV capacity as f32's.
-  if (p.kv_dtype != "f32") j["kv_dtype"] = p.kv_dtype;
+  if (p.kv_dtype != engine::DType::kF32) j["kv_dtype"] = engine::dtype_name(p.kv_dtype);
   return j;
 }
 
@@ -239,13 +245,16 @@ StatusOr<Profile> profile_from_json(const json& value) {
   if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("device: ", parsed.status().message()));
   p.device = *parsed;
   PD_ASSIGN_OR_RETURN(p.device_model, r.string("device_model"));
-  PD_ASSIGN_OR_RETURN(p.dtype, r.string("dtype"));
+  auto read_dtype = [&r](const char* key, engine::DType* out) -> Status {
+    PD_ASSIGN_OR_RETURN(const std::string name, r.string(key));
+    StatusOr<engine::DType> dtype = parse_dtype(name);
+    if (!dtype.ok()) return absl::InvalidArgumentError(absl::StrCat(key, " ", dtype.status().message()));
+    *out = *dtype;
+    return absl::OkStatus();
+  };
+  PD_RETURN_IF_ERROR(read_dtype("dtype", &p.dtype));
   // Profiles recorded before the key existed kept an f32 KV cache.
-  if (value.contains("kv_dtype")) {
-    PD_ASSIGN_OR_RETURN(p.kv_dtype, r.string("kv_dtype"));
-  }
-  if (p.kv_dtype != "f32" && p.kv_dtype != "bf16")
-    return absl::InvalidArgumentError(absl::StrCat("kv_dtype must be f32 or bf16, not '", p.kv_dtype, "'"));
+  if (value.contains("kv_dtype")) PD_RETURN_IF_ERROR(read_dtype("kv_dtype", &p.kv_dtype));
   PD_ASSIGN_OR_RETURN(p.pdserve_version, r.string("pdserve_version"));
   PD_ASSIGN_OR_RETURN(const json* tps, r.array("tp"));
   for (size_t i = 0; i < tps->size(); ++i) {
@@ -298,8 +307,8 @@ std::string profile_key(const Profile& p) {
   std::vector<int> tps;
   for (const auto& [tp, unused] : p.by_tp) tps.push_back(tp);
   return absl::StrCat("model=", p.model_sha256, " device=", device_name(p.device), " device_model=\"", p.device_model,
-                      "\" dtype=", p.dtype, " kv_dtype=", p.kv_dtype, " tp=", absl::StrJoin(tps, ","),
-                      " pdserve=", p.pdserve_version);
+                      "\" dtype=", engine::dtype_name(p.dtype), " kv_dtype=", engine::dtype_name(p.kv_dtype),
+                      " tp=", absl::StrJoin(tps, ","), " pdserve=", p.pdserve_version);
 }
 
 }  // namespace pdserve::tune

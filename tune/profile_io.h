@@ -3,7 +3,7 @@
 // (`pdserve tune --import-profile`). Reading is strict — an unknown device or kv mode, a missing
 // key, an unknown key or a negative capacity is an InvalidArgument naming the key — because a
 // silently defaulted coefficient would skew every plan made from the file without a trace.
-// Also the spellings of Device and KvMode shared by the CLI, the report and the deploy outputs.
+// Also the spellings of Device, DType and KvMode shared by the CLI, the report and the deploy outputs.
 #pragma once
 
 #include <string>
@@ -20,6 +20,9 @@ inline constexpr absl::string_view kProfileSchema = "pdserve.tune.profile/v1";
 // "cpu" | "cuda" | "hip" | "emulated": the workers' --device spelling.
 absl::string_view device_name(Device device);
 StatusOr<Device> parse_device(absl::string_view name);
+// "f32" | "bf16" (engine::dtype_name): the --weight-dtype and --kv-dtype spelling; the tuner
+// profiles and plans no other element type.
+StatusOr<engine::DType> parse_dtype(absl::string_view name);
 // "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
 absl::string_view kv_mode_name(KvMode mode);
 StatusOr<KvMode> parse_kv_mode(absl::string_view name);

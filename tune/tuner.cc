@@ -152,9 +152,10 @@ int stage_plan(const TuneConfig& c) {
     return kTuneUsage;
   }
   if (profile->dtype != c.cluster.weight_dtype || profile->kv_dtype != c.cluster.kv_dtype) {
-    std::cerr << "error: plan: the profile was recorded with " << profile->dtype << " weights and an "
-              << profile->kv_dtype << " KV cache, not --weight-dtype " << c.cluster.weight_dtype << " --kv-dtype "
-              << c.cluster.kv_dtype << "\n";
+    std::cerr << "error: plan: the profile was recorded with " << engine::dtype_name(profile->dtype)
+              << " weights and an " << engine::dtype_name(profile->kv_dtype) << " KV cache, not --weight-dtype "
+              << engine::dtype_name(c.cluster.weight_dtype) << " --kv-dtype " << engine::dtype_name(c.cluster.kv_dtype)
+              << "\n";
     return kTuneUsage;
   }
   SearchSpace space;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/dtype.h"
+
 namespace pdserve::tune {
 
 // Prefill step time (seconds) of one engine step carrying `tokens` prompt tokens in total
@@ -80,8 +82,8 @@ struct Profile {
   std::string model_sha256;  // Of the model's weights file(s).
   Device device = Device::kCpu;
   std::string device_model;  // CPU model name or GPU name.
-  std::string dtype = "f32";     // The GEMM weights' (f32 | bf16).
-  std::string kv_dtype = "f32";  // The KV cache's elements (f32 | bf16).
+  engine::DType dtype = engine::DType::kF32;     // The GEMM weights' (f32 | bf16).
+  engine::DType kv_dtype = engine::DType::kF32;  // The KV cache's elements (f32 | bf16).
   std::string pdserve_version;
   std::map<int, TpProfile> by_tp;
   std::vector<KvPairProfile> kv;

@@ -27,7 +27,7 @@ std::vector<Case> cases() {
   DeployPlan hip;
   hip.topology = {.aggregated = false, .n_p = 3, .tp_p = 2, .n_d = 1, .tp_d = 4, .mode = KvMode::kPull};
   hip.device = Device::kHip;
-  hip.weight_dtype = "bf16";
+  hip.weight_dtype = pdserve::engine::DType::kBF16;
   hip.model_name = "llama-3.1-8b-instruct";
   hip.max_running = 192;
   hip.max_waiting = 12;
@@ -37,7 +37,7 @@ std::vector<Case> cases() {
   hip.provenance_tool = "tune_deploy_values_emit";
   DeployPlan cuda = hip;
   cuda.device = Device::kCuda;
-  cuda.kv_dtype = "bf16";  // The other plans keep the chart's default, f32.
+  cuda.kv_dtype = pdserve::engine::DType::kBF16;  // The other plans keep the chart's default, f32.
   cuda.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 2, .mode = KvMode::kPush};
   DeployPlan cpu;
   cpu.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 1, .mode = KvMode::kPush};
@@ -97,12 +97,13 @@ int main(int argc, char** argv) {
     const nlohmann::json plan = {
         {"preset", c.preset},
         {"device", std::string(pdserve::tune::device_name(c.plan.device))},
-        {"weightDtype", c.plan.weight_dtype},
-        {"kvDtype", c.plan.kv_dtype},
+        {"weightDtype", pdserve::engine::dtype_name(c.plan.weight_dtype)},
+        {"kvDtype", pdserve::engine::dtype_name(c.plan.kv_dtype)},
         {"model", c.plan.model_name},
         {"kvMode", t.aggregated ? std::string("aggregated") : std::string(pdserve::tune::kv_mode_name(t.mode))},
         {"workers", workers},
-        {"router", {{"maxRunning", optional_json(c.plan.max_running)}, {"maxWaiting", optional_json(c.plan.max_waiting)}}}};
+        {"router",
+         {{"maxRunning", optional_json(c.plan.max_running)}, {"maxWaiting", optional_json(c.plan.max_waiting)}}}};
     std::ofstream(dir + "/" + c.name + ".values.yaml") << *values;
     std::ofstream(dir + "/" + c.name + ".plan.json") << plan.dump(2) << "\n";
   }

@@ -33,7 +33,7 @@ DeployPlan cpu_pd_plan() {
 DeployPlan gpu_plan(Device device) {
   DeployPlan plan = cpu_pd_plan();
   plan.device = device;
-  plan.weight_dtype = "bf16";
+  plan.weight_dtype = engine::DType::kBF16;
   plan.topology = {.aggregated = false, .n_p = 2, .tp_p = 4, .n_d = 1, .tp_d = 4, .mode = KvMode::kPush};
   plan.model_name = "llama-3.1-8b-instruct";
   plan.prefill_max_batch_tokens = 8192;
@@ -237,7 +237,7 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
   EXPECT_FALSE(has(*up, "--kv-dtype")) << *up;
   EXPECT_FALSE(has(*values_yaml(hip), "kvDtype")) << "an f32 KV cache is the chart's default";
   // A bf16 KV cache: the chart's engine.kvDtype, and up's --kv-dtype.
-  hip.kv_dtype = "bf16";
+  hip.kv_dtype = engine::DType::kBF16;
   auto values = values_yaml(hip);
   ASSERT_TRUE(values.ok()) << values.status();
   EXPECT_TRUE(has(*values, "engine:\n  weightDtype: bf16\n  kvDtype: bf16\n")) << *values;
@@ -298,10 +298,11 @@ TEST(DeployValues, RefusesPlansNoTargetCanRun) {
       {"zero decode TP", [](DeployPlan& p) { p.topology.tp_d = 0; }, "at least one worker of TP >= 1 on each side"},
       {"aggregated without workers", [](DeployPlan& p) { p.topology = {.aggregated = true, .n_d = 0}; },
        "an aggregated plan needs at least one worker"},
-      {"unknown dtype", [](DeployPlan& p) { p.weight_dtype = "fp8"; }, "weight dtype must be f32 or bf16, not 'fp8'"},
-      {"bf16 on cpu", [](DeployPlan& p) { p.weight_dtype = "bf16"; }, "weight dtype bf16 on device cpu"},
-      {"unknown KV dtype", [](DeployPlan& p) { p.kv_dtype = "f16"; }, "KV dtype must be f32 or bf16, not 'f16'"},
-      {"bf16 KV on cpu", [](DeployPlan& p) { p.kv_dtype = "bf16"; }, "KV dtype bf16 on device cpu"},
+      {"f16 weights", [](DeployPlan& p) { p.weight_dtype = engine::DType::kF16; },
+       "weight dtype must be f32 or bf16, not 'f16'"},
+      {"bf16 on cpu", [](DeployPlan& p) { p.weight_dtype = engine::DType::kBF16; }, "weight dtype bf16 on device cpu"},
+      {"f16 KV", [](DeployPlan& p) { p.kv_dtype = engine::DType::kF16; }, "KV dtype must be f32 or bf16, not 'f16'"},
+      {"bf16 KV on cpu", [](DeployPlan& p) { p.kv_dtype = engine::DType::kBF16; }, "KV dtype bf16 on device cpu"},
       {"zero router max running", [](DeployPlan& p) { p.max_running = 0; }, "router max running must be at least 1"},
       {"negative router max waiting", [](DeployPlan& p) { p.max_waiting = -1; },
        "router max waiting must be at least 0"},

@@ -25,8 +25,8 @@ Profile sample_profile() {
   p.model_sha256 = "ab12";
   p.device = Device::kHip;
   p.device_model = "AMD Instinct MI355X";
-  p.dtype = "bf16";
-  p.kv_dtype = "bf16";
+  p.dtype = engine::DType::kBF16;
+  p.kv_dtype = engine::DType::kBF16;
   p.pdserve_version = "15cb056";
   TpProfile t1;
   t1.tp = 1;
@@ -210,6 +210,7 @@ TEST(ProfileIo, RefusesABadFileNamingTheKey) {
       {"not an object", [](json& j) { j["tp"][0]["decode"] = 3; }, "tp[0].decode must be an object"},
       {"note not text", [](json& j) { j["note"] = 1; }, "note must be a string"},
       {"unknown kv dtype", [](json& j) { j["kv_dtype"] = "fp8"; }, "kv_dtype must be f32 or bf16, not 'fp8'"},
+      {"unknown weight dtype", [](json& j) { j["dtype"] = "f16"; }, "dtype must be f32 or bf16, not 'f16'"},
   };
   for (const Case& c : cases) {
     json j = profile_to_json(sample_profile());
@@ -244,7 +245,7 @@ TEST(ProfileIo, AProfileWithoutAKvDtypeKeptAnF32KvCache) {
   j.erase("kv_dtype");
   auto p = profile_from_json(j);
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->kv_dtype, "f32");
+  EXPECT_EQ(p->kv_dtype, engine::DType::kF32);
   EXPECT_FALSE(profile_to_json(*p).contains("kv_dtype"));
 }
 
@@ -265,7 +266,7 @@ TEST(ProfileIo, SyntheticFixtureProfilesLoad) {
     EXPECT_NE(read_file(path).find("\"note\": \"SYNTHETIC: not measured."), std::string::npos);
     EXPECT_EQ(p->device, f.device);
     EXPECT_EQ(p->device_model, f.device_model);
-    EXPECT_EQ(p->dtype, "bf16");
+    EXPECT_EQ(p->dtype, engine::DType::kBF16);
     std::vector<int> tps;
     for (const auto& [tp, unused] : p->by_tp) tps.push_back(tp);
     EXPECT_EQ(tps, (std::vector<int>{1, 2, 4, 8}));

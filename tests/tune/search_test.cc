@@ -227,8 +227,8 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
   o.pdserve = "/bin/pdserve";
   o.model = "stories260K";
   o.device = Device::kHip;
-  o.weight_dtype = "bf16";
-  o.kv_dtype = "bf16";
+  o.weight_dtype = engine::DType::kBF16;
+  o.kv_dtype = engine::DType::kBF16;
   o.max_running = 96;
   Topology t;
   t.n_p = 2;
@@ -250,7 +250,7 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
       "--max-running 96 ");
   // On CPU workers neither: up passes no weight dtype to them, and they keep an f32 KV cache.
   o.device = Device::kCpu;
-  o.weight_dtype = o.kv_dtype = "f32";
+  o.weight_dtype = o.kv_dtype = engine::DType::kF32;
   const std::vector<std::string> cpu = up_arguments(t, o);
   EXPECT_EQ(std::count(cpu.begin(), cpu.end(), "--weight-dtype") + std::count(cpu.begin(), cpu.end(), "--kv-dtype"), 0);
   StatusOr<ClusterEndpoints> e = parse_ready_file(R"({"router": {"grpc": "127.0.0.1:9", "http": "127.0.0.1:10"},
