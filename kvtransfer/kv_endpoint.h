@@ -369,6 +369,17 @@ class KvRankEndpoint {
   void wait_for_dials(const std::string& id, Request& request, const Fan& fan);
   // A dial ended (kDialed): each waiting leg is bound and started, or its request fails.
   void on_dialed(const ControlEvent& event);
+  // Starts a registered request's legs: fails it with the fan's unreachable peer, or queues the
+  // dialing legs and opens the connected ones; returns the first error (the request failed with it).
+  Status start_legs(const std::string& id, Request& request, const Fan& fan);
+  // Opens leg `r` to a connected `remote` as the request's role does (open_pull_leg,
+  // open_push_leg then a seal deferred to its last dial, or a push consumer's binding).
+  Status open_leg(const std::string& id, Request& request, int r, Remote& remote);
+  // `status` from leg `r` as the request's failure: naming the request, the peer (`what`: its
+  // side) and its rank. Drops payloads: the caller marks a peer fault again.
+  static Status leg_status(const std::string& id, const char* what, int r, const Status& status);
+  // The other side's name in errors: "consumer" on a producer rank, else "producer".
+  const char* peer_side_name() const { return options_.side == SessionSide::kProducer ? "consumer" : "producer"; }
   // Push producer: binds leg `c` to `remote` and plans it; posts the layers already ready.
   Status open_push_leg(const std::string& id, Request& request, int c, Leg& leg, Remote& remote);
   Status post_layer(const std::string& id, Request& request, int c, Leg& leg, int layer);

@@ -161,7 +161,7 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
     for (const proto::Envelope& abort : dial.aborts) (void)control_->send(event.peer, abort);
   }
   const bool producer = options_.side == SessionSide::kProducer;
-  const char* what = producer ? "consumer" : "producer";
+  const char* what = peer_side_name();
   for (const auto& [id, r] : dial.waiters) {
     auto it = requests_.find(id);
     if (it == requests_.end()) continue;
@@ -188,22 +188,9 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
     // A pull consumer's are in the producer's arena request.region; a push producer's in the
     // consumer's KV arena (request.region stays kDevice).
     if (status.ok() && remote_blocks) status = check_remote_blocks(**remote, request.region, *remote_blocks, what);
-    if (status.ok()) {
-      switch (role) {
-        case TransferRole::kPullProducer:
-        case TransferRole::kPullConsumer: status = open_pull_leg(id, request, r, leg, **remote); break;
-        case TransferRole::kPushProducer:
-          status = open_push_leg(id, request, r, leg, **remote);
-          if (status.ok() && request.dials_pending == 0 && request.deferred_seal) {
-            status = seal_now(id, request, *request.deferred_seal);
-          }
-          break;
-        case TransferRole::kPushConsumer: leg.remote = (*remote)->address; break;
-      }
-    }
+    if (status.ok()) status = open_leg(id, request, r, **remote);
     if (!status.ok() && request.session->active()) {
-      Status why = absl::Status(status.code(), absl::StrCat("request ", id, ": ", what, " rank ", r, ": ",
-                                                            std::string(status.message())));
+      Status why = leg_status(id, what, r, status);
       if (!reached) {
         why = unreachable_peer(std::move(why));
         // Nothing of ours reached that peer, and it did not reach us: that leg is quiet.
@@ -214,6 +201,44 @@ void KvRankEndpoint::on_dialed(const ControlEvent& event) {
       fail(request, why);
     }
   }
+}
+
+Status KvRankEndpoint::open_leg(const std::string& id, Request& request, int r, Remote& remote) {
+  Leg& leg = request.legs.at(r);
+  switch (request.session->role()) {
+    case TransferRole::kPullProducer:
+    case TransferRole::kPullConsumer: return open_pull_leg(id, request, r, leg, remote);
+    case TransferRole::kPushProducer:
+      PD_RETURN_IF_ERROR(open_push_leg(id, request, r, leg, remote));
+      // seal() ran while legs were dialing: it goes out once the last of them is open.
+      if (request.dials_pending == 0 && request.deferred_seal) return seal_now(id, request, *request.deferred_seal);
+      return absl::OkStatus();
+    case TransferRole::kPushConsumer: leg.remote = remote.address; return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+Status KvRankEndpoint::start_legs(const std::string& id, Request& request, const Fan& fan) {
+  if (!fan.unreachable.ok()) {
+    fail(request, fan.unreachable);
+    return fan.unreachable;
+  }
+  wait_for_dials(id, request, fan);
+  for (const auto& [r, remote] : fan.remotes) {
+    const Status status = open_leg(id, request, r, *remote);
+    if (!status.ok()) {
+      Status why = leg_status(id, peer_side_name(), r, status);
+      if (is_peer_fault(status)) why = peer_fault(std::move(why));
+      fail(request, why);
+      return why;
+    }
+  }
+  return absl::OkStatus();
+}
+
+Status KvRankEndpoint::leg_status(const std::string& id, const char* what, int r, const Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat("request ", id, ": ", what, " rank ", r, ": ", std::string(status.message())));
 }
 
 Status KvRankEndpoint::ensure_transport(Remote& remote) {

@@ -64,22 +64,7 @@ Status KvRankEndpoint::pull(const PullRequest& in) {
   request.consumer_blocks = in.consumer_blocks;
   request.skip_blocks = in.skip_blocks;
   request.region = in.region;
-  if (!fan->unreachable.ok()) {
-    fail(request, fan->unreachable);
-    return fan->unreachable;
-  }
-  wait_for_dials(in.request_id, request, *fan);
-  for (auto& [p, remote] : fan->remotes) {
-    const Status status = open_pull_leg(in.request_id, request, p, request.legs.at(p), *remote);
-    if (!status.ok()) {
-      Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id, ": producer rank ", p, ": ",
-                                                            std::string(status.message())));
-      if (is_peer_fault(status)) why = peer_fault(std::move(why));
-      fail(request, why);
-      return why;
-    }
-  }
-  return absl::OkStatus();
+  return start_legs(in.request_id, request, *fan);
 }
 
 Status KvRankEndpoint::open_pull_leg(const std::string& id, Request& request, int p, Leg& leg, Remote& remote) {

@@ -42,22 +42,7 @@ Status KvRankEndpoint::begin_push(const PushRequest& in) {
   request.consumer_blocks = in.consumer_blocks;
   request.skip_blocks = in.skip_blocks;
   request.layers_posted.assign(layout_.num_layers(), false);
-  if (!fan->unreachable.ok()) {
-    fail(request, fan->unreachable);
-    return fan->unreachable;
-  }
-  wait_for_dials(in.request_id, request, *fan);
-  for (auto& [c, remote] : fan->remotes) {
-    const Status status = open_push_leg(in.request_id, request, c, request.legs.at(c), *remote);
-    if (!status.ok()) {
-      Status why = absl::Status(status.code(), absl::StrCat("request ", in.request_id, ": consumer rank ", c, ": ",
-                                                            std::string(status.message())));
-      if (is_peer_fault(status)) why = peer_fault(std::move(why));
-      fail(request, why);
-      return why;
-    }
-  }
-  return absl::OkStatus();
+  return start_legs(in.request_id, request, *fan);
 }
 
 Status KvRankEndpoint::open_push_leg(const std::string& id, Request& request, int c, Leg& leg, Remote& remote) {
