@@ -8,21 +8,15 @@
 
 namespace pdserve::router {
 Router::Attempt Router::run_pull(Flow& f) {
-  std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
-  const std::optional<CacheTerms> prefill_terms = cache_terms(f, prefill_loads);
-  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
-                             prefill_terms ? &*prefill_terms : nullptr);
-  if (p < 0) return no_pair(f, prefill_loads);
-  registry_.note_chosen(p);
-  const WorkerLoad producer_load = load_of(prefill_loads, p);
+  const PrefillChoice prefill = choose_prefill(f);
+  if (prefill.index < 0) return no_pair(f, prefill.loads);
+  const int p = prefill.index;
   f.assign(clock_);
   worker::PrefillRequest preq;
   f.fill(preq);
   preq.set_kv_mode(std::string(kv_mode_name(options_.kv_mode)));  // pull or pull-host.
   if (auto source = prefix_source(f, p)) *preq.mutable_prefix_source() = *source;
-  const int64_t queued =
-      dispatched_prefill_tokens(preq.prompt_size(), producer_load, prefill_terms ? &*prefill_terms : nullptr);
+  const int64_t queued = dispatched_prefill_tokens(preq.prompt_size(), prefill.load, prefill.terms_or_null());
   registry_.note_assigned(p, 0, queued);
   predict_cached(f, p);
   f.act->begin_attempt({p}, clock_.now());
@@ -69,7 +63,7 @@ Router::Attempt Router::run_pull(Flow& f) {
   }
   std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
   const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
-  const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
+  const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &prefill.load,
                             preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});

@@ -23,14 +23,9 @@ constexpr auto kReserveBackoffMax = std::chrono::milliseconds(50);
 Router::Attempt Router::run_push(Flow& f) {
   // The prefill worker is chosen first: the decode side binds the transfer to its producer
   // group (TP and endpoints) at Reserve time, before any write can arrive.
-  std::vector<WorkerLoad> prefill_loads = registry_.loads(worker::ROLE_PREFILL);
-  const std::optional<CacheTerms> prefill_terms = cache_terms(f, prefill_loads);
-  const int p = pick_prefill(prefill_loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE),
-                             f.blocks_per_worker, f.exclude_decode, preferred(f, prefill_loads, true),
-                             prefill_terms ? &*prefill_terms : nullptr);
-  if (p < 0) return no_pair(f, prefill_loads);
-  registry_.note_chosen(p);
-  const WorkerLoad producer_load = load_of(prefill_loads, p);
+  const PrefillChoice prefill = choose_prefill(f);
+  if (prefill.index < 0) return no_pair(f, prefill.loads);
+  const int p = prefill.index;
   const std::optional<worker::WorkerInfo> producer = registry_.info(p);
   const std::vector<int>& tokens = f.placement_tokens;
   const v1::SamplingParams sampling = f.placement_sampling();
@@ -42,7 +37,7 @@ Router::Attempt Router::run_push(Flow& f) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
     std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
     const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
-    d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &producer_load,
+    d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &prefill.load,
                     preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
     if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
     registry_.note_chosen(d, p);
@@ -85,8 +80,7 @@ Router::Attempt Router::run_push(Flow& f) {
   }
   const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   f.assign(clock_);
-  const int64_t queued =
-      dispatched_prefill_tokens(int(tokens.size()), producer_load, prefill_terms ? &*prefill_terms : nullptr);
+  const int64_t queued = dispatched_prefill_tokens(int(tokens.size()), prefill.load, prefill.terms_or_null());
   registry_.note_assigned(p, 0, queued);
   const std::optional<worker::PrefixSource> source = prefix_source(f, p);
   predict_cached(f, p);

@@ -92,6 +92,18 @@ int Router::preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool 
                   [this](int i) -> const std::string& { return registry_.address(i); });
 }
 
+Router::PrefillChoice Router::choose_prefill(const Flow& f) {
+  PrefillChoice c;
+  c.loads = registry_.loads(worker::ROLE_PREFILL);
+  c.terms = cache_terms(f, c.loads);
+  c.index = pick_prefill(c.loads, f.exclude_prefill, registry_.loads(worker::ROLE_DECODE), f.blocks_per_worker,
+                         f.exclude_decode, preferred(f, c.loads, true), c.terms_or_null());
+  if (c.index < 0) return c;
+  registry_.note_chosen(c.index);
+  c.load = load_of(c.loads, c.index);
+  return c;
+}
+
 std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const {
   if (!kv_ || options_.placement != Placement::kCache || !f.prompt_keys) return std::nullopt;
   std::vector<std::string> addresses;

@@ -145,6 +145,16 @@ class Router {
   // A P/D placement on prefill worker `p` and decode worker `d` that streamed to its end: both
   // served it, and its timings are kept.
   Attempt pd_served(Flow& f, int p, int d, const worker::PrefillResponse& prefill);
+  // A P/D placement's prefill worker: chosen by load (and cache, with cache placement) among the
+  // prefill workers and noted (WorkerRegistry::note_chosen); index -1: none.
+  struct PrefillChoice {
+    int index = -1;
+    std::vector<WorkerLoad> loads;    // The prefill workers', cached_blocks set by cache_terms.
+    std::optional<CacheTerms> terms;  // cache_terms' (nullopt: placement by load).
+    WorkerLoad load;                  // The chosen one's.
+    const CacheTerms* terms_or_null() const { return terms ? &*terms : nullptr; }
+  };
+  PrefillChoice choose_prefill(const Flow& f);
   // Why no prefill worker was chosen for a P/D request: none up or none with room (waited
   // for), or up workers that may not pair (a configuration error: no wait).
   Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;
