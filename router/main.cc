@@ -264,8 +264,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--stall-timeout-s", f.stall_timeout_s,
-                 "A streaming request is migrated when no token came for this long (or 50 x its mean inter-token "
-                 "time, if longer)")
+                 "A streaming request is migrated when no token came for this long (or, if longer, 50 x its mean "
+                 "inter-token time or 50 x its worker's step time)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--api-key", f.api_keys,

@@ -63,6 +63,13 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
   w.ever_polled = true;
   if (s.ok()) {
     w.up = true;
+    // Steps since the last poll (the first: since the engine started; none when a restart at
+    // a static address began its counts again).
+    if (info.steps_total() > w.info.steps_total() && info.step_seconds_total() >= w.info.step_seconds_total()) {
+      const double seconds = info.step_seconds_total() - w.info.step_seconds_total();
+      w.step_time = std::chrono::duration_cast<Duration>(
+          std::chrono::duration<double>(seconds / double(info.steps_total() - w.info.steps_total())));
+    }
     w.info = info;
     // What was sent or ended after the poll went out is not in its Info: kept.
     w.notes.forget(sent);
@@ -237,6 +244,11 @@ bool WorkerRegistry::is_failed(int index) const {
   return !w.up && !w.leaving;
 }
 
+Duration WorkerRegistry::step_time(int index) const {
+  std::lock_guard lock(mu_);
+  return workers_[index]->step_time;
+}
+
 bool WorkerRegistry::is_up(int index) const {
   std::lock_guard lock(mu_);
   const Worker& w = *workers_[index];
@@ -387,6 +399,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->notes = {};
       w->last_chosen = 0;
       w->chosen_with.clear();
+      w->step_time = Duration{0};
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

@@ -96,6 +96,9 @@ class WorkerRegistry {
   // Whether worker `index` failed: marked down, or dropped for missing heartbeats. A worker that
   // deregistered (it is draining) is not up, but has not failed: what it serves goes on.
   bool is_failed(int index) const;
+  // Worker `index`'s mean engine step over the latest poll interval in which it ran steps
+  // (WorkerInfo.steps_total, step_seconds_total); 0 until a poll saw steps.
+  Duration step_time(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that placement chose `index` (with prefill worker `producer`, -1 for none), for
@@ -168,6 +171,7 @@ class WorkerRegistry {
     LoadNotes notes;
     uint64_t last_chosen = 0;             // note_chosen's sequence number; 0: never.
     std::map<int, uint64_t> chosen_with;  // The same, per producer index.
+    Duration step_time{0};                // See step_time().
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };

@@ -68,6 +68,11 @@ class FakeWorker final : public worker::Worker::Service {
   // the first one when the router streamed it).
   std::atomic<int> die_after{-1};
   std::atomic<int> stall_after{-1};
+  // Generate waits `pause` (a slow engine step) before its token number `pause_after`.
+  std::atomic<int> pause_after{-1};
+  std::chrono::milliseconds pause{0};
+  // Each Info reports 10 more engine steps of this long each (0: no steps).
+  std::chrono::milliseconds reported_step{0};
   std::atomic<bool> generate_started{false};
   std::atomic<bool> prefill_done{false};
   FakeWorker* peer_decode = nullptr;  // Prefill (push): waits until this decode stream is open.
@@ -125,6 +130,11 @@ class FakeWorker final : public worker::Worker::Service {
     r->set_free_blocks(100);
     r->set_block_size(16);
     r->set_kv_endpoint("endpoint");
+    if (reported_step.count() > 0) {
+      const uint64_t steps = 10 * ++info_calls_;
+      r->set_steps_total(steps);
+      r->set_step_seconds_total(double(steps) * std::chrono::duration<double>(reported_step).count());
+    }
     return grpc::Status::OK;
   }
   grpc::Status Reserve(grpc::ServerContext* ctx, const worker::ReserveRequest* req, worker::ReserveResponse* r) override {
@@ -202,6 +212,10 @@ class FakeWorker final : public worker::Worker::Service {
     };
     for (size_t i = start; i + 1 < tokens.size(); ++i) {
       if (int(i - start) == die_after) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "decode worker died");
+      if (int(i - start) == pause_after) {
+        const auto until = std::chrono::steady_clock::now() + pause;
+        while (!ctx->IsCancelled() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(2ms);
+      }
       if (int(i - start) == stall_after) {
         while (!ctx->IsCancelled()) std::this_thread::sleep_for(2ms);
         return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -247,6 +261,7 @@ class FakeWorker final : public worker::Worker::Service {
   std::vector<std::string> calls_;
   worker::WorkerGenerateRequest last_generate_;
   worker::PrefillRequest last_prefill_;
+  std::atomic<uint64_t> info_calls_{0};
 };
 
 ServedModel stories_model() {
@@ -1121,6 +1136,31 @@ TEST_F(RouterFlow, AStalledStreamIsMigrated) {
   EXPECT_EQ(r.responses.back().migrations(), 1);
   EXPECT_EQ(b.last_generate().resumed_tokens(), 1);
   EXPECT_FALSE(registry_->is_up(registry_index(a.address)));
+}
+
+// A slow engine is not a stalled one: a worker whose Info says its steps take 40 ms may go 50
+// of them (2 s) without a token, past the 300 ms stall timeout, before the watchdog gives its
+// stream up — also when the placement has one token, so no inter-token time of its own yet.
+// Without the step time, the same 800 ms pause is a stall.
+TEST_F(RouterFlow, ASlowWorkerIsNotAStall) {
+  for (bool reports_steps : {true, false}) {
+    SCOPED_TRACE(reports_steps ? "step time reported" : "no step time");
+    FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+    a.tokens = b.tokens = {10, 11, 12, 13};
+    a.pause_after = 1;
+    a.pause = 800ms;
+    if (reports_steps) a.reported_step = 40ms;
+    RouterOptions o;
+    o.kv_mode = KvMode::kAggregated;
+    o.stall_timeout = 300ms;
+    start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+    EXPECT_EQ(registry_->step_time(registry_index(a.address)), reports_steps ? Duration(40ms) : Duration(0));
+    Result r = run(request("Once upon", 4));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+    EXPECT_EQ(r.responses.back().migrations(), reports_steps ? 0 : 1);
+    EXPECT_EQ(registry_->is_up(registry_index(a.address)), reports_steps);
+  }
 }
 
 // A worker the registry marks down (failed polls, or no heartbeats: a SIGSTOPped process)

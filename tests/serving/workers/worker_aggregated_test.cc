@@ -109,7 +109,8 @@ TEST_F(AggregatedWorker, BadRequestsAreRefused) {
 }
 
 // Info's step window holds each engine step of a request, for a caller that asks for it (the
-// tuner's profiler) and only for it: the router's empty InfoRequest gets the count alone.
+// tuner's profiler) and only for it: the router's empty InfoRequest gets the count and their
+// time alone.
 // /metrics counts the same steps.
 TEST_F(AggregatedWorker, InfoReportsTheEngineStepsWhenAskedAndMetricsCountThem) {
   worker::InfoRequest with_steps;
@@ -135,6 +136,10 @@ TEST_F(AggregatedWorker, InfoReportsTheEngineStepsWhenAskedAndMetricsCountThem) 
   }
   EXPECT_EQ(got, (std::vector<Shape>{{5, 1, 0, 0}, {0, 0, 1, 6}, {0, 0, 1, 7}, {0, 0, 1, 8}}));
   EXPECT_EQ(i.steps_total(), 4u);
+  // Their time in all (the router's step time, with steps_total).
+  double wall = 0;
+  for (const worker::StepSample& s : i.steps()) wall += s.wall_s();
+  EXPECT_NEAR(i.step_seconds_total(), wall, 1e-9);
   with_steps.set_steps_after(2);
   const worker::WorkerInfo newer = info(*stub_, with_steps);
   ASSERT_EQ(newer.steps_size(), 2);
