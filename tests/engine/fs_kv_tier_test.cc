@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -166,13 +167,16 @@ TEST(FsKvTier, KvEventsFollowTheIndexAcrossWritesEvictionCorruptionAndARestart) 
   EXPECT_EQ(second.errors(), 0);
 }
 
-// kill -9 at 1,000 random points of the write path (writers in child processes), then a restart:
-// no temporary file remains, and every chunk file reads back exactly what was written.
+// kill -9 at 400 random points of the write path (writers in child processes), then a restart:
+// no temporary file remains, and every chunk file reads back exactly what was written. (400, not
+// more: a kill costs more as the directory grows — 1,000 took 61 s alone on 2 cores and passed
+// ctest's 120 s in a loaded CI run; 400 take 14 s, ~260 of them mid-write.)
 TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
+  constexpr int kKills = 400;
   const std::string dir = testing::fresh_dir("fs-kv-kill");
   std::mt19937 rng(11);
   int mid_write = 0;  // Kills that left a temporary file.
-  for (int kill_point = 0; kill_point < 1000; ++kill_point) {
+  for (int kill_point = 0; kill_point < kKills; ++kill_point) {
     const uint64_t first = uint64_t(kill_point) * 4;
     int ready[2];
     ASSERT_EQ(::pipe(ready), 0);
@@ -206,11 +210,12 @@ TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
     mid_write += testing::has_temp_files(dir);
   }
   EXPECT_GT(mid_write, 10) << "too few kills landed mid-write";
+  std::cerr << mid_write << " of " << kKills << " kills landed mid-write\n";
   auto tier = FsKvTier::create(tier_options(dir));
   ASSERT_TRUE(tier.ok()) << tier.status();
   EXPECT_FALSE(testing::has_temp_files(dir));
   int whole = 0;
-  for (uint64_t n = 0; n < 1000 * 4 + 64; ++n) {
+  for (uint64_t n = 0; n < kKills * 4 + 64; ++n) {
     const FsKvTier::Chunk c = chunk_of(n);
     if (!fs::exists((*tier)->path_of(c.keys.back()))) continue;
     auto got = (*tier)->load(c.keys, c.tokens);
@@ -218,7 +223,7 @@ TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
     ASSERT_EQ(*got, c.payload) << n;
     ++whole;
   }
-  EXPECT_GE(whole, 1000);  // Each writer's first chunk at least (writer k starts at chunk 4k).
+  EXPECT_GE(whole, kKills);  // Each writer's first chunk at least (writer k starts at chunk 4k).
   EXPECT_EQ((*tier)->counters().corrupt_files, 0u);
   // A file read with another chunk's keys or tokens is refused (and deleted).
   FsKvTier::Chunk c = chunk_of(0);
