@@ -78,13 +78,15 @@ void Router::watch_placement(Active& a, TimePoint now) {
       return;
     }
   if (streaming < 0) return;  // Before the first token a prefill may queue for long: only a down worker ends it.
-  // 50 tokens' time, or 50 of the worker's steps: a slow engine (a large model on CPU, a long
-  // prefill chunk in the batch) is not a stalled one, also before the placement's second token.
-  const Duration limit = std::max({options_.stall_timeout, itl * 50, registry_.step_time(streaming) * 50});
+  // 50 tokens' time, or 50 of the worker's steps: an engine whose steps are slow (a large model
+  // on CPU, an emulated GPU) is not a stalled one, also before the placement's second token.
+  const Duration step = registry_.step_time(streaming);
+  const Duration limit = std::max({options_.stall_timeout, itl * 50, step * 50});
   if (now - last > limit)
     a.stall(streaming,
-            absl::StrCat("no token from ", registry_.address(streaming), " for ", seconds(now - last),
-                         " s (mean inter-token time ", seconds(itl) * 1e3, " ms)"),
+            absl::StrCat("no token from ", registry_.address(streaming), " for ", seconds(now - last), " s (the limit ",
+                         seconds(limit), " s; mean inter-token time ", seconds(itl) * 1e3, " ms, worker step time ",
+                         seconds(step) * 1e3, " ms)"),
             attempt);
 }
 

@@ -49,8 +49,9 @@ struct RouterOptions {
   // its first token); past it the request fails with the last worker error.
   int max_migrations = 3;
   // A placement streaming tokens is given up (and the request migrated) when no token came for
-  // max(stall_timeout, 50 x its mean inter-token time), or at once when a worker it depends on
-  // is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped worker).
+  // max(stall_timeout, 50 x its mean inter-token time, 50 x its worker's step time: see
+  // WorkerRegistry::step_time), or at once when a worker it depends on is down (failed RPCs,
+  // failed polls, no heartbeats: a SIGSTOPped worker).
   Duration stall_timeout = std::chrono::seconds(5);
   // How long a request waits for a worker when none can take it (all down — being restarted —
   // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are

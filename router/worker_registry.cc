@@ -67,7 +67,7 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
     // a static address began its counts again).
     if (info.steps_total() > w.info.steps_total() && info.step_seconds_total() >= w.info.step_seconds_total()) {
       const double seconds = info.step_seconds_total() - w.info.step_seconds_total();
-      w.step_time = std::chrono::duration_cast<Duration>(
+      w.step_time = std::chrono::round<Duration>(
           std::chrono::duration<double>(seconds / double(info.steps_total() - w.info.steps_total())));
     }
     w.info = info;

@@ -97,7 +97,8 @@ class WorkerRegistry {
   // deregistered (it is draining) is not up, but has not failed: what it serves goes on.
   bool is_failed(int index) const;
   // Worker `index`'s mean engine step over the latest poll interval in which it ran steps
-  // (WorkerInfo.steps_total, step_seconds_total); 0 until a poll saw steps.
+  // (WorkerInfo.steps_total, step_seconds_total); 0 until a poll saw steps. Steps that ended:
+  // one long step after short ones is not in it until it ends.
   Duration step_time(int index) const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;

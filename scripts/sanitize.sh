@@ -29,7 +29,7 @@ export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_EVENTS=no
 case "$mode" in
   asan)
     sanitize=address,undefined
-    # Not FsKvTier's crash sweep (400 forked writers, each killed mid-write): 14 s plain, minutes
+    # Not FsKvTier's crash sweep (400 forked writers, each killed mid-write): ~14 s plain, minutes
     # under ASan, for no code that the other FsKvTier tests do not run here.
     tests=("tests/engine/engine_unit_tests|*:-FsKvTier.WritersKilledAnywhereLeaveOnlyWholeFiles" tests/tokenizer/tokenizer_unit_tests tests/model/model_unit_tests
            tests/kvtransfer/kvtransfer_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests

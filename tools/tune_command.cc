@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "tune/profile_io.h"
 #include "tune/tuner.h"
 
 namespace pdserve::tools {
@@ -104,11 +105,12 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
                      : f.device == "hip" ? tune::Device::kHip
                      : f.device == "emulated" ? tune::Device::kEmulated
                                               : tune::Device::kCpu;
-  if (c.cluster.device == tune::Device::kCpu && (f.weight_dtype != "f32" || f.kv_dtype != "f32"))
+  c.cluster.weight_dtype = *tune::parse_dtype(f.weight_dtype);  // Checked by the flags.
+  c.cluster.kv_dtype = *tune::parse_dtype(f.kv_dtype);
+  if (c.cluster.device == tune::Device::kCpu &&
+      (c.cluster.weight_dtype != engine::DType::kF32 || c.cluster.kv_dtype != engine::DType::kF32))
     return fail(
         "--weight-dtype and --kv-dtype bf16 need GPU workers: CPU workers compute and keep their KV cache in f32");
-  c.cluster.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
-  c.cluster.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
   c.cluster.work_dir = (fs::path(f.out) / "work").string();
   c.ranks = f.ranks;
   c.tps.clear();

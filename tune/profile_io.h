@@ -21,7 +21,7 @@ inline constexpr absl::string_view kProfileSchema = "pdserve.tune.profile/v1";
 absl::string_view device_name(Device device);
 StatusOr<Device> parse_device(absl::string_view name);
 // "f32" | "bf16" (engine::dtype_name): the --weight-dtype and --kv-dtype spelling; the tuner
-// profiles and plans no other element type.
+// profiles and plans no other element type. The error names no field: the caller prefixes it.
 StatusOr<engine::DType> parse_dtype(absl::string_view name);
 // "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
 absl::string_view kv_mode_name(KvMode mode);

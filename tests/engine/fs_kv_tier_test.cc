@@ -13,7 +13,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -170,7 +169,7 @@ TEST(FsKvTier, KvEventsFollowTheIndexAcrossWritesEvictionCorruptionAndARestart) 
 // kill -9 at 400 random points of the write path (writers in child processes), then a restart:
 // no temporary file remains, and every chunk file reads back exactly what was written. (400, not
 // more: a kill costs more as the directory grows — 1,000 took 61 s alone on 2 cores and passed
-// ctest's 120 s in a loaded CI run; 400 take 14 s, ~260 of them mid-write.)
+// ctest's 120 s in a loaded CI run; 400 took 14 s, about 260 of them mid-write.)
 TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
   constexpr int kKills = 400;
   const std::string dir = testing::fresh_dir("fs-kv-kill");
@@ -209,8 +208,7 @@ TEST(FsKvTier, WritersKilledAnywhereLeaveOnlyWholeFiles) {
     // The next writer's start removes this one's temporary file, as a restart would.
     mid_write += testing::has_temp_files(dir);
   }
-  EXPECT_GT(mid_write, 10) << "too few kills landed mid-write";
-  std::cerr << mid_write << " of " << kKills << " kills landed mid-write\n";
+  EXPECT_GT(mid_write, 10) << "too few kills landed mid-write: " << mid_write << " of " << kKills;
   auto tier = FsKvTier::create(tier_options(dir));
   ASSERT_TRUE(tier.ok()) << tier.status();
   EXPECT_FALSE(testing::has_temp_files(dir));

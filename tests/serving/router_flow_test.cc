@@ -1138,23 +1138,23 @@ TEST_F(RouterFlow, AStalledStreamIsMigrated) {
   EXPECT_FALSE(registry_->is_up(registry_index(a.address)));
 }
 
-// A slow engine is not a stalled one: a worker whose Info says its steps take 40 ms may go 50
-// of them (2 s) without a token, past the 300 ms stall timeout, before the watchdog gives its
+// A slow engine is not a stalled one: a worker whose Info says its steps take 100 ms may go 50
+// of them (5 s) without a token, past the 300 ms stall timeout, before the watchdog gives its
 // stream up — also when the placement has one token, so no inter-token time of its own yet.
-// Without the step time, the same 800 ms pause is a stall.
+// Without the step time, the same 1.5 s pause is a stall.
 TEST_F(RouterFlow, ASlowWorkerIsNotAStall) {
   for (bool reports_steps : {true, false}) {
     SCOPED_TRACE(reports_steps ? "step time reported" : "no step time");
     FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
     a.tokens = b.tokens = {10, 11, 12, 13};
     a.pause_after = 1;
-    a.pause = 800ms;
-    if (reports_steps) a.reported_step = 40ms;
+    a.pause = 1500ms;
+    if (reports_steps) a.reported_step = 100ms;
     RouterOptions o;
     o.kv_mode = KvMode::kAggregated;
     o.stall_timeout = 300ms;
     start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
-    EXPECT_EQ(registry_->step_time(registry_index(a.address)), reports_steps ? Duration(40ms) : Duration(0));
+    EXPECT_EQ(registry_->step_time(registry_index(a.address)), reports_steps ? Duration(100ms) : Duration(0));
     Result r = run(request("Once upon", 4));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
