@@ -222,6 +222,7 @@ EngineStats Engine::stats() const {
     std::lock_guard lock(stats_mu_);
     s = published_;
   }
+  s.step_tokens_in_progress = step_tokens_in_progress_.load(std::memory_order_relaxed);
   const BlockAllocator::Counts counts = blocks_->counts();
   s.free_blocks = counts.free;
   s.evictable_blocks = counts.evictable;
@@ -681,7 +682,9 @@ Status Engine::run_step() {
     out.logits = logits_.data();
   }
   const TimePoint started = options_.clock->now();
+  step_tokens_in_progress_.store(sample.prefill_tokens + sample.decode_seqs, std::memory_order_relaxed);
   if (Status s = ranks_->forward(batch, out); !s.ok()) {
+    step_tokens_in_progress_.store(0, std::memory_order_relaxed);
     // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
     for (auto& [seq, n] : fed) finish(*seq, FinishReason::kAbort, s);
     std::erase_if(running_, [](const auto& seq) { return seq->finished; });
@@ -699,6 +702,7 @@ Status Engine::run_step() {
                               {biases.data(), banned.data()}, &host_scratch_);
   }
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
+  step_tokens_in_progress_.store(0, std::memory_order_relaxed);
   sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();
   ++stats_.steps;
   stats_.prefill_tokens += uint64_t(sample.prefill_tokens);

@@ -5,6 +5,7 @@
 // prefill and decode workers wrap, and the reference every distributed topology must equal.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -203,6 +204,9 @@ struct EngineStats {
   uint64_t prefill_tokens = 0;  // Prompt tokens computed.
   uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
   double step_seconds = 0;      // Forward passes and sampling.
+  // The step running now: its prompt tokens plus decoding sequences (0 between steps). Live,
+  // not published: a watcher tells a long step (a large prefill chunk) from a stuck engine.
+  int64_t step_tokens_in_progress = 0;
   // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
   // them it held, and key collisions found by the exact token check (each a miss).
   uint64_t prefix_query_tokens = 0;
@@ -431,6 +435,7 @@ class Engine {
   // Taken after mu_ when both are held (add_request and admit publish under mu_).
   mutable std::mutex stats_mu_;
   EngineStats published_;  // Guarded by stats_mu_.
+  std::atomic<int64_t> step_tokens_in_progress_{0};  // EngineStats::step_tokens_in_progress.
   StepWindow step_window_;  // Guarded by stats_mu_.
   LayerHook layer_hook_;
   BlockKey key_root_;

@@ -48,16 +48,19 @@ void Router::watchdog_loop() {
       std::lock_guard l(active_mu_);
       for (auto& [id, a] : active_) active.push_back(a);
     }
+    if (active.empty()) continue;
+    const std::vector<WorkerRegistry::Watch> workers = registry_.watch();
     const TimePoint now = clock_.now();
     for (auto& a : active) {
       if (a->client_is_gone()) a->cancel(Active::kClientGone);
       else if (now >= a->deadline) a->cancel(Active::kDeadline);
-      else watch_placement(*a, now);
+      else
+        watch_placement(*a, now, workers);
     }
   }
 }
 
-void Router::watch_placement(Active& a, TimePoint now) {
+void Router::watch_placement(Active& a, TimePoint now, const std::vector<WorkerRegistry::Watch>& watched) {
   std::vector<int> workers;
   int streaming = -1;
   TimePoint last;
@@ -72,15 +75,19 @@ void Router::watch_placement(Active& a, TimePoint now) {
     last = a.last_progress;
     itl = a.mean_itl;
   }
+  // A placement made after the snapshot may name a worker registered after it: its turn comes
+  // next tick.
+  const auto watch_of = [&](int w) { return w < int(watched.size()) ? watched[w] : WorkerRegistry::Watch{}; };
   for (int w : workers)
-    if (registry_.is_failed(w)) {
+    if (watch_of(w).failed) {
       a.stall(w, absl::StrCat("worker ", registry_.address(w), " is down"), attempt);
       return;
     }
   if (streaming < 0) return;  // Before the first token a prefill may queue for long: only a down worker ends it.
   // 50 tokens' time, or 50 of the worker's steps: an engine whose steps are slow (a large model
-  // on CPU, an emulated GPU) is not a stalled one, also before the placement's second token.
-  const Duration step = registry_.step_time(streaming);
+  // on CPU, an emulated GPU), or that runs one long step (a large prefill chunk), is not a
+  // stalled one, also before the placement's second token.
+  const Duration step = watch_of(streaming).step_time;
   const Duration limit = std::max({options_.stall_timeout, itl * 50, step * 50});
   if (now - last > limit)
     a.stall(streaming,

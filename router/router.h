@@ -198,8 +198,8 @@ class Router {
   std::string token_bytes(const Flow& f, int prev, int token) const;
   void watchdog_loop();
   // The watchdog's look at one request's placement: gives it up when a worker it depends on is
-  // down or its stream stalled.
-  void watch_placement(Active& a, TimePoint now);
+  // down or its stream stalled. `workers` is the registry's watch() of this tick.
+  void watch_placement(Active& a, TimePoint now, const std::vector<WorkerRegistry::Watch>& workers);
   std::string new_request_id();
   // The index of `f`'s preferred prefill or decode worker among `loads` (-1: none, or gone).
   int preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const;

@@ -69,6 +69,8 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
       const double seconds = info.step_seconds_total() - w.info.step_seconds_total();
       w.step_time = std::chrono::round<Duration>(
           std::chrono::duration<double>(seconds / double(info.steps_total() - w.info.steps_total())));
+      const uint64_t tokens = info.step_tokens_total() - std::min(info.step_tokens_total(), w.info.step_tokens_total());
+      w.token_seconds = tokens > 0 ? seconds / double(tokens) : 0;
     }
     w.info = info;
     // What was sent or ended after the poll went out is not in its Info: kept.
@@ -238,15 +240,16 @@ worker::Role WorkerRegistry::role(int index) const {
   return workers_[index]->endpoint.role;
 }
 
-bool WorkerRegistry::is_failed(int index) const {
+std::vector<WorkerRegistry::Watch> WorkerRegistry::watch() const {
   std::lock_guard lock(mu_);
-  const Worker& w = *workers_[index];
-  return !w.up && !w.leaving;
-}
-
-Duration WorkerRegistry::step_time(int index) const {
-  std::lock_guard lock(mu_);
-  return workers_[index]->step_time;
+  std::vector<Watch> out;
+  out.reserve(workers_.size());
+  for (const auto& w : workers_) {
+    const auto in_progress =
+        std::chrono::duration<double>(w->token_seconds * double(w->info.step_tokens_in_progress()));
+    out.push_back({!w->up && !w->leaving, std::max(w->step_time, std::chrono::round<Duration>(in_progress))});
+  }
+  return out;
 }
 
 bool WorkerRegistry::is_up(int index) const {
@@ -400,6 +403,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->last_chosen = 0;
       w->chosen_with.clear();
       w->step_time = Duration{0};
+      w->token_seconds = 0;
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

@@ -93,13 +93,19 @@ class WorkerRegistry {
   worker::Role role(int index) const;
   // Whether worker `index` is listed and answered its last poll (not marked down since).
   bool is_up(int index) const;
-  // Whether worker `index` failed: marked down, or dropped for missing heartbeats. A worker that
-  // deregistered (it is draining) is not up, but has not failed: what it serves goes on.
-  bool is_failed(int index) const;
-  // Worker `index`'s mean engine step over the latest poll interval in which it ran steps
-  // (WorkerInfo.steps_total, step_seconds_total); 0 until a poll saw steps. Steps that ended:
-  // one long step after short ones is not in it until it ends.
-  Duration step_time(int index) const;
+  // What the router's watchdog reads of a worker, each tick.
+  struct Watch {
+    // Marked down, or dropped for missing heartbeats. A worker that deregistered (it is
+    // draining) is not up, but has not failed: what it serves goes on.
+    bool failed = false;
+    // How long its engine's step takes: the mean over the latest poll interval in which it ran
+    // steps (WorkerInfo.steps_total, step_seconds_total), or, when its last Info showed a step
+    // in progress, that step's tokens times the interval's time per token
+    // (step_tokens_total), if longer; 0 until a poll saw steps.
+    Duration step_time{0};
+  };
+  // Every worker's Watch, by index, under one lock.
+  std::vector<Watch> watch() const;
   // The last Info of some up worker of `role` (for model limits and block size).
   std::optional<worker::WorkerInfo> info(int index) const;
   // Records that placement chose `index` (with prefill worker `producer`, -1 for none), for
@@ -172,7 +178,10 @@ class WorkerRegistry {
     LoadNotes notes;
     uint64_t last_chosen = 0;             // note_chosen's sequence number; 0: never.
     std::map<int, uint64_t> chosen_with;  // The same, per producer index.
-    Duration step_time{0};                // See step_time().
+    // The latest poll interval that ran steps (see Watch::step_time): its mean step, and its
+    // time per token.
+    Duration step_time{0};
+    double token_seconds = 0;
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };

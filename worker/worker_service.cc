@@ -86,6 +86,8 @@ grpc::Status WorkerService::Info(grpc::ServerContext*, const InfoRequest* reques
   reply->set_queued_prefill_tokens(st.queued_prefill_tokens);
   reply->set_steps_total(st.engine.steps);
   reply->set_step_seconds_total(st.engine.step_seconds);
+  reply->set_step_tokens_total(st.engine.prefill_tokens + st.engine.decode_tokens);
+  reply->set_step_tokens_in_progress(st.engine.step_tokens_in_progress);
   reply->set_max_running(e.max_running());
   reply->set_max_batch_tokens(e.max_batch_tokens());
   reply->set_kv_key_root(std::string(e.kv_key_root().bytes.begin(), e.kv_key_root().bytes.end()));

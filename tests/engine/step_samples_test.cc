@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "engine/engine.h"
 #include "tests/engine/test_model.h"
@@ -49,6 +52,28 @@ std::vector<Shape> shapes(const std::vector<StepSample>& samples) {
   std::vector<Shape> out;
   for (const StepSample& s : samples) out.emplace_back(s.prefill_tokens, s.prefill_seqs, s.decode_seqs, s.kv_tokens);
   return out;
+}
+
+// A step's tokens are in stats() while its forward pass runs, and only then (a watcher tells a
+// long step from a stuck engine by them).
+TEST(StepSamples, TheStepInProgressIsLiveWhileItRuns) {
+  EngineOptions options;
+  options.max_batch_tokens = 8;
+  auto engine = make_engine(options);
+  std::mutex mu;  // The hook runs on the rank's thread.
+  std::vector<int64_t> seen;
+  engine->set_layer_hook([&](int, int layer, const std::vector<std::string>&) {
+    if (layer != 0) return;
+    const int64_t in_progress = engine->stats().step_tokens_in_progress;
+    std::lock_guard lock(mu);
+    seen.push_back(in_progress);
+  });
+  EXPECT_EQ(engine->stats().step_tokens_in_progress, 0);
+  ASSERT_TRUE(engine->add_request({"a", prompt_of(20), exactly(4)}, nullptr).ok());
+  ASSERT_TRUE(engine->run_until_idle().ok());
+  std::lock_guard lock(mu);
+  EXPECT_EQ(seen, (std::vector<int64_t>{8, 8, 4, 1, 1, 1}));
+  EXPECT_EQ(engine->stats().step_tokens_in_progress, 0);
 }
 
 TEST(StepSamples, ChunkedPrefillThenDecodesAreRecordedStepByStep) {

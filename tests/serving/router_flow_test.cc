@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/model_loader.h"
 #include "proto/engine_sampling.h"
@@ -71,8 +72,10 @@ class FakeWorker final : public worker::Worker::Service {
   // Generate waits `pause` (a slow engine step) before its token number `pause_after`.
   std::atomic<int> pause_after{-1};
   std::chrono::milliseconds pause{0};
-  // Each Info reports 10 more engine steps of this long each (0: no steps).
+  // Each Info reports 10 more engine steps of this long each (0: no steps), of one token each,
+  // and a step of this many tokens in progress.
   std::chrono::milliseconds reported_step{0};
+  std::atomic<int> reported_tokens_in_progress{0};
   std::atomic<bool> generate_started{false};
   std::atomic<bool> prefill_done{false};
   FakeWorker* peer_decode = nullptr;  // Prefill (push): waits until this decode stream is open.
@@ -134,6 +137,8 @@ class FakeWorker final : public worker::Worker::Service {
       const uint64_t steps = 10 * ++info_calls_;
       r->set_steps_total(steps);
       r->set_step_seconds_total(double(steps) * std::chrono::duration<double>(reported_step).count());
+      r->set_step_tokens_total(steps);
+      r->set_step_tokens_in_progress(reported_tokens_in_progress);
     }
     return grpc::Status::OK;
   }
@@ -1154,12 +1159,39 @@ TEST_F(RouterFlow, ASlowWorkerIsNotAStall) {
     o.kv_mode = KvMode::kAggregated;
     o.stall_timeout = 300ms;
     start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
-    EXPECT_EQ(registry_->step_time(registry_index(a.address)), reports_steps ? Duration(100ms) : Duration(0));
+    EXPECT_EQ(registry_->watch()[registry_index(a.address)].step_time, reports_steps ? Duration(100ms) : Duration(0));
     Result r = run(request("Once upon", 4));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
     EXPECT_EQ(r.responses.back().migrations(), reports_steps ? 0 : 1);
     EXPECT_EQ(registry_->is_up(registry_index(a.address)), reports_steps);
+  }
+}
+
+// A long step in progress is not a stall: a worker whose steps took 10 ms a token and whose
+// Info shows a step of 100 tokens running may go 50 such steps (50 s) without a token. The
+// wait is bounded by the step's size, so a stuck step is still found: with 2 tokens in
+// progress, or none, the same 1.5 s pause (past 50 × 20 ms) is a stall.
+TEST_F(RouterFlow, ALongStepInProgressIsNotAStall) {
+  for (int in_progress : {100, 2, 0}) {
+    SCOPED_TRACE(absl::StrCat(in_progress, " tokens in progress"));
+    FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
+    a.tokens = b.tokens = {10, 11, 12, 13};
+    a.pause_after = 1;
+    a.pause = 1500ms;
+    a.reported_step = 10ms;
+    a.reported_tokens_in_progress = in_progress;
+    RouterOptions o;
+    o.kv_mode = KvMode::kAggregated;
+    o.stall_timeout = 300ms;
+    start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
+    EXPECT_EQ(registry_->watch()[registry_index(a.address)].step_time,
+              std::max(Duration(10ms), in_progress * Duration(10ms)));
+    Result r = run(request("Once upon", 4));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
+    EXPECT_EQ(r.responses.back().migrations(), in_progress == 100 ? 0 : 1);
+    EXPECT_EQ(registry_->is_up(registry_index(a.address)), in_progress == 100);
   }
 }
 

@@ -140,6 +140,9 @@ TEST_F(AggregatedWorker, InfoReportsTheEngineStepsWhenAskedAndMetricsCountThem) 
   double wall = 0;
   for (const worker::StepSample& s : i.steps()) wall += s.wall_s();
   EXPECT_NEAR(i.step_seconds_total(), wall, 1e-9);
+  // Their tokens (the router's time per token): 5 prompt tokens and 3 decoded; none running now.
+  EXPECT_EQ(i.step_tokens_total(), 8u);
+  EXPECT_EQ(i.step_tokens_in_progress(), 0);
   with_steps.set_steps_after(2);
   const worker::WorkerInfo newer = info(*stub_, with_steps);
   ASSERT_EQ(newer.steps_size(), 2);
