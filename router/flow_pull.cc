@@ -61,15 +61,11 @@ Router::Attempt Router::run_pull(Flow& f) {
     f.cached_tokens = presp.cached_tokens();
     return {absl::OkStatus(), false};
   }
-  std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
-  const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
-  const int d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &prefill.load,
-                            preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
+  const int d = choose_decode(f, prefill);
   if (d < 0) {
     abort_on_workers(f.worker_id, {p});
     return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
   }
-  registry_.note_chosen(d, p);
   const AssignedTo decode_load(registry_, d, f.blocks_per_worker, 0);
   predict_cached(f, d);
   f.decode_worker = registry_.address(d);

@@ -35,12 +35,8 @@ Router::Attempt Router::run_push(Flow& f) {
   auto backoff = std::chrono::duration_cast<Duration>(kReserveBackoffMin);
   while (true) {
     if (Status s = f.act->status(); !s.ok()) return {s, false};
-    std::vector<WorkerLoad> decode_loads = registry_.loads(worker::ROLE_DECODE, p);
-    const std::optional<CacheTerms> decode_terms = cache_terms(f, decode_loads);
-    d = pick_decode(decode_loads, f.blocks_per_worker, f.exclude_decode, &prefill.load,
-                    preferred(f, decode_loads, false), decode_terms ? &*decode_terms : nullptr);
+    d = choose_decode(f, prefill);
     if (d < 0) return Attempt::unplaced(absl::UnavailableError("no decode worker is up with room for this request"));
-    registry_.note_chosen(d, p);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::min(grpc_deadline(clock_, f.act->deadline),
                               std::chrono::system_clock::now() + options_.worker_rpc_timeout));

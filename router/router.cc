@@ -115,6 +115,15 @@ Router::PrefillChoice Router::choose_prefill(const Flow& f) {
   return c;
 }
 
+int Router::choose_decode(const Flow& f, const PrefillChoice& prefill) {
+  std::vector<WorkerLoad> loads = registry_.loads(worker::ROLE_DECODE, prefill.index);
+  const std::optional<CacheTerms> terms = cache_terms(f, loads);
+  const int d = pick_decode(loads, f.blocks_per_worker, f.exclude_decode, &prefill.load, preferred(f, loads, false),
+                            terms ? &*terms : nullptr);
+  if (d >= 0) registry_.note_chosen(d, prefill.index);
+  return d;
+}
+
 std::optional<CacheTerms> Router::cache_terms(const Flow& f, std::vector<WorkerLoad>& loads) const {
   if (!kv_ || options_.placement != Placement::kCache || !f.prompt_keys) return std::nullopt;
   std::vector<std::string> addresses;

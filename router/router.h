@@ -156,6 +156,9 @@ class Router {
     const CacheTerms* terms_or_null() const { return terms ? &*terms : nullptr; }
   };
   PrefillChoice choose_prefill(const Flow& f);
+  // A P/D placement's decode worker for the chosen prefill worker: chosen by load (and cache,
+  // with cache placement) among the decode workers that pair with it, and noted with it; -1: none.
+  int choose_decode(const Flow& f, const PrefillChoice& prefill);
   // Why no prefill worker was chosen for a P/D request: none up or none with room (waited
   // for), or up workers that may not pair (a configuration error: no wait).
   Attempt no_pair(const Flow& f, const std::vector<WorkerLoad>& prefill) const;

@@ -107,10 +107,8 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
                                               : tune::Device::kCpu;
   c.cluster.weight_dtype = *tune::parse_dtype(f.weight_dtype);  // Checked by the flags.
   c.cluster.kv_dtype = *tune::parse_dtype(f.kv_dtype);
-  if (c.cluster.device == tune::Device::kCpu &&
-      (c.cluster.weight_dtype != engine::DType::kF32 || c.cluster.kv_dtype != engine::DType::kF32))
-    return fail(
-        "--weight-dtype and --kv-dtype bf16 need GPU workers: CPU workers compute and keep their KV cache in f32");
+  if (Status s = tune::check_dtypes_on(c.cluster.device, c.cluster.weight_dtype, c.cluster.kv_dtype); !s.ok())
+    return fail(std::string(s.message()));
   c.cluster.work_dir = (fs::path(f.out) / "work").string();
   c.ranks = f.ranks;
   c.tps.clear();

@@ -51,17 +51,10 @@ Status check_plan(const DeployPlan& plan) {
                                        t.n_p, t.tp_p, t.n_d, t.tp_d));
   for (const auto& [dtype, what] :
        {std::pair{plan.weight_dtype, "weight dtype"}, std::pair{plan.kv_dtype, "KV dtype"}}) {
-    if (dtype != engine::DType::kF32 && dtype != engine::DType::kBF16)
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " must be f32 or bf16, not '", engine::dtype_name(dtype), "'"));
+    if (StatusOr<engine::DType> planned = parse_dtype(engine::dtype_name(dtype)); !planned.ok())
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", planned.status().message()));
   }
-  // The workers pass --weight-dtype to GPU backends only: bf16 on CPU would be silently f32.
-  if (plan.device == Device::kCpu && plan.weight_dtype != engine::DType::kF32)
-    return absl::InvalidArgumentError(absl::StrCat("weight dtype ", engine::dtype_name(plan.weight_dtype),
-                                                   " on device cpu: CPU workers compute in f32"));
-  if (plan.device == Device::kCpu && plan.kv_dtype != engine::DType::kF32)
-    return absl::InvalidArgumentError(absl::StrCat("KV dtype ", engine::dtype_name(plan.kv_dtype),
-                                                   " on device cpu: CPU workers keep an f32 KV cache"));
+  PD_RETURN_IF_ERROR(check_dtypes_on(plan.device, plan.weight_dtype, plan.kv_dtype));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_running, 1, "router max running"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_waiting, 0, "router max waiting"));
   PD_RETURN_IF_ERROR(check_at_least(plan.prefill_max_batch_tokens, 1, "prefill max batch tokens"));

@@ -194,6 +194,17 @@ StatusOr<engine::DType> parse_dtype(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("must be f32 or bf16, not '", name, "'"));
 }
 
+Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv) {
+  if (device != Device::kCpu) return absl::OkStatus();
+  if (weight != engine::DType::kF32)
+    return absl::InvalidArgumentError(absl::StrCat("weight dtype ", engine::dtype_name(weight),
+                                                   " on device cpu needs GPU workers: CPU workers compute in f32"));
+  if (kv != engine::DType::kF32)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV dtype ", engine::dtype_name(kv), " on device cpu needs GPU workers: CPU workers keep an f32 KV cache"));
+  return absl::OkStatus();
+}
+
 absl::string_view kv_mode_name(KvMode mode) { return mode == KvMode::kPush ? "push" : "pull"; }
 
 StatusOr<KvMode> parse_kv_mode(absl::string_view name) {

@@ -96,7 +96,7 @@ TEST(TuneCli, RefusesWhatItCannotHonour) {
   r = tune("--ranks 2 --input-len 64 --output-len 8 --slo-ttft-ms 100 --slo-tpot-ms 10 --kv-dtype bf16 --out " +
            d.path.string());
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.out.find("need GPU workers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV dtype bf16 on device cpu needs GPU workers"), std::string::npos) << r.out;
   r = tune("--ranks 2 --input-len 64 --output-len 8 --slo-ttft-ms 100 --slo-tpot-ms 10 --workload trace:x.jsonl --out " +
            d.path.string());
   EXPECT_EQ(r.exit_code, 1);
