@@ -204,9 +204,6 @@ struct EngineStats {
   uint64_t prefill_tokens = 0;  // Prompt tokens computed.
   uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
   double step_seconds = 0;      // Forward passes and sampling.
-  // The step running now: its prompt tokens plus decoding sequences (0 between steps). Live,
-  // not published: a watcher tells a long step (a large prefill chunk) from a stuck engine.
-  int64_t step_tokens_in_progress = 0;
   // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
   // them it held, and key collisions found by the exact token check (each a miss).
   uint64_t prefix_query_tokens = 0;
@@ -215,6 +212,9 @@ struct EngineStats {
   // Sequences preempted to make room for others' next blocks (each recomputes what the prefix
   // cache no longer holds of it when it resumes).
   uint64_t preemptions = 0;
+  // The step running now (live, not published): its prompt tokens plus decoding sequences, 0
+  // between steps. A watcher tells a long step (a large prefill chunk) from a stuck engine.
+  int64_t step_tokens_in_progress = 0;
   // The host tier (all 0 without one): its blocks, those free or evictable, those holding a
   // cached key; prompt tokens admitted requests found there (beyond the device's hit), blocks
   // copied in (stored) and out (loaded) since start.
@@ -347,9 +347,9 @@ class Engine {
   // Tokens the KV cache holds (blocks × block size).
   int64_t kv_capacity_tokens() const;
   // Safe from any thread, also while another thread is inside step() and from token
-  // callbacks: free blocks and waiting requests are live; running and the step/token counters
-  // are as the scheduler last published them (at admission and at the end of each step), so at
-  // most one step old.
+  // callbacks: free blocks, waiting requests and the step in progress are live; running and the
+  // step/token counters are as the scheduler last published them (at admission and at the end
+  // of each step), so at most one step old.
   EngineStats stats() const;
   // The step window's samples with seq > `seq`, oldest first (the last
   // EngineOptions::step_window steps at most). Safe from any thread, as stats(); a sample is

@@ -42,8 +42,8 @@ class EngineLoop {
   void abort(const std::string& id);
   // Whether a request of this id is queued or running.
   bool active(const std::string& id) const;
-  // A snapshot, safe from any thread (Engine::stats: free blocks live, counters at most one
-  // step old).
+  // A snapshot, safe from any thread (Engine::stats: free blocks and the step in progress live,
+  // counters at most one step old).
   EngineLoopStats stats() const;
   // Aborts every request, waits until each finished, and stops the thread. Idempotent.
   void shutdown();

@@ -85,15 +85,18 @@ void Router::watch_placement(Active& a, TimePoint now, const std::vector<WorkerR
     }
   if (streaming < 0) return;  // Before the first token a prefill may queue for long: only a down worker ends it.
   // 50 tokens' time, or 50 of the worker's steps: an engine whose steps are slow (a large model
-  // on CPU, an emulated GPU), or that runs one long step (a large prefill chunk), is not a
-  // stalled one, also before the placement's second token.
-  const Duration step = watch_of(streaming).step_time;
-  const Duration limit = std::max({options_.stall_timeout, itl * 50, step * 50});
+  // on CPU, an emulated GPU) is not a stalled one, also before the placement's second token.
+  // Nor is one running a long step (a large prefill chunk after short decode steps), for 4
+  // times that step's expected length — which bounds it, so a stuck step is still found.
+  const WorkerRegistry::Watch worker = watch_of(streaming);
+  const Duration limit =
+      std::max({options_.stall_timeout, itl * 50, worker.step_time * 50, worker.step_in_progress * 4});
   if (now - last > limit)
     a.stall(streaming,
             absl::StrCat("no token from ", registry_.address(streaming), " for ", seconds(now - last), " s (the limit ",
                          seconds(limit), " s; mean inter-token time ", seconds(itl) * 1e3, " ms, worker step time ",
-                         seconds(step) * 1e3, " ms)"),
+                         seconds(worker.step_time) * 1e3, " ms, step in progress ",
+                         seconds(worker.step_in_progress) * 1e3, " ms)"),
             attempt);
 }
 

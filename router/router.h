@@ -49,9 +49,9 @@ struct RouterOptions {
   // its first token); past it the request fails with the last worker error.
   int max_migrations = 3;
   // A placement streaming tokens is given up (and the request migrated) when no token came for
-  // max(stall_timeout, 50 x its mean inter-token time, 50 x its worker's step time: see
-  // WorkerRegistry::step_time), or at once when a worker it depends on is down (failed RPCs,
-  // failed polls, no heartbeats: a SIGSTOPped worker).
+  // max(stall_timeout, 50 x its mean inter-token time, 50 x its worker's mean step time, 4 x the
+  // expected length of the worker's step in progress: see WorkerRegistry::Watch), or at once when a worker it depends
+  // on is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped worker).
   Duration stall_timeout = std::chrono::seconds(5);
   // How long a request waits for a worker when none can take it (all down — being restarted —
   // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are
@@ -201,8 +201,8 @@ class Router {
   std::string token_bytes(const Flow& f, int prev, int token) const;
   void watchdog_loop();
   // The watchdog's look at one request's placement: gives it up when a worker it depends on is
-  // down or its stream stalled. `workers` is the registry's watch() of this tick.
-  void watch_placement(Active& a, TimePoint now, const std::vector<WorkerRegistry::Watch>& workers);
+  // down or its stream stalled. `watched` is the registry's watch() of this tick.
+  void watch_placement(Active& a, TimePoint now, const std::vector<WorkerRegistry::Watch>& watched);
   std::string new_request_id();
   // The index of `f`'s preferred prefill or decode worker among `loads` (-1: none, or gone).
   int preferred(const Flow& f, const std::vector<WorkerLoad>& loads, bool prefill) const;

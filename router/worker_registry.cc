@@ -245,9 +245,11 @@ std::vector<WorkerRegistry::Watch> WorkerRegistry::watch() const {
   std::vector<Watch> out;
   out.reserve(workers_.size());
   for (const auto& w : workers_) {
-    const auto in_progress =
-        std::chrono::duration<double>(w->token_seconds * double(w->info.step_tokens_in_progress()));
-    out.push_back({!w->up && !w->leaving, std::max(w->step_time, std::chrono::round<Duration>(in_progress))});
+    // Bounded by the worker's own step size, so that a wild value cannot overflow a Duration.
+    const int64_t cap = w->info.max_batch_tokens() > 0 ? w->info.max_batch_tokens() : int64_t{1} << 20;
+    const int64_t tokens = w->listed ? std::clamp<int64_t>(w->info.step_tokens_in_progress(), 0, cap) : 0;
+    const auto in_progress = std::chrono::duration<double>(w->token_seconds * double(tokens));
+    out.push_back({!w->up && !w->leaving, w->step_time, std::chrono::round<Duration>(in_progress)});
   }
   return out;
 }

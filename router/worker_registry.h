@@ -98,11 +98,15 @@ class WorkerRegistry {
     // Marked down, or dropped for missing heartbeats. A worker that deregistered (it is
     // draining) is not up, but has not failed: what it serves goes on.
     bool failed = false;
-    // How long its engine's step takes: the mean over the latest poll interval in which it ran
-    // steps (WorkerInfo.steps_total, step_seconds_total), or, when its last Info showed a step
-    // in progress, that step's tokens times the interval's time per token
-    // (step_tokens_total), if longer; 0 until a poll saw steps.
+    // Its engine's mean step over the latest poll interval in which it ran steps
+    // (WorkerInfo.steps_total, step_seconds_total); 0 until a poll saw steps.
     Duration step_time{0};
+    // The expected length of the step its last Info showed in progress: that step's tokens
+    // (step_tokens_in_progress, at most max_batch_tokens) times the interval's time per token
+    // (step_tokens_total). Mostly too long — the time per token of decode steps, which read
+    // every weight for a few tokens, is above a prefill chunk's — so it bounds the step. 0
+    // between steps, and for a worker that left (no longer polled).
+    Duration step_in_progress{0};
   };
   // Every worker's Watch, by index, under one lock.
   std::vector<Watch> watch() const;

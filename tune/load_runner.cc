@@ -4,10 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
-
+#include "absl/strings/str_cat.h"
 #include "common/percentile.h"
 #include "tune/child_process.h"
 
@@ -83,7 +83,7 @@ StatusOr<LoadResult> run_load(const std::string& pdserve, const LoadSpec& spec, 
   PD_ASSIGN_OR_RETURN(ChildProcess bench, ChildProcess::start(argv, log));
   if (!bench.wait(std::chrono::milliseconds(int64_t(timeout_s * 1000))).ok()) {
     bench.stop(std::chrono::seconds(2));
-    return absl::DeadlineExceededError("pdserve bench (" + tag + ") ran past " + std::to_string(timeout_s) + " s");
+    return absl::DeadlineExceededError(absl::StrCat("pdserve bench (", tag, ") ran past ", timeout_s, " s"));
   }
   // bench exits 1 when a request failed; the result file still says which.
   std::ifstream in(result);

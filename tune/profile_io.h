@@ -23,8 +23,9 @@ StatusOr<Device> parse_device(absl::string_view name);
 // "f32" | "bf16" (engine::dtype_name): the --weight-dtype and --kv-dtype spelling; the tuner
 // profiles and plans no other element type. The error names no field: the caller prefixes it.
 StatusOr<engine::DType> parse_dtype(absl::string_view name);
-// Whether workers on `device` run `weight` GEMM weights and a `kv` KV cache: CPU workers only
-// f32 (they pass --weight-dtype to GPU backends only, so bf16 there would silently be f32).
+// Whether workers on `device` run `weight` GEMM weights and a `kv` KV cache: CPU workers
+// compute in f32 (--weight-dtype reaches GPU backends only: bf16 there would silently be f32)
+// and keep an f32 KV cache.
 Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv);
 // "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
 absl::string_view kv_mode_name(KvMode mode);

@@ -38,6 +38,11 @@ MeasuredPoint measure_point(const std::vector<RequestSample>& requests, const Sl
   return m;
 }
 
+double load_timeout_s(int num_prompts, double rate, double point_duration_s) {
+  const double arrivals_s = rate > 0 ? num_prompts / rate : 0;
+  return std::max({120.0, 10 * point_duration_s, 3 * arrivals_s});
+}
+
 double interpolate_goodput(const std::vector<MeasuredPoint>& points, double alpha, bool* bound) {
   *bound = false;
   std::map<double, std::pair<double, int>> by_rate;  // rate → (Σ margin, count)
@@ -108,9 +113,9 @@ Validation validate_topology(const ValidateOptions& o, const Topology& t, const 
     s.seed = o.workload.seed + v.points.size();
     std::cerr << "tune: " << label << ": " << s.num_prompts << " requests at " << s.rate << "/s (" << factor
               << "x the predicted goodput)\n";
-    PD_ASSIGN_OR_RETURN(LoadResult r, run_load(o.cluster.pdserve, s, o.cluster.work_dir,
-                                               tag + "-" + std::to_string(v.points.size()),
-                                               std::max(120.0, 10 * o.point_duration_s)));
+    PD_ASSIGN_OR_RETURN(LoadResult r,
+                        run_load(o.cluster.pdserve, s, o.cluster.work_dir, tag + "-" + std::to_string(v.points.size()),
+                                 load_timeout_s(s.num_prompts, s.rate, o.point_duration_s)));
     MeasuredPoint m = measure_point(r.requests, o.slo);
     m.slowdown = merge_slowdowns(steps_since(true));
     m.factor = factor;

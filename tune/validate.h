@@ -77,6 +77,11 @@ Validation validate_topology(const ValidateOptions& options, const Topology& top
 // point's rate with *bound set. -1 without points.
 double interpolate_goodput(const std::vector<MeasuredPoint>& points, double alpha, bool* bound);
 
+// How long a point's `pdserve bench` of `num_prompts` requests at `rate`/s may run before it is
+// called hung: three times its arrival span (num_prompts / rate, which min_requests makes far
+// longer than point_duration_s at a low rate), and at least 120 s and 10 × point_duration_s.
+double load_timeout_s(int num_prompts, double rate, double point_duration_s);
+
 // A point's measured numbers from its requests.
 MeasuredPoint measure_point(const std::vector<RequestSample>& requests, const Slo& slo);
 

@@ -72,7 +72,7 @@ class FakeWorker final : public worker::Worker::Service {
   // Generate waits `pause` (a slow engine step) before its token number `pause_after`.
   std::atomic<int> pause_after{-1};
   std::chrono::milliseconds pause{0};
-  // Each Info reports 10 more engine steps of this long each (0: no steps), of one token each,
+  // Each Info reports 10 more engine steps of this long each (0: no steps), of 4 tokens each,
   // and a step of this many tokens in progress.
   std::chrono::milliseconds reported_step{0};
   std::atomic<int> reported_tokens_in_progress{0};
@@ -137,7 +137,7 @@ class FakeWorker final : public worker::Worker::Service {
       const uint64_t steps = 10 * ++info_calls_;
       r->set_steps_total(steps);
       r->set_step_seconds_total(double(steps) * std::chrono::duration<double>(reported_step).count());
-      r->set_step_tokens_total(steps);
+      r->set_step_tokens_total(4 * steps);
       r->set_step_tokens_in_progress(reported_tokens_in_progress);
     }
     return grpc::Status::OK;
@@ -1168,12 +1168,13 @@ TEST_F(RouterFlow, ASlowWorkerIsNotAStall) {
   }
 }
 
-// A long step in progress is not a stall: a worker whose steps took 10 ms a token and whose
-// Info shows a step of 100 tokens running may go 50 such steps (50 s) without a token. The
-// wait is bounded by the step's size, so a stuck step is still found: with 2 tokens in
-// progress, or none, the same 1.5 s pause (past 50 × 20 ms) is a stall.
+// A long step in progress is not a stall: a worker whose steps took 10 ms for 4 tokens and
+// whose Info shows a step of 400 tokens running (1 s expected) may go 4 such steps without a
+// token, past the 1.5 s pause. The wait is bounded by the step's size, so a stuck step is still
+// found: with 40 tokens in progress (100 ms, 400 ms allowed), or none, the same pause is past
+// the limit of 50 mean steps (500 ms) and a stall.
 TEST_F(RouterFlow, ALongStepInProgressIsNotAStall) {
-  for (int in_progress : {100, 2, 0}) {
+  for (int in_progress : {400, 40, 0}) {
     SCOPED_TRACE(absl::StrCat(in_progress, " tokens in progress"));
     FakeWorker a(worker::ROLE_AGGREGATED), b(worker::ROLE_AGGREGATED);
     a.tokens = b.tokens = {10, 11, 12, 13};
@@ -1185,13 +1186,14 @@ TEST_F(RouterFlow, ALongStepInProgressIsNotAStall) {
     o.kv_mode = KvMode::kAggregated;
     o.stall_timeout = 300ms;
     start({{&a, worker::ROLE_AGGREGATED}, {&b, worker::ROLE_AGGREGATED}}, o);
-    EXPECT_EQ(registry_->watch()[registry_index(a.address)].step_time,
-              std::max(Duration(10ms), in_progress * Duration(10ms)));
+    const WorkerRegistry::Watch watched = registry_->watch()[registry_index(a.address)];
+    EXPECT_EQ(watched.step_time, Duration(10ms));
+    EXPECT_EQ(watched.step_in_progress, in_progress * Duration(2500us));
     Result r = run(request("Once upon", 4));
     ASSERT_TRUE(r.status.ok()) << r.status;
     EXPECT_EQ(r.tokens(), (std::vector<int>{10, 11, 12, 13}));
-    EXPECT_EQ(r.responses.back().migrations(), in_progress == 100 ? 0 : 1);
-    EXPECT_EQ(registry_->is_up(registry_index(a.address)), in_progress == 100);
+    EXPECT_EQ(r.responses.back().migrations(), in_progress == 400 ? 0 : 1);
+    EXPECT_EQ(registry_->is_up(registry_index(a.address)), in_progress == 400);
   }
 }
 

@@ -149,6 +149,15 @@ TEST(Validate, MeasuredGoodputInterpolatesTheAttainmentMargin) {
   EXPECT_EQ(interpolate_goodput({}, 0.9, &bound), -1);
 }
 
+// The bench's time limit covers its requests' arrivals: 150 requests (min_requests) at
+// 0.665/s arrive over 225.6 s, past the 120 s floor that a 2 s point would otherwise get.
+TEST(Validate, ALoadsTimeLimitCoversItsArrivals) {
+  EXPECT_NEAR(load_timeout_s(150, 0.665, 2), 3 * 150 / 0.665, 1e-9);
+  EXPECT_EQ(load_timeout_s(100, 5, 20), 200);  // 10 points' durations: 20 s of arrivals is less.
+  EXPECT_EQ(load_timeout_s(150, 50, 2), 120);  // 3 s of arrivals: the floor.
+  EXPECT_EQ(load_timeout_s(150, 0, 2), 120);   // No rate (nothing to load at): the floor.
+}
+
 TEST(Validate, APointsAttainmentCountsFailuresAsNotGood) {
   Slo slo;
   slo.ttft_s = 0.1;
