@@ -265,7 +265,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stall-timeout-s", f.stall_timeout_s,
                  "A streaming request is migrated when no token came for this long (or, if longer, 50 x its mean "
-                 "inter-token time or 50 x its worker's step time)")
+                 "inter-token time, 50 x its worker's mean step time, or 4 x the expected length of the step its "
+                 "worker is running)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--api-key", f.api_keys,

@@ -50,8 +50,9 @@ struct RouterOptions {
   int max_migrations = 3;
   // A placement streaming tokens is given up (and the request migrated) when no token came for
   // max(stall_timeout, 50 x its mean inter-token time, 50 x its worker's mean step time, 4 x the
-  // expected length of the worker's step in progress: see WorkerRegistry::Watch), or at once when a worker it depends
-  // on is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped worker).
+  // expected length of the worker's step in progress: see WorkerRegistry::Watch), or at once
+  // when a worker it depends on is down (failed RPCs, failed polls, no heartbeats: a SIGSTOPped
+  // worker).
   Duration stall_timeout = std::chrono::seconds(5);
   // How long a request waits for a worker when none can take it (all down — being restarted —
   // or full) before it fails UNAVAILABLE; workers that failed it are tried again once they are

@@ -72,6 +72,11 @@ void WorkerRegistry::apply_poll(int index, const Status& status, const worker::W
       const uint64_t tokens = info.step_tokens_total() - std::min(info.step_tokens_total(), w.info.step_tokens_total());
       w.token_seconds = tokens > 0 ? seconds / double(tokens) : 0;
     }
+    // Also when this poll saw no step end (the long step is running): the latest rate stands.
+    // Capped at the worker's own step size, so that a wild value cannot overflow a Duration.
+    const int64_t cap = info.max_batch_tokens() > 0 ? info.max_batch_tokens() : int64_t{1} << 20;
+    w.step_in_progress = std::chrono::round<Duration>(std::chrono::duration<double>(
+        w.token_seconds * double(std::clamp<int64_t>(info.step_tokens_in_progress(), 0, cap))));
     w.info = info;
     // What was sent or ended after the poll went out is not in its Info: kept.
     w.notes.forget(sent);
@@ -244,13 +249,8 @@ std::vector<WorkerRegistry::Watch> WorkerRegistry::watch() const {
   std::lock_guard lock(mu_);
   std::vector<Watch> out;
   out.reserve(workers_.size());
-  for (const auto& w : workers_) {
-    // Bounded by the worker's own step size, so that a wild value cannot overflow a Duration.
-    const int64_t cap = w->info.max_batch_tokens() > 0 ? w->info.max_batch_tokens() : int64_t{1} << 20;
-    const int64_t tokens = w->listed ? std::clamp<int64_t>(w->info.step_tokens_in_progress(), 0, cap) : 0;
-    const auto in_progress = std::chrono::duration<double>(w->token_seconds * double(tokens));
-    out.push_back({!w->up && !w->leaving, w->step_time, std::chrono::round<Duration>(in_progress)});
-  }
+  for (const auto& w : workers_)
+    out.push_back({!w->up && !w->leaving, w->step_time, w->listed ? w->step_in_progress : Duration{0}});
   return out;
 }
 
@@ -406,6 +406,7 @@ Status WorkerRegistry::register_worker(const Endpoint& endpoint, const std::stri
       w->chosen_with.clear();
       w->step_time = Duration{0};
       w->token_seconds = 0;
+      w->step_in_progress = Duration{0};
       PD_LOG_INFO("worker {} ({}, {}) registered", endpoint.address, role_name(endpoint.role), worker_id);
     }
     w->last_heartbeat = now;

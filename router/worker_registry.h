@@ -183,9 +183,10 @@ class WorkerRegistry {
     uint64_t last_chosen = 0;             // note_chosen's sequence number; 0: never.
     std::map<int, uint64_t> chosen_with;  // The same, per producer index.
     // The latest poll interval that ran steps (see Watch::step_time): its mean step, and its
-    // time per token.
+    // time per token; and the expected length of the step the last poll saw in progress.
     Duration step_time{0};
     double token_seconds = 0;
+    Duration step_in_progress{0};
     int consecutive_failures = 0;  // Request RPCs failed since the last request it served.
     bool leaving = false;          // Deregistered: draining, not failed.
   };
