@@ -200,28 +200,36 @@ double matmul_params(const ModelConfig& c) {
 bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
   const int max_prefill = *std::max_element(o.prefill.begin(), o.prefill.end());
-  // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets).
+  // Synthetic weights on the device: N(0, 0.02), norms 1 (as make-model's presets). All in one
+  // buffer in model_tensors' order, so that each layer's q/k/v and gate/up projections are back to
+  // back: the fused QKV and gate_up GEMMs that upload_shard lays out for the engine.
+  const std::vector<TensorShape> shapes = model_tensors(c);
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (const TensorShape& t : shapes) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    sizes.push_back(t.optional && c.tie_embeddings ? 0 : n);
+    total += sizes.back();
+  }
+  BackendBuffer arena;
+  if (Status s = arena.reserve(backend, size_t(total) * 4); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return false;
+  }
   std::vector<const float*> tensors;
-  std::vector<std::unique_ptr<BackendBuffer>> buffers;
-  double weight_bytes = 0;
+  const double weight_bytes = double(total) * 4;
   uint64_t seed = 1;
-  for (const TensorShape& t : model_tensors(c)) {
-    if (t.optional && c.tie_embeddings) {
+  float* at = arena.as<float>();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (sizes[i] == 0) {
       tensors.push_back(nullptr);
       continue;
     }
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    auto buf = std::make_unique<BackendBuffer>();
-    if (Status s = buf->reserve(backend, size_t(n) * 4); !s.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-      return false;
-    }
-    const bool norm = t.name.find("norm") != std::string::npos;
-    kernels::gpu::fill_random(buf->as<float>(), n, seed++, norm ? 0.0f : 0.02f, 1.0f, nullptr);
-    tensors.push_back(buf->as<float>());
-    weight_bytes += double(n) * 4;
-    buffers.push_back(std::move(buf));
+    const bool norm = shapes[i].name.find("norm") != std::string::npos;
+    kernels::gpu::fill_random(at, sizes[i], seed++, norm ? 0.0f : 0.02f, 1.0f, nullptr);
+    tensors.push_back(at);
+    at += sizes[i];
   }
   if (gpuDeviceSynchronize() != gpuSuccess) {
     std::fprintf(stderr, "making the synthetic weights failed\n");
@@ -236,6 +244,10 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   if (!shard.ok()) {
     std::fprintf(stderr, "%s\n", std::string(shard.status().message()).c_str());
     return false;
+  }
+  for (LayerShard& w : shard->layers) {  // TP 1: the shard's pointers are the tensors' starts.
+    w.wqkv = w.wq;
+    w.w_gate_up = w.w_gate;
   }
   const int block = 16;
   const int per_seq = (std::max(o.context + 1, max_prefill) + block - 1) / block;
@@ -359,8 +371,9 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   if (o.runs(DType::kF32) && !measure(*shard)) return false;
   if (!o.runs(DType::kBF16)) return true;
 
-  // The same model with bf16 GEMM weights (--weight-dtype bf16): each GEMM tensor truncated to
-  // bf16 in a buffer of its own (TP 1: every shard pointer is its tensor's start).
+  // The same model with bf16 GEMM weights (--weight-dtype bf16): each GEMM tensor (the fused
+  // ones whole) truncated to bf16 in a buffer of its own (TP 1: every shard pointer is its
+  // tensor's start).
   std::vector<std::unique_ptr<BackendBuffer>> half_buffers;
   RankShard half = *shard;
   half.weight_dtype = DType::kBF16;
@@ -375,8 +388,16 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   for (int l = 0; l < c.n_layers && converted; ++l) {
     LayerShard& w = half.layers[l];
     const int64_t q = c.q_dim(l), kv = c.kv_dim(l), d = c.dim, h = c.hidden_dim;
-    converted = to_bf16(w.wq, q * d) && to_bf16(w.wk, kv * d) && to_bf16(w.wv, kv * d) && to_bf16(w.wo, d * q) &&
-                to_bf16(w.w_gate, h * d) && to_bf16(w.w_up, h * d) && to_bf16(w.w_down, d * h);
+    converted = to_bf16(w.wqkv, (q + 2 * kv) * d) && to_bf16(w.wo, d * q) && to_bf16(w.w_gate_up, 2 * h * d) &&
+                to_bf16(w.w_down, d * h);
+    const auto after = [](const float* base, int64_t elements) {  // bf16 elements.
+      return reinterpret_cast<const float*>(reinterpret_cast<const uint16_t*>(base) + elements);
+    };
+    w.wq = w.wqkv;
+    w.wk = after(w.wq, q * d);
+    w.wv = after(w.wk, kv * d);
+    w.w_gate = w.w_gate_up;
+    w.w_up = after(w.w_gate, h * d);
     const int64_t index_dim = c.attention(l).index_head_dim;
     if (converted && w.w_index_q != nullptr)
       converted = to_bf16(w.w_index_q, index_dim * d) && to_bf16(w.w_index_k, index_dim * d);

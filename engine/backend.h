@@ -60,6 +60,10 @@ class Backend {
 
   virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
+  // out[r] = rms_norm(in[row_ids[r]]) (row_ids in backend memory): a step's logits rows picked
+  // out of its hidden states and normed in one call, not a copy per row.
+  virtual void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                               float eps) = 0;
   // x += residual, then out = rms_norm(x) (one launch where two were: the residual add and the
   // next norm); the same results as add_inplace then rms_norm.
   virtual void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
@@ -71,13 +75,7 @@ class Backend {
   virtual bool bf16_weights() const = 0;
   // matmul_xwt with w's elements bf16 (raw bits), products accumulated in f32. Only on backends
   // whose bf16_weights() is true.
-  virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
-                               int64_t ldw) = 0;
-  virtual void add_bias(float* y, const float* bias, int rows, int out) = 0;
-  // `inv_freq`: the head dim's table (engine/rope_scaling.h) in backend memory.
-  virtual void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim,
-                    const int* positions, const float* inv_freq, float attention_scale,
-                    bool rotate_half) = 0;
+  virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw) = 0;
   // Whether the paged-KV entry points below take views of bf16 storage (half the bytes a decode
   // step's attention reads and the cache holds); the CPU backend keeps its KV in f32.
   virtual bool bf16_kv() const = 0;
@@ -85,6 +83,12 @@ class Backend {
                               const kernels::TokenPlacement& tokens, const float* k,
                               int64_t k_row_stride, const float* v, int64_t v_row_stride,
                               int n_kv_heads) = 0;
+  // Attention's input stage of a layer (kernels::cpu::qkv_rope_write): the Q and K rows' biases,
+  // head norms and RoPE, roped Q into q_out (compact), K and V into the paged cache; one pass
+  // where separate bias, norm, rope and KV-write calls took up to eight. `rope.inv_freq` is the
+  // head dim's table (engine/rope_scaling.h) in backend memory.
+  virtual void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                              const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) = 0;
   virtual void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                                const kernels::TokenPlacement& tokens, int n_q_heads,
                                int q_per_kv, int window, float scale) = 0;
@@ -99,7 +103,9 @@ class Backend {
   virtual void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits,
                       const kernels::SampleRow* params, const kernels::SeenTokens& seen,
                       const kernels::LogitEdits& edits, float* scratch) = 0;
-  virtual void silu_mul(float* gate, const float* up, int64_t n) = 0;
+  // out[r][c] = silu(gate[r][c]) * up[r][c]: rows of `cols`, out compact, gate's and up's rows
+  // `in_stride` apart (kernels::cpu::silu_mul).
+  virtual void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 };
 

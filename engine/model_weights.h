@@ -55,6 +55,13 @@ struct LayerShard {
   const float* w_up = nullptr;
   const float* w_down = nullptr;  // [dim][hidden_local] columns, rows w_down_stride apart.
   int64_t w_down_stride = 0;      // hidden_dim in the full tensor; hidden_local once compact.
+  // Fused projections, where the weights were laid out for them (upload_shard does): [wq; wk;
+  // wv] as one [q_local + 2*kv_local][dim] matrix, and [w_gate; w_up] as one
+  // [2*hidden_local][dim]; wq, wk, wv, w_gate and w_up then point into them. One GEMM each where
+  // there were three and two (issue 18's R5c). Null in host shards, which point into the model's
+  // own tensors.
+  const float* wqkv = nullptr;
+  const float* w_gate_up = nullptr;
 };
 
 // What rank `rank` of `tp` computes.

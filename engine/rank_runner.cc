@@ -65,12 +65,13 @@ Status RankRunner::reserve(int n) {
   PD_RETURN_IF_ERROR(x_.reserve(b, tokens * c.dim * f));
   PD_RETURN_IF_ERROR(xn_.reserve(b, tokens * c.dim * f));
   PD_RETURN_IF_ERROR(out_.reserve(b, tokens * c.dim * f));
-  PD_RETURN_IF_ERROR(gate_.reserve(b, tokens * shard_.hidden.size() * f));
-  PD_RETURN_IF_ERROR(up_.reserve(b, tokens * shard_.hidden.size() * f));
+  // The projections (QKV, then gate and up) share one buffer: the first are used up by attention's
+  // input stage before the MLP's are made.
+  const size_t hidden = shard_.hidden.size();
+  PD_RETURN_IF_ERROR(proj_.reserve(b, tokens * std::max(q + 2 * kv, 2 * hidden) * f));
+  PD_RETURN_IF_ERROR(act_.reserve(b, tokens * hidden * f));
   PD_RETURN_IF_ERROR(q_.reserve(b, tokens * q * f));
   PD_RETURN_IF_ERROR(attn_.reserve(b, tokens * q * f));
-  PD_RETURN_IF_ERROR(k_.reserve(b, tokens * kv * f));
-  PD_RETURN_IF_ERROR(v_.reserve(b, tokens * kv * f));
   if (index > 0) {
     PD_RETURN_IF_ERROR(q_index_.reserve(b, tokens * index * f));
     PD_RETURN_IF_ERROR(k_index_.reserve(b, tokens * index * f));
@@ -112,6 +113,7 @@ void StepMetadata::pack(const ForwardBatch& batch, int block_size) {
   const int n = int(batch.tokens.size());
   ints.assign(batch.tokens.begin(), batch.tokens.end());
   ints.insert(ints.end(), batch.positions.begin(), batch.positions.end());
+  ints.insert(ints.end(), batch.logit_rows.begin(), batch.logit_rows.end());
   // The distinct tables and how far the step reaches into each. A sequence's tokens are
   // usually consecutive, so the previous token's table is tried first.
   std::vector<std::pair<const int*, int>> tables;  // (table, blocks reached)
@@ -232,12 +234,10 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   const ModelConfig& c = config_;
   const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
   const int* tokens = meta_.as<int>();
-  const int* positions = placement_.positions;
   const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
   const bool rotate_half = c.rope_style == RopeStyle::kRotateHalf;
-  float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(),
-        *v = v_.as<float>(), *attn = attn_.as<float>(), *out = out_.as<float>(),
-        *gate = gate_.as<float>(), *up = up_.as<float>();
+  float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *proj = proj_.as<float>(),
+        *attn = attn_.as<float>(), *out = out_.as<float>(), *act = act_.as<float>();
   Status status;
   // The shard's GEMM weights are f32 or bf16 (RankShard::weight_dtype), behind the same pointers.
   const bool bf16 = shard_.weight_dtype == DType::kBF16;
@@ -267,22 +267,29 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     const int q_local = nq * hd, kv_local = nkv * hd;
     const float scale = 1.0f / std::sqrt(float(hd));
     kernels::TokenPlacement place = placement_;
-    matmul(q, xn, w.wq, n, q_local, c.dim, c.dim);
-    matmul(k, xn, w.wk, n, kv_local, c.dim, c.dim);
-    matmul(v, xn, w.wv, n, kv_local, c.dim, c.dim);
-    if (w.bq) {
-      backend_->add_bias(q, w.bq, n, q_local);
-      backend_->add_bias(k, w.bk, n, kv_local);
-      backend_->add_bias(v, w.bv, n, kv_local);
+    // The projections' rows: one fused GEMM's [q | k | v] columns, or three compact matrices.
+    kernels::QkvRows qkv;
+    if (w.wqkv) {
+      const int width = q_local + 2 * kv_local;
+      matmul(proj, xn, w.wqkv, n, width, c.dim, c.dim);
+      qkv = {proj, proj + q_local, proj + q_local + kv_local, width, width, width};
+    } else {
+      float *k = proj + int64_t(n) * q_local, *v = k + int64_t(n) * kv_local;
+      matmul(proj, xn, w.wq, n, q_local, c.dim, c.dim);
+      matmul(k, xn, w.wk, n, kv_local, c.dim, c.dim);
+      matmul(v, xn, w.wv, n, kv_local, c.dim, c.dim);
+      qkv = {proj, k, v, q_local, kv_local, kv_local};
     }
-    if (w.q_norm) {  // Qwen3: each head normalised on its own (rows of head_dim).
-      backend_->rms_norm(q, q, w.q_norm, n * nq, hd, c.rms_eps);
-      backend_->rms_norm(k, k, w.k_norm, n * nkv, hd, c.rms_eps);
-    }
+    qkv.n_q_heads = nq;
+    qkv.n_kv_heads = nkv;
+    qkv.q_bias = w.bq;
+    qkv.k_bias = w.bk;
+    qkv.v_bias = w.bv;
+    qkv.q_norm = w.q_norm;  // Qwen3: each head normalised on its own.
+    qkv.k_norm = w.k_norm;
+    qkv.norm_eps = c.rms_eps;
     const LayerRope& rope = layer_rope_[l];
-    backend_->rope(q, n, q_local, nq, hd, positions, rope.inv_freq, rope.attention_scale, rotate_half);
-    backend_->rope(k, n, kv_local, nkv, hd, positions, rope.inv_freq, rope.attention_scale, rotate_half);
-    backend_->paged_kv_write(views_[l], place, k, kv_local, v, kv_local, nkv);
+    backend_->qkv_rope_write(q, qkv, {rope.inv_freq, rope.attention_scale, rotate_half}, views_[l], place);
     const int index_layer = c.index_cache_layer(l);
     if (index_layer >= 0) {
       const int index_dim = c.attention(l).index_head_dim;
@@ -301,10 +308,16 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_rms_norm(xn, x, out, w.ffn_norm, n, c.dim, c.rms_eps);
-    matmul(gate, xn, w.w_gate, n, hidden, c.dim, c.dim);
-    matmul(up, xn, w.w_up, n, hidden, c.dim, c.dim);
-    backend_->silu_mul(gate, up, int64_t(n) * hidden);
-    matmul(out, gate, w.w_down, n, c.dim, hidden, w.w_down_stride);
+    if (w.w_gate_up) {  // Each row [gate | up].
+      matmul(proj, xn, w.w_gate_up, n, 2 * hidden, c.dim, c.dim);
+      backend_->silu_mul(act, proj, proj + hidden, n, hidden, 2 * hidden);
+    } else {
+      float* up = proj + int64_t(n) * hidden;
+      matmul(proj, xn, w.w_gate, n, hidden, c.dim, c.dim);
+      matmul(up, xn, w.w_up, n, hidden, c.dim, c.dim);
+      backend_->silu_mul(act, proj, up, n, hidden, hidden);
+    }
+    matmul(out, act, w.w_down, n, c.dim, hidden, w.w_down_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     if (l + 1 < c.n_layers)
       backend_->add_rms_norm(xn, x, out, shard_.layers[l + 1].attn_norm, n, c.dim, c.rms_eps);
@@ -315,11 +328,8 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   if (rows > 0) {
     const int vocab_local = shard_.vocab.size();
     float* last = last_.as<float>();
-    // Backend-to-backend copies (copy_to_device accepts backend memory on both sides).
-    for (int r = 0; r < rows; ++r)
-      status.Update(backend_->copy_to_device(last + int64_t(r) * c.dim, x + int64_t(batch.logit_rows[r]) * c.dim,
-                                             c.dim * sizeof(float)));
-    backend_->rms_norm(last, last, shard_.final_norm, rows, c.dim, c.rms_eps);
+    const int* logit_rows = tokens + 2 * n;  // In the step's metadata, after the positions.
+    backend_->gather_rms_norm(last, x, logit_rows, shard_.final_norm, rows, c.dim, c.rms_eps);
     matmul(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
     float* logits = result.logits;
     if (!batch.samples.empty()) {

@@ -53,8 +53,9 @@ struct StepOutput {
   kernels::RowLogprobs* logprobs = nullptr;
 };
 
-// A step's metadata packed once for all ranks: [tokens][positions][each distinct block table,
-// as far as the step's tokens reach], and per token the index of its table's first entry.
+// A step's metadata packed once for all ranks: [tokens][positions][logit rows][each distinct
+// block table, as far as the step's tokens reach], and per token the index of its table's first
+// entry.
 struct StepMetadata {
   std::vector<int> ints;
   std::vector<int64_t> table_at;
@@ -118,8 +119,10 @@ class RankRunner {
   int mask_stride_ = 0;  // Logical blocks of a full-length sequence.
   // Backend memory: activations for max_tokens_, the step's metadata, the logits rows, and for
   // sampling on the backend the gathered logits, the rows' parameters, scratch and tokens.
-  BackendBuffer x_, xn_, q_, k_, v_, attn_, out_, gate_, up_, last_, logits_local_, q_index_, k_index_,
-      block_mask_, meta_, table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
+  // proj_ holds a layer's projections (QKV, then gate and up), q_ its roped queries, act_ the
+  // MLP's activations.
+  BackendBuffer x_, xn_, proj_, q_, attn_, out_, act_, last_, logits_local_, q_index_, k_index_, block_mask_, meta_,
+      table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
   // The RoPE tables, one per distinct head dim, in backend memory; each layer's in layer_rope_.
   BackendBuffer rope_tables_;
   struct LayerRope {

@@ -1,6 +1,8 @@
 #include "engine/shard_upload.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "engine/model/float_convert.h"
@@ -13,25 +15,47 @@ class Uploader {
  public:
   Uploader(Backend* backend, UploadedShard* out) : backend_(backend), out_(out) {}
 
+  // `rows` rows of `cols` floats, `stride` apart in `src`.
+  struct Part {
+    const float* src;
+    int64_t rows, cols, stride;
+  };
+
   // `rows` rows of `cols` floats, `stride` apart in `src`; stored compact (stride = cols), as
   // f32 or as bf16.
   StatusOr<const float*> rows(const float* src, int64_t rows, int64_t cols, int64_t stride,
                               DType type = DType::kF32) {
     if (src == nullptr) return nullptr;
-    const size_t n = size_t(rows * cols);
+    PD_ASSIGN_OR_RETURN(const std::vector<const float*> stored, stacked({Part{src, rows, cols, stride}}, type));
+    return stored[0];
+  }
+
+  // The parts' rows (all of the same width) one after the other in one compact matrix; where
+  // each part starts in it, the first part's start being the matrix's.
+  StatusOr<std::vector<const float*>> stacked(std::initializer_list<Part> parts, DType type) {
+    size_t n = 0;
+    std::vector<const float*> starts;
+    for (const Part& p : parts) {
+      starts.push_back(p.src);
+      n += size_t(p.rows * p.cols);
+    }
     if (backend_ == nullptr) {
       out_->bytes += n * dtype_size(type);
-      return src;
+      return starts;
     }
-    const void* data = src;
+    const void* data = parts.begin()->src;
     if (type == DType::kBF16) {
       half_.resize(n);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) half_[size_t(r * cols + c)] = f32_to_bf16(src[r * stride + c]);
+      size_t at = 0;
+      for (const Part& p : parts)
+        for (int64_t r = 0; r < p.rows; ++r)
+          for (int64_t c = 0; c < p.cols; ++c) half_[at++] = f32_to_bf16(p.src[r * p.stride + c]);
       data = half_.data();
-    } else if (stride != cols) {
+    } else if (parts.size() > 1 || parts.begin()->stride != parts.begin()->cols) {
       compact_.resize(n);
-      for (int64_t r = 0; r < rows; ++r) std::copy_n(src + r * stride, cols, compact_.data() + r * cols);
+      float* at = compact_.data();
+      for (const Part& p : parts)
+        for (int64_t r = 0; r < p.rows; ++r, at += p.cols) std::copy_n(p.src + r * p.stride, p.cols, at);
       data = compact_.data();
     }
     const size_t bytes = n * dtype_size(type);
@@ -39,11 +63,16 @@ class Uploader {
     PD_RETURN_IF_ERROR(buf->reserve(backend_, bytes));
     PD_RETURN_IF_ERROR(backend_->copy_to_device(buf->as<void>(), data, bytes));
     // The staging vector is reused by the next tensor: wait until this one has left it.
-    if (data != src) PD_RETURN_IF_ERROR(backend_->synchronize());
-    const float* dst = buf->as<float>();
+    if (data != parts.begin()->src) PD_RETURN_IF_ERROR(backend_->synchronize());
+    size_t at = 0;
+    starts.clear();
+    for (const Part& p : parts) {
+      starts.push_back(reinterpret_cast<const float*>(buf->as<uint8_t>() + at));
+      at += size_t(p.rows * p.cols) * dtype_size(type);
+    }
     out_->bytes += bytes;
     out_->buffers.push_back(std::move(buf));
-    return dst;
+    return starts;
   }
   StatusOr<const float*> vector(const float* src, int64_t n) { return rows(src, 1, n, n); }
 
@@ -80,9 +109,13 @@ StatusOr<std::unique_ptr<UploadedShard>> upload(const ModelConfig& c, const Rank
     const int64_t index_dim = c.attention(l).index_head_dim;
     PD_ASSIGN_OR_RETURN(d.attn_norm, up.vector(h.attn_norm, dim));
     PD_ASSIGN_OR_RETURN(d.ffn_norm, up.vector(h.ffn_norm, dim));
-    PD_ASSIGN_OR_RETURN(d.wq, up.rows(h.wq, q_local, dim, dim, w));
-    PD_ASSIGN_OR_RETURN(d.wk, up.rows(h.wk, kv_local, dim, dim, w));
-    PD_ASSIGN_OR_RETURN(d.wv, up.rows(h.wv, kv_local, dim, dim, w));
+    // One matrix each for the fused QKV and gate_up GEMMs, the parts' pointers into them.
+    PD_ASSIGN_OR_RETURN(
+        const auto qkv,
+        up.stacked({{h.wq, q_local, dim, dim}, {h.wk, kv_local, dim, dim}, {h.wv, kv_local, dim, dim}}, w));
+    d.wqkv = d.wq = qkv[0];
+    d.wk = qkv[1];
+    d.wv = qkv[2];
     PD_ASSIGN_OR_RETURN(d.bq, up.vector(h.bq, q_local));
     PD_ASSIGN_OR_RETURN(d.bk, up.vector(h.bk, kv_local));
     PD_ASSIGN_OR_RETURN(d.bv, up.vector(h.bv, kv_local));
@@ -92,8 +125,9 @@ StatusOr<std::unique_ptr<UploadedShard>> upload(const ModelConfig& c, const Rank
     d.wo_stride = q_local;
     PD_ASSIGN_OR_RETURN(d.w_index_q, up.rows(h.w_index_q, index_dim, dim, dim, w));
     PD_ASSIGN_OR_RETURN(d.w_index_k, up.rows(h.w_index_k, index_dim, dim, dim, w));
-    PD_ASSIGN_OR_RETURN(d.w_gate, up.rows(h.w_gate, hidden, dim, dim, w));
-    PD_ASSIGN_OR_RETURN(d.w_up, up.rows(h.w_up, hidden, dim, dim, w));
+    PD_ASSIGN_OR_RETURN(const auto gate_up, up.stacked({{h.w_gate, hidden, dim, dim}, {h.w_up, hidden, dim, dim}}, w));
+    d.w_gate_up = d.w_gate = gate_up[0];
+    d.w_up = gate_up[1];
     PD_ASSIGN_OR_RETURN(d.w_down, up.rows(h.w_down, dim, hidden, h.w_down_stride, w));
     d.w_down_stride = hidden;
   }

@@ -54,6 +54,36 @@ struct TokenPlacement {
   int max_position = -1;
 };
 
+// A step's Q, K and V projection rows as attention's input stage takes them (qkv_rope_write):
+// token t's n_q_heads Q heads start at q + t*q_stride, its n_kv_heads K heads at k + t*k_stride
+// and its V heads at v + t*v_stride. Three buffers of their own, or the column ranges of one
+// fused QKV GEMM's rows (then every stride is the fused row's width). Biases (Qwen2) span a
+// tensor's heads, head norms (Qwen3) one head, with epsilon norm_eps; null where the model has
+// none.
+struct QkvRows {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  int n_q_heads = 0, n_kv_heads = 0;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 0.0f;
+};
+
+// A layer's rotary embedding: head_dim/2 inverse frequencies (engine/rope_scaling.h's table,
+// scaling included) in the kernel's memory, the factor on cos and sin (yarn's attention
+// scale; 1 otherwise), and the pairing: (i, i + head_dim/2) when rotate_half (Hugging Face),
+// else adjacent (2i, 2i+1) (llama2.c/Meta).
+struct RopeTable {
+  const float* inv_freq = nullptr;
+  float attention_scale = 1.0f;
+  bool rotate_half = false;
+};
+
 // The most alternatives a row's log-probabilities list (OpenAI's top_logprobs limit).
 inline constexpr int kMaxLogprobs = 20;
 

@@ -85,15 +85,9 @@ void PhaseProfiler::matmul_xwt_bf16(float* y, const float* x, const uint16_t* w,
         [&] { inner_->matmul_xwt_bf16(y, x, w, rows, out, in, ldw); });
 }
 
-void PhaseProfiler::add_bias(float* y, const float* bias, int rows, int out) {
-  timed(Phase::kSmallKernels, [&] { inner_->add_bias(y, bias, rows, out); });
-}
-
-void PhaseProfiler::rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-                         const float* inv_freq, float attention_scale, bool rotate_half) {
-  timed(Phase::kSmallKernels, [&] {
-    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
-  });
+void PhaseProfiler::qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                                   const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) {
+  timed(Phase::kSmallKernels, [&] { inner_->qkv_rope_write(q_out, rows, rope, kv, tokens); });
 }
 
 void PhaseProfiler::paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
@@ -123,8 +117,13 @@ void PhaseProfiler::sample(int* tokens, kernels::RowLogprobs* logprobs, const ke
   timed(Phase::kSampling, [&] { inner_->sample(tokens, logprobs, logits, params, seen, edits, scratch); });
 }
 
-void PhaseProfiler::silu_mul(float* gate, const float* up, int64_t n) {
-  timed(Phase::kSmallKernels, [&] { inner_->silu_mul(gate, up, n); });
+void PhaseProfiler::silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) {
+  timed(Phase::kSmallKernels, [&] { inner_->silu_mul(out, gate, up, rows, cols, in_stride); });
+}
+
+void PhaseProfiler::gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                                    float eps) {
+  timed(Phase::kSmallKernels, [&] { inner_->gather_rms_norm(out, in, row_ids, w, rows, dim, eps); });
 }
 
 void PhaseProfiler::add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,

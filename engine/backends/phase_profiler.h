@@ -1,11 +1,12 @@
 // PhaseProfiler: an engine::Backend that forwards every call to another backend and, while
 // enabled, times each kernel entry point to its completion (a synchronize() after it) and adds
-// it to its phase — GEMMs, the LM head's GEMM, attention, the small kernels (norms, RoPE,
-// elementwise, embedding), sampling, copies. What a benchmark prints as a step's breakdown
-// (bench/engine_bench --breakdown, bench/gpu_bench --breakdown): where a step's time goes and how
-// many kernel calls (at least one launch each on a GPU) it makes. Waiting after every call
-// removes the overlap of launches with work, so the phases add up to more than an unprofiled
-// step; their shares are what guide the next optimisation. Disabled, it only forwards.
+// it to its phase — GEMMs, the LM head's GEMM, attention, the small kernels (norms, attention's
+// input stage of biases, RoPE and KV writes, elementwise, embedding), sampling, copies. What a
+// benchmark prints as a step's breakdown (bench/engine_bench --breakdown, bench/gpu_bench
+// --breakdown): where a step's time goes and how many kernel calls (at least one launch each on
+// a GPU) it makes. Waiting after every call removes the overlap of launches with work, so the
+// phases add up to more than an unprofiled step; their shares are what guide the next
+// optimisation. Disabled, it only forwards.
 #pragma once
 
 #include <array>
@@ -68,15 +69,15 @@ class PhaseProfiler final : public Backend {
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim) override;
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override;
+  void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                       float eps) override;
   void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim, float eps) override;
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override;
-  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
-                       int64_t ldw) override;
-  void add_bias(float* y, const float* bias, int rows, int out) override;
-  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-            const float* inv_freq, float attention_scale, bool rotate_half) override;
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw) override;
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
                       int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) override;
+  void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                      const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) override;
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
                        float scale) override;
@@ -86,7 +87,7 @@ class PhaseProfiler final : public Backend {
   void sample(int* tokens, kernels::RowLogprobs* logprobs, const kernels::ShardedLogits& logits,
               const kernels::SampleRow* params, const kernels::SeenTokens& seen, const kernels::LogitEdits& edits,
               float* scratch) override;
-  void silu_mul(float* gate, const float* up, int64_t n) override;
+  void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) override;
   void add_inplace(float* x, const float* y, int64_t n) override;
 
  private:

@@ -17,6 +17,11 @@ void rms_norm(float* out, const float* in, const float* weight, int rows, int di
   }
 }
 
+void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* weight, int rows, int dim,
+                     float eps) {
+  for (int r = 0; r < rows; ++r) rms_norm(out + int64_t(r) * dim, in + int64_t(row_ids[r]) * dim, weight, 1, dim, eps);
+}
+
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows, int dim, float eps) {
   for (int r = 0; r < rows; ++r) {
     float* xr = x + int64_t(r) * dim;
@@ -46,10 +51,12 @@ void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, con
   }
 }
 
-void silu_mul(float* gate, const float* up, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) {
+  for (int r = 0; r < rows; ++r) {
+    const float* g = gate + r * in_stride;
+    const float* u = up + r * in_stride;
+    float* y = out + int64_t(r) * cols;
+    for (int c = 0; c < cols; ++c) y[c] = g[c] / (1.0f + std::exp(-g[c])) * u[c];
   }
 }
 

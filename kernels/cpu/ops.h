@@ -10,6 +10,11 @@ namespace pdserve::kernels::cpu {
 // out[r] = in[r] / rms(in[r]) * weight, for `rows` rows of `dim`.
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps);
 
+// out[r] = rms_norm(in[row_ids[r]]) for `rows` rows of `dim`: rows picked out of a larger
+// matrix and normed in one call, with the bits of copying them out and norming the copies.
+void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* weight, int rows, int dim,
+                     float eps);
+
 // x += residual, then out = rms_norm(x): add_inplace and rms_norm row by row (the row still in
 // cache for the norm), with the same results.
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows, int dim, float eps);
@@ -22,8 +27,10 @@ void add_rms_norm(float* out, float* x, const float* residual, const float* weig
 void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
           const float* inv_freq, float attention_scale, bool rotate_half);
 
-// gate[i] = silu(gate[i]) * up[i].
-void silu_mul(float* gate, const float* up, int64_t n);
+// SwiGLU's product: out[r][c] = silu(gate[r][c]) * up[r][c] for `rows` rows of `cols`, out
+// compact and gate's and up's rows `in_stride` apart (the halves of a fused gate_up GEMM's rows,
+// or buffers of their own). out may be gate when in_stride is cols.
+void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride);
 
 // x[i] += y[i].
 void add_inplace(float* x, const float* y, int64_t n);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/lanes.h"
+#include "kernels/cpu/ops.h"
 
 namespace pdserve::kernels::cpu {
 namespace {
@@ -40,6 +41,35 @@ void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, cons
       float* vd = v_base + block * kv.v_block_stride + slot * kv.v_token_stride + h * kv.v_head_stride;
       std::memcpy(vd, v + t * v_row_stride + int64_t(h) * kv.v_head_dim, sizeof(float) * kv.v_head_dim);
     }
+  }
+}
+
+void qkv_rope_write(float* q_out, const QkvRows& rows, const RopeTable& rope, const PagedLayerView& kv,
+                    const TokenPlacement& tokens) {
+  const int hd = kv.head_dim, vd = kv.v_head_dim, nq = rows.n_q_heads, nkv = rows.n_kv_heads;
+  const int64_t q_width = int64_t(nq) * hd, k_width = int64_t(nkv) * hd, v_width = int64_t(nkv) * vd;
+  // One token's K and V on their way into the cache.
+  std::vector<float> k(k_width), v(v_width);
+  // A head's bias, norm and rotation, as the separate kernels compute them on a one-row batch.
+  auto finish = [&](float* x, int heads, const float* bias, const float* norm, int position) {
+    if (bias) add_bias(x, bias, 1, heads * hd);
+    if (norm) rms_norm(x, x, norm, heads, hd, rows.norm_eps);
+    cpu::rope(x, 1, int64_t(heads) * hd, heads, hd, &position, rope.inv_freq, rope.attention_scale, rope.rotate_half);
+  };
+  for (int t = 0; t < tokens.num_tokens; ++t) {
+    const int position = tokens.positions[t];
+    float* q = q_out + t * q_width;
+    std::copy_n(rows.q + t * rows.q_stride, q_width, q);
+    finish(q, nq, rows.q_bias, rows.q_norm, position);
+    std::copy_n(rows.k + t * rows.k_stride, k_width, k.data());
+    finish(k.data(), nkv, rows.k_bias, rows.k_norm, position);
+    std::copy_n(rows.v + t * rows.v_stride, v_width, v.data());
+    if (rows.v_bias) add_bias(v.data(), rows.v_bias, 1, int(v_width));
+    TokenPlacement one = tokens;
+    one.num_tokens = 1;
+    one.positions += t;
+    one.block_tables += t;
+    paged_kv_write(kv, one, k.data(), k_width, v.data(), v_width, nkv);
   }
 }
 

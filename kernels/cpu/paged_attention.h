@@ -15,6 +15,14 @@ namespace pdserve::kernels::cpu {
 void paged_kv_write(const PagedLayerView& kv, const TokenPlacement& tokens, const float* k,
                     int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads);
 
+// Attention's input stage of one layer, in one pass over the step's tokens: each Q and K head
+// gets its bias, its head norm and RoPE at the token's position (add_bias, rms_norm and rope of
+// kernels/cpu/ops.h, in that order, with their results); roped Q goes to q_out, compact rows of
+// n_q_heads*head_dim, and K and V (V with its bias) into the token's block and slot as
+// paged_kv_write stores them. Q and K heads are kv.head_dim wide, V heads kv.v_head_dim.
+void qkv_rope_write(float* q_out, const QkvRows& rows, const RopeTable& rope, const PagedLayerView& kv,
+                    const TokenPlacement& tokens);
+
 // out[t][h] = softmax(q[t][h] · K[j] * scale) · V[j] over the positions j the token sees:
 // (positions[t] - window, positions[t]] (window 0 = from 0). Query head h reads KV head
 // h / q_per_kv. q rows hold n_q_heads*head_dim, out rows n_q_heads*v_head_dim.

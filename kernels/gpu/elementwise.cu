@@ -1,25 +1,22 @@
-// Element-wise kernels: SwiGLU's silu(gate) * up, residual add, bias add, and the device-side
+// Element-wise kernels: SwiGLU's silu(gate) * up, residual add, and the device-side
 // random fill that synthetic models use instead of weight files.
 #include "kernels/gpu/kernel_util.h"
 
 namespace pdserve::kernels::gpu {
 namespace {
 
-__global__ void silu_mul_kernel(float* gate, const float* up, int64_t n) {
+__global__ void silu_mul_kernel(float* out, const float* gate, const float* up, int64_t n, int cols,
+                                int64_t in_stride) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
+    const int64_t at = (i / cols) * in_stride + i % cols;
+    const float g = gate[at];
+    out[i] = g / (1.0f + expf(-g)) * up[at];
   }
 }
 
 __global__ void add_inplace_kernel(float* x, const float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
-}
-
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] += bias[i % out];
 }
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
@@ -45,20 +42,16 @@ __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed, float std
 
 }  // namespace
 
-void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream) {
+void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride,
+              gpuStream_t stream) {
+  const int64_t n = int64_t(rows) * cols;
   if (n <= 0) return;
-  gpu_launch(silu_mul_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, gate, up, n);
+  gpu_launch(silu_mul_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, out, gate, up, n, cols, in_stride);
 }
 
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream) {
   if (n <= 0) return;
   gpu_launch(add_inplace_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, x, y, n);
-}
-
-void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream) {
-  const int64_t n = int64_t(rows) * out;
-  if (n <= 0) return;
-  gpu_launch(add_bias_kernel, grid_for(n, kBlockThreads), kBlockThreads, 0, stream, y, bias, n, out);
 }
 
 void fill_random(float* x, int64_t n, uint64_t seed, float stddev, float value, gpuStream_t stream) {

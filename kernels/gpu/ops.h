@@ -24,17 +24,22 @@ void embed(float* out, const void* table, Storage table_type, const int* tokens,
 
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps,
               gpuStream_t stream);
+// As cpu::gather_rms_norm; row_ids is device memory.
+void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* weight, int rows, int dim, float eps,
+                     gpuStream_t stream);
 // x += residual, then out = rms_norm(x): the residual add and the next norm in one pass.
 void add_rms_norm(float* out, float* x, const float* residual, const float* weight, int rows,
                   int dim, float eps, gpuStream_t stream);
 
-// inv_freq: head_dim/2 floats of device memory.
-void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-          const float* inv_freq, float attention_scale, bool rotate_half, gpuStream_t stream);
+// Attention's input stage (biases, head norms, RoPE; roped Q out, K and V into the paged cache)
+// as cpu::qkv_rope_write, in any KV storage; rope.inv_freq is device memory. Head dims even and
+// at most 256.
+void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                    const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, gpuStream_t stream);
 
-void silu_mul(float* gate, const float* up, int64_t n, gpuStream_t stream);
+void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride,
+              gpuStream_t stream);
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
-void add_bias(float* y, const float* bias, int rows, int out, gpuStream_t stream);
 
 // y[rows][out] = x[rows][in] · wᵀ, w's rows `ldw` elements apart and stored as `w_type`;
 // accumulated in f32. The portable tiled kernel (kernels/gpu/gemm.cu): backends use the vendor

@@ -62,6 +62,11 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->rms_norm(out, in, w, rows, dim, eps);
   }
+  void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                       float eps) override {
+    Open open(this);
+    inner_->gather_rms_norm(out, in, row_ids, w, rows, dim, eps);
+  }
   void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
                     float eps) override {
     Open open(this);
@@ -82,20 +87,16 @@ class GuardedBackend final : public Backend {
       for (int i = 0; i < in; ++i) widened_[size_t(o) * in + i] = engine::bf16_to_f32(w[int64_t(o) * ldw + i]);
     inner_->matmul_xwt(y, x, widened_.data(), rows, out, in, in);
   }
-  void add_bias(float* y, const float* bias, int rows, int out) override {
-    Open open(this);
-    inner_->add_bias(y, bias, rows, out);
-  }
-  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-            const float* inv_freq, float attention_scale, bool rotate_half) override {
-    Open open(this);
-    inner_->rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
-  }
   bool bf16_kv() const override { return inner_->bf16_kv(); }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {
     Open open(this);
     inner_->paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads);
+  }
+  void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                      const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) override {
+    Open open(this);
+    inner_->qkv_rope_write(q_out, rows, rope, kv, tokens);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
                        int n_q_heads, int q_per_kv, int window, float scale) override {
@@ -113,9 +114,9 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->sample(tokens, logprobs, logits, params, seen, edits, scratch);
   }
-  void silu_mul(float* gate, const float* up, int64_t n) override {
+  void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) override {
     Open open(this);
-    inner_->silu_mul(gate, up, n);
+    inner_->silu_mul(out, gate, up, rows, cols, in_stride);
   }
   void add_inplace(float* x, const float* y, int64_t n) override {
     Open open(this);

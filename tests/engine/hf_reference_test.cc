@@ -1,8 +1,9 @@
 // The engine's logits against an independent plain implementation of the Hugging Face forward
 // pass (tests/engine/reference_hf.h) on the shapes issue 14 added: Llama-3.1's RoPE scaling
 // (tiny-llama31), Qwen3's per-head q/k norms with head_dim != hidden / heads (tiny-qwen3), and
-// YaRN (tiny-yarn), plus linear and dynamic scaling; at TP 1 and 2, on the CPU backend and on the
-// CPU emulation of the GPU. Every position's logits must agree within 1e-4 (f32 against double).
+// YaRN (tiny-yarn), plus linear and dynamic scaling and Qwen2's q/k/v biases (tiny-qwen2); at TP
+// 1 and 2, on the CPU backend and on the CPU emulation of the GPU (whose uploaded shards fuse the
+// QKV and gate_up GEMMs). Every position's logits must agree within 1e-4 (f32 against double).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -116,6 +117,7 @@ std::vector<Case> cases() {
   const Model models[] = {
       {"tiny-llama31", "", RopeScalingType::kLlama3, false},
       {"tiny-qwen3", "", RopeScalingType::kNone, true},
+      {"tiny-qwen2", "", RopeScalingType::kNone, false},  // q/k/v biases.
       {"tiny-yarn", "", RopeScalingType::kYarn, false},
       {"tiny-llama31", R"({"rope_type": "linear", "factor": 4.0})", RopeScalingType::kLinear, false},
       {"tiny-llama31", R"({"rope_type": "dynamic", "factor": 2.0})", RopeScalingType::kDynamic, false},

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -45,6 +46,19 @@ TEST(Kernels, AddRmsNormEqualsAddThenNormBitForBit) {
   rms_norm(want.data(), want_x.data(), w.data(), rows, dim, 1e-5f);
   add_rms_norm(got.data(), got_x.data(), r.data(), w.data(), rows, dim, 1e-5f);
   EXPECT_EQ(got_x, want_x);
+  EXPECT_EQ(got, want);
+}
+
+// The logits rows' norm: rows picked by index (repeated, reordered) with the bits of copying
+// them out and norming the copies.
+TEST(Kernels, GatherRmsNormEqualsCopyThenNormBitForBit) {
+  const int rows = 5, dim = 67;
+  const std::vector<float> x = random_vec(rows * dim, 4), w = random_vec(dim, 5);
+  const std::vector<int> ids = {3, 0, 3, 4};
+  std::vector<float> copied, want(ids.size() * dim), got(ids.size() * dim);
+  for (int id : ids) copied.insert(copied.end(), x.begin() + id * dim, x.begin() + (id + 1) * dim);
+  rms_norm(want.data(), copied.data(), w.data(), int(ids.size()), dim, 1e-5f);
+  gather_rms_norm(got.data(), x.data(), ids.data(), w.data(), int(ids.size()), dim, 1e-5f);
   EXPECT_EQ(got, want);
 }
 
@@ -133,6 +147,97 @@ TEST(Kernels, MatmulRowsDoNotDependOnTheirBatch) {
             << "row " << r << " of " << rows << ", column " << o;
     }
   }
+}
+
+// Attention's input stage in one pass computes the bits of the separate calls it replaced
+// (biases, head norms, RoPE, then the KV write), from fused [q | k | v] rows and from three
+// buffers, with and without Qwen2's biases and Qwen3's head norms, in both pair layouts.
+TEST(Kernels, QkvRopeWriteEqualsItsPartsBitForBit) {
+  using namespace engine;
+  const int nq = 4, nkv = 2, hd = 10, block = 4, blocks = 4, n = 7;
+  const int64_t qw = nq * hd, kvw = nkv * hd, width = qw + 2 * kvw;
+  KvCacheSpec spec;
+  spec.block_size = block;
+  spec.layers = {
+      {KvKind::kKv, KvSharding::kByHead, nkv, hd, hd, DType::kF32, KvLayout::kSeparate, KvOrder::kHeadMajor, 0}};
+  auto layout = KvCacheLayout::create(spec, 0, 1, blocks);
+  ASSERT_TRUE(layout.ok());
+  const std::vector<int> table = {3, 0, 2, 1}, pos = {0, 1, 2, 3, 4, 5, 6};
+  std::vector<const int*> tables(n, table.data());
+  const TokenPlacement place{n, pos.data(), tables.data()};
+  const std::vector<float> fused = random_vec(n * width, 7), bias = random_vec(width, 8), norm = random_vec(hd, 9);
+  const std::vector<float> inv_freq = engine::rope_frequencies({}, 10000.0f, hd, 64).inv_freq;
+  for (bool rotate_half : {false, true})
+    for (bool extras : {false, true}) {
+      // The separate calls on three compact buffers.
+      std::vector<float> q(n * qw), k(n * kvw), v(n * kvw);
+      for (int t = 0; t < n; ++t) {
+        std::copy_n(&fused[t * width], qw, &q[t * qw]);
+        std::copy_n(&fused[t * width + qw], kvw, &k[t * kvw]);
+        std::copy_n(&fused[t * width + qw + kvw], kvw, &v[t * kvw]);
+      }
+      if (extras) {
+        add_bias(q.data(), bias.data(), n, qw);
+        add_bias(k.data(), bias.data() + qw, n, kvw);
+        add_bias(v.data(), bias.data() + qw + kvw, n, kvw);
+        rms_norm(q.data(), q.data(), norm.data(), n * nq, hd, 1e-6f);
+        rms_norm(k.data(), k.data(), norm.data(), n * nkv, hd, 1e-6f);
+      }
+      rope(q.data(), n, qw, nq, hd, pos.data(), inv_freq.data(), 1.5f, rotate_half);
+      rope(k.data(), n, kvw, nkv, hd, pos.data(), inv_freq.data(), 1.5f, rotate_half);
+      std::vector<float> want_cache(layout->total_bytes() / 4);
+      paged_kv_write(layout->view(0, reinterpret_cast<uint8_t*>(want_cache.data())), place, k.data(), kvw, v.data(),
+                     kvw, nkv);
+      for (bool fused_rows : {false, true}) {
+        QkvRows rows;
+        std::vector<float> sq(n * qw), sk(n * kvw), sv(n * kvw);  // The unfused inputs.
+        if (fused_rows) {
+          rows = {fused.data(), fused.data() + qw, fused.data() + qw + kvw, width, width, width};
+        } else {
+          for (int t = 0; t < n; ++t) {
+            std::copy_n(&fused[t * width], qw, &sq[t * qw]);
+            std::copy_n(&fused[t * width + qw], kvw, &sk[t * kvw]);
+            std::copy_n(&fused[t * width + qw + kvw], kvw, &sv[t * kvw]);
+          }
+          rows = {sq.data(), sk.data(), sv.data(), qw, kvw, kvw};
+        }
+        rows.n_q_heads = nq;
+        rows.n_kv_heads = nkv;
+        if (extras) {
+          rows.q_bias = bias.data();
+          rows.k_bias = bias.data() + qw;
+          rows.v_bias = bias.data() + qw + kvw;
+          rows.q_norm = rows.k_norm = norm.data();
+          rows.norm_eps = 1e-6f;
+        }
+        std::vector<float> got_q(n * qw), got_cache(layout->total_bytes() / 4);
+        qkv_rope_write(got_q.data(), rows, {inv_freq.data(), 1.5f, rotate_half},
+                       layout->view(0, reinterpret_cast<uint8_t*>(got_cache.data())), place);
+        const std::string what = std::string(fused_rows ? "fused" : "separate") + " rows, rotate_half " +
+                                 std::to_string(rotate_half) + ", biases and norms " + std::to_string(extras);
+        EXPECT_EQ(got_q, q) << what;
+        EXPECT_EQ(got_cache, want_cache) << what;
+      }
+    }
+}
+
+// SwiGLU's product from the two halves of fused gate_up rows, and in place on compact ones.
+TEST(Kernels, SiluMulOnFusedHalvesAndInPlace) {
+  const int rows = 3, cols = 5;
+  const std::vector<float> gu = random_vec(rows * 2 * cols, 10);
+  std::vector<float> fused_out(rows * cols), gate(rows * cols), up(rows * cols);
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(&gu[r * 2 * cols], cols, &gate[r * cols]);
+    std::copy_n(&gu[r * 2 * cols + cols], cols, &up[r * cols]);
+  }
+  silu_mul(fused_out.data(), gu.data(), gu.data() + cols, rows, cols, 2 * cols);
+  std::vector<float> in_place = gate;
+  silu_mul(in_place.data(), in_place.data(), up.data(), rows, cols, cols);
+  for (int i = 0; i < rows * cols; ++i) {
+    const double g = gate[i];
+    EXPECT_NEAR(fused_out[i], g / (1 + std::exp(-g)) * up[i], 1e-6) << i;
+  }
+  EXPECT_EQ(in_place, fused_out);
 }
 
 struct LayoutCase {

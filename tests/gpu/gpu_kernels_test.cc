@@ -44,6 +44,15 @@ TEST(GpuKernels, RmsNormAndFusedResidual) {
     gpu::rms_norm(dout.get(), dx.get(), dw.get(), rows, dim, 1e-5f, nullptr);
     EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << "dim " << dim;
 
+    // Rows picked by index, repeats and reordering included (the logits rows of a step).
+    const std::vector<int> ids = {4, 0, 4, 2};
+    std::vector<float> want_gathered(ids.size() * dim);
+    cpu::gather_rms_norm(want_gathered.data(), x.data(), ids.data(), w.data(), ids.size(), dim, 1e-5f);
+    Dev<int> dids(ids);
+    Dev<float> dgathered(ids.size() * dim);
+    gpu::gather_rms_norm(dgathered.get(), dx.get(), dids.get(), dw.get(), ids.size(), dim, 1e-5f, nullptr);
+    EXPECT_LE(rel_error(dgathered.host(), want_gathered), kF32Tol) << "gathered, dim " << dim;
+
     std::vector<float> xr = x;
     cpu::add_inplace(xr.data(), r.data(), rows * dim);
     cpu::rms_norm(want.data(), xr.data(), w.data(), rows, dim, 1e-5f);
@@ -53,48 +62,25 @@ TEST(GpuKernels, RmsNormAndFusedResidual) {
   }
 }
 
-// Both pair layouts, unscaled and with a llama3 table, and a yarn table with its cos/sin scale.
-TEST(GpuKernels, RopeBothPairLayoutsOnStridedRowsWithScaledTables) {
+// SwiGLU from the halves of fused gate_up rows and in place on compact ones, and the residual add.
+TEST(GpuKernels, ElementwiseSwiGluAndResidual) {
   REQUIRE_GPU();
-  const int rows = 6, heads = 3, hd = 64;
-  const int64_t stride = heads * hd + 40;  // Rows of a wider buffer.
-  std::vector<int> pos = {0, 1, 17, 255, 256, 300};
-  engine::RopeScaling llama3;
-  llama3.type = engine::RopeScalingType::kLlama3;
-  llama3.factor = 8.0;
-  llama3.original_max_position_embeddings = 64;
-  engine::RopeScaling yarn;
-  yarn.type = engine::RopeScalingType::kYarn;
-  yarn.factor = 4.0;
-  yarn.original_max_position_embeddings = 64;
-  for (const engine::RopeScaling& scaling : {engine::RopeScaling{}, llama3, yarn}) {
-    const engine::RopeFrequencies table = engine::rope_frequencies(scaling, 10000.0f, hd, 512);
-    for (bool half : {false, true}) {
-      std::vector<float> x = random_vec(rows * stride, 4), want = x;
-      cpu::rope(want.data(), rows, stride, heads, hd, pos.data(), table.inv_freq.data(), table.attention_scale, half);
-      Dev<float> dx(x), dfreq(table.inv_freq);
-      Dev<int> dpos(pos);
-      gpu::rope(dx.get(), rows, stride, heads, hd, dpos.get(), dfreq.get(), table.attention_scale, half, nullptr);
-      EXPECT_LE(rel_error(dx.host(), want), kRopeTol) << "type " << int(scaling.type) << " rotate_half " << half;
-    }
+  const int rows = 7, cols = 333;
+  const int64_t n = int64_t(rows) * cols;
+  const std::vector<float> gu = random_vec(2 * n, 5);
+  std::vector<float> want(n), g(n), u(n);
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(&gu[r * 2 * cols], cols, &g[r * cols]);
+    std::copy_n(&gu[r * 2 * cols + cols], cols, &u[r * cols]);
   }
-}
-
-TEST(GpuKernels, ElementwiseSwiGluResidualBias) {
-  REQUIRE_GPU();
-  const int rows = 7, out = 333;
-  const int64_t n = int64_t(rows) * out;
-  std::vector<float> g = random_vec(n, 5), u = random_vec(n, 6), b = random_vec(out, 7);
-  Dev<float> dg(g), du(u), db(b);
-  std::vector<float> want = g;
-  cpu::silu_mul(want.data(), u.data(), n);
-  gpu::silu_mul(dg.get(), du.get(), n, nullptr);
+  cpu::silu_mul(want.data(), gu.data(), gu.data() + cols, rows, cols, 2 * cols);
+  Dev<float> dgu(gu), dout(n), dg(g), du(u);
+  gpu::silu_mul(dout.get(), dgu.get(), dgu.get() + cols, rows, cols, 2 * cols, nullptr);
+  EXPECT_LE(rel_error(dout.host(), want), kF32Tol);
+  gpu::silu_mul(dg.get(), dg.get(), du.get(), rows, cols, cols, nullptr);
   EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
   cpu::add_inplace(want.data(), u.data(), n);
   gpu::add_inplace(dg.get(), du.get(), n, nullptr);
-  EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
-  cpu::add_bias(want.data(), b.data(), rows, out);
-  gpu::add_bias(dg.get(), db.get(), rows, out, nullptr);
   EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
 }
 
@@ -662,6 +648,72 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
             << "split decode kernel, " << splits << " splits, window " << window << " mask " << masked;
       }
     }
+}
+
+// Attention's input stage against the CPU reference: fused [q | k | v] rows and three buffers,
+// with and without Qwen2's biases and Qwen3's head norms, both pair layouts, an unscaled, a
+// llama3 and a yarn table (its cos/sin scale), into the layout's cache in its storage.
+TEST_P(GpuPaged, QkvRopeWriteMatchesCpu) {
+  REQUIRE_GPU();
+  const LayoutParam P = GetParam();
+  const int kv_heads = 2, nq = 6, hd = 64;
+  PagedCase c(kv_heads, hd, false, P.layout, P.order, P.storage);
+  Placement all(all_positions(), c.tables);
+  const int n = all.n();
+  const int64_t qw = nq * hd, kvw = kv_heads * hd, width = qw + 2 * kvw;
+  const std::vector<float> fused = random_vec(n * width, 30), bias = random_vec(width, 31), norm = random_vec(hd, 32);
+  std::vector<float> q(n * qw), k(n * kvw), v(n * kvw);
+  for (int t = 0; t < n; ++t) {
+    std::copy_n(&fused[t * width], qw, &q[t * qw]);
+    std::copy_n(&fused[t * width + qw], kvw, &k[t * kvw]);
+    std::copy_n(&fused[t * width + qw + kvw], kvw, &v[t * kvw]);
+  }
+  Dev<float> dfused(fused), dq(q), dk(k), dv(v), dbias(bias), dnorm(norm), dq_out(n * qw);
+  engine::RopeScaling llama3;
+  llama3.type = engine::RopeScalingType::kLlama3;
+  llama3.factor = 8.0;
+  llama3.original_max_position_embeddings = 64;
+  engine::RopeScaling yarn;
+  yarn.type = engine::RopeScalingType::kYarn;
+  yarn.factor = 4.0;
+  yarn.original_max_position_embeddings = 64;
+  for (const engine::RopeScaling& scaling : {engine::RopeScaling{}, llama3, yarn}) {
+    const engine::RopeFrequencies table = engine::rope_frequencies(scaling, 10000.0f, hd, 512);
+    Dev<float> dfreq(table.inv_freq);
+    for (bool rotate_half : {false, true})
+      for (bool extras : {false, true})
+        for (bool fused_rows : {false, true}) {
+          kernels::QkvRows host_rows{fused.data(), fused.data() + qw, fused.data() + qw + kvw, width, width, width};
+          kernels::QkvRows dev_rows{dfused.get(), dfused.get() + qw, dfused.get() + qw + kvw, width, width, width};
+          if (!fused_rows) dev_rows = {dq.get(), dk.get(), dv.get(), qw, kvw, kvw};
+          for (kernels::QkvRows* r : {&host_rows, &dev_rows}) {
+            r->n_q_heads = nq;
+            r->n_kv_heads = kv_heads;
+            r->norm_eps = 1e-6f;
+          }
+          if (extras) {
+            host_rows.q_bias = bias.data();
+            host_rows.k_bias = bias.data() + qw;
+            host_rows.v_bias = bias.data() + qw + kvw;
+            host_rows.q_norm = host_rows.k_norm = norm.data();
+            dev_rows.q_bias = dbias.get();
+            dev_rows.k_bias = dbias.get() + qw;
+            dev_rows.v_bias = dbias.get() + qw + kvw;
+            dev_rows.q_norm = dev_rows.k_norm = dnorm.get();
+          }
+          std::vector<float> want_q(n * qw);
+          cpu::qkv_rope_write(want_q.data(), host_rows, {table.inv_freq.data(), table.attention_scale, rotate_half},
+                              c.host_view(), all.host());
+          gpu::qkv_rope_write(dq_out.get(), dev_rows, {dfreq.get(), table.attention_scale, rotate_half}, c.dev_view(),
+                              all.dev(), nullptr);
+          const std::string what = "scaling " + std::to_string(int(scaling.type)) + ", rotate_half " +
+                                   std::to_string(rotate_half) + ", biases and norms " + std::to_string(extras) +
+                                   (fused_rows ? ", fused rows" : ", separate rows");
+          EXPECT_LE(rel_error(dq_out.host(), want_q), kRopeTol) << what;
+          EXPECT_LE(rel_error(c.dev_as_host_layout(), c.host_arena), P.storage == Storage::kF32 ? kRopeTol : kHalfTol)
+              << what;
+        }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
     k::rms_norm(out, in, w, rows, dim, eps);
   }
+  void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                       float eps) override {
+    k::gather_rms_norm(out, in, row_ids, w, rows, dim, eps);
+  }
   void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
                     float eps) override {
     k::add_rms_norm(out, x, residual, w, rows, dim, eps);
@@ -63,16 +67,15 @@ class CpuBackend final : public Backend {
     std::fprintf(stderr, "pdserve: the CPU backend computes with f32 weights (bf16_weights() is false)\n");
     std::abort();
   }
-  void add_bias(float* y, const float* bias, int rows, int out) override { k::add_bias(y, bias, rows, out); }
-  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-            const float* inv_freq, float attention_scale, bool rotate_half) override {
-    k::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half);
-  }
   bool bf16_kv() const override { return false; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,
                       int n_kv_heads) override {
     k::paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads);
+  }
+  void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                      const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) override {
+    k::qkv_rope_write(q_out, rows, rope, kv, tokens);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
@@ -88,7 +91,9 @@ class CpuBackend final : public Backend {
               const kernels::SeenTokens& seen, const kernels::LogitEdits& edits, float*) override {
     k::sample_rows(tokens, logprobs, logits, params, seen, edits, &sample_scratch_);
   }
-  void silu_mul(float* gate, const float* up, int64_t n) override { k::silu_mul(gate, up, n); }
+  void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) override {
+    k::silu_mul(out, gate, up, rows, cols, in_stride);
+  }
   void add_inplace(float* x, const float* y, int64_t n) override { k::add_inplace(x, y, n); }
 
  private:

@@ -127,6 +127,11 @@ class GpuBackend final : public Backend {
     bind();
     g::rms_norm(out, in, w, rows, dim, eps, stream_);
   }
+  void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
+                       float eps) override {
+    bind();
+    g::gather_rms_norm(out, in, row_ids, w, rows, dim, eps, stream_);
+  }
   void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim,
                     float eps) override {
     bind();
@@ -156,21 +161,17 @@ class GpuBackend final : public Backend {
     bind();
     g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_);
   }
-  void add_bias(float* y, const float* bias, int rows, int out) override {
-    bind();
-    g::add_bias(y, bias, rows, out, stream_);
-  }
-  void rope(float* x, int rows, int64_t row_stride, int n_heads, int head_dim, const int* positions,
-            const float* inv_freq, float attention_scale, bool rotate_half) override {
-    bind();
-    g::rope(x, rows, row_stride, n_heads, head_dim, positions, inv_freq, attention_scale, rotate_half, stream_);
-  }
   bool bf16_kv() const override { return true; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,
                       int n_kv_heads) override {
     bind();
     g::paged_kv_write(kv, tokens, kp, k_row_stride, vp, v_row_stride, n_kv_heads, stream_);
+  }
+  void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
+                      const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) override {
+    bind();
+    g::qkv_rope_write(q_out, rows, rope, kv, tokens, stream_);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
@@ -202,9 +203,9 @@ class GpuBackend final : public Backend {
     bind();
     g::sample(tokens, logprobs, logits, params, seen, edits, scratch, stream_);
   }
-  void silu_mul(float* gate, const float* up, int64_t n) override {
+  void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) override {
     bind();
-    g::silu_mul(gate, up, n, stream_);
+    g::silu_mul(out, gate, up, rows, cols, in_stride, stream_);
   }
   void add_inplace(float* x, const float* y, int64_t n) override {
     bind();
