@@ -16,6 +16,14 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
       return absl::InvalidArgumentError(absl::StrCat("the ", backend->name(), " backend cannot keep its KV cache in ",
                                                      dtype_name(s.dtype), " (it takes f32",
                                                      backend->bf16_kv() ? " or bf16)" : ")"));
+  for (size_t l = 0; l < kv_spec.layers.size(); ++l) {
+    const LayerKvSpec& s = kv_spec.layers[l];
+    // Attention's input stage and the fused QKV rows size V heads as K heads.
+    if (s.has_v() && s.v_head_dim != s.head_dim)
+      return absl::InvalidArgumentError(absl::StrCat("layer ", l, "'s V heads are ", s.v_head_dim,
+                                                     " wide and its K heads ", s.head_dim,
+                                                     ": the forward pass takes them equal"));
+  }
   if (max_tokens <= 0) return absl::InvalidArgumentError("a rank needs room for at least one token per step");
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));

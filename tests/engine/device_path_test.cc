@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_weights.h"
+#include "engine/rank_runner.h"
 #include "engine/shard_upload.h"
 #include "tests/engine/bf16_checkpoint.h"
 #include "tests/engine/guarded_backend.h"
@@ -239,6 +240,30 @@ TEST(DevicePath, KvDtypesABackendCannotKeepAreRefused) {
               std::string_view::npos)
         << e.status();
   }
+}
+
+// A cache whose V heads are not as wide as its K heads is refused when a rank is made: the
+// forward pass (fused QKV rows, attention's input stage) sizes V heads as K heads.
+TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  const ModelConfig config = model->config;
+  auto weights = ModelWeightsF32::create(config, *model->weights);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto shard = shard_weights(config, **weights, 0, 1);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  KvCacheSpec spec = config.kv_cache_spec(16);
+  spec.layers[1].v_head_dim *= 2;
+  auto backend = make_cpu_backend();
+  auto comms = make_shared_memory_group(1);
+  auto runner = RankRunner::create(config, *shard, spec, 8, 16, backend.get(), comms[0].get());
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string want = "layer 1's V heads are " + std::to_string(2 * spec.layers[0].head_dim) +
+                           " wide and its K heads " + std::to_string(spec.layers[0].head_dim);
+  EXPECT_NE(runner.status().message().find(want), std::string_view::npos) << runner.status();
+  spec.layers[1].v_head_dim = spec.layers[1].head_dim;
+  EXPECT_TRUE(RankRunner::create(config, *shard, spec, 8, 16, backend.get(), comms[0].get()).ok());
 }
 
 }  // namespace

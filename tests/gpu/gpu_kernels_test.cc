@@ -653,10 +653,8 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
 // Attention's input stage against the CPU reference: fused [q | k | v] rows and three buffers,
 // with and without Qwen2's biases and Qwen3's head norms, both pair layouts, an unscaled, a
 // llama3 and a yarn table (its cos/sin scale), into the layout's cache in its storage.
-TEST_P(GpuPaged, QkvRopeWriteMatchesCpu) {
-  REQUIRE_GPU();
-  const LayoutParam P = GetParam();
-  const int kv_heads = 2, nq = 6, hd = 64;
+void expect_qkv_rope_write_matches_cpu(const LayoutParam& P, int hd) {
+  const int kv_heads = 2, nq = 6;
   PagedCase c(kv_heads, hd, false, P.layout, P.order, P.storage);
   Placement all(all_positions(), c.tables);
   const int n = all.n();
@@ -706,14 +704,19 @@ TEST_P(GpuPaged, QkvRopeWriteMatchesCpu) {
                               c.host_view(), all.host());
           gpu::qkv_rope_write(dq_out.get(), dev_rows, {dfreq.get(), table.attention_scale, rotate_half}, c.dev_view(),
                               all.dev(), nullptr);
-          const std::string what = "scaling " + std::to_string(int(scaling.type)) + ", rotate_half " +
-                                   std::to_string(rotate_half) + ", biases and norms " + std::to_string(extras) +
-                                   (fused_rows ? ", fused rows" : ", separate rows");
+          const std::string what = "head dim " + std::to_string(hd) + ", scaling " + std::to_string(int(scaling.type)) +
+                                   ", rotate_half " + std::to_string(rotate_half) + ", biases and norms " +
+                                   std::to_string(extras) + (fused_rows ? ", fused rows" : ", separate rows");
           EXPECT_LE(rel_error(dq_out.host(), want_q), kRopeTol) << what;
           EXPECT_LE(rel_error(c.dev_as_host_layout(), c.host_arena), P.storage == Storage::kF32 ? kRopeTol : kHalfTol)
               << what;
         }
   }
+}
+
+TEST_P(GpuPaged, QkvRopeWriteMatchesCpu) {
+  REQUIRE_GPU();
+  expect_qkv_rope_write_matches_cpu(GetParam(), 64);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -734,6 +737,14 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// The head dims of real models (128: Llama-3, Qwen2.5) and the kernel's largest (256), which
+// launch 128 threads a head where 64 do up to head dim 64.
+TEST(GpuKernels, QkvRopeWriteWideHeadsMatchCpu) {
+  REQUIRE_GPU();
+  expect_qkv_rope_write_matches_cpu({KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kBF16}, 128);
+  expect_qkv_rope_write_matches_cpu({KvLayout::kInterleaved, KvOrder::kTokenMajor, Storage::kF32}, 256);
+}
 
 TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   REQUIRE_GPU();
