@@ -4,10 +4,11 @@
 // (bf16 weights) against them, each as a fraction of a GPU's rooflines (--roofline h200, the
 // default: 4.8 TB/s HBM, 989 TFLOP/s dense bf16, 67 TFLOP/s fp32 non-tensor; h100, mi355x;
 // datasheets; the first line names it). The forward pass runs with f32 weights (the vendor
-// SGEMM; the portable GEMM in a HIP build without hipBLAS), then bf16 GEMM weights (the tiled
-// kernel, as --weight-dtype bf16 runs), each with an f32 and a bf16 KV cache (--kv-dtype);
-// activations are f32. The bf16 GEMM rows show
-// what the vendor GEMM reaches with bf16 activations too. Steps sample on the device (temperature
+// SGEMM; the portable GEMM in a HIP build without hipBLAS), then bf16 GEMM weights as
+// --weight-dtype bf16 runs them, with f32 activations (--gemm exact: the portable GEMM) and with
+// bf16 ones (--gemm bf16: the vendor bf16 GEMM above 8 rows, as --gemm-precision bf16 runs), each
+// with an f32 and a bf16 KV cache (--kv-dtype). The bf16 GEMM rows show what the vendor GEMM
+// reaches at the model's shapes on their own. Steps sample on the device (temperature
 // 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
 // copy of the logits to the host that sampling there would take.
 //
@@ -21,7 +22,7 @@
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--gemm-rows 1,32,128,2048,8192] [--sampling-rows 1,32,128]
 //             [--breakdown 1] [--only decode,prefill,sampling,gemm] [--weights f32,bf16]
-//             [--kv-dtype f32,bf16] [--roofline h200] [--out results.jsonl]
+//             [--kv-dtype f32,bf16] [--gemm exact,bf16] [--roofline h200] [--out results.jsonl]
 // gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
 // CI's smoke run on a tiny preset (bench/CMakeLists.txt).
 #include <CLI/CLI.hpp>
@@ -83,6 +84,8 @@ struct Options {
   std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
   std::vector<DType> weights = {DType::kF32, DType::kBF16};
   std::vector<DType> kv_dtypes = {DType::kF32, DType::kBF16};
+  // The bf16-weight rows' GEMM precisions (f32 weights multiply exactly).
+  std::vector<GemmPrecision> gemm = {GemmPrecision::kExact, GemmPrecision::kBf16};
   std::string roofline = "h200";
   std::string out;
 
@@ -266,6 +269,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   auto measure_with = [&](const RankShard& rank_shard, DType kv_dtype) -> bool {
     const char* weights_name = dtype_name(rank_shard.weight_dtype);
     const char* kv_name = dtype_name(kv_dtype);
+    const char* gemm_name = gemm_precision_name(rank_shard.gemm_precision);
     // Off except for the breakdown rows' steps.
     PhaseProfiler profiler(backend, c.vocab_size);
     auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block, kv_dtype), blocks,
@@ -302,7 +306,9 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       profiler.reset();
       if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
       const auto phases = profiler.per_step();
-      Row row{{"kind", "breakdown"}, {"weights", weights_name}, {"kv_dtype", kv_name}, {"step", step}, {"size", size}};
+      Row row{{"kind", "breakdown"}, {"weights", weights_name},
+              {"gemm", gemm_name},   {"kv_dtype", kv_name},
+              {"step", step},        {"size", size}};
       for (int i = 0; i < kPhases; ++i) {
         const std::string name = phase_name(Phase(i));
         row[name + "_ms"] = places(phases[size_t(i)].ms, 4);
@@ -329,6 +335,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       const double flops = 2 * params * b + 4.0 * b * (o.context + 1) * c.q_dim() * c.n_layers;
       report.line(Row{{"kind", "decode"},
                       {"weights", weights_name},
+                      {"gemm", gemm_name},
                       {"kv_dtype", kv_name},
                       {"batch", b},
                       {"context", o.context},
@@ -353,6 +360,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       const double flops = 2 * params * p + 2.0 * double(p) * p * c.q_dim() * c.n_layers;
       report.line(Row{{"kind", "prefill"},
                       {"weights", weights_name},
+                      {"gemm", gemm_name},
                       {"kv_dtype", kv_name},
                       {"tokens", p},
                       {"step_ms", places(t * 1e3, 2)},
@@ -406,7 +414,11 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
     std::fprintf(stderr, "bf16 copies of the weights failed\n");
     return false;
   }
-  return measure(half);
+  for (GemmPrecision precision : o.gemm) {
+    half.gemm_precision = precision;
+    if (!measure(half)) return false;
+  }
+  return true;
 }
 
 // Sampling rows of the model's vocabulary on the device against copying them to the host.
@@ -607,7 +619,7 @@ int main(int argc, char** argv) {
   app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
       ->check(CLI::IsMember({"0", "1"}));
   std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"},
-                           kv_dtypes = {"f32", "bf16"};
+                           kv_dtypes = {"f32", "bf16"}, gemm = {"exact", "bf16"};
   app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm")
       ->delimiter(',')
       ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm"}));
@@ -617,6 +629,10 @@ int main(int argc, char** argv) {
   app.add_option("--kv-dtype", kv_dtypes, "KV cache elements of the decode and prefill rows: f32, bf16")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--gemm", gemm,
+                 "GEMM precisions of the bf16-weight decode and prefill rows: exact (f32 activations), bf16")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"exact", "bf16"}));
   app.add_option("--roofline", o.roofline, "The GPU whose datasheet peaks the fractions are of")
       ->check(CLI::IsMember({"h100", "h200", "mi355x"}));
   app.add_option("--out", o.out, "Also write the JSON lines to this file");
@@ -633,6 +649,7 @@ int main(int argc, char** argv) {
       {"--breakdown", {Part::kDecode, Part::kPrefill}},
       {"--weights", {Part::kDecode, Part::kPrefill}},
       {"--kv-dtype", {Part::kDecode, Part::kPrefill}},
+      {"--gemm", {Part::kDecode, Part::kPrefill}},
       {"--gemm-rows", {Part::kGemm}},
       {"--sampling-rows", {Part::kSampling}},
       {"--roofline", {Part::kDecode, Part::kPrefill, Part::kGemm}}};
@@ -647,5 +664,11 @@ int main(int argc, char** argv) {
   for (const std::string& name : weights) o.weights.push_back(*pdserve::engine::dtype_from_name(name));
   o.kv_dtypes.clear();
   for (const std::string& name : kv_dtypes) o.kv_dtypes.push_back(*pdserve::engine::dtype_from_name(name));
+  if (app.count("--gemm") > 0 && !o.runs(DType::kBF16)) {
+    std::fprintf(stderr, "--gemm sets the bf16-weight rows' precision: --weights has no bf16\n");
+    return 1;
+  }
+  o.gemm.clear();
+  for (const std::string& name : gemm) o.gemm.push_back(*pdserve::engine::gemm_precision_from_name(name));
   return pdserve::run(o);
 }

@@ -1,19 +1,28 @@
 #!/usr/bin/env sh
 # gpu_bench's own code on a tiny preset (ctest gpu_bench_emulated_smoke, with gpu_bench_emulated):
 # passes when the run exits 0, prints a row of every kind — decode and prefill rows with both KV
-# dtypes — and no row reports an error; and when an option for a part --only leaves out is
-# refused.
+# dtypes and both GEMM precisions — and no row reports an error; and when an option for a part
+# --only leaves out, or --gemm without bf16 weights, is refused.
 #   bench/gpu_bench_smoke.sh GPU_BENCH
 out=$("$1" --preset tiny --context 40 --batches 1,3 --prefill 20 --gemm-rows 1,9 --sampling-rows 1,2) || exit 1
 echo "$out"
 for kind in roofline model decode prefill breakdown sampling portable_gemm_bf16w; do
   echo "$out" | grep -q "\"kind\":\"$kind\"" || { echo "no $kind row"; exit 1; }
 done
-for kv in f32 bf16; do
-  echo "$out" | grep -q "\"kind\":\"decode\",\"weights\":\"bf16\",\"kv_dtype\":\"$kv\"" || { echo "no $kv KV decode row"; exit 1; }
+for gemm in exact bf16; do
+  for kv in f32 bf16; do
+    for kind in decode prefill; do
+      echo "$out" | grep -q "\"kind\":\"$kind\",\"weights\":\"bf16\",\"gemm\":\"$gemm\",\"kv_dtype\":\"$kv\"" ||
+        { echo "no $kind row with $gemm GEMMs and $kv KV"; exit 1; }
+    done
+  done
 done
 ! echo "$out" | grep '"error":"[^"]' || exit 1
 if "$1" --only gemm --kv-dtype bf16 >/dev/null 2>&1; then
   echo "--kv-dtype with --only gemm was not refused"
+  exit 1
+fi
+if "$1" --preset tiny --context 4 --batches 1 --only decode --weights f32 --gemm bf16 >/dev/null 2>&1; then
+  echo "--gemm without bf16 weights was not refused"
   exit 1
 fi

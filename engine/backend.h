@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/dtype.h"
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/sampling.h"
 
@@ -73,9 +74,11 @@ class Backend {
   // Whether the backend keeps GEMM weights as bf16 (half the bytes a decode step reads), with
   // matmul_xwt_bf16; the CPU backend computes with f32 weights only.
   virtual bool bf16_weights() const = 0;
-  // matmul_xwt with w's elements bf16 (raw bits), products accumulated in f32. Only on backends
+  // matmul_xwt with w's elements bf16 (raw bits), products accumulated in f32; x as f32
+  // (kExact) or each element rounded to bf16 first (kBf16, engine/dtype.h). Only on backends
   // whose bf16_weights() is true.
-  virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw) = 0;
+  virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
+                               GemmPrecision precision) = 0;
   // Whether the paged-KV entry points below take views of bf16 storage (half the bytes a decode
   // step's attention reads and the cache holds); the CPU backend keeps its KV in f32.
   virtual bool bf16_kv() const = 0;

@@ -112,6 +112,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   if (options.block_size <= 0 || options.max_batch_tokens <= 0 || options.max_running <= 0)
     return absl::InvalidArgumentError("block size, batch token budget and max running must be positive");
   if (model.tokenizer == nullptr) return absl::InvalidArgumentError("model has no tokenizer");
+  if (options.gemm_precision == GemmPrecision::kBf16 && options.weight_dtype != DType::kBF16)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gemm-precision bf16 multiplies bf16 activations by bf16 weights: ", "it takes --weight-dtype bf16, not ",
+        dtype_name(options.weight_dtype)));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
   const ModelConfig& config = engine->model_.config;
   const KvCacheSpec spec = config.kv_cache_spec(options.block_size, options.kv_dtype);

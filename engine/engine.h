@@ -60,6 +60,10 @@ struct EngineOptions {
   // GEMM weights in device memory: f32, or bf16 (half the memory and the bytes a decode step
   // reads; exact for bf16 checkpoints, a rounding of f32 ones). The CPU backend takes f32 only.
   DType weight_dtype = DType::kF32;
+  // How the GEMMs take their activations (engine/dtype.h): kExact (f32; the CPU's tokens for a
+  // bf16 checkpoint) or kBf16 (rounded to bf16, so the vendor bf16 GEMMs and tensor cores can run
+  // them; bf16 weights only, within a tolerance of kExact).
+  GemmPrecision gemm_precision = GemmPrecision::kExact;
   // The paged KV cache's elements: f32, or bf16 (half the bytes attention reads and the cache
   // holds, so twice the blocks in the same memory; each K and V element rounded to nearest even
   // once, where it is written). The CPU backend keeps f32 KV only. Producer and consumer of a

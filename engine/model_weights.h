@@ -71,6 +71,8 @@ struct RankShard {
   // lm_head): f32, or bf16 bits behind the same pointers once uploaded to a backend whose
   // bf16_weights() is true. Embedding table, norms and biases are always f32.
   DType weight_dtype = DType::kF32;
+  // How those GEMMs take their activations (engine/dtype.h): kBf16 with bf16 weights only.
+  GemmPrecision gemm_precision = GemmPrecision::kExact;
   Range q_heads;    // Global attention heads.
   Range hidden;     // MLP columns.
   Range vocab;      // Rows of the output classifier.

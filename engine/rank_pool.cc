@@ -46,6 +46,7 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
       shard = uploaded->shard;
       pool->uploaded_.push_back(std::move(uploaded));
     }
+    shard.gemm_precision = options.gemm_precision;
     PD_ASSIGN_OR_RETURN(auto runner, RankRunner::create(config, std::move(shard), kv_spec, num_blocks,
                                                         options.max_batch_tokens, backend, pool->comms_[r].get(),
                                                         options.kv_arena_allocator));

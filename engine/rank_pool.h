@@ -21,7 +21,7 @@ namespace pdserve::engine {
 class RankPool {
  public:
   // `weights` are host tensors; a device backend gets each rank's shard uploaded. Of `options`,
-  // the ranks take tp, backend, backend_factory, weight_dtype, max_batch_tokens (the most
+  // the ranks take tp, backend, backend_factory, weight_dtype, gemm_precision, max_batch_tokens (the most
   // tokens of a forward pass) and kv_arena_allocator.
   static StatusOr<std::unique_ptr<RankPool>> create(const ModelConfig& config,
                                                     const ModelWeightsF32& weights,

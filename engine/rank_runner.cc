@@ -25,6 +25,9 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
                                                      ": the forward pass takes them equal"));
   }
   if (max_tokens <= 0) return absl::InvalidArgumentError("a rank needs room for at least one token per step");
+  if (shard.gemm_precision == GemmPrecision::kBf16 && shard.weight_dtype != DType::kBF16)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bf16 GEMM precision takes bf16 weights; this shard's are ", dtype_name(shard.weight_dtype)));
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));
   const size_t arena_bytes = runner->layout_.total_bytes();
@@ -112,7 +115,8 @@ Status RankRunner::upload_rope_tables() {
   layer_rope_.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const size_t t = table_of_layer[l];
-    layer_rope_[l] = {rope_tables_.as<float>() + offset[t], tables[t].attention_scale};
+    layer_rope_[l] = {rope_tables_.as<float>() + offset[t], tables[t].attention_scale,
+                      c.rope_style == RopeStyle::kRotateHalf};
   }
   return absl::OkStatus();
 }
@@ -243,7 +247,6 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
   const int* tokens = meta_.as<int>();
   const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
-  const bool rotate_half = c.rope_style == RopeStyle::kRotateHalf;
   float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *proj = proj_.as<float>(),
         *attn = attn_.as<float>(), *out = out_.as<float>(), *act = act_.as<float>();
   Status status;
@@ -251,7 +254,7 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   const bool bf16 = shard_.weight_dtype == DType::kBF16;
   auto matmul = [&](float* y, const float* a, const float* w, int m, int n_out, int k, int64_t ldw) {
     if (bf16) {
-      backend_->matmul_xwt_bf16(y, a, reinterpret_cast<const uint16_t*>(w), m, n_out, k, ldw);
+      backend_->matmul_xwt_bf16(y, a, reinterpret_cast<const uint16_t*>(w), m, n_out, k, ldw, shard_.gemm_precision);
     } else {
       backend_->matmul_xwt(y, a, w, m, n_out, k, ldw);
     }
@@ -296,8 +299,7 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     qkv.q_norm = w.q_norm;  // Qwen3: each head normalised on its own.
     qkv.k_norm = w.k_norm;
     qkv.norm_eps = c.rms_eps;
-    const LayerRope& rope = layer_rope_[l];
-    backend_->qkv_rope_write(q, qkv, {rope.inv_freq, rope.attention_scale, rotate_half}, views_[l], place);
+    backend_->qkv_rope_write(q, qkv, layer_rope_[l], views_[l], place);
     const int index_layer = c.index_cache_layer(l);
     if (index_layer >= 0) {
       const int index_dim = c.attention(l).index_head_dim;

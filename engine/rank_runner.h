@@ -123,13 +123,10 @@ class RankRunner {
   // MLP's activations.
   BackendBuffer x_, xn_, proj_, q_, attn_, out_, act_, last_, logits_local_, q_index_, k_index_, block_mask_, meta_,
       table_ptrs_, logits_gathered_, sample_rows_, sample_scratch_, tokens_;
-  // The RoPE tables, one per distinct head dim, in backend memory; each layer's in layer_rope_.
+  // The RoPE tables, one per distinct head dim, in backend memory; each layer's, as attention's
+  // input stage takes it, in layer_rope_.
   BackendBuffer rope_tables_;
-  struct LayerRope {
-    const float* inv_freq = nullptr;
-    float attention_scale = 1.0f;
-  };
-  std::vector<LayerRope> layer_rope_;
+  std::vector<kernels::RopeTable> layer_rope_;
   kernels::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
   std::vector<const int*> table_ptrs_host_;

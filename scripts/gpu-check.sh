@@ -17,7 +17,8 @@
 #   scripts/gpu-check.sh run OUT       on the GPU machine: unpacks the bundle (or, without one,
 #                                      builds from source, which needs the packages) and writes
 #                                      summary.txt, gpu_backend_tests.{log,xml}, cluster/ and
-#                                      gpu_bench.{log,jsonl} and kvtransfer_bench.log into OUT; exits
+#                                      gpu_bench.{log,jsonl}, gpu_bench_f32.jsonl and
+#                                      kvtransfer_bench.log into OUT; exits
 #                                      non-zero if a check failed
 #   scripts/gpu-check.sh rocm OUT      on an AMD machine with ROCm 7 (MI355X: gfx950; ROCM_ARCHS
 #                                      to change) and the project's packages: builds from source
@@ -141,9 +142,13 @@ cmd_run() {
       case "$gpu_name" in *"H100 80GB HBM3"*) roofline=h100 ;; esac
     fi
   fi
-  # Four model passes (f32 and bf16 weights, each with an f32 and a bf16 KV cache), then sampling
-  # and GEMMs; rows are flushed as they come, so a run cut short keeps what it measured.
-  timeout 210 "$bin/gpu_bench" --roofline "$roofline" --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  # First the targets' configuration (bf16 weights and KV) with both GEMM precisions, sampling and
+  # the GEMMs; then the f32 baselines (f32 weights, f32 KV; bf16 weights with f32 KV). Rows are
+  # flushed as they come, so a run cut short keeps what it measured.
+  timeout 150 "$bin/gpu_bench" --roofline "$roofline" --weights bf16 --kv-dtype bf16 --gemm exact,bf16 \
+    --out "$out/gpu_bench.jsonl" 2>&1 | tee "$out/gpu_bench.log" || status=1
+  timeout 90 "$bin/gpu_bench" --roofline "$roofline" --only decode,prefill --weights f32,bf16 --kv-dtype f32 \
+    --gemm exact --out "$out/gpu_bench_f32.jsonl" 2>&1 | tee -a "$out/gpu_bench.log" || status=1
   # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
   timeout 90 "$bin/kvtransfer_bench" --tokens 512 --reps 1 --small-reps 100 --no-perftest --pairs 1:1,4:8,8:4 \
     2>&1 | tee "$out/kvtransfer_bench.log" || status=1
@@ -156,5 +161,5 @@ case "${1:-}" in
   bundle) cmd_bundle ;;
   run) shift; cmd_run "$@" ;;
   rocm) shift; vendor=hip; build=${BUILD_DIR:-$root/build-rocm}; cmd_run "$@" ;;
-  *) sed -n '2,21p' "$0"; exit 2 ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

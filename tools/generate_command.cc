@@ -31,6 +31,7 @@ struct GenerateFlags {
   int64_t kv_load_timeout_ms = 0;
   std::string weight_dtype = "f32";
   std::string kv_dtype = "f32";
+  std::string gemm_precision = "exact";
   bool json = false;
   std::string router;  // HOST:PORT: generate through a running router instead of in process.
   std::string api_key;
@@ -188,6 +189,7 @@ int run_generate(const GenerateFlags& f) {
   options.kv_load_timeout = std::chrono::milliseconds(f.kv_load_timeout_ms);
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
   options.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
+  options.gemm_precision = *engine::gemm_precision_from_name(f.gemm_precision);
   auto eng = engine::Engine::create(std::move(*model), options);
   if (!eng.ok()) {
     std::cerr << "error: " << eng.status().message() << "\n";
@@ -283,6 +285,12 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->add_option("--weight-dtype", flags->weight_dtype,
                    "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  engine
+      ->add_option("--gemm-precision", flags->gemm_precision,
+                   "How the GEMMs take their activations: exact (f32), or bf16 (rounded to bf16 for the vendor bf16 "
+                   "GEMM and tensor cores; needs --weight-dtype bf16; within a tolerance of exact, not equal)")
+      ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   engine
       ->add_option("--kv-dtype", flags->kv_dtype,

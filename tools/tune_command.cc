@@ -19,7 +19,7 @@ using tune::LengthDist;
 struct TuneFlags {
   std::string model = "stories260K";
   std::string device = "cpu";
-  std::string weight_dtype = "f32", kv_dtype = "f32";
+  std::string weight_dtype = "f32", kv_dtype = "f32", gemm_precision = "exact";
   int ranks = 0;
   std::vector<int> tps = {1, 2, 4, 8};
   std::string kv_mode = "push";
@@ -107,7 +107,10 @@ int run(const TuneFlags& f, const std::vector<tune::Stage>& stages) {
                                               : tune::Device::kCpu;
   c.cluster.weight_dtype = *tune::parse_dtype(f.weight_dtype);  // Checked by the flags.
   c.cluster.kv_dtype = *tune::parse_dtype(f.kv_dtype);
-  if (Status s = tune::check_dtypes_on(c.cluster.device, c.cluster.weight_dtype, c.cluster.kv_dtype); !s.ok())
+  c.cluster.gemm_precision = *tune::parse_gemm_precision(f.gemm_precision);
+  if (Status s =
+          tune::check_dtypes_on(c.cluster.device, c.cluster.weight_dtype, c.cluster.kv_dtype, c.cluster.gemm_precision);
+      !s.ok())
     return fail(std::string(s.message()));
   c.cluster.work_dir = (fs::path(f.out) / "work").string();
   c.ranks = f.ranks;
@@ -164,6 +167,11 @@ void add_flags(CLI::App* cmd, TuneFlags* f) {
   cmd->add_option("--kv-dtype", f->kv_dtype,
                   "GPU workers' KV cache elements, as profiled and planned: f32 or bf16 (the profile records it)")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--gemm-precision", f->gemm_precision,
+                  "GPU workers' GEMM activations, as profiled and planned: exact or bf16 (needs --weight-dtype bf16; "
+                  "the profile records it)")
+      ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--ranks", f->ranks, "Rank budget N (GPUs, or CPU ranks)");
   cmd->add_option("--tp", f->tps, "TP sizes to consider (comma-separated)")->delimiter(',')->capture_default_str();

@@ -43,6 +43,7 @@ struct UpFlags {
   std::string kv_memory = "auto";
   std::string weight_dtype = "f32";
   std::string kv_dtype = "f32";
+  std::string gemm_precision = "exact";
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -259,6 +260,11 @@ int run_up(const UpFlags& f) {
                  "(the router names a peer by its host-tier events)\n";
     return 2;
   }
+  if (f.gemm_precision == "bf16" && f.weight_dtype != "bf16") {
+    std::cerr << "error: --gemm-precision bf16 multiplies bf16 activations by bf16 weights: it takes --weight-dtype "
+                 "bf16\n";
+    return 2;
+  }
   if (f.kv_dtype != "f32") {
     const bool cpu_worker =
         pd ? f.device_of("prefill") == "cpu" || f.device_of("decode") == "cpu" : f.device_of("aggregated") == "cpu";
@@ -299,7 +305,7 @@ int run_up(const UpFlags& f) {
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
-    if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype});
+    if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
     a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
@@ -455,6 +461,11 @@ void add_up_command(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"cpu", "cuda", "hip", "emulated"}));
   cmd->add_option("--weight-dtype", f->weight_dtype, "GPU workers' GEMM weights: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option(
+         "--gemm-precision", f->gemm_precision,
+         "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM; needs --weight-dtype bf16)")
+      ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))

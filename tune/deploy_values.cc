@@ -54,7 +54,7 @@ Status check_plan(const DeployPlan& plan) {
     if (StatusOr<engine::DType> planned = parse_dtype(engine::dtype_name(dtype)); !planned.ok())
       return absl::InvalidArgumentError(absl::StrCat(what, " ", planned.status().message()));
   }
-  PD_RETURN_IF_ERROR(check_dtypes_on(plan.device, plan.weight_dtype, plan.kv_dtype));
+  PD_RETURN_IF_ERROR(check_dtypes_on(plan.device, plan.weight_dtype, plan.kv_dtype, plan.gemm_precision));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_running, 1, "router max running"));
   PD_RETURN_IF_ERROR(check_at_least(plan.max_waiting, 0, "router max waiting"));
   PD_RETURN_IF_ERROR(check_at_least(plan.prefill_max_batch_tokens, 1, "prefill max batch tokens"));
@@ -130,6 +130,9 @@ StatusOr<std::string> values_yaml(const DeployPlan& plan) {
   // The chart's default is f32, and an f32 plan's values stay as they were.
   if (plan.kv_dtype != engine::DType::kF32)
     absl::StrAppend(&out, "  kvDtype: ", engine::dtype_name(plan.kv_dtype), "\n");
+  // Likewise exact.
+  if (plan.gemm_precision != engine::GemmPrecision::kExact)
+    absl::StrAppend(&out, "  gemmPrecision: ", engine::gemm_precision_name(plan.gemm_precision), "\n");
   // An empty `router:` would be null, which deletes the block: written only with a key in it.
   if (!t.aggregated || plan.max_running || plan.max_waiting) absl::StrAppend(&out, "router:\n");
   // Mode aggregated runs the router with --kv-mode=aggregated and refuses any other kv mode.
@@ -192,6 +195,8 @@ StatusOr<std::string> up_script(const DeployPlan& plan, const std::string& pdser
   // `pdserve up` passes --weight-dtype to GPU workers only (check_plan refused bf16 on cpu).
   if (plan.device != Device::kCpu) absl::StrAppend(&out, " --weight-dtype ", engine::dtype_name(plan.weight_dtype));
   if (plan.kv_dtype != engine::DType::kF32) absl::StrAppend(&out, " --kv-dtype ", engine::dtype_name(plan.kv_dtype));
+  if (plan.gemm_precision != engine::GemmPrecision::kExact)
+    absl::StrAppend(&out, " --gemm-precision ", engine::gemm_precision_name(plan.gemm_precision));
   if (plan.max_running) absl::StrAppend(&out, " --max-running ", *plan.max_running);
   if (plan.max_waiting) absl::StrAppend(&out, " --max-waiting ", *plan.max_waiting);
   absl::StrAppend(&out, " \"$@\"\n");

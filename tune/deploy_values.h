@@ -30,6 +30,7 @@ struct DeployPlan {
   std::string model_path;  // `pdserve up --model`: a path or a registered name on this machine.
   engine::DType weight_dtype = engine::DType::kF32;  // GPU GEMM weights (f32 | bf16); CPU computes in f32.
   engine::DType kv_dtype = engine::DType::kF32;      // The KV cache's elements (f32 | bf16 on GPU workers).
+  engine::GemmPrecision gemm_precision = engine::GemmPrecision::kExact;  // GPU GEMM activations (exact | bf16).
   // Router admission: requests out at the workers at once, and queued before refusing.
   std::optional<int> max_running, max_waiting;
   // Worker engine knobs.

@@ -35,6 +35,8 @@ std::vector<std::string> up_arguments(const Topology& t, const ClusterOptions& o
   // up passes --weight-dtype to GPU workers only, and refuses a bf16 KV cache with CPU workers.
   if (o.device != Device::kCpu) a.insert(a.end(), {"--weight-dtype", engine::dtype_name(o.weight_dtype)});
   if (o.kv_dtype != engine::DType::kF32) a.insert(a.end(), {"--kv-dtype", engine::dtype_name(o.kv_dtype)});
+  if (o.gemm_precision != engine::GemmPrecision::kExact)
+    a.insert(a.end(), {"--gemm-precision", engine::gemm_precision_name(o.gemm_precision)});
   if (o.max_running > 0) a.insert(a.end(), {"--max-running", std::to_string(o.max_running)});
   if (o.max_waiting >= 0) a.insert(a.end(), {"--max-waiting", std::to_string(o.max_waiting)});
   return a;

@@ -22,6 +22,8 @@ struct ClusterOptions {
   // GPU workers only), as `pdserve up --weight-dtype/--kv-dtype` take them.
   engine::DType weight_dtype = engine::DType::kF32;
   engine::DType kv_dtype = engine::DType::kF32;
+  // The GPU workers' GEMM precision (`up --gemm-precision`; bf16 with bf16 weights only).
+  engine::GemmPrecision gemm_precision = engine::GemmPrecision::kExact;
   std::string work_dir;  // Logs and ready files go here.
   int max_running = 0;   // Router admission (0: up's default).
   int max_waiting = -1;  // (-1: up's default).

@@ -194,7 +194,16 @@ StatusOr<engine::DType> parse_dtype(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("must be f32 or bf16, not '", name, "'"));
 }
 
-Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv) {
+StatusOr<engine::GemmPrecision> parse_gemm_precision(absl::string_view name) {
+  std::optional<engine::GemmPrecision> p = engine::gemm_precision_from_name(std::string_view(name.data(), name.size()));
+  if (!p.has_value()) return absl::InvalidArgumentError(absl::StrCat("must be exact or bf16, not '", name, "'"));
+  return *p;
+}
+
+Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv, engine::GemmPrecision precision) {
+  if (precision == engine::GemmPrecision::kBf16 && weight != engine::DType::kBF16)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GEMM precision bf16 multiplies bf16 activations by bf16 weights, not ", engine::dtype_name(weight)));
   if (device != Device::kCpu) return absl::OkStatus();
   if (weight != engine::DType::kF32)
     return absl::InvalidArgumentError(absl::StrCat("weight dtype ", engine::dtype_name(weight),
@@ -233,15 +242,18 @@ json profile_to_json(const Profile& p) {
   // Only when not f32: a reader from before the key reads an f32 profile as it always did, and
   // refuses a bf16 one (an unknown key) rather than plan its KV capacity as f32's.
   if (p.kv_dtype != engine::DType::kF32) j["kv_dtype"] = engine::dtype_name(p.kv_dtype);
+  // Likewise only when not exact: an older reader refuses a bf16-precision profile.
+  if (p.gemm_precision != engine::GemmPrecision::kExact)
+    j["gemm_precision"] = engine::gemm_precision_name(p.gemm_precision);
   return j;
 }
 
 StatusOr<Profile> profile_from_json(const json& value) {
-  PD_ASSIGN_OR_RETURN(
-      const ObjectReader r,
-      ObjectReader::open(value, "",
-                         {"schema", "note", "model", "model_sha256", "device", "device_model", "dtype", "kv_dtype",
-                          "pdserve_version", "tp", "kv", "router_overhead_s", "pd_overhead_s", "handoff_s"}));
+  PD_ASSIGN_OR_RETURN(const ObjectReader r,
+                      ObjectReader::open(value, "",
+                                         {"schema", "note", "model", "model_sha256", "device", "device_model", "dtype",
+                                          "kv_dtype", "gemm_precision", "pdserve_version", "tp", "kv",
+                                          "router_overhead_s", "pd_overhead_s", "handoff_s"}));
   // The schema first: a file of another version fails on that, not on whichever key moved.
   PD_ASSIGN_OR_RETURN(const std::string schema, r.string("schema"));
   if (schema != kProfileSchema)
@@ -266,6 +278,14 @@ StatusOr<Profile> profile_from_json(const json& value) {
   PD_RETURN_IF_ERROR(read_dtype("dtype", &p.dtype));
   // Profiles recorded before the key existed kept an f32 KV cache.
   if (value.contains("kv_dtype")) PD_RETURN_IF_ERROR(read_dtype("kv_dtype", &p.kv_dtype));
+  // And with exact GEMMs before that key.
+  if (value.contains("gemm_precision")) {
+    PD_ASSIGN_OR_RETURN(const std::string name, r.string("gemm_precision"));
+    StatusOr<engine::GemmPrecision> precision = parse_gemm_precision(name);
+    if (!precision.ok())
+      return absl::InvalidArgumentError(absl::StrCat("gemm_precision ", precision.status().message()));
+    p.gemm_precision = *precision;
+  }
   PD_ASSIGN_OR_RETURN(p.pdserve_version, r.string("pdserve_version"));
   PD_ASSIGN_OR_RETURN(const json* tps, r.array("tp"));
   for (size_t i = 0; i < tps->size(); ++i) {
@@ -319,7 +339,8 @@ std::string profile_key(const Profile& p) {
   for (const auto& [tp, unused] : p.by_tp) tps.push_back(tp);
   return absl::StrCat("model=", p.model_sha256, " device=", device_name(p.device), " device_model=\"", p.device_model,
                       "\" dtype=", engine::dtype_name(p.dtype), " kv_dtype=", engine::dtype_name(p.kv_dtype),
-                      " tp=", absl::StrJoin(tps, ","), " pdserve=", p.pdserve_version);
+                      " gemm=", engine::gemm_precision_name(p.gemm_precision), " tp=", absl::StrJoin(tps, ","),
+                      " pdserve=", p.pdserve_version);
 }
 
 }  // namespace pdserve::tune

@@ -23,10 +23,13 @@ StatusOr<Device> parse_device(absl::string_view name);
 // "f32" | "bf16" (engine::dtype_name): the --weight-dtype and --kv-dtype spelling; the tuner
 // profiles and plans no other element type. The error names no field: the caller prefixes it.
 StatusOr<engine::DType> parse_dtype(absl::string_view name);
-// Whether workers on `device` run `weight` GEMM weights and a `kv` KV cache: CPU workers
-// compute in f32 (--weight-dtype reaches GPU backends only: bf16 there would silently be f32)
-// and keep an f32 KV cache.
-Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv);
+// Whether workers on `device` run `weight` GEMM weights and a `kv` KV cache with GEMMs of
+// `precision`: CPU workers compute in f32 (--weight-dtype reaches GPU backends only: bf16 there
+// would silently be f32) and keep an f32 KV cache; bf16 GEMM precision takes bf16 weights.
+Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv,
+                       engine::GemmPrecision precision = engine::GemmPrecision::kExact);
+// "exact" | "bf16" (engine::gemm_precision_name): the --gemm-precision spelling.
+StatusOr<engine::GemmPrecision> parse_gemm_precision(absl::string_view name);
 // "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
 absl::string_view kv_mode_name(KvMode mode);
 StatusOr<KvMode> parse_kv_mode(absl::string_view name);

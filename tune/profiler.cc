@@ -191,6 +191,7 @@ StatusOr<Profile> run_profile(const ProfileOptions& o, ProfileData* data) {
   p.device = o.cluster.device;
   p.dtype = o.cluster.weight_dtype;
   p.kv_dtype = o.cluster.kv_dtype;
+  p.gemm_precision = o.cluster.gemm_precision;
   engine::ModelLoadOptions lo;
   lo.model = o.cluster.model;
   PD_ASSIGN_OR_RETURN(engine::LoadedModel model, engine::load_model(lo));

@@ -578,6 +578,7 @@ int write_report(const TuneConfig& c) {
     dp.device = c.cluster.device;
     dp.weight_dtype = c.cluster.weight_dtype;
     dp.kv_dtype = c.cluster.kv_dtype;
+    dp.gemm_precision = c.cluster.gemm_precision;
     dp.model_name = fs::path(c.cluster.model).filename().string();
     dp.model_path = c.cluster.model;
     for (size_t i = 0; i < l.candidates.size(); ++i)

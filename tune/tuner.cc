@@ -151,11 +151,13 @@ int stage_plan(const TuneConfig& c) {
               << device_flag(c.cluster.device) << "\n";
     return kTuneUsage;
   }
-  if (profile->dtype != c.cluster.weight_dtype || profile->kv_dtype != c.cluster.kv_dtype) {
-    std::cerr << "error: plan: the profile was recorded with " << engine::dtype_name(profile->dtype)
-              << " weights and an " << engine::dtype_name(profile->kv_dtype) << " KV cache, not --weight-dtype "
+  if (profile->dtype != c.cluster.weight_dtype || profile->kv_dtype != c.cluster.kv_dtype ||
+      profile->gemm_precision != c.cluster.gemm_precision) {
+    std::cerr << "error: plan: the profile was recorded with " << engine::dtype_name(profile->dtype) << " weights, an "
+              << engine::dtype_name(profile->kv_dtype) << " KV cache and "
+              << engine::gemm_precision_name(profile->gemm_precision) << " GEMMs, not --weight-dtype "
               << engine::dtype_name(c.cluster.weight_dtype) << " --kv-dtype " << engine::dtype_name(c.cluster.kv_dtype)
-              << "\n";
+              << " --gemm-precision " << engine::gemm_precision_name(c.cluster.gemm_precision) << "\n";
     return kTuneUsage;
   }
   SearchSpace space;

@@ -84,6 +84,7 @@ struct Profile {
   std::string device_model;  // CPU model name or GPU name.
   engine::DType dtype = engine::DType::kF32;     // The GEMM weights' (f32 | bf16).
   engine::DType kv_dtype = engine::DType::kF32;  // The KV cache's elements (f32 | bf16).
+  engine::GemmPrecision gemm_precision = engine::GemmPrecision::kExact;  // exact | bf16 (bf16 weights).
   std::string pdserve_version;
   std::map<int, TpProfile> by_tp;
   std::vector<KvPairProfile> kv;

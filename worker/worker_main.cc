@@ -53,6 +53,7 @@ struct WorkerFlags {
   std::string kv_memory = "auto";
   std::string weight_dtype = "f32";
   std::string kv_dtype = "f32";
+  std::string gemm_precision = "exact";
   int probe_port = -1;  // -1: no probe server; 0: any free port.
   int kv_port = 0;      // Rank r's control channel on kv_port + r; 0: any free port.
   bool require_rdma = false;
@@ -248,6 +249,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   options.prefix_cache.event_sink = kv_events.get();
   options.weight_dtype = *engine::dtype_from_name(f.weight_dtype);  // Checked by the flags.
   options.kv_dtype = *engine::dtype_from_name(f.kv_dtype);
+  options.gemm_precision = *engine::gemm_precision_from_name(f.gemm_precision);
   auto created = engine::Engine::create(std::move(*model), options);
   if (!created.ok()) return fail("engine", created.status());
   std::unique_ptr<engine::Engine> eng = std::move(*created);
@@ -440,6 +442,11 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_option("--weight-dtype", f.weight_dtype,
                  "GEMM weights on a GPU backend: f32, or bf16 (half the memory; exact for bf16 checkpoints)")
       ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--gemm-precision", f.gemm_precision,
+                 "How the GEMMs take their activations: exact (f32), or bf16 (rounded to bf16 for the vendor bf16 "
+                 "GEMM and tensor cores; needs --weight-dtype bf16; within a tolerance of exact, not equal)")
+      ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   app.add_option("--kv-dtype", f.kv_dtype,
                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)"

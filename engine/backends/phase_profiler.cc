@@ -79,10 +79,10 @@ void PhaseProfiler::matmul_xwt(float* y, const float* x, const float* w, int row
         [&] { inner_->matmul_xwt(y, x, w, rows, out, in, ldw); });
 }
 
-void PhaseProfiler::matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
-                                    int64_t ldw) {
+void PhaseProfiler::matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
+                                    GemmPrecision precision) {
   timed(out == lm_head_out_ ? Phase::kLmHead : Phase::kGemm,
-        [&] { inner_->matmul_xwt_bf16(y, x, w, rows, out, in, ldw); });
+        [&] { inner_->matmul_xwt_bf16(y, x, w, rows, out, in, ldw, precision); });
 }
 
 void PhaseProfiler::qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,

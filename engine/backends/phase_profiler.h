@@ -73,7 +73,8 @@ class PhaseProfiler final : public Backend {
                        float eps) override;
   void add_rms_norm(float* out, float* x, const float* residual, const float* w, int rows, int dim, float eps) override;
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override;
-  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw) override;
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
+                       GemmPrecision precision) override;
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
                       int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) override;
   void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,

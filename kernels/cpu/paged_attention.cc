@@ -48,8 +48,11 @@ void qkv_rope_write(float* q_out, const QkvRows& rows, const RopeTable& rope, co
                     const TokenPlacement& tokens) {
   const int hd = kv.head_dim, vd = kv.v_head_dim, nq = rows.n_q_heads, nkv = rows.n_kv_heads;
   const int64_t q_width = int64_t(nq) * hd, k_width = int64_t(nkv) * hd, v_width = int64_t(nkv) * vd;
-  // One token's K and V on their way into the cache.
-  std::vector<float> k(k_width), v(v_width);
+  // One token's K and V on their way into the cache: kept per thread (each rank's), so that a
+  // step's layers allocate nothing.
+  thread_local std::vector<float> k, v;
+  k.resize(size_t(k_width));
+  v.resize(size_t(v_width));
   // A head's bias, norm and rotation, as the separate kernels compute them on a one-row batch.
   auto finish = [&](float* x, int heads, const float* bias, const float* norm, int position) {
     if (bias) add_bias(x, bias, 1, heads * hd);

@@ -8,6 +8,8 @@
 //   aligned, one weight per lane and load otherwise.
 // - More rows: classic shared-memory tiling, a block computing a 64×64 tile of y with 256
 //   threads of 4×4 outputs each, stepping through the inner dimension 16 at a time.
+// Either may round each activation to bf16 as it loads it (GemmPrecision::kBf16 with bf16
+// weights): the products of the vendor bf16 GEMM, in the order of these kernels.
 #include "kernels/gpu/kernel_util.h"
 
 namespace pdserve::kernels::gpu {
@@ -17,7 +19,14 @@ constexpr int kTile = 64;      // Rows of y (tokens) and columns (outputs) per b
 constexpr int kStep = 16;      // Inner-dimension slice held in shared memory.
 constexpr int kThreads = 256;  // 16×16 threads; each computes 4×4 outputs, 16 apart.
 
-template <typename W>
+// x as the GEMM multiplies it: as stored, or rounded to bf16 (nearest even).
+template <bool kRoundX>
+__device__ __forceinline__ float x_in(float v) {
+  if constexpr (kRoundX) return to_f32(from_f32<gpu_bf16>(v));
+  return v;
+}
+
+template <typename W, bool kRoundX>
 __global__ void __launch_bounds__(kThreads)
     gemm_xwt_kernel(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw) {
   // Transposed tiles ([k][row]) so that the inner loop reads along rows; +1 breaks bank conflicts.
@@ -31,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < kTile * kStep; i += kThreads) {
       const int r = i / kStep, k = i % kStep, gk = k0 + k;
       const int gr = row0 + r, gc = col0 + r;
-      xs[k][r] = gr < rows && gk < in ? x[int64_t(gr) * in + gk] : 0.0f;
+      xs[k][r] = gr < rows && gk < in ? x_in<kRoundX>(x[int64_t(gr) * in + gk]) : 0.0f;
       ws[k][r] = gc < out && gk < in ? to_f32(w[int64_t(gc) * ldw + gk]) : 0.0f;
     }
     __syncthreads();
@@ -61,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kGemvRows = 8;
+constexpr int kGemvRows = kGemvMaxRows;
 
 // The kPer weights of one 16-byte load as f32.
 template <typename W>
@@ -78,7 +87,7 @@ __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
 // row at a time (kPer weights; consecutive lanes consecutive chunks, so a warp loads kWarpSize ×
 // 16 contiguous bytes), which needs rows starting 16-byte aligned (w and ldw), and the last
 // in % kPer weights one per lane; otherwise every weight one per lane (coalesced too).
-template <typename W, int R, bool kVec>
+template <typename W, int R, bool kVec, bool kRoundX>
 __global__ void __launch_bounds__(kThreads)
     gemv_xwt_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
   constexpr int kPer = 16 / int(sizeof(W));
@@ -100,14 +109,14 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < R; ++r) {
           const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
 #pragma unroll
-          for (int e = 0; e < kPer; ++e) acc[r] = fmaf(xr[e], wf[e], acc[r]);
+          for (int e = 0; e < kPer; ++e) acc[r] = fmaf(x_in<kRoundX>(xr[e]), wf[e], acc[r]);
         }
       }
     }
     for (int i = chunks * kPer + lane; i < in; i += kWarpSize) {
       const float wi = to_f32(row[i]);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(x[int64_t(r) * in + i], wi, acc[r]);
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(x_in<kRoundX>(x[int64_t(r) * in + i]), wi, acc[r]);
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -117,50 +126,63 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename W, int R>
+template <typename W, int R, bool kRoundX>
 void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t ldw, gpuStream_t stream) {
   constexpr int warps = kThreads / kWarpSize;
   const unsigned blocks = grid_for(out, warps);
   const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && (ldw * int64_t(sizeof(W))) % 16 == 0;
   if (aligned)
-    gpu_launch(gemv_xwt_kernel<W, R, true>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, true, kRoundX>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
   else
-    gpu_launch(gemv_xwt_kernel<W, R, false>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, false, kRoundX>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
 }
 
-template <typename W>
+template <typename W, bool kRoundX>
 void gemv(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw, gpuStream_t stream) {
   switch (rows) {
-    case 1: return launch_gemv<W, 1>(y, x, w, out, in, ldw, stream);
-    case 2: return launch_gemv<W, 2>(y, x, w, out, in, ldw, stream);
-    case 3: return launch_gemv<W, 3>(y, x, w, out, in, ldw, stream);
-    case 4: return launch_gemv<W, 4>(y, x, w, out, in, ldw, stream);
-    case 5: return launch_gemv<W, 5>(y, x, w, out, in, ldw, stream);
-    case 6: return launch_gemv<W, 6>(y, x, w, out, in, ldw, stream);
-    case 7: return launch_gemv<W, 7>(y, x, w, out, in, ldw, stream);
-    default: return launch_gemv<W, kGemvRows>(y, x, w, out, in, ldw, stream);
+    case 1: return launch_gemv<W, 1, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 2: return launch_gemv<W, 2, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 3: return launch_gemv<W, 3, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 4: return launch_gemv<W, 4, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 5: return launch_gemv<W, 5, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 6: return launch_gemv<W, 6, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 7: return launch_gemv<W, 7, kRoundX>(y, x, w, out, in, ldw, stream);
+    default: return launch_gemv<W, kGemvRows, kRoundX>(y, x, w, out, in, ldw, stream);
   }
+}
+
+template <typename W, bool kRoundX>
+void matmul(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw, gpuStream_t stream) {
+  if (rows <= kGemvRows) return gemv<W, kRoundX>(y, x, w, rows, out, in, ldw, stream);
+  if ((int64_t(rows) + kTile - 1) / kTile > 65535)
+    kernel_limit_exceeded("matmul_xwt", "more than 65535 row tiles (4M rows)");
+  const dim3 grid((out + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
+  gpu_launch(gemm_xwt_kernel<W, kRoundX>, grid, kThreads, 0, stream, y, x, w, rows, out, in, ldw);
+}
+
+__global__ void round_to_bf16_kernel(gpu_bf16* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f32<gpu_bf16>(in[i]);
 }
 
 }  // namespace
 
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
-                int64_t ldw, gpuStream_t stream) {
+                int64_t ldw, gpuStream_t stream, bool bf16_x) {
   if (rows <= 0 || out <= 0) return;
-  if (rows <= kGemvRows) {
-    dispatch_storage(w_type, [&](auto* tag) {
-      using W = std::remove_pointer_t<decltype(tag)>;
-      gemv(y, x, static_cast<const W*>(w), rows, out, in, ldw, stream);
-    });
-    return;
+  if (bf16_x) {  // Only bf16 weights meet bf16 activations (GemmPrecision::kBf16).
+    if (w_type != Storage::kBF16) kernel_limit_exceeded("matmul_xwt", "bf16 activations with weights not bf16");
+    return matmul<gpu_bf16, true>(y, x, static_cast<const gpu_bf16*>(w), rows, out, in, ldw, stream);
   }
-  if ((int64_t(rows) + kTile - 1) / kTile > 65535)
-    kernel_limit_exceeded("matmul_xwt", "more than 65535 row tiles (4M rows)");
-  const dim3 grid((out + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
   dispatch_storage(w_type, [&](auto* tag) {
     using W = std::remove_pointer_t<decltype(tag)>;
-    gpu_launch(gemm_xwt_kernel<W>, grid, kThreads, 0, stream, y, x, static_cast<const W*>(w), rows, out, in, ldw);
+    matmul<W, false>(y, x, static_cast<const W*>(w), rows, out, in, ldw, stream);
   });
+}
+
+void round_to_bf16(void* out, const float* in, int64_t n, gpuStream_t stream) {
+  if (n <= 0) return;
+  gpu_launch(round_to_bf16_kernel, grid_for(n, kThreads), kThreads, 0, stream, static_cast<gpu_bf16*>(out), in, n);
 }
 
 }  // namespace pdserve::kernels::gpu

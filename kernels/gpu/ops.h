@@ -42,10 +42,14 @@ void silu_mul(float* out, const float* gate, const float* up, int rows, int cols
 void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
 
 // y[rows][out] = x[rows][in] · wᵀ, w's rows `ldw` elements apart and stored as `w_type`;
-// accumulated in f32. The portable tiled kernel (kernels/gpu/gemm.cu): backends use the vendor
-// BLAS where there is one.
-void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in,
-                int64_t ldw, gpuStream_t stream);
+// accumulated in f32; with `bf16_x` (bf16 weights only) each x element rounded to bf16 first
+// (engine::GemmPrecision::kBf16). The portable kernels (kernels/gpu/gemm.cu): a GEMV up to
+// kGemvMaxRows rows, where it is the fast path; above, backends use the vendor BLAS where there is one.
+constexpr int kGemvMaxRows = 8;
+void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in, int64_t ldw,
+                gpuStream_t stream, bool bf16_x = false);
+// out[i] = in[i] rounded to bf16 (nearest even), for a vendor GEMM's bf16 input.
+void round_to_bf16(void* out, const float* in, int64_t n, gpuStream_t stream);
 
 // As cpu::sample_rows: tokens[r] (and logprobs[r] for rows asking) from row r of `logits` with
 // params[r] (log-probabilities of the raw row; the edits and penalties; then greedy, or

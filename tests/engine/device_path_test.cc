@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -16,6 +17,7 @@
 #include "engine/shard_upload.h"
 #include "tests/engine/bf16_checkpoint.h"
 #include "tests/engine/guarded_backend.h"
+#include "tests/engine/teacher_forced.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::engine {
@@ -264,6 +266,63 @@ TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
   EXPECT_NE(runner.status().message().find(want), std::string_view::npos) << runner.status();
   spec.layers[1].v_head_dim = spec.layers[1].head_dim;
   EXPECT_TRUE(RankRunner::create(config, *shard, spec, 8, 16, backend.get(), comms[0].get()).ok());
+}
+
+// bf16 GEMM precision multiplies bf16 by bf16: with f32 weights it is refused, by the engine
+// (naming the flags) and by a rank made without one (gpu_bench makes its own), never f32
+// activations silently kept.
+TEST(DevicePath, Bf16GemmPrecisionWithoutBf16WeightsIsRefused) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  const ModelConfig config = model->config;
+  auto weights = ModelWeightsF32::create(config, *model->weights);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EngineOptions o;
+  o.gemm_precision = GemmPrecision::kBf16;
+  o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> {
+    return pdserve::testing::make_guarded_backend();
+  };
+  auto e = Engine::create(std::move(*model), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("it takes --weight-dtype bf16, not f32"), std::string_view::npos) << e.status();
+
+  auto shard = shard_weights(config, **weights, 0, 1);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  shard->gemm_precision = GemmPrecision::kBf16;
+  auto backend = make_cpu_backend();
+  auto comms = make_shared_memory_group(1);
+  auto runner = RankRunner::create(config, *shard, config.kv_cache_spec(16), 8, 16, backend.get(), comms[0].get());
+  ASSERT_FALSE(runner.ok());
+  EXPECT_NE(runner.status().message().find("bf16 GEMM precision takes bf16 weights; this shard's are f32"),
+            std::string_view::npos)
+      << runner.status();
+}
+
+// --gemm-precision bf16 on the guarded backend, whose GEMM rounds x to bf16 on the CPU (the
+// reference for the GPU kernels' rounding): it changes the log-probabilities (the option is not
+// ignored) and stays within a tolerance of the exact engine, teacher-forced.
+TEST(DevicePath, Bf16GemmPrecisionFollowsTheExactEngineTeacherForced) {
+  const pdserve::testing::Bf16Checkpoint checkpoint("pdserve_bf16gemm");
+  ASSERT_TRUE(checkpoint.status().ok()) << checkpoint.status();
+  auto exact = make_engine(true, checkpoint.path(), DType::kBF16);
+  auto bf16 = make_engine(true, checkpoint.path(), DType::kBF16,
+                          [](EngineOptions& o) { o.gemm_precision = GemmPrecision::kBf16; });
+  ASSERT_TRUE(exact && bf16);
+  SamplingParams text;
+  text.max_tokens = 200;
+  text.ignore_eos = true;
+  auto greedy_text = exact->generate({exact->config().bos_id}, text);
+  ASSERT_TRUE(greedy_text.ok()) << greedy_text.status();
+  std::vector<int> forced = {exact->config().bos_id};
+  forced.insert(forced.end(), greedy_text->token_ids.begin(), greedy_text->token_ids.end());
+  const pdserve::testing::ForcedAgreement a = pdserve::testing::teacher_forced(*exact, *bf16, forced);
+  EXPECT_GE(a.argmax_agree, int(0.99 * a.positions)) << a.argmax_agree << " of " << a.positions;
+  EXPECT_LE(a.max_logprob_diff, 0.02f);
+  EXPECT_GT(a.max_logprob_diff, 0.0f) << "bit-identical log-probabilities: the activations were not rounded";
+  std::printf("%d of %d argmaxes agree, log-probabilities within %.4f\n", a.argmax_agree, a.positions,
+              a.max_logprob_diff);
+  EXPECT_LE(pdserve::testing::worst_choice_gap(*exact, *bf16, {forced.begin(), forced.begin() + 20}, 100), 0.05f);
 }
 
 }  // namespace

@@ -77,14 +77,20 @@ class GuardedBackend final : public Backend {
     inner_->matmul_xwt(y, x, w, rows, out, in, ldw);
   }
   bool bf16_weights() const override { return true; }
-  // Widening bf16 is exact, so this is the CPU's GEMM on the same values a GPU would read.
-  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
-                       int64_t ldw) override {
+  // Widening bf16 is exact, so this is the CPU's GEMM on the same values a GPU would read; with
+  // kBf16 on x rounded to bf16 as a GPU rounds it.
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
+                       engine::GemmPrecision precision) override {
     Open open(this);
     ++bf16_gemms;
     widened_.resize(size_t(out) * in);
     for (int o = 0; o < out; ++o)
       for (int i = 0; i < in; ++i) widened_[size_t(o) * in + i] = engine::bf16_to_f32(w[int64_t(o) * ldw + i]);
+    if (precision == engine::GemmPrecision::kBf16) {
+      rounded_x_.resize(size_t(rows) * in);
+      for (size_t i = 0; i < rounded_x_.size(); ++i) rounded_x_[i] = engine::bf16_to_f32(engine::f32_to_bf16(x[i]));
+      x = rounded_x_.data();
+    }
     inner_->matmul_xwt(y, x, widened_.data(), rows, out, in, in);
   }
   bool bf16_kv() const override { return inner_->bf16_kv(); }
@@ -145,7 +151,8 @@ class GuardedBackend final : public Backend {
   uint8_t* base_ = nullptr;
   std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.
   size_t used_ = 0;
-  std::vector<float> widened_;  // matmul_xwt_bf16's weights as f32 (host memory).
+  std::vector<float> widened_;    // matmul_xwt_bf16's weights as f32 (host memory).
+  std::vector<float> rounded_x_;  // Its activations rounded to bf16 (GemmPrecision::kBf16).
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -17,9 +18,11 @@
 
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
+#include "engine/model/float_convert.h"
 #include "engine/model_loader.h"
 #include "kernels/cpu/ops.h"
 #include "tests/engine/bf16_checkpoint.h"
+#include "tests/engine/teacher_forced.h"
 #include "tests/engine/temp_files.h"
 #include "tests/engine/test_model.h"
 #include "tests/gpu/kernel_test_util.h"
@@ -38,6 +41,37 @@ TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
   (*backend)->matmul_xwt(dy.get(), dx.get(), dw.get() + 5, rows, out, in, ldw);
   ASSERT_TRUE((*backend)->synchronize().ok());
   EXPECT_LE(rel_error(dy.host(), want), kF32Tol);
+}
+
+// GemmPrecision::kBf16 through the backend: up to 8 rows the portable GEMV, above the vendor bf16
+// GEMM (cuBLAS, hipBLAS; the portable tiled kernel on the emulation), each rounding x to bf16.
+// Against the CPU on the same rounded x and w, so only the order of the f32 sums differs; and
+// measurably away from the unrounded x's products, so the rounding is not skipped.
+TEST(GpuBackend, Bf16GemmPrecisionMatchesCpuOnRoundedActivations) {
+  REQUIRE_GPU();
+  auto backend = engine::make_gpu_backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (int rows : {1, 5, 8, 9, 64, 130}) {
+    const int out = 72, in = 264, ldw = 272;  // ldw > in: a column slice, as a TP shard's.
+    std::vector<float> w = random_vec(size_t(out) * ldw, 40 + rows), x = random_vec(size_t(rows) * in, 50 + rows);
+    std::vector<uint16_t> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = engine::f32_to_bf16(w[i]);
+      w[i] = engine::bf16_to_f32(w16[i]);
+    }
+    std::vector<float> rounded_x = x, want(size_t(rows) * out), unrounded(want.size());
+    for (float& v : rounded_x) v = engine::bf16_to_f32(engine::f32_to_bf16(v));
+    cpu::matmul_xwt(want.data(), rounded_x.data(), w.data(), rows, out, in, ldw);
+    cpu::matmul_xwt(unrounded.data(), x.data(), w.data(), rows, out, in, ldw);
+    Dev<uint16_t> dw(w16);
+    Dev<float> dx(x), dy(want.size()), dy_exact(want.size());
+    (*backend)->matmul_xwt_bf16(dy.get(), dx.get(), dw.get(), rows, out, in, ldw, engine::GemmPrecision::kBf16);
+    (*backend)->matmul_xwt_bf16(dy_exact.get(), dx.get(), dw.get(), rows, out, in, ldw, engine::GemmPrecision::kExact);
+    ASSERT_TRUE((*backend)->synchronize().ok());
+    EXPECT_LE(rel_error(dy.host(), want), kF32Tol) << rows << " rows";
+    EXPECT_LE(rel_error(dy_exact.host(), unrounded), kF32Tol) << rows << " rows";
+    EXPECT_GT(rel_error(dy.host(), unrounded), 10 * kF32Tol) << rows << " rows: x was not rounded";
+  }
 }
 
 #if !defined(PDSERVE_GPU_EMULATION)
@@ -142,6 +176,18 @@ SamplingParams greedy(int max_tokens) {
   SamplingParams p;
   p.max_tokens = max_tokens;
   return p;
+}
+
+// BOS and the `engine`'s greedy text from it (n tokens, past EOS): a stream to score
+// teacher-forced.
+std::vector<int> cpu_greedy_text(Engine& engine, int n) {
+  SamplingParams params = greedy(n);
+  params.ignore_eos = true;
+  auto text = engine.generate({engine.config().bos_id}, params);
+  EXPECT_TRUE(text.ok()) << text.status();
+  std::vector<int> forced = {engine.config().bos_id};
+  if (text.ok()) forced.insert(forced.end(), text->token_ids.begin(), text->token_ids.end());
+  return forced;
 }
 
 // Runs `prompts` as concurrent requests (mixed prefill chunks and decodes in one step) and
@@ -372,43 +418,49 @@ TEST(Stories, GpuEngineBf16KvFollowsTheF32KvEngineTeacherForced) {
   auto bf16 = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, bf16_kv);
   ASSERT_TRUE(cpu && f32 && bf16);
   EXPECT_EQ(bf16->stats().kv_bytes_per_rank * 2, f32->stats().kv_bytes_per_rank);
-  const int n = pdserve::kernels::kEmulated ? 120 : 250;
-  auto text = cpu->generate({cpu->config().bos_id}, greedy(n));
-  ASSERT_TRUE(text.ok()) << text.status();
-  std::vector<int> forced = {cpu->config().bos_id};
-  forced.insert(forced.end(), text->token_ids.begin(), text->token_ids.end());
-  SamplingParams score = greedy(1);
-  score.prompt_logprobs = 1;
-  auto want = f32->generate(forced, score), got = bf16->generate(forced, score);
-  ASSERT_TRUE(want.ok() && got.ok()) << want.status() << " " << got.status();
-  ASSERT_EQ(got->prompt_logprobs.size(), forced.size() - 1);
-  int agree = 0;
-  float max_diff = 0.0f;
-  for (size_t i = 0; i < got->prompt_logprobs.size(); ++i) {
-    const TokenLogprob &g = got->prompt_logprobs[i], &w = want->prompt_logprobs[i];
-    ASSERT_EQ(g.token, forced[i + 1]);
-    ASSERT_FALSE(g.top.empty());
-    agree += g.top[0].first == w.top[0].first;
-    max_diff = std::max(max_diff, std::abs(g.logprob - w.logprob));
-  }
-  EXPECT_GE(agree, int(0.99 * double(got->prompt_logprobs.size()))) << agree << " of " << got->prompt_logprobs.size();
-  EXPECT_LE(max_diff, 0.05f);
-  EXPECT_GT(max_diff, 0.0f) << "bit-identical log-probabilities: the bf16 cache is not in use";
-
+  const std::vector<int> forced = cpu_greedy_text(*cpu, pdserve::kernels::kEmulated ? 120 : 250);
+  const ForcedAgreement a = teacher_forced(*f32, *bf16, forced);
+  EXPECT_GE(a.argmax_agree, int(0.99 * a.positions)) << a.argmax_agree << " of " << a.positions;
+  EXPECT_LE(a.max_logprob_diff, 0.05f);
+  EXPECT_GT(a.max_logprob_diff, 0.0f) << "bit-identical log-probabilities: the bf16 cache is not in use";
   // Decode: the bf16 engine's continuation of a prompt, every token a choice the f32 engine makes
   // or nearly makes.
-  std::vector<int> prompt(forced.begin(), forced.begin() + 20);
-  auto free_run = bf16->generate(prompt, greedy(pdserve::kernels::kEmulated ? 48 : 200));
-  ASSERT_TRUE(free_run.ok()) << free_run.status();
-  prompt.insert(prompt.end(), free_run->token_ids.begin(), free_run->token_ids.end());
-  auto judged = f32->generate(prompt, score);
-  ASSERT_TRUE(judged.ok()) << judged.status();
-  for (size_t i = 19; i < judged->prompt_logprobs.size(); ++i) {
-    const TokenLogprob& j = judged->prompt_logprobs[i];
-    EXPECT_GE(j.logprob, j.top[0].second - 0.05f)
-        << "token " << i + 1 << ": " << j.token << " where the f32 cache gives " << j.top[0].first;
-  }
+  EXPECT_LE(
+      worst_choice_gap(*f32, *bf16, {forced.begin(), forced.begin() + 20}, pdserve::kernels::kEmulated ? 48 : 200),
+      0.05f);
   EXPECT_EQ(bf16->stats().free_blocks, bf16->stats().num_blocks);
+}
+
+// --gemm-precision bf16: every GEMM's activations rounded to bf16 (issue 18's R5a), so the logits
+// move in their low bits. Against the exact engine on the same bf16 checkpoint (whose tokens are
+// the CPU's), teacher-forced: the prompt in chunks of 8 tokens (the GEMV) and of 256 (the vendor
+// bf16 GEMM on a device), then the bf16 engine's own greedy continuation (decode GEMVs).
+TEST(Stories, GpuEngineBf16GemmFollowsTheExactEngineTeacherForced) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  const Bf16Checkpoint checkpoint("pdserve_gpu_bf16gemm");
+  ASSERT_TRUE(checkpoint.status().ok()) << checkpoint.status();
+  auto cpu = engine_on(checkpoint.path(), "cpu");
+  ASSERT_TRUE(cpu);
+  const std::vector<int> forced = cpu_greedy_text(*cpu, pdserve::kernels::kEmulated ? 120 : 250);
+  for (int chunk : {8, 256}) {
+    EngineOptions exact_options, bf16_options;
+    exact_options.max_batch_tokens = bf16_options.max_batch_tokens = chunk;
+    bf16_options.gemm_precision = GemmPrecision::kBf16;
+    auto exact = engine_on(checkpoint.path(), gpu_kind(), 1, DType::kBF16, exact_options);
+    auto bf16 = engine_on(checkpoint.path(), gpu_kind(), 1, DType::kBF16, bf16_options);
+    ASSERT_TRUE(exact && bf16);
+    const ForcedAgreement a = teacher_forced(*exact, *bf16, forced);
+    EXPECT_GE(a.argmax_agree, int(0.99 * a.positions)) << a.argmax_agree << " of " << a.positions;
+    EXPECT_LE(a.max_logprob_diff, 0.02f) << "chunks of " << chunk;
+    EXPECT_GT(a.max_logprob_diff, 0.0f) << "bit-identical log-probabilities: the activations were not rounded";
+    std::printf("chunks of %d: %d of %d argmaxes agree, log-probabilities within %.4f\n", chunk, a.argmax_agree,
+                a.positions, a.max_logprob_diff);
+    if (chunk == 8) {
+      EXPECT_LE(worst_choice_gap(*exact, *bf16, {forced.begin(), forced.begin() + 20},
+                                 pdserve::kernels::kEmulated ? 48 : 200),
+                0.05f);
+    }
+  }
 }
 
 // Seeded sampling through the engine: the GPU samples on the device, the CPU from its logits on

@@ -484,6 +484,40 @@ TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
   }
 }
 
+// The portable GEMM rounding x to bf16 as it loads it (GemmPrecision::kBf16): GEMV and tiled
+// kernel against the CPU on the same rounded x and w; and round_to_bf16, the vendor GEMM's input
+// copy, bit for bit the CPU's rounding (ties to even, both signs, tiny and huge values).
+TEST(GpuKernels, PortableGemmWithBf16ActivationsMatchesCpuOnRoundedInputs) {
+  REQUIRE_GPU();
+  for (int rows : {1, 3, 8, 9, 70}) {
+    const int out = 45, in = 200, ldw = 208;
+    std::vector<float> w = random_vec(size_t(out) * ldw, 60 + rows), x = random_vec(size_t(rows) * in, 70 + rows);
+    std::vector<uint16_t> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = engine::f32_to_bf16(w[i]);
+      w[i] = engine::bf16_to_f32(w16[i]);
+    }
+    std::vector<float> rounded = x, want(size_t(rows) * out);
+    for (float& v : rounded) v = engine::bf16_to_f32(engine::f32_to_bf16(v));
+    cpu::matmul_xwt(want.data(), rounded.data(), w.data(), rows, out, in, ldw);
+    Dev<uint16_t> dw(w16);
+    Dev<float> dx(x), dy(want.size());
+    gpu::matmul_xwt(dy.get(), dx.get(), dw.get(), Storage::kBF16, rows, out, in, ldw, nullptr, /*bf16_x=*/true);
+    ASSERT_EQ(gpuGetLastError(), gpuSuccess);
+    EXPECT_LE(rel_error(dy.host(), want), kF32Tol) << rows << " rows";
+  }
+  std::vector<float> values = random_vec(1000, 80);
+  for (float v : {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, -1.00390625f, 3.0e38f, -3.0e38f, 1e-39f, 1e-45f})
+    values.push_back(v);  // 1 + 2^-8 and 1 + 3·2^-8: ties, one rounding down to even and one up.
+  std::vector<uint16_t> want(values.size());
+  for (size_t i = 0; i < values.size(); ++i) want[i] = engine::f32_to_bf16(values[i]);
+  Dev<float> din(values);
+  Dev<uint16_t> dout(values.size());
+  gpu::round_to_bf16(dout.get(), din.get(), int64_t(values.size()), nullptr);
+  ASSERT_EQ(gpuGetLastError(), gpuSuccess);
+  EXPECT_EQ(dout.host(), want);
+}
+
 // A paged cache of one layer on the host (f32, the reference) and on the device (`storage`),
 // the same blocks handed to three sequences in shuffled order.
 struct PagedCase {

@@ -146,6 +146,25 @@ TEST(Cli, Bf16KvOnTheCpuAndEngineOptionsThroughARouterAreRefused) {
                        "--device sets up the in-process engine");
 }
 
+// bf16 GEMM precision multiplies bf16 by bf16: without --weight-dtype bf16 refused in process and
+// by `up` before any worker starts; with it, on the CPU, refused as bf16 weights are; through a
+// router refused as every engine option is.
+TEST(Cli, Bf16GemmPrecisionWithoutBf16WeightsOrOnTheCpuIsRefused) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--gemm-precision", "bf16", "--max-tokens", "3"}),
+                       "it takes --weight-dtype bf16, not f32");
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--weight-dtype", "bf16", "--gemm-precision", "bf16",
+                                "--max-tokens", "3"}),
+                       "computes with f32 weights, not bf16");
+  expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--device", "emulated",
+                                "--gemm-precision", "bf16"}),
+                       "--gemm-precision bf16 multiplies bf16 activations by bf16 weights");
+  expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--gemm-precision", "bf16", "--prompt", "x"}),
+                       "--gemm-precision sets up the in-process engine");
+  const auto r = pdserve({"generate", "--model", kModel, "--gemm-precision", "fp8"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--gemm-precision"), std::string::npos) << r.err;
+}
+
 TEST(Cli, CorruptTokenizer) {
   TempDir dir;
   fs::copy(kModel, dir.path() / "stories260K.bin");

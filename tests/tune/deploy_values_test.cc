@@ -244,6 +244,16 @@ TEST(DeployValues, EachDeviceGetsItsGpuResource) {
   up = up_script(hip, "pdserve");
   ASSERT_TRUE(up.ok()) << up.status();
   EXPECT_TRUE(has(*up, "--weight-dtype bf16 --kv-dtype bf16 --max-running 48")) << *up;
+  EXPECT_FALSE(has(*up, "--gemm-precision")) << "exact is the workers' default";
+  EXPECT_FALSE(has(*values, "gemmPrecision")) << "exact is the chart's default";
+  // bf16 GEMMs: the chart's engine.gemmPrecision, and up's --gemm-precision.
+  hip.gemm_precision = engine::GemmPrecision::kBf16;
+  values = values_yaml(hip);
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_TRUE(has(*values, "engine:\n  weightDtype: bf16\n  kvDtype: bf16\n  gemmPrecision: bf16\n")) << *values;
+  up = up_script(hip, "pdserve");
+  ASSERT_TRUE(up.ok()) << up.status();
+  EXPECT_TRUE(has(*up, "--weight-dtype bf16 --kv-dtype bf16 --gemm-precision bf16 --max-running 48")) << *up;
 }
 
 // Just around n_p/n_d, whether the ratio is exact in decimal or not.
@@ -300,9 +310,13 @@ TEST(DeployValues, RefusesPlansNoTargetCanRun) {
        "an aggregated plan needs at least one worker"},
       {"f16 weights", [](DeployPlan& p) { p.weight_dtype = engine::DType::kF16; },
        "weight dtype must be f32 or bf16, not 'f16'"},
-      {"bf16 on cpu", [](DeployPlan& p) { p.weight_dtype = engine::DType::kBF16; }, "weight dtype bf16 on device cpu needs GPU workers"},
+      {"bf16 on cpu", [](DeployPlan& p) { p.weight_dtype = engine::DType::kBF16; },
+       "weight dtype bf16 on device cpu needs GPU workers"},
       {"f16 KV", [](DeployPlan& p) { p.kv_dtype = engine::DType::kF16; }, "KV dtype must be f32 or bf16, not 'f16'"},
-      {"bf16 KV on cpu", [](DeployPlan& p) { p.kv_dtype = engine::DType::kBF16; }, "KV dtype bf16 on device cpu needs GPU workers"},
+      {"bf16 KV on cpu", [](DeployPlan& p) { p.kv_dtype = engine::DType::kBF16; },
+       "KV dtype bf16 on device cpu needs GPU workers"},
+      {"bf16 GEMMs with f32 weights", [](DeployPlan& p) { p.gemm_precision = engine::GemmPrecision::kBf16; },
+       "GEMM precision bf16 multiplies bf16 activations by bf16 weights, not f32"},
       {"zero router max running", [](DeployPlan& p) { p.max_running = 0; }, "router max running must be at least 1"},
       {"negative router max waiting", [](DeployPlan& p) { p.max_waiting = -1; },
        "router max waiting must be at least 0"},

@@ -27,6 +27,7 @@ Profile sample_profile() {
   p.device_model = "AMD Instinct MI355X";
   p.dtype = engine::DType::kBF16;
   p.kv_dtype = engine::DType::kBF16;
+  p.gemm_precision = engine::GemmPrecision::kBf16;
   p.pdserve_version = "15cb056";
   TpProfile t1;
   t1.tp = 1;
@@ -68,6 +69,7 @@ void expect_same_profile(const Profile& a, const Profile& b) {
   EXPECT_EQ(a.device_model, b.device_model);
   EXPECT_EQ(a.dtype, b.dtype);
   EXPECT_EQ(a.kv_dtype, b.kv_dtype);
+  EXPECT_EQ(a.gemm_precision, b.gemm_precision);
   EXPECT_EQ(a.pdserve_version, b.pdserve_version);
   EXPECT_EQ(a.router_overhead_s, b.router_overhead_s);
   EXPECT_EQ(a.pd_overhead_s, b.pd_overhead_s);
@@ -210,6 +212,8 @@ TEST(ProfileIo, RefusesABadFileNamingTheKey) {
       {"not an object", [](json& j) { j["tp"][0]["decode"] = 3; }, "tp[0].decode must be an object"},
       {"note not text", [](json& j) { j["note"] = 1; }, "note must be a string"},
       {"unknown kv dtype", [](json& j) { j["kv_dtype"] = "fp8"; }, "kv_dtype must be f32 or bf16, not 'fp8'"},
+      {"unknown gemm precision", [](json& j) { j["gemm_precision"] = "tf32"; },
+       "gemm_precision must be exact or bf16, not 'tf32'"},
       {"unknown weight dtype", [](json& j) { j["dtype"] = "f16"; }, "dtype must be f32 or bf16, not 'f16'"},
   };
   for (const Case& c : cases) {
@@ -233,9 +237,9 @@ TEST(ProfileIo, LoadReportsTheFile) {
 }
 
 TEST(ProfileIo, KeyNamesWhatWasMeasured) {
-  EXPECT_EQ(
-      profile_key(sample_profile()),
-      "model=ab12 device=hip device_model=\"AMD Instinct MI355X\" dtype=bf16 kv_dtype=bf16 tp=1,2 pdserve=15cb056");
+  EXPECT_EQ(profile_key(sample_profile()),
+            "model=ab12 device=hip device_model=\"AMD Instinct MI355X\" dtype=bf16 kv_dtype=bf16 gemm=bf16 tp=1,2 "
+            "pdserve=15cb056");
 }
 
 // kv_dtype came after the first profiles: one without it kept an f32 KV cache, and an f32
@@ -247,6 +251,18 @@ TEST(ProfileIo, AProfileWithoutAKvDtypeKeptAnF32KvCache) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->kv_dtype, engine::DType::kF32);
   EXPECT_FALSE(profile_to_json(*p).contains("kv_dtype"));
+}
+
+// gemm_precision likewise: a profile without it was measured with exact GEMMs, and an exact
+// profile is written without it.
+TEST(ProfileIo, AProfileWithoutAGemmPrecisionRanExactGemms) {
+  json j = profile_to_json(sample_profile());
+  EXPECT_EQ(j.value("gemm_precision", ""), "bf16");
+  j.erase("gemm_precision");
+  auto p = profile_from_json(j);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->gemm_precision, engine::GemmPrecision::kExact);
+  EXPECT_FALSE(profile_to_json(*p).contains("gemm_precision"));
 }
 
 // The fixtures are SYNTHETIC (their "note" says so): shaped like an 8B bf16 model on the GPU,

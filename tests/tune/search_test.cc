@@ -238,6 +238,7 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
   o.device = Device::kHip;
   o.weight_dtype = engine::DType::kBF16;
   o.kv_dtype = engine::DType::kBF16;
+  o.gemm_precision = engine::GemmPrecision::kBf16;
   o.max_running = 96;
   Topology t;
   t.n_p = 2;
@@ -256,12 +257,15 @@ TEST(LocalCluster, UpArgumentsAndTheReadyFile) {
       "/bin/pdserve up --model stories260K --device hip --port 0 --restart never --prefix-caching off --prefill 2 "
       "--prefill-tp 1 "
       "--decode 1 --decode-tp 2 --kv-mode pull --local-prefill-tokens 0 --weight-dtype bf16 --kv-dtype bf16 "
-      "--max-running 96 ");
+      "--gemm-precision bf16 --max-running 96 ");
   // On CPU workers neither: up passes no weight dtype to them, and they keep an f32 KV cache.
   o.device = Device::kCpu;
   o.weight_dtype = o.kv_dtype = engine::DType::kF32;
+  o.gemm_precision = engine::GemmPrecision::kExact;
   const std::vector<std::string> cpu = up_arguments(t, o);
-  EXPECT_EQ(std::count(cpu.begin(), cpu.end(), "--weight-dtype") + std::count(cpu.begin(), cpu.end(), "--kv-dtype"), 0);
+  EXPECT_EQ(std::count(cpu.begin(), cpu.end(), "--weight-dtype") + std::count(cpu.begin(), cpu.end(), "--kv-dtype") +
+                std::count(cpu.begin(), cpu.end(), "--gemm-precision"),
+            0);
   StatusOr<ClusterEndpoints> e = parse_ready_file(R"({"router": {"grpc": "127.0.0.1:9", "http": "127.0.0.1:10"},
       "workers": [{"name": "prefill0", "grpc": "127.0.0.1:11", "role": "prefill", "tp": "1"},
                   {"name": "decode0", "grpc": "127.0.0.1:12", "role": "decode", "tp": "2"}]})");

@@ -239,7 +239,7 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   const base = value(render().docs);
   assert.equal(value(render({ set: ['prefill.tensorParallel=2', 'decode.replicas=3'] }).docs), base, 'per-role sizing must not change it');
   for (const s of ['image.tag=other', 'image.digest=sha256:' + 'a'.repeat(64), 'model.name=other', 'model.revision=2',
-    'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
+    'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.gemmPrecision=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
     assert.notEqual(value(render({ set: [s] }).docs), base, `${s} must change the KV-compat value`);
   }
   assert.equal(value(render({ set: ['kvCompat.override=0123456789abcdef'] }).docs), '0123456789abcdef');
@@ -249,6 +249,15 @@ test('engine.kvDtype: --kv-dtype on prefill and decode only when not f32 (the wo
   for (const role of ROLES) {
     assert.equal(flag(mainContainer(deployment(render().docs, role)), '--kv-dtype'), undefined, role);
     assert.equal(flag(mainContainer(deployment(render({ set: ['engine.kvDtype=bf16'] }).docs, role)), '--kv-dtype'), 'bf16', role);
+  }
+});
+
+test('engine.gemmPrecision: --gemm-precision on prefill and decode only when not exact (the workers\' default)', () => {
+  for (const role of ROLES) {
+    assert.equal(flag(mainContainer(deployment(render().docs, role)), '--gemm-precision'), undefined, role);
+    const bf16 = render({ set: ['engine.gemmPrecision=bf16'] }).docs;
+    assert.equal(flag(mainContainer(deployment(bf16, role)), '--gemm-precision'), 'bf16', role);
+    assert.equal(flag(mainContainer(deployment(bf16, role)), '--weight-dtype'), 'bf16', role);
   }
 });
 

@@ -63,7 +63,7 @@ class CpuBackend final : public Backend {
     k::matmul_xwt(y, x, w, rows, out, in, ldw);
   }
   bool bf16_weights() const override { return false; }
-  void matmul_xwt_bf16(float*, const float*, const uint16_t*, int, int, int, int64_t) override {
+  void matmul_xwt_bf16(float*, const float*, const uint16_t*, int, int, int, int64_t, GemmPrecision) override {
     std::fprintf(stderr, "pdserve: the CPU backend computes with f32 weights (bf16_weights() is false)\n");
     std::abort();
   }

@@ -1,6 +1,6 @@
 // engine::Backend on one GPU, from one source for CUDA and HIP: kernels/gpu launches and the
-// vendor SGEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable GEMM) on
-// a per-backend stream, staging copies on a second one.
+// vendor SGEMM and bf16 GEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable
+// GEMM) on a per-backend stream, staging copies on a second one.
 #include "engine/gpu_backend.h"
 #include "engine/backend_buffer.h"
 #include "engine/backends/gpu/gpu_abi_id.h"
@@ -59,7 +59,8 @@ class GpuBackend final : public Backend {
 #endif
     if (stream_) (void)gpuStreamDestroy(stream_);
     if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
-    decode_scratch_.reset();  // Here, while this is still a whole backend to free it with.
+    decode_scratch_.reset();  // Here, while this is still a whole backend to free them with.
+    gemm_x_.reset();
   }
 
   std::string name() const override { return absl::StrCat(kKind, ":", device_); }
@@ -96,7 +97,7 @@ class GpuBackend final : public Backend {
     PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
     if (gemm_failed_) {
       gemm_failed_ = false;
-      return absl::InternalError("SGEMM failed");
+      return absl::InternalError("vendor GEMM failed");
     }
     return gpu_status(gpuStreamSynchronize(stream_), "synchronize");
   }
@@ -152,14 +153,31 @@ class GpuBackend final : public Backend {
     g::matmul_xwt(y, x, w, g::Storage::kF32, rows, out, in, ldw, stream_);
 #endif
   }
-  // bf16 weights with f32 activations: the portable GEMM, which reads the weights as stored and
-  // accumulates in f32, so a bf16 checkpoint computes what the CPU computes from it. (The vendor
-  // GEMMs take both operands in one type; rounding activations to bf16 would not.)
+  // bf16 weights. kExact (f32 activations): the portable GEMM, which reads the weights as stored
+  // and accumulates in f32, so a bf16 checkpoint computes what the CPU computes from it (the
+  // vendor GEMMs take both operands in one type). kBf16: above the GEMV's rows, the vendor bf16
+  // GEMM on a bf16 copy of x (tensor cores, f32 accumulation and output); up to them, or without
+  // a vendor BLAS, the portable GEMM rounding x as it loads it.
   bool bf16_weights() const override { return true; }
-  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in,
-                       int64_t ldw) override {
+  void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
+                       GemmPrecision precision) override {
     bind();
-    g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_);
+    if (rows <= 0 || out <= 0) return;
+    const bool bf16_x = precision == GemmPrecision::kBf16;
+#if defined(PDSERVE_GPU_BLAS)
+    // Growing frees the old copy, which waits for the GEMMs queued on it; without room, the
+    // portable GEMM computes the same products.
+    if (bf16_x && rows > g::kGemvMaxRows && gemm_x_.reserve(this, size_t(rows) * in * 2).ok()) {
+      g::round_to_bf16(gemm_x_.as<void>(), x, int64_t(rows) * in, stream_);
+      const float alpha = 1.0f, beta = 0.0f;
+      if (gpublasGemmEx(blas_, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w, GPUBLAS_R_16BF, int(ldw),
+                        gemm_x_.as<void>(), GPUBLAS_R_16BF, in, &beta, y, GPUBLAS_R_32F, out, GPUBLAS_COMPUTE_32F,
+                        GPUBLAS_GEMM_DEFAULT) != GPUBLAS_STATUS_SUCCESS)
+        gemm_failed_ = true;
+      return;
+    }
+#endif
+    g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_, bf16_x);
   }
   bool bf16_kv() const override { return true; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
@@ -225,6 +243,7 @@ class GpuBackend final : public Backend {
 #endif
   size_t total_bytes_ = 0;
   BackendBuffer decode_scratch_;  // The splits' softmax states (g::split_decode_attention).
+  BackendBuffer gemm_x_;          // The bf16 copy of a vendor bf16 GEMM's activations.
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
   bool gemm_failed_ = false;

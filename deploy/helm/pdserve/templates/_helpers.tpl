@@ -105,6 +105,10 @@ KV blocks mean the same thing to a decode worker. */}}
 {{- if ne .Values.engine.kvDtype "f32" -}}
 {{- $fields = append $fields (printf "kv=%s" .Values.engine.kvDtype) -}}
 {{- end -}}
+{{- /* Likewise the GEMM precision when not exact: the KV a prefill writes is computed with it. */ -}}
+{{- if ne .Values.engine.gemmPrecision "exact" -}}
+{{- $fields = append $fields (printf "gemm=%s" .Values.engine.gemmPrecision) -}}
+{{- end -}}
 {{- join "\n" $fields | sha256sum | trunc 16 -}}
 {{- end -}}
 {{- end -}}

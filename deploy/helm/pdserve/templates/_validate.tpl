@@ -18,6 +18,13 @@ Called once, from validate.yaml. */}}
 {{- if and (eq $v.accelerator.device "cpu") (ne $v.engine.kvDtype "f32") -}}
 {{- $errors = append $errors (printf "engine.kvDtype %s needs a GPU device: CPU workers keep an f32 KV cache (accelerator.device is cpu)" $v.engine.kvDtype) -}}
 {{- end -}}
+{{- if ne $v.engine.gemmPrecision "exact" -}}
+{{- if eq $v.accelerator.device "cpu" -}}
+{{- $errors = append $errors (printf "engine.gemmPrecision %s needs a GPU device: CPU workers multiply f32 activations (accelerator.device is cpu)" $v.engine.gemmPrecision) -}}
+{{- else if ne $v.engine.weightDtype "bf16" -}}
+{{- $errors = append $errors (printf "engine.gemmPrecision %s multiplies bf16 activations by bf16 weights: it needs engine.weightDtype bf16, not %s" $v.engine.gemmPrecision $v.engine.weightDtype) -}}
+{{- end -}}
+{{- end -}}
 {{- $gpu := include "pdserve.gpuResource" . -}}
 
 {{- /* Model source. */ -}}
