@@ -22,7 +22,7 @@ if "$1" --only gemm --kv-dtype bf16 >/dev/null 2>&1; then
   echo "--kv-dtype with --only gemm was not refused"
   exit 1
 fi
-if "$1" --preset tiny --context 4 --batches 1 --only decode --weights f32 --gemm bf16 >/dev/null 2>&1; then
-  echo "--gemm without bf16 weights was not refused"
-  exit 1
-fi
+refusal=$("$1" --preset tiny --context 4 --batches 1 --only decode --weights f32 --gemm bf16 2>&1 >/dev/null) &&
+  { echo "--gemm without bf16 weights was not refused"; exit 1; }
+echo "$refusal" | grep -q -- "--gemm sets the bf16-weight rows' precision" ||
+  { echo "--gemm without bf16 weights: unexpected refusal: $refusal"; exit 1; }

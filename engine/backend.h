@@ -79,6 +79,10 @@ class Backend {
   // whose bf16_weights() is true.
   virtual void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
                                GemmPrecision precision) = 0;
+  // Makes room for what matmul_xwt_bf16 with `precision` needs beyond its operands for up to
+  // `max_rows` rows of up to `max_in` columns (a device's bf16 copy of x for the vendor GEMM), so
+  // that the forward pass allocates nothing; a backend needing nothing returns OK.
+  virtual Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) = 0;
   // Whether the paged-KV entry points below take views of bf16 storage (half the bytes a decode
   // step's attention reads and the cache holds); the CPU backend keeps its KV in f32.
   virtual bool bf16_kv() const = 0;

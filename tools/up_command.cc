@@ -260,18 +260,22 @@ int run_up(const UpFlags& f) {
                  "(the router names a peer by its host-tier events)\n";
     return 2;
   }
-  if (f.gemm_precision == "bf16" && f.weight_dtype != "bf16") {
-    std::cerr << "error: --gemm-precision bf16 multiplies bf16 activations by bf16 weights: it takes --weight-dtype "
-                 "bf16\n";
-    return 2;
-  }
-  if (f.kv_dtype != "f32") {
-    const bool cpu_worker =
-        pd ? f.device_of("prefill") == "cpu" || f.device_of("decode") == "cpu" : f.device_of("aggregated") == "cpu";
-    if (cpu_worker) {
-      std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
+  const bool cpu_worker =
+      pd ? f.device_of("prefill") == "cpu" || f.device_of("decode") == "cpu" : f.device_of("aggregated") == "cpu";
+  if (f.gemm_precision == "bf16") {
+    if (f.weight_dtype != "bf16") {
+      std::cerr << "error: --gemm-precision bf16 multiplies bf16 activations by bf16 weights: it takes --weight-dtype "
+                   "bf16\n";
       return 2;
     }
+    if (cpu_worker) {
+      std::cerr << "error: --gemm-precision bf16 needs GPU workers: CPU workers multiply f32 activations\n";
+      return 2;
+    }
+  }
+  if (f.kv_dtype != "f32" && cpu_worker) {
+    std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
+    return 2;
   }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
@@ -305,6 +309,7 @@ int run_up(const UpFlags& f) {
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
+    // bf16 GEMMs with a CPU worker were refused above.
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
     a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});

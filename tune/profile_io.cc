@@ -200,6 +200,20 @@ StatusOr<engine::GemmPrecision> parse_gemm_precision(absl::string_view name) {
   return *p;
 }
 
+Status check_profile_fits(const Profile& p, Device device, engine::DType weight, engine::DType kv,
+                          engine::GemmPrecision precision) {
+  if (p.device != device)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the profile was recorded on ", device_name(p.device), ", not --device ", device_name(device)));
+  if (p.dtype != weight || p.kv_dtype != kv || p.gemm_precision != precision)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the profile was recorded with ", engine::dtype_name(p.dtype), " weights and an ",
+                     engine::dtype_name(p.kv_dtype), " KV cache (", engine::gemm_precision_name(p.gemm_precision),
+                     " GEMMs), not --weight-dtype ", engine::dtype_name(weight), " --kv-dtype ", engine::dtype_name(kv),
+                     " --gemm-precision ", engine::gemm_precision_name(precision)));
+  return absl::OkStatus();
+}
+
 Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv, engine::GemmPrecision precision) {
   if (precision == engine::GemmPrecision::kBf16 && weight != engine::DType::kBF16)
     return absl::InvalidArgumentError(absl::StrCat(

@@ -30,6 +30,11 @@ Status check_dtypes_on(Device device, engine::DType weight, engine::DType kv,
                        engine::GemmPrecision precision = engine::GemmPrecision::kExact);
 // "exact" | "bf16" (engine::gemm_precision_name): the --gemm-precision spelling.
 StatusOr<engine::GemmPrecision> parse_gemm_precision(absl::string_view name);
+// Whether `profile` measured what a cluster of `device`, `weight`, `kv` and `precision` runs:
+// a plan, validation or deployment from a profile of another device, element type or GEMM
+// precision would size it wrongly (KV capacity, step times). InvalidArgument naming both.
+Status check_profile_fits(const Profile& profile, Device device, engine::DType weight, engine::DType kv,
+                          engine::GemmPrecision precision);
 // "push" | "pull": the router's and `pdserve up`'s --kv-mode spelling.
 absl::string_view kv_mode_name(KvMode mode);
 StatusOr<KvMode> parse_kv_mode(absl::string_view name);

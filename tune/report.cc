@@ -453,6 +453,13 @@ int write_report(const TuneConfig& c) {
     std::cerr << "error: report: no plan (plan.json) in " << c.out << "\n";
     return kTuneUsage;
   }
+  // Its values.yaml and up.sh deploy the flags' dtypes and precision: they must be the profile's.
+  if (l.have_profile) {
+    if (Status s = profile_fits(l.profile, c); !s.ok()) {
+      std::cerr << "error: report: " << s.message() << "\n";
+      return kTuneUsage;
+    }
+  }
   // The recommendation: the best-ranked candidate that passed the gate where one was run; a
   // candidate that failed it is excluded.
   const Candidate* rec = nullptr;

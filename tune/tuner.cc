@@ -77,6 +77,15 @@ StatusOr<Profile> load_stage_profile(const TuneConfig& c) {
   return load_profile(c.import_profile.empty() ? out_path(c, "profile.json") : c.import_profile);
 }
 
+}  // namespace
+
+Status profile_fits(const Profile& profile, const TuneConfig& c) {
+  return check_profile_fits(profile, c.cluster.device, c.cluster.weight_dtype, c.cluster.kv_dtype,
+                            c.cluster.gemm_precision);
+}
+
+namespace {
+
 // --- profile ---------------------------------------------------------------------------
 
 int stage_profile(const TuneConfig& c) {
@@ -146,18 +155,8 @@ int stage_plan(const TuneConfig& c) {
     std::cerr << "error: plan: " << profile.status().message() << "\n";
     return kTuneUsage;
   }
-  if (profile->device != c.cluster.device) {
-    std::cerr << "error: plan: the profile was recorded on " << device_flag(profile->device) << ", not --device "
-              << device_flag(c.cluster.device) << "\n";
-    return kTuneUsage;
-  }
-  if (profile->dtype != c.cluster.weight_dtype || profile->kv_dtype != c.cluster.kv_dtype ||
-      profile->gemm_precision != c.cluster.gemm_precision) {
-    std::cerr << "error: plan: the profile was recorded with " << engine::dtype_name(profile->dtype) << " weights, an "
-              << engine::dtype_name(profile->kv_dtype) << " KV cache and "
-              << engine::gemm_precision_name(profile->gemm_precision) << " GEMMs, not --weight-dtype "
-              << engine::dtype_name(c.cluster.weight_dtype) << " --kv-dtype " << engine::dtype_name(c.cluster.kv_dtype)
-              << " --gemm-precision " << engine::gemm_precision_name(c.cluster.gemm_precision) << "\n";
+  if (Status s = profile_fits(*profile, c); !s.ok()) {
+    std::cerr << "error: plan: " << s.message() << "\n";
     return kTuneUsage;
   }
   SearchSpace space;
@@ -396,6 +395,10 @@ int stage_validate(const TuneConfig& c, bool time_it, const Steady::time_point s
   StatusOr<PlanView> plan = load_plan(c);
   if (!profile.ok() || !plan.ok()) {
     std::cerr << "error: " << (profile.ok() ? plan.status() : profile.status()).message() << "\n";
+    return kTuneUsage;
+  }
+  if (Status s = profile_fits(*profile, c); !s.ok()) {
+    std::cerr << "error: validate: " << s.message() << "\n";
     return kTuneUsage;
   }
   StatusOr<std::vector<GoldenPrompt>> prompts = golden_set(c, *profile);

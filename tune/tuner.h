@@ -48,4 +48,8 @@ inline constexpr int kTuneUsage = 1;  // Bad input, or a stage could not run.
 // Runs `stages` in order; the process exit code.
 int run_tune(const TuneConfig& config, const std::vector<Stage>& stages);
 
+// Whether `profile` measured the device, dtypes and GEMM precision `config` plans, validates and
+// deploys (check_profile_fits): the plan, validate and report stages refuse another.
+Status profile_fits(const Profile& profile, const TuneConfig& config);
+
 }  // namespace pdserve::tune

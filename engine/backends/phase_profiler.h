@@ -75,6 +75,9 @@ class PhaseProfiler final : public Backend {
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override;
   void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
                        GemmPrecision precision) override;
+  Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
+    return inner_->reserve_gemm_scratch(precision, max_rows, max_in);
+  }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
                       int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) override;
   void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,

@@ -44,7 +44,8 @@ void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
 // y[rows][out] = x[rows][in] · wᵀ, w's rows `ldw` elements apart and stored as `w_type`;
 // accumulated in f32; with `bf16_x` (bf16 weights only) each x element rounded to bf16 first
 // (engine::GemmPrecision::kBf16). The portable kernels (kernels/gpu/gemm.cu): a GEMV up to
-// kGemvMaxRows rows, where it is the fast path; above, backends use the vendor BLAS where there is one.
+// kGemvMaxRows rows, a tiled kernel above. Backends take the vendor BLAS instead above
+// kGemvMaxRows where its operands' types allow (f32 × f32, or bf16 × bf16), else these.
 constexpr int kGemvMaxRows = 8;
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in, int64_t ldw,
                 gpuStream_t stream, bool bf16_x = false);

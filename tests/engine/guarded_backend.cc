@@ -93,6 +93,7 @@ class GuardedBackend final : public Backend {
     }
     inner_->matmul_xwt(y, x, widened_.data(), rows, out, in, in);
   }
+  Status reserve_gemm_scratch(engine::GemmPrecision, int, int) override { return absl::OkStatus(); }
   bool bf16_kv() const override { return inner_->bf16_kv(); }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride, int n_kv_heads) override {

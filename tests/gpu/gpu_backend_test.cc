@@ -44,15 +44,18 @@ TEST(GpuBackend, MatmulColumnSliceMatchesCpu) {
 }
 
 // GemmPrecision::kBf16 through the backend: up to 8 rows the portable GEMV, above the vendor bf16
-// GEMM (cuBLAS, hipBLAS; the portable tiled kernel on the emulation), each rounding x to bf16.
+// GEMM (cuBLAS, hipBLAS; the portable tiled kernel on the emulation, which has no BLAS), each
+// rounding x to bf16.
 // Against the CPU on the same rounded x and w, so only the order of the f32 sums differs; and
 // measurably away from the unrounded x's products, so the rounding is not skipped.
 TEST(GpuBackend, Bf16GemmPrecisionMatchesCpuOnRoundedActivations) {
   REQUIRE_GPU();
   auto backend = engine::make_gpu_backend(0);
   ASSERT_TRUE(backend.ok()) << backend.status();
+  const int out = 72, in = 264, ldw = 272;  // ldw > in: a column slice, as a TP shard's.
+  // The vendor GEMM's bf16 copy of x, as a rank sizes it.
+  ASSERT_TRUE((*backend)->reserve_gemm_scratch(engine::GemmPrecision::kBf16, 130, in).ok());
   for (int rows : {1, 5, 8, 9, 64, 130}) {
-    const int out = 72, in = 264, ldw = 272;  // ldw > in: a column slice, as a TP shard's.
     std::vector<float> w = random_vec(size_t(out) * ldw, 40 + rows), x = random_vec(size_t(rows) * in, 50 + rows);
     std::vector<uint16_t> w16(w.size());
     for (size_t i = 0; i < w.size(); ++i) {

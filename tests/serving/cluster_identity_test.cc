@@ -368,10 +368,13 @@ TEST(ClusterTiers, AnAggregatedWorkerServesEarlierPromptsAcrossARestart) {
     }
     if (round == 1) {
       // After the restart the device and host tiers start empty: the hits came from the files,
-      // and the router's metrics say so (within a health poll or two).
+      // and the router's metrics say so (within a health poll or two: a poll may have caught the
+      // worker between two of the five requests, so wait for all five).
       double disk_hits = 0, disk_loaded = 0, load_seconds = 0, load_timeouts = -1, pending_loads = 0;
       for (auto deadline = std::chrono::steady_clock::now() + 10s;
-           disk_hits == 0 && std::chrono::steady_clock::now() < deadline; std::this_thread::sleep_for(100ms)) {
+           (disk_hits < 5 * 256 || disk_loaded < 5 * 16 || pending_loads < 5) &&
+           std::chrono::steady_clock::now() < deadline;
+           std::this_thread::sleep_for(100ms)) {
         if (const auto text = testing::router_metrics_text(cluster.http_port())) {
           disk_hits = testing::metric_sum(*text, "pdserve:worker_kv_tier_hit_tokens_total", "tier=\"disk\"");
           disk_loaded = testing::metric_sum(*text, "pdserve:worker_kv_tier_loaded_blocks_total", "tier=\"disk\"");

@@ -147,8 +147,8 @@ TEST(Cli, Bf16KvOnTheCpuAndEngineOptionsThroughARouterAreRefused) {
 }
 
 // bf16 GEMM precision multiplies bf16 by bf16: without --weight-dtype bf16 refused in process and
-// by `up` before any worker starts; with it, on the CPU, refused as bf16 weights are; through a
-// router refused as every engine option is.
+// by `up` before any worker starts; with it, on the CPU, refused as bf16 weights are, and by `up`
+// when a worker would run on the CPU; through a router refused as every engine option is.
 TEST(Cli, Bf16GemmPrecisionWithoutBf16WeightsOrOnTheCpuIsRefused) {
   expect_clean_failure(pdserve({"generate", "--model", kModel, "--gemm-precision", "bf16", "--max-tokens", "3"}),
                        "it takes --weight-dtype bf16, not f32");
@@ -158,6 +158,9 @@ TEST(Cli, Bf16GemmPrecisionWithoutBf16WeightsOrOnTheCpuIsRefused) {
   expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--device", "emulated",
                                 "--gemm-precision", "bf16"}),
                        "--gemm-precision bf16 multiplies bf16 activations by bf16 weights");
+  expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--prefill-device",
+                                "emulated", "--weight-dtype", "bf16", "--gemm-precision", "bf16"}),
+                       "--gemm-precision bf16 needs GPU workers: CPU workers multiply f32 activations");
   expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--gemm-precision", "bf16", "--prompt", "x"}),
                        "--gemm-precision sets up the in-process engine");
   const auto r = pdserve({"generate", "--model", kModel, "--gemm-precision", "fp8"});

@@ -37,7 +37,8 @@ std::vector<Case> cases() {
   hip.provenance_tool = "tune_deploy_values_emit";
   DeployPlan cuda = hip;
   cuda.device = Device::kCuda;
-  cuda.kv_dtype = pdserve::engine::DType::kBF16;  // The other plans keep the chart's default, f32.
+  cuda.kv_dtype = pdserve::engine::DType::kBF16;                // The other plans keep the chart's default, f32,
+  cuda.gemm_precision = pdserve::engine::GemmPrecision::kBf16;  // and exact.
   cuda.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 2, .mode = KvMode::kPush};
   DeployPlan cpu;
   cpu.topology = {.aggregated = false, .n_p = 1, .tp_p = 1, .n_d = 2, .tp_d = 1, .mode = KvMode::kPush};
@@ -99,6 +100,7 @@ int main(int argc, char** argv) {
         {"device", std::string(pdserve::tune::device_name(c.plan.device))},
         {"weightDtype", pdserve::engine::dtype_name(c.plan.weight_dtype)},
         {"kvDtype", pdserve::engine::dtype_name(c.plan.kv_dtype)},
+        {"gemmPrecision", pdserve::engine::gemm_precision_name(c.plan.gemm_precision)},
         {"model", c.plan.model_name},
         {"kvMode", t.aggregated ? std::string("aggregated") : std::string(pdserve::tune::kv_mode_name(t.mode))},
         {"workers", workers},

@@ -92,6 +92,18 @@ TEST(TuneCli, RefusesWhatItCannotHonour) {
     EXPECT_EQ(r.exit_code, 1) << dtypes;
     EXPECT_NE(r.out.find("the profile was recorded with bf16 weights and an f32 KV cache"), std::string::npos) << r.out;
   }
+  // ... or GEMMs of another precision; and a report, which writes values.yaml and up.sh, refuses
+  // flags that are not the profile's even after a plan that was.
+  const std::string hip = offline_args("profile_hip_mi355x.json", "hip", d.path);
+  r = tune("plan " + hip + " --gemm-precision bf16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("(exact GEMMs), not --weight-dtype bf16 --kv-dtype f32 --gemm-precision bf16"),
+            std::string::npos)
+      << r.out;
+  ASSERT_EQ(tune("plan " + hip).exit_code, 0);
+  r = tune("report " + hip + " --gemm-precision bf16");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("error: report: the profile was recorded with"), std::string::npos) << r.out;
   // bf16 on CPU workers, which compute and keep their KV cache in f32.
   r = tune("--ranks 2 --input-len 64 --output-len 8 --slo-ttft-ms 100 --slo-tpot-ms 10 --kv-dtype bf16 --out " +
            d.path.string());

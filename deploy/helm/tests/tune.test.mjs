@@ -69,6 +69,8 @@ for (const { name, plan, values } of CASES) {
       assert.equal(flag(c, '--model'), plan.model, `${role} --model`);
       assert.equal(flag(c, '--weight-dtype'), plan.device === 'cpu' ? undefined : plan.weightDtype, `${role} --weight-dtype`);
       assert.equal(flag(c, '--kv-dtype'), plan.kvDtype === 'f32' ? undefined : plan.kvDtype, `${role} --kv-dtype`);
+      assert.equal(flag(c, '--gemm-precision'), plan.gemmPrecision === 'exact' ? undefined : plan.gemmPrecision,
+                   `${role} --gemm-precision`);
       assert.equal(flag(c, '--max-batch-tokens'), want.maxBatchTokens === null ? undefined : String(want.maxBatchTokens),
                    `${role} --max-batch-tokens`);
       assert.equal(flag(c, '--max-running'), want.maxRunning === null ? undefined : String(want.maxRunning), `${role} --max-running`);

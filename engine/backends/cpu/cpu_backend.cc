@@ -67,6 +67,7 @@ class CpuBackend final : public Backend {
     std::fprintf(stderr, "pdserve: the CPU backend computes with f32 weights (bf16_weights() is false)\n");
     std::abort();
   }
+  Status reserve_gemm_scratch(GemmPrecision, int, int) override { return absl::OkStatus(); }
   bool bf16_kv() const override { return false; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
                       int64_t k_row_stride, const float* vp, int64_t v_row_stride,

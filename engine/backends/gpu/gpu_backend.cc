@@ -68,8 +68,10 @@ class GpuBackend final : public Backend {
   StatusOr<void*> allocate(size_t bytes) override {
     bind();
     void* p = nullptr;
-    PD_RETURN_IF_ERROR(gpu_status(gpuMalloc(&p, bytes ? bytes : 1),
-                                  absl::StrCat("device allocation of ", bytes, " bytes").c_str()));
+    if (gpuError_t e = gpuMalloc(&p, bytes ? bytes : 1); e != gpuSuccess) {
+      (void)gpuGetLastError();  // Returned here; not a failed kernel for the next synchronize().
+      return gpu_status(e, absl::StrCat("device allocation of ", bytes, " bytes").c_str());
+    }
     // Zeroed on this backend's stream, then waited for: a plain memset runs on the legacy default
     // stream, which does not order with our non-blocking streams, and could land after the first
     // writes queued here (the first GPU run showed it: zeroed block tables and sampled tokens).
@@ -156,8 +158,9 @@ class GpuBackend final : public Backend {
   // bf16 weights. kExact (f32 activations): the portable GEMM, which reads the weights as stored
   // and accumulates in f32, so a bf16 checkpoint computes what the CPU computes from it (the
   // vendor GEMMs take both operands in one type). kBf16: above the GEMV's rows, the vendor bf16
-  // GEMM on a bf16 copy of x (tensor cores, f32 accumulation and output); up to them, or without
-  // a vendor BLAS, the portable GEMM rounding x as it loads it.
+  // GEMM on a bf16 copy of x (tensor cores, f32 accumulation and output); up to them, without a
+  // vendor BLAS, or where the BLAS refuses the call, the portable GEMM rounding x as it loads it
+  // (the same products).
   bool bf16_weights() const override { return true; }
   void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
                        GemmPrecision precision) override {
@@ -165,19 +168,27 @@ class GpuBackend final : public Backend {
     if (rows <= 0 || out <= 0) return;
     const bool bf16_x = precision == GemmPrecision::kBf16;
 #if defined(PDSERVE_GPU_BLAS)
-    // Growing frees the old copy, which waits for the GEMMs queued on it; without room, the
-    // portable GEMM computes the same products.
-    if (bf16_x && rows > g::kGemvMaxRows && gemm_x_.reserve(this, size_t(rows) * in * 2).ok()) {
+    // The copy was sized by reserve_gemm_scratch: the forward pass allocates nothing.
+    if (bf16_x && rows > g::kGemvMaxRows && gemm_x_.bytes() >= size_t(rows) * in * 2) {
       g::round_to_bf16(gemm_x_.as<void>(), x, int64_t(rows) * in, stream_);
       const float alpha = 1.0f, beta = 0.0f;
+      // A refused call queues nothing and says so at once.
       if (gpublasGemmEx(blas_, GPUBLAS_OP_T, GPUBLAS_OP_N, out, rows, in, &alpha, w, GPUBLAS_R_16BF, int(ldw),
                         gemm_x_.as<void>(), GPUBLAS_R_16BF, in, &beta, y, GPUBLAS_R_32F, out, GPUBLAS_COMPUTE_32F,
-                        GPUBLAS_GEMM_DEFAULT) != GPUBLAS_STATUS_SUCCESS)
-        gemm_failed_ = true;
-      return;
+                        GPUBLAS_GEMM_DEFAULT) == GPUBLAS_STATUS_SUCCESS)
+        return;
     }
 #endif
     g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_, bf16_x);
+  }
+  Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
+#if defined(PDSERVE_GPU_BLAS)
+    if (precision == GemmPrecision::kBf16 && max_rows > g::kGemvMaxRows)
+      return gemm_x_.reserve(this, size_t(max_rows) * size_t(max_in) * 2);
+#else
+    (void)precision, (void)max_rows, (void)max_in;
+#endif
+    return absl::OkStatus();
   }
   bool bf16_kv() const override { return true; }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* kp,
