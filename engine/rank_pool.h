@@ -21,8 +21,8 @@ namespace pdserve::engine {
 class RankPool {
  public:
   // `weights` are host tensors; a device backend gets each rank's shard uploaded. Of `options`,
-  // the ranks take tp, backend, backend_factory, weight_dtype, gemm_precision, max_batch_tokens (the most
-  // tokens of a forward pass) and kv_arena_allocator.
+  // the ranks take tp, backend, backend_factory, weight_dtype, gemm_precision, max_batch_tokens
+  // (the most tokens of a forward pass) and kv_arena_allocator.
   static StatusOr<std::unique_ptr<RankPool>> create(const ModelConfig& config,
                                                     const ModelWeightsF32& weights,
                                                     const KvCacheSpec& kv_spec, int num_blocks,

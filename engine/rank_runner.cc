@@ -88,8 +88,8 @@ Status RankRunner::reserve(int n) {
     PD_RETURN_IF_ERROR(k_index_.reserve(b, tokens * index * f));
     PD_RETURN_IF_ERROR(block_mask_.reserve(b, tokens * mask_stride_));
   }
-  // What the backend's bf16 GEMMs need beside (a device's bf16 copy of x): a GEMM's input is at
-  // most the model's width, the attention output's or the MLP's.
+  // What the backend's bf16 GEMMs need besides their operands (a device's bf16 copy of x): a
+  // GEMM's input is at most the model's width, the attention output's or the MLP's.
   if (shard_.weight_dtype == DType::kBF16)
     PD_RETURN_IF_ERROR(b->reserve_gemm_scratch(shard_.gemm_precision, n, int(std::max({size_t(c.dim), q, hidden}))));
   return absl::OkStatus();

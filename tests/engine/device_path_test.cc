@@ -244,16 +244,33 @@ TEST(DevicePath, KvDtypesABackendCannotKeepAreRefused) {
   }
 }
 
+// stories260K's TP 1 shard on the host, with the model and tensors its pointers point into.
+struct StoriesShard {
+  std::unique_ptr<LoadedModel> model;
+  std::unique_ptr<ModelWeightsF32> weights;
+  StatusOr<RankShard> shard = absl::UnknownError("not loaded");
+};
+StoriesShard stories_shard() {
+  StoriesShard s;
+  auto model = load_model({pdserve::testing::stories_bin()});
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return s;
+  s.model = std::make_unique<LoadedModel>(std::move(*model));
+  auto weights = ModelWeightsF32::create(s.model->config, *s.model->weights);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return s;
+  s.weights = std::move(*weights);
+  s.shard = shard_weights(s.model->config, *s.weights, 0, 1);
+  return s;
+}
+
 // A cache whose V heads are not as wide as its K heads is refused when a rank is made: the
 // forward pass (fused QKV rows, attention's input stage) sizes V heads as K heads.
 TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
-  auto model = load_model({pdserve::testing::stories_bin()});
-  ASSERT_TRUE(model.ok());
-  const ModelConfig config = model->config;
-  auto weights = ModelWeightsF32::create(config, *model->weights);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  auto shard = shard_weights(config, **weights, 0, 1);
+  const StoriesShard stories = stories_shard();
+  const auto& shard = stories.shard;
   ASSERT_TRUE(shard.ok()) << shard.status();
+  const ModelConfig& config = stories.model->config;
   KvCacheSpec spec = config.kv_cache_spec(16);
   spec.layers[1].v_head_dim *= 2;
   auto backend = make_cpu_backend();
@@ -274,9 +291,6 @@ TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
 TEST(DevicePath, Bf16GemmPrecisionWithoutBf16WeightsIsRefused) {
   auto model = load_model({pdserve::testing::stories_bin()});
   ASSERT_TRUE(model.ok());
-  const ModelConfig config = model->config;
-  auto weights = ModelWeightsF32::create(config, *model->weights);
-  ASSERT_TRUE(weights.ok()) << weights.status();
   EngineOptions o;
   o.gemm_precision = GemmPrecision::kBf16;
   o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> {
@@ -287,8 +301,10 @@ TEST(DevicePath, Bf16GemmPrecisionWithoutBf16WeightsIsRefused) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("it takes --weight-dtype bf16, not f32"), std::string_view::npos) << e.status();
 
-  auto shard = shard_weights(config, **weights, 0, 1);
+  StoriesShard stories = stories_shard();
+  auto& shard = stories.shard;
   ASSERT_TRUE(shard.ok()) << shard.status();
+  const ModelConfig& config = stories.model->config;
   shard->gemm_precision = GemmPrecision::kBf16;
   auto backend = make_cpu_backend();
   auto comms = make_shared_memory_group(1);
