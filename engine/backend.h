@@ -27,6 +27,17 @@ enum class MemoryKind {
   kOpaque,  // Device memory no transport understands (the emulated GPU, test doubles): copies only.
 };
 
+// A backend's work recorded once (a CUDA or HIP graph) and queued again by replay() with the
+// arguments it was recorded with: the same pointers and sizes, the memory they point at read
+// anew. What changes between replays must therefore be that memory's contents, never a pointer,
+// a size or a host-side argument. It must not outlive its backend or the buffers it reads.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
+  // Queues the recorded work on the backend's stream, in the order it was recorded.
+  virtual Status replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -114,6 +125,18 @@ class Backend {
   // `in_stride` apart (kernels::cpu::silu_mul).
   virtual void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
+
+  // Until end_capture(), records the calling thread's kernel entry points instead of running
+  // them (a GPU's stream capture: launching one recorded step costs one call, not one a kernel).
+  // Only kernel entry points may be called meanwhile: a call that waits, copies or allocates
+  // spoils the recording. Unimplemented on backends without graphs (the CPU's), whose callers
+  // run eagerly.
+  virtual Status begin_capture() { return absl::UnimplementedError(absl::StrCat(name(), " records no graphs")); }
+  // Ends the recording: the graph, or why there is none (a spoiling call). Either way the
+  // backend runs calls again.
+  virtual StatusOr<std::unique_ptr<StepGraph>> end_capture() {
+    return absl::UnimplementedError(absl::StrCat(name(), " records no graphs"));
+  }
 };
 
 // The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant).

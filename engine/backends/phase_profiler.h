@@ -78,6 +78,10 @@ class PhaseProfiler final : public Backend {
   Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
     return inner_->reserve_gemm_scratch(precision, max_rows, max_in);
   }
+  // Timing waits after every call, which a recording cannot: a profiled backend runs eagerly.
+  Status begin_capture() override {
+    return absl::UnimplementedError("a profiled backend runs eagerly: its calls are timed one by one");
+  }
   void paged_kv_write(const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens, const float* k,
                       int64_t k_row_stride, const float* v, int64_t v_row_stride, int n_kv_heads) override;
   void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,

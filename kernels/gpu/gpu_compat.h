@@ -63,6 +63,15 @@ using gpu_f16 = gpu_emulated_f16;
 #define gpuHostRegister hipHostRegister
 #define gpuHostRegisterDefault hipHostRegisterDefault
 #define gpuHostUnregister hipHostUnregister
+#define gpuGraph_t hipGraph_t
+#define gpuGraphExec_t hipGraphExec_t
+#define gpuStreamBeginCapture hipStreamBeginCapture
+#define gpuStreamEndCapture hipStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate hipGraphInstantiateWithFlags
+#define gpuGraphLaunch hipGraphLaunch
+#define gpuGraphDestroy hipGraphDestroy
+#define gpuGraphExecDestroy hipGraphExecDestroy
 #if defined(PDSERVE_HIP_NATIVE_BF16)
 using gpu_bf16 = __hip_bfloat16;
 #else
@@ -111,6 +120,15 @@ using gpu_f16 = __half;
 #define gpuHostRegister cudaHostRegister
 #define gpuHostRegisterDefault cudaHostRegisterDefault
 #define gpuHostUnregister cudaHostUnregister
+#define gpuGraph_t cudaGraph_t
+#define gpuGraphExec_t cudaGraphExec_t
+#define gpuStreamBeginCapture cudaStreamBeginCapture
+#define gpuStreamEndCapture cudaStreamEndCapture
+#define gpuStreamCaptureModeThreadLocal cudaStreamCaptureModeThreadLocal
+#define gpuGraphInstantiate cudaGraphInstantiateWithFlags
+#define gpuGraphLaunch cudaGraphLaunch
+#define gpuGraphDestroy cudaGraphDestroy
+#define gpuGraphExecDestroy cudaGraphExecDestroy
 using gpu_bf16 = __nv_bfloat16;
 using gpu_f16 = __half;
 #endif

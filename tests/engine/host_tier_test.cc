@@ -102,7 +102,9 @@ TEST(HostTier, PreemptedRequestsResumeFromIt) {
     EXPECT_GT(s.preemptions, 0u);
     EXPECT_EQ(s.free_blocks, s.num_blocks);
     recomputed[host] = s.prefill_tokens;
-    if (host) EXPECT_GT(s.host_loaded_blocks, 0u);
+    if (host) {
+      EXPECT_GT(s.host_loaded_blocks, 0u);
+    }
   }
   EXPECT_LT(recomputed[1], recomputed[0]) << "swapped-out blocks come back instead of being recomputed";
 }

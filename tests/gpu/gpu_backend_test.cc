@@ -77,6 +77,70 @@ TEST(GpuBackend, Bf16GemmPrecisionMatchesCpuOnRoundedActivations) {
   }
 }
 
+// A recorded graph (Backend::begin_capture) runs nothing while recording, and each replay computes
+// what the same calls run eagerly compute from the inputs' contents at that replay.
+TEST(GpuBackend, RecordedGraphReplaysTheEagerCallsOnNewInputs) {
+  REQUIRE_GPU();
+  auto made = engine::make_gpu_backend(0);
+  ASSERT_TRUE(made.ok()) << made.status();
+  engine::Backend& b = **made;
+  const int rows = 5, out = 24, in = 48;
+  const std::vector<float> w = random_vec(size_t(out) * in, 60), norm_w = random_vec(in, 61),
+                           bias = random_vec(rows * out, 62);
+  Dev<float> dw(w), dnorm(norm_w), dbias(bias), dx(size_t(rows) * in), dxn(size_t(rows) * in), dy(size_t(rows) * out);
+  auto step = [&] {
+    b.rms_norm(dxn.get(), dx.get(), dnorm.get(), rows, in, 1e-5f);
+    b.matmul_xwt(dy.get(), dxn.get(), dw.get(), rows, out, in, in);
+    b.add_inplace(dy.get(), dbias.get(), int64_t(rows) * out);
+  };
+  ASSERT_TRUE(b.begin_capture().ok());
+  step();
+  auto graph = b.end_capture();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(b.synchronize().ok());
+  EXPECT_EQ(dy.host(), std::vector<float>(size_t(rows) * out, 0.0f)) << "recording ran the calls";
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<float> x = random_vec(size_t(rows) * in, 70 + round);
+    ASSERT_TRUE(b.copy_to_device(dx.get(), x.data(), x.size() * sizeof(float)).ok());
+    ASSERT_TRUE((*graph)->replay().ok());
+    ASSERT_TRUE(b.synchronize().ok());
+    const std::vector<float> replayed = dy.host();
+    step();
+    ASSERT_TRUE(b.synchronize().ok());
+    EXPECT_EQ(replayed, dy.host()) << "round " << round;
+    std::vector<float> xn(x.size()), want(size_t(rows) * out);
+    cpu::rms_norm(xn.data(), x.data(), norm_w.data(), rows, in, 1e-5f);
+    cpu::matmul_xwt(want.data(), xn.data(), w.data(), rows, out, in, in);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += bias[i];
+    EXPECT_LE(rel_error(replayed, want), kF32Tol) << "round " << round;
+  }
+}
+
+// A call that waits or allocates while recording spoils the graph with a clear error, and the
+// backend runs calls again after it; the CPU backend records none.
+TEST(GpuBackend, ACallAGraphCannotHoldSpoilsTheRecording) {
+  REQUIRE_GPU();
+  auto made = engine::make_gpu_backend(0);
+  ASSERT_TRUE(made.ok()) << made.status();
+  engine::Backend& b = **made;
+  Dev<float> dx(std::vector<float>(64, 1.0f)), dy(64);
+  ASSERT_TRUE(b.begin_capture().ok());
+  EXPECT_FALSE(b.begin_capture().ok()) << "a second recording at once";
+  b.add_inplace(dy.get(), dx.get(), 64);
+  EXPECT_FALSE(b.synchronize().ok());
+  auto spoiled = b.end_capture();
+  ASSERT_FALSE(spoiled.ok());
+  EXPECT_NE(spoiled.status().message().find("graph"), std::string_view::npos) << spoiled.status();
+  ASSERT_TRUE(b.begin_capture().ok());
+  EXPECT_FALSE(b.allocate(256).ok());
+  EXPECT_FALSE(b.end_capture().ok());
+  b.add_inplace(dy.get(), dx.get(), 64);  // Eager again.
+  ASSERT_TRUE(b.synchronize().ok());
+  EXPECT_EQ(dy.host(), std::vector<float>(64, 1.0f));
+  auto cpu_backend = engine::make_cpu_backend();
+  EXPECT_EQ(cpu_backend->begin_capture().code(), absl::StatusCode::kUnimplemented);
+}
+
 #if !defined(PDSERVE_GPU_EMULATION)
 // The architecture field of a device-code ELF for `arch`, as the configured list spells it:
 // CUDA's "90", "100" or "90-real" give the SM version (bits 8-15 of e_flags); HIP's "gfx90a",

@@ -14,6 +14,7 @@ namespace g = kernels::gpu;
 
 // Prefill kernel pays off once a call carries tiles of several query tokens.
 constexpr int kPrefillKernelMinTokens = 16;
+[[maybe_unused]] constexpr size_t kBlasWorkspaceBytes = size_t(32) << 20;
 
 #if defined(PDSERVE_GPU_HIP)
 constexpr const char* kKind = "hip";
@@ -45,6 +46,11 @@ class GpuBackend final : public Backend {
 #if defined(PDSERVE_GPU_CUDA)
     // Full fp32: the CPU backend is the reference and TF32 would differ from it by ~1e-3.
     cublasSetMathMode(b->blas_, CUBLAS_DEFAULT_MATH);
+    // A workspace of our own, so that a GEMM recorded in a graph allocates none (what cuBLAS
+    // asks of stream capture); the size of its own default pool on Hopper.
+    PD_RETURN_IF_ERROR(b->blas_workspace_.reserve(b.get(), kBlasWorkspaceBytes));
+    if (cublasSetWorkspace(b->blas_, b->blas_workspace_.as<void>(), kBlasWorkspaceBytes) != CUBLAS_STATUS_SUCCESS)
+      return absl::InternalError("BLAS workspace set failed");
 #endif
 #endif
     size_t free_bytes = 0;
@@ -61,12 +67,14 @@ class GpuBackend final : public Backend {
     if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
     decode_scratch_.reset();  // Here, while this is still a whole backend to free them with.
     gemm_x_.reset();
+    blas_workspace_.reset();
   }
 
   std::string name() const override { return absl::StrCat(kKind, ":", device_); }
 
   StatusOr<void*> allocate(size_t bytes) override {
     bind();
+    PD_RETURN_IF_ERROR(refuse_while_capturing("an allocation"));
     void* p = nullptr;
     if (gpuError_t e = gpuMalloc(&p, bytes ? bytes : 1); e != gpuSuccess) {
       (void)gpuGetLastError();  // Returned here; not a failed kernel for the next synchronize().
@@ -86,16 +94,19 @@ class GpuBackend final : public Backend {
   // gpuMemcpyDefault: either side may be host or device memory (unified addressing).
   Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     bind();
+    PD_RETURN_IF_ERROR(refuse_while_capturing("a copy"));
     return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_device");
   }
   // Waits for the copy, so that the host may read `dst` when it returns, as on the CPU.
   Status copy_to_host(void* dst, const void* src, size_t bytes) override {
     bind();
+    PD_RETURN_IF_ERROR(refuse_while_capturing("a copy"));
     PD_RETURN_IF_ERROR(gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host"));
     return gpu_status(gpuStreamSynchronize(stream_), "copy_to_host");
   }
   Status synchronize() override {
     bind();
+    PD_RETURN_IF_ERROR(refuse_while_capturing("a wait"));
     PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
     if (gemm_failed_) {
       gemm_failed_ = false;
@@ -241,10 +252,73 @@ class GpuBackend final : public Backend {
     g::add_inplace(x, y, n, stream_);
   }
 
+  Status begin_capture() override {
+    bind();
+    if (capturing_) return absl::FailedPreconditionError("a graph is being recorded already");
+    PD_RETURN_IF_ERROR(gpu_status(gpuStreamBeginCapture(stream_, gpuStreamCaptureModeThreadLocal), "begin capture"));
+    capturing_ = true;
+    capture_spoiled_ = false;
+    return absl::OkStatus();
+  }
+  StatusOr<std::unique_ptr<StepGraph>> end_capture() override {
+    bind();
+    if (!capturing_) return absl::FailedPreconditionError("no graph is being recorded");
+    capturing_ = false;
+    gpuGraph_t graph = nullptr;
+    const gpuError_t ended = gpuStreamEndCapture(stream_, &graph);
+    if (ended != gpuSuccess) (void)gpuGetLastError();  // Returned here; the stream works on.
+    if (capture_spoiled_ || ended != gpuSuccess) {
+      if (graph != nullptr) (void)gpuGraphDestroy(graph);
+      return capture_spoiled_ ? absl::FailedPreconditionError("a call a graph cannot hold spoiled its recording")
+                              : gpu_status(ended, "graph capture");
+    }
+    gpuGraphExec_t exec = nullptr;
+    const gpuError_t e = gpuGraphInstantiate(&exec, graph, 0);
+    (void)gpuGraphDestroy(graph);
+    if (e != gpuSuccess) {
+      (void)gpuGetLastError();
+      return gpu_status(e, "graph instantiate");
+    }
+    auto recorded = std::make_unique<Graph>(this, exec);
+    // A GEMM the BLAS refused while recording is missing from the graph.
+    if (gemm_failed_) {
+      gemm_failed_ = false;
+      return absl::InternalError("vendor GEMM failed while recording a graph");
+    }
+    return std::unique_ptr<StepGraph>(std::move(recorded));
+  }
+
  private:
+  // A recorded step: an instantiated graph, launched on the backend's stream.
+  class Graph final : public StepGraph {
+   public:
+    Graph(GpuBackend* backend, gpuGraphExec_t exec) : backend_(backend), exec_(exec) {}
+    ~Graph() override {
+      backend_->bind();
+      (void)gpuGraphExecDestroy(exec_);
+    }
+    Status replay() override {
+      backend_->bind();
+      return gpu_status(gpuGraphLaunch(exec_, backend_->stream_), "graph launch");
+    }
+
+   private:
+    GpuBackend* backend_;
+    gpuGraphExec_t exec_;
+  };
+
   explicit GpuBackend(int device) : device_(device) {}
   // The current device is per thread, and rank threads may call any backend.
   void bind() const { (void)gpuSetDevice(device_); }
+  // OK unless a graph is being recorded; then refuses the call, which a graph cannot hold (the
+  // forward thread's waits, copies and allocations), and spoils the recording. The backend says
+  // so itself rather than leaving it to the runtime's capture rules, which differ by call and
+  // vendor (and a refused allocation would leak).
+  Status refuse_while_capturing(const char* call) {
+    if (!capturing_) return absl::OkStatus();
+    capture_spoiled_ = true;
+    return absl::FailedPreconditionError(absl::StrCat(call, " while a graph is being recorded"));
+  }
 
   int device_;
   gpuStream_t stream_ = nullptr;
@@ -255,9 +329,12 @@ class GpuBackend final : public Backend {
   size_t total_bytes_ = 0;
   BackendBuffer decode_scratch_;  // The splits' softmax states (g::split_decode_attention).
   BackendBuffer gemm_x_;          // The bf16 copy of a vendor bf16 GEMM's activations.
+  BackendBuffer blas_workspace_;  // cuBLAS's (cublasSetWorkspace).
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
   bool gemm_failed_ = false;
+  bool capturing_ = false;        // Between begin_capture() and end_capture().
+  bool capture_spoiled_ = false;  // By a refused call since begin_capture().
 };
 
 }  // namespace

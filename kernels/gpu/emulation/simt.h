@@ -5,7 +5,9 @@
 // A block's threads are coroutines that one host thread runs in turn, each until its next
 // synchronization point: __syncthreads (the block), or a warp shuffle (its 32 lanes exchange
 // values). Blocks run one after another, so __shared__ variables are function statics. Memory is
-// host memory and streams are empty: every launch completes before it returns.
+// host memory and streams are empty: every launch completes before it returns — except on a
+// stream capturing a graph (gpuStreamBeginCapture), whose launches are recorded to run at each
+// gpuGraphLaunch, as on a GPU (below).
 //
 // It also checks what a GPU leaves undefined: a __syncthreads or shuffle that some of the threads
 // it waits for never reach (they returned) aborts the run with a message. And with the
@@ -24,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -128,18 +131,62 @@ inline gpu_emulated_f16 __float2half(float f) { return {_Float16(f)}; }
 // The runtime calls the kernels' launchers, tests and the GPU backend (engine/backends/gpu/gpu_backend.cc)
 // use, for kEmulatedDevices devices of host memory (so the engine's shared-memory collectives
 // serve their TP ranks) whose streams have always completed everything already.
-enum gpuError_t { gpuSuccess = 0, gpuErrorMemoryAllocation = 2, gpuErrorInvalidDevice = 101 };
+enum gpuError_t {
+  gpuSuccess = 0,
+  gpuErrorMemoryAllocation = 2,
+  gpuErrorInvalidValue = 1,
+  gpuErrorInvalidDevice = 101,
+  gpuErrorStreamCaptureUnsupported = 900,
+  gpuErrorStreamCaptureInvalidated = 901,
+};
 enum gpuMemcpyKind { gpuMemcpyHostToDevice, gpuMemcpyDeviceToHost, gpuMemcpyDeviceToDevice, gpuMemcpyDefault };
-using gpuStream_t = struct gpu_emulated_stream*;
+enum gpuStreamCaptureMode { gpuStreamCaptureModeThreadLocal };
+
+// A stream, and a graph: the launches a stream recorded between gpuStreamBeginCapture and
+// gpuStreamEndCapture, each with its arguments as they were at the call (a GPU's graph keeps
+// kernel parameters by value: what a replay reads anew is only the memory they point at). While
+// a stream captures, a call of its host thread that would wait, copy or allocate fails and spoils
+// the capture (CUDA's thread-local capture mode refuses them so; stricter for copies, which a
+// GPU records between device buffers and which nothing here records), so the emulation catches
+// what a GPU's capture would not survive.
+struct gpu_emulated_graph {
+  std::vector<std::function<void()>> nodes;
+};
+struct gpu_emulated_stream {
+  gpu_emulated_graph* capture = nullptr;  // Recording into it.
+  bool spoiled = false;                   // A refused call during the capture.
+};
+using gpuStream_t = gpu_emulated_stream*;
+using gpuGraph_t = gpu_emulated_graph*;
+using gpuGraphExec_t = gpu_emulated_graph*;
+namespace pdserve::kernels::gpu::simt {
+// The stream this host thread captures on, if any.
+inline thread_local gpu_emulated_stream* capturing = nullptr;
+// Whether a call that a capture refuses may run now; if not, spoils the capture.
+inline bool capture_allows_call() {
+  if (capturing == nullptr) return true;
+  capturing->spoiled = true;
+  return false;
+}
+}  // namespace pdserve::kernels::gpu::simt
 inline constexpr unsigned gpuStreamNonBlocking = 1;
 inline constexpr unsigned gpuHostRegisterDefault = 0;
 inline constexpr int kEmulatedDevices = 8;
 inline constexpr size_t kEmulatedDeviceBytes = size_t(16) << 30;
 inline const char* gpuGetErrorString(gpuError_t e) {
-  return e == gpuSuccess ? "no error" : e == gpuErrorInvalidDevice ? "invalid device" : "out of memory";
+  switch (e) {
+    case gpuSuccess: return "no error";
+    case gpuErrorInvalidValue: return "invalid argument";
+    case gpuErrorInvalidDevice: return "invalid device";
+    case gpuErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case gpuErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    default: return "out of memory";
+  }
 }
 inline gpuError_t gpuGetLastError() { return gpuSuccess; }
-inline gpuError_t gpuDeviceSynchronize() { return gpuSuccess; }
+inline gpuError_t gpuDeviceSynchronize() {
+  return pdserve::kernels::gpu::simt::capture_allows_call() ? gpuSuccess : gpuErrorStreamCaptureUnsupported;
+}
 inline gpuError_t gpuGetDeviceCount(int* count) {
   *count = kEmulatedDevices;
   return gpuSuccess;
@@ -152,15 +199,58 @@ inline gpuError_t gpuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return gpuSuccess;
 }
 inline gpuError_t gpuStreamCreateWithFlags(gpuStream_t* stream, unsigned) {
-  *stream = nullptr;
+  *stream = new gpu_emulated_stream();
   return gpuSuccess;
 }
-inline gpuError_t gpuStreamDestroy(gpuStream_t) { return gpuSuccess; }
-inline gpuError_t gpuStreamSynchronize(gpuStream_t) { return gpuSuccess; }
+inline gpuError_t gpuStreamDestroy(gpuStream_t stream) {
+  delete stream;
+  return gpuSuccess;
+}
+inline gpuError_t gpuStreamSynchronize(gpuStream_t) {
+  return pdserve::kernels::gpu::simt::capture_allows_call() ? gpuSuccess : gpuErrorStreamCaptureUnsupported;
+}
+inline gpuError_t gpuStreamBeginCapture(gpuStream_t stream, gpuStreamCaptureMode) {
+  namespace simt = pdserve::kernels::gpu::simt;
+  if (stream == nullptr || stream->capture != nullptr || simt::capturing != nullptr) return gpuErrorInvalidValue;
+  stream->capture = new gpu_emulated_graph();
+  stream->spoiled = false;
+  simt::capturing = stream;
+  return gpuSuccess;
+}
+// The recorded graph, or (after a refused call) none and gpuErrorStreamCaptureInvalidated.
+inline gpuError_t gpuStreamEndCapture(gpuStream_t stream, gpuGraph_t* graph) {
+  namespace simt = pdserve::kernels::gpu::simt;
+  if (stream == nullptr || stream->capture == nullptr || simt::capturing != stream) return gpuErrorInvalidValue;
+  simt::capturing = nullptr;
+  *graph = stream->capture;
+  stream->capture = nullptr;
+  if (!stream->spoiled) return gpuSuccess;
+  delete *graph;
+  *graph = nullptr;
+  return gpuErrorStreamCaptureInvalidated;
+}
+inline gpuError_t gpuGraphInstantiate(gpuGraphExec_t* exec, gpuGraph_t graph, unsigned long long) {
+  *exec = new gpu_emulated_graph(*graph);
+  return gpuSuccess;
+}
+inline gpuError_t gpuGraphLaunch(gpuGraphExec_t exec, gpuStream_t stream) {
+  if (stream != nullptr && stream->capture != nullptr) return gpuErrorStreamCaptureUnsupported;
+  for (const std::function<void()>& node : exec->nodes) node();
+  return gpuSuccess;
+}
+inline gpuError_t gpuGraphDestroy(gpuGraph_t graph) {
+  delete graph;
+  return gpuSuccess;
+}
+inline gpuError_t gpuGraphExecDestroy(gpuGraphExec_t exec) {
+  delete exec;
+  return gpuSuccess;
+}
 inline gpuError_t gpuHostRegister(void*, size_t, unsigned) { return gpuSuccess; }
 inline gpuError_t gpuHostUnregister(void*) { return gpuSuccess; }
 template <typename T>
 gpuError_t gpuMalloc(T** ptr, size_t bytes) {
+  if (!pdserve::kernels::gpu::simt::capture_allows_call()) return gpuErrorStreamCaptureUnsupported;
   *ptr = static_cast<T*>(std::calloc(1, bytes > 0 ? bytes : 1));
   return *ptr != nullptr ? gpuSuccess : gpuErrorMemoryAllocation;
 }
@@ -169,10 +259,12 @@ inline gpuError_t gpuFree(void* ptr) {
   return gpuSuccess;
 }
 inline gpuError_t gpuMemset(void* ptr, int value, size_t bytes) {
+  if (!pdserve::kernels::gpu::simt::capture_allows_call()) return gpuErrorStreamCaptureUnsupported;
   std::memset(ptr, value, bytes);
   return gpuSuccess;
 }
 inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyKind) {
+  if (!pdserve::kernels::gpu::simt::capture_allows_call()) return gpuErrorStreamCaptureUnsupported;
   std::memmove(dst, src, bytes);
   return gpuSuccess;
 }
@@ -180,6 +272,7 @@ inline gpuError_t gpuMemcpy(void* dst, const void* src, size_t bytes, gpuMemcpyK
 // destination (cudaMemcpy2D).
 inline gpuError_t gpuMemcpy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                               size_t rows, gpuMemcpyKind) {
+  if (!pdserve::kernels::gpu::simt::capture_allows_call()) return gpuErrorStreamCaptureUnsupported;
   for (size_t r = 0; r < rows; ++r)
     std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
   return gpuSuccess;
@@ -191,9 +284,15 @@ inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMe
   return gpuMemcpy(dst, src, bytes, kind);
 }
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...).
+// kernel<<<grid, block, shared_bytes, stream>>>(args...): run now, or recorded on a capturing
+// stream with copies of its arguments.
 template <typename... Params, typename... Args>
-void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t,
+void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
                 Args&&... args) {
+  if (stream != nullptr && stream->capture != nullptr) {
+    stream->capture->nodes.push_back(
+        [=, ... a = args] { pdserve::kernels::gpu::simt::launch(grid, block, shared_bytes, [&] { kernel(a...); }); });
+    return;
+  }
   pdserve::kernels::gpu::simt::launch(grid, block, shared_bytes, [&] { kernel(args...); });
 }
