@@ -7,10 +7,11 @@
 // SGEMM; the portable GEMM in a HIP build without hipBLAS), then bf16 GEMM weights as
 // --weight-dtype bf16 runs them, with f32 activations (--gemm exact: the portable GEMM) and with
 // bf16 ones (--gemm bf16: the vendor bf16 GEMM above 8 rows, as --gemm-precision bf16 runs), each
-// with an f32 and a bf16 KV cache (--kv-dtype). The bf16 GEMM rows show what the vendor GEMM
-// reaches at the model's shapes on their own. Steps sample on the device (temperature
-// 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that kernel against the
-// copy of the logits to the host that sampling there would take.
+// with an f32 and a bf16 KV cache (--kv-dtype), and the decode rows eager and replaying recorded
+// graphs as --decode-graphs runs them (--graphs off,on: a "graphs" column). The bf16 GEMM rows
+// show what the vendor GEMM reaches at the model's shapes on their own. Steps sample on the
+// device (temperature 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that
+// kernel against the copy of the logits to the host that sampling there would take.
 //
 // With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
@@ -22,7 +23,8 @@
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--gemm-rows 1,32,128,2048,8192] [--sampling-rows 1,32,128]
 //             [--breakdown 1] [--only decode,prefill,sampling,gemm] [--weights f32,bf16]
-//             [--kv-dtype f32,bf16] [--gemm exact,bf16] [--roofline h200] [--out results.jsonl]
+//             [--kv-dtype f32,bf16] [--gemm exact,bf16] [--graphs off,on] [--roofline h200]
+//             [--out results.jsonl]
 // gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
 // CI's smoke run on a tiny preset (bench/CMakeLists.txt).
 #include <CLI/CLI.hpp>
@@ -86,6 +88,8 @@ struct Options {
   std::vector<DType> kv_dtypes = {DType::kF32, DType::kBF16};
   // The bf16-weight rows' GEMM precisions (f32 weights multiply exactly).
   std::vector<GemmPrecision> gemm = {GemmPrecision::kExact, GemmPrecision::kBf16};
+  // Decode rows eager (false) and with decode graphs (true; decode rows only, no breakdown).
+  std::vector<bool> graphs = {false, true};
   std::string roofline = "h200";
   std::string out;
 
@@ -266,14 +270,17 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
 
   // Decode against batch size and prefill tokens/s for one shard (f32 or bf16 GEMM weights) and
   // KV dtype; a runner of its own, freed before the next (the KV cache is the largest allocation).
-  auto measure_with = [&](const RankShard& rank_shard, DType kv_dtype) -> bool {
+  // With graphs: decode rows only, replaying recorded steps on the backend itself (a profiled
+  // backend records none).
+  auto measure_with = [&](RankShard rank_shard, DType kv_dtype, bool graphs) -> bool {
     const char* weights_name = dtype_name(rank_shard.weight_dtype);
     const char* kv_name = dtype_name(kv_dtype);
     const char* gemm_name = gemm_precision_name(rank_shard.gemm_precision);
+    rank_shard.decode_graphs = graphs;
     // Off except for the breakdown rows' steps.
     PhaseProfiler profiler(backend, c.vocab_size);
     auto runner = RankRunner::create(c, rank_shard, c.kv_cache_spec(block, kv_dtype), blocks,
-                                     std::max(max_batch, max_prefill), &profiler, comm[0].get());
+                                     std::max(max_batch, max_prefill), graphs ? backend : &profiler, comm[0].get());
     if (!runner.ok()) {
       std::fprintf(stderr, "%s\n", std::string(runner.status().message()).c_str());
       return false;
@@ -302,9 +309,10 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
     };
     // One more step of `batch` with each kernel call waited for, as a "breakdown" row.
     auto breakdown = [&](ForwardBatch& batch, const char* step, int size) -> bool {
-      if (!o.breakdown) return true;
+      if (!o.breakdown || graphs) return true;
       profiler.reset();
-      if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok()) return false;
+      if (!profiler.set_enabled(true).ok() || time_step(batch, 1) < 0 || !profiler.set_enabled(false).ok())
+        return false;
       const auto phases = profiler.per_step();
       Row row{{"kind", "breakdown"}, {"weights", weights_name},
               {"gemm", gemm_name},   {"kv_dtype", kv_name},
@@ -337,6 +345,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
                       {"weights", weights_name},
                       {"gemm", gemm_name},
                       {"kv_dtype", kv_name},
+                      {"graphs", graphs},
                       {"batch", b},
                       {"context", o.context},
                       {"step_ms", places(t * 1e3, 3)},
@@ -347,7 +356,7 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       if (!breakdown(batch, "decode", b)) return false;
     }
     // Prefill: one sequence's prompt in one step, logits for its last token.
-    for (int p : o.runs(Part::kPrefill) ? o.prefill : std::vector<int>{}) {
+    for (int p : o.runs(Part::kPrefill) && !graphs ? o.prefill : std::vector<int>{}) {
       ForwardBatch batch;
       for (int i = 0; i < p; ++i) {
         batch.tokens.push_back(i % c.vocab_size);
@@ -373,7 +382,8 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
   };
   auto measure = [&](const RankShard& rank_shard) {
     for (DType kv : o.kv_dtypes)
-      if (!measure_with(rank_shard, kv)) return false;
+      for (bool graphs : o.graphs)
+        if ((!graphs || o.runs(Part::kDecode)) && !measure_with(rank_shard, kv, graphs)) return false;
     return true;
   };
   if (o.runs(DType::kF32) && !measure(*shard)) return false;
@@ -619,7 +629,7 @@ int main(int argc, char** argv) {
   app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
       ->check(CLI::IsMember({"0", "1"}));
   std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"},
-                           kv_dtypes = {"f32", "bf16"}, gemm = {"exact", "bf16"};
+                           kv_dtypes = {"f32", "bf16"}, gemm = {"exact", "bf16"}, graphs = {"off", "on"};
   app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm")
       ->delimiter(',')
       ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm"}));
@@ -633,6 +643,9 @@ int main(int argc, char** argv) {
                  "GEMM precisions of the bf16-weight decode and prefill rows: exact (f32 activations), bf16")
       ->delimiter(',')
       ->check(CLI::IsMember({"exact", "bf16"}));
+  app.add_option("--graphs", graphs, "Decode rows eager (off) and replaying recorded graphs (on)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"off", "on"}));
   app.add_option("--roofline", o.roofline, "The GPU whose datasheet peaks the fractions are of")
       ->check(CLI::IsMember({"h100", "h200", "mi355x"}));
   app.add_option("--out", o.out, "Also write the JSON lines to this file");
@@ -650,6 +663,7 @@ int main(int argc, char** argv) {
       {"--weights", {Part::kDecode, Part::kPrefill}},
       {"--kv-dtype", {Part::kDecode, Part::kPrefill}},
       {"--gemm", {Part::kDecode, Part::kPrefill}},
+      {"--graphs", {Part::kDecode}},
       {"--gemm-rows", {Part::kGemm}},
       {"--sampling-rows", {Part::kSampling}},
       {"--roofline", {Part::kDecode, Part::kPrefill, Part::kGemm}}};
@@ -670,5 +684,7 @@ int main(int argc, char** argv) {
   }
   o.gemm.clear();
   for (const std::string& name : gemm) o.gemm.push_back(*pdserve::engine::gemm_precision_from_name(name));
+  o.graphs.clear();
+  for (const std::string& name : graphs) o.graphs.push_back(name == "on");
   return pdserve::run(o);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env sh
 # gpu_bench's own code on a tiny preset (ctest gpu_bench_emulated_smoke, with gpu_bench_emulated):
 # passes when the run exits 0, prints a row of every kind — decode and prefill rows with both KV
-# dtypes and both GEMM precisions — and no row reports an error; and when an option for a part
+# dtypes and both GEMM precisions, decode rows eager and replaying graphs — and no row reports an
+# error; and when an option for a part
 # --only leaves out, or --gemm without bf16 weights, is refused.
 #   bench/gpu_bench_smoke.sh GPU_BENCH
 out=$("$1" --preset tiny --context 40 --batches 1,3 --prefill 20 --gemm-rows 1,9 --sampling-rows 1,2) || exit 1
@@ -16,6 +17,10 @@ for gemm in exact bf16; do
         { echo "no $kind row with $gemm GEMMs and $kv KV"; exit 1; }
     done
   done
+done
+for graphs in false true; do
+  echo "$out" | grep -q "\"kind\":\"decode\",\"weights\":\"bf16\",\"gemm\":\"bf16\",\"kv_dtype\":\"bf16\",\"graphs\":$graphs" ||
+    { echo "no decode row with graphs $graphs"; exit 1; }
 done
 ! echo "$out" | grep '"error":"[^"]' || exit 1
 if "$1" --only gemm --kv-dtype bf16 >/dev/null 2>&1; then

@@ -126,6 +126,8 @@ class Backend {
   virtual void silu_mul(float* out, const float* gate, const float* up, int rows, int cols, int64_t in_stride) = 0;
   virtual void add_inplace(float* x, const float* y, int64_t n) = 0;
 
+  // Whether begin_capture() can record (a GPU backend's stream capture).
+  virtual bool records_graphs() const { return false; }
   // Until end_capture(), records the calling thread's kernel entry points instead of running
   // them (a GPU's stream capture: launching one recorded step costs one call, not one a kernel).
   // Only kernel entry points may be called meanwhile: a call that waits, copies or allocates

@@ -14,6 +14,22 @@ class BackendBuffer {
   BackendBuffer() = default;
   BackendBuffer(const BackendBuffer&) = delete;
   BackendBuffer& operator=(const BackendBuffer&) = delete;
+  // The allocation moves; `other` is left empty.
+  BackendBuffer(BackendBuffer&& other) noexcept : backend_(other.backend_), ptr_(other.ptr_), bytes_(other.bytes_) {
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  BackendBuffer& operator=(BackendBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      backend_ = other.backend_;
+      ptr_ = other.ptr_;
+      bytes_ = other.bytes_;
+      other.ptr_ = nullptr;
+      other.bytes_ = 0;
+    }
+    return *this;
+  }
   ~BackendBuffer() { reset(); }
 
   // Makes room for at least `bytes` on `backend` (zeroed when it grows; contents are lost then).

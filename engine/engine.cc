@@ -116,6 +116,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     return absl::InvalidArgumentError(absl::StrCat(
         "--gemm-precision bf16 multiplies bf16 activations by bf16 weights: ", "it takes --weight-dtype bf16, not ",
         dtype_name(options.weight_dtype)));
+  if (options.decode_graphs && options.tp > 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode-graphs runs at TP 1 (a recorded step cannot hold the "
+                     "collectives between ranks yet), not TP ",
+                     options.tp));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
   const ModelConfig& config = engine->model_.config;
   const KvCacheSpec spec = config.kv_cache_spec(options.block_size, options.kv_dtype);
@@ -712,6 +717,7 @@ Status Engine::run_step() {
   stats_.prefill_tokens += uint64_t(sample.prefill_tokens);
   stats_.decode_tokens += uint64_t(sample.decode_seqs);
   stats_.step_seconds += sample.wall_s;
+  stats_.graph_steps = ranks_->rank(0).graph_replays();
 
   for (auto& [s, n] : fed) {
     s->num_computed += n;

@@ -64,6 +64,9 @@ struct EngineOptions {
   // bf16 checkpoint) or kBf16 (rounded to bf16, so the vendor bf16 GEMMs and tensor cores can run
   // them; bf16 weights only, within a tolerance of kExact).
   GemmPrecision gemm_precision = GemmPrecision::kExact;
+  // Decode steps recorded once per batch bucket as GPU graphs and replayed (engine/decode_graphs.h):
+  // one launch a step instead of one a kernel; the same tokens. GPU backends at TP 1 only.
+  bool decode_graphs = false;
   // The paged KV cache's elements: f32, or bf16 (half the bytes attention reads and the cache
   // holds, so twice the blocks in the same memory; each K and V element rounded to nearest even
   // once, where it is written). The CPU backend keeps f32 KV only. Producer and consumer of a
@@ -208,6 +211,7 @@ struct EngineStats {
   uint64_t prefill_tokens = 0;  // Prompt tokens computed.
   uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
   double step_seconds = 0;      // Forward passes and sampling.
+  uint64_t graph_steps = 0;     // Steps run by replaying a recorded decode graph (decode_graphs).
   // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
   // them it held, and key collisions found by the exact token check (each a miss).
   uint64_t prefix_query_tokens = 0;

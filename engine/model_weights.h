@@ -73,6 +73,9 @@ struct RankShard {
   DType weight_dtype = DType::kF32;
   // How those GEMMs take their activations (engine/dtype.h): kBf16 with bf16 weights only.
   GemmPrecision gemm_precision = GemmPrecision::kExact;
+  // Decode steps recorded once per batch bucket and replayed (engine/decode_graphs.h): on
+  // backends that record graphs, at TP 1.
+  bool decode_graphs = false;
   Range q_heads;    // Global attention heads.
   Range hidden;     // MLP columns.
   Range vocab;      // Rows of the output classifier.

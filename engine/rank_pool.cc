@@ -47,6 +47,7 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
       pool->uploaded_.push_back(std::move(uploaded));
     }
     shard.gemm_precision = options.gemm_precision;
+    shard.decode_graphs = options.decode_graphs;
     PD_ASSIGN_OR_RETURN(auto runner, RankRunner::create(config, std::move(shard), kv_spec, num_blocks,
                                                         options.max_batch_tokens, backend, pool->comms_[r].get(),
                                                         options.kv_arena_allocator));

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+
+#include "common/logging.h"
 
 namespace pdserve::engine {
 
@@ -28,6 +31,12 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
   if (shard.gemm_precision == GemmPrecision::kBf16 && shard.weight_dtype != DType::kBF16)
     return absl::InvalidArgumentError(
         absl::StrCat("bf16 GEMM precision takes bf16 weights; this shard's are ", dtype_name(shard.weight_dtype)));
+  // A recorded step cannot hold the collectives between ranks yet: they wait on the host.
+  if (shard.decode_graphs && shard.tp > 1)
+    return absl::InvalidArgumentError(absl::StrCat("decode graphs run at TP 1; this rank is one of ", shard.tp));
+  if (shard.decode_graphs && !backend->records_graphs())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--decode-graphs records GPU steps; the ", backend->name(), " backend runs eagerly"));
   PD_ASSIGN_OR_RETURN(KvCacheLayout layout, KvCacheLayout::create(kv_spec, shard.rank, shard.tp, num_blocks));
   auto runner = std::unique_ptr<RankRunner>(new RankRunner(config, std::move(shard), std::move(layout), backend, comm));
   const size_t arena_bytes = runner->layout_.total_bytes();
@@ -92,6 +101,17 @@ Status RankRunner::reserve(int n) {
   // GEMM's input is at most the model's width, the attention output's or the MLP's.
   if (shard_.weight_dtype == DType::kBF16)
     PD_RETURN_IF_ERROR(b->reserve_gemm_scratch(shard_.gemm_precision, n, int(std::max({size_t(c.dim), q, hidden}))));
+  if (shard_.decode_graphs) {
+    // Every buffer a recorded step reads is in place before the first recording: the inputs
+    // (each decode token's table reaches at most mask_stride_ blocks), and the logits rows, which
+    // only a step with more rows than the largest bucket grows (dropping the graphs).
+    graph_max_batch_ = std::min(n, kMaxDecodeGraphBatch);
+    PD_RETURN_IF_ERROR(graph_ints_.reserve(b, size_t(graph_max_batch_) * (3 + mask_stride_) * sizeof(int)));
+    PD_RETURN_IF_ERROR(graph_table_ptrs_.reserve(b, size_t(graph_max_batch_) * sizeof(const int*)));
+    PD_RETURN_IF_ERROR(last_.reserve(b, size_t(graph_max_batch_) * c.dim * f));
+    const kernels::ShardedLogits shards{nullptr, graph_max_batch_, c.vocab_size, shard_.tp};
+    PD_RETURN_IF_ERROR(logits_local_.reserve(b, size_t(graph_max_batch_) * shards.shard_stride() * f));
+  }
   return absl::OkStatus();
 }
 
@@ -158,18 +178,33 @@ void StepMetadata::pack(const ForwardBatch& batch, int block_size) {
     ++single_tokens;
 }
 
+int RankRunner::graph_bucket(const ForwardBatch& batch, const StepMetadata& meta) const {
+  const int n = int(batch.tokens.size());
+  if (!shard_.decode_graphs || meta.single_tokens != n || int(batch.logit_rows.size()) != n) return 0;
+  if (batch.layer_hook && !batch.completed_prefills.empty()) return 0;
+  for (int r = 0; r < n; ++r)
+    if (batch.logit_rows[r] != r) return 0;
+  const int bucket = decode_graph_bucket(n, graph_max_batch_);
+  if (bucket == 0 || graphs_.refused(bucket)) return 0;
+  return int(meta.ints.size()) - 3 * n <= n * mask_stride_ ? bucket : 0;  // The tables fit (always).
+}
+
 Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) {
   const int n = int(batch.tokens.size());
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
-  // The logits rows: as many as the step samples, fewer than its tokens, grown on demand.
-  const int rows = int(batch.logit_rows.size());
+  step_bucket_ = graph_bucket(batch, meta);
+  // The logits rows: as many as the step samples (a graph step's bucket computes them all),
+  // fewer than its tokens, grown on demand.
+  const int rows = int(batch.logit_rows.size()), model_rows = std::max(rows, step_bucket_);
   if (rows > 0) {
-    PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(rows) * config_.dim * sizeof(float)));
+    const void* had[] = {last_.as<void>(), logits_local_.as<void>()};
+    PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(model_rows) * config_.dim * sizeof(float)));
     // Padded to the widest shard: the all-gather of sampling on the backend takes equal parts.
     const kernels::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
     const size_t local = size_t(rows) * shards.shard_stride() * sizeof(float);
-    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, local));
+    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(model_rows) * shards.shard_stride() * sizeof(float)));
+    if (had[0] != last_.as<void>() || had[1] != logits_local_.as<void>()) graphs_.clear();  // They read the old.
     if (!batch.samples.empty()) {
       if (batch.samples.size() != size_t(rows))
         return absl::InvalidArgumentError(absl::StrCat(batch.samples.size(), " samples for ", rows, " logit rows"));
@@ -211,6 +246,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
       }
     }
   }
+  if (step_bucket_ > 0) return prepare_graph_step(batch, meta, step_bucket_);
   PD_RETURN_IF_ERROR(meta_.reserve(backend_, std::max<size_t>(meta.ints.size(), 1) * sizeof(int)));
   PD_RETURN_IF_ERROR(table_ptrs_.reserve(backend_, std::max(n, 1) * sizeof(const int*)));
   const int* base = meta_.as<int>();
@@ -222,6 +258,33 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   placement_ = kernels::TokenPlacement{n, base + n, table_ptrs_.as<const int* const>()};
   if (n > 0) placement_.max_position = *std::max_element(batch.positions.begin(), batch.positions.end());
   single_tokens_ = meta.single_tokens;
+  step_ints_ = base;
+  return absl::OkStatus();
+}
+
+Status RankRunner::prepare_graph_step(const ForwardBatch& batch, const StepMetadata& meta, int bucket) {
+  const int n = int(batch.tokens.size()), tables = int(meta.ints.size()) - 3 * n;
+  // [tokens][positions][logit rows] of the bucket, then the step's tables. Padding rows take
+  // token 0 at position -1 (kernels/abi.h: no KV written, nothing attended) and the first table.
+  std::vector<int>& ints = graph_ints_host_;
+  ints.assign(size_t(3) * bucket + tables, 0);
+  std::copy_n(meta.ints.begin(), n, ints.begin());
+  std::fill_n(ints.begin() + bucket, bucket, -1);
+  std::copy_n(meta.ints.begin() + n, n, ints.begin() + bucket);
+  std::iota(ints.begin() + 2 * bucket, ints.begin() + 3 * bucket, 0);
+  std::copy(meta.ints.begin() + 3 * n, meta.ints.end(), ints.begin() + 3 * bucket);
+  const int* base = graph_ints_.as<int>();
+  table_ptrs_host_.resize(bucket);
+  for (int t = 0; t < bucket; ++t) table_ptrs_host_[t] = base + 3 * bucket + (t < n ? meta.table_at[t] - 3 * n : 0);
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(graph_ints_.as<void>(), ints.data(), ints.size() * sizeof(int)));
+  PD_RETURN_IF_ERROR(backend_->copy_to_device(graph_table_ptrs_.as<void>(), table_ptrs_host_.data(),
+                                              size_t(bucket) * sizeof(const int*)));
+  placement_ = kernels::TokenPlacement{bucket, base + bucket, graph_table_ptrs_.as<const int* const>()};
+  // A bound for every replay, not this step's largest position: the split-decode launch a graph
+  // holds must fit any (each token cuts its own keys, so the result is the eager step's).
+  placement_.max_position = config_.max_seq_len - 1;
+  single_tokens_ = bucket;
+  step_ints_ = base;
   return absl::OkStatus();
 }
 
@@ -246,32 +309,20 @@ void RankRunner::attention(float* out, const float* q, const kernels::PagedLayer
   }
 }
 
-Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
+void RankRunner::matmul(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) {
+  if (shard_.weight_dtype == DType::kBF16) {
+    backend_->matmul_xwt_bf16(y, x, reinterpret_cast<const uint16_t*>(w), rows, out, in, ldw, shard_.gemm_precision);
+  } else {
+    backend_->matmul_xwt(y, x, w, rows, out, in, ldw);
+  }
+}
+
+void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& layer_written) {
   const ModelConfig& c = config_;
-  const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
-  const int* tokens = meta_.as<int>();
+  const int* tokens = step_ints_;
   const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
   float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *proj = proj_.as<float>(),
         *attn = attn_.as<float>(), *out = out_.as<float>(), *act = act_.as<float>();
-  Status status;
-  // The shard's GEMM weights are f32 or bf16 (RankShard::weight_dtype), behind the same pointers.
-  const bool bf16 = shard_.weight_dtype == DType::kBF16;
-  auto matmul = [&](float* y, const float* a, const float* w, int m, int n_out, int k, int64_t ldw) {
-    if (bf16) {
-      backend_->matmul_xwt_bf16(y, a, reinterpret_cast<const uint16_t*>(w), m, n_out, k, ldw, shard_.gemm_precision);
-    } else {
-      backend_->matmul_xwt(y, a, w, m, n_out, k, ldw);
-    }
-  };
-  // A layer hook may hand a completed prompt's KV to a transport: on a device the layer's writes
-  // must be done first. Steps that complete no prompt have nothing to hand, and do not wait.
-  const bool sync_for_hook = batch.layer_hook && !batch.completed_prefills.empty() && !backend_->host_memory();
-  auto layer_written = [&](int layer) {
-    if (!batch.layer_hook) return;
-    if (sync_for_hook) status.Update(backend_->synchronize());
-    (*batch.layer_hook)(shard_.rank, layer, batch.completed_prefills);
-  };
-
   backend_->embed(x, shard_.embed, tokens, n, c.dim);
   // Each layer's residual adds are fused with the norm that follows them (add_rms_norm): the
   // attention norm of layer 0 alone stands by itself, the last layer's MLP add alone is plain.
@@ -313,11 +364,11 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
       backend_->paged_kv_write(views_[index_layer], place, ki, index_dim, nullptr, 0, 1);
       backend_->index_select_blocks(block_mask_.as<uint8_t>(), mask_stride_, qi, views_[index_layer], place,
                                     c.attention(l).index_top_k);
-      layer_written(index_layer);
+      if (layer_written) layer_written(index_layer);
       place.block_mask = block_mask_.as<uint8_t>();
       place.mask_stride = mask_stride_;
     }
-    layer_written(l);
+    if (layer_written) layer_written(l);
     attention(attn, q, views_[l], place, nq, nq / nkv, layout_.spec().layers[l].window, scale);
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
@@ -338,13 +389,52 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
     else
       backend_->add_inplace(x, out, int64_t(n) * c.dim);
   }
+  if (rows > 0) {
+    const int* logit_rows = tokens + 2 * n;  // In the step's metadata, after the positions.
+    backend_->gather_rms_norm(last_.as<float>(), x, logit_rows, shard_.final_norm, rows, c.dim, c.rms_eps);
+    matmul(logits_local_.as<float>(), last_.as<float>(), shard_.lm_head, rows, shard_.vocab.size(), c.dim, c.dim);
+  }
+}
+
+Status RankRunner::run_graph_step(int bucket) {
+  if (StepGraph* graph = graphs_.find(bucket)) {
+    graph_replays_.fetch_add(1, std::memory_order_relaxed);
+    return graph->replay();
+  }
+  run_layers(bucket, bucket, {});
+  if (Status recorded = graphs_.record(*backend_, bucket, [&] { run_layers(bucket, bucket, {}); }); !recorded.ok())
+    PD_LOG_WARN("rank {}: decode steps of {} tokens run eagerly: their graph could not be recorded: {}", shard_.rank,
+                bucket, recorded.ToString());
+  return absl::OkStatus();
+}
+
+Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
+  const ModelConfig& c = config_;
+  const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
+  Status status;
+  // A layer hook may hand a completed prompt's KV to a transport: on a device the layer's writes
+  // must be done first. Steps that complete no prompt have nothing to hand, and do not wait.
+  const bool sync_for_hook = batch.layer_hook && !batch.completed_prefills.empty() && !backend_->host_memory();
+  std::function<void(int)> layer_written;
+  if (batch.layer_hook)
+    layer_written = [&](int layer) {
+      if (sync_for_hook) status.Update(backend_->synchronize());
+      (*batch.layer_hook)(shard_.rank, layer, batch.completed_prefills);
+    };
+  if (step_bucket_ > 0) {
+    status.Update(run_graph_step(step_bucket_));
+    // A graph step completes no prompt: its hooks hand nothing and need no wait, so they follow
+    // the step, in the order the layers' KV was written.
+    for (int l = 0; layer_written && l < c.n_layers; ++l) {
+      if (c.index_cache_layer(l) >= 0) layer_written(c.index_cache_layer(l));
+      layer_written(l);
+    }
+  } else {
+    run_layers(n, rows, layer_written);
+  }
 
   if (rows > 0) {
     const int vocab_local = shard_.vocab.size();
-    float* last = last_.as<float>();
-    const int* logit_rows = tokens + 2 * n;  // In the step's metadata, after the positions.
-    backend_->gather_rms_norm(last, x, logit_rows, shard_.final_norm, rows, c.dim, c.rms_eps);
-    matmul(logits_local_.as<float>(), last, shard_.lm_head, rows, vocab_local, c.dim, c.dim);
     float* logits = result.logits;
     if (!batch.samples.empty()) {
       kernels::ShardedLogits gathered{logits_local_.as<float>(), rows, c.vocab_size, shard_.tp};

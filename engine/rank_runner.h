@@ -6,6 +6,7 @@
 // that memory is host memory, and device backends, where only the wanted logits come back.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include "engine/backend.h"
 #include "engine/backend_buffer.h"
 #include "engine/communicator.h"
+#include "engine/decode_graphs.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model_weights.h"
 
@@ -91,6 +93,8 @@ class RankRunner {
   // set before the final barrier: once any rank returned, every rank's is there.
   Status forward(const ForwardBatch& batch, const StepOutput& out);
   Status status() const;
+  // Steps run by replaying a recorded decode graph (RankShard::decode_graphs); any thread.
+  uint64_t graph_replays() const { return graph_replays_.load(std::memory_order_relaxed); }
 
   const KvCacheLayout& kv_layout() const { return layout_; }
   uint8_t* kv_arena() const { return arena_; }
@@ -100,6 +104,21 @@ class RankRunner {
   RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout layout, Backend* backend,
              Communicator* comm);
   Status reserve(int max_tokens);
+  // The bucket `batch` runs as, a recorded decode graph's (engine/decode_graphs.h), or 0 to run it
+  // eagerly: decode tokens only, each wanting its logits, at TP 1, completing no prompt.
+  int graph_bucket(const ForwardBatch& batch, const StepMetadata& meta) const;
+  // prepare()'s upload for a step run as `bucket`: its tokens, positions, logit rows and tables
+  // padded to the bucket in the fixed graph buffers, which every replay of it reads.
+  Status prepare_graph_step(const ForwardBatch& batch, const StepMetadata& meta, int bucket);
+  // The model over the prepared step's `n` tokens, from the embedding to the logits GEMM's `rows`
+  // rows; `layer_written`, if set, after each layer's KV is written.
+  void run_layers(int n, int rows, const std::function<void(int)>& layer_written);
+  // run_layers for a step run as `bucket`: by replaying its graph, or eagerly and then recording
+  // the graph for the next such step (the eager run first sizes what kernels grow on first use,
+  // as a recording may allocate nothing).
+  Status run_graph_step(int bucket);
+  // A GEMM with the shard's weights (f32 or bf16 behind the same pointers).
+  void matmul(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw);
   // Uploads the RoPE table (engine/rope_scaling.h) of each distinct head dim into rope_tables_.
   Status upload_rope_tables();
   // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their
@@ -129,6 +148,15 @@ class RankRunner {
   std::vector<kernels::RopeTable> layer_rope_;
   kernels::TokenPlacement placement_;  // Into meta_ and table_ptrs_, from prepare().
   int single_tokens_ = 0;                   // StepMetadata::single_tokens, from prepare().
+  const int* step_ints_ = nullptr;          // The step's [tokens][positions][logit rows][tables].
+  // Decode graphs: the bucket prepare() chose (0: eager), the largest, the graph steps' fixed
+  // inputs (ints as meta_'s, table pointers as table_ptrs_'s) and host staging for them.
+  int step_bucket_ = 0;
+  int graph_max_batch_ = 0;
+  BackendBuffer graph_ints_, graph_table_ptrs_;
+  std::vector<int> graph_ints_host_;
+  DecodeGraphs graphs_;
+  std::atomic<uint64_t> graph_replays_{0};
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.

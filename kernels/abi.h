@@ -40,6 +40,10 @@ struct PagedLayerView {
 // table is block_tables[t] (so tokens of many sequences can be mixed in one call).
 struct TokenPlacement {
   int num_tokens = 0;
+  // A negative position marks padding: the rows a step recorded for a larger batch than it runs
+  // (Backend::begin_capture). The GPU kernels of the decode path (attention's input stage, KV
+  // writes, decode attention, block selection) write no KV for it and give it zero attention
+  // output; the CPU kernels and the prefill kernels take none.
   const int* positions = nullptr;
   const int* const* block_tables = nullptr;
   // Optional: token t attends only positions whose logical block b (position / block size)

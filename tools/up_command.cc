@@ -44,6 +44,7 @@ struct UpFlags {
   std::string weight_dtype = "f32";
   std::string kv_dtype = "f32";
   std::string gemm_precision = "exact";
+  bool decode_graphs = false;
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -273,6 +274,10 @@ int run_up(const UpFlags& f) {
       return 2;
     }
   }
+  if (f.decode_graphs && (cpu_worker || (pd ? std::max(f.prefill_tp, f.decode_tp) : f.tp) > 1)) {
+    std::cerr << "error: --decode-graphs records GPU steps at TP 1: it needs GPU workers of TP 1\n";
+    return 2;
+  }
   if (f.kv_dtype != "f32" && cpu_worker) {
     std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
     return 2;
@@ -311,6 +316,7 @@ int run_up(const UpFlags& f) {
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
     // bf16 GEMMs with a CPU worker were refused above.
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
+    if (f.decode_graphs) a.push_back("--decode-graphs");  // GPU workers of TP 1 (checked above).
     a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
@@ -472,6 +478,8 @@ void add_up_command(CLI::App& app, int* exit_code) {
          "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM; needs --weight-dtype bf16)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
+  cmd->add_flag("--decode-graphs", f->decode_graphs,
+                "GPU workers record decode steps as graphs and replay them (TP 1 only; the same tokens)");
   cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

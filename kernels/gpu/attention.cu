@@ -58,6 +58,10 @@ decode_attention_kernel(float* out, const float* q, kernels::PagedLayerView kv, 
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int hd = kv.head_dim, vhd = kv.v_head_dim;
   const int pos = tokens.positions[t];
+  if (pos < 0) {  // Padding (kernels/abi.h): attends nothing. The whole block returns.
+    for (int d = threadIdx.x; d < vhd; d += blockDim.x) out[(int64_t(t) * n_q_heads + h) * vhd + d] = 0.0f;
+    return;
+  }
   const int first = window > 0 ? max(0, pos - window + 1) : 0;
   const int* table = tokens.block_tables[t];
   const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
@@ -189,16 +193,17 @@ prefill_attention_kernel(float* out, const float* q, kernels::PagedLayerView kv,
 // Split-KV, GQA-grouped decode attention (flash-decoding). Block (x: token, y: KV head x chunk
 // of its group's query heads, z: split of the key range) loads each K and V row once for its
 // `g` query heads (up to kMaxGroup) over keys [z * keys_per_split, (z + 1) * keys_per_split) of
-// the token's visible range; the block's warps take keys round-robin, then merge. With one split
-// the block writes the output; otherwise its unnormalised state (m, l, acc) goes to `part` for
-// merge_splits_kernel.
+// the token's visible range, keys_per_split the token's own (ops.h); the block's warps take keys
+// round-robin, then merge. With one split the block writes the output; otherwise its
+// unnormalised state (m, l, acc) goes to `part` for merge_splits_kernel (l = 0 past the token's
+// range).
 constexpr int kMaxGroup = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
 split_decode_attention_kernel(float* out, float* part, const float* q, kernels::PagedLayerView kv,
                               kernels::TokenPlacement tokens, int n_q_heads, int q_per_kv, int g, int window,
-                              float scale, int keys_per_split) {
+                              float scale, int min_keys_per_split) {
   __shared__ float sm_m[kAttnWarps][kMaxGroup], sm_l[kAttnWarps][kMaxGroup];
   __shared__ float sm_acc[kAttnWarps][kMaxGroup][kMaxHeadDim];
   const int chunks = (q_per_kv + g - 1) / g;
@@ -209,6 +214,7 @@ split_decode_attention_kernel(float* out, float* part, const float* q, kernels::
   const int hd = kv.head_dim, vhd = kv.v_head_dim;
   const int pos = tokens.positions[t];
   const int first = window > 0 ? max(0, pos - window + 1) : 0;
+  const int keys_per_split = max(min_keys_per_split, (pos - first + 1 + splits - 1) / splits);
   const int lo = first + split * keys_per_split, hi = min(pos, lo + keys_per_split - 1);
   const int* table = tokens.block_tables[t];
   const uint8_t* mask = tokens.block_mask ? tokens.block_mask + int64_t(t) * tokens.mask_stride : nullptr;
@@ -267,7 +273,7 @@ split_decode_attention_kernel(float* out, float* part, const float* q, kernels::
       float o = 0.0f;
       for (int w = 0; w < kAttnWarps; ++w)
         if (sm_l[w][j] > 0.0f) o += sm_acc[w][j][d] * expf(sm_m[w][j] - m);
-      dst[d] = splits == 1 ? o / l : o;
+      dst[d] = splits > 1 ? o : (l > 0.0f ? o / l : 0.0f);  // l = 0: padding, no keys.
     }
     if (splits > 1 && threadIdx.x == 0) {
       float* ml = part + int64_t(gridDim.x) * n_q_heads * splits * vhd;
@@ -277,7 +283,8 @@ split_decode_attention_kernel(float* out, float* part, const float* q, kernels::
   }
 }
 
-// out[t][h] from the splits' states: a split that saw no key has l = 0 and adds nothing.
+// out[t][h] from the splits' states: a split that saw no key has l = 0 and adds nothing (and a
+// padding token, none of whose splits saw one, gets zeros).
 __global__ void __launch_bounds__(kAttnThreads)
 merge_splits_kernel(float* out, const float* part, int n_tokens, int n_q_heads, int splits, int vhd) {
   const int64_t row = int64_t(blockIdx.x) * n_q_heads + blockIdx.y;
@@ -292,7 +299,7 @@ merge_splits_kernel(float* out, const float* part, int n_tokens, int n_q_heads, 
     float o = 0.0f;
     for (int s = 0; s < splits; ++s)
       if (ml[2 * s + 1] > 0.0f) o += part[(row * splits + s) * vhd + d] * expf(ml[2 * s] - m);
-    out[row * vhd + d] = o / l;
+    out[row * vhd + d] = l > 0.0f ? o / l : 0.0f;
   }
 }
 
@@ -323,7 +330,7 @@ void paged_attention(float* out, const float* q, const kernels::PagedLayerView& 
 int decode_splits(int max_position, int window) {
   // Enough blocks to fill a large GPU at batch 1 (132 SMs / 8 KV heads ~ 16 splits), keys per
   // split no fewer than 128 so that a split's fixed cost stays small.
-  const int splits = (visible_keys(max_position, window) + 127) / 128;
+  const int splits = (visible_keys(max_position, window) + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
   return splits < 1 ? 1 : (splits > kMaxDecodeSplits ? kMaxDecodeSplits : splits);
 }
 
@@ -333,18 +340,18 @@ size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim
 
 void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                             const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
-                            int max_position, int splits, float* scratch, gpuStream_t stream) {
+                            int splits, int min_keys_per_split, float* scratch, gpuStream_t stream) {
   if (tokens.num_tokens <= 0) return;
   check_dims("split_decode_attention", kv);
   if (splits < 1 || splits > kMaxDecodeSplits) kernel_limit_exceeded("split_decode_attention", "splits out of range");
-  const int keys_per_split = (visible_keys(max_position, window) + splits - 1) / splits;
+  if (min_keys_per_split < 1) kernel_limit_exceeded("split_decode_attention", "fewer than one key a split");
   const int g = q_per_kv < kMaxGroup ? q_per_kv : kMaxGroup;
   const int chunks = (q_per_kv + g - 1) / g;
   const dim3 grid(tokens.num_tokens, (n_q_heads / q_per_kv) * chunks, splits);
   dispatch_storage(kv.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     gpu_launch(split_decode_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, scratch, q, kv, tokens,
-               n_q_heads, q_per_kv, g, window, scale, keys_per_split);
+               n_q_heads, q_per_kv, g, window, scale, min_keys_per_split);
   });
   if (splits > 1)
     gpu_launch(merge_splits_kernel, dim3(tokens.num_tokens, n_q_heads), kAttnThreads, 0, stream, out, scratch,

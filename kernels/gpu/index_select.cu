@@ -14,7 +14,7 @@ __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const 
   const int t = blockIdx.x, bs = view.block_size, hd = view.head_dim;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
-  const int own = positions[t] / bs;
+  const int own = positions[t] < 0 ? -1 : positions[t] / bs;  // -1: padding (kernels/abi.h), no block.
   const int* table = block_tables[t];
   const float* qi = q_index + int64_t(t) * hd;
   const T* keys = reinterpret_cast<const T*>(view.k);
@@ -39,7 +39,7 @@ __global__ void index_select_kernel(uint8_t* block_mask, int mask_stride, const 
       if (scores[c] > s || (scores[c] == s && c < b)) ++beaten_by;
     if (beaten_by < top_k) mask[b] = 1;
   }
-  if (threadIdx.x == 0) mask[own] = 1;
+  if (threadIdx.x == 0 && own >= 0) mask[own] = 1;
 }
 
 }  // namespace

@@ -71,17 +71,21 @@ void paged_attention(float* out, const float* q, const kernels::PagedLayerView& 
 
 // Decode attention split over the key range (flash-decoding) and grouped by KV head: each K/V
 // row is read once per group of up to 8 query heads, and each token's visible keys are spread
-// over `splits` blocks (1..kMaxDecodeSplits), merged by a second kernel. Same result as
-// paged_attention for tokens whose positions are at most `max_position` (the step's largest,
-// known on the host). decode_splits(max_position, window) is the production choice (at least 128
-// of the visible keys a split). `scratch`: split_decode_scratch_floats(...) floats of device
-// memory (none for 1 split).
+// over up to `splits` blocks (1..kMaxDecodeSplits), merged by a second kernel. Same result as
+// paged_attention. A token cuts its own range into pieces of max(min_keys_per_split,
+// ceil(visible / splits)) keys, its own and not its batch's: so its result is the same, bit for
+// bit, whatever its batch-mates and however many splits the launch has beyond those it fills —
+// which a step recorded once (Backend::begin_capture) and replayed over other batches relies on.
+// decode_splits(max_position, window) with kMinKeysPerSplit is the production choice for a step
+// whose positions are at most max_position. `scratch`: split_decode_scratch_floats(...) floats
+// of device memory (none for 1 split).
 inline constexpr int kMaxDecodeSplits = 32;
+inline constexpr int kMinKeysPerSplit = 128;
 int decode_splits(int max_position, int window);
 size_t split_decode_scratch_floats(int num_tokens, int n_q_heads, int v_head_dim, int splits);
 void split_decode_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                             const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
-                            int max_position, int splits, float* scratch, gpuStream_t stream);
+                            int splits, int min_keys_per_split, float* scratch, gpuStream_t stream);
 
 // Chunked causal prefill: same result as paged_attention, but a tile of consecutive query
 // tokens of one sequence (same block table, consecutive positions) shares each K/V tile it

@@ -13,6 +13,7 @@ __global__ void paged_kv_write_kernel(kernels::PagedLayerView kv, const int* pos
                                       int64_t k_row_stride, const float* v, int64_t v_row_stride) {
   const int t = blockIdx.x, h = blockIdx.y;
   const int pos = positions[t];
+  if (pos < 0) return;  // Padding (kernels/abi.h).
   const int64_t block = block_tables[t][pos / kv.block_size];
   const int slot = pos % kv.block_size;
   T* kd = reinterpret_cast<T*>(kv.k) + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;

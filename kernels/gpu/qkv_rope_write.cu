@@ -36,7 +36,8 @@ __global__ void qkv_rope_write_kernel(float* q_out, kernels::QkvRows rows, kerne
   }
   __syncthreads();
   const int pos = positions[t];
-  const int64_t block = block_tables[t][pos / kv.block_size];
+  if (pos < 0 && !is_q) return;  // Padding (kernels/abi.h): no K or V written.
+  const int64_t block = is_q ? 0 : block_tables[t][pos / kv.block_size];
   const int slot = pos % kv.block_size;
   float* qd = q_out + (int64_t(t) * rows.n_q_heads + h) * hd;
   T* kd = reinterpret_cast<T*>(kv.k) + block * kv.k_block_stride + slot * kv.k_token_stride + h * kv.k_head_stride;

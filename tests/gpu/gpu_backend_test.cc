@@ -559,6 +559,68 @@ TEST(Stories, GpuEngineSeededSamplingEqualsCpu) {
   EXPECT_EQ(run(*gpu), run(*cpu));
 }
 
+// --decode-graphs (engine/decode_graphs.h): decode steps recorded once per batch bucket and
+// replayed, padded up to it, give the eager engine's tokens bit for bit (the same kernels; each
+// token's attention its own, whatever its batch and the launch), as requests of different lengths
+// end and the batch shrinks across buckets (6, 5, ... 1 sequences), greedy and seeded; a step
+// that also prefills runs eagerly. And greedy from BOS is still the published text.
+TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  EngineOptions graphs;
+  graphs.decode_graphs = true;
+  auto eager = stories_engine(gpu_kind()), replaying = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, graphs);
+  ASSERT_TRUE(eager && replaying);
+  const auto run = [](Engine& engine) {
+    std::vector<std::vector<int>> out(6);
+    for (int i = 0; i < int(out.size()); ++i) {
+      GenerationRequest r;
+      r.id = std::to_string(i);
+      r.prompt = {engine.config().bos_id, 3 + 29 * i, 5 + 11 * i};
+      r.params.max_tokens = 6 + 5 * i;
+      r.params.ignore_eos = true;
+      if (i % 2) {
+        r.params.temperature = 0.8f;
+        r.params.top_p = 0.9f;
+        r.params.seed = 7 + i;
+      }
+      EXPECT_TRUE(engine
+                      .add_request(std::move(r),
+                                   [&out, i](const TokenEvent& ev) {
+                                     if (ev.token >= 0) out[i].push_back(ev.token);
+                                   })
+                      .ok());
+    }
+    EXPECT_TRUE(engine.run_until_idle().ok());
+    return out;
+  };
+  EXPECT_EQ(run(*replaying), run(*eager));
+  const uint64_t replayed = replaying->stats().graph_steps;
+  EXPECT_GT(replayed, 10u) << "the decode steps did not replay graphs";
+  EXPECT_EQ(eager->stats().graph_steps, 0u);
+  auto text = replaying->generate({replaying->config().bos_id}, greedy(pdserve::kernels::kEmulated ? 64 : 256));
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::string got = trimmed(text->text);
+  EXPECT_EQ(published_text().substr(0, got.size()), got);
+  EXPECT_GT(replaying->stats().graph_steps, replayed + 50);
+}
+
+// Where decode graphs cannot be recorded, --decode-graphs is refused, not ignored: on the CPU
+// backend, and at TP 2 (the collectives wait on the host).
+TEST(Stories, DecodeGraphsOnTheCpuOrAtTp2AreRefused) {
+  for (const auto& [backend, tp] : {std::pair<std::string, int>{"cpu", 1}, {gpu_kind(), 2}}) {
+    if (backend != "cpu" && gpu_device_count() < 2) continue;
+    auto model = load_model({stories_bin()});
+    ASSERT_TRUE(model.ok()) << model.status();
+    EngineOptions options;
+    options.backend = backend;
+    options.tp = tp;
+    options.decode_graphs = true;
+    auto engine = Engine::create(std::move(*model), options);
+    ASSERT_FALSE(engine.ok()) << backend << " TP " << tp;
+    EXPECT_NE(engine.status().message().find("graphs"), std::string_view::npos) << engine.status();
+  }
+}
+
 TEST(Stories, GpuEngineTensorParallelOverNcclEqualsCpu) {
   if (gpu_device_count() < 2) GTEST_SKIP() << "TP 2 needs two GPUs";
   auto cuda = stories_engine(gpu_kind(), 2);

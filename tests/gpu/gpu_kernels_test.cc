@@ -673,11 +673,11 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
       EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
       gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, nullptr);
       EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
-      const int max_position = *std::max_element(pl.positions.begin(), pl.positions.end());
       for (int splits : {1, 3, 7, gpu::kMaxDecodeSplits}) {
         Dev<float> scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
-        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, max_position,
-                                    splits, scratch.get(), nullptr);
+        // At most one key a split: these short ranges are cut in `splits` pieces.
+        gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, splits, 1,
+                                    scratch.get(), nullptr);
         EXPECT_LE(rel_error(dout.host(), want), tol)
             << "split decode kernel, " << splits << " splits, window " << window << " mask " << masked;
       }
@@ -800,9 +800,50 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
   // Groups of 8 query heads, the last of 4; splits of 64 and of 15 keys.
   for (int splits : {2, 9}) {
     Dev<float> scratch(gpu::split_decode_scratch_floats(all.n(), nq, hd, splits));
-    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0, 0.0625f, 127, splits,
+    gpu::split_decode_attention(dout.get(), dq.get(), c.dev_view(), all.dev(), nq, q_per_kv, 0, 0.0625f, splits, 1,
                                 scratch.get(), nullptr);
     EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << splits << " splits";
+  }
+}
+
+// A decode token's split attention is its own: the same bits alone or beside others, under a
+// launch of just the splits it fills or of the most there are (what a recorded step replayed
+// over other batches computes), one split written directly or through the merge.
+TEST(GpuPagedAttention, SplitDecodeTokensComputeTheSameWhateverTheirBatchAndGrid) {
+  REQUIRE_GPU();
+  const int kv_heads = 2, q_per_kv = 3, hd = 64, nq = kv_heads * q_per_kv, min_keys = 8;
+  PagedCase c(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16);
+  Placement all(all_positions(), c.tables);
+  std::vector<float> k = random_vec(all.n() * kv_heads * hd, 80), v = random_vec(all.n() * kv_heads * hd, 81);
+  cpu::paged_kv_write(c.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd, kv_heads, nullptr);
+  // 128 visible keys (16 splits of 8), 70 (9 splits), 6 (one).
+  const std::vector<std::pair<int, int>> step = {{1, 127}, {0, 69}, {2, 5}};
+  const int64_t row = int64_t(nq) * hd;
+  const std::vector<float> q = random_vec(step.size() * row, 82);
+  Dev<float> dq(q);
+  for (int window : {0, 50}) {
+    auto run = [&](const Placement& pl, const float* q_dev, int splits) {
+      Dev<float> out(pl.n() * row),
+          scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
+      gpu::split_decode_attention(out.get(), q_dev, c.dev_view(), pl.dev(), nq, q_per_kv, window, 0.125f, splits,
+                                  min_keys, scratch.get(), nullptr);
+      return out.host();
+    };
+    Placement batch(step, c.tables);
+    const std::vector<float> fitted = run(batch, dq.get(), 16), widest = run(batch, dq.get(), gpu::kMaxDecodeSplits);
+    EXPECT_EQ(fitted, widest) << "window " << window;
+    std::vector<float> want(fitted.size());
+    cpu::paged_attention(want.data(), q.data(), c.host_view(), batch.host(), nq, q_per_kv, window, 0.125f);
+    EXPECT_LE(rel_error(fitted, want), kHalfTol) << "window " << window;
+    for (size_t t = 0; t < step.size(); ++t) {
+      Placement alone({step[t]}, c.tables);
+      const int visible = std::min(step[t].second + 1, window > 0 ? window : 1 << 30);
+      const std::vector<float> got = run(alone, dq.get() + t * row, (visible + min_keys - 1) / min_keys);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(), fitted.begin() + t * row))
+          << "token " << t << " window " << window;
+    }
   }
 }
 
@@ -839,6 +880,76 @@ TEST(GpuKernels, IndexSelectBlocksMatchesCpu) {
     gpu::index_select_blocks(dmask.get(), mask_stride, dqi.get(), c.dev_view(), all.dev(), top_k, nullptr);
     EXPECT_EQ(dmask.host(), want) << "top_k " << top_k;
   }
+}
+
+// Padding (a negative position, kernels/abi.h), as a recorded step's unused rows: the decode
+// path's kernels write no K or V for it, select no block for it and give it zero attention
+// output, and the real tokens beside it compute the same bits as without it.
+TEST(GpuKernels, PaddingTokensWriteNoKvAndAttendNothing) {
+  REQUIRE_GPU();
+  const int kv_heads = 2, q_per_kv = 2, hd = 64, nq = kv_heads * q_per_kv;
+  const int64_t kvw = kv_heads * hd, qw = nq * hd, width = qw + 2 * kvw;
+  PagedCase c(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kBF16);
+  Placement all(all_positions(), c.tables);
+  Dev<float> dk(random_vec(all.n() * kvw, 90)), dv(random_vec(all.n() * kvw, 91));
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), kvw, dv.get(), kvw, kv_heads, nullptr);
+  const std::vector<uint8_t> cache = c.dev_arena->host();
+
+  // Writes of padding only leave the cache as it was.
+  Placement pads({{0, -1}, {1, -1}, {2, -1}}, c.tables);
+  Dev<float> rows(random_vec(pads.n() * width, 92)), q_out(pads.n() * qw);
+  gpu::paged_kv_write(c.dev_view(), pads.dev(), rows.get(), width, rows.get() + kvw, width, kv_heads, nullptr);
+  const engine::RopeFrequencies table = engine::rope_frequencies({}, 10000.0f, hd, 512);
+  Dev<float> dfreq(table.inv_freq);
+  const kernels::QkvRows qkv{rows.get(), rows.get() + qw, rows.get() + qw + kvw, width, width, width, nq, kv_heads};
+  gpu::qkv_rope_write(q_out.get(), qkv, {dfreq.get(), 1.0f, true}, c.dev_view(), pads.dev(), nullptr);
+  EXPECT_EQ(c.dev_arena->host(), cache) << "padding wrote K or V";
+
+  // Attention: two real tokens, each followed by a padding row; against the two alone.
+  Placement real({{1, 100}, {0, 50}}, c.tables), padded({{1, 100}, {0, -1}, {0, 50}, {2, -1}}, c.tables);
+  const std::vector<float> q = random_vec(padded.n() * qw, 93);
+  std::vector<float> q_real(2 * qw);
+  std::copy_n(q.begin(), qw, q_real.begin());
+  std::copy_n(q.begin() + 2 * qw, qw, q_real.begin() + qw);
+  Dev<float> dq(q), dq_real(q_real);
+  auto attend = [&](const Placement& pl, const float* q_dev, int splits) {
+    Dev<float> out(pl.n() * qw), scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
+    if (splits == 0) {
+      gpu::paged_attention(out.get(), q_dev, c.dev_view(), pl.dev(), nq, q_per_kv, 0, 0.125f, nullptr);
+    } else {
+      gpu::split_decode_attention(out.get(), q_dev, c.dev_view(), pl.dev(), nq, q_per_kv, 0, 0.125f, splits, 16,
+                                  scratch.get(), nullptr);
+    }
+    return out.host();
+  };
+  for (int splits : {0, 1, 4}) {  // 0: the unsplit decode kernel.
+    const std::vector<float> want = attend(real, dq_real.get(), splits), got = attend(padded, dq.get(), splits);
+    EXPECT_TRUE(std::equal(want.begin(), want.begin() + qw, got.begin())) << splits << " splits";
+    EXPECT_TRUE(std::equal(want.begin() + qw, want.end(), got.begin() + 2 * qw)) << splits << " splits";
+    for (int pad : {1, 3})
+      EXPECT_TRUE(std::all_of(got.begin() + pad * qw, got.begin() + (pad + 1) * qw, [](float x) { return x == 0.0f; }))
+          << splits << " splits, padding row " << pad;
+  }
+
+  // Block selection: no block for padding, the real tokens' as alone.
+  const int mask_stride = 8;
+  Dev<float> dqi(random_vec(padded.n() * hd, 94));
+  Dev<uint8_t> mask_real(real.n() * mask_stride), mask_padded(padded.n() * mask_stride);
+  PagedCase index(1, hd, true, KvLayout::kSeparate, KvOrder::kTokenMajor, Storage::kF32);
+  Dev<float> dik(random_vec(all.n() * hd, 95));
+  gpu::paged_kv_write(index.dev_view(), all.dev(), dik.get(), hd, nullptr, 0, 1, nullptr);
+  gpu::index_select_blocks(mask_padded.get(), mask_stride, dqi.get(), index.dev_view(), padded.dev(), 2, nullptr);
+  Dev<float> dqi_real(2 * hd);
+  ASSERT_EQ(gpuMemcpy(dqi_real.get(), dqi.get(), hd * sizeof(float), gpuMemcpyDeviceToDevice), gpuSuccess);
+  ASSERT_EQ(gpuMemcpy(dqi_real.get() + hd, dqi.get() + 2 * hd, hd * sizeof(float), gpuMemcpyDeviceToDevice),
+            gpuSuccess);
+  gpu::index_select_blocks(mask_real.get(), mask_stride, dqi_real.get(), index.dev_view(), real.dev(), 2, nullptr);
+  const std::vector<uint8_t> got = mask_padded.host(), want = mask_real.host();
+  const std::vector<uint8_t> none(mask_stride, 0);
+  EXPECT_TRUE(std::equal(want.begin(), want.begin() + mask_stride, got.begin()));
+  EXPECT_TRUE(std::equal(none.begin(), none.end(), got.begin() + mask_stride));
+  EXPECT_TRUE(std::equal(want.begin() + mask_stride, want.end(), got.begin() + 2 * mask_stride));
+  EXPECT_TRUE(std::equal(none.begin(), none.end(), got.begin() + 3 * mask_stride));
 }
 
 TEST(GpuKernels, PackThenUnpackConvertsLayouts) {

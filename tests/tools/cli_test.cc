@@ -168,6 +168,21 @@ TEST(Cli, Bf16GemmPrecisionWithoutBf16WeightsOrOnTheCpuIsRefused) {
   EXPECT_NE(r.err.find("--gemm-precision"), std::string::npos) << r.err;
 }
 
+// --decode-graphs records GPU steps at TP 1: refused in process on the CPU, by `up` with a CPU
+// worker or at TP 2 before any worker starts, and through a router as every engine option is.
+TEST(Cli, DecodeGraphsOnTheCpuOrAtTp2AreRefused) {
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--decode-graphs", "--max-tokens", "3"}),
+                       "--decode-graphs records GPU steps; the cpu");
+  for (const std::vector<std::string>& workers :
+       {std::vector<std::string>{"--prefill-device", "emulated"}, {"--device", "emulated", "--decode-tp", "2"}}) {
+    std::vector<std::string> args = {"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--decode-graphs"};
+    args.insert(args.end(), workers.begin(), workers.end());
+    expect_clean_failure(pdserve(args), "--decode-graphs records GPU steps at TP 1");
+  }
+  expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--decode-graphs", "--prompt", "x"}),
+                       "--decode-graphs sets up the in-process engine");
+}
+
 TEST(Cli, CorruptTokenizer) {
   TempDir dir;
   fs::copy(kModel, dir.path() / "stories260K.bin");

@@ -67,6 +67,7 @@ class GpuBackend final : public Backend {
     if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
     decode_scratch_.reset();  // Here, while this is still a whole backend to free them with.
     gemm_x_.reset();
+    retired_.clear();
     blas_workspace_.reset();
   }
 
@@ -195,7 +196,7 @@ class GpuBackend final : public Backend {
   Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
 #if defined(PDSERVE_GPU_BLAS)
     if (precision == GemmPrecision::kBf16 && max_rows > g::kGemvMaxRows)
-      return gemm_x_.reserve(this, size_t(max_rows) * size_t(max_in) * 2);
+      return grow_scratch(gemm_x_, size_t(max_rows) * size_t(max_in) * 2);
 #else
     (void)precision, (void)max_rows, (void)max_in;
 #endif
@@ -224,9 +225,9 @@ class GpuBackend final : public Backend {
       int splits = g::decode_splits(tokens.max_position, window);
       // Growing frees the old scratch, which waits for the kernels queued on it.
       const size_t floats = g::split_decode_scratch_floats(tokens.num_tokens, n_q_heads, kv.v_head_dim, splits);
-      if (!decode_scratch_.reserve(this, floats * sizeof(float)).ok())
+      if (!grow_scratch(decode_scratch_, floats * sizeof(float)).ok())
         splits = 1;  // One split keeps no partial states: slower, never wrong.
-      g::split_decode_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, tokens.max_position, splits,
+      g::split_decode_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, splits, g::kMinKeysPerSplit,
                                 decode_scratch_.as<float>(), stream_);
     } else {
       g::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
@@ -252,6 +253,7 @@ class GpuBackend final : public Backend {
     g::add_inplace(x, y, n, stream_);
   }
 
+  bool records_graphs() const override { return true; }
   Status begin_capture() override {
     bind();
     if (capturing_) return absl::FailedPreconditionError("a graph is being recorded already");
@@ -292,10 +294,11 @@ class GpuBackend final : public Backend {
   // A recorded step: an instantiated graph, launched on the backend's stream.
   class Graph final : public StepGraph {
    public:
-    Graph(GpuBackend* backend, gpuGraphExec_t exec) : backend_(backend), exec_(exec) {}
+    Graph(GpuBackend* backend, gpuGraphExec_t exec) : backend_(backend), exec_(exec) { ++backend_->live_graphs_; }
     ~Graph() override {
       backend_->bind();
       (void)gpuGraphExecDestroy(exec_);
+      if (--backend_->live_graphs_ == 0) backend_->retired_.clear();
     }
     Status replay() override {
       backend_->bind();
@@ -310,6 +313,13 @@ class GpuBackend final : public Backend {
   explicit GpuBackend(int device) : device_(device) {}
   // The current device is per thread, and rank threads may call any backend.
   void bind() const { (void)gpuSetDevice(device_); }
+  // Grows `buffer`, a scratch of the backend's own, to at least `bytes`. A recorded graph may
+  // still read its old allocation: while any lives, that is kept (freed when the last goes).
+  Status grow_scratch(BackendBuffer& buffer, size_t bytes) {
+    if (buffer.bytes() >= bytes) return absl::OkStatus();
+    if (live_graphs_ > 0 && buffer.bytes() > 0) retired_.push_back(std::move(buffer));
+    return buffer.reserve(this, bytes);
+  }
   // OK unless a graph is being recorded; then refuses the call, which a graph cannot hold (the
   // forward thread's waits, copies and allocations), and spoils the recording. The backend says
   // so itself rather than leaving it to the runtime's capture rules, which differ by call and
@@ -330,6 +340,9 @@ class GpuBackend final : public Backend {
   BackendBuffer decode_scratch_;  // The splits' softmax states (g::split_decode_attention).
   BackendBuffer gemm_x_;          // The bf16 copy of a vendor bf16 GEMM's activations.
   BackendBuffer blas_workspace_;  // cuBLAS's (cublasSetWorkspace).
+  // Scratch grown while recorded graphs lived (grow_scratch), and how many live.
+  std::vector<BackendBuffer> retired_;
+  int live_graphs_ = 0;
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
   bool gemm_failed_ = false;
