@@ -130,9 +130,10 @@ class Backend {
   virtual bool records_graphs() const { return false; }
   // Until end_capture(), records the calling thread's kernel entry points instead of running
   // them (a GPU's stream capture: launching one recorded step costs one call, not one a kernel).
-  // Only kernel entry points may be called meanwhile: a call that waits, copies or allocates
-  // spoils the recording. Unimplemented on backends without graphs (the CPU's), whose callers
-  // run eagerly.
+  // Only kernel entry points may be called from that thread meanwhile: a wait, copy, allocation
+  // or free spoils the recording. Other threads' waits and copies wait for the recording to end,
+  // and stay out of it. Unimplemented on backends without graphs (the CPU's), whose callers run
+  // eagerly.
   virtual Status begin_capture() { return absl::UnimplementedError(absl::StrCat(name(), " records no graphs")); }
   // Ends the recording: the graph, or why there is none (a spoiling call). Either way the
   // backend runs calls again.

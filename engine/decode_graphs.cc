@@ -19,6 +19,11 @@ StepGraph* DecodeGraphs::find(int bucket) const {
 
 bool DecodeGraphs::refused(int bucket) const { return refused_.count(bucket) > 0; }
 
+void DecodeGraphs::refuse(int bucket) {
+  graphs_.erase(bucket);
+  refused_.insert(bucket);
+}
+
 Status DecodeGraphs::record(Backend& backend, int bucket, const std::function<void()>& body) {
   Status status = backend.begin_capture();
   if (status.ok()) {

@@ -36,6 +36,8 @@ class DecodeGraphs {
   // bucket is remembered as refused and the error returned (for the caller to log once); the
   // backend runs eagerly again either way.
   Status record(Backend& backend, int bucket, const std::function<void()>& body);
+  // Drops `bucket`'s graph (its replay failed) and runs its steps eagerly from now on.
+  void refuse(int bucket);
   // Drops every graph, as a buffer one may read has moved; refused buckets stay refused.
   void clear() { graphs_.clear(); }
 

@@ -65,7 +65,9 @@ struct EngineOptions {
   // them; bf16 weights only, within a tolerance of kExact).
   GemmPrecision gemm_precision = GemmPrecision::kExact;
   // Decode steps recorded once per batch bucket as GPU graphs and replayed (engine/decode_graphs.h):
-  // one launch a step instead of one a kernel; the same tokens. GPU backends at TP 1 only.
+  // one launch a step instead of one a kernel. The eager step's bits where the GEMMs are the
+  // portable ones (a vendor GEMM may pick another kernel for the padded row count). GPU backends
+  // at TP 1 only.
   bool decode_graphs = false;
   // The paged KV cache's elements: f32, or bf16 (half the bytes attention reads and the cache
   // holds, so twice the blocks in the same memory; each K and V element rounded to nearest even

@@ -398,10 +398,20 @@ void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& lay
 
 Status RankRunner::run_graph_step(int bucket) {
   if (StepGraph* graph = graphs_.find(bucket)) {
-    graph_replays_.fetch_add(1, std::memory_order_relaxed);
-    return graph->replay();
+    const Status replayed = graph->replay();
+    if (replayed.ok()) {
+      graph_replays_.fetch_add(1, std::memory_order_relaxed);
+      return replayed;
+    }
+    PD_LOG_WARN("rank {}: decode steps of {} tokens run eagerly from now on: their graph's replay failed: {}",
+                shard_.rank, bucket, replayed.ToString());
+    graphs_.refuse(bucket);
+    run_layers(bucket, bucket, {});
+    return absl::OkStatus();
   }
   run_layers(bucket, bucket, {});
+  // The eager step's own errors are the step's, not the recording's (which would swallow them).
+  PD_RETURN_IF_ERROR(backend_->synchronize());
   if (Status recorded = graphs_.record(*backend_, bucket, [&] { run_layers(bucket, bucket, {}); }); !recorded.ok())
     PD_LOG_WARN("rank {}: decode steps of {} tokens run eagerly: their graph could not be recorded: {}", shard_.rank,
                 bucket, recorded.ToString());

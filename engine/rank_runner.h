@@ -115,7 +115,7 @@ class RankRunner {
   void run_layers(int n, int rows, const std::function<void(int)>& layer_written);
   // run_layers for a step run as `bucket`: by replaying its graph, or eagerly and then recording
   // the graph for the next such step (the eager run first sizes what kernels grow on first use,
-  // as a recording may allocate nothing).
+  // as a recording may allocate nothing). A graph whose replay fails is dropped: eager from then.
   Status run_graph_step(int bucket);
   // A GEMM with the shard's weights (f32 or bf16 behind the same pointers).
   void matmul(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw);

@@ -292,10 +292,9 @@ void add_generate_command(CLI::App& app, int* exit_code) {
                    "GEMM and tensor cores; needs --weight-dtype bf16; within a tolerance of exact, not equal)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
-  engine->add_flag(
-      "--decode-graphs", flags->engine.decode_graphs,
-      "Record decode steps once per batch bucket as GPU graphs and replay them (one launch a step; the same "
-      "tokens); GPU backends at TP 1");
+  engine->add_flag("--decode-graphs", flags->engine.decode_graphs,
+                   "Record decode steps once per batch bucket as GPU graphs and replay them (one launch a step); GPU "
+                   "backends at TP 1");
   engine
       ->add_option("--kv-dtype", flags->kv_dtype,
                    "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")

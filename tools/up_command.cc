@@ -274,8 +274,11 @@ int run_up(const UpFlags& f) {
       return 2;
     }
   }
-  if (f.decode_graphs && (cpu_worker || (pd ? std::max(f.prefill_tp, f.decode_tp) : f.tp) > 1)) {
-    std::cerr << "error: --decode-graphs records GPU steps at TP 1: it needs GPU workers of TP 1\n";
+  // Decode steps are the decode workers' (and aggregated ones'): prefill workers run none.
+  const std::string decoding_role = pd ? "decode" : "aggregated";
+  if (f.decode_graphs && (f.device_of(decoding_role) == "cpu" || (pd ? f.decode_tp : f.tp) > 1)) {
+    std::cerr << "error: --decode-graphs records GPU steps at TP 1: it needs " << decoding_role
+              << " workers on a GPU at TP 1\n";
     return 2;
   }
   if (f.kv_dtype != "f32" && cpu_worker) {
@@ -316,7 +319,7 @@ int run_up(const UpFlags& f) {
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
     // bf16 GEMMs with a CPU worker were refused above.
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
-    if (f.decode_graphs) a.push_back("--decode-graphs");  // GPU workers of TP 1 (checked above).
+    if (f.decode_graphs && role != "prefill") a.push_back("--decode-graphs");  // On a GPU at TP 1 (checked above).
     a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
@@ -479,7 +482,8 @@ void add_up_command(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   cmd->add_flag("--decode-graphs", f->decode_graphs,
-                "GPU workers record decode steps as graphs and replay them (TP 1 only; the same tokens)");
+                "Decode (or aggregated) workers record decode steps as GPU graphs and replay them (GPU workers "
+                "at TP 1 only)");
   cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

@@ -449,8 +449,8 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   app.add_flag("--decode-graphs", f.engine.decode_graphs,
-               "Record decode steps once per batch bucket as GPU graphs and replay them (one launch a step; the same "
-               "tokens); GPU backends at TP 1");
+               "Record decode steps once per batch bucket as GPU graphs and replay them (one launch a step); GPU "
+               "backends at TP 1");
   app.add_option("--kv-dtype", f.kv_dtype,
                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)"
                  "; prefill and decode workers must agree")

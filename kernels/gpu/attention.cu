@@ -269,7 +269,8 @@ split_decode_attention_kernel(float* out, float* part, const float* q, kernels::
       if (sm_l[w][j] > 0.0f) l += sm_l[w][j] * expf(sm_m[w][j] - m);
     const int64_t row = int64_t(t) * n_q_heads + h0 + j;
     float* dst = splits == 1 ? out + row * vhd : part + (row * splits + split) * vhd;
-    for (int d = threadIdx.x; d < vhd; d += blockDim.x) {
+    // A split past the token's keys (l = 0) leaves its partial unwritten: the merge skips it.
+    for (int d = threadIdx.x; d < vhd && (splits == 1 || l > 0.0f); d += blockDim.x) {
       float o = 0.0f;
       for (int w = 0; w < kAttnWarps; ++w)
         if (sm_l[w][j] > 0.0f) o += sm_acc[w][j][d] * expf(sm_m[w][j] - m);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_split.h"
 #include "engine/engine.h"
@@ -139,6 +141,36 @@ TEST(GpuBackend, ACallAGraphCannotHoldSpoilsTheRecording) {
   EXPECT_EQ(dy.host(), std::vector<float>(64, 1.0f));
   auto cpu_backend = engine::make_cpu_backend();
   EXPECT_EQ(cpu_backend->begin_capture().code(), absl::StatusCode::kUnimplemented);
+}
+
+// Another thread's copy while a graph is being recorded (a host-tier load beside a decode step)
+// waits for the recording to end and stays out of the graph: a GPU records every thread's work on
+// a capturing stream, and a replay must not copy another request's KV again.
+TEST(GpuBackend, AnotherThreadsCopyStaysOutOfARecording) {
+  REQUIRE_GPU();
+  auto made = engine::make_gpu_backend(0);
+  ASSERT_TRUE(made.ok()) << made.status();
+  engine::Backend& b = **made;
+  const std::vector<float> ones(64, 1.0f), twos(64, 2.0f), zeros(64, 0.0f);
+  Dev<float> dx(ones), dy(64), dz(64);
+  ASSERT_TRUE(b.begin_capture().ok());
+  std::atomic<bool> started{false};
+  std::thread other([&] {
+    started = true;
+    EXPECT_TRUE(b.copy_to_device(dz.get(), twos.data(), twos.size() * sizeof(float)).ok());
+  });
+  while (!started) std::this_thread::yield();
+  b.add_inplace(dy.get(), dx.get(), 64);
+  auto graph = b.end_capture();
+  other.join();
+  ASSERT_TRUE(graph.ok()) << graph.status();
+  ASSERT_TRUE(b.synchronize().ok());
+  EXPECT_EQ(dz.host(), twos) << "the other thread's copy did not run";
+  ASSERT_TRUE(b.copy_to_device(dz.get(), zeros.data(), zeros.size() * sizeof(float)).ok());
+  ASSERT_TRUE((*graph)->replay().ok());
+  ASSERT_TRUE(b.synchronize().ok());
+  EXPECT_EQ(dz.host(), zeros) << "the other thread's copy was recorded into the graph";
+  EXPECT_EQ(dy.host(), ones);
 }
 
 #if !defined(PDSERVE_GPU_EMULATION)
@@ -561,18 +593,23 @@ TEST(Stories, GpuEngineSeededSamplingEqualsCpu) {
 
 // --decode-graphs (engine/decode_graphs.h): decode steps recorded once per batch bucket and
 // replayed, padded up to it, give the eager engine's tokens bit for bit (the same kernels; each
-// token's attention its own, whatever its batch and the launch), as requests of different lengths
-// end and the batch shrinks across buckets (6, 5, ... 1 sequences), greedy and seeded; a step
-// that also prefills runs eagerly. And greedy from BOS is still the published text.
+// token's attention its own, whatever its batch and the launch) — with bf16 weights, whose
+// portable GEMM computes a row the same at any row count (a vendor GEMM may pick another kernel
+// for the bucket's rows). One request alone (bucket 1, recorded first), then six of different
+// lengths, greedy and seeded, as the batch shrinks across buckets (8, 4, 2, 1: bucket 8's first
+// step grows the split scratch that bucket 1's graph read), then one alone again (replaying);
+// steps that also prefill run eagerly. And greedy from BOS on f32 weights (bucket 1: the same
+// GEMMs) is still the published text.
 TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
   EngineOptions graphs;
   graphs.decode_graphs = true;
-  auto eager = stories_engine(gpu_kind()), replaying = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, graphs);
+  auto eager = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16),
+       replaying = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, graphs);
   ASSERT_TRUE(eager && replaying);
-  const auto run = [](Engine& engine) {
-    std::vector<std::vector<int>> out(6);
-    for (int i = 0; i < int(out.size()); ++i) {
+  const auto run = [](Engine& engine, int requests) {
+    std::vector<std::vector<int>> out(requests);
+    for (int i = 0; i < requests; ++i) {
       GenerationRequest r;
       r.id = std::to_string(i);
       r.prompt = {engine.config().bos_id, 3 + 29 * i, 5 + 11 * i};
@@ -593,15 +630,16 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
     EXPECT_TRUE(engine.run_until_idle().ok());
     return out;
   };
-  EXPECT_EQ(run(*replaying), run(*eager));
-  const uint64_t replayed = replaying->stats().graph_steps;
-  EXPECT_GT(replayed, 10u) << "the decode steps did not replay graphs";
+  for (int requests : {1, 6, 1}) EXPECT_EQ(run(*replaying, requests), run(*eager, requests)) << requests;
+  EXPECT_GT(replaying->stats().graph_steps, 10u) << "the decode steps did not replay graphs";
   EXPECT_EQ(eager->stats().graph_steps, 0u);
-  auto text = replaying->generate({replaying->config().bos_id}, greedy(pdserve::kernels::kEmulated ? 64 : 256));
+  auto f32 = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, graphs);
+  ASSERT_TRUE(f32);
+  auto text = f32->generate({f32->config().bos_id}, greedy(pdserve::kernels::kEmulated ? 64 : 256));
   ASSERT_TRUE(text.ok()) << text.status();
   const std::string got = trimmed(text->text);
   EXPECT_EQ(published_text().substr(0, got.size()), got);
-  EXPECT_GT(replaying->stats().graph_steps, replayed + 50);
+  EXPECT_GT(f32->stats().graph_steps, 50u);
 }
 
 // Where decode graphs cannot be recorded, --decode-graphs is refused, not ignored: on the CPU

@@ -168,8 +168,9 @@ TEST(Cli, Bf16GemmPrecisionWithoutBf16WeightsOrOnTheCpuIsRefused) {
   EXPECT_NE(r.err.find("--gemm-precision"), std::string::npos) << r.err;
 }
 
-// --decode-graphs records GPU steps at TP 1: refused in process on the CPU, by `up` with a CPU
-// worker or at TP 2 before any worker starts, and through a router as every engine option is.
+// --decode-graphs records GPU steps at TP 1: refused in process on the CPU, by `up` with decode
+// workers on the CPU or at TP 2 before any worker starts, and through a router as every engine
+// option is.
 TEST(Cli, DecodeGraphsOnTheCpuOrAtTp2AreRefused) {
   expect_clean_failure(pdserve({"generate", "--model", kModel, "--decode-graphs", "--max-tokens", "3"}),
                        "--decode-graphs records GPU steps; the cpu");

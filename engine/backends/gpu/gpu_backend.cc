@@ -2,6 +2,12 @@
 // vendor SGEMM and bf16 GEMM (cuBLAS; hipBLAS where the ROCm build has it, else the portable
 // GEMM) on a per-backend stream, staging copies on a second one.
 #include "engine/gpu_backend.h"
+
+#include <atomic>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+
 #include "engine/backend_buffer.h"
 #include "engine/backends/gpu/gpu_abi_id.h"
 #include "engine/backends/gpu/gpu_blas.h"
@@ -75,7 +81,7 @@ class GpuBackend final : public Backend {
 
   StatusOr<void*> allocate(size_t bytes) override {
     bind();
-    PD_RETURN_IF_ERROR(refuse_while_capturing("an allocation"));
+    PD_ASSIGN_OR_RETURN(auto held, stream_call("an allocation"));
     void* p = nullptr;
     if (gpuError_t e = gpuMalloc(&p, bytes ? bytes : 1); e != gpuSuccess) {
       (void)gpuGetLastError();  // Returned here; not a failed kernel for the next synchronize().
@@ -90,24 +96,29 @@ class GpuBackend final : public Backend {
   }
   void deallocate(void* ptr) override {
     bind();
+    auto held = stream_call("a free");
+    if (!held.ok()) {
+      deferred_frees_.push_back(ptr);  // Freed when the recording ends.
+      return;
+    }
     (void)gpuFree(ptr);
   }
   // gpuMemcpyDefault: either side may be host or device memory (unified addressing).
   Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     bind();
-    PD_RETURN_IF_ERROR(refuse_while_capturing("a copy"));
+    PD_ASSIGN_OR_RETURN(auto held, stream_call("a copy"));
     return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_device");
   }
   // Waits for the copy, so that the host may read `dst` when it returns, as on the CPU.
   Status copy_to_host(void* dst, const void* src, size_t bytes) override {
     bind();
-    PD_RETURN_IF_ERROR(refuse_while_capturing("a copy"));
+    PD_ASSIGN_OR_RETURN(auto held, stream_call("a copy"));
     PD_RETURN_IF_ERROR(gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host"));
     return gpu_status(gpuStreamSynchronize(stream_), "copy_to_host");
   }
   Status synchronize() override {
     bind();
-    PD_RETURN_IF_ERROR(refuse_while_capturing("a wait"));
+    PD_ASSIGN_OR_RETURN(auto held, stream_call("a wait"));
     PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
     if (gemm_failed_) {
       gemm_failed_ = false;
@@ -256,19 +267,26 @@ class GpuBackend final : public Backend {
   bool records_graphs() const override { return true; }
   Status begin_capture() override {
     bind();
-    if (capturing_) return absl::FailedPreconditionError("a graph is being recorded already");
+    if (recording_thread_.load() == std::this_thread::get_id())
+      return absl::FailedPreconditionError("a graph is being recorded already");
+    std::unique_lock held(capture_mu_);  // After other threads' stream calls under way.
     PD_RETURN_IF_ERROR(gpu_status(gpuStreamBeginCapture(stream_, gpuStreamCaptureModeThreadLocal), "begin capture"));
-    capturing_ = true;
+    capture_held_ = std::move(held);
+    recording_thread_.store(std::this_thread::get_id());
     capture_spoiled_ = false;
     return absl::OkStatus();
   }
   StatusOr<std::unique_ptr<StepGraph>> end_capture() override {
     bind();
-    if (!capturing_) return absl::FailedPreconditionError("no graph is being recorded");
-    capturing_ = false;
+    if (recording_thread_.load() != std::this_thread::get_id())
+      return absl::FailedPreconditionError("no graph is being recorded on this thread");
+    const std::unique_lock held = std::move(capture_held_);  // Released on return.
+    recording_thread_.store(std::thread::id());
     gpuGraph_t graph = nullptr;
     const gpuError_t ended = gpuStreamEndCapture(stream_, &graph);
     if (ended != gpuSuccess) (void)gpuGetLastError();  // Returned here; the stream works on.
+    for (void* p : deferred_frees_) (void)gpuFree(p);
+    deferred_frees_.clear();
     if (capture_spoiled_ || ended != gpuSuccess) {
       if (graph != nullptr) (void)gpuGraphDestroy(graph);
       return capture_spoiled_ ? absl::FailedPreconditionError("a call a graph cannot hold spoiled its recording")
@@ -320,14 +338,19 @@ class GpuBackend final : public Backend {
     if (live_graphs_ > 0 && buffer.bytes() > 0) retired_.push_back(std::move(buffer));
     return buffer.reserve(this, bytes);
   }
-  // OK unless a graph is being recorded; then refuses the call, which a graph cannot hold (the
-  // forward thread's waits, copies and allocations), and spoils the recording. The backend says
-  // so itself rather than leaving it to the runtime's capture rules, which differ by call and
-  // vendor (and a refused allocation would leak).
-  Status refuse_while_capturing(const char* call) {
-    if (!capturing_) return absl::OkStatus();
-    capture_spoiled_ = true;
-    return absl::FailedPreconditionError(absl::StrCat(call, " while a graph is being recorded"));
+  // Admits a call on the stream that a graph cannot hold (a wait, copy, allocation or free). From
+  // the thread recording a graph it is refused and spoils the recording: the backend says so
+  // itself rather than leaving it to the runtime's capture rules, which differ by call and vendor
+  // (and a refused allocation would leak). From any other thread (a host-tier load, a lease's
+  // copy) it waits until the recording ends and holds the next one off while it runs: a GPU
+  // records every thread's work on a capturing stream, and a copy of another request's KV must
+  // not end up in a graph.
+  StatusOr<std::shared_lock<std::shared_mutex>> stream_call(const char* call) {
+    if (recording_thread_.load() == std::this_thread::get_id()) {
+      capture_spoiled_ = true;
+      return absl::FailedPreconditionError(absl::StrCat(call, " while a graph is being recorded"));
+    }
+    return std::shared_lock<std::shared_mutex>(capture_mu_);  // Stream calls run side by side.
   }
 
   int device_;
@@ -346,8 +369,14 @@ class GpuBackend final : public Backend {
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
   bool gemm_failed_ = false;
-  bool capturing_ = false;        // Between begin_capture() and end_capture().
-  bool capture_spoiled_ = false;  // By a refused call since begin_capture().
+  // Recording: the thread between begin_capture() and end_capture() (none: default id), which
+  // holds capture_mu_ (capture_held_) meanwhile; whether a refused call spoiled the recording; the
+  // frees it put off.
+  std::atomic<std::thread::id> recording_thread_{};
+  std::shared_mutex capture_mu_;
+  std::unique_lock<std::shared_mutex> capture_held_;
+  bool capture_spoiled_ = false;
+  std::vector<void*> deferred_frees_;
 };
 
 }  // namespace

@@ -277,10 +277,23 @@ inline gpuError_t gpuMemcpy2D(void* dst, size_t dst_pitch, const void* src, size
     std::memmove(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
   return gpuSuccess;
 }
-inline gpuError_t gpuMemsetAsync(void* ptr, int value, size_t bytes, gpuStream_t) {
+// On a stream another thread captures, recorded, as a GPU records every thread's work there (the
+// capturing thread's own are refused above).
+inline bool gpu_emulated_records_for_another_thread(gpuStream_t stream) {
+  return stream != nullptr && stream->capture != nullptr && pdserve::kernels::gpu::simt::capturing != stream;
+}
+inline gpuError_t gpuMemsetAsync(void* ptr, int value, size_t bytes, gpuStream_t stream) {
+  if (gpu_emulated_records_for_another_thread(stream)) {
+    stream->capture->nodes.push_back([=] { std::memset(ptr, value, bytes); });
+    return gpuSuccess;
+  }
   return gpuMemset(ptr, value, bytes);
 }
-inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t) {
+inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMemcpyKind kind, gpuStream_t stream) {
+  if (gpu_emulated_records_for_another_thread(stream)) {
+    stream->capture->nodes.push_back([=] { std::memmove(dst, src, bytes); });
+    return gpuSuccess;
+  }
   return gpuMemcpy(dst, src, bytes, kind);
 }
 
