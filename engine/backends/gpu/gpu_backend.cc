@@ -120,10 +120,7 @@ class GpuBackend final : public Backend {
     bind();
     PD_ASSIGN_OR_RETURN(auto held, stream_call("a wait"));
     PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
-    if (gemm_failed_) {
-      gemm_failed_ = false;
-      return absl::InternalError("vendor GEMM failed");
-    }
+    if (gemm_failed_.exchange(false)) return absl::InternalError("vendor GEMM failed");
     return gpu_status(gpuStreamSynchronize(stream_), "synchronize");
   }
   uint64_t memory_bytes() const override { return total_bytes_; }
@@ -270,7 +267,10 @@ class GpuBackend final : public Backend {
     if (recording_thread_.load() == std::this_thread::get_id())
       return absl::FailedPreconditionError("a graph is being recorded already");
     std::unique_lock held(capture_mu_);  // After other threads' stream calls under way.
-    PD_RETURN_IF_ERROR(gpu_status(gpuStreamBeginCapture(stream_, gpuStreamCaptureModeThreadLocal), "begin capture"));
+    if (gpuError_t e = gpuStreamBeginCapture(stream_, gpuStreamCaptureModeThreadLocal); e != gpuSuccess) {
+      (void)gpuGetLastError();  // Returned here: the caller runs eagerly, and its step must not fail of it.
+      return gpu_status(e, "begin capture");
+    }
     capture_held_ = std::move(held);
     recording_thread_.store(std::this_thread::get_id());
     capture_spoiled_ = false;
@@ -285,6 +285,9 @@ class GpuBackend final : public Backend {
     gpuGraph_t graph = nullptr;
     const gpuError_t ended = gpuStreamEndCapture(stream_, &graph);
     if (ended != gpuSuccess) (void)gpuGetLastError();  // Returned here; the stream works on.
+    // A GEMM the BLAS refused while recording is missing from the graph; the failure is the
+    // recording's, whichever way it ends, not the next eager step's.
+    const bool gemm_failed = gemm_failed_.exchange(false);
     for (void* p : deferred_frees_) (void)gpuFree(p);
     deferred_frees_.clear();
     if (capture_spoiled_ || ended != gpuSuccess) {
@@ -300,11 +303,7 @@ class GpuBackend final : public Backend {
       return gpu_status(e, "graph instantiate");
     }
     auto recorded = std::make_unique<Graph>(this, exec);
-    // A GEMM the BLAS refused while recording is missing from the graph.
-    if (gemm_failed_) {
-      gemm_failed_ = false;
-      return absl::InternalError("vendor GEMM failed while recording a graph");
-    }
+    if (gemm_failed) return absl::InternalError("vendor GEMM failed while recording a graph");
     return std::unique_ptr<StepGraph>(std::move(recorded));
   }
 
@@ -320,7 +319,9 @@ class GpuBackend final : public Backend {
     }
     Status replay() override {
       backend_->bind();
-      return gpu_status(gpuGraphLaunch(exec_, backend_->stream_), "graph launch");
+      const gpuError_t e = gpuGraphLaunch(exec_, backend_->stream_);
+      if (e != gpuSuccess) (void)gpuGetLastError();  // Returned here: the step goes on eagerly.
+      return gpu_status(e, "graph launch");
     }
 
    private:
@@ -368,7 +369,7 @@ class GpuBackend final : public Backend {
   int live_graphs_ = 0;
   // Kernel entry points return nothing (as on the CPU); a failed GEMM is reported by the next
   // synchronize().
-  bool gemm_failed_ = false;
+  std::atomic<bool> gemm_failed_{false};  // Host-tier threads may synchronize() too.
   // Recording: the thread between begin_capture() and end_capture() (none: default id), which
   // holds capture_mu_ (capture_held_) meanwhile; whether a refused call spoiled the recording; the
   // frees it put off.
