@@ -15,7 +15,9 @@
 //
 // With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
-// GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step.
+// GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step,
+// and kernel_calls_per_step: the backend's kernel calls, copies aside (each queues one launch, but
+// for the vendor bf16 GEMM's x rounding and the unfused SwiGLU above 8 rows: two).
 // --only and --weights pick parts, so that one item re-measures in a minute or two (the model's
 // weights are only made for decode and prefill). One source for CUDA and HIP (the runtime and
 // BLAS through gpu_compat.h and gpu_blas.h).
@@ -317,11 +319,14 @@ bool measure_model(const Options& o, const Roofline& roof, const ModelConfig& c,
       Row row{{"kind", "breakdown"}, {"weights", weights_name},
               {"gemm", gemm_name},   {"kv_dtype", kv_name},
               {"step", step},        {"size", size}};
+      double calls = 0;
       for (int i = 0; i < kPhases; ++i) {
         const std::string name = phase_name(Phase(i));
         row[name + "_ms"] = places(phases[size_t(i)].ms, 4);
         row[name + "_calls"] = phases[size_t(i)].calls;
+        if (Phase(i) != Phase::kCopies) calls += phases[size_t(i)].calls;
       }
+      row["kernel_calls_per_step"] = calls;
       report.line(row);
       return true;
     };

@@ -373,7 +373,10 @@ void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& lay
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_rms_norm(xn, x, out, w.ffn_norm, n, c.dim, c.rms_eps);
-    if (w.w_gate_up) {  // Each row [gate | up].
+    if (w.w_gate_up && shard_.weight_dtype == DType::kBF16) {  // Rows [gate | up]; GPU decode fuses them.
+      backend_->gate_up_silu_bf16(act, proj, xn, reinterpret_cast<const uint16_t*>(w.w_gate_up), n, hidden, c.dim,
+                                  c.dim, shard_.gemm_precision);
+    } else if (w.w_gate_up) {
       matmul(proj, xn, w.w_gate_up, n, 2 * hidden, c.dim, c.dim);
       backend_->silu_mul(act, proj, proj + hidden, n, hidden, 2 * hidden);
     } else {

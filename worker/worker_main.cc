@@ -179,6 +179,11 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
                  "aggregated worker moves no KV)\n";
     return 2;
   }
+  if (role == ROLE_PREFILL && f.engine.decode_graphs) {
+    std::cerr << "error: --decode-graphs records decode steps, which a prefill worker runs none of: pass it to the "
+                 "decode and aggregated workers\n";
+    return 2;
+  }
   if (f.kv_peer_tier && (role == ROLE_AGGREGATED || f.engine.host_kv_bytes == 0)) {
     std::cerr << "error: --kv-peer-tier applies to prefill and decode workers with a host KV tier (--host-kv-bytes): "
                  "it serves that tier to, and reads prefixes from, the other workers of a P/D cluster\n";

@@ -75,6 +75,8 @@ class PhaseProfiler final : public Backend {
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) override;
   void matmul_xwt_bf16(float* y, const float* x, const uint16_t* w, int rows, int out, int in, int64_t ldw,
                        GemmPrecision precision) override;
+  void gate_up_silu_bf16(float* act, float* gate_up, const float* x, const uint16_t* w, int rows, int hidden, int in,
+                         int64_t ldw, GemmPrecision precision) override;
   Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
     return inner_->reserve_gemm_scratch(precision, max_rows, max_in);
   }

@@ -9,8 +9,7 @@ __global__ void silu_mul_kernel(float* out, const float* gate, const float* up, 
                                 int64_t in_stride) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t at = (i / cols) * in_stride + i % cols;
-    const float g = gate[at];
-    out[i] = g / (1.0f + expf(-g)) * up[at];
+    out[i] = silu_times(gate[at], up[at]);
   }
 }
 

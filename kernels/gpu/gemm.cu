@@ -5,7 +5,8 @@
 // - Up to kGemvRows rows (decode steps): a GEMV, one warp per output column streaming its
 //   weight row once for every token, as decode is bound by reading the weights: 16 bytes per
 //   lane and load (8 bf16/f16 or 4 f32 weights; issue 18's R5b) where the rows are 16-byte
-//   aligned, one weight per lane and load otherwise.
+//   aligned, one weight per lane and load otherwise. SwiGLU's gate and up projections have a
+//   GEMV of their own with silu_mul as its epilogue (issue 18's R7).
 // - More rows: classic shared-memory tiling, a block computing a 64×64 tile of y with 256
 //   threads of 4×4 outputs each, stepping through the inner dimension 16 at a time.
 // Either may round each activation to bf16 as it loads it (GemmPrecision::kBf16 with bf16
@@ -82,72 +83,90 @@ __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
   for (int e = 0; e < kPer; ++e) out[e] = to_f32(v[e]);
 }
 
-// One warp per output column (grid-stride over columns), multiplying each weight into all R rows
-// of x; the lanes' sums meet in a warp reduction. kVec: each lane loads 16 bytes of the weight
-// row at a time (kPer weights; consecutive lanes consecutive chunks, so a warp loads kWarpSize ×
-// 16 contiguous bytes), which needs rows starting 16-byte aligned (w and ldw), and the last
-// in % kPer weights one per lane; otherwise every weight one per lane (coalesced too).
+// Lane `lane`'s share of the R dot products of the weight row `row` with x's R rows, before the
+// warp's sum. kVec: each lane loads 16 bytes of the row at a time (kPer weights; consecutive lanes
+// consecutive chunks, so a warp loads kWarpSize × 16 contiguous bytes), which needs rows starting
+// 16-byte aligned (w and ldw), and the last in % kPer weights one per lane; otherwise every
+// weight one per lane (coalesced too).
 template <typename W, int R, bool kVec, bool kRoundX>
-__global__ void __launch_bounds__(kThreads)
-    gemv_xwt_kernel(float* y, const float* x, const W* w, int out, int in, int64_t ldw) {
+__device__ __forceinline__ void gemv_lane_sums(float (&acc)[R], const float* x, const W* row, int in, int lane) {
   constexpr int kPer = 16 / int(sizeof(W));
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = kThreads / kWarpSize;
   const int chunks = kVec ? in / kPer : 0;
-  for (int o = blockIdx.x * warps + warp; o < out; o += gridDim.x * warps) {
-    const W* row = w + int64_t(o) * ldw;
-    float acc[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    if constexpr (kVec) {
-      const uint4* vec = reinterpret_cast<const uint4*>(row);
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  if constexpr (kVec) {
+    const uint4* vec = reinterpret_cast<const uint4*>(row);
 #pragma unroll 4
-      for (int c = lane; c < chunks; c += kWarpSize) {
-        float wf[kPer];
-        widen16<W>(vec[c], wf);
+    for (int c = lane; c < chunks; c += kWarpSize) {
+      float wf[kPer];
+      widen16<W>(vec[c], wf);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
 #pragma unroll
-          for (int e = 0; e < kPer; ++e) acc[r] = fmaf(x_in<kRoundX>(xr[e]), wf[e], acc[r]);
-        }
+        for (int e = 0; e < kPer; ++e) acc[r] = fmaf(x_in<kRoundX>(xr[e]), wf[e], acc[r]);
       }
     }
-    for (int i = chunks * kPer + lane; i < in; i += kWarpSize) {
-      const float wi = to_f32(row[i]);
+  }
+  for (int i = chunks * kPer + lane; i < in; i += kWarpSize) {
+    const float wi = to_f32(row[i]);
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(x_in<kRoundX>(x[int64_t(r) * in + i]), wi, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = fmaf(x_in<kRoundX>(x[int64_t(r) * in + i]), wi, acc[r]);
+  }
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float sum = warp_sum(acc[r]);
-      if (lane == 0) y[int64_t(r) * out + o] = sum;
+  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+}
+
+// One warp per output column (grid-stride over columns), multiplying each weight into all R rows
+// of x; the lanes' sums meet in a warp reduction. kSwiGlu: SwiGLU's gate and up GEMVs with
+// silu_mul as their epilogue — w holds 2·cols rows, gate then up; the warp of column c sums rows
+// c and cols + c exactly as the plain GEMV sums those columns and writes only silu(gate) · up to
+// y[r][c]: one launch instead of two, and the 2·cols GEMM outputs neither written nor read back,
+// bit for bit the unfused pair's results.
+template <typename W, int R, bool kVec, bool kRoundX, bool kSwiGlu>
+__global__ void __launch_bounds__(kThreads)
+    gemv_xwt_kernel(float* y, const float* x, const W* w, int cols, int in, int64_t ldw) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = kThreads / kWarpSize;
+  for (int c = blockIdx.x * warps + warp; c < cols; c += gridDim.x * warps) {
+    float acc[R];
+    gemv_lane_sums<W, R, kVec, kRoundX>(acc, x, w + int64_t(c) * ldw, in, lane);
+    if constexpr (kSwiGlu) {
+      float up[R];
+      gemv_lane_sums<W, R, kVec, kRoundX>(up, x, w + int64_t(cols + c) * ldw, in, lane);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = silu_times(acc[r], up[r]);
     }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) y[int64_t(r) * cols + c] = acc[r];
   }
 }
 
-template <typename W, int R, bool kRoundX>
-void launch_gemv(float* y, const float* x, const W* w, int out, int in, int64_t ldw, gpuStream_t stream) {
+// Launches gemv_xwt_kernel, a warp per column of `cols`, with 16-byte loads where the weight rows
+// allow them.
+template <typename W, int R, bool kRoundX, bool kSwiGlu>
+void launch_gemv(float* y, const float* x, const W* w, int cols, int in, int64_t ldw, gpuStream_t stream) {
   constexpr int warps = kThreads / kWarpSize;
-  const unsigned blocks = grid_for(out, warps);
+  const unsigned blocks = grid_for(cols, warps);
   const bool aligned = reinterpret_cast<uintptr_t>(w) % 16 == 0 && (ldw * int64_t(sizeof(W))) % 16 == 0;
   if (aligned)
-    gpu_launch(gemv_xwt_kernel<W, R, true, kRoundX>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, true, kRoundX, kSwiGlu>, blocks, kThreads, 0, stream, y, x, w, cols, in, ldw);
   else
-    gpu_launch(gemv_xwt_kernel<W, R, false, kRoundX>, blocks, kThreads, 0, stream, y, x, w, out, in, ldw);
+    gpu_launch(gemv_xwt_kernel<W, R, false, kRoundX, kSwiGlu>, blocks, kThreads, 0, stream, y, x, w, cols, in, ldw);
 }
 
-template <typename W, bool kRoundX>
-void gemv(float* y, const float* x, const W* w, int rows, int out, int in, int64_t ldw, gpuStream_t stream) {
+template <typename W, bool kRoundX, bool kSwiGlu = false>
+void gemv(float* y, const float* x, const W* w, int rows, int cols, int in, int64_t ldw, gpuStream_t stream) {
   switch (rows) {
-    case 1: return launch_gemv<W, 1, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 2: return launch_gemv<W, 2, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 3: return launch_gemv<W, 3, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 4: return launch_gemv<W, 4, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 5: return launch_gemv<W, 5, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 6: return launch_gemv<W, 6, kRoundX>(y, x, w, out, in, ldw, stream);
-    case 7: return launch_gemv<W, 7, kRoundX>(y, x, w, out, in, ldw, stream);
-    default: return launch_gemv<W, kGemvRows, kRoundX>(y, x, w, out, in, ldw, stream);
+    case 1: return launch_gemv<W, 1, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 2: return launch_gemv<W, 2, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 3: return launch_gemv<W, 3, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 4: return launch_gemv<W, 4, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 5: return launch_gemv<W, 5, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 6: return launch_gemv<W, 6, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    case 7: return launch_gemv<W, 7, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
+    default: return launch_gemv<W, kGemvRows, kRoundX, kSwiGlu>(y, x, w, cols, in, ldw, stream);
   }
 }
 
@@ -178,6 +197,15 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
     using W = std::remove_pointer_t<decltype(tag)>;
     matmul<W, false>(y, x, static_cast<const W*>(w), rows, out, in, ldw, stream);
   });
+}
+
+void gate_up_silu_gemv(float* act, const float* x, const void* w, int rows, int hidden, int in, int64_t ldw,
+                       gpuStream_t stream, bool bf16_x) {
+  if (rows <= 0 || hidden <= 0) return;
+  if (rows > kGemvRows) kernel_limit_exceeded("gate_up_silu_gemv", "more than kGemvMaxRows rows");
+  const auto* wb = static_cast<const gpu_bf16*>(w);
+  if (bf16_x) return gemv<gpu_bf16, true, true>(act, x, wb, rows, hidden, in, ldw, stream);
+  gemv<gpu_bf16, false, true>(act, x, wb, rows, hidden, in, ldw, stream);
 }
 
 void round_to_bf16(void* out, const float* in, int64_t n, gpuStream_t stream) {

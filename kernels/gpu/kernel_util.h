@@ -2,6 +2,7 @@
 // the template instance for a run-time storage type, and grid sizing.
 #pragma once
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -26,6 +27,10 @@ inline unsigned grid_for(int64_t n, int threads) {
   // Grid-stride loops cover the rest; enough blocks to fill any current GPU several times.
   return unsigned(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
+
+// SwiGLU's silu(gate) · up, one expression for every kernel that computes it (silu_mul and the
+// fused gate-up GEMV give the same bits).
+__device__ __forceinline__ float silu_times(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
 
 // A caller broke a kernel's documented limit: a programming error, not a run-time condition.
 [[noreturn]] inline void kernel_limit_exceeded(const char* kernel, const char* what) {

@@ -49,6 +49,11 @@ void add_inplace(float* x, const float* y, int64_t n, gpuStream_t stream);
 constexpr int kGemvMaxRows = 8;
 void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int rows, int out, int in, int64_t ldw,
                 gpuStream_t stream, bool bf16_x = false);
+// act[r][h] = silu(g) · u for `rows` ≤ kGemvMaxRows rows of x, where [g | u] = x · wᵀ, w bf16
+// and its first `hidden` rows the gate's, the next `hidden` the up projection's: matmul_xwt
+// into [rows][2·hidden] then silu_mul, bit for bit, in one GEMV launch that writes only act.
+void gate_up_silu_gemv(float* act, const float* x, const void* w, int rows, int hidden, int in, int64_t ldw,
+                       gpuStream_t stream, bool bf16_x = false);
 // out[i] = in[i] rounded to bf16 (nearest even), for a vendor GEMM's bf16 input.
 void round_to_bf16(void* out, const float* in, int64_t n, gpuStream_t stream);
 

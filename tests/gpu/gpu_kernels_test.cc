@@ -484,6 +484,46 @@ TEST(GpuKernels, PortableGemmMatchesCpuForEveryWeightStorage) {
   }
 }
 
+// SwiGLU's fused gate-up GEMV (decode rows): bit for bit the GEMV into [gate | up] then silu_mul,
+// for every row count, with and without bf16 activations, 16-byte and one-by-one weight loads;
+// and within the f32 tolerance of the CPU's matmul then silu_mul on the same rounded weights.
+TEST(GpuKernels, GateUpSiluGemvEqualsGemvThenSiluMul) {
+  REQUIRE_GPU();
+  struct Shape {
+    int hidden, in, ldw;
+  };
+  for (const Shape& sh : {Shape{40, 64, 64}, Shape{37, 203, 203}, Shape{70, 100, 104}}) {
+    for (int rows = 1; rows <= gpu::kGemvMaxRows; ++rows) {
+      std::vector<float> w = random_vec(size_t(2 * sh.hidden) * sh.ldw, 90 + rows);
+      std::vector<uint16_t> w16(w.size());
+      for (size_t i = 0; i < w.size(); ++i) {
+        w16[i] = engine::f32_to_bf16(w[i]);
+        w[i] = engine::bf16_to_f32(w16[i]);
+      }
+      const std::vector<float> x = random_vec(size_t(rows) * sh.in, 100 + rows);
+      std::vector<float> gate_up(size_t(rows) * 2 * sh.hidden), want(size_t(rows) * sh.hidden);
+      cpu::matmul_xwt(gate_up.data(), x.data(), w.data(), rows, 2 * sh.hidden, sh.in, sh.ldw);
+      cpu::silu_mul(want.data(), gate_up.data(), gate_up.data() + sh.hidden, rows, sh.hidden, 2 * sh.hidden);
+      Dev<uint16_t> dw(w16);
+      Dev<float> dx(x), dgu(gate_up.size()), dunfused(want.size()), dfused(want.size());
+      for (bool bf16_x : {false, true}) {
+        const std::string at = "rows " + std::to_string(rows) + " hidden " + std::to_string(sh.hidden) + " ldw " +
+                               std::to_string(sh.ldw) + (bf16_x ? " bf16 x" : " f32 x");
+        gpu::matmul_xwt(dgu.get(), dx.get(), dw.get(), Storage::kBF16, rows, 2 * sh.hidden, sh.in, sh.ldw, nullptr,
+                        bf16_x);
+        gpu::silu_mul(dunfused.get(), dgu.get(), dgu.get() + sh.hidden, rows, sh.hidden, 2 * sh.hidden, nullptr);
+        gpu::gate_up_silu_gemv(dfused.get(), dx.get(), dw.get(), rows, sh.hidden, sh.in, sh.ldw, nullptr, bf16_x);
+        ASSERT_EQ(gpuGetLastError(), gpuSuccess) << at;
+        const std::vector<float> fused = dfused.host(), unfused = dunfused.host();
+        EXPECT_EQ(0, std::memcmp(fused.data(), unfused.data(), fused.size() * sizeof(float))) << at;
+        if (!bf16_x) {
+          EXPECT_LE(rel_error(fused, want), kF32Tol) << at;
+        }
+      }
+    }
+  }
+}
+
 // The portable GEMM rounding x to bf16 as it loads it (GemmPrecision::kBf16): GEMV and tiled
 // kernel against the CPU on the same rounded x and w; and round_to_bf16, the vendor GEMM's input
 // copy, bit for bit the CPU's rounding (ties to even, both signs, tiny and huge values).

@@ -131,6 +131,16 @@ TEST(WorkerDeploy, AggregatedWorkersRefuseTheKvTransferFlags) {
   }
 }
 
+// A prefill worker runs no decode step: --decode-graphs there would be ignored, so it is refused.
+TEST(WorkerDeploy, PrefillWorkersRefuseDecodeGraphs) {
+  const testing::CommandOutput out = testing::run_command(worker_bin("prefill") + " --device emulated --model " +
+                                                          testing::stories_bin() + " --decode-graphs 2>&1");
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_NE(out.out.find("--decode-graphs records decode steps, which a prefill worker runs none of"),
+            std::string::npos)
+      << out.out;
+}
+
 // Streams read on their own threads: tokens seen so far, and how the stream ended.
 struct Stream {
   std::vector<int> tokens;

@@ -82,6 +82,13 @@ test('aggregated from the chart defaults alone: mode and the two removed blocks'
   assert.equal(flag(mainContainer(deployment(docs, 'router')), '--kv-mode'), 'aggregated');
 });
 
+test('aggregated: engine.decodeGraphs passes --decode-graphs at TP 1 and is refused above', () => {
+  const c = mainContainer(deployment(render({ values: [AGG], set: ['engine.decodeGraphs=true'] }).docs, 'aggregated'));
+  assert.equal(flag(c, '--decode-graphs'), true);
+  const stderr = renderError({ values: [AGG], set: ['engine.decodeGraphs=true', 'aggregated.tensorParallel=2'] });
+  assert.match(stderr, /engine\.decodeGraphs records decode steps at tensor parallelism 1 only: aggregated\.tensorParallel is 2/);
+});
+
 test('aggregated: GPU request = tensorParallel, for every TP and vendor', () => {
   for (const [vendor, device, gpu] of [['nvidia', 'cuda', 'nvidia.com/gpu'], ['amd', 'hip', 'amd.com/gpu']]) {
     for (const tp of [1, 2, 4, 8]) {

@@ -238,6 +238,7 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   for (const docs of Object.values(all)) value(docs);
   const base = value(render().docs);
   assert.equal(value(render({ set: ['prefill.tensorParallel=2', 'decode.replicas=3'] }).docs), base, 'per-role sizing must not change it');
+  assert.equal(value(render({ set: ['engine.decodeGraphs=true'] }).docs), base, 'decode graphs compute what eager steps do');
   for (const s of ['image.tag=other', 'image.digest=sha256:' + 'a'.repeat(64), 'model.name=other', 'model.revision=2',
     'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.gemmPrecision=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
     assert.notEqual(value(render({ set: [s] }).docs), base, `${s} must change the KV-compat value`);
@@ -259,6 +260,14 @@ test('engine.gemmPrecision: --gemm-precision on prefill and decode only when not
     assert.equal(flag(mainContainer(deployment(bf16, role)), '--gemm-precision'), 'bf16', role);
     assert.equal(flag(mainContainer(deployment(bf16, role)), '--weight-dtype'), 'bf16', role);
   }
+});
+
+test('engine.decodeGraphs: --decode-graphs on decode only (prefill runs no decode step), off by default', () => {
+  assert.equal(flag(mainContainer(deployment(render().docs, 'decode')), '--decode-graphs'), undefined);
+  // Prefill TP 2 is allowed: its workers record nothing.
+  const on = render({ set: ['engine.decodeGraphs=true', 'prefill.tensorParallel=2'] }).docs;
+  assert.equal(flag(mainContainer(deployment(on, 'decode')), '--decode-graphs'), true);
+  assert.equal(flag(mainContainer(deployment(on, 'prefill')), '--decode-graphs'), undefined);
 });
 
 test('monitoring objects only where monitoring.coreos.com/v1 is served (or as told)', () => {

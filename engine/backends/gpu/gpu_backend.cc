@@ -201,6 +201,14 @@ class GpuBackend final : public Backend {
 #endif
     g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_, bf16_x);
   }
+  // Decode rows: the portable GEMV with silu_mul as its epilogue, the products matmul_xwt_bf16
+  // computes for them (it takes the same GEMV there), in one launch.
+  void gate_up_silu_bf16(float* act, float* gate_up, const float* x, const uint16_t* w, int rows, int hidden, int in,
+                         int64_t ldw, GemmPrecision precision) override {
+    bind();
+    if (rows > g::kGemvMaxRows) return Backend::gate_up_silu_bf16(act, gate_up, x, w, rows, hidden, in, ldw, precision);
+    g::gate_up_silu_gemv(act, x, w, rows, hidden, in, ldw, stream_, precision == GemmPrecision::kBf16);
+  }
   Status reserve_gemm_scratch(GemmPrecision precision, int max_rows, int max_in) override {
 #if defined(PDSERVE_GPU_BLAS)
     if (precision == GemmPrecision::kBf16 && max_rows > g::kGemvMaxRows)
