@@ -718,6 +718,7 @@ Status Engine::run_step() {
   stats_.decode_tokens += uint64_t(sample.decode_seqs);
   stats_.step_seconds += sample.wall_s;
   stats_.graph_steps = ranks_->rank(0).graph_replays();
+  stats_.graphs_recorded = ranks_->rank(0).graphs_recorded();
 
   for (auto& [s, n] : fed) {
     s->num_computed += n;

@@ -214,6 +214,7 @@ struct EngineStats {
   uint64_t decode_tokens = 0;   // Tokens decoded, one per decoding sequence and step.
   double step_seconds = 0;      // Forward passes and sampling.
   uint64_t graph_steps = 0;     // Steps run by replaying a recorded decode graph (decode_graphs).
+  uint64_t graphs_recorded = 0;  // Decode graphs recorded (again when the logits buffers grew).
   // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
   // them it held, and key collisions found by the exact token check (each a miss).
   uint64_t prefix_query_tokens = 0;

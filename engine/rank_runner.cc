@@ -198,13 +198,13 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   // fewer than its tokens, grown on demand.
   const int rows = int(batch.logit_rows.size()), model_rows = std::max(rows, step_bucket_);
   if (rows > 0) {
-    const void* had[] = {last_.as<void>(), logits_local_.as<void>()};
+    const size_t had[] = {last_.bytes(), logits_local_.bytes()};
     PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(model_rows) * config_.dim * sizeof(float)));
     // Padded to the widest shard: the all-gather of sampling on the backend takes equal parts.
     const kernels::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
     const size_t local = size_t(rows) * shards.shard_stride() * sizeof(float);
     PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(model_rows) * shards.shard_stride() * sizeof(float)));
-    if (had[0] != last_.as<void>() || had[1] != logits_local_.as<void>()) graphs_.clear();  // They read the old.
+    if (had[0] != last_.bytes() || had[1] != logits_local_.bytes()) graphs_.clear();  // Moved: graphs read the old.
     if (!batch.samples.empty()) {
       if (batch.samples.size() != size_t(rows))
         return absl::InvalidArgumentError(absl::StrCat(batch.samples.size(), " samples for ", rows, " logit rows"));
@@ -418,6 +418,8 @@ Status RankRunner::run_graph_step(int bucket) {
   if (Status recorded = graphs_.record(*backend_, bucket, [&] { run_layers(bucket, bucket, {}); }); !recorded.ok())
     PD_LOG_WARN("rank {}: decode steps of {} tokens run eagerly: their graph could not be recorded: {}", shard_.rank,
                 bucket, recorded.ToString());
+  else
+    graphs_recorded_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

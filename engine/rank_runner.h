@@ -95,6 +95,8 @@ class RankRunner {
   Status status() const;
   // Steps run by replaying a recorded decode graph (RankShard::decode_graphs); any thread.
   uint64_t graph_replays() const { return graph_replays_.load(std::memory_order_relaxed); }
+  // Decode graphs recorded, each bucket again after buffers its graph reads moved; any thread.
+  uint64_t graphs_recorded() const { return graphs_recorded_.load(std::memory_order_relaxed); }
 
   const KvCacheLayout& kv_layout() const { return layout_; }
   uint8_t* kv_arena() const { return arena_; }
@@ -156,7 +158,7 @@ class RankRunner {
   BackendBuffer graph_ints_, graph_table_ptrs_;
   std::vector<int> graph_ints_host_;
   DecodeGraphs graphs_;
-  std::atomic<uint64_t> graph_replays_{0};
+  std::atomic<uint64_t> graph_replays_{0}, graphs_recorded_{0};
   std::vector<const int*> table_ptrs_host_;
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.

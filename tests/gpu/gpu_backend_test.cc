@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "engine/decode_graphs.h"
 #include "engine/engine.h"
 #include "engine/model/float_convert.h"
 #include "engine/model_loader.h"
@@ -634,6 +635,32 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
     return out;
   };
   for (int requests : {1, 6, 1}) EXPECT_EQ(run(*replaying, requests), run(*eager, requests)) << requests;
+  // A step with more logits rows than the largest bucket — a prompt chunk's 256 log-probability
+  // rows beside another request's row — grows the logits buffers the recorded graphs write: they
+  // are dropped, and the buckets that follow recorded anew.
+  const auto scored_run = [](Engine& engine) {
+    std::vector<std::vector<int>> out(2);
+    for (int i = 0; i < 2; ++i) {
+      GenerationRequest r;
+      r.id = "scored" + std::to_string(i);
+      r.prompt = {engine.config().bos_id};
+      for (int t = 1; t < (i == 0 ? kMaxDecodeGraphBatch + 2 : 3); ++t) r.prompt.push_back(3 + (37 * t + i) % 500);
+      r.params = greedy(4);
+      if (i == 0) r.params.prompt_logprobs = 0;
+      EXPECT_TRUE(engine
+                      .add_request(std::move(r),
+                                   [&out, i](const TokenEvent& ev) {
+                                     if (ev.token >= 0) out[i].push_back(ev.token);
+                                   })
+                      .ok());
+    }
+    EXPECT_TRUE(engine.run_until_idle().ok());
+    return out;
+  };
+  const EngineStats before = replaying->stats();
+  EXPECT_EQ(scored_run(*replaying), scored_run(*eager));
+  EXPECT_GT(replaying->stats().graphs_recorded, before.graphs_recorded) << "no bucket was recorded anew";
+  EXPECT_EQ(run(*replaying, 1), run(*eager, 1)) << "after the logits buffers moved";
   EXPECT_GT(replaying->stats().graph_steps, 10u) << "the decode steps did not replay graphs";
   EXPECT_EQ(eager->stats().graph_steps, 0u);
   auto f32 = engine_on(stories_bin(), gpu_kind(), 1, DType::kF32, graphs);
