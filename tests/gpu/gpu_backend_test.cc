@@ -611,10 +611,24 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
   auto eager = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16),
        replaying = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, graphs);
   ASSERT_TRUE(eager && replaying);
-  const auto run = [](Engine& engine, int requests) {
-    std::vector<std::vector<int>> out(requests);
+  // Each request's tokens, the requests run together.
+  const auto run_all = [](Engine& engine, std::vector<GenerationRequest> requests) {
+    std::vector<std::vector<int>> out(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      EXPECT_TRUE(engine
+                      .add_request(std::move(requests[i]),
+                                   [&out, i](const TokenEvent& ev) {
+                                     if (ev.token >= 0) out[i].push_back(ev.token);
+                                   })
+                      .ok());
+    }
+    EXPECT_TRUE(engine.run_until_idle().ok());
+    return out;
+  };
+  const auto run = [&](Engine& engine, int requests) {
+    std::vector<GenerationRequest> batch(requests);
     for (int i = 0; i < requests; ++i) {
-      GenerationRequest r;
+      GenerationRequest& r = batch[size_t(i)];
       r.id = std::to_string(i);
       r.prompt = {engine.config().bos_id, 3 + 29 * i, 5 + 11 * i};
       r.params.max_tokens = 6 + 5 * i;
@@ -624,38 +638,24 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
         r.params.top_p = 0.9f;
         r.params.seed = 7 + i;
       }
-      EXPECT_TRUE(engine
-                      .add_request(std::move(r),
-                                   [&out, i](const TokenEvent& ev) {
-                                     if (ev.token >= 0) out[i].push_back(ev.token);
-                                   })
-                      .ok());
     }
-    EXPECT_TRUE(engine.run_until_idle().ok());
-    return out;
+    return run_all(engine, std::move(batch));
   };
   for (int requests : {1, 6, 1}) EXPECT_EQ(run(*replaying, requests), run(*eager, requests)) << requests;
   // A step with more logits rows than the largest bucket — a prompt chunk's 256 log-probability
   // rows beside another request's row — grows the logits buffers the recorded graphs write: they
   // are dropped, and the buckets that follow recorded anew.
-  const auto scored_run = [](Engine& engine) {
-    std::vector<std::vector<int>> out(2);
+  const auto scored_run = [&](Engine& engine) {
+    std::vector<GenerationRequest> batch(2);
     for (int i = 0; i < 2; ++i) {
-      GenerationRequest r;
+      GenerationRequest& r = batch[size_t(i)];
       r.id = "scored" + std::to_string(i);
       r.prompt = {engine.config().bos_id};
       for (int t = 1; t < (i == 0 ? kMaxDecodeGraphBatch + 2 : 3); ++t) r.prompt.push_back(3 + (37 * t + i) % 500);
       r.params = greedy(4);
       if (i == 0) r.params.prompt_logprobs = 0;
-      EXPECT_TRUE(engine
-                      .add_request(std::move(r),
-                                   [&out, i](const TokenEvent& ev) {
-                                     if (ev.token >= 0) out[i].push_back(ev.token);
-                                   })
-                      .ok());
     }
-    EXPECT_TRUE(engine.run_until_idle().ok());
-    return out;
+    return run_all(engine, std::move(batch));
   };
   const EngineStats before = replaying->stats();
   EXPECT_EQ(scored_run(*replaying), scored_run(*eager));
