@@ -274,7 +274,10 @@ class GpuBackend final : public Backend {
     bind();
     if (recording_thread_.load() == std::this_thread::get_id())
       return absl::FailedPreconditionError("a graph is being recorded already");
-    std::unique_lock held(capture_mu_);  // After other threads' stream calls under way.
+    // After other threads' stream calls under way; their next ones wait at the turnstile, so a
+    // steady stream of them (a host tier's loads) cannot starve the recording.
+    std::lock_guard turn(capture_turnstile_);
+    std::unique_lock held(capture_mu_);
     if (gpuError_t e = gpuStreamBeginCapture(stream_, gpuStreamCaptureModeThreadLocal); e != gpuSuccess) {
       (void)gpuGetLastError();  // Returned here: the caller runs eagerly, and its step must not fail of it.
       return gpu_status(e, "begin capture");
@@ -359,6 +362,7 @@ class GpuBackend final : public Backend {
       capture_spoiled_ = true;
       return absl::FailedPreconditionError(absl::StrCat(call, " while a graph is being recorded"));
     }
+    { std::lock_guard pass(capture_turnstile_); }             // Behind a recording that is waiting to start.
     return std::shared_lock<std::shared_mutex>(capture_mu_);  // Stream calls run side by side.
   }
 
@@ -383,6 +387,7 @@ class GpuBackend final : public Backend {
   // frees it put off.
   std::atomic<std::thread::id> recording_thread_{};
   std::shared_mutex capture_mu_;
+  std::mutex capture_turnstile_;  // Taken by begin_capture until it holds capture_mu_.
   std::unique_lock<std::shared_mutex> capture_held_;
   bool capture_spoiled_ = false;
   std::vector<void*> deferred_frees_;
