@@ -16,8 +16,9 @@
 // With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
 // GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step,
-// and kernel_calls_per_step: the backend's kernel calls, copies aside (each queues one launch, but
-// for the vendor bf16 GEMM's x rounding and the unfused SwiGLU above 8 rows: two).
+// and kernel_calls_per_step: the backend's kernel calls, copies aside (at least one launch each:
+// split decode attention's merge, the vendor bf16 GEMM's rounding of x, SwiGLU's silu_mul above 8
+// rows and cuBLAS's own kernels add more).
 // --only and --weights pick parts, so that one item re-measures in a minute or two (the model's
 // weights are only made for decode and prefill). One source for CUDA and HIP (the runtime and
 // BLAS through gpu_compat.h and gpu_blas.h).

@@ -198,13 +198,16 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   // fewer than its tokens, grown on demand.
   const int rows = int(batch.logit_rows.size()), model_rows = std::max(rows, step_bucket_);
   if (rows > 0) {
-    const size_t had[] = {last_.bytes(), logits_local_.bytes()};
-    PD_RETURN_IF_ERROR(last_.reserve(backend_, size_t(model_rows) * config_.dim * sizeof(float)));
     // Padded to the widest shard: the all-gather of sampling on the backend takes equal parts.
     const kernels::ShardedLogits shards{nullptr, rows, config_.vocab_size, shard_.tp};
     const size_t local = size_t(rows) * shards.shard_stride() * sizeof(float);
-    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, size_t(model_rows) * shards.shard_stride() * sizeof(float)));
-    if (had[0] != last_.bytes() || had[1] != logits_local_.bytes()) graphs_.clear();  // Moved: graphs read the old.
+    const size_t last_bytes = size_t(model_rows) * config_.dim * sizeof(float),
+                 logits_bytes = size_t(model_rows) * shards.shard_stride() * sizeof(float);
+    // Growing frees the old buffers, which recorded graphs write: they go first (even should the
+    // new allocation fail, or land at the old address).
+    if (last_bytes > last_.bytes() || logits_bytes > logits_local_.bytes()) graphs_.clear();
+    PD_RETURN_IF_ERROR(last_.reserve(backend_, last_bytes));
+    PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, logits_bytes));
     if (!batch.samples.empty()) {
       if (batch.samples.size() != size_t(rows))
         return absl::InvalidArgumentError(absl::StrCat(batch.samples.size(), " samples for ", rows, " logit rows"));
@@ -373,7 +376,9 @@ void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& lay
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_rms_norm(xn, x, out, w.ffn_norm, n, c.dim, c.rms_eps);
-    if (w.w_gate_up && shard_.weight_dtype == DType::kBF16) {  // Rows [gate | up]; GPU decode fuses them.
+    // Rows [gate | up]. The fused verb takes bf16 weights only (a GPU fuses up to 8 rows); f32 ones
+    // keep the GEMM and silu_mul, as cuBLAS's SGEMM gives other bits than the GEMV.
+    if (w.w_gate_up && shard_.weight_dtype == DType::kBF16) {
       backend_->gate_up_silu_bf16(act, proj, xn, reinterpret_cast<const uint16_t*>(w.w_gate_up), n, hidden, c.dim,
                                   c.dim, shard_.gemm_precision);
     } else if (w.w_gate_up) {

@@ -95,7 +95,7 @@ class RankRunner {
   Status status() const;
   // Steps run by replaying a recorded decode graph (RankShard::decode_graphs); any thread.
   uint64_t graph_replays() const { return graph_replays_.load(std::memory_order_relaxed); }
-  // Decode graphs recorded, each bucket again after buffers its graph reads moved; any thread.
+  // Decode graphs recorded, each bucket again after the buffers its graph writes grew; any thread.
   uint64_t graphs_recorded() const { return graphs_recorded_.load(std::memory_order_relaxed); }
 
   const KvCacheLayout& kv_layout() const { return layout_; }

@@ -85,7 +85,8 @@ void PhaseProfiler::matmul_xwt_bf16(float* y, const float* x, const uint16_t* w,
         [&] { inner_->matmul_xwt_bf16(y, x, w, rows, out, in, ldw, precision); });
 }
 
-// The inner backend's fused GEMV, or its GEMM and silu_mul: charged to the GEMMs either way.
+// The inner backend's fused GEMV, or its GEMM and silu_mul: one call, timed as a whole, so charged
+// to the GEMMs either way (prefill breakdowns with bf16 weights count silu_mul's time there).
 void PhaseProfiler::gate_up_silu_bf16(float* act, float* gate_up, const float* x, const uint16_t* w, int rows,
                                       int hidden, int in, int64_t ldw, GemmPrecision precision) {
   timed(Phase::kGemm, [&] { inner_->gate_up_silu_bf16(act, gate_up, x, w, rows, hidden, in, ldw, precision); });

@@ -1,7 +1,9 @@
 // PhaseProfiler: an engine::Backend that forwards every call to another backend and, while
 // enabled, times each kernel entry point to its completion (a synchronize() after it) and adds
 // it to its phase — GEMMs, the LM head's GEMM, attention, the small kernels (norms, attention's
-// input stage of biases, RoPE and KV writes, elementwise, embedding), sampling, copies. What a
+// input stage of biases, RoPE and KV writes, elementwise, embedding), sampling, copies (SwiGLU
+// with bf16 weights is one gate_up_silu_bf16 call, charged to the GEMMs whether the backend fuses
+// it or not: a call is timed as a whole). What a
 // benchmark prints as a step's breakdown (bench/engine_bench --breakdown, bench/gpu_bench
 // --breakdown): where a step's time goes and how many kernel calls (at least one launch each on
 // a GPU) it makes. Waiting after every call removes the overlap of launches with work, so the

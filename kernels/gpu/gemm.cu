@@ -97,12 +97,12 @@ __device__ __forceinline__ void gemv_lane_sums(float (&acc)[R], const float* x, 
   if constexpr (kVec) {
     const uint4* vec = reinterpret_cast<const uint4*>(row);
 #pragma unroll 4
-    for (int c = lane; c < chunks; c += kWarpSize) {
+    for (int chunk = lane; chunk < chunks; chunk += kWarpSize) {
       float wf[kPer];
-      widen16<W>(vec[c], wf);
+      widen16<W>(vec[chunk], wf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float* xr = x + int64_t(r) * in + int64_t(c) * kPer;
+        const float* xr = x + int64_t(r) * in + int64_t(chunk) * kPer;
 #pragma unroll
         for (int e = 0; e < kPer; ++e) acc[r] = fmaf(x_in<kRoundX>(xr[e]), wf[e], acc[r]);
       }
@@ -137,9 +137,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < R; ++r) acc[r] = silu_times(acc[r], up[r]);
     }
-    if (lane == 0)
+    if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) y[int64_t(r) * cols + c] = acc[r];
+    }
   }
 }
 
@@ -202,7 +203,7 @@ void matmul_xwt(float* y, const float* x, const void* w, Storage w_type, int row
 void gate_up_silu_gemv(float* act, const float* x, const void* w, int rows, int hidden, int in, int64_t ldw,
                        gpuStream_t stream, bool bf16_x) {
   if (rows <= 0 || hidden <= 0) return;
-  if (rows > kGemvRows) kernel_limit_exceeded("gate_up_silu_gemv", "more than kGemvMaxRows rows");
+  if (rows > kGemvMaxRows) kernel_limit_exceeded("gate_up_silu_gemv", "more than kGemvMaxRows rows");
   const auto* wb = static_cast<const gpu_bf16*>(w);
   if (bf16_x) return gemv<gpu_bf16, true, true>(act, x, wb, rows, hidden, in, ldw, stream);
   gemv<gpu_bf16, false, true>(act, x, wb, rows, hidden, in, ldw, stream);

@@ -1,5 +1,6 @@
 // Helpers shared by the kernel sources of kernels/gpu (not part of the kernels' API): choosing
-// the template instance for a run-time storage type, and grid sizing.
+// the template instance for a run-time storage type, grid sizing, and the device expressions
+// that several kernels must compute alike (SwiGLU's silu_times).
 #pragma once
 
 #include <cmath>

@@ -644,7 +644,10 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
   for (int requests : {1, 6, 1}) EXPECT_EQ(run(*replaying, requests), run(*eager, requests)) << requests;
   // A step with more logits rows than the largest bucket — a prompt chunk's 256 log-probability
   // rows beside another request's row — grows the logits buffers the recorded graphs write: they
-  // are dropped, and the buckets that follow recorded anew.
+  // are dropped, and the buckets that follow recorded anew. (A chunk holds up to
+  // kMaxPromptLogprobRows rows, which must reach the largest bucket, within max_batch_tokens.)
+  static_assert(Engine::kMaxPromptLogprobRows >= kMaxDecodeGraphBatch);
+  ASSERT_GT(EngineOptions{}.max_batch_tokens, kMaxDecodeGraphBatch);
   const auto scored_run = [&](Engine& engine) {
     std::vector<GenerationRequest> batch(2);
     for (int i = 0; i < 2; ++i) {

@@ -131,7 +131,8 @@ TEST(WorkerDeploy, AggregatedWorkersRefuseTheKvTransferFlags) {
   }
 }
 
-// A prefill worker runs no decode step: --decode-graphs there would be ignored, so it is refused.
+// No step of a prefill worker is a decode step: --decode-graphs could change nothing there, so it
+// is refused.
 TEST(WorkerDeploy, PrefillWorkersRefuseDecodeGraphs) {
   const testing::CommandOutput out = testing::run_command(worker_bin("prefill") + " --device emulated --model " +
                                                           testing::stories_bin() + " --decode-graphs 2>&1");
