@@ -13,7 +13,7 @@
 // device (temperature 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that
 // kernel against the copy of the logits to the host that sampling there would take.
 //
-// With --breakdown 1 (the default) each decode and prefill row is followed by a "breakdown" row:
+// With --breakdown 1 (the default) each eager decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
 // GEMMs, LM head, attention, small kernels, sampling, copies), milliseconds and calls per step,
 // and kernel_calls_per_step: the backend's kernel calls, copies aside (at least one launch each:

@@ -93,8 +93,8 @@ class Backend {
   // SwiGLU's input: act[r][h] = silu(g) · u where [g | u] = x · wᵀ (bf16 weights, `precision` as
   // matmul_xwt_bf16), w's first `hidden` rows the gate projection's and the next `hidden` the up
   // projection's. By default matmul_xwt_bf16 into `gate_up` (rows × 2·hidden floats) then
-  // silu_mul; a backend may fuse the two where that gives the same results (the GPU's decode
-  // GEMV, which then leaves gate_up untouched).
+  // silu_mul; a backend may fuse the two where that gives the same results (the GPU's GEMV up to
+  // 8 rows — decode, or a short prompt — which then leaves gate_up untouched).
   virtual void gate_up_silu_bf16(float* act, float* gate_up, const float* x, const uint16_t* w, int rows, int hidden,
                                  int in, int64_t ldw, GemmPrecision precision) {
     matmul_xwt_bf16(gate_up, x, w, rows, 2 * hidden, in, ldw, precision);

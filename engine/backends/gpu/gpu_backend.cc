@@ -201,8 +201,9 @@ class GpuBackend final : public Backend {
 #endif
     g::matmul_xwt(y, x, w, g::Storage::kBF16, rows, out, in, ldw, stream_, bf16_x);
   }
-  // Decode rows: the portable GEMV with silu_mul as its epilogue, the products matmul_xwt_bf16
-  // computes for them (it takes the same GEMV there), in one launch.
+  // Up to kGemvMaxRows rows (decode, or a short prompt): the portable GEMV with silu_mul as its
+  // epilogue, the products matmul_xwt_bf16 computes for them (it takes the same GEMV there), in
+  // one launch.
   void gate_up_silu_bf16(float* act, float* gate_up, const float* x, const uint16_t* w, int rows, int hidden, int in,
                          int64_t ldw, GemmPrecision precision) override {
     bind();
