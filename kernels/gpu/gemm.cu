@@ -83,8 +83,8 @@ __device__ __forceinline__ void widen16(const uint4& raw, float* out) {
   for (int e = 0; e < kPer; ++e) out[e] = to_f32(v[e]);
 }
 
-// Lane `lane`'s share of the R dot products of the weight row `row` with x's R rows, before the
-// warp's sum. kVec: each lane loads 16 bytes of the row at a time (kPer weights; consecutive lanes
+// The R dot products of the weight row `row` with x's R rows, each lane summing its share and the
+// warp's sum left in every lane (the caller's lane 0 writes them). kVec: each lane loads 16 bytes of the row at a time (kPer weights; consecutive lanes
 // consecutive chunks, so a warp loads kWarpSize × 16 contiguous bytes), which needs rows starting
 // 16-byte aligned (w and ldw), and the last in % kPer weights one per lane; otherwise every
 // weight one per lane (coalesced too).
