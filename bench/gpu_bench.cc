@@ -11,7 +11,9 @@
 // graphs as --decode-graphs runs them (--graphs off,on: a "graphs" column). The bf16 GEMM rows
 // show what the vendor GEMM reaches at the model's shapes on their own. Steps sample on the
 // device (temperature 1, top_p 0.95), as the engine does on a GPU; the sampling rows time that
-// kernel against the copy of the logits to the host that sampling there would take.
+// kernel against the copy of the logits to the host that sampling there would take. The
+// prefill_attention rows time one layer's attention over each --prefill prompt alone, the
+// CUDA-core kernel against the tensor-core one (--gemm-precision bf16's).
 //
 // With --breakdown 1 (the default) each eager decode and prefill row is followed by a "breakdown" row:
 // the same step with every kernel call waited for, per phase (engine/backends/phase_profiler.h:
@@ -25,7 +27,7 @@
 //
 //   gpu_bench [--preset llama-3-8b] [--context 1024] [--batches 1,8,32,64,128]
 //             [--prefill 512,2048] [--gemm-rows 1,32,128,2048,8192] [--sampling-rows 1,32,128]
-//             [--breakdown 1] [--only decode,prefill,sampling,gemm] [--weights f32,bf16]
+//             [--breakdown 1] [--only decode,prefill,sampling,gemm,attention] [--weights f32,bf16]
 //             [--kv-dtype f32,bf16] [--gemm exact,bf16] [--graphs off,on] [--roofline h200]
 //             [--out results.jsonl]
 // gpu_bench_emulated is the same program on the CPU emulation of the GPU (no vendor BLAS), for
@@ -75,8 +77,8 @@ const std::map<std::string, Roofline>& rooflines() {
 }
 
 // What a run measures (--only): steps of the model (decode, prefill; each with the f32 and/or
-// bf16 weights of --weights), the sampling kernel, the GEMMs alone.
-enum class Part { kDecode, kPrefill, kSampling, kGemm };
+// bf16 weights of --weights), the sampling kernel, the GEMMs alone, prefill attention alone.
+enum class Part { kDecode, kPrefill, kSampling, kGemm, kAttention };
 
 struct Options {
   std::string preset = "llama-3-8b";
@@ -86,7 +88,7 @@ struct Options {
   std::vector<int> gemm_rows = {1, 32, 128, 2048, 8192};  // The portable GEMM's stop at 2048.
   std::vector<int> sampling_rows = {1, 32, 128};
   bool breakdown = true;
-  std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm};
+  std::vector<Part> only = {Part::kDecode, Part::kPrefill, Part::kSampling, Part::kGemm, Part::kAttention};
   std::vector<DType> weights = {DType::kF32, DType::kBF16};
   std::vector<DType> kv_dtypes = {DType::kF32, DType::kBF16};
   // The bf16-weight rows' GEMM precisions (f32 weights multiply exactly).
@@ -588,6 +590,77 @@ bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c,
   return true;
 }
 
+// Prefill attention alone (--only attention): one layer's heads over one sequence's prompt of each
+// --prefill length in one chunk, from a bf16 cache, by the CUDA-core kernel (what
+// --gemm-precision exact runs) and the tensor-core one (bf16), in TFLOP/s of causal attention
+// (Q·Kᵀ and P·V: 4 · heads · head dim · L(L+1)/2 flops) and as a fraction of the bf16 peak.
+bool measure_attention(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
+  const LayerAttention a = c.attention(0);
+  const int nq = c.n_heads, nkv = a.n_kv_heads, hd = a.head_dim, block = 16;
+  for (int len : o.prefill) {
+    const int blocks = (len + block - 1) / block;
+    const int64_t kv_elems = int64_t(blocks) * block * nkv * hd, q_elems = int64_t(len) * nq * hd;
+    BackendBuffer k, v, f32, q, out, ints, table_ptrs;
+    if (!k.reserve(backend, size_t(kv_elems) * 2).ok() || !v.reserve(backend, size_t(kv_elems) * 2).ok() ||
+        !f32.reserve(backend, size_t(std::max(kv_elems, q_elems)) * 4).ok() ||
+        !q.reserve(backend, size_t(q_elems) * 4).ok() || !out.reserve(backend, size_t(q_elems) * 4).ok() ||
+        !ints.reserve(backend, size_t(len + blocks) * 4).ok() ||
+        !table_ptrs.reserve(backend, size_t(len) * sizeof(const int*)).ok()) {
+      std::fprintf(stderr, "no memory for prefill attention over %d tokens\n", len);
+      return false;
+    }
+    kernels::gpu::fill_random(f32.as<float>(), kv_elems, 500, 1.0f, 0.0f, nullptr);
+    bool made = truncate_to_bf16(k.as<void>(), f32.as<void>(), kv_elems);
+    kernels::gpu::fill_random(f32.as<float>(), kv_elems, 501, 1.0f, 0.0f, nullptr);
+    made = made && truncate_to_bf16(v.as<void>(), f32.as<void>(), kv_elems);
+    kernels::gpu::fill_random(q.as<float>(), q_elems, 502, 1.0f, 0.0f, nullptr);
+    std::vector<int> host_ints(size_t(len) + blocks);  // Positions, then the block table.
+    std::iota(host_ints.begin(), host_ints.begin() + len, 0);
+    std::iota(host_ints.begin() + len, host_ints.end(), 0);
+    const std::vector<const int*> host_ptrs(len, ints.as<int>() + len);
+    made = made && backend->copy_to_device(ints.as<void>(), host_ints.data(), host_ints.size() * 4).ok() &&
+           backend->copy_to_device(table_ptrs.as<void>(), host_ptrs.data(), host_ptrs.size() * sizeof(const int*)).ok();
+    if (!made) {
+      std::fprintf(stderr, "could not fill prefill attention's inputs\n");
+      return false;
+    }
+    kernels::PagedLayerView view;
+    view.k = k.as<void>();
+    view.v = v.as<void>();
+    view.storage = kernels::Storage::kBF16;
+    view.k_block_stride = view.v_block_stride = int64_t(block) * nkv * hd;
+    view.k_token_stride = view.v_token_stride = int64_t(nkv) * hd;
+    view.k_head_stride = view.v_head_stride = hd;
+    view.block_size = block;
+    view.head_dim = view.v_head_dim = hd;
+    const kernels::TokenPlacement tokens{len, ints.as<int>(), table_ptrs.as<const int* const>()};
+    const double flops = 4.0 * nq * hd * (double(len) * (len + 1) / 2);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    double exact_s = 0;
+    for (bool tensor_cores : {false, true}) {
+      const auto [t, e] = time_calls(
+          [&] {
+            (tensor_cores ? kernels::gpu::prefill_attention_bf16 : kernels::gpu::prefill_attention)(
+                out.as<float>(), q.as<float>(), view, tokens, nq, nq / nkv, 0, scale, nullptr);
+          },
+          3);
+      if (!tensor_cores) exact_s = t;
+      report.line(Row{{"kind", "prefill_attention"},
+                      {"kernel", tensor_cores ? "bf16_tensor_cores" : "exact"},
+                      {"tokens", len},
+                      {"heads", nq},
+                      {"kv_heads", nkv},
+                      {"head_dim", hd},
+                      {"ms", places(t * 1e3, 3)},
+                      {"tflops", places(flops / t / 1e12, 2)},
+                      {"bf16_compute_fraction", places(flops / t / roof.bf16_flop_per_s, 4)},
+                      {"speedup_vs_exact", places(exact_s / t, 2)},
+                      {"error", e == gpuSuccess ? "" : gpuGetErrorString(e)}});
+    }
+  }
+  return true;
+}
+
 int run(const Options& o) {
   auto config_or = make_model_preset_config(o.preset);
   if (!config_or.ok()) {
@@ -613,6 +686,7 @@ int run(const Options& o) {
   if ((o.runs(Part::kDecode) || o.runs(Part::kPrefill)) && !measure_model(o, roof, c, backend->get(), report)) return 1;
   if (o.runs(Part::kSampling) && !measure_sampling(o, c, backend->get(), report)) return 1;
   if (o.runs(Part::kGemm) && !measure_gemms(o, roof, c, backend->get(), report)) return 1;
+  if (o.runs(Part::kAttention) && !measure_attention(o, roof, c, backend->get(), report)) return 1;
   return 0;
 }
 
@@ -634,11 +708,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--breakdown", o.breakdown, "1: a per-phase breakdown row after each decode and prefill row")
       ->check(CLI::IsMember({"0", "1"}));
-  std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm"}, weights = {"f32", "bf16"},
+  std::vector<std::string> only = {"decode", "prefill", "sampling", "gemm", "attention"}, weights = {"f32", "bf16"},
                            kv_dtypes = {"f32", "bf16"}, gemm = {"exact", "bf16"}, graphs = {"off", "on"};
-  app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm")
+  app.add_option("--only", only, "What to measure: decode, prefill, sampling, gemm, attention")
       ->delimiter(',')
-      ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm"}));
+      ->check(CLI::IsMember({"decode", "prefill", "sampling", "gemm", "attention"}));
   app.add_option("--weights", weights, "GEMM weights of the decode and prefill rows: f32, bf16")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -656,15 +730,18 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"h100", "h200", "mi355x"}));
   app.add_option("--out", o.out, "Also write the JSON lines to this file");
   CLI11_PARSE(app, argc, argv);
-  const std::map<std::string, Part> parts = {
-      {"decode", Part::kDecode}, {"prefill", Part::kPrefill}, {"sampling", Part::kSampling}, {"gemm", Part::kGemm}};
+  const std::map<std::string, Part> parts = {{"decode", Part::kDecode},
+                                             {"prefill", Part::kPrefill},
+                                             {"sampling", Part::kSampling},
+                                             {"gemm", Part::kGemm},
+                                             {"attention", Part::kAttention}};
   o.only.clear();
   for (const std::string& name : only) o.only.push_back(parts.at(name));
   // An option given for a part --only leaves out would change nothing: refused, not ignored.
   const std::vector<std::pair<const char*, std::vector<Part>>> serves = {
       {"--context", {Part::kDecode}},
       {"--batches", {Part::kDecode}},
-      {"--prefill", {Part::kPrefill}},
+      {"--prefill", {Part::kPrefill, Part::kAttention}},
       {"--breakdown", {Part::kDecode, Part::kPrefill}},
       {"--weights", {Part::kDecode, Part::kPrefill}},
       {"--kv-dtype", {Part::kDecode, Part::kPrefill}},
@@ -672,7 +749,7 @@ int main(int argc, char** argv) {
       {"--graphs", {Part::kDecode}},
       {"--gemm-rows", {Part::kGemm}},
       {"--sampling-rows", {Part::kSampling}},
-      {"--roofline", {Part::kDecode, Part::kPrefill, Part::kGemm}}};
+      {"--roofline", {Part::kDecode, Part::kPrefill, Part::kGemm, Part::kAttention}}};
   for (const auto& [option, served] : serves) {
     if (app.count(option) == 0) continue;
     if (std::none_of(served.begin(), served.end(), [&](Part p) { return o.runs(p); })) {

@@ -117,9 +117,12 @@ class Backend {
   // head dim's table (engine/rope_scaling.h) in backend memory.
   virtual void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
                               const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) = 0;
+  // kernels::cpu::paged_attention. With `precision` kBf16 (bf16 weights only, as for the
+  // GEMMs) a backend with tensor cores runs a prefill chunk's two products, Q·Kᵀ and P·V, on
+  // bf16 operands with f32 accumulation (kernels/gpu/ops.h: prefill_attention_bf16).
   virtual void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                               const kernels::TokenPlacement& tokens, int n_q_heads,
-                               int q_per_kv, int window, float scale) = 0;
+                               const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                               float scale, GemmPrecision precision) = 0;
   virtual void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                                    const kernels::PagedLayerView& index_view,
                                    const kernels::TokenPlacement& tokens, int top_k) = 0;

@@ -300,7 +300,7 @@ void RankRunner::attention(float* out, const float* q, const kernels::PagedLayer
     kernels::TokenPlacement decode = tokens;
     decode.num_tokens = d;
     decode.single_tokens = true;
-    backend_->paged_attention(out, q, kv, decode, n_q_heads, q_per_kv, window, scale);
+    backend_->paged_attention(out, q, kv, decode, n_q_heads, q_per_kv, window, scale, shard_.gemm_precision);
   }
   if (d < n) {
     kernels::TokenPlacement rest = tokens;
@@ -308,7 +308,8 @@ void RankRunner::attention(float* out, const float* q, const kernels::PagedLayer
     rest.positions += d;
     rest.block_tables += d;
     if (rest.block_mask) rest.block_mask += int64_t(d) * rest.mask_stride;
-    backend_->paged_attention(out + d * out_row, q + d * q_row, kv, rest, n_q_heads, q_per_kv, window, scale);
+    backend_->paged_attention(out + d * out_row, q + d * q_row, kv, rest, n_q_heads, q_per_kv, window, scale,
+                              shard_.gemm_precision);
   }
 }
 

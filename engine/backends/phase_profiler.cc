@@ -106,9 +106,9 @@ void PhaseProfiler::paged_kv_write(const kernels::PagedLayerView& kv, const kern
 
 void PhaseProfiler::paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
                                     const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                                    float scale) {
+                                    float scale, GemmPrecision precision) {
   timed(Phase::kAttention,
-        [&] { inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale); });
+        [&] { inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, precision); });
 }
 
 void PhaseProfiler::index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,

@@ -91,8 +91,8 @@ class PhaseProfiler final : public Backend {
   void qkv_rope_write(float* q_out, const kernels::QkvRows& rows, const kernels::RopeTable& rope,
                       const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens) override;
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                       float scale) override;
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       GemmPrecision precision) override;
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                            const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,
                            int top_k) override;

@@ -1,7 +1,8 @@
 // Paged attention: a decode-shaped kernel (one query row per block, its warps splitting the
-// keys) and a chunked causal prefill kernel (a tile of query rows shares every K/V tile it
-// loads into shared memory). Both: online softmax in f32, GQA (query head h reads KV head
-// h / q_per_kv), sliding window, and the index cache's block mask.
+// keys), split-KV decode, and chunked causal prefill kernels (a tile of query rows shares every
+// K/V tile it loads into shared memory): on CUDA cores in f32, and on tensor cores with bf16
+// operands. All: online softmax in f32, GQA (query head h reads KV head h / q_per_kv), sliding
+// window, and the index cache's block mask.
 #include "kernels/gpu/kernel_util.h"
 
 namespace pdserve::kernels::gpu {
@@ -31,6 +32,18 @@ template <typename T>
 __device__ __forceinline__ const T* value_ptr(const kernels::PagedLayerView& kv, const int* table, int p, int kvh) {
   return reinterpret_cast<const T*>(kv.v) + int64_t(table[p / kv.block_size]) * kv.v_block_stride +
          (p % kv.block_size) * kv.v_token_stride + kvh * kv.v_head_stride;
+}
+
+// The run of tokens from `ra` (before t_end): same block table, consecutive positions — one
+// sequence's chunk, [ra, end) — and the keys [lo, hi] its tokens see through `window` (0: all).
+struct Run {
+  int end, lo, hi;
+};
+__device__ __forceinline__ Run run_from(const kernels::TokenPlacement& tokens, int ra, int t_end, int window) {
+  const int* table = tokens.block_tables[ra];
+  int rb = ra + 1;
+  while (rb < t_end && tokens.block_tables[rb] == table && tokens.positions[rb] == tokens.positions[rb - 1] + 1) ++rb;
+  return {rb, window > 0 ? max(0, tokens.positions[ra] - window + 1) : 0, tokens.positions[rb - 1]};
 }
 
 // Folds one key (score s, value row v in storage T or f32) into the row's state.
@@ -142,10 +155,7 @@ prefill_attention_kernel(float* out, const float* q, kernels::PagedLayerView kv,
 
   for (int ra = t0; ra < t_end;) {
     const int* table = tokens.block_tables[ra];
-    int rb = ra + 1;
-    while (rb < t_end && tokens.block_tables[rb] == table && tokens.positions[rb] == tokens.positions[rb - 1] + 1) ++rb;
-    const int lo = window > 0 ? max(0, tokens.positions[ra] - window + 1) : 0;
-    const int hi = tokens.positions[rb - 1];
+    const auto [rb, lo, hi] = run_from(tokens, ra, t_end, window);
     for (int kt = lo; kt <= hi; kt += kTileKeys) {
       __syncthreads();  // The previous tile is no longer read.
       const int n_keys = min(kTileKeys, hi - kt + 1);
@@ -304,6 +314,198 @@ merge_splits_kernel(float* out, const float* part, int n_tokens, int n_q_heads, 
   }
 }
 
+#if defined(PDSERVE_GPU_WMMA)
+// Tensor-core prefill attention (FlashAttention-2's schedule on CUDA's warp matrix functions):
+// the rows of prefill_attention_kernel's tile (token, query head of the group), 64 a block and
+// 16 a warp, against K/V tiles of kMmaKeys keys in shared memory. S = Q·Kᵀ and O += P·V run on
+// tensor cores with bf16 operands (Q, K, V and the probabilities P rounded to nearest even) and
+// f32 accumulation; the online softmax is f32, two lanes a row, each over half the tile's keys.
+// Fragments' element layout is unspecified, so S goes through shared memory to the softmax, and
+// O lives there too (scaled by each tile's correction, then loaded as the accumulator of P·V).
+constexpr int kMmaRows = kAttnWarps * 16;
+constexpr int kMmaKeys = 32;
+
+// 128-byte lines, so that the dynamic shared memory is aligned for wmma's 32-byte loads.
+struct alignas(128) SharedLine {
+  unsigned char bytes[128];
+};
+
+// Where the kernel's arrays lie in its dynamic shared memory, for head dims hd and vhd (each
+// rounded up to 16, the rest zeros): row strides padded by 16 bytes (fewer bank conflicts; every
+// 16-row block of a bf16 array still starts 32-byte aligned).
+struct MmaShared {
+  int dp, vp;                                   // Head dims rounded up to 16.
+  int q_ld, k_ld, v_ld, s_ld, p_ld, o_ld;       // Row strides, in elements.
+  int q_at, k_at, v_at, s_at, p_at, o_at, bytes;  // Byte offsets (128-aligned) and total size.
+};
+__host__ __device__ inline MmaShared mma_shared(int hd, int vhd) {
+  MmaShared m{};
+  m.dp = (hd + 15) / 16 * 16;
+  m.vp = (vhd + 15) / 16 * 16;
+  m.q_ld = m.k_ld = m.dp + 8;
+  m.v_ld = m.vp + 8;
+  m.s_ld = kMmaKeys + 4;
+  m.p_ld = kMmaKeys + 8;
+  m.o_ld = m.vp + 4;
+  int at = 0;
+  auto place = [&at](int bytes) {
+    const int here = at;
+    at += (bytes + 127) / 128 * 128;
+    return here;
+  };
+  m.q_at = place(kMmaRows * m.q_ld * 2);
+  m.k_at = place(kMmaKeys * m.k_ld * 2);
+  m.v_at = place(kMmaKeys * m.v_ld * 2);
+  m.s_at = place(kMmaRows * m.s_ld * 4);
+  m.p_at = place(kMmaRows * m.p_ld * 2);
+  m.o_at = place(kMmaRows * m.o_ld * 4);
+  m.bytes = at;
+  return m;
+}
+
+// The grid and row mapping of prefill_attention_kernel (gq heads of a group by tq tokens a tile).
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads)
+prefill_attention_mma_kernel(float* out, const float* q, kernels::PagedLayerView kv, kernels::TokenPlacement tokens,
+                             int n_q_heads, int q_per_kv, int gq, int tq, int window, float scale) {
+  namespace wmma = nvcuda::wmma;
+  using Frag16 = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  PDSERVE_DYNAMIC_SHARED(SharedLine, shared);
+  __shared__ int row_token[kMmaRows], row_head[kMmaRows];
+  unsigned char* base = reinterpret_cast<unsigned char*>(shared);
+  const MmaShared L = mma_shared(kv.head_dim, kv.v_head_dim);
+  gpu_bf16* qs = reinterpret_cast<gpu_bf16*>(base + L.q_at);
+  gpu_bf16* ks = reinterpret_cast<gpu_bf16*>(base + L.k_at);
+  gpu_bf16* vs = reinterpret_cast<gpu_bf16*>(base + L.v_at);
+  float* ss = reinterpret_cast<float*>(base + L.s_at);
+  gpu_bf16* ps = reinterpret_cast<gpu_bf16*>(base + L.p_at);
+  float* os = reinterpret_cast<float*>(base + L.o_at);
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int hd = kv.head_dim, vhd = kv.v_head_dim, kvh = blockIdx.y;
+  const int t0 = blockIdx.x * tq;
+  const int t_end = min(t0 + tq, tokens.num_tokens);
+
+  for (int r = threadIdx.x; r < kMmaRows; r += blockDim.x) {
+    const int g = blockIdx.z * gq + r % gq;
+    const int t = t0 + r / gq;
+    row_token[r] = r < tq * gq && t < t_end && g < q_per_kv ? t : -1;
+    row_head[r] = kvh * q_per_kv + g;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kMmaRows * L.dp; e += blockDim.x) {
+    const int r = e / L.dp, d = e % L.dp, t = row_token[r];
+    qs[r * L.q_ld + d] =
+        from_f32<gpu_bf16>(t >= 0 && d < hd ? q[(int64_t(t) * n_q_heads + row_head[r]) * hd + d] : 0.0f);
+  }
+  for (int e = threadIdx.x; e < kMmaRows * L.vp; e += blockDim.x) os[(e / L.vp) * L.o_ld + e % L.vp] = 0.0f;
+
+  // This lane's row (shared with the next or previous lane) and half of each key tile.
+  const int my_row = warp * 16 + lane / 2, half = lane % 2;
+  const int my_t = row_token[my_row];
+  const int my_pos = my_t >= 0 ? tokens.positions[my_t] : -1;
+  const int my_first = window > 0 ? max(0, my_pos - window + 1) : 0;
+  const uint8_t* my_mask =
+      my_t >= 0 && tokens.block_mask ? tokens.block_mask + int64_t(my_t) * tokens.mask_stride : nullptr;
+  float m_run = -INFINITY, l_run = 0.0f;
+  const gpu_bf16* q_warp = qs + warp * 16 * L.q_ld;
+  float* s_warp = ss + warp * 16 * L.s_ld;
+  const gpu_bf16* p_warp = ps + warp * 16 * L.p_ld;
+  float* o_warp = os + warp * 16 * L.o_ld;
+
+  for (int ra = t0; ra < t_end;) {
+    const int* table = tokens.block_tables[ra];
+    const auto [rb, lo, hi] = run_from(tokens, ra, t_end, window);
+    const bool my_run = my_t >= ra && my_t < rb;
+    for (int kt = lo; kt <= hi; kt += kMmaKeys) {
+      __syncthreads();  // Every warp is done with the previous tile's K, V and its own O.
+      const int n_keys = min(kMmaKeys, hi - kt + 1);
+      // Zeros past the run's keys and the head dims: a zero V row times P = 0 adds nothing.
+      for (int e = threadIdx.x; e < kMmaKeys * L.dp; e += blockDim.x) {
+        const int j = e / L.dp, d = e % L.dp;
+        ks[j * L.k_ld + d] = j < n_keys && d < hd ? from_f32<gpu_bf16>(to_f32(key_ptr<T>(kv, table, kt + j, kvh)[d]))
+                                                  : from_f32<gpu_bf16>(0.0f);
+      }
+      for (int e = threadIdx.x; e < kMmaKeys * L.vp; e += blockDim.x) {
+        const int j = e / L.vp, d = e % L.vp;
+        vs[j * L.v_ld + d] = j < n_keys && d < vhd
+                                 ? from_f32<gpu_bf16>(to_f32(value_ptr<T>(kv, table, kt + j, kvh)[d]))
+                                 : from_f32<gpu_bf16>(0.0f);
+      }
+      __syncthreads();
+
+      // S = Q·Kᵀ for the warp's 16 rows.
+      Frag16 s_acc[kMmaKeys / 16];
+#pragma unroll
+      for (int n = 0; n < kMmaKeys / 16; ++n) wmma::fill_fragment(s_acc[n], 0.0f);
+      for (int c = 0; c < L.dp / 16; ++c) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, gpu_bf16, wmma::row_major> a;
+        wmma::load_matrix_sync(a, q_warp + c * 16, L.q_ld);
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 16; ++n) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, gpu_bf16, wmma::col_major> b;
+          wmma::load_matrix_sync(b, ks + n * 16 * L.k_ld + c * 16, L.k_ld);
+          wmma::mma_sync(s_acc[n], a, b, s_acc[n]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kMmaKeys / 16; ++n)
+        wmma::store_matrix_sync(s_warp + n * 16, s_acc[n], L.s_ld, wmma::mem_row_major);
+      __syncwarp();
+
+      // Online softmax of this lane's half row: P (bf16) for the tile, O's rows rescaled.
+      constexpr int kHalfKeys = kMmaKeys / 2;
+      float sv[kHalfKeys];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kHalfKeys; ++i) {
+        const int j = half * kHalfKeys + i, p = kt + j;
+        const bool visible = my_run && j < n_keys && p >= my_first && p <= my_pos &&
+                             !(my_mask && !my_mask[p / kv.block_size]);
+        sv[i] = visible ? ss[my_row * L.s_ld + j] * scale : -INFINITY;
+        tile_max = fmaxf(tile_max, sv[i]);
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      const float m_new = fmaxf(m_run, tile_max);
+      // No visible key yet: nothing to rescale (and -inf - -inf would be NaN).
+      const float corr = m_new == -INFINITY ? 1.0f : expf(m_run - m_new);
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kHalfKeys; ++i) {
+        const float pe = sv[i] == -INFINITY ? 0.0f : expf(sv[i] - m_new);
+        ps[my_row * L.p_ld + half * kHalfKeys + i] = from_f32<gpu_bf16>(pe);
+        tile_sum += pe;
+      }
+      tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+      l_run = l_run * corr + tile_sum;
+      m_run = m_new;
+      for (int d = half; d < L.vp; d += 2) os[my_row * L.o_ld + d] *= corr;
+      __syncwarp();
+
+      // O += P·V, a 16-column slice of O at a time.
+      for (int c = 0; c < L.vp / 16; ++c) {
+        Frag16 o_acc;
+        wmma::load_matrix_sync(o_acc, o_warp + c * 16, L.o_ld, wmma::mem_row_major);
+#pragma unroll
+        for (int n = 0; n < kMmaKeys / 16; ++n) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, gpu_bf16, wmma::row_major> pa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, gpu_bf16, wmma::row_major> vb;
+          wmma::load_matrix_sync(pa, p_warp + n * 16, L.p_ld);
+          wmma::load_matrix_sync(vb, vs + n * 16 * L.v_ld + c * 16, L.v_ld);
+          wmma::mma_sync(o_acc, pa, vb, o_acc);
+        }
+        wmma::store_matrix_sync(o_warp + c * 16, o_acc, L.o_ld, wmma::mem_row_major);
+      }
+    }
+    ra = rb;
+  }
+
+  __syncwarp();  // O's last stores are other lanes'.
+  if (my_t < 0) return;
+  float* oh = out + (int64_t(my_t) * n_q_heads + row_head[my_row]) * vhd;
+  for (int d = half; d < vhd; d += 2) oh[d] = l_run > 0.0f ? os[my_row * L.o_ld + d] / l_run : 0.0f;
+}
+#endif  // PDSERVE_GPU_WMMA
+
 void check_dims(const char* kernel, const kernels::PagedLayerView& kv) {
   if (kv.head_dim > kMaxHeadDim || kv.v_head_dim > kMaxHeadDim)
     kernel_limit_exceeded(kernel, "head dim above 256");
@@ -372,6 +574,30 @@ void prefill_attention(float* out, const float* q, const kernels::PagedLayerView
     gpu_launch(prefill_attention_kernel<T>, grid, kAttnThreads, 0, stream, out, q, kv, tokens, n_q_heads,
                                                                    q_per_kv, gq, tq, window, scale);
   });
+}
+
+void prefill_attention_bf16(float* out, const float* q, const kernels::PagedLayerView& kv,
+                            const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
+                            float scale, gpuStream_t stream) {
+#if defined(PDSERVE_GPU_WMMA)
+  if (tokens.num_tokens <= 0) return;
+  check_dims("prefill_attention_bf16", kv);
+  const MmaShared L = mma_shared(kv.head_dim, kv.v_head_dim);
+  const int gq = q_per_kv < kMmaRows ? q_per_kv : kMmaRows;
+  const int tq = kMmaRows / gq;
+  const dim3 grid((tokens.num_tokens + tq - 1) / tq, n_q_heads / q_per_kv, (q_per_kv + gq - 1) / gq);
+  dispatch_storage(kv.storage, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    // The largest layout (head dims 256), allowed once for every launch.
+    static const gpuError_t allowed =
+        allow_dynamic_shared(prefill_attention_mma_kernel<T>, size_t(mma_shared(kMaxHeadDim, kMaxHeadDim).bytes));
+    if (allowed != gpuSuccess) kernel_limit_exceeded("prefill_attention_bf16", "the shared memory it needs is refused");
+    gpu_launch(prefill_attention_mma_kernel<T>, grid, kAttnThreads, size_t(L.bytes), stream, out, q, kv, tokens,
+               n_q_heads, q_per_kv, gq, tq, window, scale);
+  });
+#else
+  prefill_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream);
+#endif
 }
 
 }  // namespace pdserve::kernels::gpu

@@ -5,6 +5,8 @@
 // dynamic shared memory. No build-time source rewriting: the vendor is chosen by the compiler's
 // own macros. With PDSERVE_GPU_EMULATION the same names come from a CPU emulation
 // (kernels/gpu/emulation/simt.h), so that tests run the kernels on machines without a GPU.
+// PDSERVE_GPU_WMMA says that CUDA's warp matrix functions (nvcuda::wmma: tensor cores from
+// sm_80) are there, on CUDA and in the emulation (kernels/gpu/emulation/wmma.h); HIP has none.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,8 @@
 
 #if defined(PDSERVE_GPU_EMULATION)
 #include "kernels/gpu/emulation/simt.h"
+#include "kernels/gpu/emulation/wmma.h"
+#define PDSERVE_GPU_WMMA 1
 using gpu_bf16 = gpu_emulated_bf16;
 using gpu_f16 = gpu_emulated_f16;
 #elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
@@ -80,9 +84,13 @@ using gpu_bf16 = hip_bfloat16;
 using gpu_f16 = __half;
 #else
 #define PDSERVE_GPU_CUDA 1
+#define PDSERVE_GPU_WMMA 1
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#if defined(__CUDACC__)
+#include <mma.h>
+#endif
 
 #define gpuError_t cudaError_t
 #define gpuSuccess cudaSuccess
@@ -154,6 +162,17 @@ template <typename... Params, typename... Args>
 void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
                 Args&&... args) {
   kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KB a kernel must opt in.
+template <typename... Params>
+gpuError_t allow_dynamic_shared(void (*kernel)(Params...), size_t bytes) {
+#if defined(PDSERVE_GPU_HIP)
+  return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
+                             int(bytes));
+#else
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+#endif
 }
 
 // Shared memory sized at launch (gpu_launch's shared_bytes).

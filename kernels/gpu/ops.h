@@ -99,6 +99,16 @@ void prefill_attention(float* out, const float* q, const kernels::PagedLayerView
                        const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                        gpuStream_t stream);
 
+// prefill_attention on tensor cores (CUDA sm_80+, and the emulation), for
+// engine::GemmPrecision::kBf16: Q, K, V and the softmax's probabilities rounded to bf16 (nearest
+// even) as the products' operands, accumulated in f32; the softmax itself in f32. Any KV
+// storage (rounded to bf16 as it is loaded); tiles of 64 query rows and 32 keys. Not equal to
+// prefill_attention: within bf16's rounding of it. On HIP, where no MFMA variant exists yet,
+// it is prefill_attention.
+void prefill_attention_bf16(float* out, const float* q, const kernels::PagedLayerView& kv,
+                            const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                            gpuStream_t stream);
+
 // As the CPU kernel: per token, the top_k blocks by best index-key match plus its own block.
 void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                          const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens, int top_k,

@@ -105,10 +105,13 @@ class GuardedBackend final : public Backend {
     Open open(this);
     inner_->qkv_rope_write(q_out, rows, rope, kv, tokens);
   }
-  void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv, const kernels::TokenPlacement& tokens,
-                       int n_q_heads, int q_per_kv, int window, float scale) override {
+  // Exact whatever the precision: this device's bf16 is its GEMMs' (the tensor-core attention is
+  // the GPU kernel's, tested against the CPU in tests/gpu).
+  void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       engine::GemmPrecision) override {
     Open open(this);
-    inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    inner_->paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, engine::GemmPrecision::kExact);
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                            const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,

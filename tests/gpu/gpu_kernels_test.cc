@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "engine/gpu_backend.h"
 #include "engine/kv_cache_layout.h"
 #include "engine/model/float_convert.h"
 #include "engine/rope_scaling.h"
@@ -559,9 +560,10 @@ TEST(GpuKernels, PortableGemmWithBf16ActivationsMatchesCpuOnRoundedInputs) {
 }
 
 // A paged cache of one layer on the host (f32, the reference) and on the device (`storage`),
-// the same blocks handed to three sequences in shuffled order.
+// the same blocks handed to three sequences in shuffled order, `blocks_per_seq` each.
 struct PagedCase {
-  static constexpr int kBlock = 16, kBlocks = 24;
+  static constexpr int kBlock = 16;
+  int blocks;
   int kv_heads, hd;
   Storage storage;
   KvCacheLayout host_layout, dev_layout;
@@ -569,27 +571,33 @@ struct PagedCase {
   std::unique_ptr<Dev<uint8_t>> dev_arena;
   std::vector<std::vector<int>> tables;
 
-  static KvCacheLayout make_layout(int kv_heads, int hd, int v_hd, KvLayout layout, KvOrder order, DType dtype) {
+  static KvCacheLayout make_layout(int blocks, int kv_heads, int hd, int v_hd, KvLayout layout, KvOrder order,
+                                   DType dtype) {
     KvCacheSpec spec;
     spec.block_size = kBlock;
     spec.layers = {{v_hd ? engine::KvKind::kKv : engine::KvKind::kKeyOnly, engine::KvSharding::kByHead,
                     kv_heads, hd, v_hd, dtype, layout, order, 0}};
-    return *KvCacheLayout::create(spec, 0, 1, kBlocks);
+    return *KvCacheLayout::create(spec, 0, 1, blocks);
   }
   static DType dtype_of(Storage s) {
     return s == Storage::kF32 ? DType::kF32 : (s == Storage::kBF16 ? DType::kBF16 : DType::kF16);
   }
 
-  PagedCase(int kv_heads, int hd, bool key_only, KvLayout layout, KvOrder order, Storage storage)
-      : kv_heads(kv_heads), hd(hd), storage(storage),
-        host_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, DType::kF32)),
-        dev_layout(make_layout(kv_heads, hd, key_only ? 0 : hd, layout, order, dtype_of(storage))) {
+  PagedCase(int kv_heads, int hd, bool key_only, KvLayout layout, KvOrder order, Storage storage,
+            int blocks_per_seq = 8)
+      : blocks(3 * blocks_per_seq),
+        kv_heads(kv_heads),
+        hd(hd),
+        storage(storage),
+        host_layout(make_layout(blocks, kv_heads, hd, key_only ? 0 : hd, layout, order, DType::kF32)),
+        dev_layout(make_layout(blocks, kv_heads, hd, key_only ? 0 : hd, layout, order, dtype_of(storage))) {
     host_arena.assign(host_layout.total_bytes() / 4, 0.0f);
     dev_arena = std::make_unique<Dev<uint8_t>>(dev_layout.total_bytes());
-    std::vector<int> ids(kBlocks);
+    std::vector<int> ids(blocks);
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), std::mt19937(12));
-    tables = {{ids.begin(), ids.begin() + 8}, {ids.begin() + 8, ids.begin() + 16}, {ids.begin() + 16, ids.end()}};
+    for (int s = 0; s < 3; ++s)
+      tables.emplace_back(ids.begin() + s * blocks_per_seq, ids.begin() + (s + 1) * blocks_per_seq);
   }
 
   static kernels::PagedLayerView view(const KvCacheLayout& L, uint8_t* arena) { return L.view(0, arena); }
@@ -608,7 +616,7 @@ struct PagedCase {
     };
     auto* out_base = reinterpret_cast<uint8_t*>(out.data());
     const auto* host_base = reinterpret_cast<const uint8_t*>(host_arena.data());
-    for (int b = 0; b < kBlocks; ++b)
+    for (int b = 0; b < blocks; ++b)
       for (int s = 0; s < kBlock; ++s)
         for (int hh = 0; hh < kv_heads; ++hh)
           for (int e = 0; e < hd; ++e) {
@@ -713,6 +721,9 @@ TEST_P(GpuPaged, KvWriteThenDecodeAndPrefillAttentionMatchCpu) {
       EXPECT_LE(rel_error(dout.host(), want), tol) << "decode kernel, window " << window << " mask " << masked;
       gpu::prefill_attention(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, nullptr);
       EXPECT_LE(rel_error(dout.host(), want), tol) << "prefill kernel, window " << window << " mask " << masked;
+      gpu::prefill_attention_bf16(dout.get(), dq.get(), c.dev_view(), dp, nq, q_per_kv, window, scale, nullptr);
+      EXPECT_LE(rel_error(dout.host(), want), kBf16OperandsTol)
+          << "tensor-core prefill kernel, window " << window << " mask " << masked;
       for (int splits : {1, 3, 7, gpu::kMaxDecodeSplits}) {
         Dev<float> scratch(std::max<size_t>(1, gpu::split_decode_scratch_floats(pl.n(), nq, hd, splits)));
         // At most one key a split: these short ranges are cut in `splits` pieces.
@@ -844,6 +855,95 @@ TEST(GpuPagedAttention, WideGroupsAndLargeHeadDim) {
                                 scratch.get(), nullptr);
     EXPECT_LE(rel_error(dout.host(), want), kF32Tol) << splits << " splits";
   }
+}
+
+// The tensor-core prefill kernel where the short cases above do not reach: a long prompt in one
+// chunk (its length a multiple of neither the 64-row nor the 32-key tile), its last part as a
+// continuation over the cached rest, a window and a block mask, groups of 1, 4 and 8 query heads,
+// head dims 64, 128 and 72 (zero-padded to 80). The reference reads the device's bf16 cache, so
+// the difference is the kernel's own rounding of Q and P and its order of sums.
+TEST(GpuPagedAttention, TensorCorePrefillLongChunksGroupsAndHeadDims) {
+  REQUIRE_GPU();
+  struct Shape {
+    int q_per_kv, hd;
+  };
+  const int len = kEmulated ? 300 : 1100, resume = kEmulated ? 190 : 700;
+  const int blocks_per_seq = (len + PagedCase::kBlock - 1) / PagedCase::kBlock;
+  for (const Shape sh : {Shape{1, 64}, Shape{4, 128}, Shape{8, 72}}) {
+    const int kv_heads = 2, nq = kv_heads * sh.q_per_kv;
+    PagedCase c(kv_heads, sh.hd, false, KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kBF16, blocks_per_seq);
+    std::vector<std::pair<int, int>> prompt;
+    for (int p = 0; p < len; ++p) prompt.push_back({1, p});
+    Placement all(prompt, c.tables);
+    const int64_t kv_row = int64_t(kv_heads) * sh.hd;
+    std::vector<float> k = random_vec(all.n() * kv_row, 60), v = random_vec(all.n() * kv_row, 61);
+    Dev<float> dk(k), dv(v);
+    gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
+    c.host_arena = c.dev_as_host_layout();
+    const float scale = 1.0f / std::sqrt(float(sh.hd));
+    const std::vector<uint8_t> mask = [&] {  // Block 5 dropped wherever it is not the token's own.
+      std::vector<uint8_t> m(size_t(len) * blocks_per_seq, 1);
+      for (int t = 0; t < len; ++t)
+        if (t / PagedCase::kBlock > 5) m[size_t(t) * blocks_per_seq + 5] = 0;
+      return m;
+    }();
+    for (int first : {0, resume}) {
+      std::vector<std::pair<int, int>> chunk(prompt.begin() + first, prompt.end());
+      Placement pl(chunk, c.tables);
+      std::vector<float> q = random_vec(size_t(pl.n()) * nq * sh.hd, 62);
+      Dev<float> dq(q), dout(size_t(pl.n()) * nq * sh.hd);
+      std::vector<uint8_t> chunk_mask(mask.begin() + size_t(first) * blocks_per_seq, mask.end());
+      Dev<uint8_t> dmask(chunk_mask);
+      for (const auto& [window, masked] : {std::pair{0, false}, std::pair{0, true}, std::pair{100, false}}) {
+        kernels::TokenPlacement hp = pl.host(), dp = pl.dev();
+        if (masked) {
+          hp.block_mask = chunk_mask.data();
+          dp.block_mask = dmask.get();
+          hp.mask_stride = dp.mask_stride = blocks_per_seq;
+        }
+        std::vector<float> want(dout.host().size());
+        cpu::paged_attention(want.data(), q.data(), c.host_view(), hp, nq, sh.q_per_kv, window, scale);
+        gpu::prefill_attention_bf16(dout.get(), dq.get(), c.dev_view(), dp, nq, sh.q_per_kv, window, scale, nullptr);
+        EXPECT_LE(rel_error(dout.host(), want), kBf16OperandsTol)
+            << "group " << sh.q_per_kv << ", head dim " << sh.hd << ", chunk from " << first << ", window " << window
+            << ", mask " << masked;
+      }
+    }
+  }
+}
+
+// The GPU backend's attention verb takes the tensor-core kernel for a prefill chunk exactly when
+// the precision is kBf16: the exact precision gives prefill_attention's bits, kBf16
+// prefill_attention_bf16's, and the two differ (the precision is not ignored).
+TEST(GpuPagedAttention, BackendTakesTheTensorCoreKernelForBf16PrefillChunks) {
+  REQUIRE_GPU();
+  auto backend = engine::make_gpu_backend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const int kv_heads = 2, q_per_kv = 4, hd = 64, nq = kv_heads * q_per_kv;
+  PagedCase c(kv_heads, hd, false, KvLayout::kSeparate, KvOrder::kHeadOuter, Storage::kBF16);
+  Placement all(all_positions(), c.tables);
+  const int64_t kv_row = kv_heads * hd;
+  std::vector<float> k = random_vec(all.n() * kv_row, 70), v = random_vec(all.n() * kv_row, 71);
+  Dev<float> dk(k), dv(v);
+  gpu::paged_kv_write(c.dev_view(), all.dev(), dk.get(), kv_row, dv.get(), kv_row, kv_heads, nullptr);
+  std::vector<std::pair<int, int>> chunk;  // 60 tokens of the second sequence, from position 40.
+  for (int p = 40; p < 100; ++p) chunk.push_back({1, p});
+  Placement pl(chunk, c.tables);
+  Dev<float> dq(random_vec(size_t(pl.n()) * nq * hd, 72));
+  const size_t n_out = size_t(pl.n()) * nq * hd;
+  Dev<float> exact(n_out), bf16(n_out), via_exact(n_out), via_bf16(n_out);
+  const float scale = 0.125f;
+  gpu::prefill_attention(exact.get(), dq.get(), c.dev_view(), pl.dev(), nq, q_per_kv, 0, scale, nullptr);
+  gpu::prefill_attention_bf16(bf16.get(), dq.get(), c.dev_view(), pl.dev(), nq, q_per_kv, 0, scale, nullptr);
+  ASSERT_EQ(gpuDeviceSynchronize(), gpuSuccess);  // The backend's stream does not wait for the default one.
+  (*backend)->paged_attention(via_exact.get(), dq.get(), c.dev_view(), pl.dev(), nq, q_per_kv, 0, scale,
+                              engine::GemmPrecision::kExact);
+  (*backend)->paged_attention(via_bf16.get(), dq.get(), c.dev_view(), pl.dev(), nq, q_per_kv, 0, scale,
+                              engine::GemmPrecision::kBf16);
+  ASSERT_TRUE((*backend)->synchronize().ok());
+  EXPECT_EQ(via_exact.host(), exact.host());
+  EXPECT_EQ(via_bf16.host(), bf16.host());
+  EXPECT_NE(bf16.host(), exact.host());
 }
 
 // A decode token's split attention is its own: the same bits alone or beside others, under a
@@ -1003,7 +1103,7 @@ TEST(GpuKernels, PackThenUnpackConvertsLayouts) {
   gpu::paged_kv_write(src.dev_view(), all.dev(), dk.get(), kv_heads * hd, dv.get(), kv_heads * hd, kv_heads, nullptr);
   // The destination holds the reference: the same tokens written straight into its layout.
   cpu::paged_kv_write(dst.host_view(), all.host(), k.data(), kv_heads * hd, v.data(), kv_heads * hd, kv_heads);
-  std::vector<int> ids(PagedCase::kBlocks);
+  std::vector<int> ids(src.blocks);
   std::iota(ids.begin(), ids.end(), 0);
   Dev<int> dids(ids);
   Dev<uint8_t> packed(gpu::packed_block_bytes(src.dev_view(), kv_heads) * ids.size());

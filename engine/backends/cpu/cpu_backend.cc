@@ -79,8 +79,12 @@ class CpuBackend final : public Backend {
     k::qkv_rope_write(q_out, rows, rope, kv, tokens);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                       float scale) override {
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       GemmPrecision precision) override {
+    if (precision != GemmPrecision::kExact) {
+      std::fprintf(stderr, "pdserve: the CPU backend computes exactly (kBf16 takes bf16 weights, which it refuses)\n");
+      std::abort();
+    }
     k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,

@@ -232,11 +232,14 @@ class GpuBackend final : public Backend {
     g::qkv_rope_write(q_out, rows, rope, kv, tokens, stream_);
   }
   void paged_attention(float* out, const float* q, const kernels::PagedLayerView& kv,
-                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window,
-                       float scale) override {
+                       const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
+                       GemmPrecision precision) override {
     bind();
     if (tokens.num_tokens >= kPrefillKernelMinTokens && !tokens.single_tokens) {
-      g::prefill_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+      if (precision == GemmPrecision::kBf16)
+        g::prefill_attention_bf16(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
+      else
+        g::prefill_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream_);
     } else if (tokens.max_position >= 0) {
       // Decode: split over the key range, each K/V row read once per group of query heads.
       int splits = g::decode_splits(tokens.max_position, window);

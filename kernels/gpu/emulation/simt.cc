@@ -12,6 +12,8 @@ namespace pdserve::kernels::gpu::simt {
 namespace {
 
 constexpr size_t kStackBytes = 128 << 10;
+// Dynamic shared memory starts this aligned, as on a GPU (wmma's loads need 32 bytes).
+constexpr size_t kSharedAlign = 128;
 
 // The coroutines that play a block's threads on one host thread, kept for the thread's later
 // launches (making them costs system calls; switching between them does not). Each starts through
@@ -153,7 +155,7 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
   Threads& b = threads_for(block.x * block.y * block.z);
   b.count = block.x * block.y * block.z;
   b.body = &body;
-  b.shared.assign(shared_bytes, 0);
+  b.shared.assign(shared_bytes + kSharedAlign, 0);
   running = &b;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -164,7 +166,10 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
   running = nullptr;
 }
 
-void* dynamic_shared() { return running->shared.data(); }
+void* dynamic_shared() {
+  const auto base = reinterpret_cast<uintptr_t>(running->shared.data());
+  return reinterpret_cast<void*>((base + kSharedAlign - 1) / kSharedAlign * kSharedAlign);
+}
 void warp_barrier() { wait(Threads::kAtWarpBarrier); }
 void block_barrier() { wait(Threads::kAtBlockBarrier); }
 unsigned linear_thread() { return running->current; }
