@@ -31,18 +31,21 @@ int gpu_device_count();
 // from any thread; it makes its device current on each call.
 StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device);
 
-// One communicator per rank for `size` ranks on devices 0..size-1 of this process
-// (ncclCommInitAll; RCCL's is the same API). Buffers are device memory. Each collective waits
-// for the rank's device to be idle before it starts and returns when it has finished, so it is
-// ordered with any stream. Unimplemented in builds without nccl.h / rccl.h. Unlike the
-// shared-memory group, sums are in the library's order (identical on every rank, not
-// necessarily run to run across versions).
-StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(int size);
+// One communicator per rank for the backends `ranks`, rank r a make_gpu_backend(r) backend
+// (devices 0..size-1 of this process; ncclCommInitAll, RCCL's is the same API). Buffers are device
+// memory. A collective is queued on its rank backend's stream — after the kernels queued there
+// before it, before those queued after — and returns without waiting for it (no host round trip
+// per collective); barrier() returns once every rank has reached it and its stream has run what
+// was queued before. Unimplemented in builds without nccl.h / rccl.h; InvalidArgument for a rank
+// that is not such a backend (a decorator, another device). Unlike the shared-memory group, sums
+// are in the library's order (identical on every rank, not necessarily run to run across
+// versions).
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(const std::vector<Backend*>& ranks);
 
 // The library's entry points, as the engine finds them after dlopen. `version` stays the first
 // member, so that a library of another layout is told apart before anything else is read.
 struct GpuBackendApi {
-  static constexpr int kVersion = 2;
+  static constexpr int kVersion = 3;
   int version = kVersion;
   // PDSERVE_GPU_ABI_ID of the build (engine/backends/gpu/gpu_abi_id.h): the hash of the headers
   // whose types cross this boundary. The engine loads only a library built from its own.
@@ -50,7 +53,7 @@ struct GpuBackendApi {
   std::string_view (*kind)() = nullptr;
   int (*device_count)() = nullptr;
   StatusOr<std::unique_ptr<Backend>> (*make_backend)(int device) = nullptr;
-  StatusOr<std::vector<std::unique_ptr<Communicator>>> (*make_group)(int size) = nullptr;
+  StatusOr<std::vector<std::unique_ptr<Communicator>>> (*make_group)(const std::vector<Backend*>& ranks) = nullptr;
 };
 
 }  // namespace pdserve::engine

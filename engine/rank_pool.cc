@@ -6,15 +6,19 @@
 namespace pdserve::engine {
 namespace {
 
-// The collectives of `tp` ranks on `backend` kind: shared memory between host buffers (the
-// emulated GPU's memory is host memory), NCCL/RCCL between GPUs. One rank needs none, whatever
-// its memory.
-StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend, int tp) {
+// The collectives of the ranks `backends` of `backend` kind: shared memory between host buffers
+// (the emulated GPU's memory is host memory), NCCL/RCCL between GPUs, on the ranks' streams. One
+// rank needs none, whatever its memory.
+StatusOr<std::vector<std::unique_ptr<Communicator>>> make_group(const std::string& backend,
+                                                                const std::vector<std::unique_ptr<Backend>>& backends) {
+  const int tp = int(backends.size());
   if (backend == "cpu" || backend == "emulated" || tp == 1) return make_shared_memory_group(tp);
 #if defined(PDSERVE_GPU_KIND)
   if (backend == PDSERVE_GPU_KIND) {
     PD_ASSIGN_OR_RETURN(const GpuBackendApi* gpu, load_gpu_module(backend));
-    return gpu->make_group(tp);
+    std::vector<Backend*> ranks;
+    for (const auto& b : backends) ranks.push_back(b.get());
+    return gpu->make_group(ranks);
   }
 #endif
   return absl::UnimplementedError(absl::StrCat("no collectives for TP ", tp, " on the ", backend, " backend"));
@@ -34,7 +38,7 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                               : make_backend(options.backend, r));
     pool->backends_.push_back(std::move(backend));
   }
-  PD_ASSIGN_OR_RETURN(pool->comms_, make_group(options.backend, tp));
+  PD_ASSIGN_OR_RETURN(pool->comms_, make_group(options.backend, pool->backends_));
   for (int r = 0; r < tp; ++r) {
     Backend* backend = pool->backends_[r].get();
     PD_ASSIGN_OR_RETURN(RankShard shard, shard_weights(config, weights, r, tp));

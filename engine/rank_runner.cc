@@ -31,7 +31,8 @@ StatusOr<std::unique_ptr<RankRunner>> RankRunner::create(const ModelConfig& conf
   if (shard.gemm_precision == GemmPrecision::kBf16 && shard.weight_dtype != DType::kBF16)
     return absl::InvalidArgumentError(
         absl::StrCat("bf16 GEMM precision takes bf16 weights; this shard's are ", dtype_name(shard.weight_dtype)));
-  // A recorded step cannot hold the collectives between ranks yet: they wait on the host.
+  // A recorded step cannot hold the collectives between ranks yet: the shared-memory group's run
+  // on the host, and NCCL's (on the rank's stream since R9) are untried inside a graph.
   if (shard.decode_graphs && shard.tp > 1)
     return absl::InvalidArgumentError(absl::StrCat("decode graphs run at TP 1; this rank is one of ", shard.tp));
   if (shard.decode_graphs && !backend->records_graphs())

@@ -80,6 +80,37 @@ TEST(GpuBackend, Bf16GemmPrecisionMatchesCpuOnRoundedActivations) {
   }
 }
 
+// make_gpu_group queues a rank's collectives on its backend's stream (R9): a one-rank group's
+// all-gather reads what a kernel queued before it on that stream wrote, with no wait between, and
+// a rank that is not a GPU backend of its device is refused. Skipped where the build has no
+// NCCL/RCCL (the emulation; the engine's TP over two GPUs is Stories.GpuEngineTensorParallel…).
+TEST(GpuBackend, CollectivesRunOnTheRankBackendsStream) {
+  REQUIRE_GPU();
+  auto made = engine::make_gpu_backend(0);
+  ASSERT_TRUE(made.ok()) << made.status();
+  engine::Backend& b = **made;
+  auto group = engine::make_gpu_group({&b});
+  if (group.status().code() == absl::StatusCode::kUnimplemented) GTEST_SKIP() << group.status();
+  ASSERT_TRUE(group.ok()) << group.status();
+  const std::unique_ptr<engine::Backend> cpu = engine::make_cpu_backend();
+  EXPECT_EQ(engine::make_gpu_group({cpu.get()}).status().code(), absl::StatusCode::kInvalidArgument);
+  const int n = 1 << 20;  // Enough that an unordered all-gather would read x before the add ends.
+  const std::vector<float> x = random_vec(n, 80), y = random_vec(n, 81);
+  Dev<float> dx(x), dy(y), dout(n);
+  ASSERT_EQ(gpuDeviceSynchronize(), gpuSuccess);  // The backend's stream does not wait for the default one.
+  std::vector<float> want(n), got(n);
+  for (int i = 0; i < n; ++i) want[i] = x[i] + y[i];
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(b.copy_to_device(dx.get(), x.data(), size_t(n) * 4).ok());
+    b.add_inplace(dx.get(), dy.get(), n);
+    (*group)[0]->all_gather(dx.get(), n, dout.get());
+    (*group)[0]->all_reduce_sum(dout.get(), n);  // One rank: the sum is its own buffer.
+    ASSERT_TRUE(b.copy_to_host(got.data(), dout.get(), size_t(n) * 4).ok());
+    EXPECT_EQ(got, want) << "round " << round;
+  }
+  (*group)[0]->barrier();
+}
+
 // A recorded graph (Backend::begin_capture) runs nothing while recording, and each replay computes
 // what the same calls run eagerly compute from the inputs' contents at that replay.
 TEST(GpuBackend, RecordedGraphReplaysTheEagerCallsOnNewInputs) {

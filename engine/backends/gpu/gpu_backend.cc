@@ -11,6 +11,7 @@
 #include "engine/backend_buffer.h"
 #include "engine/backends/gpu/gpu_abi_id.h"
 #include "engine/backends/gpu/gpu_blas.h"
+#include "engine/backends/gpu/gpu_queue.h"
 #include "kernels/gpu/ops.h"
 
 namespace pdserve::engine {
@@ -63,6 +64,8 @@ class GpuBackend final : public Backend {
     PD_RETURN_IF_ERROR(gpu_status(gpuMemGetInfo(&free_bytes, &b->total_bytes_), "memory info"));
     return std::unique_ptr<Backend>(std::move(b));
   }
+  // The device and stream its work is queued on (the communicators' collectives join it).
+  GpuQueue queue() const { return {device_, stream_}; }
 
   ~GpuBackend() override {
     bind();
@@ -404,6 +407,12 @@ std::string_view gpu_backend_kind() { return kKind; }
 int gpu_device_count() {
   int n = 0;
   return gpuGetDeviceCount(&n) == gpuSuccess ? n : 0;
+}
+
+std::optional<GpuQueue> gpu_queue_of(const Backend& backend) {
+  const auto* gpu = dynamic_cast<const GpuBackend*>(&backend);
+  if (gpu == nullptr) return std::nullopt;
+  return gpu->queue();
 }
 
 StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {
