@@ -363,6 +363,24 @@ __host__ __device__ inline MmaShared mma_shared(int hd, int vhd) {
   return m;
 }
 
+// One row of a K or V tile into shared memory by one warp: the `n` elements at `src` (storage
+// T; none where src is null) rounded to bf16 into dst[0, n), zeros to dst[padded) (padded a
+// multiple of 16, dst 16-byte aligned). A bf16 row whose length and address allow it moves 16
+// bytes a lane and load.
+template <typename T>
+__device__ __forceinline__ void tile_row(gpu_bf16* dst, const T* src, int n, int padded, int lane) {
+  if constexpr (std::is_same_v<T, gpu_bf16>) {
+    if (src != nullptr && n % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+      const uint4 zeros = {0u, 0u, 0u, 0u};
+      for (int d = lane * 8; d < padded; d += kWarpSize * 8)
+        *reinterpret_cast<uint4*>(dst + d) = d < n ? *reinterpret_cast<const uint4*>(src + d) : zeros;
+      return;
+    }
+  }
+  for (int d = lane; d < padded; d += kWarpSize)
+    dst[d] = from_f32<gpu_bf16>(src != nullptr && d < n ? to_f32(src[d]) : 0.0f);
+}
+
 // The grid and row mapping of prefill_attention_kernel (gq heads of a group by tq tokens a tile).
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads)
@@ -419,17 +437,12 @@ prefill_attention_mma_kernel(float* out, const float* q, kernels::PagedLayerView
     for (int kt = lo; kt <= hi; kt += kMmaKeys) {
       __syncthreads();  // Every warp is done with the previous tile's K, V and its own O.
       const int n_keys = min(kMmaKeys, hi - kt + 1);
-      // Zeros past the run's keys and the head dims: a zero V row times P = 0 adds nothing.
-      for (int e = threadIdx.x; e < kMmaKeys * L.dp; e += blockDim.x) {
-        const int j = e / L.dp, d = e % L.dp;
-        ks[j * L.k_ld + d] = j < n_keys && d < hd ? from_f32<gpu_bf16>(to_f32(key_ptr<T>(kv, table, kt + j, kvh)[d]))
-                                                  : from_f32<gpu_bf16>(0.0f);
-      }
-      for (int e = threadIdx.x; e < kMmaKeys * L.vp; e += blockDim.x) {
-        const int j = e / L.vp, d = e % L.vp;
-        vs[j * L.v_ld + d] = j < n_keys && d < vhd
-                                 ? from_f32<gpu_bf16>(to_f32(value_ptr<T>(kv, table, kt + j, kvh)[d]))
-                                 : from_f32<gpu_bf16>(0.0f);
+      // A warp a row. Zeros past the run's keys and the head dims: a zero V row times P = 0 adds
+      // nothing.
+      for (int j = warp; j < kMmaKeys; j += kAttnWarps) {
+        const bool key = j < n_keys;
+        tile_row(ks + j * L.k_ld, key ? key_ptr<T>(kv, table, kt + j, kvh) : nullptr, hd, L.dp, lane);
+        tile_row(vs + j * L.v_ld, key ? value_ptr<T>(kv, table, kt + j, kvh) : nullptr, vhd, L.vp, lane);
       }
       __syncthreads();
 
