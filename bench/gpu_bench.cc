@@ -618,8 +618,11 @@ bool measure_attention(const Options& o, const Roofline& roof, const ModelConfig
     std::iota(host_ints.begin(), host_ints.begin() + len, 0);
     std::iota(host_ints.begin() + len, host_ints.end(), 0);
     const std::vector<const int*> host_ptrs(len, ints.as<int>() + len);
-    made = made && backend->copy_to_device(ints.as<void>(), host_ints.data(), host_ints.size() * 4).ok() &&
-           backend->copy_to_device(table_ptrs.as<void>(), host_ptrs.data(), host_ptrs.size() * sizeof(const int*)).ok();
+    // The kernels below run on the default stream, which does not wait for the backend's.
+    made =
+        made && backend->copy_to_device(ints.as<void>(), host_ints.data(), host_ints.size() * 4).ok() &&
+        backend->copy_to_device(table_ptrs.as<void>(), host_ptrs.data(), host_ptrs.size() * sizeof(const int*)).ok() &&
+        backend->synchronize().ok();
     if (!made) {
       std::fprintf(stderr, "could not fill prefill attention's inputs\n");
       return false;

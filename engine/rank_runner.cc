@@ -314,6 +314,19 @@ void RankRunner::attention(float* out, const float* q, const kernels::PagedLayer
   }
 }
 
+void RankRunner::gate_up_silu(float* act, float* gate_up, const float* x, const float* w, int rows, int hidden,
+                              int in) {
+  // The fused verb takes bf16 weights only (a GPU fuses up to 8 rows); f32 ones keep the GEMM and
+  // silu_mul, as cuBLAS's SGEMM gives other bits than the GEMV.
+  if (shard_.weight_dtype == DType::kBF16) {
+    backend_->gate_up_silu_bf16(act, gate_up, x, reinterpret_cast<const uint16_t*>(w), rows, hidden, in, in,
+                                shard_.gemm_precision);
+  } else {
+    matmul(gate_up, x, w, rows, 2 * hidden, in, in);
+    backend_->silu_mul(act, gate_up, gate_up + hidden, rows, hidden, 2 * hidden);
+  }
+}
+
 void RankRunner::matmul(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw) {
   if (shard_.weight_dtype == DType::kBF16) {
     backend_->matmul_xwt_bf16(y, x, reinterpret_cast<const uint16_t*>(w), rows, out, in, ldw, shard_.gemm_precision);
@@ -378,14 +391,8 @@ void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& lay
     matmul(out, attn, w.wo, n, c.dim, q_local, w.wo_stride);
     comm_->all_reduce_sum(out, int64_t(n) * c.dim);
     backend_->add_rms_norm(xn, x, out, w.ffn_norm, n, c.dim, c.rms_eps);
-    // Rows [gate | up]. The fused verb takes bf16 weights only (a GPU fuses up to 8 rows); f32 ones
-    // keep the GEMM and silu_mul, as cuBLAS's SGEMM gives other bits than the GEMV.
-    if (w.w_gate_up && shard_.weight_dtype == DType::kBF16) {
-      backend_->gate_up_silu_bf16(act, proj, xn, reinterpret_cast<const uint16_t*>(w.w_gate_up), n, hidden, c.dim,
-                                  c.dim, shard_.gemm_precision);
-    } else if (w.w_gate_up) {
-      matmul(proj, xn, w.w_gate_up, n, 2 * hidden, c.dim, c.dim);
-      backend_->silu_mul(act, proj, proj + hidden, n, hidden, 2 * hidden);
+    if (w.w_gate_up) {
+      gate_up_silu(act, proj, xn, w.w_gate_up, n, hidden, c.dim);
     } else {
       float* up = proj + int64_t(n) * hidden;
       matmul(proj, xn, w.w_gate, n, hidden, c.dim, c.dim);

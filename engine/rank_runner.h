@@ -121,6 +121,9 @@ class RankRunner {
   Status run_graph_step(int bucket);
   // A GEMM with the shard's weights (f32 or bf16 behind the same pointers).
   void matmul(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw);
+  // act = silu(x·gateᵀ) · (x·upᵀ) with the fused [gate | up] weight `w` (2·hidden rows of `in`):
+  // Backend::gate_up_silu_bf16 for bf16 weights, else the GEMM into `gate_up` and silu_mul.
+  void gate_up_silu(float* act, float* gate_up, const float* x, const float* w, int rows, int hidden, int in);
   // Uploads the RoPE table (engine/rope_scaling.h) of each distinct head dim into rope_tables_.
   Status upload_rope_tables();
   // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their

@@ -489,6 +489,8 @@ prefill_attention_mma_kernel(float* out, const float* q, kernels::PagedLayerView
         tile_sum += pe;
       }
       tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
+      // l sums the unrounded probabilities, O the bf16 ones (as FlashAttention-2 does): a bias
+      // within P's rounding.
       l_run = l_run * corr + tile_sum;
       m_run = m_new;
       for (int d = half; d < L.vp; d += 2) os[my_row * L.o_ld + d] *= corr;
@@ -601,10 +603,12 @@ void prefill_attention_bf16(float* out, const float* q, const kernels::PagedLaye
   const dim3 grid((tokens.num_tokens + tq - 1) / tq, n_q_heads / q_per_kv, (q_per_kv + gq - 1) / gq);
   dispatch_storage(kv.storage, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    // The largest layout (head dims 256), allowed once for every launch.
-    static const gpuError_t allowed =
-        allow_dynamic_shared(prefill_attention_mma_kernel<T>, size_t(mma_shared(kMaxHeadDim, kMaxHeadDim).bytes));
-    if (allowed != gpuSuccess) kernel_limit_exceeded("prefill_attention_bf16", "the shared memory it needs is refused");
+    // Per launch: the opt-in is the current device's, and a rank thread may drive any device.
+    if (allow_dynamic_shared(prefill_attention_mma_kernel<T>, size_t(L.bytes)) != gpuSuccess) {
+      (void)gpuGetLastError();  // Answered here: not a failed kernel for the next synchronize.
+      prefill_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale, stream);
+      return;
+    }
     gpu_launch(prefill_attention_mma_kernel<T>, grid, kAttnThreads, size_t(L.bytes), stream, out, q, kv, tokens,
                n_q_heads, q_per_kv, gq, tq, window, scale);
   });

@@ -102,9 +102,10 @@ void prefill_attention(float* out, const float* q, const kernels::PagedLayerView
 // prefill_attention on tensor cores (CUDA sm_80+, and the emulation), for
 // engine::GemmPrecision::kBf16: Q, K, V and the softmax's probabilities rounded to bf16 (nearest
 // even) as the products' operands, accumulated in f32; the softmax itself in f32. Any KV
-// storage (rounded to bf16 as it is loaded); tiles of 64 query rows and 32 keys. Not equal to
-// prefill_attention: within bf16's rounding of it. On HIP, where no MFMA variant exists yet,
-// it is prefill_attention.
+// storage (rounded to bf16 as it is loaded); tiles of 64 query rows and 32 keys, in 50-148 KB
+// of shared memory (head dims 64-256). Not equal to prefill_attention: within bf16's rounding
+// of it. It is prefill_attention on HIP, where no MFMA variant exists yet, and on a device
+// whose shared memory cannot hold the tiles (head dim 256 on GPUs with ~100 KB a block).
 void prefill_attention_bf16(float* out, const float* q, const kernels::PagedLayerView& kv,
                             const kernels::TokenPlacement& tokens, int n_q_heads, int q_per_kv, int window, float scale,
                             gpuStream_t stream);

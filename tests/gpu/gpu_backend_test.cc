@@ -99,8 +99,10 @@ TEST(GpuBackend, CollectivesRunOnTheRankBackendsStream) {
   Dev<float> dx(x), dy(y), dout(n);
   ASSERT_EQ(gpuDeviceSynchronize(), gpuSuccess);  // The backend's stream does not wait for the default one.
   std::vector<float> want(n), got(n);
+  const std::vector<float> zeros(n, 0.0f);
   for (int i = 0; i < n; ++i) want[i] = x[i] + y[i];
   for (int round = 0; round < 3; ++round) {
+    ASSERT_TRUE(b.copy_to_device(dout.get(), zeros.data(), size_t(n) * 4).ok());  // No earlier round's result.
     ASSERT_TRUE(b.copy_to_device(dx.get(), x.data(), size_t(n) * 4).ok());
     b.add_inplace(dx.get(), dy.get(), n);
     (*group)[0]->all_gather(dx.get(), n, dout.get());

@@ -85,6 +85,7 @@ class GpuBackend final : public Backend {
   StatusOr<void*> allocate(size_t bytes) override {
     bind();
     PD_ASSIGN_OR_RETURN(auto held, stream_call("an allocation"));
+    drain();
     void* p = nullptr;
     if (gpuError_t e = gpuMalloc(&p, bytes ? bytes : 1); e != gpuSuccess) {
       (void)gpuGetLastError();  // Returned here; not a failed kernel for the next synchronize().
@@ -104,6 +105,7 @@ class GpuBackend final : public Backend {
       deferred_frees_.push_back(ptr);  // Freed when the recording ends.
       return;
     }
+    drain();
     (void)gpuFree(ptr);
   }
   // gpuMemcpyDefault: either side may be host or device memory (unified addressing).
@@ -116,6 +118,7 @@ class GpuBackend final : public Backend {
   Status copy_to_host(void* dst, const void* src, size_t bytes) override {
     bind();
     PD_ASSIGN_OR_RETURN(auto held, stream_call("a copy"));
+    drain();
     PD_RETURN_IF_ERROR(gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host"));
     return gpu_status(gpuStreamSynchronize(stream_), "copy_to_host");
   }
@@ -348,6 +351,12 @@ class GpuBackend final : public Backend {
   };
 
   explicit GpuBackend(int device) : device_(device) {}
+  // Waits for what this backend's stream holds — a rank's collectives too, which it queues there
+  // (gpu_communicator.cc) — before a call that may synchronize the device inside the driver (an
+  // allocation, a free, a copy into pageable memory): NCCL documents that such a call, made
+  // while a collective is in flight, can deadlock a process that drives several GPUs. Its
+  // errors are the next synchronize()'s.
+  void drain() { (void)gpuStreamSynchronize(stream_); }
   // The current device is per thread, and rank threads may call any backend.
   void bind() const { (void)gpuSetDevice(device_); }
   // Grows `buffer`, a scratch of the backend's own, to at least `bytes`. A recorded graph may

@@ -61,6 +61,9 @@ class GpuCommunicator final : public Communicator {
   void barrier() override {
     all_reduce_sum(token_, 1);
     check_gpu(gpuStreamSynchronize(stream_), "stream synchronize");
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "async error query");
+    check_nccl(async, "a collective of this step");
   }
 
  private:

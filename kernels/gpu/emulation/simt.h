@@ -61,6 +61,14 @@ void block_barrier();
 unsigned linear_thread();
 // Lane values for shuffles, one slot per thread of the running block.
 uint64_t* lane_slots();
+// Dynamic shared memory a launch may take without an opt-in, and the most an opt-in may grant
+// (sm_90's), as on a GPU.
+inline constexpr size_t kDefaultDynamicShared = size_t(48) << 10, kMaxDynamicShared = size_t(227) << 10;
+// Records an opt-in (allow_dynamic_shared) of `bytes` for `kernel`.
+void allow_shared(const void* kernel, size_t bytes);
+// Aborts with a message when a launch of `kernel` asks for more dynamic shared memory than it
+// may take: a GPU refuses such a launch.
+void check_shared(const void* kernel, size_t bytes);
 
 }  // namespace pdserve::kernels::gpu::simt
 
@@ -297,9 +305,12 @@ inline gpuError_t gpuMemcpyAsync(void* dst, const void* src, size_t bytes, gpuMe
   return gpuMemcpy(dst, src, bytes, kind);
 }
 
-// Any size of dynamic shared memory is allowed here.
+// Lets `kernel` launch with `bytes` of dynamic shared memory, up to a GPU's most.
 template <typename... Params>
-gpuError_t allow_dynamic_shared(void (*)(Params...), size_t) {
+gpuError_t allow_dynamic_shared(void (*kernel)(Params...), size_t bytes) {
+  namespace simt = pdserve::kernels::gpu::simt;
+  if (bytes > simt::kMaxDynamicShared) return gpuErrorInvalidValue;
+  simt::allow_shared(reinterpret_cast<const void*>(kernel), bytes);
   return gpuSuccess;
 }
 
@@ -308,6 +319,7 @@ gpuError_t allow_dynamic_shared(void (*)(Params...), size_t) {
 template <typename... Params, typename... Args>
 void gpu_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, gpuStream_t stream,
                 Args&&... args) {
+  pdserve::kernels::gpu::simt::check_shared(reinterpret_cast<const void*>(kernel), shared_bytes);
   if (stream != nullptr && stream->capture != nullptr) {
     stream->capture->nodes.push_back(
         [=, ... a = args] { pdserve::kernels::gpu::simt::launch(grid, block, shared_bytes, [&] { kernel(a...); }); });

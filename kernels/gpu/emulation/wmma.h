@@ -7,7 +7,9 @@
 // eight columns from (l % 2) · 8 — another distribution than a GPU's, so that a kernel reading
 // fragment elements by position computes something else here. Loads and stores are not
 // barriers: each lane reads and writes only its own elements, as on a GPU, so a kernel that
-// loads what other lanes stored without a __syncwarp between reads stale values here. The
+// loads what other lanes stored with no barrier between reads stale values here (an emulated
+// shuffle is a warp barrier, though, which a GPU's is not: one between hides a missing
+// __syncwarp). The
 // documented preconditions abort with a message: 32-byte aligned pointers, ldm a multiple of
 // 16 bytes.
 #pragma once
