@@ -478,7 +478,8 @@ void add_up_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option(
          "--gemm-precision", f->gemm_precision,
-         "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM; needs --weight-dtype bf16)")
+         "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM and tensor-core prefill "
+         "attention; needs --weight-dtype bf16)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   cmd->add_flag("--decode-graphs", f->decode_graphs,
