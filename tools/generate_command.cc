@@ -289,8 +289,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   engine
       ->add_option("--gemm-precision", flags->gemm_precision,
                    "How the GEMMs take their activations: exact (f32), or bf16 (rounded to bf16 for the vendor bf16 "
-                   "GEMM and tensor cores, prefill attention's products too; needs --weight-dtype bf16; within a "
-                   "tolerance of exact, not equal)")
+                   "GEMM and tensor cores, on CUDA prefill attention's products too; needs --weight-dtype bf16; "
+                   "within a tolerance of exact, not equal)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   engine->add_flag("--decode-graphs", flags->engine.decode_graphs,

@@ -476,10 +476,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--weight-dtype", f->weight_dtype, "GPU workers' GEMM weights: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option(
-         "--gemm-precision", f->gemm_precision,
-         "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM and tensor-core prefill "
-         "attention; needs --weight-dtype bf16)")
+  cmd->add_option("--gemm-precision", f->gemm_precision,
+                  "GPU workers' GEMM activations: exact (f32), or bf16 (the vendor bf16 GEMM, and on CUDA tensor-core "
+                  "prefill attention; needs --weight-dtype bf16)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   cmd->add_flag("--decode-graphs", f->decode_graphs,

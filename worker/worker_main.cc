@@ -450,8 +450,8 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
       ->capture_default_str();
   app.add_option("--gemm-precision", f.gemm_precision,
                  "How the GEMMs take their activations: exact (f32), or bf16 (rounded to bf16 for the vendor bf16 "
-                 "GEMM and tensor cores, prefill attention's products too; needs --weight-dtype bf16; within a "
-                 "tolerance of exact, not equal)")
+                 "GEMM and tensor cores, on CUDA prefill attention's products too; needs --weight-dtype bf16; "
+                 "within a tolerance of exact, not equal)")
       ->check(CLI::IsMember({"exact", "bf16"}))
       ->capture_default_str();
   app.add_flag("--decode-graphs", f.engine.decode_graphs,

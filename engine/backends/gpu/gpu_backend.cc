@@ -64,20 +64,24 @@ class GpuBackend final : public Backend {
     PD_RETURN_IF_ERROR(gpu_status(gpuMemGetInfo(&free_bytes, &b->total_bytes_), "memory info"));
     return std::unique_ptr<Backend>(std::move(b));
   }
-  // The device and stream its work is queued on (the communicators' collectives join it).
-  GpuQueue queue() const { return {device_, stream_}; }
+  // The device and stream its work is queued on, for a communicator whose collectives join the
+  // stream; from then on the backend drains it before driver-synchronizing calls (drain()).
+  GpuQueue adopt_queue() {
+    drains_ = true;
+    return {device_, stream_};
+  }
 
   ~GpuBackend() override {
     bind();
 #if defined(PDSERVE_GPU_BLAS)
-    if (blas_) gpublasDestroy(blas_);
+    if (blas_) gpublasDestroy(blas_);  // Before its workspace goes.
 #endif
-    if (stream_) (void)gpuStreamDestroy(stream_);
-    if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
-    decode_scratch_.reset();  // Here, while this is still a whole backend to free them with.
+    decode_scratch_.reset();  // Here, while this is still a whole backend (streams too) to free them with.
     gemm_x_.reset();
     retired_.clear();
     blas_workspace_.reset();
+    if (stream_) (void)gpuStreamDestroy(stream_);
+    if (staging_stream_) (void)gpuStreamDestroy(staging_stream_);
   }
 
   std::string name() const override { return absl::StrCat(kKind, ":", device_); }
@@ -351,12 +355,15 @@ class GpuBackend final : public Backend {
   };
 
   explicit GpuBackend(int device) : device_(device) {}
-  // Waits for what this backend's stream holds — a rank's collectives too, which it queues there
-  // (gpu_communicator.cc) — before a call that may synchronize the device inside the driver (an
-  // allocation, a free, a copy into pageable memory): NCCL documents that such a call, made
-  // while a collective is in flight, can deadlock a process that drives several GPUs. Its
-  // errors are the next synchronize()'s.
-  void drain() { (void)gpuStreamSynchronize(stream_); }
+  // Where a communicator queues its collectives on this stream (adopt_queue), waits for what the
+  // stream holds before a call that may synchronize the device inside the driver (an allocation,
+  // a free, a copy into pageable memory): NCCL documents that such a call, made while a
+  // collective is in flight, can deadlock a process that drives several GPUs. On the rank's own
+  // thread (a scratch grown mid-step) nothing is then in flight; another thread's call waits for
+  // what was queued when it came. Its errors are the next call's (kernel faults are sticky).
+  void drain() {
+    if (drains_) (void)gpuStreamSynchronize(stream_);
+  }
   // The current device is per thread, and rank threads may call any backend.
   void bind() const { (void)gpuSetDevice(device_); }
   // Grows `buffer`, a scratch of the backend's own, to at least `bytes`. A recorded graph may
@@ -383,6 +390,7 @@ class GpuBackend final : public Backend {
   }
 
   int device_;
+  std::atomic<bool> drains_{false};  // A communicator's collectives share stream_ (adopt_queue).
   gpuStream_t stream_ = nullptr;
   gpuStream_t staging_stream_ = nullptr;  // kvtransfer staging copies, beside the forward pass.
 #if defined(PDSERVE_GPU_BLAS)
@@ -418,10 +426,10 @@ int gpu_device_count() {
   return gpuGetDeviceCount(&n) == gpuSuccess ? n : 0;
 }
 
-std::optional<GpuQueue> gpu_queue_of(const Backend& backend) {
-  const auto* gpu = dynamic_cast<const GpuBackend*>(&backend);
+std::optional<GpuQueue> adopt_gpu_queue(Backend& backend) {
+  auto* gpu = dynamic_cast<GpuBackend*>(&backend);
   if (gpu == nullptr) return std::nullopt;
-  return gpu->queue();
+  return gpu->adopt_queue();
 }
 
 StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {

@@ -57,7 +57,9 @@ class GpuCommunicator final : public Communicator {
     check_gpu(gpuSetDevice(rank_), "set device");
     check_nccl(ncclAllGather(in, out, size_t(count), ncclFloat, comm_, stream_), "all_gather");
   }
-  // The one host wait: an all-reduce no rank's stream passes before every rank has queued it.
+  // The communicator's one host wait: an all-reduce no rank's stream passes before every rank has
+  // queued it. NCCL's asynchronous errors are checked there too (a collective that hangs is not
+  // one of them).
   void barrier() override {
     all_reduce_sum(token_, 1);
     check_gpu(gpuStreamSynchronize(stream_), "stream synchronize");
@@ -81,7 +83,7 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(const std::v
     return absl::InvalidArgumentError(absl::StrCat("a collective group of ", size, " ranks on ", devices, " GPUs"));
   std::vector<gpuStream_t> streams(size);
   for (int r = 0; r < size; ++r) {
-    const std::optional<GpuQueue> queue = ranks[r] == nullptr ? std::nullopt : gpu_queue_of(*ranks[r]);
+    const std::optional<GpuQueue> queue = ranks[r] == nullptr ? std::nullopt : adopt_gpu_queue(*ranks[r]);
     if (!queue || queue->device != r)
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", r, " of a GPU collective group is not the GPU backend of device ", r));

@@ -42,9 +42,9 @@ struct Threads {
 thread_local Threads* threads_here = nullptr;  // This host thread's coroutines.
 thread_local Threads* running = nullptr;       // Set while this host thread runs a launch.
 const bool reverse_order = std::getenv("PDSERVE_SIMT_REVERSE") != nullptr;
-// allow_dynamic_shared's opt-ins by kernel.
-std::mutex opt_ins_mu;
-std::unordered_map<const void*, size_t> opt_ins;
+// allow_dynamic_shared's opt-ins by kernel, per host thread: a GPU's are per device, and a rank
+// thread drives its own, so a kernel that opted in once for the whole process fails here.
+thread_local std::unordered_map<const void*, size_t> opt_ins;
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "gpu emulation: %s\n", what);
@@ -170,14 +170,10 @@ void launch(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void
   running = nullptr;
 }
 
-void allow_shared(const void* kernel, size_t bytes) {
-  std::lock_guard lock(opt_ins_mu);
-  opt_ins[kernel] = bytes;
-}
+void allow_shared(const void* kernel, size_t bytes) { opt_ins[kernel] = bytes; }
 
 void check_shared(const void* kernel, size_t bytes) {
   if (bytes <= kDefaultDynamicShared) return;
-  std::lock_guard lock(opt_ins_mu);
   const auto it = opt_ins.find(kernel);
   if (it == opt_ins.end() || it->second < bytes)
     fail("a launch takes more dynamic shared memory than 48 KB and its kernel's allow_dynamic_shared");

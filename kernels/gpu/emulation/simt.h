@@ -64,7 +64,8 @@ uint64_t* lane_slots();
 // Dynamic shared memory a launch may take without an opt-in, and the most an opt-in may grant
 // (sm_90's), as on a GPU.
 inline constexpr size_t kDefaultDynamicShared = size_t(48) << 10, kMaxDynamicShared = size_t(227) << 10;
-// Records an opt-in (allow_dynamic_shared) of `bytes` for `kernel`.
+// Records an opt-in (allow_dynamic_shared) of `bytes` for `kernel`, on the calling host thread
+// (standing for the device it drives).
 void allow_shared(const void* kernel, size_t bytes);
 // Aborts with a message when a launch of `kernel` asks for more dynamic shared memory than it
 // may take: a GPU refuses such a launch.
