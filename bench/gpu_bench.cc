@@ -50,6 +50,7 @@
 #include "engine/backends/gpu/gpu_blas.h"
 #include "engine/backends/phase_profiler.h"
 #include "engine/gpu_backend.h"
+#include "engine/kv_cache_layout.h"
 #include "engine/model/make_model.h"
 #include "engine/model_tensors.h"
 #include "engine/model_weights.h"
@@ -123,6 +124,14 @@ std::pair<double, gpuError_t> time_calls(Body&& body, int iters) {
 bool truncate_to_bf16(void* dst, const void* src, int64_t n) {
   return gpuMemcpy2D(dst, 2, static_cast<const char*>(src) + 2, 4, 2, size_t(n), gpuMemcpyDeviceToDevice) ==
          gpuSuccess;
+}
+
+// `dst` holds n bf16 values truncated from N(0, stddev) floats made in `f32` (both grown as needed).
+bool random_bf16_buffer(Backend* backend, BackendBuffer& dst, BackendBuffer& f32, int64_t n, uint64_t seed,
+                        float stddev) {
+  if (!dst.reserve(backend, size_t(n) * 2).ok() || !f32.reserve(backend, size_t(n) * 4).ok()) return false;
+  kernels::gpu::fill_random(f32.as<float>(), n, seed, stddev, 0.0f, nullptr);
+  return truncate_to_bf16(dst.as<void>(), f32.as<void>(), n);
 }
 
 // Tensors by name whose data is already in device memory (the synthetic weights).
@@ -500,10 +509,8 @@ bool measure_sampling(const Options& o, const ModelConfig& c, Backend* backend, 
 // it. Inputs are random, never zeros: bf16 values truncated from N(0, 0.02) floats.
 bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
   BackendBuffer f32;
-  auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) -> bool {
-    if (!dst.reserve(backend, size_t(n) * 2).ok() || !f32.reserve(backend, size_t(n) * 4).ok()) return false;
-    kernels::gpu::fill_random(f32.as<float>(), n, seed, 0.02f, 0.0f, nullptr);
-    return truncate_to_bf16(dst.as<void>(), f32.as<void>(), n);
+  auto random_bf16 = [&](BackendBuffer& dst, int64_t n, uint64_t seed) {
+    return random_bf16_buffer(backend, dst, f32, n, seed, 0.02f);
   };
 #if defined(PDSERVE_GPU_BLAS)
   gpublasHandle_t h;
@@ -596,23 +603,22 @@ bool measure_gemms(const Options& o, const Roofline& roof, const ModelConfig& c,
 // (Q·Kᵀ and P·V: 4 · heads · head dim · L(L+1)/2 flops) and as a fraction of the bf16 peak.
 bool measure_attention(const Options& o, const Roofline& roof, const ModelConfig& c, Backend* backend, Report& report) {
   const LayerAttention a = c.attention(0);
-  const int nq = c.n_heads, nkv = a.n_kv_heads, hd = a.head_dim, block = 16;
+  const int nq = c.n_heads, nkv = a.n_kv_heads, hd = a.head_dim;
+  KvCacheSpec spec;  // One layer of the model's cache, in bf16.
+  spec.layers = {{KvKind::kKv, KvSharding::kByHead, nkv, hd, hd, DType::kBF16}};
   for (int len : o.prefill) {
-    const int blocks = (len + block - 1) / block;
-    const int64_t kv_elems = int64_t(blocks) * block * nkv * hd, q_elems = int64_t(len) * nq * hd;
-    BackendBuffer k, v, f32, q, out, ints, table_ptrs;
-    if (!k.reserve(backend, size_t(kv_elems) * 2).ok() || !v.reserve(backend, size_t(kv_elems) * 2).ok() ||
-        !f32.reserve(backend, size_t(std::max(kv_elems, q_elems)) * 4).ok() ||
-        !q.reserve(backend, size_t(q_elems) * 4).ok() || !out.reserve(backend, size_t(q_elems) * 4).ok() ||
+    const int blocks = (len + spec.block_size - 1) / spec.block_size;
+    auto layout = KvCacheLayout::create(spec, 0, 1, blocks);
+    const int64_t q_elems = int64_t(len) * nq * hd;
+    BackendBuffer arena, f32, q, out, ints, table_ptrs;
+    // The arena (K and V) random, as bf16 values.
+    bool made = layout.ok() && random_bf16_buffer(backend, arena, f32, int64_t(layout->total_bytes() / 2), 500, 1.0f);
+    if (!made || !q.reserve(backend, size_t(q_elems) * 4).ok() || !out.reserve(backend, size_t(q_elems) * 4).ok() ||
         !ints.reserve(backend, size_t(len + blocks) * 4).ok() ||
         !table_ptrs.reserve(backend, size_t(len) * sizeof(const int*)).ok()) {
       std::fprintf(stderr, "no memory for prefill attention over %d tokens\n", len);
       return false;
     }
-    kernels::gpu::fill_random(f32.as<float>(), kv_elems, 500, 1.0f, 0.0f, nullptr);
-    bool made = truncate_to_bf16(k.as<void>(), f32.as<void>(), kv_elems);
-    kernels::gpu::fill_random(f32.as<float>(), kv_elems, 501, 1.0f, 0.0f, nullptr);
-    made = made && truncate_to_bf16(v.as<void>(), f32.as<void>(), kv_elems);
     kernels::gpu::fill_random(q.as<float>(), q_elems, 502, 1.0f, 0.0f, nullptr);
     std::vector<int> host_ints(size_t(len) + blocks);  // Positions, then the block table.
     std::iota(host_ints.begin(), host_ints.begin() + len, 0);
@@ -627,15 +633,7 @@ bool measure_attention(const Options& o, const Roofline& roof, const ModelConfig
       std::fprintf(stderr, "could not fill prefill attention's inputs\n");
       return false;
     }
-    kernels::PagedLayerView view;
-    view.k = k.as<void>();
-    view.v = v.as<void>();
-    view.storage = kernels::Storage::kBF16;
-    view.k_block_stride = view.v_block_stride = int64_t(block) * nkv * hd;
-    view.k_token_stride = view.v_token_stride = int64_t(nkv) * hd;
-    view.k_head_stride = view.v_head_stride = hd;
-    view.block_size = block;
-    view.head_dim = view.v_head_dim = hd;
+    const kernels::PagedLayerView view = layout->view(0, arena.as<uint8_t>());
     const kernels::TokenPlacement tokens{len, ints.as<int>(), table_ptrs.as<const int* const>()};
     const double flops = 4.0 * nq * hd * (double(len) * (len + 1) / 2);
     const float scale = 1.0f / std::sqrt(float(hd));
