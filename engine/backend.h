@@ -38,6 +38,18 @@ class StepGraph {
   virtual Status replay() = 0;
 };
 
+// A point in a backend's queue (a GPU event), so that the host can wait for one step's work
+// while the next is queued behind it (asynchronous scheduling).
+class QueueMark {
+ public:
+  virtual ~QueueMark() = default;
+  // Marks the end of the work queued so far.
+  virtual Status record() = 0;
+  // Waits until the work before the last record() has finished (not work queued since); that
+  // work's errors, as synchronize() reports them.
+  virtual Status wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -50,6 +62,22 @@ class Backend {
   virtual Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   // Waits until all queued work has finished.
   virtual Status synchronize() = 0;
+  // copy_to_host without the wait: `dst` (pinned with pin_host_memory on a device backend, so
+  // the copy does not hold up the caller) holds the bytes once a QueueMark recorded after it has
+  // been waited for. By default copy_to_host, which waits.
+  virtual Status copy_to_host_queued(void* dst, const void* src, size_t bytes) { return copy_to_host(dst, src, bytes); }
+  // A mark in this backend's queue. By default one whose wait() is synchronize(): right, if it
+  // waits for more than it must; backends whose calls complete as they return need no more.
+  // (Inline, as every default here: the GPU library has no key function to link against.)
+  virtual StatusOr<std::unique_ptr<QueueMark>> create_mark() {
+    struct WholeQueueMark final : QueueMark {
+      explicit WholeQueueMark(Backend* b) : backend(b) {}
+      Status record() override { return absl::OkStatus(); }
+      Status wait() override { return backend->synchronize(); }
+      Backend* backend;
+    };
+    return std::unique_ptr<QueueMark>(new WholeQueueMark(this));
+  }
   // Total memory of the device (physical RAM for the CPU backend).
   virtual uint64_t memory_bytes() const = 0;
   // Copies of KV between this backend's memory and host memory outside the forward pass
@@ -70,7 +98,10 @@ class Backend {
   // Whether the backend's memory is host memory the CPU may use directly.
   bool host_memory() const { return memory_kind() == MemoryKind::kHost; }
 
-  virtual void embed(float* out, const float* table, const int* tokens, int n, int dim) = 0;
+  // out[t] = table[token t]. A negative tokens[t] stands for sampled[-1 - tokens[t]]: the token
+  // a step sampled into backend memory, fed to the next step before the host has read it
+  // (asynchronous scheduling). `sampled` may be null when no token is negative.
+  virtual void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) = 0;
   virtual void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) = 0;
   // out[r] = rms_norm(in[row_ids[r]]) (row_ids in backend memory): a step's logits rows picked
   // out of its hidden states and normed in one call, not a copy per row.

@@ -88,6 +88,12 @@ struct Engine::Sequence {
   bool chain_broken = false;
   int cached_tokens = 0;
   int preemptions = 0;  // Times its blocks were taken back to make room (it recomputes them).
+  // Launched steps not yet collected (Engine::launched_): the tokens they feed it, whose KV
+  // num_computed counts once their step is collected, and the one that samples its next token,
+  // which the host has not read (its id, and its logit row there; -1: none).
+  int fed_ahead = 0;
+  int64_t pending_step = -1;
+  int pending_row = -1;
   KvTiers::Progress tiers;  // How far its blocks reached the host and filesystem tiers.
   // The chunk files read ahead of its admission (PENDING in Engine::loading_ until done), and
   // whether admission looked for them already (both reset once it is admitted).
@@ -97,6 +103,40 @@ struct Engine::Sequence {
   // Where the output starts in `tokens`: the resumed tokens of a migrated request are output.
   int output_start() const { return int(request.prompt.size()) - request.resumed_tokens; }
   int generated() const { return int(tokens.size()) - output_start(); }
+};
+
+// A launched step: what it fed, what its logit rows are, where its results land.
+struct Engine::LaunchedStep {
+  struct Fed {
+    std::shared_ptr<Sequence> seq;
+    int tokens = 0;
+    int preemptions = 0;  // The sequence's, at launch: a preemption since voids the step's KV.
+  };
+  // A logit row: the one sampling a sequence's next token (prompt_pos -1), or for
+  // params.prompt_logprobs one per position of a prompt chunk that has a next prompt token,
+  // whose log-probability it gives (its sampled token is unused).
+  struct Row {
+    Sequence* seq;  // Kept alive by `fed`.
+    int prompt_pos;
+    int preemptions;  // As Fed's.
+  };
+  int64_t id = 0;
+  std::vector<Fed> fed;
+  std::vector<Row> rows;
+  std::vector<int> tokens;
+  std::vector<kernels::RowLogprobs> logprobs;  // When some row asks.
+  std::vector<float> logits;                   // Sampling on the host.
+  std::vector<kernels::SampleRow> host_rows;   // Sampling on the host: the rows' parameters.
+  std::vector<int> seen_new_ids;
+  std::vector<kernels::LogitBias> biases;
+  std::vector<int> banned;
+  // Whether the next step may be launched before this one's tokens are read: none of its rows
+  // samples with penalties, whose seen tokens the host uploads.
+  bool chainable = true;
+  bool queued = false;  // Launched with RankPool::launch (collect() it); else run to its results.
+  Status status;        // A step run to its results: how it went.
+  StepSample sample;
+  TimePoint started{};
 };
 
 namespace {
@@ -120,6 +160,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     return absl::InvalidArgumentError(
         absl::StrCat("--decode-graphs runs at TP 1 (a recorded step cannot hold the "
                      "collectives between ranks yet), not TP ",
+                     options.tp));
+  if (options.async_scheduling && options.tp > 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--async-scheduling runs at TP 1 (a step's sampled tokens feed the next on the rank that sampled "
+                     "them), not TP ",
                      options.tp));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
   const ModelConfig& config = engine->model_.config;
@@ -160,6 +205,10 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   engine->sample_on_backend_ =
       options.sample_on == SampleOn::kBackend ||
       (options.sample_on == SampleOn::kAuto && !engine->ranks_->rank(0).backend().host_memory());
+  if (options.async_scheduling && !engine->sample_on_backend_)
+    return absl::InvalidArgumentError(
+        "--async-scheduling samples on the backend (the next step reads the tokens there); this engine samples on the "
+        "host");
   engine->blocks_ =
       std::make_unique<BlockAllocator>(int(num_blocks), options.block_size, options.prefix_cache.event_sink);
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
@@ -320,7 +369,7 @@ Status Engine::add_request(GenerationRequest request, TokenCallback callback) {
   if (need > stats_.num_blocks)
     return absl::ResourceExhaustedError(absl::StrCat("request needs ", need, " KV blocks; the cache has ",
                                                      stats_.num_blocks, " in all"));
-  auto seq = std::make_unique<Sequence>(std::move(request), std::move(callback), c);
+  auto seq = std::make_shared<Sequence>(std::move(request), std::move(callback), c);
   PD_RETURN_IF_ERROR(seq->resume(*model_.tokenizer));
   seq->ns_root = namespace_root(key_root_, canonical_namespace(seq->request.cache_salt));
   std::lock_guard lock(mu_);
@@ -339,7 +388,7 @@ void Engine::abort(const std::string& id) {
 
 bool Engine::has_work() const {
   std::lock_guard lock(mu_);
-  return !waiting_.empty() || !loading_.empty() || !running_.empty() || !aborts_.empty();
+  return !waiting_.empty() || !loading_.empty() || !running_.empty() || !aborts_.empty() || steps_in_flight_.load() > 0;
 }
 
 bool Engine::prefetch_done_locked() const {
@@ -511,12 +560,12 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
 
 void Engine::grow_blocks() {
   const int b = options_.block_size;
-  std::vector<std::unique_ptr<Sequence>> preempted;  // Newest first.
+  std::vector<std::shared_ptr<Sequence>> preempted;  // Newest first.
   for (size_t i = 0; i < running_.size();) {
     Sequence& s = *running_[i];
     bool s_gone = false;  // Preempted, or failed: running_[i] is the next sequence now.
     // A step writes the KV of every token not yet computed: the last sampled one when decoding.
-    while (!s_gone && int(s.blocks.size()) < blocks_for(int(s.tokens.size()), b)) {
+    while (!s_gone && int(s.blocks.size()) < blocks_for(kv_length(s), b)) {
       if (auto more = blocks_->allocate(1); more.ok()) {
         s.blocks.push_back(more->front());
         continue;
@@ -530,7 +579,7 @@ void Engine::grow_blocks() {
         // Only `s` prefill-only leaves no victim, and admission gave it every block it writes:
         // this is a bug, and the request fails rather than have the step write past its blocks.
         PD_LOG_ERROR("prefill-only request {} is short of KV blocks ({} held, {} needed)", s.request.id,
-                     s.blocks.size(), blocks_for(int(s.tokens.size()), b));
+                     s.blocks.size(), blocks_for(kv_length(s), b));
         finish(s, FinishReason::kAbort, absl::InternalError("a prefill-only request ran short of KV blocks"));
         running_.erase(running_.begin() + int64_t(i));
         s_gone = true;
@@ -561,6 +610,7 @@ void Engine::preempt(Sequence& s) {
     PD_LOG_ERROR("releasing blocks of preempted {}: {}", s.request.id, st.ToString());
   s.blocks.clear();
   s.num_computed = 0;
+  s.fed_ahead = 0;  // A launched step's KV for it is void; the token it samples is not.
   s.chain_done = 0;
   s.chain.reset();
   s.chain_broken = false;
@@ -578,49 +628,65 @@ Status Engine::step() {
   return s;
 }
 
+int Engine::kv_length(const Sequence& s) const {
+  return int(s.tokens.size()) + (s.pending_row >= 0 && !s.stop.next_token_ends() ? 1 : 0);
+}
+
+Status Engine::wait_for_launched_steps() {
+  if (steps_in_flight_.load() == 0) return absl::OkStatus();
+  return ranks_->rank(0).backend().synchronize();
+}
+
 Status Engine::run_step() {
+  Status status;
+  // A launched step whose tokens the next one needs on the host is collected first.
+  if (!launched_.empty() && !launched_.back()->chainable) status.Update(collect_step());
   std::vector<Sequence*> admitted;
   admit(&admitted);
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
   for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
   grow_blocks();
-  if (running_.empty()) {
+  const size_t before = launched_.size();
+  status.Update(launch_step());
+  // The step before the one just launched (asynchronous), or that one (synchronous); with
+  // nothing launched, the one still out.
+  if (!launched_.empty() && (launched_.size() > 1 || !options_.async_scheduling || launched_.size() == before))
+    status.Update(collect_step());
+  if (running_.empty() && launched_.empty()) {
     publish_stats();
     wait_for_prefetches();
-    return absl::OkStatus();
   }
+  return status;
+}
 
+Status Engine::launch_step() {
   // Decoding sequences (one token each) first, so that prefills never stall them; then
   // prompt chunks in arrival order under the remaining budget.
-  std::vector<Sequence*> order;
+  std::vector<std::shared_ptr<Sequence>> order;
   for (auto& s : running_)
-    if (s->tokens.size() - s->num_computed == 1) order.push_back(s.get());
+    if (kv_length(*s) - s->num_computed - s->fed_ahead == 1) order.push_back(s);
   for (auto& s : running_)
-    if (s->tokens.size() - s->num_computed > 1) order.push_back(s.get());
+    if (kv_length(*s) - s->num_computed - s->fed_ahead > 1) order.push_back(s);
+  if (order.empty()) return absl::OkStatus();
 
+  auto step = std::make_unique<LaunchedStep>();
+  step->id = int64_t(next_step_id_++);
   ForwardBatch batch;
-  std::vector<std::pair<Sequence*, int>> fed;  // Sequence and tokens fed this step.
-  // The step's logit rows, in batch order: the rows that sample a sequence's next token
-  // (prompt_pos -1), and for params.prompt_logprobs one per position of a prompt chunk that
-  // has a next prompt token, whose log-probability it gives (its sampled token is unused).
-  struct LogitRow {
-    Sequence* seq;
-    int prompt_pos;
-  };
-  std::vector<LogitRow> logit_of;
-  StepSample sample;
+  StepSample& sample = step->sample;
   int budget = options_.max_batch_tokens;
   int prompt_logprob_rows = kMaxPromptLogprobRows;
-  for (Sequence* s : order) {
+  for (const std::shared_ptr<Sequence>& owner : order) {
     if (budget == 0) break;
-    const int pending = int(s->tokens.size()) - s->num_computed;
+    Sequence* s = owner.get();
+    const int start = s->num_computed + s->fed_ahead;  // Its first position not computed or launched.
+    const int pending = kv_length(*s) - start;
     int n = std::min(pending, budget);
     // Each prompt position of a prompt_logprobs chunk is a logit row (rows × vocab floats in
     // every logits buffer): chunks shrink to keep a step's under the cap, and a sequence whose
     // next chunk gets none waits for the next step (the first such one always gets some).
     const bool prompt_logprobs = s->request.params.prompt_logprobs >= 0 && !s->prompt_logprobs_sent;
-    const int prompt_rows_left = int(s->request.prompt.size()) - 1 - s->num_computed;
+    const int prompt_rows_left = int(s->request.prompt.size()) - 1 - start;
     if (prompt_logprobs && prompt_rows_left > 0) {
       if (prompt_logprob_rows == 0) continue;
       if (std::min(n, prompt_rows_left) > prompt_logprob_rows) n = prompt_logprob_rows;
@@ -629,39 +695,36 @@ Status Engine::run_step() {
     // A prompt chunk while the prompt is not all computed (a one-token prompt included) or a
     // preempted sequence recomputes its tokens, else a decode step, whose attention reads the
     // whole context.
-    if (pending > 1 || s->num_computed < int(s->request.prompt.size())) {
+    if (pending > 1 || start < int(s->request.prompt.size())) {
       sample.prefill_tokens += n;
       ++sample.prefill_seqs;
     } else {
       ++sample.decode_seqs;
-      sample.kv_tokens += s->num_computed + 1;
+      sample.kv_tokens += start + 1;
     }
     budget -= n;
     for (int i = 0; i < n; ++i) {
-      const int pos = s->num_computed + i;
-      batch.tokens.push_back(s->tokens[pos]);
+      const int pos = start + i;
+      // Past its known tokens: the one a launched step samples, read where that step left it.
+      batch.tokens.push_back(pos < int(s->tokens.size()) ? s->tokens[pos] : -1 - s->pending_row);
       batch.positions.push_back(pos);
       batch.block_tables.push_back(s->blocks.data());
       if (prompt_logprobs && pos + 1 < int(s->request.prompt.size())) {
         batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
-        logit_of.push_back({s, pos});
+        step->rows.push_back({s, pos, s->preemptions});
       }
     }
     if (n == pending) {
       batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
-      logit_of.push_back({s, -1});
-      if (s->num_computed + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
+      step->rows.push_back({s, -1, s->preemptions});
+      if (start + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
     }
-    fed.push_back({s, n});
+    step->fed.push_back({owner, n, s->preemptions});
   }
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
-  StepOutput out;
   std::vector<kernels::SampleRow> rows;
-  std::vector<int> seen_new_ids, banned;
-  std::vector<kernels::LogitBias> biases;
-  bool want_logprobs = false;
-  for (const LogitRow& r : logit_of) {
+  for (const LaunchedStep::Row& r : step->rows) {
     if (r.prompt_pos >= 0) {
       // Greedy, no slot, no edits: only its log-probabilities are used.
       kernels::SampleRow row;
@@ -669,50 +732,99 @@ Status Engine::run_step() {
       row.logprob_of = r.seq->request.prompt[r.prompt_pos + 1];
       rows.push_back(row);
     } else {
-      rows.push_back(sample_row(*r.seq, &seen_new_ids, &biases, &banned));
+      rows.push_back(sample_row(*r.seq, &step->seen_new_ids, &step->biases, &step->banned));
+      step->chainable &= rows.back().seen_slot < 0;
     }
-    want_logprobs |= rows.back().logprobs >= 0;
   }
   const int num_rows = int(rows.size());
-  sampled_tokens_.resize(num_rows);
-  if (want_logprobs) {
-    step_logprobs_.resize(num_rows);
-    out.logprobs = step_logprobs_.data();
-  }
+  const bool want_logprobs =
+      std::any_of(rows.begin(), rows.end(), [](const kernels::SampleRow& r) { return r.logprobs >= 0; });
+  step->tokens.resize(num_rows);
+  if (want_logprobs) step->logprobs.resize(num_rows);
+  StepOutput out;
+  out.tokens = step->tokens.data();
+  out.logprobs = want_logprobs ? step->logprobs.data() : nullptr;
   if (sample_on_backend_) {
     batch.samples = std::move(rows);
-    batch.seen_new_ids = std::move(seen_new_ids);
+    batch.seen_new_ids = std::move(step->seen_new_ids);
     batch.seen_slots = seen_slots_;
-    batch.biases = std::move(biases);
-    batch.banned = std::move(banned);
-    out.tokens = sampled_tokens_.data();
+    batch.biases = std::move(step->biases);
+    batch.banned = std::move(step->banned);
   } else {
-    logits_.resize(size_t(batch.logit_rows.size()) * vocab);
-    out.logits = logits_.data();
+    step->logits.resize(size_t(num_rows) * vocab);
+    step->host_rows = std::move(rows);
+    out.logits = step->logits.data();
   }
-  const TimePoint started = options_.clock->now();
+  step->started = options_.clock->now();
   step_tokens_in_progress_.store(sample.prefill_tokens + sample.decode_seqs, std::memory_order_relaxed);
-  if (Status s = ranks_->forward(batch, out); !s.ok()) {
-    step_tokens_in_progress_.store(0, std::memory_order_relaxed);
+  if (options_.async_scheduling) {
+    step->queued = true;
+    if (Status launched = ranks_->launch(batch, want_logprobs); !launched.ok()) {
+      // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
+      step_tokens_in_progress_.store(0, std::memory_order_relaxed);
+      for (const LaunchedStep::Fed& f : step->fed) finish(*f.seq, FinishReason::kAbort, launched);
+      std::erase_if(running_, [](const auto& seq) { return seq->finished; });
+      publish_stats();
+      return launched;
+    }
+  } else {
+    step->status = ranks_->forward(batch, out);
+  }
+  // What it feeds counts as computed once it is collected; the tokens it samples are read then.
+  for (const LaunchedStep::Fed& f : step->fed) f.seq->fed_ahead += f.tokens;
+  for (size_t i = 0; i < step->rows.size(); ++i)
+    if (step->rows[i].prompt_pos < 0) {
+      step->rows[i].seq->pending_step = step->id;
+      step->rows[i].seq->pending_row = int(i);
+    }
+  if (!launched_.empty()) ++stats_.overlapped_steps;
+  launched_.push_back(std::move(step));
+  steps_in_flight_.store(int(launched_.size()));
+  return absl::OkStatus();
+}
+
+Status Engine::collect_step() {
+  std::unique_ptr<LaunchedStep> step = std::move(launched_.front());
+  launched_.pop_front();
+  const int num_rows = int(step->rows.size());
+  StepOutput out;
+  out.tokens = step->tokens.data();
+  out.logprobs = step->logprobs.empty() ? nullptr : step->logprobs.data();
+  Status status = step->queued ? ranks_->collect(out) : step->status;
+  steps_in_flight_.store(int(launched_.size()));
+  step_tokens_in_progress_.store(
+      launched_.empty() ? 0 : launched_.front()->sample.prefill_tokens + launched_.front()->sample.decode_seqs,
+      std::memory_order_relaxed);
+  for (const LaunchedStep::Fed& f : step->fed)
+    if (f.preemptions == f.seq->preemptions) f.seq->fed_ahead -= f.tokens;
+  for (const LaunchedStep::Row& r : step->rows)
+    if (r.seq->pending_step == step->id) r.seq->pending_row = -1;
+  if (!status.ok()) {
     // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
-    for (auto& [seq, n] : fed) finish(*seq, FinishReason::kAbort, s);
+    for (const LaunchedStep::Fed& f : step->fed) finish(*f.seq, FinishReason::kAbort, status);
     std::erase_if(running_, [](const auto& seq) { return seq->finished; });
     publish_stats();
-    return s;
+    return status;
   }
   if (!sample_on_backend_) {
     // The backend's sampling, on the host: the same rows, bitmaps, counts and edits, in host
     // memory (resize keeps the slots' contents, as the backend's grow_keeping does).
-    const kernels::SeenTokens seen{nullptr, nullptr, seen_new_ids.data(), vocab};
+    const int vocab = model_.config.vocab_size;
+    const kernels::SeenTokens seen{nullptr, nullptr, step->seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
     host_counts_.resize(size_t(seen_slots_) * vocab);
-    kernels::cpu::sample_rows(sampled_tokens_.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1}, rows.data(),
-                              {host_seen_bits_.data(), host_counts_.data(), seen_new_ids.data(), vocab},
-                              {biases.data(), banned.data()}, &host_scratch_);
+    kernels::cpu::sample_rows(step->tokens.data(), out.logprobs, {step->logits.data(), num_rows, vocab, 1},
+                              step->host_rows.data(),
+                              {host_seen_bits_.data(), host_counts_.data(), step->seen_new_ids.data(), vocab},
+                              {step->biases.data(), step->banned.data()}, &host_scratch_);
   }
-  // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's.
-  step_tokens_in_progress_.store(0, std::memory_order_relaxed);
-  sample.wall_s = std::chrono::duration<double>(options_.clock->now() - started).count();
+  // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's. A
+  // step launched behind another took the time since that one's results came.
+  const TimePoint now = options_.clock->now();
+  const TimePoint from = step->queued ? std::max(step->started, last_collect_) : step->started;
+  last_collect_ = now;
+  StepSample& sample = step->sample;
+  sample.wall_s = std::chrono::duration<double>(now - from).count();
   ++stats_.steps;
   stats_.prefill_tokens += uint64_t(sample.prefill_tokens);
   stats_.decode_tokens += uint64_t(sample.decode_seqs);
@@ -720,18 +832,27 @@ Status Engine::run_step() {
   stats_.graph_steps = ranks_->rank(0).graph_replays();
   stats_.graphs_recorded = ranks_->rank(0).graphs_recorded();
 
-  for (auto& [s, n] : fed) {
-    s->num_computed += n;
-    cache_computed_blocks(*s);
+  // A sequence preempted or finished since the launch has no KV of this step to count.
+  for (const LaunchedStep::Fed& f : step->fed) {
+    if (f.seq->finished || f.preemptions != f.seq->preemptions) continue;
+    f.seq->num_computed += f.tokens;
+    cache_computed_blocks(*f.seq);
   }
   // A sequence's prompt rows come before its sampling row: its first event finds them all.
   for (int i = 0; i < num_rows; ++i) {
-    const LogitRow& r = logit_of[i];
+    const LaunchedStep::Row& r = step->rows[i];
+    Sequence& seq = *r.seq;
+    if (seq.finished) {  // Stopped or aborted since the launch: a wasted row.
+      if (r.prompt_pos < 0) ++stats_.wasted_tokens;
+      continue;
+    }
     if (r.prompt_pos >= 0) {
-      r.seq->prompt_logprobs.push_back(token_logprob(r.seq->request.prompt[r.prompt_pos + 1], step_logprobs_[i]));
+      // Preempted since, it computes them again with the prompt.
+      if (seq.preemptions == r.preemptions)
+        seq.prompt_logprobs.push_back(token_logprob(seq.request.prompt[r.prompt_pos + 1], step->logprobs[i]));
     } else {
-      const bool asked = r.seq->request.params.logprobs >= 0;
-      accept_token(*r.seq, sampled_tokens_[i], false, asked ? &step_logprobs_[i] : nullptr);
+      const bool asked = seq.request.params.logprobs >= 0;
+      accept_token(seq, step->tokens[i], false, asked ? &step->logprobs[i] : nullptr);
     }
   }
   std::erase_if(running_, [](const auto& s) { return s->finished; });
@@ -747,8 +868,9 @@ kernels::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_id
     row.bias_count = int(s.biases.size());
     biases->insert(biases->end(), s.biases.begin(), s.biases.end());
   }
-  // vLLM's min_tokens: the token sampled now would be output token generated() + 1.
-  if (s.generated() < s.request.params.min_tokens && !s.min_tokens_banned.empty()) {
+  // vLLM's min_tokens: the token sampled now would be output token generated() + 1 (+ 1 more
+  // behind a launched step's token not read yet).
+  if (s.generated() + (s.pending_row >= 0 ? 1 : 0) < s.request.params.min_tokens && !s.min_tokens_banned.empty()) {
     row.banned_begin = int(banned->size());
     row.banned_count = int(s.min_tokens_banned.size());
     banned->insert(banned->end(), s.min_tokens_banned.begin(), s.min_tokens_banned.end());
@@ -803,6 +925,8 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
     return absl::InvalidArgumentError(absl::StrCat("cannot reserve KV for ", num_tokens, " tokens and a prompt of ",
                                                    prompt.size()));
   const int total = blocks_for(num_tokens, options_.block_size);
+  // The KV arrives from outside the device's queue: no launched step may still write the blocks.
+  PD_RETURN_IF_ERROR(wait_for_launched_steps());
   if (!options_.prefix_cache.enabled) {
     PD_ASSIGN_OR_RETURN(std::vector<int> blocks, blocks_->allocate(total));
     return Reservation{std::move(blocks), 0};

@@ -79,6 +79,15 @@ struct EngineOptions {
   // force one (tests compare them). The tokens are the same either way (kernels/cpu/sampling.h).
   enum class SampleOn { kAuto, kHost, kBackend };
   SampleOn sample_on = SampleOn::kAuto;
+  // Asynchronous scheduling (vLLM's async scheduling, SGLang's overlap scheduler): the engine
+  // queues step N+1 before it reads step N's tokens, so that the host's scheduling, stop checks
+  // and streaming run while the device computes. A decode token whose value the host has not
+  // read yet is fed from the device's sampled tokens. The tokens are those of the synchronous
+  // schedule; what differs: a sequence that stops at step N (a stop token or string) still
+  // computes one wasted token in step N+1 (its blocks wait for that), and a step after one that
+  // sampled with repetition, frequency or presence penalties waits for it (the penalties need
+  // its tokens on the host). Takes sampling on the backend and TP 1.
+  bool async_scheduling = false;
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
   // weights on a device backend, as vLLM's gpu_memory_utilization), or else enough for
@@ -215,6 +224,10 @@ struct EngineStats {
   double step_seconds = 0;      // Forward passes and sampling.
   uint64_t graph_steps = 0;     // Steps run by replaying a recorded decode graph (decode_graphs).
   uint64_t graphs_recorded = 0;  // Decode graphs recorded (again when the logits buffers grew).
+  // Asynchronous scheduling: steps launched while the one before was still out, and tokens
+  // computed for sequences that had finished by the time their step was collected (one a stop).
+  uint64_t overlapped_steps = 0;
+  uint64_t wasted_tokens = 0;
   // Prefix cache, since start: prompt tokens of admitted requests that looked it up, those of
   // them it held, and key collisions found by the exact token check (each a miss).
   uint64_t prefix_query_tokens = 0;
@@ -369,6 +382,7 @@ class Engine {
 
  private:
   struct Sequence;
+  struct LaunchedStep;
   Engine(LoadedModel model, const EngineOptions& options);
   // Moves waiting requests into running_; appends those with a KvHandoff::on_admitted to
   // `admitted` (the caller runs the callbacks once mu_ is released).
@@ -386,6 +400,20 @@ class Engine {
   // device blocks; returns the end of the run loaded (`from` when none).
   int load_from_tiers(Sequence& seq, int from, int limit);
   Status run_step();  // step() but for the KV events' step end.
+  // Builds the next step from the running sequences and launches it (queued, under
+  // async_scheduling; else run to its results) into launched_; OK with nothing to launch. A
+  // step that fails to launch fails its sequences.
+  Status launch_step();
+  // Takes the oldest launched step's results: its sequences' KV counts as computed, their
+  // tokens are accepted (stop rules, callbacks). A failed step fails its sequences.
+  Status collect_step();
+  // The KV positions `seq` has to its last known or launched token: its tokens, and the token a
+  // launched step samples for it unless that one ends it (a later step never feeds it).
+  int kv_length(const Sequence& seq) const;
+  // Waits until the device has run every launched step, before blocks may go to writers outside
+  // its queue (a KV transfer into reserved blocks): a launched step may still write the blocks of
+  // a sequence that finished meanwhile. Any thread.
+  Status wait_for_launched_steps();
   // Whether a PENDING sequence's prefetch is done (caller holds mu_).
   bool prefetch_done_locked() const;
   // With nothing to run but PENDING sequences, waits (a bounded while) for a prefetch to end or
@@ -424,23 +452,29 @@ class Engine {
   // tier copies through their backends).
   std::unique_ptr<KvTiers> tiers_;
   mutable std::mutex mu_;  // Guards waiting_ and pending aborts (add/abort come from any thread).
-  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::deque<std::shared_ptr<Sequence>> waiting_;
   // PENDING: waiting for their chunk files (Sequence::prefetch); also guarded by mu_. Back to the
   // front of waiting_ once read.
-  std::vector<std::unique_ptr<Sequence>> loading_;
+  std::vector<std::shared_ptr<Sequence>> loading_;
   std::condition_variable idle_;  // With mu_: a request, an abort or a prefetch's end.
   std::vector<std::string> aborts_;
-  std::vector<std::unique_ptr<Sequence>> running_;
+  // Shared with the launched steps that feed them: a sequence aborted meanwhile lives until its
+  // steps are collected.
+  std::vector<std::shared_ptr<Sequence>> running_;
+  // Steps launched and not yet collected (oldest first): at most one between scheduler
+  // iterations, two while one is launched behind another; and how many, for any thread.
+  std::deque<std::unique_ptr<LaunchedStep>> launched_;
+  std::atomic<int> steps_in_flight_{0};
+  uint64_t next_step_id_ = 0;
+  TimePoint last_collect_{};  // When the previous launched step's results came (step wall times).
   std::vector<float> logits_;
   bool sample_on_backend_ = false;
-  std::vector<int> sampled_tokens_;  // A step's tokens (the backend's, or sampled from logits_).
   // The penalties' slots (kernels::SeenTokens): seen_slots_ handed out so far, those free
   // again (a finished sequence's), and, sampling on the host, their bitmaps and output counts.
   int seen_slots_ = 0;
   std::vector<int> free_seen_slots_;
   std::vector<uint32_t> host_seen_bits_;
   std::vector<int32_t> host_counts_;
-  std::vector<kernels::RowLogprobs> step_logprobs_;  // A step's, when some row asks.
   kernels::cpu::SampleScratch host_scratch_;
   EngineStats stats_;  // Written by the scheduler thread only; stats() reads published_.
   // Taken after mu_ when both are held (add_request and admit publish under mu_).

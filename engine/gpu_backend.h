@@ -45,7 +45,7 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(const std::v
 // The library's entry points, as the engine finds them after dlopen. `version` stays the first
 // member, so that a library of another layout is told apart before anything else is read.
 struct GpuBackendApi {
-  static constexpr int kVersion = 3;
+  static constexpr int kVersion = 4;
   int version = kVersion;
   // PDSERVE_GPU_ABI_ID of the build (engine/backends/gpu/gpu_abi_id.h): the hash of the headers
   // whose types cross this boundary. The engine loads only a library built from its own.

@@ -84,6 +84,15 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
   return status;
 }
 
+Status RankPool::launch(const ForwardBatch& batch, bool logprobs) {
+  if (size() != 1) return absl::FailedPreconditionError(absl::StrCat("launched steps run at TP 1, not TP ", size()));
+  meta_.pack(batch, runners_[0]->kv_layout().block_size());
+  PD_RETURN_IF_ERROR(runners_[0]->prepare(batch, meta_));
+  return runners_[0]->launch(batch, logprobs);
+}
+
+Status RankPool::collect(const StepOutput& out) { return runners_[0]->collect(out); }
+
 void RankPool::wake() {
   generation_.fetch_add(1);
   wake_sleepers(generation_, sleepers_);

@@ -31,6 +31,10 @@ class RankPool {
 
   // Runs `batch` on every rank; results as RankRunner::forward. On an error none are valid.
   Status forward(const ForwardBatch& batch, const StepOutput& out);
+  // RankRunner::launch and collect, for a pool of one rank (TP 1): `batch` is prepared and
+  // queued, and its results taken by a later collect(); forward() waits for none of them.
+  Status launch(const ForwardBatch& batch, bool logprobs);
+  Status collect(const StepOutput& out);
   int size() const { return int(runners_.size()); }
   RankRunner& rank(int r) { return *runners_[r]; }
   // Weight bytes in device memory per rank (0 on a host-memory backend, which uses them in place).

@@ -66,6 +66,11 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
     : config_(config), shard_(std::move(shard)), layout_(std::move(layout)), backend_(backend), comm_(comm) {}
 
 RankRunner::~RankRunner() {
+  if (sampled_pinned_)
+    for (SampledSlot& slot : sampled_) {
+      backend_->unpin_host_memory(slot.tokens.data());
+      backend_->unpin_host_memory(slot.logprobs.data());
+    }
   if (owns_arena_) backend_->deallocate(arena_);
 }
 
@@ -102,6 +107,29 @@ Status RankRunner::reserve(int n) {
   // GEMM's input is at most the model's width, the attention output's or the MLP's.
   if (shard_.weight_dtype == DType::kBF16)
     PD_RETURN_IF_ERROR(b->reserve_gemm_scratch(shard_.gemm_precision, n, int(std::max({size_t(c.dim), q, hidden}))));
+  if (shard_.rank == 0) {
+    // Where sampling on the backend leaves a step's tokens, kept from step to step: the next
+    // step's embedding may read them (ForwardBatch::tokens), a recorded graph's too.
+    PD_RETURN_IF_ERROR(tokens_.reserve(b, tokens * sizeof(int)));
+    sampled_pinned_ = !b->host_memory();
+    for (SampledSlot& slot : sampled_) {
+      slot.tokens.resize(tokens);
+      slot.logprobs.resize(tokens);
+      PD_ASSIGN_OR_RETURN(slot.mark, b->create_mark());
+      // Pinned, a queued copy does not wait for the step; where the device cannot pin, it does.
+      if (sampled_pinned_ && !(b->pin_host_memory(slot.tokens.data(), tokens * sizeof(int)).ok() &&
+                               b->pin_host_memory(slot.logprobs.data(), tokens * sizeof(kernels::RowLogprobs)).ok()))
+        sampled_pinned_ = false;
+    }
+    if (!b->host_memory() && !sampled_pinned_) {
+      for (SampledSlot& slot : sampled_) {  // Unpinning what was not pinned is harmless.
+        b->unpin_host_memory(slot.tokens.data());
+        b->unpin_host_memory(slot.logprobs.data());
+      }
+      PD_LOG_WARN("rank 0: the {} backend cannot pin the sampled tokens' host memory: each step waits for its copy",
+                  b->name());
+    }
+  }
   if (shard_.decode_graphs) {
     // Every buffer a recorded step reads is in place before the first recording: the inputs
     // (each decode token's table reaches at most mask_stride_ blocks), and the logits rows, which
@@ -194,6 +222,11 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   const int n = int(batch.tokens.size());
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
+  // A previous step's sampled token (ForwardBatch::tokens) is rank 0's at TP 1, one of its rows.
+  for (int t : batch.tokens)
+    if (t < 0 && (shard_.tp > 1 || -1 - int64_t(t) >= max_tokens_))
+      return absl::InvalidArgumentError(
+          absl::StrCat("token ", t, " names no sampled row a step of this rank (TP ", shard_.tp, ") can hold"));
   step_bucket_ = graph_bucket(batch, meta);
   // The logits rows: as many as the step samples (a graph step's bucket computes them all),
   // fewer than its tokens, grown on demand.
@@ -206,7 +239,10 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
                  logits_bytes = size_t(model_rows) * shards.shard_stride() * sizeof(float);
     // Growing frees the old buffers, which recorded graphs write: they go first (even should the
     // new allocation fail, or land at the old address).
-    if (last_bytes > last_.bytes() || logits_bytes > logits_local_.bytes()) graphs_.clear();
+    if (last_bytes > last_.bytes() || logits_bytes > logits_local_.bytes()) {
+      if (launched_ > 0) PD_RETURN_IF_ERROR(backend_->synchronize());  // A launched step may replay one.
+      graphs_.clear();
+    }
     PD_RETURN_IF_ERROR(last_.reserve(backend_, last_bytes));
     PD_RETURN_IF_ERROR(logits_local_.reserve(backend_, logits_bytes));
     if (!batch.samples.empty()) {
@@ -217,7 +253,6 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
         PD_RETURN_IF_ERROR(sample_rows_.reserve(backend_, rows * sizeof(kernels::SampleRow)));
         PD_RETURN_IF_ERROR(sample_scratch_.reserve(
             backend_, size_t(kernels::sample_scratch_floats(rows, config_.vocab_size)) * sizeof(float)));
-        PD_RETURN_IF_ERROR(tokens_.reserve(backend_, rows * sizeof(int)));
         PD_RETURN_IF_ERROR(backend_->copy_to_device(sample_rows_.as<void>(), batch.samples.data(),
                                                     rows * sizeof(kernels::SampleRow)));
         if (batch.seen_slots > 0) {
@@ -341,7 +376,7 @@ void RankRunner::run_layers(int n, int rows, const std::function<void(int)>& lay
   const int nq = shard_.q_heads.size(), hidden = shard_.hidden.size();
   float *x = x_.as<float>(), *xn = xn_.as<float>(), *q = q_.as<float>(), *proj = proj_.as<float>(),
         *attn = attn_.as<float>(), *out = out_.as<float>(), *act = act_.as<float>();
-  backend_->embed(x, shard_.embed, tokens, n, c.dim);
+  backend_->embed(x, shard_.embed, tokens, n, c.dim, tokens_.as<const int>());
   // Each layer's residual adds are fused with the norm that follows them (add_rms_norm): the
   // attention norm of layer 0 alone stands by itself, the last layer's MLP add alone is plain.
   backend_->rms_norm(xn, x, shard_.layers[0].attn_norm, n, c.dim, c.rms_eps);
@@ -437,7 +472,7 @@ Status RankRunner::run_graph_step(int bucket) {
   return absl::OkStatus();
 }
 
-Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
+Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logprobs_wanted) {
   const ModelConfig& c = config_;
   const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
   Status status;
@@ -464,7 +499,6 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
 
   if (rows > 0) {
     const int vocab_local = shard_.vocab.size();
-    float* logits = result.logits;
     if (!batch.samples.empty()) {
       kernels::ShardedLogits gathered{logits_local_.as<float>(), rows, c.vocab_size, shard_.tp};
       if (shard_.tp > 1) {
@@ -477,13 +511,16 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
                                             seen_new_ids_.as<const int>(), c.vocab_size};
         const kernels::LogitEdits edits{biases_.as<const kernels::LogitBias>(), banned_.as<const int>()};
         // The engine asks for log-probabilities only when some row does (prepare reserved them).
-        kernels::RowLogprobs* logprobs = result.logprobs ? logprobs_.as<kernels::RowLogprobs>() : nullptr;
+        kernels::RowLogprobs* logprobs = logprobs_wanted ? logprobs_.as<kernels::RowLogprobs>() : nullptr;
         backend_->sample(tokens_.as<int>(), logprobs, gathered, sample_rows_.as<kernels::SampleRow>(), seen, edits,
                          sample_scratch_.as<float>());
-        status.Update(backend_->copy_to_host(result.tokens, tokens_.as<void>(), rows * sizeof(int)));
+        SampledSlot& slot = sampled_[next_slot_];
+        slot.rows = rows;
+        slot.with_logprobs = logprobs != nullptr;
+        status.Update(backend_->copy_to_host_queued(slot.tokens.data(), tokens_.as<void>(), rows * sizeof(int)));
         if (logprobs)
-          status.Update(
-              backend_->copy_to_host(result.logprobs, logprobs, size_t(rows) * sizeof(kernels::RowLogprobs)));
+          status.Update(backend_->copy_to_host_queued(slot.logprobs.data(), logprobs,
+                                                      size_t(rows) * sizeof(kernels::RowLogprobs)));
       }
     } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)
@@ -498,12 +535,61 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
                     logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);
     }
   }
+  if (shard_.rank == 0) {
+    SampledSlot& slot = sampled_[next_slot_];
+    if (rows == 0 || batch.samples.empty()) slot.rows = 0;
+    status.Update(slot.mark->record());
+    slot.status = status;
+    next_slot_ ^= 1;
+  }
+  return status;
+}
+
+Status RankRunner::take_sampled(const StepOutput& out) {
+  SampledSlot& slot = sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)];
+  Status status = slot.status;
+  status.Update(slot.mark->wait());
+  if (status.ok() && slot.rows > 0) {
+    std::copy_n(slot.tokens.data(), slot.rows, out.tokens);
+    if (out.logprobs && slot.with_logprobs) std::copy_n(slot.logprobs.data(), slot.rows, out.logprobs);
+  }
+  return status;
+}
+
+Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
+  if (launched_ > 0)
+    return absl::FailedPreconditionError(absl::StrCat("a forward pass while ", launched_, " launched steps wait"));
+  Status status = run_step(batch, result.logits, result.logprobs != nullptr);
+  if (shard_.rank == 0 && !batch.samples.empty() && !batch.logit_rows.empty()) status.Update(take_sampled(result));
   status.Update(backend_->synchronize());
   {
     std::lock_guard lock(status_mu_);
     status_ = status;
   }
   comm_->barrier();
+  return status;
+}
+
+Status RankRunner::launch(const ForwardBatch& batch, bool logprobs) {
+  if (shard_.tp != 1)
+    return absl::FailedPreconditionError(absl::StrCat("launched steps run at TP 1; this rank is one of ", shard_.tp));
+  if (!batch.logit_rows.empty() && batch.samples.empty())
+    return absl::InvalidArgumentError("a launched step samples on the backend: its batch has no samples");
+  if (launched_ == int(sampled_.size()))
+    return absl::FailedPreconditionError(absl::StrCat(launched_, " launched steps wait to be collected"));
+  Status status = run_step(batch, nullptr, logprobs);
+  if (status.ok()) {
+    ++launched_;
+  } else {
+    next_slot_ ^= 1;  // Nothing to collect: the caller fails the step now. Its slot is free again.
+  }
+  return status;
+}
+
+Status RankRunner::collect(const StepOutput& out) {
+  if (launched_ == 0) return absl::FailedPreconditionError("no launched step to collect");
+  Status status = take_sampled(out);
+  --launched_;
   return status;
 }
 

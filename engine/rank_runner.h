@@ -6,6 +6,7 @@
 // that memory is host memory, and device backends, where only the wanted logits come back.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -25,6 +26,8 @@ namespace pdserve::engine {
 
 // The tokens of one engine step, flattened over sequences.
 struct ForwardBatch {
+  // A token -1 - r is the token the previous step sampled for its logit row r, which the host
+  // has not read yet (asynchronous scheduling: RankRunner::launch); TP 1 only.
   std::vector<int> tokens;
   std::vector<int> positions;
   std::vector<const int*> block_tables;  // Per token: its sequence's block table.
@@ -92,6 +95,16 @@ class RankRunner {
   // collective, so the other ranks never wait for it. The result is also kept for status(),
   // set before the final barrier: once any rank returned, every rank's is there.
   Status forward(const ForwardBatch& batch, const StepOutput& out);
+  // forward() in two halves, for a rank at TP 1: launch() queues the prepared `batch` and
+  // returns without waiting for it; collect() waits for the oldest step launched and not
+  // collected and writes its tokens (and its log-probabilities, if `logprobs` was set) into
+  // `out`. At most two steps wait to be collected, so that the host builds and queues step N+1
+  // while the backend runs step N, and reads step N's tokens while it runs step N+1 (whose
+  // decode tokens may be step N's sampled ones). A batch with logit rows samples on the backend.
+  Status launch(const ForwardBatch& batch, bool logprobs);
+  Status collect(const StepOutput& out);
+  // Steps launched and not collected.
+  int launched() const { return launched_; }
   Status status() const;
   // Steps run by replaying a recorded decode graph (RankShard::decode_graphs); any thread.
   uint64_t graph_replays() const { return graph_replays_.load(std::memory_order_relaxed); }
@@ -124,6 +137,12 @@ class RankRunner {
   // act = silu(x·gateᵀ) · (x·upᵀ) with the fused [gate | up] weight `w` (2·hidden rows of `in`):
   // Backend::gate_up_silu_bf16 for bf16 weights, else the GEMM into `gate_up` and silu_mul.
   void gate_up_silu(float* act, float* gate_up, const float* x, const float* w, int rows, int hidden, int in);
+  // The prepared step up to its results: the layers, then the logits into `logits` (host memory;
+  // a batch without samples) or the sampled tokens queued for the host in the next slot of
+  // sampled_ (with log-probabilities where `logprobs`). Errors as forward's.
+  Status run_step(const ForwardBatch& batch, float* logits, bool logprobs);
+  // Waits for the oldest queued slot of sampled_ and copies its results into `out`.
+  Status take_sampled(const StepOutput& out);
   // Uploads the RoPE table (engine/rope_scaling.h) of each distinct head dim into rope_tables_.
   Status upload_rope_tables();
   // paged_attention over `tokens`: its leading single tokens (single_tokens_) in a call of their
@@ -166,6 +185,20 @@ class RankRunner {
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.
   std::vector<float> logits_host_;
+  // Sampled tokens on their way to the host (rank 0), one slot a step: two, so that step N+1's
+  // copy is queued while the host still reads step N's. Host memory pinned on a device backend.
+  struct SampledSlot {
+    std::vector<int> tokens;
+    std::vector<kernels::RowLogprobs> logprobs;
+    std::unique_ptr<QueueMark> mark;  // Recorded after the slot's copies.
+    int rows = 0;
+    bool with_logprobs = false;
+    Status status;  // What queuing the step reported.
+  };
+  std::array<SampledSlot, 2> sampled_;
+  bool sampled_pinned_ = false;
+  int next_slot_ = 0;  // The slot the next step fills.
+  int launched_ = 0;   // Slots filled by launch() and not yet collected.
   // Rank 0, sampling on the backend: the penalties' bitmaps and output counts
   // (ForwardBatch::seen_slots of each, kept across steps), the step's new ids, logit edits and
   // the rows' log-probabilities.

@@ -45,6 +45,7 @@ struct UpFlags {
   std::string kv_dtype = "f32";
   std::string gemm_precision = "exact";
   bool decode_graphs = false;
+  bool async_scheduling = false;
   std::string host = "127.0.0.1";
   int port = 8000;
   int block_size = 0;
@@ -281,6 +282,11 @@ int run_up(const UpFlags& f) {
               << " workers on a GPU at TP 1\n";
     return 2;
   }
+  if (f.async_scheduling && (f.device_of(decoding_role) == "cpu" || (pd ? f.decode_tp : f.tp) > 1)) {
+    std::cerr << "error: --async-scheduling reads sampled tokens on a GPU at TP 1: it needs " << decoding_role
+              << " workers on a GPU at TP 1\n";
+    return 2;
+  }
   if (f.kv_dtype != "f32" && cpu_worker) {
     std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
     return 2;
@@ -320,6 +326,7 @@ int run_up(const UpFlags& f) {
     // bf16 GEMMs with a CPU worker were refused above.
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
     if (f.decode_graphs && role != "prefill") a.push_back("--decode-graphs");  // On a GPU at TP 1 (checked above).
+    if (f.async_scheduling && role != "prefill") a.push_back("--async-scheduling");  // Likewise.
     a.insert(a.end(), {"--kv-dtype", f.kv_dtype});  // Every worker (bf16 with a CPU worker refused above).
     if (f.block_size > 0) a.insert(a.end(), {"--block-size", std::to_string(f.block_size)});
     if (f.kv_cache_bytes > 0) a.insert(a.end(), {"--kv-cache-bytes", std::to_string(f.kv_cache_bytes)});
@@ -484,6 +491,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--decode-graphs", f->decode_graphs,
                 "Decode (or aggregated) workers record decode steps as GPU graphs and replay them (GPU workers "
                 "at TP 1 only)");
+  cmd->add_flag("--async-scheduling", f->async_scheduling,
+                "Decode (or aggregated) workers queue each step before reading the previous one's tokens (GPU "
+                "workers at TP 1 only)");
   cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

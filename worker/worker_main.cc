@@ -457,6 +457,9 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_flag("--decode-graphs", f.engine.decode_graphs,
                "Record decode steps once per batch bucket as GPU graphs and replay them (one launch a step); GPU "
                "backends at TP 1");
+  app.add_flag("--async-scheduling", f.engine.async_scheduling,
+               "Queue each step before reading the previous step's tokens, so that scheduling and streaming overlap "
+               "the device's work (a stopping request computes one wasted token); GPU backends at TP 1");
   app.add_option("--kv-dtype", f.kv_dtype,
                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)"
                  "; prefill and decode workers must agree")

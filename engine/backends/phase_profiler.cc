@@ -66,8 +66,8 @@ Status PhaseProfiler::copy_to_host(void* dst, const void* src, size_t bytes) {
   return s;
 }
 
-void PhaseProfiler::embed(float* out, const float* table, const int* tokens, int n, int dim) {
-  timed(Phase::kSmallKernels, [&] { inner_->embed(out, table, tokens, n, dim); });
+void PhaseProfiler::embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) {
+  timed(Phase::kSmallKernels, [&] { inner_->embed(out, table, tokens, n, dim, sampled); });
 }
 
 void PhaseProfiler::rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) {

@@ -60,6 +60,10 @@ class PhaseProfiler final : public Backend {
   Status copy_to_device(void* dst, const void* src, size_t bytes) override;
   Status copy_to_host(void* dst, const void* src, size_t bytes) override;
   Status synchronize() override { return inner_->synchronize(); }
+  Status copy_to_host_queued(void* dst, const void* src, size_t bytes) override {
+    return inner_->copy_to_host_queued(dst, src, bytes);
+  }
+  StatusOr<std::unique_ptr<QueueMark>> create_mark() override { return inner_->create_mark(); }
   uint64_t memory_bytes() const override { return inner_->memory_bytes(); }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return inner_->staging_copy(dst, src, bytes); }
   Status staging_wait() override { return inner_->staging_wait(); }
@@ -69,7 +73,7 @@ class PhaseProfiler final : public Backend {
   bool bf16_weights() const override { return inner_->bf16_weights(); }
   bool bf16_kv() const override { return inner_->bf16_kv(); }
 
-  void embed(float* out, const float* table, const int* tokens, int n, int dim) override;
+  void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override;
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override;
   void gather_rms_norm(float* out, const float* in, const int* row_ids, const float* w, int rows, int dim,
                        float eps) override;

@@ -18,8 +18,10 @@ namespace pdserve::kernels::gpu {
 // `storage`) and of the tensors where a kernel offers a choice.
 using kernels::Storage;
 
-// out[t] = table[tokens[t]] (rows of `dim`), table stored as `table_type`.
-void embed(float* out, const void* table, Storage table_type, const int* tokens, int n, int dim,
+// out[t] = table[tokens[t]] (rows of `dim`), table stored as `table_type`. A negative tokens[t]
+// stands for sampled[-1 - tokens[t]] (device memory; null when no token is negative), as
+// engine::Backend::embed.
+void embed(float* out, const void* table, Storage table_type, const int* tokens, int n, int dim, const int* sampled,
            gpuStream_t stream);
 
 void rms_norm(float* out, const float* in, const float* weight, int rows, int dim, float eps,

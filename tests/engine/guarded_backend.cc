@@ -54,9 +54,9 @@ class GuardedBackend final : public Backend {
   }
   void unpin_host_memory(void*) override {}
 
-  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
+  void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override {
     Open open(this);
-    inner_->embed(out, table, tokens, n, dim);
+    inner_->embed(out, table, tokens, n, dim, sampled);
   }
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
     Open open(this);

@@ -85,21 +85,25 @@ TEST(GpuKernels, ElementwiseSwiGluAndResidual) {
   EXPECT_LE(rel_error(dg.host(), want), kF32Tol);
 }
 
-TEST(GpuKernels, EmbedF32AndBf16Tables) {
+// Negative ids are a previous step's sampled tokens, read on the device (asynchronous scheduling).
+TEST(GpuKernels, EmbedF32AndBf16TablesAndSampledTokens) {
   REQUIRE_GPU();
   const int vocab = 50, dim = 96;
   std::vector<float> table = random_vec(vocab * dim, 8);
-  std::vector<int> tokens = {3, 0, 49, 3, 17};
+  std::vector<int> tokens = {3, 0, -2, 49, 3, -1, 17}, sampled = {12, 44};
   std::vector<float> want;
-  for (int t : tokens) want.insert(want.end(), table.begin() + t * dim, table.begin() + (t + 1) * dim);
+  for (int t : tokens) {
+    const int id = t < 0 ? sampled[-1 - t] : t;
+    want.insert(want.end(), table.begin() + id * dim, table.begin() + (id + 1) * dim);
+  }
   Dev<float> dt(table), dout(tokens.size() * dim);
-  Dev<int> dtok(tokens);
-  gpu::embed(dout.get(), dt.get(), Storage::kF32, dtok.get(), tokens.size(), dim, nullptr);
+  Dev<int> dtok(tokens), dsampled(sampled);
+  gpu::embed(dout.get(), dt.get(), Storage::kF32, dtok.get(), tokens.size(), dim, dsampled.get(), nullptr);
   EXPECT_EQ(dout.host(), want);
   std::vector<uint16_t> t16(table.size());
   for (size_t i = 0; i < table.size(); ++i) t16[i] = engine::f32_to_bf16(table[i]);
   Dev<uint16_t> dt16(t16);
-  gpu::embed(dout.get(), dt16.get(), Storage::kBF16, dtok.get(), tokens.size(), dim, nullptr);
+  gpu::embed(dout.get(), dt16.get(), Storage::kBF16, dtok.get(), tokens.size(), dim, dsampled.get(), nullptr);
   EXPECT_LE(rel_error(dout.host(), want), kHalfTol);
 }
 

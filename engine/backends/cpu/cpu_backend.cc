@@ -43,9 +43,11 @@ class CpuBackend final : public Backend {
     return uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
   }
 
-  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
-    for (int t = 0; t < n; ++t)
-      std::memcpy(out + int64_t(t) * dim, table + int64_t(tokens[t]) * dim, sizeof(float) * dim);
+  void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override {
+    for (int t = 0; t < n; ++t) {
+      const int token = tokens[t] < 0 ? sampled[-1 - tokens[t]] : tokens[t];
+      std::memcpy(out + int64_t(t) * dim, table + int64_t(token) * dim, sizeof(float) * dim);
+    }
   }
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
     k::rms_norm(out, in, w, rows, dim, eps);

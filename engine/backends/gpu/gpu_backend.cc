@@ -129,9 +129,20 @@ class GpuBackend final : public Backend {
   Status synchronize() override {
     bind();
     PD_ASSIGN_OR_RETURN(auto held, stream_call("a wait"));
-    PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
-    if (gemm_failed_.exchange(false)) return absl::InternalError("vendor GEMM failed");
+    PD_RETURN_IF_ERROR(launch_errors());
     return gpu_status(gpuStreamSynchronize(stream_), "synchronize");
+  }
+  // Into pinned memory the copy is queued like a kernel and the call returns at once.
+  Status copy_to_host_queued(void* dst, const void* src, size_t bytes) override {
+    bind();
+    PD_ASSIGN_OR_RETURN(auto held, stream_call("a copy"));
+    return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host_queued");
+  }
+  StatusOr<std::unique_ptr<QueueMark>> create_mark() override {
+    bind();
+    gpuEvent_t event = nullptr;
+    PD_RETURN_IF_ERROR(gpu_status(gpuEventCreateWithFlags(&event, gpuEventDisableTiming), "event create"));
+    return std::unique_ptr<QueueMark>(new Mark(this, event));
   }
   uint64_t memory_bytes() const override { return total_bytes_; }
   MemoryKind memory_kind() const override { return kMemory; }
@@ -152,9 +163,9 @@ class GpuBackend final : public Backend {
     (void)gpuHostUnregister(ptr);
   }
 
-  void embed(float* out, const float* table, const int* tokens, int n, int dim) override {
+  void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override {
     bind();
-    g::embed(out, table, g::Storage::kF32, tokens, n, dim, stream_);
+    g::embed(out, table, g::Storage::kF32, tokens, n, dim, sampled, stream_);
   }
   void rms_norm(float* out, const float* in, const float* w, int rows, int dim, float eps) override {
     bind();
@@ -354,7 +365,37 @@ class GpuBackend final : public Backend {
     gpuGraphExec_t exec_;
   };
 
+  // An event on the stream.
+  class Mark final : public QueueMark {
+   public:
+    Mark(GpuBackend* backend, gpuEvent_t event) : backend_(backend), event_(event) {}
+    ~Mark() override {
+      backend_->bind();
+      (void)gpuEventDestroy(event_);
+    }
+    Status record() override {
+      backend_->bind();
+      PD_ASSIGN_OR_RETURN(auto held, backend_->stream_call("an event"));
+      return gpu_status(gpuEventRecord(event_, backend_->stream_), "event record");
+    }
+    Status wait() override {
+      backend_->bind();
+      PD_RETURN_IF_ERROR(backend_->launch_errors());
+      return gpu_status(gpuEventSynchronize(event_), "event wait");
+    }
+
+   private:
+    GpuBackend* backend_;
+    gpuEvent_t event_;
+  };
+
   explicit GpuBackend(int device) : device_(device) {}
+  // Errors of calls that returned none: a failed launch, a failed vendor GEMM.
+  Status launch_errors() {
+    PD_RETURN_IF_ERROR(gpu_status(gpuGetLastError(), "kernel launch"));
+    if (gemm_failed_.exchange(false)) return absl::InternalError("vendor GEMM failed");
+    return absl::OkStatus();
+  }
   // Where a communicator queues its collectives on this stream (adopt_queue), waits for what the
   // stream holds before a call that may synchronize the device inside the driver (an allocation,
   // a free, a copy into pageable memory): NCCL documents that such a call, made while a

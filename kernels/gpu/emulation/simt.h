@@ -255,6 +255,23 @@ inline gpuError_t gpuGraphExecDestroy(gpuGraphExec_t exec) {
   delete exec;
   return gpuSuccess;
 }
+// Every call completes before it returns: an event marks nothing still to wait for.
+struct gpu_emulated_event {};
+using gpuEvent_t = gpu_emulated_event*;
+inline constexpr unsigned gpuEventDisableTiming = 2;
+inline gpuError_t gpuEventCreateWithFlags(gpuEvent_t* event, unsigned) {
+  *event = new gpu_emulated_event();
+  return gpuSuccess;
+}
+inline gpuError_t gpuEventDestroy(gpuEvent_t event) {
+  delete event;
+  return gpuSuccess;
+}
+inline gpuError_t gpuEventRecord(gpuEvent_t event, gpuStream_t) {
+  if (event == nullptr) return gpuErrorInvalidValue;
+  return pdserve::kernels::gpu::simt::capture_allows_call() ? gpuSuccess : gpuErrorStreamCaptureUnsupported;
+}
+inline gpuError_t gpuEventSynchronize(gpuEvent_t event) { return event != nullptr ? gpuSuccess : gpuErrorInvalidValue; }
 inline gpuError_t gpuHostRegister(void*, size_t, unsigned) { return gpuSuccess; }
 inline gpuError_t gpuHostUnregister(void*) { return gpuSuccess; }
 template <typename T>
