@@ -708,6 +708,48 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
   EXPECT_GT(f32->stats().graph_steps, 50u);
 }
 
+// --async-scheduling on the GPU backend: step N+1 is queued before step N's tokens are read
+// (its decode tokens embedded from the device's sampled ones, the results through pinned slots
+// and events), eagerly and replaying decode graphs: the synchronous engine's tokens and text,
+// requests stopping by string and by length at different steps.
+TEST(Stories, GpuEngineAsyncSchedulingEqualsSynchronous) {
+  if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
+  for (bool graphs : {false, true}) {
+    EngineOptions sync_options, async_options;
+    sync_options.decode_graphs = async_options.decode_graphs = graphs;
+    async_options.async_scheduling = true;
+    auto sync = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, sync_options),
+         async = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, async_options);
+    ASSERT_TRUE(sync && async);
+    const auto run = [](Engine& engine) {
+      std::vector<std::string> out(5);
+      for (int i = 0; i < 5; ++i) {
+        GenerationRequest r;
+        r.id = std::to_string(i);
+        r.prompt = {engine.config().bos_id, 3 + 29 * i, 5 + 11 * i};
+        r.params.max_tokens = 8 + 4 * i;
+        if (i % 2) {
+          r.params.temperature = 0.8f;
+          r.params.seed = 7 + i;
+        }
+        if (i == 3) r.params.stop_strings = {" "};
+        EXPECT_TRUE(engine
+                        .add_request(std::move(r),
+                                     [&out, i](const TokenEvent& ev) {
+                                       out[i] += ev.text +
+                                                 (ev.finished ? "|" + std::string(finish_reason_name(ev.reason)) : "");
+                                     })
+                        .ok());
+      }
+      EXPECT_TRUE(engine.run_until_idle().ok());
+      return out;
+    };
+    EXPECT_EQ(run(*async), run(*sync)) << (graphs ? "graphs" : "eager");
+    EXPECT_GT(async->stats().overlapped_steps, 5u);
+    if (graphs) EXPECT_GT(async->stats().graph_steps, 5u);
+  }
+}
+
 // Where decode graphs cannot be recorded, --decode-graphs is refused, not ignored: on the CPU
 // backend, and at TP 2 (the collectives wait on the host).
 TEST(Stories, DecodeGraphsOnTheCpuOrAtTp2AreRefused) {

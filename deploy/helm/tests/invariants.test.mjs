@@ -239,6 +239,7 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   const base = value(render().docs);
   assert.equal(value(render({ set: ['prefill.tensorParallel=2', 'decode.replicas=3'] }).docs), base, 'per-role sizing must not change it');
   assert.equal(value(render({ set: ['engine.decodeGraphs=true'] }).docs), base, 'decode graphs compute what eager steps do');
+  assert.equal(value(render({ set: ['engine.asyncScheduling=true'] }).docs), base, 'async scheduling computes the same tokens');
   for (const s of ['image.tag=other', 'image.digest=sha256:' + 'a'.repeat(64), 'model.name=other', 'model.revision=2',
     'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.gemmPrecision=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
     assert.notEqual(value(render({ set: [s] }).docs), base, `${s} must change the KV-compat value`);
@@ -268,6 +269,13 @@ test('engine.decodeGraphs: --decode-graphs on decode only (prefill runs no decod
   const on = render({ set: ['engine.decodeGraphs=true', 'prefill.tensorParallel=2'] }).docs;
   assert.equal(flag(mainContainer(deployment(on, 'decode')), '--decode-graphs'), true);
   assert.equal(flag(mainContainer(deployment(on, 'prefill')), '--decode-graphs'), undefined);
+});
+
+test('engine.asyncScheduling: --async-scheduling on decode only, off by default', () => {
+  assert.equal(flag(mainContainer(deployment(render().docs, 'decode')), '--async-scheduling'), undefined);
+  const on = render({ set: ['engine.asyncScheduling=true', 'prefill.tensorParallel=2'] }).docs;
+  assert.equal(flag(mainContainer(deployment(on, 'decode')), '--async-scheduling'), true);
+  assert.equal(flag(mainContainer(deployment(on, 'prefill')), '--async-scheduling'), undefined);
 });
 
 test('monitoring objects only where monitoring.coreos.com/v1 is served (or as told)', () => {

@@ -18,6 +18,9 @@ Called once, from validate.yaml. */}}
 {{- if and (eq $v.accelerator.device "cpu") (ne $v.engine.kvDtype "f32") -}}
 {{- $errors = append $errors (printf "engine.kvDtype %s needs a GPU device: CPU workers keep an f32 KV cache (accelerator.device is cpu)" $v.engine.kvDtype) -}}
 {{- end -}}
+{{- if and $v.engine.asyncScheduling (eq $v.accelerator.device "cpu") -}}
+{{- $errors = append $errors "engine.asyncScheduling reads sampled tokens on a GPU: CPU workers sample on the host (accelerator.device is cpu)" -}}
+{{- end -}}
 {{- if and $v.engine.decodeGraphs (eq $v.accelerator.device "cpu") -}}
 {{- $errors = append $errors "engine.decodeGraphs records GPU graphs: CPU workers run every step eagerly (accelerator.device is cpu)" -}}
 {{- end -}}
@@ -117,6 +120,9 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- $tp := $w.tensorParallel | int -}}
 {{- if not (has $tp (list 1 2 4 8)) -}}
 {{- $errors = append $errors (printf "%s.tensorParallel must be 1, 2, 4 or 8 (got %d)" $role $tp) -}}
+{{- end -}}
+{{- if and $v.engine.asyncScheduling (ne $role "prefill") (gt $tp 1) -}}
+{{- $errors = append $errors (printf "engine.asyncScheduling runs at tensor parallelism 1 only: %s.tensorParallel is %d (set it to 1, or engine.asyncScheduling false)" $role $tp) -}}
 {{- end -}}
 {{- if and $v.engine.decodeGraphs (ne $role "prefill") (gt $tp 1) -}}
 {{- $errors = append $errors (printf "engine.decodeGraphs records decode steps at tensor parallelism 1 only: %s.tensorParallel is %d (set it to 1, or engine.decodeGraphs false)" $role $tp) -}}
