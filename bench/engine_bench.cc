@@ -1,6 +1,8 @@
-// Engine throughput on CPU: single-sequence decode, aggregate decode at several batch sizes,
-// and prefill, per model and TP size. Prints a table (and JSON with --json FILE). Figures are
-// also given as a ratio to TP 1 measured in the same run, since the machine is shared and noisy.
+// Engine throughput: single-sequence decode, aggregate decode at several batch sizes, and
+// prefill, per model, TP size and scheduling (synchronous, or asynchronous with --async off,on),
+// on the CPU or a GPU backend (--device). Prints a table (and JSON with --json FILE). Figures are
+// also given as a ratio to TP 1, and asynchronous rows to the synchronous ones, measured in the
+// same run, since the machine is shared and noisy.
 // --breakdown B adds where a decode step at batch B spends its time, phase by phase
 // (engine/backends/phase_profiler.h), on rank 0.
 #include <sys/resource.h>
@@ -129,7 +131,7 @@ long peak_rss_mib() {
 int main(int argc, char** argv) {
   using namespace pdserve;
   init_logging();
-  CLI::App app{"pdserve engine benchmark (CPU)"};
+  CLI::App app{"pdserve engine benchmark"};
   std::vector<std::string> models = {"stories260K", "synthetic-100m"};
   std::vector<int> tps = {1, 2};
   std::vector<int> batches = {1, 8, 32, 128};
@@ -137,6 +139,8 @@ int main(int argc, char** argv) {
   int from_bos_steps = 0;
   int breakdown_batch = 0;
   std::string json_out;
+  std::string device = "cpu", weight_dtype = "f32";
+  std::vector<std::string> async_modes = {"off"};
   app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
   app.add_option("--tp", tps, "TP sizes");
   app.add_option("--batches", batches, "Decode batch sizes");
@@ -151,12 +155,22 @@ int main(int argc, char** argv) {
                  "kernels, sampling, copies)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--json", json_out, "Write results as JSON to this file");
+  app.add_option("--device", device, "Backend: cpu, or a GPU backend this build has (cuda, hip, emulated)")
+      ->capture_default_str();
+  app.add_option("--weight-dtype", weight_dtype, "GEMM weights on a GPU backend: f32 or bf16")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--async", async_modes,
+                 "Scheduling: off (synchronous), on (--async-scheduling: GPU backends at TP 1), or off,on for both "
+                 "and their ratio")
+      ->check(CLI::IsMember({"off", "on"}))
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results = nlohmann::json::array();
   if (from_bos_steps == 0)
-    std::printf("%-16s %3s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "decode-1", "agg-b1", "agg-b8",
-                "agg-b32", "agg-b128", "prefill", "rss-MiB");
+    std::printf("%-16s %3s %5s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "async", "decode-1", "agg-b1",
+                "agg-b8", "agg-b32", "agg-b128", "prefill", "rss-MiB");
   for (const std::string& name : models) {
     std::string path = name;
     if (name == "synthetic-100m") {
@@ -170,77 +184,100 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::map<std::string, double> tp1;
-    for (int tp : tps) {
-      auto model = engine::load_model({path});
-      if (!model.ok()) {
-        std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
-        return 1;
-      }
-      // With --breakdown every rank's backend is the CPU backend under a PhaseProfiler (off
-      // until the breakdown runs).
-      std::vector<engine::PhaseProfiler*> profilers(tp);
-      const int vocab = model->config.vocab_size;
-      engine::EngineOptions opts;
-      if (breakdown_batch > 0)
-        opts.backend_factory = [&profilers, vocab, tp](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
-          // The rank's LM head slice of the vocabulary, as the engine shards it.
-          auto profiler = std::make_unique<engine::PhaseProfiler>(engine::make_cpu_backend(),
-                                                                  engine::even_split(vocab, tp, rank).size());
-          profilers[size_t(rank)] = profiler.get();
-          return std::unique_ptr<engine::Backend>(std::move(profiler));
-        };
-      opts.tp = tp;
-      opts.max_running = 256;
-      opts.max_batch_tokens = 512;
-      auto eng = engine::Engine::create(std::move(*model), opts);
-      if (!eng.ok()) {
-        std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
-        return 1;
-      }
-      nlohmann::json row = {{"model", name}, {"tp", tp}};
-      if (from_bos_steps > 0) {
-        const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
-        if (r.tokens < 2) {
-          std::fprintf(stderr, "%s: decoding from BOS failed or gave fewer than 2 tokens\n", name.c_str());
+    std::map<std::string, double> earlier;  // "tp<N>/<async>:<figure>" of this model's rows so far.
+    for (int tp : tps)
+      for (const std::string& async : async_modes) {
+        auto model = engine::load_model({path});
+        if (!model.ok()) {
+          std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
           return 1;
         }
-        row["from_bos_tok_s"] = r.tok_s;
-        row["from_bos_tokens"] = r.tokens;
-        std::printf("%-16s %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, r.tok_s, r.tokens);
-        results.push_back(row);
-        continue;
-      }
-      std::mt19937 rng(7);
-      const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
-      row["decode_single_tok_s"] = single;
-      std::printf("%-16s %3d %10.1f", name.c_str(), tp, single);
-      for (int b : {1, 8, 32, 128}) {
-        const bool wanted = std::find(batches.begin(), batches.end(), b) != batches.end();
-        const double r = wanted ? bench::decode_rate(**eng, b, prompt_len, new_tokens, rng) : 0;
-        row["decode_batch_" + std::to_string(b) + "_tok_s"] = r;
-        std::printf(" %12.1f", r);
-      }
-      const double pre = bench::prefill_rate(**eng, prefill_prompts, prefill_len, rng);
-      row["prefill_tok_s"] = pre;
-      row["peak_rss_mib"] = bench::peak_rss_mib();
-      std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
-      if (breakdown_batch > 0)
-        row["breakdown_batch_" + std::to_string(breakdown_batch)] =
-            bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
-      if (tp == tps.front()) {
+        // With --breakdown every rank's backend is the CPU backend under a PhaseProfiler (off
+        // until the breakdown runs).
+        std::vector<engine::PhaseProfiler*> profilers(tp);
+        const int vocab = model->config.vocab_size;
+        engine::EngineOptions opts;
+        if (breakdown_batch > 0)
+          opts.backend_factory = [&profilers, vocab, tp,
+                                  &device](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
+            // The rank's LM head slice of the vocabulary, as the engine shards it.
+            PD_ASSIGN_OR_RETURN(auto backend, engine::make_backend(device, rank));
+            auto profiler =
+                std::make_unique<engine::PhaseProfiler>(std::move(backend), engine::even_split(vocab, tp, rank).size());
+            profilers[size_t(rank)] = profiler.get();
+            return std::unique_ptr<engine::Backend>(std::move(profiler));
+          };
+        opts.tp = tp;
+        opts.backend = device;
+        opts.weight_dtype = weight_dtype == "bf16" ? engine::DType::kBF16 : engine::DType::kF32;
+        opts.async_scheduling = async == "on";
+        opts.max_running = 256;
+        opts.max_batch_tokens = 512;
+        auto eng = engine::Engine::create(std::move(*model), opts);
+        if (!eng.ok()) {
+          std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
+          return 1;
+        }
+        nlohmann::json row = {{"model", name}, {"tp", tp}, {"device", device}, {"async", async == "on"}};
+        if (from_bos_steps > 0) {
+          const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
+          if (r.tokens < 2) {
+            std::fprintf(stderr, "%s: decoding from BOS failed or gave fewer than 2 tokens\n", name.c_str());
+            return 1;
+          }
+          row["from_bos_tok_s"] = r.tok_s;
+          row["from_bos_tokens"] = r.tokens;
+          std::printf("%-16s %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, r.tok_s, r.tokens);
+          results.push_back(row);
+          continue;
+        }
+        std::mt19937 rng(7);
+        const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
+        row["decode_single_tok_s"] = single;
+        std::printf("%-16s %3d %5s %10.1f", name.c_str(), tp, async.c_str(), single);
+        for (int b : {1, 8, 32, 128}) {
+          const bool wanted = std::find(batches.begin(), batches.end(), b) != batches.end();
+          const double r = wanted ? bench::decode_rate(**eng, b, prompt_len, new_tokens, rng) : 0;
+          row["decode_batch_" + std::to_string(b) + "_tok_s"] = r;
+          std::printf(" %12.1f", r);
+        }
+        const double pre = bench::prefill_rate(**eng, prefill_prompts, prefill_len, rng);
+        row["prefill_tok_s"] = pre;
+        row["peak_rss_mib"] = bench::peak_rss_mib();
+        std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
+        if (breakdown_batch > 0)
+          row["breakdown_batch_" + std::to_string(breakdown_batch)] =
+              bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
+        // Ratios to this model's row at the first TP (same scheduling) and at the first scheduling
+        // (same TP), measured earlier in this run.
+        const auto key = [](int t, const std::string& a) { return "tp" + std::to_string(t) + "/" + a + ":"; };
+        for (auto& [k, v] : earlier) {
+          const std::string stat = k.substr(k.find(':') + 1);
+          if (tp != tps.front() && k.rfind(key(tps.front(), async), 0) == 0)
+            row[stat + "_vs_tp" + std::to_string(tps.front())] = row[stat].get<double>() / v;
+          if (async != async_modes.front() && k.rfind(key(tp, async_modes.front()), 0) == 0)
+            row[stat + "_vs_async_" + async_modes.front()] = row[stat].get<double>() / v;
+        }
         for (auto& [k, v] : row.items())
-          if (v.is_number_float()) tp1[k] = v.get<double>();
-      } else {
-        for (auto& [k, v] : tp1) row[k + "_vs_tp" + std::to_string(tps.front())] = row[k].get<double>() / v;
+          if (v.is_number_float()) earlier[key(tp, async) + k] = v.get<double>();
+        results.push_back(row);
       }
-      results.push_back(row);
-    }
+  }
+  if (async_modes.size() > 1 && from_bos_steps == 0) {
+    std::printf("\nratio of async %s to async %s (same run):\n", async_modes.back().c_str(),
+                async_modes.front().c_str());
+    const std::string suffix = "_vs_async_" + async_modes.front();
+    for (const auto& r : results)
+      if (r.contains("decode_single_tok_s" + suffix))
+        std::printf("%-16s tp=%d decode-1 x%.2f  agg-b1 x%.2f  agg-b32 x%.2f  prefill x%.2f\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
+                    r.value("decode_single_tok_s" + suffix, 0.0), r.value("decode_batch_1_tok_s" + suffix, 0.0),
+                    r.value("decode_batch_32_tok_s" + suffix, 0.0), r.value("prefill_tok_s" + suffix, 0.0));
   }
   if (tps.size() > 1 && from_bos_steps == 0) {
     std::printf("\nratio vs TP %d (same run):\n", tps.front());
     for (const auto& r : results)
-      if (r["tp"] != tps.front())
+      if (r["tp"] != tps.front() && r.contains("decode_single_tok_s_vs_tp" + std::to_string(tps.front())))
         std::printf("%-16s tp=%d decode-1 x%.2f  agg-b128 x%.2f  prefill x%.2f\n",
                     r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
                     r.value("decode_single_tok_s_vs_tp1", 0.0), r.value("decode_batch_128_tok_s_vs_tp1", 0.0),

@@ -3,7 +3,8 @@
 # stories260K's greedy text on the GPU engine), scripts/cluster-check.sh (the GPU engine in
 # process and a prefill + decode worker on the GPU behind the router give the CPU's tokens) and
 # gpu_bench (8B-shape decode and prefill against the GPU's rooflines: H200, H100 SXM or MI355X
-# by the device, ROOFLINE to name one), and kvtransfer_bench's small
+# by the device, ROOFLINE to name one), engine_bench (the whole engine on the GPU, synchronous and
+# with --async-scheduling in one run), and kvtransfer_bench's small
 # requests on the GPU machine's host (the copy and per-request overhead on a server's memory
 # system, which the 2-vCPU development VM cannot show), results written to a directory.
 #
@@ -18,7 +19,7 @@
 #                                      builds from source, which needs the packages) and writes
 #                                      summary.txt, gpu_backend_tests.{log,xml}, cluster/ and
 #                                      gpu_bench.{log,jsonl}, gpu_bench_f32.jsonl,
-#                                      gpu_bench_attention.jsonl and
+#                                      gpu_bench_attention.jsonl, engine_bench.{log,json} and
 #                                      kvtransfer_bench.log into OUT; exits
 #                                      non-zero if a check failed
 #   scripts/gpu-check.sh rocm OUT      on an AMD machine with ROCm 7 (MI355X: gfx950; ROCM_ARCHS
@@ -30,7 +31,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
 bundle_dir=$root/build-gpu-bundle
-targets=(gpu_backend_tests gpu_bench kvtransfer_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
+targets=(gpu_backend_tests gpu_bench engine_bench kvtransfer_bench pdserve pdserve-prefill pdserve-decode pdserve-router)
 
 # The vendor the checks run on: cuda (bundle, run) or hip (rocm).
 vendor=cuda
@@ -56,6 +57,7 @@ cmd_bundle() {
   strip --strip-debug -o "$stage/bin/gpu_backend_tests" "$build/tests/gpu/gpu_backend_tests"
   strip --strip-debug -o "$stage/bin/gpu_bench" "$build/bench/gpu_bench"
   strip --strip-debug -o "$stage/bin/kvtransfer_bench" "$build/bench/kvtransfer_bench"
+  strip --strip-debug -o "$stage/bin/engine_bench" "$build/bench/engine_bench"
   local program
   for program in pdserve pdserve-prefill pdserve-decode pdserve-router; do
     strip --strip-debug -o "$stage/bin/$program" "$(find "$build" -name "$program" -type f -perm -u+x | head -1)"
@@ -105,7 +107,8 @@ cmd_run() {
     echo "building from source (needs the project's packages)"
     configure_and_build || return 1
     bin=$build/bin-links && mkdir -p "$bin"
-    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/bench/kvtransfer_bench" "$build/tools/pdserve" \
+    ln -sf "$build/tests/gpu/gpu_backend_tests" "$build/bench/gpu_bench" "$build/bench/engine_bench" \
+      "$build/bench/kvtransfer_bench" "$build/tools/pdserve" \
       "$build/prefill_worker/pdserve-prefill" "$build/decode_worker/pdserve-decode" "$build/router/pdserve-router" "$bin/"
     src_dir=$root
   fi
@@ -154,6 +157,11 @@ cmd_run() {
   # above times it at 512 and 2048).
   timeout 60 "$bin/gpu_bench" --roofline "$roofline" --only attention --prefill 8192 \
     --out "$out/gpu_bench_attention.jsonl" 2>&1 | tee -a "$out/gpu_bench.log" || status=1
+  # The whole engine on the GPU, synchronous and with --async-scheduling in one run (their ratio
+  # is R10's gain): stories260K, where the host's share of a step is largest.
+  local model=${MODEL:-$root/../shared/models/stories260K}
+  PDSERVE_MODEL_PATH=$(dirname "$model") timeout 120 "$bin/engine_bench" --models stories260K --tp 1 --device "$vendor" \
+    --weight-dtype bf16 --async off,on --batches 1 8 32 --json "$out/engine_bench.json" 2>&1 | tee "$out/engine_bench.log" || status=1
   # Host memory only (UCX over shared memory between two processes); no ucx_perftest there.
   timeout 90 "$bin/kvtransfer_bench" --tokens 512 --reps 1 --small-reps 100 --no-perftest --pairs 1:1,4:8,8:4 \
     2>&1 | tee "$out/kvtransfer_bench.log" || status=1
