@@ -45,8 +45,8 @@ class QueueMark {
   virtual ~QueueMark() = default;
   // Marks the end of the work queued so far.
   virtual Status record() = 0;
-  // Waits until the work before the last record() has finished (not work queued since); that
-  // work's errors, as synchronize() reports them.
+  // Waits until the work before the last record() has finished (not work queued since); errors of
+  // its execution (a fault), not those queued_errors() reports.
   virtual Status wait() = 0;
 };
 
@@ -66,6 +66,10 @@ class Backend {
   // the copy does not hold up the caller) holds the bytes once a QueueMark recorded after it has
   // been waited for. By default copy_to_host, which waits.
   virtual Status copy_to_host_queued(void* dst, const void* src, size_t bytes) { return copy_to_host(dst, src, bytes); }
+  // Errors of the calls queued so far that reported none (a failed launch, a failed vendor
+  // GEMM), without waiting; each reported once, here or by synchronize(). So a queued step's
+  // errors are its own, not the next one's. None by default.
+  virtual Status queued_errors() { return absl::OkStatus(); }
   // A mark in this backend's queue. By default one whose wait() is synchronize(): right, if it
   // waits for more than it must; backends whose calls complete as they return need no more.
   // (Inline, as every default here: the GPU library has no key function to link against.)

@@ -110,7 +110,6 @@ struct Engine::LaunchedStep {
   struct Fed {
     std::shared_ptr<Sequence> seq;
     int tokens = 0;
-    int preemptions = 0;  // The sequence's, at launch: a preemption since voids the step's KV.
   };
   // A logit row: the one sampling a sequence's next token (prompt_pos -1), or for
   // params.prompt_logprobs one per position of a prompt chunk that has a next prompt token,
@@ -118,14 +117,12 @@ struct Engine::LaunchedStep {
   struct Row {
     Sequence* seq;  // Kept alive by `fed`.
     int prompt_pos;
-    int preemptions;  // As Fed's.
   };
   int64_t id = 0;
   std::vector<Fed> fed;
   std::vector<Row> rows;
   std::vector<int> tokens;
   std::vector<kernels::RowLogprobs> logprobs;  // When some row asks.
-  std::vector<float> logits;                   // Sampling on the host.
   std::vector<kernels::SampleRow> host_rows;   // Sampling on the host: the rows' parameters.
   std::vector<int> seen_new_ids;
   std::vector<kernels::LogitBias> biases;
@@ -209,6 +206,9 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
     return absl::InvalidArgumentError(
         "--async-scheduling samples on the backend (the next step reads the tokens there); this engine samples on the "
         "host");
+  if (options.async_scheduling) {
+    PD_ASSIGN_OR_RETURN(engine->launched_mark_, engine->ranks_->rank(0).backend().create_mark());
+  }
   engine->blocks_ =
       std::make_unique<BlockAllocator>(int(num_blocks), options.block_size, options.prefix_cache.event_sink);
   engine->key_root_ = key_root({spec.fingerprint(), weights_digest(*engine->model_.weights),
@@ -601,6 +601,8 @@ void Engine::grow_blocks() {
 }
 
 void Engine::preempt(Sequence& s) {
+  // Never with a step out (run_step collects it first): its KV and tokens would be the void
+  // blocks' and the recomputation's.
   PD_LOG_DEBUG("preempting {} ({} tokens, {} blocks) to make room", s.request.id, s.tokens.size(), s.blocks.size());
   // Its full blocks stay in the prefix cache (evictable) under their keys, and go to the host
   // tier (swapped out) where it has room: resuming, it takes back what either still holds and
@@ -610,7 +612,6 @@ void Engine::preempt(Sequence& s) {
     PD_LOG_ERROR("releasing blocks of preempted {}: {}", s.request.id, st.ToString());
   s.blocks.clear();
   s.num_computed = 0;
-  s.fed_ahead = 0;  // A launched step's KV for it is void; the token it samples is not.
   s.chain_done = 0;
   s.chain.reset();
   s.chain_broken = false;
@@ -628,13 +629,23 @@ Status Engine::step() {
   return s;
 }
 
+int Engine::blocks_to_grow() const {
+  int need = 0;
+  for (const auto& s : running_)
+    need += std::max(0, blocks_for(kv_length(*s), options_.block_size) - int(s->blocks.size()));
+  return need;
+}
+
 int Engine::kv_length(const Sequence& s) const {
   return int(s.tokens.size()) + (s.pending_row >= 0 && !s.stop.next_token_ends() ? 1 : 0);
 }
 
 Status Engine::wait_for_launched_steps() {
   if (steps_in_flight_.load() == 0) return absl::OkStatus();
-  return ranks_->rank(0).backend().synchronize();
+  // A mark of its own rather than synchronize(), which would take the steps' launch errors.
+  std::lock_guard lock(launched_mark_mu_);
+  PD_RETURN_IF_ERROR(launched_mark_->record());
+  return launched_mark_->wait();
 }
 
 Status Engine::run_step() {
@@ -646,6 +657,11 @@ Status Engine::run_step() {
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
   for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
+  // A growth that preempts waits for the step out (the one it collects may free blocks too).
+  if (!launched_.empty() && blocks_to_grow() > blocks_->num_free()) {
+    status.Update(collect_step());
+    std::erase_if(running_, [](const auto& s) { return s->finished; });
+  }
   grow_blocks();
   const size_t before = launched_.size();
   status.Update(launch_step());
@@ -711,15 +727,15 @@ Status Engine::launch_step() {
       batch.block_tables.push_back(s->blocks.data());
       if (prompt_logprobs && pos + 1 < int(s->request.prompt.size())) {
         batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
-        step->rows.push_back({s, pos, s->preemptions});
+        step->rows.push_back({s, pos});
       }
     }
     if (n == pending) {
       batch.logit_rows.push_back(int(batch.tokens.size()) - 1);
-      step->rows.push_back({s, -1, s->preemptions});
+      step->rows.push_back({s, -1});
       if (start + n == int(s->request.prompt.size())) batch.completed_prefills.push_back(s->request.id);
     }
-    step->fed.push_back({owner, n, s->preemptions});
+    step->fed.push_back({owner, n});
   }
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
@@ -751,9 +767,9 @@ Status Engine::launch_step() {
     batch.biases = std::move(step->biases);
     batch.banned = std::move(step->banned);
   } else {
-    step->logits.resize(size_t(num_rows) * vocab);
+    logits_.resize(size_t(num_rows) * vocab);  // Synchronous only: collected before the next launch.
     step->host_rows = std::move(rows);
-    out.logits = step->logits.data();
+    out.logits = logits_.data();
   }
   step->started = options_.clock->now();
   step_tokens_in_progress_.store(sample.prefill_tokens + sample.decode_seqs, std::memory_order_relaxed);
@@ -795,8 +811,7 @@ Status Engine::collect_step() {
   step_tokens_in_progress_.store(
       launched_.empty() ? 0 : launched_.front()->sample.prefill_tokens + launched_.front()->sample.decode_seqs,
       std::memory_order_relaxed);
-  for (const LaunchedStep::Fed& f : step->fed)
-    if (f.preemptions == f.seq->preemptions) f.seq->fed_ahead -= f.tokens;
+  for (const LaunchedStep::Fed& f : step->fed) f.seq->fed_ahead -= f.tokens;
   for (const LaunchedStep::Row& r : step->rows)
     if (r.seq->pending_step == step->id) r.seq->pending_row = -1;
   if (!status.ok()) {
@@ -813,7 +828,7 @@ Status Engine::collect_step() {
     const kernels::SeenTokens seen{nullptr, nullptr, step->seen_new_ids.data(), vocab};
     host_seen_bits_.resize(size_t(seen_slots_) * seen.words_per_slot());
     host_counts_.resize(size_t(seen_slots_) * vocab);
-    kernels::cpu::sample_rows(step->tokens.data(), out.logprobs, {step->logits.data(), num_rows, vocab, 1},
+    kernels::cpu::sample_rows(step->tokens.data(), out.logprobs, {logits_.data(), num_rows, vocab, 1},
                               step->host_rows.data(),
                               {host_seen_bits_.data(), host_counts_.data(), step->seen_new_ids.data(), vocab},
                               {step->biases.data(), step->banned.data()}, &host_scratch_);
@@ -832,9 +847,9 @@ Status Engine::collect_step() {
   stats_.graph_steps = ranks_->rank(0).graph_replays();
   stats_.graphs_recorded = ranks_->rank(0).graphs_recorded();
 
-  // A sequence preempted or finished since the launch has no KV of this step to count.
+  // A sequence finished since the launch has no KV to count.
   for (const LaunchedStep::Fed& f : step->fed) {
-    if (f.seq->finished || f.preemptions != f.seq->preemptions) continue;
+    if (f.seq->finished) continue;
     f.seq->num_computed += f.tokens;
     cache_computed_blocks(*f.seq);
   }
@@ -847,9 +862,7 @@ Status Engine::collect_step() {
       continue;
     }
     if (r.prompt_pos >= 0) {
-      // Preempted since, it computes them again with the prompt.
-      if (seq.preemptions == r.preemptions)
-        seq.prompt_logprobs.push_back(token_logprob(seq.request.prompt[r.prompt_pos + 1], step->logprobs[i]));
+      seq.prompt_logprobs.push_back(token_logprob(seq.request.prompt[r.prompt_pos + 1], step->logprobs[i]));
     } else {
       const bool asked = seq.request.params.logprobs >= 0;
       accept_token(seq, step->tokens[i], false, asked ? &step->logprobs[i] : nullptr);
@@ -925,11 +938,9 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
     return absl::InvalidArgumentError(absl::StrCat("cannot reserve KV for ", num_tokens, " tokens and a prompt of ",
                                                    prompt.size()));
   const int total = blocks_for(num_tokens, options_.block_size);
-  // The KV arrives from outside the device's queue: no launched step may still write the blocks.
-  PD_RETURN_IF_ERROR(wait_for_launched_steps());
   if (!options_.prefix_cache.enabled) {
     PD_ASSIGN_OR_RETURN(std::vector<int> blocks, blocks_->allocate(total));
-    return Reservation{std::move(blocks), 0};
+    return after_launched_steps(Reservation{std::move(blocks), 0});
   }
   const BlockKey ns_root = namespace_root(key_root_, canonical_namespace(cache_salt));
   // Every full prompt block may hit, the last one included (engine.h says why).
@@ -945,7 +956,16 @@ StatusOr<Engine::Reservation> Engine::reserve_cached_blocks(const std::vector<in
       PD_LOG_ERROR("loading a reservation from the host KV tier: {} (transferring it instead)", end.status().ToString());
     }
   }
-  return Reservation{std::move(a.blocks), cached};
+  return after_launched_steps(Reservation{std::move(a.blocks), cached});
+}
+
+StatusOr<Engine::Reservation> Engine::after_launched_steps(Reservation reservation) {
+  if (Status s = wait_for_launched_steps(); !s.ok()) {
+    if (Status released = blocks_->release(reservation.blocks); !released.ok())
+      PD_LOG_ERROR("releasing a reservation: {}", released.ToString());
+    return s;
+  }
+  return reservation;
 }
 
 Status Engine::release_blocks(const std::vector<int>& blocks) { return blocks_->release(blocks); }

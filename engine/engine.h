@@ -33,6 +33,7 @@ namespace pdserve::engine {
 class Backend;
 class HostKvTier;
 class KvTiers;
+class QueueMark;
 class RankPool;
 class ModelWeightsF32;
 
@@ -84,7 +85,8 @@ struct EngineOptions {
   // and streaming run while the device computes. A decode token whose value the host has not
   // read yet is fed from the device's sampled tokens. The tokens are those of the synchronous
   // schedule; what differs: a sequence that stops at step N (a stop token or string) still
-  // computes one wasted token in step N+1 (its blocks wait for that), and a step after one that
+  // computes one wasted token in step N+1, a step that would preempt a sequence waits for the
+  // step before it, and a step after one that
   // sampled with repetition, frequency or presence penalties waits for it (the penalties need
   // its tokens on the host). Takes sampling on the backend and TP 1.
   bool async_scheduling = false;
@@ -414,6 +416,11 @@ class Engine {
   // its queue (a KV transfer into reserved blocks): a launched step may still write the blocks of
   // a sequence that finished meanwhile. Any thread.
   Status wait_for_launched_steps();
+  // `reservation` once wait_for_launched_steps() returned (taken first: a step launched before
+  // its blocks came back is then waited for too); its blocks released if the wait fails.
+  StatusOr<Reservation> after_launched_steps(Reservation reservation);
+  // The blocks the running sequences' next step writes beyond those they hold.
+  int blocks_to_grow() const;
   // Whether a PENDING sequence's prefetch is done (caller holds mu_).
   bool prefetch_done_locked() const;
   // With nothing to run but PENDING sequences, waits (a bounded while) for a prefetch to end or
@@ -465,6 +472,8 @@ class Engine {
   // iterations, two while one is launched behind another; and how many, for any thread.
   std::deque<std::unique_ptr<LaunchedStep>> launched_;
   std::atomic<int> steps_in_flight_{0};
+  std::mutex launched_mark_mu_;               // wait_for_launched_steps may come from any thread.
+  std::unique_ptr<QueueMark> launched_mark_;  // Async scheduling: its mark, on rank 0's queue.
   uint64_t next_step_id_ = 0;
   TimePoint last_collect_{};  // When the previous launched step's results came (step wall times).
   std::vector<float> logits_;

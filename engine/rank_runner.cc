@@ -538,6 +538,7 @@ Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logpr
   if (shard_.rank == 0) {
     SampledSlot& slot = sampled_[next_slot_];
     if (rows == 0 || batch.samples.empty()) slot.rows = 0;
+    status.Update(backend_->queued_errors());  // This step's, before the next is queued.
     status.Update(slot.mark->record());
     slot.status = status;
     next_slot_ ^= 1;

@@ -184,6 +184,11 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
                  "decode and aggregated workers\n";
     return 2;
   }
+  if (role == ROLE_PREFILL && f.engine.async_scheduling) {
+    std::cerr << "error: --async-scheduling overlaps decode steps, and a prefill worker's steps wait for each "
+                 "layer's KV to be handed on: pass it to the decode and aggregated workers\n";
+    return 2;
+  }
   if (f.kv_peer_tier && (role == ROLE_AGGREGATED || f.engine.host_kv_bytes == 0)) {
     std::cerr << "error: --kv-peer-tier applies to prefill and decode workers with a host KV tier (--host-kv-bytes): "
                  "it serves that tier to, and reads prefixes from, the other workers of a P/D cluster\n";

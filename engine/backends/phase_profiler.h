@@ -64,6 +64,7 @@ class PhaseProfiler final : public Backend {
     return inner_->copy_to_host_queued(dst, src, bytes);
   }
   StatusOr<std::unique_ptr<QueueMark>> create_mark() override { return inner_->create_mark(); }
+  Status queued_errors() override { return inner_->queued_errors(); }
   uint64_t memory_bytes() const override { return inner_->memory_bytes(); }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return inner_->staging_copy(dst, src, bytes); }
   Status staging_wait() override { return inner_->staging_wait(); }

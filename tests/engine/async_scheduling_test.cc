@@ -156,10 +156,10 @@ TEST_P(AsyncScheduling, EventsEqualTheSynchronousEngine) {
   }
 }
 
-// A pool too small for the workload: sequences are preempted while a step that feeds them is
-// out; the tokens they sampled there still count, the KV does not, and the output is the one
-// of a pool that never runs short.
-TEST_P(AsyncScheduling, PreemptionWhileAStepIsOutChangesNoOutput) {
+// A pool too small for the workload: a step whose growth preempts a sequence first collects the
+// step out (which may feed that sequence, and free blocks), so the output is the one of a pool
+// that never runs short.
+TEST_P(AsyncScheduling, PreemptionChangesNoOutput) {
   std::vector<Request> requests = workload();
   for (Request& r : requests) {
     r.params.max_tokens = 200;

@@ -142,6 +142,15 @@ TEST(WorkerDeploy, PrefillWorkersRefuseDecodeGraphs) {
       << out.out;
 }
 
+// A prefill worker's steps wait for each layer's KV to be handed on, and an aborted request's
+// blocks go back to its caller: --async-scheduling is refused there.
+TEST(WorkerDeploy, PrefillWorkersRefuseAsyncScheduling) {
+  const testing::CommandOutput out = testing::run_command(worker_bin("prefill") + " --device emulated --model " +
+                                                          testing::stories_bin() + " --async-scheduling 2>&1");
+  EXPECT_EQ(out.exit_code, 2) << out.out;
+  EXPECT_NE(out.out.find("--async-scheduling overlaps decode steps"), std::string::npos) << out.out;
+}
+
 // Streams read on their own threads: tokens seen so far, and how the stream ended.
 struct Stream {
   std::vector<int> tokens;

@@ -138,6 +138,10 @@ class GpuBackend final : public Backend {
     PD_ASSIGN_OR_RETURN(auto held, stream_call("a copy"));
     return gpu_status(gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDefault, stream_), "copy_to_host_queued");
   }
+  Status queued_errors() override {
+    bind();
+    return launch_errors();
+  }
   StatusOr<std::unique_ptr<QueueMark>> create_mark() override {
     bind();
     gpuEvent_t event = nullptr;
@@ -380,7 +384,6 @@ class GpuBackend final : public Backend {
     }
     Status wait() override {
       backend_->bind();
-      PD_RETURN_IF_ERROR(backend_->launch_errors());
       return gpu_status(gpuEventSynchronize(event_), "event wait");
     }
 
