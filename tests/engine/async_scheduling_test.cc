@@ -9,6 +9,7 @@
 #include <map>
 
 #include "engine/engine.h"
+#include "tests/engine/client_events.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_model.h"
 
@@ -35,21 +36,8 @@ std::unique_ptr<Engine> make_engine(bool async, Where where, uint64_t kv_bytes =
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-// Everything a client sees of a request, event by event.
-struct Seen {
-  std::vector<int> tokens;
-  std::string text;
-  std::vector<std::pair<int, float>> logprobs;
-  std::vector<std::pair<int, float>> prompt_logprobs;
-  FinishReason reason = FinishReason::kNone;
-  int events = 0;
-  bool operator==(const Seen&) const = default;
-};
-
-struct Request {
-  std::vector<int> prompt;
-  SamplingParams params;
-};
+using pdserve::testing::Request;
+using pdserve::testing::Seen;
 
 // Twelve requests: prompts short and chunked, greedy and seeded; stops by EOS, stop strings,
 // stop tokens and max_tokens at different steps; min_tokens, logit bias, logprobs, prompt
@@ -93,14 +81,10 @@ std::map<std::string, Seen> run_all(Engine& e, const std::vector<Request>& reque
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::string id = "r" + std::to_string(i);
     Seen* s = &seen[id];
-    EXPECT_TRUE(e.add_request({id, requests[i].prompt, requests[i].params}, [s](const TokenEvent& ev) {
+    const TokenCallback record = pdserve::testing::record_into(s);
+    EXPECT_TRUE(e.add_request({id, requests[i].prompt, requests[i].params}, [record](const TokenEvent& ev) {
                    EXPECT_TRUE(ev.error.ok()) << ev.error;
-                   ++s->events;
-                   if (ev.token >= 0) s->tokens.push_back(ev.token);
-                   s->text += ev.text;
-                   if (ev.logprob) s->logprobs.push_back({ev.logprob->token, ev.logprob->logprob});
-                   for (const TokenLogprob& p : ev.prompt_logprobs) s->prompt_logprobs.push_back({p.token, p.logprob});
-                   if (ev.finished) s->reason = ev.reason;
+                   record(ev);
                  }).ok());
   }
   for (size_t step = 0; e.has_work(); ++step) {

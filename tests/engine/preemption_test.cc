@@ -10,6 +10,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "tests/engine/client_events.h"
 #include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
 
@@ -34,21 +35,8 @@ std::unique_ptr<Engine> make_engine(int tp, int num_blocks = 0, bool prefix_cach
   return std::move(*engine);
 }
 
-// Everything a client sees of a request, event by event.
-struct Seen {
-  std::vector<int> tokens;
-  std::string text;
-  std::vector<std::pair<int, float>> logprobs;
-  std::vector<std::pair<int, float>> prompt_logprobs;
-  FinishReason reason = FinishReason::kNone;
-  int events = 0;
-  bool operator==(const Seen&) const = default;
-};
-
-struct Request {
-  std::vector<int> prompt;
-  SamplingParams params;
-};
+using pdserve::testing::Request;
+using pdserve::testing::Seen;
 
 // Eight requests whose outputs run to the context: greedy, seeded sampling with penalties and
 // logprobs, one with prompt logprobs, prompts long and short (some sharing a prefix).
@@ -80,14 +68,7 @@ std::map<std::string, Seen> run_all(Engine& e, const std::vector<Request>& reque
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::string id = "r" + std::to_string(i);
     Seen* s = &seen[id];
-    EXPECT_TRUE(e.add_request({id, requests[i].prompt, requests[i].params}, [s](const TokenEvent& ev) {
-                   ++s->events;
-                   if (ev.token >= 0) s->tokens.push_back(ev.token);
-                   s->text += ev.text;
-                   if (ev.logprob) s->logprobs.push_back({ev.logprob->token, ev.logprob->logprob});
-                   for (const TokenLogprob& p : ev.prompt_logprobs) s->prompt_logprobs.push_back({p.token, p.logprob});
-                   if (ev.finished) s->reason = ev.reason;
-                 }).ok());
+    EXPECT_TRUE(e.add_request({id, requests[i].prompt, requests[i].params}, pdserve::testing::record_into(s)).ok());
   }
   while (e.has_work()) {
     EXPECT_TRUE(e.step().ok());
