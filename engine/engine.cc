@@ -641,7 +641,8 @@ int Engine::kv_length(const Sequence& s) const {
 }
 
 Status Engine::wait_for_launched_steps() {
-  if (steps_in_flight_.load() == 0) return absl::OkStatus();
+  // Synchronously a step is done when it joins launched_: nothing to wait for.
+  if (!launched_mark_ || steps_in_flight_.load() == 0) return absl::OkStatus();
   // A mark of its own rather than synchronize(), which would take the steps' launch errors.
   std::lock_guard lock(launched_mark_mu_);
   PD_RETURN_IF_ERROR(launched_mark_->record());
