@@ -35,7 +35,7 @@ case "$mode" in
            tests/kvtransfer/kvtransfer_unit_tests tests/kvtransfer/kvtransfer_session_unit_tests
            tests/transport/transport_unit_tests tests/serving/router_unit_tests tests/serving/worker_unit_tests
            tests/serving/router_integration_tests tests/serving/worker_integration_tests tests/tune/tune_unit_tests
-           "tests/engine/engine_integration_tests|Preemption*:*PreemptionIdentity*:HostTier*:FsTier*")
+           "tests/engine/engine_integration_tests|Preemption*:*PreemptionIdentity*:HostTier*:FsTier*:*AsyncScheduling*")
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:suppressions=$root/scripts/sanitizer/lsan.supp"
     export LSAN_OPTIONS="suppressions=$root/scripts/sanitizer/lsan.supp"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
