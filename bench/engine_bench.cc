@@ -12,8 +12,11 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "common/logging.h"
 #include "engine/backends/phase_profiler.h"
@@ -26,6 +29,14 @@ namespace {
 
 using engine::Engine;
 using Clock = std::chrono::steady_clock;
+
+// A row's ratio `key` as "x1.23", or "-" where it was not measured (a batch size left out).
+std::string ratio_text(const nlohmann::json& row, const std::string& key) {
+  if (!row.contains(key)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "x%.2f", row[key].get<double>());
+  return text;
+}
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -184,7 +195,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::map<std::string, double> earlier;  // "tp<N>/<async>:<figure>" of this model's rows so far.
+    std::map<std::pair<int, std::string>, nlohmann::json> model_rows;  // This model's rows so far, by (TP, async).
     for (int tp : tps)
       for (const std::string& async : async_modes) {
         auto model = engine::load_model({path});
@@ -250,16 +261,16 @@ int main(int argc, char** argv) {
               bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
         // Ratios to this model's row at the first TP (same scheduling) and at the first scheduling
         // (same TP), measured earlier in this run.
-        const auto key = [](int t, const std::string& a) { return "tp" + std::to_string(t) + "/" + a + ":"; };
-        for (auto& [k, v] : earlier) {
-          const std::string stat = k.substr(k.find(':') + 1);
-          if (tp != tps.front() && k.rfind(key(tps.front(), async), 0) == 0)
-            row[stat + "_vs_tp" + std::to_string(tps.front())] = row[stat].get<double>() / v;
-          if (async != async_modes.front() && k.rfind(key(tp, async_modes.front()), 0) == 0)
-            row[stat + "_vs_async_" + async_modes.front()] = row[stat].get<double>() / v;
-        }
-        for (auto& [k, v] : row.items())
-          if (v.is_number_float()) earlier[key(tp, async) + k] = v.get<double>();
+        const nlohmann::json measured = row;
+        const auto ratios_to = [&row, &measured](const nlohmann::json& base, const std::string& suffix) {
+          for (const auto& [figure, v] : base.items())
+            if (v.is_number_float() && v.get<double>() > 0 && measured.contains(figure))
+              row[figure + suffix] = measured[figure].get<double>() / v.get<double>();
+        };
+        if (tp != tps.front()) ratios_to(model_rows.at({tps.front(), async}), "_vs_tp" + std::to_string(tps.front()));
+        if (async != async_modes.front())
+          ratios_to(model_rows.at({tp, async_modes.front()}), "_vs_async_" + async_modes.front());
+        model_rows[{tp, async}] = measured;
         results.push_back(row);
       }
   }
@@ -269,19 +280,23 @@ int main(int argc, char** argv) {
     const std::string suffix = "_vs_async_" + async_modes.front();
     for (const auto& r : results)
       if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d decode-1 x%.2f  agg-b1 x%.2f  agg-b32 x%.2f  prefill x%.2f\n",
+        std::printf("%-16s tp=%d decode-1 %s  agg-b1 %s  agg-b32 %s  prefill %s\n",
                     r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
-                    r.value("decode_single_tok_s" + suffix, 0.0), r.value("decode_batch_1_tok_s" + suffix, 0.0),
-                    r.value("decode_batch_32_tok_s" + suffix, 0.0), r.value("prefill_tok_s" + suffix, 0.0));
+                    bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "decode_batch_1_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "decode_batch_32_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
   }
   if (tps.size() > 1 && from_bos_steps == 0) {
     std::printf("\nratio vs TP %d (same run):\n", tps.front());
+    const std::string suffix = "_vs_tp" + std::to_string(tps.front());
     for (const auto& r : results)
-      if (r["tp"] != tps.front() && r.contains("decode_single_tok_s_vs_tp" + std::to_string(tps.front())))
-        std::printf("%-16s tp=%d decode-1 x%.2f  agg-b128 x%.2f  prefill x%.2f\n",
-                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
-                    r.value("decode_single_tok_s_vs_tp1", 0.0), r.value("decode_batch_128_tok_s_vs_tp1", 0.0),
-                    r.value("prefill_tok_s_vs_tp1", 0.0));
+      if (r.contains("decode_single_tok_s" + suffix))
+        std::printf("%-16s tp=%d async=%s decode-1 %s  agg-b128 %s  prefill %s\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["async"].get<bool>() ? "on" : "off",
+                    bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "decode_batch_128_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
   }
   if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
   return 0;

@@ -1,8 +1,10 @@
 // BackendBuffer: one allocation of a backend's memory, freed with it. The forward pass keeps its
 // activations, per-step metadata and (on device backends) weights in these.
+// PinnedHostBuffer: host memory pinned for a backend's queued copies, unpinned with it.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 
 #include "common/status.h"
 #include "engine/backend.h"
@@ -71,6 +73,41 @@ class BackendBuffer {
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Host memory that a device backend's queued copies (Backend::copy_to_host_queued) fill without
+// waiting for them: pinned on the backend when it is allocated, unpinned when it goes. A backend
+// whose memory is the host's needs no pinning; one that cannot pin leaves it pageable (its queued
+// copies then wait), and pinned() says so.
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  ~PinnedHostBuffer() { reset(); }
+
+  // `bytes` of zeroed host memory in place of the previous, pinned on `backend` unless its memory
+  // is the host's or it cannot pin.
+  void allocate(Backend* backend, size_t bytes) {
+    reset();
+    data_ = std::make_unique<std::byte[]>(bytes);
+    if (!backend->host_memory() && backend->pin_host_memory(data_.get(), bytes).ok()) pinned_on_ = backend;
+  }
+  // Whether a device backend pinned it.
+  bool pinned() const { return pinned_on_ != nullptr; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(data_.get());
+  }
+
+ private:
+  void reset() {
+    if (pinned_on_ != nullptr) pinned_on_->unpin_host_memory(data_.get());
+    pinned_on_ = nullptr;
+    data_.reset();
+  }
+  Backend* pinned_on_ = nullptr;
+  std::unique_ptr<std::byte[]> data_;
 };
 
 }  // namespace pdserve::engine

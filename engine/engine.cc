@@ -130,8 +130,7 @@ struct Engine::LaunchedStep {
   // Whether the next step may be launched before this one's tokens are read: none of its rows
   // samples with penalties, whose seen tokens the host uploads.
   bool chainable = true;
-  bool queued = false;  // Launched with RankPool::launch (collect() it); else run to its results.
-  Status status;        // A step run to its results: how it went.
+  Status status;  // Synchronous scheduling: how the step, run to its results, went.
   StepSample sample;
   TimePoint started{};
 };
@@ -775,7 +774,6 @@ Status Engine::launch_step() {
   step->started = options_.clock->now();
   step_tokens_in_progress_.store(sample.prefill_tokens + sample.decode_seqs, std::memory_order_relaxed);
   if (options_.async_scheduling) {
-    step->queued = true;
     if (Status launched = ranks_->launch(batch, want_logprobs); !launched.ok()) {
       // Nothing of this step counts: its sequences fail (their blocks come back), the rest wait.
       step_tokens_in_progress_.store(0, std::memory_order_relaxed);
@@ -807,7 +805,7 @@ Status Engine::collect_step() {
   StepOutput out;
   out.tokens = step->tokens.data();
   out.logprobs = step->logprobs.empty() ? nullptr : step->logprobs.data();
-  Status status = step->queued ? ranks_->collect(out) : step->status;
+  Status status = options_.async_scheduling ? ranks_->collect(out) : step->status;
   steps_in_flight_.store(int(launched_.size()));
   step_tokens_in_progress_.store(
       launched_.empty() ? 0 : launched_.front()->sample.prefill_tokens + launched_.front()->sample.decode_seqs,
@@ -837,7 +835,7 @@ Status Engine::collect_step() {
   // Sampling done; what follows (stop rules, callbacks) is the scheduler's, not the step's. A
   // step launched behind another took the time since that one's results came.
   const TimePoint now = options_.clock->now();
-  const TimePoint from = step->queued ? std::max(step->started, last_collect_) : step->started;
+  const TimePoint from = options_.async_scheduling ? std::max(step->started, last_collect_) : step->started;
   last_collect_ = now;
   StepSample& sample = step->sample;
   sample.wall_s = std::chrono::duration<double>(now - from).count();

@@ -66,11 +66,6 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
     : config_(config), shard_(std::move(shard)), layout_(std::move(layout)), backend_(backend), comm_(comm) {}
 
 RankRunner::~RankRunner() {
-  if (sampled_pinned_)
-    for (SampledSlot& slot : sampled_) {
-      backend_->unpin_host_memory(slot.tokens.data());
-      backend_->unpin_host_memory(slot.logprobs.data());
-    }
   if (owns_arena_) backend_->deallocate(arena_);
 }
 
@@ -111,24 +106,17 @@ Status RankRunner::reserve(int n) {
     // Where sampling on the backend leaves a step's tokens, kept from step to step: the next
     // step's embedding may read them (ForwardBatch::tokens), a recorded graph's too.
     PD_RETURN_IF_ERROR(tokens_.reserve(b, tokens * sizeof(int)));
-    sampled_pinned_ = !b->host_memory();
+    bool pinned = true;
     for (SampledSlot& slot : sampled_) {
-      slot.tokens.resize(tokens);
-      slot.logprobs.resize(tokens);
       PD_ASSIGN_OR_RETURN(slot.mark, b->create_mark());
-      // Pinned, a queued copy does not wait for the step; where the device cannot pin, it does.
-      if (sampled_pinned_ && !(b->pin_host_memory(slot.tokens.data(), tokens * sizeof(int)).ok() &&
-                               b->pin_host_memory(slot.logprobs.data(), tokens * sizeof(kernels::RowLogprobs)).ok()))
-        sampled_pinned_ = false;
+      slot.tokens.allocate(b, tokens * sizeof(int));
+      slot.logprobs.allocate(b, tokens * sizeof(kernels::RowLogprobs));
+      pinned &= slot.tokens.pinned() && slot.logprobs.pinned();
     }
-    if (!b->host_memory() && !sampled_pinned_) {
-      for (SampledSlot& slot : sampled_) {  // Unpinning what was not pinned is harmless.
-        b->unpin_host_memory(slot.tokens.data());
-        b->unpin_host_memory(slot.logprobs.data());
-      }
+    // Pinned, a queued copy does not wait for the step; where the device cannot pin, it does.
+    if (!b->host_memory() && !pinned)
       PD_LOG_WARN("rank 0: the {} backend cannot pin the sampled tokens' host memory: each step waits for its copy",
                   b->name());
-    }
   }
   if (shard_.decode_graphs) {
     // Every buffer a recorded step reads is in place before the first recording: the inputs
@@ -183,7 +171,9 @@ void StepMetadata::pack(const ForwardBatch& batch, int block_size) {
   // usually consecutive, so the previous token's table is tried first.
   std::vector<std::pair<const int*, int>> tables;  // (table, blocks reached)
   std::vector<int> index(n);
+  sampled_rows_read = 0;
   for (int t = 0; t < n; ++t) {
+    if (batch.tokens[t] < 0) sampled_rows_read = std::max(sampled_rows_read, -int64_t(batch.tokens[t]));
     const int* table = batch.block_tables[t];
     int i = t > 0 && batch.block_tables[t - 1] == table ? index[t - 1] : -1;
     for (int j = 0; i < 0 && j < int(tables.size()); ++j)
@@ -223,10 +213,9 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
   // A previous step's sampled token (ForwardBatch::tokens) is rank 0's at TP 1, one of its rows.
-  for (int t : batch.tokens)
-    if (t < 0 && (shard_.tp > 1 || -1 - int64_t(t) >= max_tokens_))
-      return absl::InvalidArgumentError(
-          absl::StrCat("token ", t, " names no sampled row a step of this rank (TP ", shard_.tp, ") can hold"));
+  if (meta.sampled_rows_read > 0 && (shard_.tp > 1 || meta.sampled_rows_read > max_tokens_))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token ", -meta.sampled_rows_read, " names no sampled row a step of this rank (TP ", shard_.tp, ") can hold"));
   step_bucket_ = graph_bucket(batch, meta);
   // The logits rows: as many as the step samples (a graph step's bucket computes them all),
   // fewer than its tokens, grown on demand.
@@ -517,9 +506,9 @@ Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logpr
         SampledSlot& slot = sampled_[next_slot_];
         slot.rows = rows;
         slot.with_logprobs = logprobs != nullptr;
-        status.Update(backend_->copy_to_host_queued(slot.tokens.data(), tokens_.as<void>(), rows * sizeof(int)));
+        status.Update(backend_->copy_to_host_queued(slot.tokens.as<int>(), tokens_.as<void>(), rows * sizeof(int)));
         if (logprobs)
-          status.Update(backend_->copy_to_host_queued(slot.logprobs.data(), logprobs,
+          status.Update(backend_->copy_to_host_queued(slot.logprobs.as<kernels::RowLogprobs>(), logprobs,
                                                       size_t(rows) * sizeof(kernels::RowLogprobs)));
       }
     } else if (backend_->host_memory()) {
@@ -551,8 +540,9 @@ Status RankRunner::take_sampled(const StepOutput& out) {
   Status status = slot.status;
   status.Update(slot.mark->wait());
   if (status.ok() && slot.rows > 0) {
-    std::copy_n(slot.tokens.data(), slot.rows, out.tokens);
-    if (out.logprobs && slot.with_logprobs) std::copy_n(slot.logprobs.data(), slot.rows, out.logprobs);
+    std::copy_n(slot.tokens.as<int>(), slot.rows, out.tokens);
+    if (out.logprobs && slot.with_logprobs)
+      std::copy_n(slot.logprobs.as<kernels::RowLogprobs>(), slot.rows, out.logprobs);
   }
   return status;
 }

@@ -67,6 +67,9 @@ struct StepMetadata {
   // The leading tokens that are each their sequence's only one (the engine puts decode tokens
   // first): attention runs them apart from the prompt chunks that follow.
   int single_tokens = 0;
+  // 1 + the highest row of the previous step's sampled tokens that a placeholder token
+  // (`-1 - row`, asynchronous scheduling) reads; 0 when the step has none.
+  int64_t sampled_rows_read = 0;
   // Packs `batch` for a cache of `block_size`-token blocks.
   void pack(const ForwardBatch& batch, int block_size);
 };
@@ -188,15 +191,14 @@ class RankRunner {
   // Sampled tokens on their way to the host (rank 0), one slot a step: two, so that step N+1's
   // copy is queued while the host still reads step N's. Host memory pinned on a device backend.
   struct SampledSlot {
-    std::vector<int> tokens;
-    std::vector<kernels::RowLogprobs> logprobs;
+    PinnedHostBuffer tokens;          // int[max_tokens_]
+    PinnedHostBuffer logprobs;        // kernels::RowLogprobs[max_tokens_]
     std::unique_ptr<QueueMark> mark;  // Recorded after the slot's copies.
     int rows = 0;
     bool with_logprobs = false;
     Status status;  // What queuing the step reported.
   };
   std::array<SampledSlot, 2> sampled_;
-  bool sampled_pinned_ = false;
   int next_slot_ = 0;  // The slot the next step fills.
   int launched_ = 0;   // Slots filled by launch() and not yet collected.
   // Rank 0, sampling on the backend: the penalties' bitmaps and output counts

@@ -6,11 +6,13 @@
 // backend and on the guarded device backend, with preemption and with aborts, leaking no block.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "engine/engine.h"
 #include "tests/engine/client_events.h"
 #include "tests/engine/guarded_backend.h"
+#include "tests/engine/kv_copy.h"
 #include "tests/engine/test_model.h"
 
 namespace pdserve::engine {
@@ -75,8 +77,9 @@ std::vector<Request> workload() {
   return out;
 }
 
+// Runs `requests` on `e` step by step to the end, calling `at_step(e, step)` before each step.
 std::map<std::string, Seen> run_all(Engine& e, const std::vector<Request>& requests,
-                                    const std::vector<std::string>& abort_at_step = {}) {
+                                    const std::function<void(Engine&, size_t)>& at_step = {}) {
   std::map<std::string, Seen> seen;
   for (size_t i = 0; i < requests.size(); ++i) {
     const std::string id = "r" + std::to_string(i);
@@ -88,7 +91,7 @@ std::map<std::string, Seen> run_all(Engine& e, const std::vector<Request>& reque
                  }).ok());
   }
   for (size_t step = 0; e.has_work(); ++step) {
-    if (step < abort_at_step.size() && !abort_at_step[step].empty()) e.abort(abort_at_step[step]);
+    if (at_step) at_step(e, step);
     EXPECT_TRUE(e.step().ok());
   }
   return seen;
@@ -173,7 +176,9 @@ TEST_P(AsyncScheduling, AbortsWhileStepsAreOutLeakNothing) {
   auto sync = make_engine(false, GetParam());
   auto async = make_engine(true, GetParam());
   const auto want = run_all(*sync, requests);
-  const auto got = run_all(*async, requests, aborts);
+  const auto got = run_all(*async, requests, [&aborts](Engine& e, size_t step) {
+    if (step < aborts.size() && !aborts[step].empty()) e.abort(aborts[step]);
+  });
   for (const auto& [id, seen] : got) {
     if (seen.reason == FinishReason::kAbort) continue;
     EXPECT_EQ(seen, want.at(id)) << id;
@@ -184,6 +189,58 @@ TEST_P(AsyncScheduling, AbortsWhileStepsAreOutLeakNothing) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, AsyncScheduling, ::testing::Values(Where::kCpu, Where::kGuarded),
                          [](const auto& info) { return info.param == Where::kCpu ? "cpu" : "guarded"; });
+
+// The decode side of P/D under asynchronous scheduling: a reservation taken while a step is out
+// (it waits for the steps launched before it, one of which may still write a block a stop has
+// just freed), filled with a prefill engine's KV and decoded as a preloaded request beside the
+// running ones, gives an undivided run's tokens and changes no other request's events. The CPU
+// backend runs a step when it is launched, so the race that wait guards cannot show here; the
+// bookkeeping around it can.
+TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
+  std::vector<Request> requests = workload();
+  for (Request& r : requests) {  // No penalties: every step is launched behind the one before.
+    r.params.frequency_penalty = 0.0f;
+    r.params.repetition_penalty = 1.0f;
+  }
+  std::vector<int> prompt = {1};
+  for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 53) % 500);
+  SamplingParams params;
+  params.max_tokens = 40;
+  params.ignore_eos = true;
+  auto sync = make_engine(false, Where::kCpu);
+  const auto want = run_all(*sync, requests);
+  const auto whole = sync->generate(prompt, params);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+
+  auto prefill = make_engine(false, Where::kCpu);
+  const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, prompt, params);
+  ASSERT_GE(first, 0);
+  const int prompt_blocks = int((prompt.size() + 15) / 16);
+
+  auto decode = make_engine(true, Where::kCpu);
+  std::vector<int> handed_off;
+  bool reserved_with_a_step_out = false;
+  const auto got = run_all(*decode, requests, [&](Engine& e, size_t step) {
+    if (step != 4) return;
+    const EngineStats s = e.stats();
+    reserved_with_a_step_out = s.running > 0 && s.overlapped_steps > 0;
+    auto reserved = e.reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
+    ASSERT_TRUE(reserved.ok()) << reserved.status();
+    pdserve::testing::copy_kv(*prefill, handed, e, reserved->blocks, prompt_blocks);
+    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    GenerationRequest req{"handoff", prompt, params};
+    req.handoff.preloaded_blocks = reserved->blocks;
+    req.handoff.first_token = first;
+    EXPECT_TRUE(e.add_request(req, [&handed_off](const TokenEvent& ev) {
+                   EXPECT_TRUE(ev.error.ok()) << ev.error;
+                   if (ev.token >= 0) handed_off.push_back(ev.token);
+                 }).ok());
+  });
+  EXPECT_TRUE(reserved_with_a_step_out);
+  EXPECT_EQ(handed_off, whole->token_ids);
+  for (const auto& [id, seen] : want) EXPECT_EQ(got.at(id), seen) << id;
+  expect_no_block_held(*decode);
+}
 
 TEST(AsyncSchedulingOptions, WhatItCannotHonourIsRefused) {
   for (int variant = 0; variant < 2; ++variant) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -283,6 +284,44 @@ TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
   EXPECT_NE(runner.status().message().find(want), std::string_view::npos) << runner.status();
   spec.layers[1].v_head_dim = spec.layers[1].head_dim;
   EXPECT_TRUE(RankRunner::create(config, *shard, spec, 8, 16, backend.get(), comms[0].get()).ok());
+}
+
+// A placeholder token (-1 - r: the previous step's sampled token of row r, asynchronous
+// scheduling) is refused by prepare() when no step of the rank holds row r, or above TP 1,
+// whose other ranks have no sampled tokens to read.
+TEST(DevicePath, APlaceholderTokenNoRankCanReadIsRefused) {
+  StoriesShard stories = stories_shard();
+  ASSERT_TRUE(stories.shard.ok()) << stories.shard.status();
+  const ModelConfig& config = stories.model->config;
+  const int table[1] = {0};
+  auto prepared = [&](const RankShard& shard, int tp, int token) {
+    auto backend = make_cpu_backend();
+    auto comms = make_shared_memory_group(tp);
+    auto runner = RankRunner::create(config, shard, config.kv_cache_spec(16), 8, 16, backend.get(), comms[0].get());
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return runner.status();
+    ForwardBatch batch;
+    batch.tokens = {token};
+    batch.positions = {0};
+    batch.block_tables = {table};
+    batch.logit_rows = {0};
+    StepMetadata meta;
+    meta.pack(batch, 16);
+    return (*runner)->prepare(batch, meta);
+  };
+  EXPECT_TRUE(prepared(*stories.shard, 1, -16).ok());  // Row 15 of a rank of 16 tokens.
+  const Status past = prepared(*stories.shard, 1, -17);
+  EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(past.message().find("token -17 names no sampled row a step of this rank (TP 1) can hold"),
+            std::string_view::npos)
+      << past;
+  EXPECT_EQ(prepared(*stories.shard, 1, std::numeric_limits<int>::min()).code(), absl::StatusCode::kInvalidArgument);
+  auto half = shard_weights(config, *stories.weights, 0, 2);
+  ASSERT_TRUE(half.ok()) << half.status();
+  const Status tp2 = prepared(*half, 2, -1);
+  EXPECT_NE(tp2.message().find("token -1 names no sampled row a step of this rank (TP 2) can hold"),
+            std::string_view::npos)
+      << tp2;
 }
 
 // bf16 GEMM precision multiplies bf16 by bf16: with f32 weights it is refused, by the engine

@@ -64,12 +64,11 @@ class GpuBackend final : public Backend {
     PD_RETURN_IF_ERROR(gpu_status(gpuMemGetInfo(&free_bytes, &b->total_bytes_), "memory info"));
     return std::unique_ptr<Backend>(std::move(b));
   }
-  // The device and stream its work is queued on, for a communicator whose collectives join the
-  // stream; from then on the backend drains it before driver-synchronizing calls (drain()).
-  GpuQueue adopt_queue() {
-    drains_ = true;
-    return {device_, stream_};
-  }
+  // The device and stream its work is queued on.
+  GpuQueue queue() const { return {device_, stream_}; }
+  // A communicator's collectives join the stream: from then on the backend drains it before
+  // driver-synchronizing calls (drain()).
+  void adopt_queue() { drains_ = true; }
 
   ~GpuBackend() override {
     bind();
@@ -470,10 +469,14 @@ int gpu_device_count() {
   return gpuGetDeviceCount(&n) == gpuSuccess ? n : 0;
 }
 
-std::optional<GpuQueue> adopt_gpu_queue(Backend& backend) {
-  auto* gpu = dynamic_cast<GpuBackend*>(&backend);
+std::optional<GpuQueue> gpu_queue_of(const Backend& backend) {
+  const auto* gpu = dynamic_cast<const GpuBackend*>(&backend);
   if (gpu == nullptr) return std::nullopt;
-  return gpu->adopt_queue();
+  return gpu->queue();
+}
+
+void adopt_gpu_queue(Backend& backend) {
+  if (auto* gpu = dynamic_cast<GpuBackend*>(&backend)) gpu->adopt_queue();
 }
 
 StatusOr<std::unique_ptr<Backend>> make_gpu_backend(int device) {

@@ -83,7 +83,7 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(const std::v
     return absl::InvalidArgumentError(absl::StrCat("a collective group of ", size, " ranks on ", devices, " GPUs"));
   std::vector<gpuStream_t> streams(size);
   for (int r = 0; r < size; ++r) {
-    const std::optional<GpuQueue> queue = ranks[r] == nullptr ? std::nullopt : adopt_gpu_queue(*ranks[r]);
+    const std::optional<GpuQueue> queue = ranks[r] == nullptr ? std::nullopt : gpu_queue_of(*ranks[r]);
     if (!queue || queue->device != r)
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", r, " of a GPU collective group is not the GPU backend of device ", r));
@@ -94,6 +94,8 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_gpu_group(const std::v
   for (int r = 0; r < size; ++r) device_list[r] = r;
   const ncclResult_t r = ncclCommInitAll(comms.data(), size, device_list.data());
   if (r != ncclSuccess) return absl::InternalError(absl::StrCat("ncclCommInitAll: ", ncclGetErrorString(r)));
+  // Every rank checked and the communicators made: only now do the backends drain for them.
+  for (Backend* rank : ranks) adopt_gpu_queue(*rank);
   std::vector<std::unique_ptr<Communicator>> group;
   for (int i = 0; i < size; ++i) group.push_back(std::make_unique<GpuCommunicator>(i, size, comms[i], streams[i]));
   return group;

@@ -15,10 +15,12 @@ struct GpuQueue {
   gpuStream_t stream = nullptr;
 };
 
-// `backend`'s queue, for a communicator whose collectives join it; from then on the backend waits
-// for the queue before its calls that may synchronize the device inside the driver (an
-// allocation, a free, a copy to the host), which a collective in flight could deadlock. nullopt
-// where it is not a backend of make_gpu_backend (a decorator's, a CPU backend's).
-std::optional<GpuQueue> adopt_gpu_queue(Backend& backend);
+// `backend`'s queue; nullopt where it is not a backend of make_gpu_backend (a decorator's, a CPU
+// backend's). Marks nothing: a group checks all its ranks before it adopts any.
+std::optional<GpuQueue> gpu_queue_of(const Backend& backend);
+// Makes `backend` (one gpu_queue_of answers for) the home of a communicator's collectives: from
+// then on it waits for its queue before its calls that may synchronize the device inside the
+// driver (an allocation, a free, a copy to the host), which a collective in flight could deadlock.
+void adopt_gpu_queue(Backend& backend);
 
 }  // namespace pdserve::engine
