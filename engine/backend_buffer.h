@@ -78,7 +78,8 @@ class BackendBuffer {
 // Host memory that a device backend's queued copies (Backend::copy_to_host_queued) fill without
 // waiting for them: pinned on the backend when it is allocated, unpinned when it goes. A backend
 // whose memory is the host's needs no pinning; one that cannot pin leaves it pageable (its queued
-// copies then wait), and pinned() says so.
+// copies then wait), and pinned() says so. The backend outlives it, and its owner waits for the
+// copies into it before it goes.
 class PinnedHostBuffer {
  public:
   PinnedHostBuffer() = default;

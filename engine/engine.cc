@@ -68,8 +68,9 @@ struct Engine::Sequence {
   StopChecker stop;
   std::vector<int> tokens;  // Prompt, then generated tokens.
   int num_computed = 0;     // Leading tokens whose KV is in the cache.
-  // The repetition penalty's slot (kernels::SeenTokens; -1: none yet) and how many of
-  // `tokens` are in it.
+  // The penalties' slot (kernels::SeenTokens; -1: none yet) and how many of `tokens` are in it:
+  // those uploaded as new ids, and each token a penalised row sampled, which joined the slot
+  // where it was sampled (SampleRow::add_sampled).
   int seen_slot = -1;
   size_t seen_synced = 0;
   std::vector<kernels::LogitBias> biases;  // params.logit_bias, sorted by id.
@@ -117,6 +118,7 @@ struct Engine::LaunchedStep {
   struct Row {
     Sequence* seq;  // Kept alive by `fed`.
     int prompt_pos;
+    bool adds_sampled = false;  // Its token joins the sequence's seen slot where it is sampled.
   };
   int64_t id = 0;
   std::vector<Fed> fed;
@@ -127,9 +129,6 @@ struct Engine::LaunchedStep {
   std::vector<int> seen_new_ids;
   std::vector<kernels::LogitBias> biases;
   std::vector<int> banned;
-  // Whether the next step may be launched before this one's tokens are read: none of its rows
-  // samples with penalties, whose seen tokens the host uploads.
-  bool chainable = true;
   Status status;  // Synchronous scheduling: how the step, run to its results, went.
   StepSample sample;
   TimePoint started{};
@@ -650,8 +649,6 @@ Status Engine::wait_for_launched_steps() {
 
 Status Engine::run_step() {
   Status status;
-  // A launched step whose tokens the next one needs on the host is collected first.
-  if (!launched_.empty() && !launched_.back()->chainable) status.Update(collect_step());
   std::vector<Sequence*> admitted;
   admit(&admitted);
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
@@ -740,7 +737,7 @@ Status Engine::launch_step() {
   const int vocab = model_.config.vocab_size;
   if (layer_hook_) batch.layer_hook = &layer_hook_;
   std::vector<kernels::SampleRow> rows;
-  for (const LaunchedStep::Row& r : step->rows) {
+  for (LaunchedStep::Row& r : step->rows) {
     if (r.prompt_pos >= 0) {
       // Greedy, no slot, no edits: only its log-probabilities are used.
       kernels::SampleRow row;
@@ -749,7 +746,7 @@ Status Engine::launch_step() {
       rows.push_back(row);
     } else {
       rows.push_back(sample_row(*r.seq, &step->seen_new_ids, &step->biases, &step->banned));
-      step->chainable &= rows.back().seen_slot < 0;
+      r.adds_sampled = rows.back().add_sampled;
     }
   }
   const int num_rows = int(rows.size());
@@ -864,6 +861,7 @@ Status Engine::collect_step() {
       seq.prompt_logprobs.push_back(token_logprob(seq.request.prompt[r.prompt_pos + 1], step->logprobs[i]));
     } else {
       const bool asked = seq.request.params.logprobs >= 0;
+      if (r.adds_sampled) ++seq.seen_synced;  // In the slot already.
       accept_token(seq, step->tokens[i], false, asked ? &step->logprobs[i] : nullptr);
     }
   }
@@ -905,6 +903,9 @@ kernels::SampleRow Engine::sample_row(Sequence& s, std::vector<int>* seen_new_id
       int(std::clamp<int64_t>(int64_t(s.output_start()) - int64_t(s.seen_synced), 0, row.new_ids_count));
   seen_new_ids->insert(seen_new_ids->end(), s.tokens.begin() + int64_t(s.seen_synced), s.tokens.end());
   s.seen_synced = s.tokens.size();
+  // The token sampled now joins the slot where it is sampled: a step launched before the host
+  // reads it (asynchronous scheduling) penalises it all the same.
+  row.add_sampled = true;
   return row;
 }
 

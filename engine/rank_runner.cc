@@ -66,6 +66,8 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
     : config_(config), shard_(std::move(shard)), layout_(std::move(layout)), backend_(backend), comm_(comm) {}
 
 RankRunner::~RankRunner() {
+  // A step still out copies into the sampled slots' pinned memory, which goes with them.
+  if (launched_ > 0) (void)backend_->synchronize();
   if (owns_arena_) backend_->deallocate(arena_);
 }
 

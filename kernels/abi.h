@@ -132,6 +132,10 @@ struct SampleRow {
   // are also counted in the slot's output counts (SeenTokens::counts), which the frequency and
   // presence penalties read: logit -= frequency_penalty * count + presence_penalty * (count > 0).
   int new_output_from = 0;
+  // Whether the token this row samples then joins its slot as an output token (bitmap and
+  // count), where it is sampled: the next step's penalties see it without the host uploading it,
+  // so that step may be queued before the host has read this one's (asynchronous scheduling).
+  bool add_sampled = false;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   // LogitEdits::biases[bias_begin, bias_begin + bias_count) are added to the row's logits,

@@ -166,6 +166,7 @@ void sample_rows(int* tokens, RowLogprobs* logprobs, const ShardedLogits& logits
       }
     }
     tokens[r] = sample_token(row, vocab, p, scratch);
+    add_sampled_to_seen(seen, p, tokens[r]);
     if (want_logprobs && p.logprob_of < 0) {
       // The raw logit of the token: the row was edited in scratch, the shards were not.
       int s = 0;

@@ -68,6 +68,15 @@ int sample_token(const float* logits, int vocab, const SampleRow& row, SampleScr
 // skipped. Nothing for a row without a slot.
 void update_seen(const SeenTokens& seen, const SampleRow& row);
 
+// Adds `token`, sampled by `row`, to its slot of `seen` as an output token (the bitmap, and the
+// count when `seen` keeps counts), when row.add_sampled; nothing for a row without a slot. The
+// GPU sampler calls it too (one thread of the row's block).
+PDSERVE_HOST_DEVICE inline void add_sampled_to_seen(const SeenTokens& seen, const SampleRow& row, int token) {
+  if (row.seen_slot < 0 || !row.add_sampled || token < 0 || token >= seen.vocab) return;
+  seen.slot(row.seen_slot)[token >> 5] |= 1u << (token & 31);
+  if (seen.counts != nullptr) ++seen.counts_of(row.seen_slot)[token];
+}
+
 // The normaliser of one row of `vocab` logits.
 LogNormalizer log_normalizer(const float* logits, int vocab);
 
@@ -79,7 +88,8 @@ void row_logprobs(const float* logits, int vocab, int id, int top, RowLogprobs* 
 // For every row r: logprobs[r] from the raw row when params[r].logprobs >= 0 (row_logprobs; the
 // sampled token's, when logprob_of is -1, is of its raw logit too; other rows' entries are left
 // as they were); update_seen; the edits and penalties (the module comment's order);
-// tokens[r] = sample_token(the edited row, params[r]). `seen` may be empty when no row has a
+// tokens[r] = sample_token(the edited row, params[r]), which then joins the row's slot when
+// params[r].add_sampled (add_sampled_to_seen). `seen` may be empty when no row has a
 // slot, its counts null when no row has a frequency or presence penalty, `edits` empty when no
 // row has edits, and `logprobs` null when no row asks for them. A row that is neither gathered
 // (shards > 1) nor edited is sampled in place, not copied.

@@ -478,6 +478,10 @@ __global__ void sample_kernel(int* tokens, kernels::RowLogprobs* logprobs, Shard
     }
     if (picked >= 0) token = picked;
   }
+  if (P.seen_slot >= 0 && P.add_sampled) {
+    __syncthreads();  // Every thread has read the slot.
+    if (threadIdx.x == 0) cpu::add_sampled_to_seen(seen, P, token);
+  }
   if (threadIdx.x != 0) return;
   tokens[row] = token;
   if (!want_logprobs) return;

@@ -43,7 +43,7 @@ using pdserve::testing::Seen;
 
 // Twelve requests: prompts short and chunked, greedy and seeded; stops by EOS, stop strings,
 // stop tokens and max_tokens at different steps; min_tokens, logit bias, logprobs, prompt
-// logprobs; two with penalties (a step after theirs waits for their tokens).
+// logprobs; three with penalties (whose sampled tokens join their seen slots on the backend).
 std::vector<Request> workload() {
   std::vector<Request> out;
   for (int i = 0; i < 12; ++i) {
@@ -71,6 +71,7 @@ std::vector<Request> workload() {
     if (i == 6) p.prompt_logprobs = 1;
     if (i == 9) p.frequency_penalty = 0.5f;
     if (i == 10) p.repetition_penalty = 1.3f;
+    if (i == 4) p.presence_penalty = 0.8f;
     if (i == 11) p.ignore_eos = true;
     out.push_back(std::move(r));
   }
@@ -107,12 +108,13 @@ void expect_no_block_held(const Engine& e) {
 class AsyncScheduling : public ::testing::TestWithParam<Where> {};
 
 TEST_P(AsyncScheduling, EventsEqualTheSynchronousEngine) {
-  // With penalties on two requests (steps after theirs wait), and without.
+  // With penalties on three requests, and without.
   for (bool penalties : {true, false}) {
     std::vector<Request> requests = workload();
     if (!penalties)
       for (Request& r : requests) {
         r.params.frequency_penalty = 0.0f;
+        r.params.presence_penalty = 0.0f;
         r.params.repetition_penalty = 1.0f;
       }
     auto sync = make_engine(false, GetParam());
@@ -130,9 +132,10 @@ TEST_P(AsyncScheduling, EventsEqualTheSynchronousEngine) {
     EXPECT_GT(reasons[FinishReason::kLength], 1);
     const EngineStats s = async->stats(), base = sync->stats();
     EXPECT_GT(s.overlapped_steps, 0u);
-    // Without penalties every step but the first is launched behind another (and those after
-    // the engine ran dry of steps to launch).
-    if (!penalties) EXPECT_GE(s.overlapped_steps + 3, s.steps) << "the steps were not launched ahead";
+    // Every step but the first is launched behind another (and those after the engine ran dry of
+    // steps to launch), penalised rows' too: the next step's penalties find their tokens in the
+    // slots on the backend.
+    EXPECT_GE(s.overlapped_steps + 3, s.steps) << "the steps were not launched ahead";
     EXPECT_EQ(base.overlapped_steps, 0u);
     EXPECT_EQ(base.wasted_tokens, 0u);
     // One wasted token at most per request that stopped on a token or string it sampled.
@@ -197,11 +200,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, AsyncScheduling, ::testing::Values(Where::kCp
 // backend runs a step when it is launched, so the race that wait guards cannot show here; the
 // bookkeeping around it can.
 TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
-  std::vector<Request> requests = workload();
-  for (Request& r : requests) {  // No penalties: every step is launched behind the one before.
-    r.params.frequency_penalty = 0.0f;
-    r.params.repetition_penalty = 1.0f;
-  }
+  const std::vector<Request> requests = workload();
   std::vector<int> prompt = {1};
   for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 53) % 500);
   SamplingParams params;
@@ -213,8 +212,8 @@ TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
   ASSERT_TRUE(whole.ok()) << whole.status();
 
   auto prefill = make_engine(false, Where::kCpu);
-  const auto [first, handed] = pdserve::testing::run_prefill_only(*prefill, prompt, params);
-  ASSERT_GE(first, 0);
+  const pdserve::testing::PrefillHandoff handoff = pdserve::testing::run_prefill_only(*prefill, prompt, params);
+  ASSERT_GE(handoff.first_token, 0);
   const int prompt_blocks = int((prompt.size() + 15) / 16);
 
   auto decode = make_engine(true, Where::kCpu);
@@ -222,15 +221,14 @@ TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
   bool reserved_with_a_step_out = false;
   const auto got = run_all(*decode, requests, [&](Engine& e, size_t step) {
     if (step != 4) return;
-    const EngineStats s = e.stats();
-    reserved_with_a_step_out = s.running > 0 && s.overlapped_steps > 0;
+    reserved_with_a_step_out = e.stats().step_tokens_in_progress > 0;  // Live: nonzero while a step is out.
     auto reserved = e.reserve_cached_blocks({}, "", int(prompt.size()) + params.max_tokens);
     ASSERT_TRUE(reserved.ok()) << reserved.status();
-    pdserve::testing::copy_kv(*prefill, handed, e, reserved->blocks, prompt_blocks);
-    ASSERT_TRUE(prefill->release_blocks(handed).ok());
+    pdserve::testing::copy_kv(*prefill, handoff.blocks, e, reserved->blocks, prompt_blocks);
+    ASSERT_TRUE(prefill->release_blocks(handoff.blocks).ok());
     GenerationRequest req{"handoff", prompt, params};
     req.handoff.preloaded_blocks = reserved->blocks;
-    req.handoff.first_token = first;
+    req.handoff.first_token = handoff.first_token;
     EXPECT_TRUE(e.add_request(req, [&handed_off](const TokenEvent& ev) {
                    EXPECT_TRUE(ev.error.ok()) << ev.error;
                    if (ev.token >= 0) handed_off.push_back(ev.token);

@@ -294,6 +294,7 @@ TEST(DevicePath, APlaceholderTokenNoRankCanReadIsRefused) {
   ASSERT_TRUE(stories.shard.ok()) << stories.shard.status();
   const ModelConfig& config = stories.model->config;
   const int table[1] = {0};
+  StepMetadata meta;  // Reused, as a pool reuses its own from step to step.
   auto prepared = [&](const RankShard& shard, int tp, int token) {
     auto backend = make_cpu_backend();
     auto comms = make_shared_memory_group(tp);
@@ -305,7 +306,6 @@ TEST(DevicePath, APlaceholderTokenNoRankCanReadIsRefused) {
     batch.positions = {0};
     batch.block_tables = {table};
     batch.logit_rows = {0};
-    StepMetadata meta;
     meta.pack(batch, 16);
     return (*runner)->prepare(batch, meta);
   };
@@ -316,9 +316,11 @@ TEST(DevicePath, APlaceholderTokenNoRankCanReadIsRefused) {
             std::string_view::npos)
       << past;
   EXPECT_EQ(prepared(*stories.shard, 1, std::numeric_limits<int>::min()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(prepared(*stories.shard, 1, 5).ok());  // A plain token, packed after the refused ones.
   auto half = shard_weights(config, *stories.weights, 0, 2);
   ASSERT_TRUE(half.ok()) << half.status();
   const Status tp2 = prepared(*half, 2, -1);
+  EXPECT_EQ(tp2.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(tp2.message().find("token -1 names no sampled row a step of this rank (TP 2) can hold"),
             std::string_view::npos)
       << tp2;

@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "engine/model/float_convert.h"
@@ -17,6 +20,11 @@ using engine::Backend;
 
 std::atomic<uint64_t> bf16_gemms{0};
 
+[[noreturn]] void misuse(const char* what) {
+  std::fprintf(stderr, "guarded backend: %s\n", what);
+  std::abort();
+}
+
 class GuardedBackend final : public Backend {
  public:
   GuardedBackend(size_t capacity, std::string name, bool pinnable)
@@ -25,6 +33,7 @@ class GuardedBackend final : public Backend {
     base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
   ~GuardedBackend() override {
+    if (!pinned_.empty()) misuse("host memory still pinned when the backend goes");
     if (base_ != nullptr) munmap(base_, capacity_);
   }
 
@@ -49,10 +58,18 @@ class GuardedBackend final : public Backend {
   engine::MemoryKind memory_kind() const override { return engine::MemoryKind::kOpaque; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
   Status staging_wait() override { return absl::OkStatus(); }
-  Status pin_host_memory(void*, size_t) override {
-    return pinnable_ ? absl::OkStatus() : absl::InternalError("host register: operation not supported");
+  // As the CUDA runtime keeps them: pinning twice or unpinning what is not pinned is an error, which
+  // here aborts (no caller looks at it), as does memory still pinned when the backend goes.
+  Status pin_host_memory(void* ptr, size_t) override {
+    if (!pinnable_) return absl::InternalError("host register: operation not supported");
+    std::lock_guard lock(mu_);
+    if (!pinned_.insert(ptr).second) misuse("host memory pinned twice");
+    return absl::OkStatus();
   }
-  void unpin_host_memory(void*) override {}
+  void unpin_host_memory(void* ptr) override {
+    std::lock_guard lock(mu_);
+    if (pinned_.erase(ptr) == 0) misuse("unpinning host memory that is not pinned");
+  }
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override {
     Open open(this);
@@ -151,6 +168,7 @@ class GuardedBackend final : public Backend {
   const size_t capacity_;
   const std::string name_;
   const bool pinnable_;
+  std::set<void*> pinned_;  // Guarded by mu_.
   std::unique_ptr<Backend> inner_;
   uint8_t* base_ = nullptr;
   std::mutex mu_;  // Serializes calls: one opens the memory for its duration only.

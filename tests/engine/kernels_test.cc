@@ -648,6 +648,28 @@ TEST(CountPenalties, ClearSlotZeroesTheCounts) {
   EXPECT_EQ(state.bits, (std::vector<uint32_t>{~0u, 0b100u}));
 }
 
+// add_sampled: the token a row samples joins its slot after it is sampled (not penalised in its
+// own step), counted as output; the next step, with no new ids, penalises it. A row without it
+// leaves the slot as its new ids made it.
+TEST(CountPenalties, ASampledTokenJoinsTheSlotWhenAddSampled) {
+  for (bool add : {true, false}) {
+    SlotState state(3, 1, ~0u, 9);  // Left by an earlier sequence.
+    SampleRow row = with_slot(greedy(), 1.0f, 0.0f, 1.0f);
+    row.clear_slot = true;
+    row.add_sampled = add;
+    row.new_output_from = 1;
+    // Prompt {2} (seen, not counted): the argmax, id 1, is sampled unpenalised.
+    EXPECT_EQ(sample_one({2.0f, 2.5f, 0.0f}, row, {{}, {}, {2}}, state.view()), 1) << add;
+    EXPECT_EQ(state.counts, (std::vector<int32_t>{0, add ? 1 : 0, 0})) << add;
+    EXPECT_EQ(state.bits[0], add ? 0b110u : 0b100u) << add;
+    // Next step, nothing uploaded: with id 1 in the slot the presence penalty moves the argmax to 0.
+    row.clear_slot = false;
+    row.new_output_from = 0;
+    EXPECT_EQ(sample_one({2.0f, 2.5f, 0.0f}, row, {}, state.view()), add ? 0 : 1) << add;
+    EXPECT_EQ(state.counts, (std::vector<int32_t>{add ? 1 : 0, add ? 1 : 0, 0})) << add;
+  }
+}
+
 // log_softmax by hand: of {1, 2, 3, 3}, normalised by log(e + e^2 + 2e^3).
 TEST(Logprobs, LogSoftmaxOfTheRawRowTopIdsAndTies) {
   const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 3.0f};

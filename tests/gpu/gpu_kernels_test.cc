@@ -286,7 +286,8 @@ TEST(GpuKernels, RepetitionPenaltyMatchesCpuReference) {
 // device, each alone and all together, with the repetition penalty, for greedy, top-k, top-p and
 // plain sampled rows, plain and gathered over 2 and 3 TP shards, at vocabularies no multiple of
 // the block (also a 7-id one): over three steps as the engine drives them — the prompt first (its last ids counted
-// as output), then each row's previous token — with the bitmaps and counts kept in device
+// as output), then each row's previous token, uploaded or, for half the rows (add_sampled), joining
+// the slot where it was sampled — with the bitmaps and counts kept in device
 // memory, the tokens are the reference's, the log-probabilities within 1e-5 (ids exactly), rows
 // that ask for none untouched, and the slots' state the reference's after every step.
 TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
@@ -357,6 +358,7 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
             p.repetition_penalty = f & kRepetition ? (r % 2 ? 1.4f : 0.7f) : 1.0f;
             p.frequency_penalty = f & kFrequency ? (r % 2 ? 0.8f : -0.3f) : 0.0f;
             p.presence_penalty = f & kPresence ? 1.1f : 0.0f;
+            p.add_sampled = r % 4 < 2;
             p.new_ids_begin = int(new_ids.size());
             if (step == 0) {
               for (int i = 0; i < 1 + vocab / 4; ++i) new_ids.push_back(i == 0 ? argmax : pick(vocab));
@@ -366,7 +368,7 @@ TEST(GpuKernels, LogitEditsCountPenaltiesAndLogprobsMatchCpuReference) {
               new_ids.push_back(vocab);  // Outside the vocabulary.
               p.new_output_from = 1 + vocab / 4;
             } else {
-              new_ids.push_back(previous[r]);
+              if (!p.add_sampled) new_ids.push_back(previous[r]);  // Else in the slot already.
               new_ids.push_back(argmax);  // So that the penalties bite at every step.
             }
             p.new_ids_count = int(new_ids.size()) - p.new_ids_begin;

@@ -159,11 +159,15 @@ class GpuBackend final : public Backend {
   }
   Status pin_host_memory(void* ptr, size_t bytes) override {
     bind();
-    return gpu_status(gpuHostRegister(ptr, bytes, gpuHostRegisterDefault), "host register");
+    const gpuError_t e = gpuHostRegister(ptr, bytes, gpuHostRegisterDefault);
+    // The runtime keeps a failed call's error as the thread's last one: cleared, so that the next
+    // launch check does not report this refusal (whose caller falls back to pageable memory).
+    if (e != gpuSuccess) (void)gpuGetLastError();
+    return gpu_status(e, "host register");
   }
   void unpin_host_memory(void* ptr) override {
     bind();
-    (void)gpuHostUnregister(ptr);
+    if (gpuHostUnregister(ptr) != gpuSuccess) (void)gpuGetLastError();  // Likewise.
   }
 
   void embed(float* out, const float* table, const int* tokens, int n, int dim, const int* sampled) override {
