@@ -172,7 +172,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
   app.add_option("--async", async_modes,
-                 "Scheduling: off (synchronous), on (--async-scheduling: GPU backends at TP 1), or off,on for both "
+                 "Scheduling: off (synchronous), on (--async-scheduling: GPU backends), or off,on for both "
                  "and their ratio")
       ->check(CLI::IsMember({"off", "on"}))
       ->delimiter(',');

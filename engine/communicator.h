@@ -19,6 +19,8 @@ class Communicator {
   virtual void all_reduce_sum(float* buffer, int64_t count) = 0;
   // Concatenates each rank's `count` floats (rank order) into `out` on every rank.
   virtual void all_gather(const float* in, int64_t count, float* out) = 0;
+  // Copies `count` ints from `root`'s buffer into every other rank's (each passes its own).
+  virtual void broadcast(int* buffer, int64_t count, int root) = 0;
   // Waits until every rank has arrived.
   virtual void barrier() = 0;
 };

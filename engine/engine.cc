@@ -156,11 +156,6 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
         absl::StrCat("--decode-graphs runs at TP 1 (a recorded step cannot hold the "
                      "collectives between ranks yet), not TP ",
                      options.tp));
-  if (options.async_scheduling && options.tp > 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--async-scheduling runs at TP 1 (a step's sampled tokens feed the next on the rank that sampled "
-                     "them), not TP ",
-                     options.tp));
   auto engine = std::unique_ptr<Engine>(new Engine(std::move(model), options));
   const ModelConfig& config = engine->model_.config;
   const KvCacheSpec spec = config.kv_cache_spec(options.block_size, options.kv_dtype);

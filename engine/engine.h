@@ -85,10 +85,10 @@ struct EngineOptions {
   // and streaming run while the device computes. A decode token whose value the host has not
   // read yet is fed from the device's sampled tokens. The tokens are those of the synchronous
   // schedule; what differs: a sequence that stops at step N (a stop token or string) still
-  // computes one wasted token in step N+1, a step that would preempt a sequence waits for the
-  // step before it, and a step after one that
-  // sampled with repetition, frequency or presence penalties waits for it (the penalties need
-  // its tokens on the host). Takes sampling on the backend and TP 1.
+  // computes one wasted token in step N+1, and a step that would preempt a sequence waits for
+  // the step before it. Penalised rows' tokens join their seen slots on the backend
+  // (kernels::SampleRow::add_sampled), so their steps overlap too; above TP 1 rank 0 broadcasts
+  // the sampled tokens to the other ranks. Takes sampling on the backend.
   bool async_scheduling = false;
   int block_size = 16;
   // KV cache size per rank: bytes, or else a fraction of the device's memory (less the rank's
@@ -473,7 +473,10 @@ class Engine {
   std::deque<std::unique_ptr<LaunchedStep>> launched_;
   std::atomic<int> steps_in_flight_{0};
   std::mutex launched_mark_mu_;               // wait_for_launched_steps may come from any thread.
-  std::unique_ptr<QueueMark> launched_mark_;  // Async scheduling: its mark, on rank 0's queue.
+  // Async scheduling: its mark, on rank 0's queue. Above TP 1 it covers every rank's KV writes
+  // too: a step's last collectives on rank 0 (the logits' all-gather) complete only after every
+  // rank has queued them behind its layers.
+  std::unique_ptr<QueueMark> launched_mark_;
   uint64_t next_step_id_ = 0;
   TimePoint last_collect_{};  // When the previous launched step's results came (step wall times).
   std::vector<float> logits_;

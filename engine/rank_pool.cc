@@ -74,9 +74,15 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
   // Every rank prepared before any enters a collective: a rank that could not would leave the
   // others waiting in it.
   meta_.pack(batch, runners_[0]->kv_layout().block_size());
+  if (size() > 1 && meta_.sampled_rows_read > 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("token ", -meta_.sampled_rows_read,
+                     " is a sampled token not read yet: above TP 1 only a launched step's "
+                     "tokens reach every rank"));
   for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch, meta_));
   batch_ = &batch;
   out_ = out;
+  launch_ = false;
   wake();
   Status status = runners_[0]->forward(batch, out);
   // Every rank set its status before the final barrier that rank 0 has passed.
@@ -85,13 +91,34 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
 }
 
 Status RankPool::launch(const ForwardBatch& batch, bool logprobs) {
-  if (size() != 1) return absl::FailedPreconditionError(absl::StrCat("launched steps run at TP 1, not TP ", size()));
   meta_.pack(batch, runners_[0]->kv_layout().block_size());
-  PD_RETURN_IF_ERROR(runners_[0]->prepare(batch, meta_));
-  return runners_[0]->launch(batch, logprobs);
+  for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch, meta_));
+  batch_ = &batch;
+  launch_on_every_rank(logprobs);
+  Status status;
+  for (const Status& s : launch_status_) status.Update(s);
+  if (!status.ok())  // Out on every rank; the caller fails the step now.
+    for (auto& runner : runners_) runner->withdraw_launch();
+  return status;
 }
 
-Status RankPool::collect(const StepOutput& out) { return runners_[0]->collect(out); }
+void RankPool::launch_on_every_rank(bool logprobs) {
+  launch_status_.resize(size());
+  launch_ = true;
+  launch_logprobs_ = logprobs;
+  queued_.store(0);
+  wake();
+  launch_status_[0] = runners_[0]->launch(*batch_, logprobs);
+  // Until the others have queued it too: the next step's prepare rewrites what they read.
+  for (int queued = queued_.load(); queued < size() - 1; queued = queued_.load())
+    spin_then_wait(queued_, queued, queue_waiters_, spins_);
+}
+
+Status RankPool::collect(const StepOutput& out) {
+  Status status = runners_[0]->collect(out);
+  for (int r = 1; r < size(); ++r) status.Update(runners_[r]->collect({}));
+  return status;
+}
 
 void RankPool::wake() {
   generation_.fetch_add(1);
@@ -104,7 +131,13 @@ void RankPool::worker(int rank) {
     spin_then_wait(generation_, seen, sleepers_, spins_);
     seen = generation_.load();
     if (stop_) return;
-    (void)runners_[rank]->forward(*batch_, out_);  // Its status is read through status().
+    if (launch_) {
+      launch_status_[rank] = runners_[rank]->launch(*batch_, launch_logprobs_);
+      queued_.fetch_add(1);
+      wake_sleepers(queued_, queue_waiters_);
+    } else {
+      (void)runners_[rank]->forward(*batch_, out_);  // Its status is read through status().
+    }
   }
 }
 

@@ -104,13 +104,16 @@ Status RankRunner::reserve(int n) {
   // GEMM's input is at most the model's width, the attention output's or the MLP's.
   if (shard_.weight_dtype == DType::kBF16)
     PD_RETURN_IF_ERROR(b->reserve_gemm_scratch(shard_.gemm_precision, n, int(std::max({size_t(c.dim), q, hidden}))));
+  // Where sampling on the backend leaves a step's tokens (rank 0; the other ranks get them by a
+  // launched step's broadcast), kept from step to step: the next step's embedding may read them
+  // (ForwardBatch::tokens), a recorded graph's too.
+  PD_RETURN_IF_ERROR(tokens_.reserve(b, tokens * sizeof(int)));
+  for (SampledSlot& slot : sampled_) {
+    PD_ASSIGN_OR_RETURN(slot.mark, b->create_mark());
+  }
   if (shard_.rank == 0) {
-    // Where sampling on the backend leaves a step's tokens, kept from step to step: the next
-    // step's embedding may read them (ForwardBatch::tokens), a recorded graph's too.
-    PD_RETURN_IF_ERROR(tokens_.reserve(b, tokens * sizeof(int)));
     bool pinned = true;
     for (SampledSlot& slot : sampled_) {
-      PD_ASSIGN_OR_RETURN(slot.mark, b->create_mark());
       slot.tokens.allocate(b, tokens * sizeof(int));
       slot.logprobs.allocate(b, tokens * sizeof(kernels::RowLogprobs));
       pinned &= slot.tokens.pinned() && slot.logprobs.pinned();
@@ -215,7 +218,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
   // A previous step's sampled token (ForwardBatch::tokens) is rank 0's at TP 1, one of its rows.
-  if (meta.sampled_rows_read > 0 && (shard_.tp > 1 || meta.sampled_rows_read > max_tokens_))
+  if (meta.sampled_rows_read > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat(
         "token ", -meta.sampled_rows_read, " names no sampled row a step of this rank (TP ", shard_.tp, ") can hold"));
   step_bucket_ = graph_bucket(batch, meta);
@@ -463,7 +466,7 @@ Status RankRunner::run_graph_step(int bucket) {
   return absl::OkStatus();
 }
 
-Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logprobs_wanted) {
+Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logprobs_wanted, bool share_sampled) {
   const ModelConfig& c = config_;
   const int n = int(batch.tokens.size()), rows = int(batch.logit_rows.size());
   Status status;
@@ -513,6 +516,8 @@ Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logpr
           status.Update(backend_->copy_to_host_queued(slot.logprobs.as<kernels::RowLogprobs>(), logprobs,
                                                       size_t(rows) * sizeof(kernels::RowLogprobs)));
       }
+      // The next step, queued before the host reads these tokens, embeds them on every rank.
+      if (share_sampled && shard_.tp > 1) comm_->broadcast(tokens_.as<int>(), rows, 0);
     } else if (backend_->host_memory()) {
       for (int r = 0; r < rows; ++r)
         std::copy_n(logits_local_.as<float>() + int64_t(r) * vocab_local, vocab_local,
@@ -526,14 +531,12 @@ Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logpr
                     logits + int64_t(r) * c.vocab_size + shard_.vocab.begin);
     }
   }
-  if (shard_.rank == 0) {
-    SampledSlot& slot = sampled_[next_slot_];
-    if (rows == 0 || batch.samples.empty()) slot.rows = 0;
-    status.Update(backend_->queued_errors());  // This step's, before the next is queued.
-    status.Update(slot.mark->record());
-    slot.status = status;
-    next_slot_ ^= 1;
-  }
+  SampledSlot& slot = sampled_[next_slot_];
+  if (rows == 0 || batch.samples.empty() || shard_.rank != 0) slot.rows = 0;
+  status.Update(backend_->queued_errors());  // This step's, before the next is queued.
+  status.Update(slot.mark->record());
+  slot.status = status;
+  next_slot_ ^= 1;
   return status;
 }
 
@@ -541,7 +544,7 @@ Status RankRunner::take_sampled(const StepOutput& out) {
   SampledSlot& slot = sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)];
   Status status = slot.status;
   status.Update(slot.mark->wait());
-  if (status.ok() && slot.rows > 0) {
+  if (status.ok() && slot.rows > 0 && out.tokens != nullptr) {
     std::copy_n(slot.tokens.as<int>(), slot.rows, out.tokens);
     if (out.logprobs && slot.with_logprobs)
       std::copy_n(slot.logprobs.as<kernels::RowLogprobs>(), slot.rows, out.logprobs);
@@ -552,7 +555,7 @@ Status RankRunner::take_sampled(const StepOutput& out) {
 Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) {
   if (launched_ > 0)
     return absl::FailedPreconditionError(absl::StrCat("a forward pass while ", launched_, " launched steps wait"));
-  Status status = run_step(batch, result.logits, result.logprobs != nullptr);
+  Status status = run_step(batch, result.logits, result.logprobs != nullptr, false);
   if (shard_.rank == 0 && !batch.samples.empty() && !batch.logit_rows.empty()) status.Update(take_sampled(result));
   status.Update(backend_->synchronize());
   {
@@ -564,19 +567,21 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
 }
 
 Status RankRunner::launch(const ForwardBatch& batch, bool logprobs) {
-  if (shard_.tp != 1)
-    return absl::FailedPreconditionError(absl::StrCat("launched steps run at TP 1; this rank is one of ", shard_.tp));
+  // Refused alike on every rank of a pool, before any collective.
   if (!batch.logit_rows.empty() && batch.samples.empty())
     return absl::InvalidArgumentError("a launched step samples on the backend: its batch has no samples");
   if (launched_ == int(sampled_.size()))
     return absl::FailedPreconditionError(absl::StrCat(launched_, " launched steps wait to be collected"));
-  Status status = run_step(batch, nullptr, logprobs);
-  if (status.ok()) {
-    ++launched_;
-  } else {
-    next_slot_ ^= 1;  // Nothing to collect: the caller fails the step now. Its slot is free again.
-  }
+  const Status status = run_step(batch, nullptr, logprobs, true);
+  ++launched_;  // Its slot holds the status for collect(), even a failed one's.
   return status;
+}
+
+void RankRunner::withdraw_launch() {
+  if (launched_ == 0) return;
+  next_slot_ ^= 1;  // The newest step's slot, which the next launch fills again.
+  --launched_;
+  (void)sampled_[next_slot_].mark->wait();  // Its errors are the failed launch's.
 }
 
 Status RankRunner::collect(const StepOutput& out) {

@@ -27,7 +27,8 @@ namespace pdserve::engine {
 // The tokens of one engine step, flattened over sequences.
 struct ForwardBatch {
   // A token -1 - r is the token the previous step sampled for its logit row r, which the host
-  // has not read yet (asynchronous scheduling: RankRunner::launch); TP 1 only.
+  // has not read yet (asynchronous scheduling: RankRunner::launch, which shares rank 0's sampled
+  // tokens with every rank).
   std::vector<int> tokens;
   std::vector<int> positions;
   std::vector<const int*> block_tables;  // Per token: its sequence's block table.
@@ -98,14 +99,19 @@ class RankRunner {
   // collective, so the other ranks never wait for it. The result is also kept for status(),
   // set before the final barrier: once any rank returned, every rank's is there.
   Status forward(const ForwardBatch& batch, const StepOutput& out);
-  // forward() in two halves, for a rank at TP 1: launch() queues the prepared `batch` and
-  // returns without waiting for it; collect() waits for the oldest step launched and not
-  // collected and writes its tokens (and its log-probabilities, if `logprobs` was set) into
-  // `out`. At most two steps wait to be collected, so that the host builds and queues step N+1
-  // while the backend runs step N, and reads step N's tokens while it runs step N+1 (whose
-  // decode tokens may be step N's sampled ones). A batch with logit rows samples on the backend.
+  // forward() in two halves: launch() queues the prepared `batch` and returns without waiting for
+  // it; collect() waits for the oldest step launched and not collected and, on rank 0, writes its
+  // tokens (and its log-probabilities, if `logprobs` was set) into `out` (unless out.tokens is
+  // null). At most two steps wait to be collected, so that the host builds and queues step N+1
+  // while the backend runs step N, and reads step N's tokens while it runs step N+1 (whose decode
+  // tokens may be step N's sampled ones: above TP 1 rank 0 broadcasts them to every rank, a
+  // collective every rank's launch() joins). A batch with logit rows samples on the backend. A
+  // step whose launch() failed is still launched, so that every rank of a pool has the same steps
+  // out: withdraw_launch() takes it back (on every rank, when any failed).
   Status launch(const ForwardBatch& batch, bool logprobs);
   Status collect(const StepOutput& out);
+  // Takes back the newest launched step once the backend has run it; its results are dropped.
+  void withdraw_launch();
   // Steps launched and not collected.
   int launched() const { return launched_; }
   Status status() const;
@@ -142,8 +148,9 @@ class RankRunner {
   void gate_up_silu(float* act, float* gate_up, const float* x, const float* w, int rows, int hidden, int in);
   // The prepared step up to its results: the layers, then the logits into `logits` (host memory;
   // a batch without samples) or the sampled tokens queued for the host in the next slot of
-  // sampled_ (with log-probabilities where `logprobs`). Errors as forward's.
-  Status run_step(const ForwardBatch& batch, float* logits, bool logprobs);
+  // sampled_ (with log-probabilities where `logprobs`) and, where `share_sampled` above TP 1,
+  // broadcast into every rank's tokens_. Errors as forward's.
+  Status run_step(const ForwardBatch& batch, float* logits, bool logprobs, bool share_sampled);
   // Waits for the oldest queued slot of sampled_ and copies its results into `out`.
   Status take_sampled(const StepOutput& out);
   // Uploads the RoPE table (engine/rope_scaling.h) of each distinct head dim into rope_tables_.
@@ -188,11 +195,12 @@ class RankRunner {
   mutable std::mutex status_mu_;
   Status status_;  // Of the last forward(), guarded by status_mu_.
   std::vector<float> logits_host_;
-  // Sampled tokens on their way to the host (rank 0), one slot a step: two, so that step N+1's
-  // copy is queued while the host still reads step N's. Host memory pinned on a device backend.
+  // A step's results on their way to the host, one slot a step: two, so that step N+1's copy is
+  // queued while the host still reads step N's. Each rank marks and checks its own steps; rank 0
+  // also copies the sampled tokens, into host memory pinned on a device backend.
   struct SampledSlot {
-    PinnedHostBuffer tokens;          // int[max_tokens_]
-    PinnedHostBuffer logprobs;        // kernels::RowLogprobs[max_tokens_]
+    PinnedHostBuffer tokens;          // Rank 0: int[max_tokens_]
+    PinnedHostBuffer logprobs;        // Rank 0: kernels::RowLogprobs[max_tokens_]
     std::unique_ptr<QueueMark> mark;  // Recorded after the slot's copies.
     int rows = 0;
     bool with_logprobs = false;

@@ -28,6 +28,7 @@ struct SharedState {
   SpinBarrier<GrowScratch> sync;
   std::vector<float*> buffers;
   std::vector<const float*> inputs;
+  const int* broadcast_from = nullptr;
   std::vector<float> scratch;
 };
 
@@ -73,6 +74,13 @@ class SharedMemoryCommunicator final : public Communicator {
     state_->sync.arrive_and_wait();
   }
 
+  void broadcast(int* buffer, int64_t count, int root) override {
+    if (state_->size == 1) return;
+    if (rank_ == root) state_->broadcast_from = buffer;
+    state_->sync.arrive_and_wait();
+    if (rank_ != root) std::memcpy(buffer, state_->broadcast_from, sizeof(int) * count);
+    state_->sync.arrive_and_wait();  // The root's buffer is read before its caller changes it.
+  }
   void barrier() override {
     if (state_->size > 1) state_->sync.arrive_and_wait();
   }

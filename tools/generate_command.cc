@@ -298,7 +298,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
                    "backends at TP 1");
   engine->add_flag("--async-scheduling", flags->engine.async_scheduling,
                    "Queue each step before reading the previous step's tokens, so that scheduling and streaming "
-                   "overlap the device's work (a stopping request computes one wasted token); GPU backends at TP 1");
+                   "overlap the device's work (a stopping request computes one wasted token); GPU backends");
   engine
       ->add_option("--kv-dtype", flags->kv_dtype,
                    "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)")

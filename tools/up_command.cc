@@ -282,9 +282,9 @@ int run_up(const UpFlags& f) {
               << " workers on a GPU at TP 1\n";
     return 2;
   }
-  if (f.async_scheduling && (f.device_of(decoding_role) == "cpu" || (pd ? f.decode_tp : f.tp) > 1)) {
-    std::cerr << "error: --async-scheduling reads sampled tokens on a GPU at TP 1: it needs " << decoding_role
-              << " workers on a GPU at TP 1\n";
+  if (f.async_scheduling && f.device_of(decoding_role) == "cpu") {
+    std::cerr << "error: --async-scheduling reads sampled tokens on a GPU: it needs " << decoding_role
+              << " workers on a GPU (CPU workers sample on the host)\n";
     return 2;
   }
   if (f.kv_dtype != "f32" && cpu_worker) {
@@ -493,7 +493,7 @@ void add_up_command(CLI::App& app, int* exit_code) {
                 "at TP 1 only)");
   cmd->add_flag("--async-scheduling", f->async_scheduling,
                 "Decode (or aggregated) workers queue each step before reading the previous one's tokens (GPU "
-                "workers at TP 1 only)");
+                "workers only)");
   cmd->add_option("--kv-dtype", f->kv_dtype, "Every worker's KV cache elements: f32, or bf16 (GPU workers only)")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();

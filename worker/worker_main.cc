@@ -464,7 +464,7 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
                "backends at TP 1");
   app.add_flag("--async-scheduling", f.engine.async_scheduling,
                "Queue each step before reading the previous step's tokens, so that scheduling and streaming overlap "
-               "the device's work (a stopping request computes one wasted token); GPU backends at TP 1");
+               "the device's work (a stopping request computes one wasted token); GPU backends");
   app.add_option("--kv-dtype", f.kv_dtype,
                  "The KV cache's elements: f32, or bf16 on a GPU backend (half the bytes; twice the blocks)"
                  "; prefill and decode workers must agree")

@@ -19,17 +19,24 @@ namespace pdserve::engine {
 namespace {
 
 enum class Where { kCpu, kGuarded };
+// Where an engine runs: its backend and its tensor parallelism (the guarded backend's memory is
+// out of the host's reach, so the shared-memory collectives of TP > 1 run on the CPU backend).
+struct Ranks {
+  Where where = Where::kCpu;
+  int tp = 1;
+};
 
-std::unique_ptr<Engine> make_engine(bool async, Where where, uint64_t kv_bytes = 8 << 20, int max_running = 256) {
+// `kv_blocks` blocks of stories260K's KV per rank, whatever the TP.
+std::unique_ptr<Engine> make_engine(bool async, Ranks ranks = {}, int kv_blocks = 409) {
   auto model = load_model({pdserve::testing::stories_bin()});
   EXPECT_TRUE(model.ok()) << model.status();
   EngineOptions o;
   o.async_scheduling = async;
   o.sample_on = EngineOptions::SampleOn::kBackend;
-  o.kv_cache_bytes = kv_bytes;
+  o.tp = ranks.tp;
+  o.kv_cache_bytes = uint64_t(kv_blocks) * 16 * 1280 / uint64_t(ranks.tp);
   o.max_batch_tokens = 48;  // Long prompts take several chunks, beside decoding sequences.
-  o.max_running = max_running;
-  if (where == Where::kGuarded)
+  if (ranks.where == Where::kGuarded)
     o.backend_factory = [](int) -> StatusOr<std::unique_ptr<Backend>> {
       return pdserve::testing::make_guarded_backend();
     };
@@ -105,7 +112,7 @@ void expect_no_block_held(const Engine& e) {
   EXPECT_EQ(s.waiting, 0);
 }
 
-class AsyncScheduling : public ::testing::TestWithParam<Where> {};
+class AsyncScheduling : public ::testing::TestWithParam<Ranks> {};
 
 TEST_P(AsyncScheduling, EventsEqualTheSynchronousEngine) {
   // With penalties on three requests, and without.
@@ -157,7 +164,7 @@ TEST_P(AsyncScheduling, PreemptionChangesNoOutput) {
     r.params.stop_strings.clear();
   }
   auto roomy = make_engine(false, GetParam());
-  auto tight = make_engine(true, GetParam(), 40 * 16 * 1280);  // 40 blocks of stories260K.
+  auto tight = make_engine(true, GetParam(), 40);
   const auto want = run_all(*roomy, requests);
   const auto got = run_all(*tight, requests);
   for (const auto& [id, seen] : want) EXPECT_EQ(got.at(id), seen) << id;
@@ -190,8 +197,13 @@ TEST_P(AsyncScheduling, AbortsWhileStepsAreOutLeakNothing) {
   expect_no_block_held(*async);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, AsyncScheduling, ::testing::Values(Where::kCpu, Where::kGuarded),
-                         [](const auto& info) { return info.param == Where::kCpu ? "cpu" : "guarded"; });
+INSTANTIATE_TEST_SUITE_P(Backends, AsyncScheduling,
+                         ::testing::Values(Ranks{Where::kCpu, 1}, Ranks{Where::kGuarded, 1}, Ranks{Where::kCpu, 2},
+                                           Ranks{Where::kCpu, 4}),
+                         [](const auto& info) {
+                           return (info.param.where == Where::kCpu ? "cpu_tp" : "guarded_tp") +
+                                  std::to_string(info.param.tp);
+                         });
 
 // The decode side of P/D under asynchronous scheduling: a reservation taken while a step is out
 // (it waits for the steps launched before it, one of which may still write a block a stop has
@@ -206,17 +218,17 @@ TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
   SamplingParams params;
   params.max_tokens = 40;
   params.ignore_eos = true;
-  auto sync = make_engine(false, Where::kCpu);
+  auto sync = make_engine(false);
   const auto want = run_all(*sync, requests);
   const auto whole = sync->generate(prompt, params);
   ASSERT_TRUE(whole.ok()) << whole.status();
 
-  auto prefill = make_engine(false, Where::kCpu);
+  auto prefill = make_engine(false);
   const pdserve::testing::PrefillHandoff handoff = pdserve::testing::run_prefill_only(*prefill, prompt, params);
   ASSERT_GE(handoff.first_token, 0);
   const int prompt_blocks = int((prompt.size() + 15) / 16);
 
-  auto decode = make_engine(true, Where::kCpu);
+  auto decode = make_engine(true);
   std::vector<int> handed_off;
   bool reserved_with_a_step_out = false;
   const auto got = run_all(*decode, requests, [&](Engine& e, size_t step) {
@@ -240,25 +252,72 @@ TEST(AsyncSchedulingHandoff, AReservationWhileAStepIsOutEqualsTheWholeRun) {
   expect_no_block_held(*decode);
 }
 
+// A step whose launch fails (the backend reports a failed launch when it is queued, behind
+// another step) fails its own sequences with that error and is withdrawn: the step launched
+// before it is still collected whole, and the engine serves what comes next as a fresh one would.
+TEST(AsyncSchedulingFailure, AFailedLaunchFailsItsStepAndLeavesTheRanksInStep) {
+  auto model = load_model({pdserve::testing::stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions o;
+  o.async_scheduling = true;
+  o.sample_on = EngineOptions::SampleOn::kBackend;
+  o.kv_cache_bytes = 8 << 20;
+  o.max_batch_tokens = 48;
+  auto launches = std::make_shared<int>(0);
+  o.backend_factory = [launches](int) -> StatusOr<std::unique_ptr<Backend>> {
+    return pdserve::testing::make_guarded_backend(size_t(1) << 30, "guarded:0", true, [launches] {
+      return ++*launches == 8 ? absl::InternalError("kernel launch: injected") : absl::OkStatus();
+    });
+  };
+  auto e = Engine::create(std::move(*model), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Engine& async = **e;
+  std::map<std::string, std::string> failed;
+  std::map<std::string, Seen> seen;
+  std::vector<Request> requests = workload();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::string id = "r" + std::to_string(i);
+    const TokenCallback record = pdserve::testing::record_into(&seen[id]);
+    ASSERT_TRUE(async
+                    .add_request({id, requests[i].prompt, requests[i].params},
+                                 [record, &failed, id](const TokenEvent& ev) {
+                                   if (!ev.error.ok()) failed[id] = std::string(ev.error.message());
+                                   record(ev);
+                                 })
+                    .ok());
+  }
+  while (async.has_work()) (void)async.step();  // The failed step's status, and the others'.
+  ASSERT_FALSE(failed.empty()) << "no step failed";
+  for (const auto& [id, message] : failed) {
+    EXPECT_EQ(message, "kernel launch: injected") << id;
+    EXPECT_EQ(seen[id].reason, FinishReason::kAbort) << id;
+  }
+  EXPECT_GT(async.stats().overlapped_steps, 0u);
+  expect_no_block_held(async);
+  // The same requests again: what a synchronous engine gives, event for event.
+  auto sync = make_engine(false);
+  const auto want = run_all(*sync, requests);
+  const auto got = run_all(async, requests);
+  for (const auto& [id, w] : want) EXPECT_EQ(got.at(id), w) << id;
+  expect_no_block_held(async);
+}
+
+// Sampling on the host (the CPU backend's default, or asked for) is refused: the next step reads
+// the tokens where the backend samples them. Any TP is accepted.
 TEST(AsyncSchedulingOptions, WhatItCannotHonourIsRefused) {
-  for (int variant = 0; variant < 2; ++variant) {
+  for (auto sample_on : {EngineOptions::SampleOn::kAuto, EngineOptions::SampleOn::kHost}) {
     auto model = load_model({pdserve::testing::stories_bin()});
     ASSERT_TRUE(model.ok());
     EngineOptions o;
     o.async_scheduling = true;
     o.kv_cache_bytes = 8 << 20;
-    if (variant == 0) {
-      o.tp = 2;
-      o.sample_on = EngineOptions::SampleOn::kBackend;
-    } else {
-      o.sample_on = EngineOptions::SampleOn::kHost;
-    }
+    o.sample_on = sample_on;
     auto e = Engine::create(std::move(*model), o);
     ASSERT_FALSE(e.ok());
     EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(e.status().message().find(variant == 0 ? "TP 1" : "samples on the backend"), std::string::npos)
-        << e.status();
+    EXPECT_NE(e.status().message().find("samples on the backend"), std::string::npos) << e.status();
   }
+  EXPECT_NE(make_engine(true, {Where::kCpu, 2}), nullptr);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_weights.h"
+#include "engine/rank_pool.h"
 #include "engine/rank_runner.h"
 #include "engine/shard_upload.h"
 #include "tests/engine/bf16_checkpoint.h"
@@ -287,43 +288,96 @@ TEST(DevicePath, ARankRefusesVHeadsOfAnotherWidth) {
 }
 
 // A placeholder token (-1 - r: the previous step's sampled token of row r, asynchronous
-// scheduling) is refused by prepare() when no step of the rank holds row r, or above TP 1,
-// whose other ranks have no sampled tokens to read.
+// scheduling) is refused by prepare() when no step of the rank holds row r, and by a pool above
+// TP 1 in a forward pass: only a launched step broadcasts rank 0's sampled tokens to the others.
 TEST(DevicePath, APlaceholderTokenNoRankCanReadIsRefused) {
   StoriesShard stories = stories_shard();
   ASSERT_TRUE(stories.shard.ok()) << stories.shard.status();
   const ModelConfig& config = stories.model->config;
   const int table[1] = {0};
-  StepMetadata meta;  // Reused, as a pool reuses its own from step to step.
-  auto prepared = [&](const RankShard& shard, int tp, int token) {
-    auto backend = make_cpu_backend();
-    auto comms = make_shared_memory_group(tp);
-    auto runner = RankRunner::create(config, shard, config.kv_cache_spec(16), 8, 16, backend.get(), comms[0].get());
-    EXPECT_TRUE(runner.ok()) << runner.status();
-    if (!runner.ok()) return runner.status();
+  const auto batch_of = [&table](int token) {
     ForwardBatch batch;
     batch.tokens = {token};
     batch.positions = {0};
     batch.block_tables = {table};
     batch.logit_rows = {0};
+    return batch;
+  };
+  StepMetadata meta;  // Reused, as a pool reuses its own from step to step.
+  auto prepared = [&](int token) {
+    auto backend = make_cpu_backend();
+    auto comms = make_shared_memory_group(1);
+    auto runner =
+        RankRunner::create(config, *stories.shard, config.kv_cache_spec(16), 8, 16, backend.get(), comms[0].get());
+    EXPECT_TRUE(runner.ok()) << runner.status();
+    if (!runner.ok()) return runner.status();
+    const ForwardBatch batch = batch_of(token);
     meta.pack(batch, 16);
     return (*runner)->prepare(batch, meta);
   };
-  EXPECT_TRUE(prepared(*stories.shard, 1, -16).ok());  // Row 15 of a rank of 16 tokens.
-  const Status past = prepared(*stories.shard, 1, -17);
+  EXPECT_TRUE(prepared(-16).ok());  // Row 15 of a rank of 16 tokens.
+  const Status past = prepared(-17);
   EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(past.message().find("token -17 names no sampled row a step of this rank (TP 1) can hold"),
             std::string_view::npos)
       << past;
-  EXPECT_EQ(prepared(*stories.shard, 1, std::numeric_limits<int>::min()).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(prepared(*stories.shard, 1, 5).ok());  // A plain token, packed after the refused ones.
-  auto half = shard_weights(config, *stories.weights, 0, 2);
-  ASSERT_TRUE(half.ok()) << half.status();
-  const Status tp2 = prepared(*half, 2, -1);
+  EXPECT_EQ(prepared(std::numeric_limits<int>::min()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(prepared(5).ok());  // A plain token, packed after the refused ones.
+
+  EngineOptions options;
+  options.tp = 2;
+  options.max_batch_tokens = 16;
+  auto pool = RankPool::create(config, *stories.weights, config.kv_cache_spec(16), 8, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  std::vector<float> logits(config.vocab_size);
+  const Status tp2 = (*pool)->forward(batch_of(-1), {logits.data(), nullptr, nullptr});
   EXPECT_EQ(tp2.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(tp2.message().find("token -1 names no sampled row a step of this rank (TP 2) can hold"),
+  EXPECT_NE(tp2.message().find("token -1 is a sampled token not read yet: above TP 1 only a launched step's"),
             std::string_view::npos)
       << tp2;
+  EXPECT_TRUE((*pool)->forward(batch_of(5), {logits.data(), nullptr, nullptr}).ok());
+}
+
+// A launch that fails when it is queued (behind another launched step) is withdrawn: the step
+// before it is collected whole, with its token, and the pool launches and collects on after it.
+TEST(DevicePath, AFailedLaunchIsWithdrawnAndTheStepBeforeItCollected) {
+  StoriesShard stories = stories_shard();
+  ASSERT_TRUE(stories.shard.ok()) << stories.shard.status();
+  const ModelConfig& config = stories.model->config;
+  int queued = 0;
+  EngineOptions options;
+  options.max_batch_tokens = 16;
+  options.backend_factory = [&queued](int) -> StatusOr<std::unique_ptr<Backend>> {
+    return pdserve::testing::make_guarded_backend(size_t(1) << 30, "guarded:0", true, [&queued] {
+      return ++queued == 2 ? absl::InternalError("kernel launch: injected") : absl::OkStatus();
+    });
+  };
+  auto pool = RankPool::create(config, *stories.weights, config.kv_cache_spec(16), 8, options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const int table[1] = {0};
+  ForwardBatch batch;
+  batch.tokens = {config.bos_id};
+  batch.positions = {0};
+  batch.block_tables = {table};
+  batch.logit_rows = {0};
+  batch.samples = {kernels::SampleRow{}};  // Greedy.
+  std::vector<float> logits(config.vocab_size);
+  ASSERT_TRUE((*pool)->launch(batch, false).ok());
+  const Status failed = (*pool)->launch(batch, false);
+  EXPECT_EQ(failed.message(), "kernel launch: injected");
+  EXPECT_EQ((*pool)->rank(0).launched(), 1);
+  int token = -1;
+  ASSERT_TRUE((*pool)->collect({nullptr, &token, nullptr}).ok());
+  // The first step's token: BOS's greedy successor, as a forward pass samples it.
+  int want = -1;
+  ASSERT_TRUE((*pool)->forward(batch, {nullptr, &want, nullptr}).ok());
+  EXPECT_EQ(token, want);
+  EXPECT_GE(want, 0);
+  ASSERT_TRUE((*pool)->launch(batch, false).ok());
+  token = -1;
+  ASSERT_TRUE((*pool)->collect({nullptr, &token, nullptr}).ok());
+  EXPECT_EQ(token, want);
+  EXPECT_EQ((*pool)->rank(0).launched(), 0);
 }
 
 // bf16 GEMM precision multiplies bf16 by bf16: with f32 weights it is refused, by the engine

@@ -27,8 +27,12 @@ std::atomic<uint64_t> bf16_gemms{0};
 
 class GuardedBackend final : public Backend {
  public:
-  GuardedBackend(size_t capacity, std::string name, bool pinnable)
-      : capacity_(capacity), name_(std::move(name)), pinnable_(pinnable), inner_(engine::make_cpu_backend()) {
+  GuardedBackend(size_t capacity, std::string name, bool pinnable, std::function<Status()> queued_errors)
+      : capacity_(capacity),
+        name_(std::move(name)),
+        pinnable_(pinnable),
+        queued_errors_(std::move(queued_errors)),
+        inner_(engine::make_cpu_backend()) {
     void* p = mmap(nullptr, capacity, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     base_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
@@ -54,6 +58,7 @@ class GuardedBackend final : public Backend {
   }
   Status copy_to_host(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
   Status synchronize() override { return absl::OkStatus(); }
+  Status queued_errors() override { return queued_errors_ ? queued_errors_() : absl::OkStatus(); }
   uint64_t memory_bytes() const override { return capacity_; }
   engine::MemoryKind memory_kind() const override { return engine::MemoryKind::kOpaque; }
   Status staging_copy(void* dst, const void* src, size_t bytes) override { return copy_to_device(dst, src, bytes); }
@@ -168,6 +173,7 @@ class GuardedBackend final : public Backend {
   const size_t capacity_;
   const std::string name_;
   const bool pinnable_;
+  const std::function<Status()> queued_errors_;
   std::set<void*> pinned_;  // Guarded by mu_.
   std::unique_ptr<Backend> inner_;
   uint8_t* base_ = nullptr;
@@ -181,8 +187,9 @@ class GuardedBackend final : public Backend {
 
 uint64_t guarded_bf16_gemms() { return bf16_gemms.load(); }
 
-std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity, const std::string& name, bool pinnable) {
-  return std::make_unique<GuardedBackend>(capacity, name, pinnable);
+std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity, const std::string& name, bool pinnable,
+                                                      std::function<Status()> queued_errors) {
+  return std::make_unique<GuardedBackend>(capacity, name, pinnable, std::move(queued_errors));
 }
 
 }  // namespace pdserve::testing

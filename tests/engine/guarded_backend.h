@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,9 +17,11 @@ namespace pdserve::testing {
 
 // `capacity` bytes of address space; allocations are never reused (tests are short). `name` is
 // what name() reports (e.g. "cuda:0", to be taken for a GPU by code that asks). Unless
-// `pinnable`, pin_host_memory fails, as a driver's does for memory it cannot lock.
+// `pinnable`, pin_host_memory fails, as a driver's does for memory it cannot lock. When set,
+// `queued_errors` is what queued_errors() reports (a failed launch, injected).
 std::unique_ptr<engine::Backend> make_guarded_backend(size_t capacity = size_t(1) << 30,
-                                                      const std::string& name = "guarded:0", bool pinnable = true);
+                                                      const std::string& name = "guarded:0", bool pinnable = true,
+                                                      std::function<Status()> queued_errors = {});
 
 // GEMMs with bf16 weights that guarded backends ran, process-wide (proof that a bf16 path ran).
 uint64_t guarded_bf16_gemms();

@@ -983,6 +983,29 @@ TEST(SharedMemoryCommunicator, AllReduceAndGatherAcrossThreads) {
     for (int i = 0; i < 3 * n; ++i) EXPECT_EQ(gathered[r][i], float(i / 3));
 }
 
+// broadcast: every rank ends with the root's ints, the root's unchanged, for each root in turn;
+// the root rewrites its buffer right after each call, which no peer may still be reading.
+TEST(SharedMemoryCommunicator, BroadcastFromEachRoot) {
+  const int n = 3, count = 17;
+  auto group = engine::make_shared_memory_group(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::vector<int> buf(count);
+      for (int iter = 0; iter < 60; ++iter) {
+        const int root = iter % n;
+        for (int i = 0; i < count; ++i) buf[i] = r == root ? 1000 * iter + i : -1;
+        group[r]->broadcast(buf.data(), count, root);
+        for (int i = 0; i < count; ++i) EXPECT_EQ(buf[i], 1000 * iter + i) << "rank " << r << ", root " << root;
+        if (r == root) std::fill(buf.begin(), buf.end(), -2);  // Its peers have read it.
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<int> one = {4, 5};
+  engine::make_shared_memory_group(1)[0]->broadcast(one.data(), 2, 0);  // A group of one: nothing to do.
+  EXPECT_EQ(one, (std::vector<int>{4, 5}));
+}
+
 TEST(SpinBarrier, NoThreadLeavesAPhaseBeforeAllArriveAndCompletionRunsOncePerPhase) {
   // Thread 0 is late now and then by more than the spin budget, so the others also take the
   // sleeping path (a lost wake-up there would hang this test).

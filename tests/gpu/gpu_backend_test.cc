@@ -710,16 +710,18 @@ TEST(Stories, GpuEngineDecodeGraphsEqualEager) {
 
 // --async-scheduling on the GPU backend: step N+1 is queued before step N's tokens are read
 // (its decode tokens embedded from the device's sampled ones, the results through pinned slots
-// and events), eagerly and replaying decode graphs: the synchronous engine's tokens and text,
+// and events), eagerly and replaying decode graphs, and at TP 2 (rank 0 broadcasting the sampled
+// tokens over NCCL, or shared memory in emulation): the synchronous engine's tokens and text,
 // requests stopping by string and by length at different steps.
 TEST(Stories, GpuEngineAsyncSchedulingEqualsSynchronous) {
   if (gpu_device_count() == 0) GTEST_SKIP() << "no GPU";
-  for (bool graphs : {false, true}) {
+  for (const auto& [graphs, tp] : {std::pair{false, 1}, {true, 1}, {false, 2}}) {
+    if (tp > gpu_device_count()) continue;
     EngineOptions sync_options, async_options;
     sync_options.decode_graphs = async_options.decode_graphs = graphs;
     async_options.async_scheduling = true;
-    auto sync = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, sync_options),
-         async = engine_on(stories_bin(), gpu_kind(), 1, DType::kBF16, async_options);
+    auto sync = engine_on(stories_bin(), gpu_kind(), tp, DType::kBF16, sync_options),
+         async = engine_on(stories_bin(), gpu_kind(), tp, DType::kBF16, async_options);
     ASSERT_TRUE(sync && async);
     const auto run = [](Engine& engine) {
       std::vector<std::string> out(5);
@@ -744,7 +746,7 @@ TEST(Stories, GpuEngineAsyncSchedulingEqualsSynchronous) {
       EXPECT_TRUE(engine.run_until_idle().ok());
       return out;
     };
-    EXPECT_EQ(run(*async), run(*sync)) << (graphs ? "graphs" : "eager");
+    EXPECT_EQ(run(*async), run(*sync)) << (graphs ? "graphs" : "eager") << ", TP " << tp;
     EXPECT_GT(async->stats().overlapped_steps, 5u);
     if (graphs) EXPECT_GT(async->stats().graph_steps, 5u);
   }

@@ -273,7 +273,8 @@ test('engine.decodeGraphs: --decode-graphs on decode only (prefill runs no decod
 
 test('engine.asyncScheduling: --async-scheduling on decode only, off by default', () => {
   assert.equal(flag(mainContainer(deployment(render().docs, 'decode')), '--async-scheduling'), undefined);
-  const on = render({ set: ['engine.asyncScheduling=true', 'prefill.tensorParallel=2'] }).docs;
+  // At any tensor parallelism (rank 0 broadcasts the sampled tokens).
+  const on = render({ set: ['engine.asyncScheduling=true', 'prefill.tensorParallel=2', 'decode.tensorParallel=2'] }).docs;
   assert.equal(flag(mainContainer(deployment(on, 'decode')), '--async-scheduling'), true);
   assert.equal(flag(mainContainer(deployment(on, 'prefill')), '--async-scheduling'), undefined);
 });

@@ -61,8 +61,6 @@ const CASES = [
     want: ['engine.decodeGraphs records decode steps at tensor parallelism 1 only: decode.tensorParallel is 2'] },
   { name: 'async scheduling on CPU', opts: { preset: 'cpu', set: ['engine.asyncScheduling=true'] },
     want: ['engine.asyncScheduling reads sampled tokens on a GPU: CPU workers sample on the host'] },
-  { name: 'async scheduling at decode TP 2', opts: { preset: 'nvidia-h200', set: ['engine.asyncScheduling=true', 'decode.tensorParallel=2'] },
-    want: ['engine.asyncScheduling runs at tensor parallelism 1 only: decode.tensorParallel is 2'] },
   { name: 'GPU resource name on CPU', opts: { preset: 'cpu', set: ['accelerator.resourceName=nvidia.com/gpu'] },
     want: ['accelerator.resourceName "nvidia.com/gpu" is set but accelerator.vendor is cpu'] },
   { name: 'router tGPS below preStop + drain + margin', opts: { set: ['router.terminationGracePeriodSeconds=20'] },

@@ -57,6 +57,10 @@ class GpuCommunicator final : public Communicator {
     check_gpu(gpuSetDevice(rank_), "set device");
     check_nccl(ncclAllGather(in, out, size_t(count), ncclFloat, comm_, stream_), "all_gather");
   }
+  void broadcast(int* buffer, int64_t count, int root) override {
+    check_gpu(gpuSetDevice(rank_), "set device");
+    check_nccl(ncclBroadcast(buffer, buffer, size_t(count), ncclInt32, root, comm_, stream_), "broadcast");
+  }
   // The communicator's one host wait: an all-reduce no rank's stream passes before every rank has
   // queued it. NCCL's asynchronous errors are checked there too (a collective that hangs is not
   // one of them).

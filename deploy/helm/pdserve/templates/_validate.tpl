@@ -121,9 +121,6 @@ value set there cannot be told from them: the blocks must be removed altogether.
 {{- if not (has $tp (list 1 2 4 8)) -}}
 {{- $errors = append $errors (printf "%s.tensorParallel must be 1, 2, 4 or 8 (got %d)" $role $tp) -}}
 {{- end -}}
-{{- if and $v.engine.asyncScheduling (ne $role "prefill") (gt $tp 1) -}}
-{{- $errors = append $errors (printf "engine.asyncScheduling runs at tensor parallelism 1 only: %s.tensorParallel is %d (set it to 1, or engine.asyncScheduling false)" $role $tp) -}}
-{{- end -}}
 {{- if and $v.engine.decodeGraphs (ne $role "prefill") (gt $tp 1) -}}
 {{- $errors = append $errors (printf "engine.decodeGraphs records decode steps at tensor parallelism 1 only: %s.tensorParallel is %d (set it to 1, or engine.decodeGraphs false)" $role $tp) -}}
 {{- end -}}
