@@ -21,6 +21,9 @@ class Communicator {
   virtual void all_gather(const float* in, int64_t count, float* out) = 0;
   // Copies `count` ints from `root`'s buffer into every other rank's (each passes its own).
   virtual void broadcast(int* buffer, int64_t count, int root) = 0;
+  // Ends the process with the reason if a collective queued so far failed where the caller could
+  // not see it (NCCL's asynchronous errors); barrier() checks as well. Does not wait.
+  virtual void check_async_errors() = 0;
   // Waits until every rank has arrived.
   virtual void barrier() = 0;
 };

@@ -551,7 +551,7 @@ void Engine::admit(std::vector<Sequence*>* admitted) {
   publish_stats(int(waiting_.size() + loading_.size()));
 }
 
-void Engine::grow_blocks() {
+bool Engine::grow_blocks() {
   const int b = options_.block_size;
   std::vector<std::shared_ptr<Sequence>> preempted;  // Newest first.
   for (size_t i = 0; i < running_.size();) {
@@ -563,6 +563,7 @@ void Engine::grow_blocks() {
         s.blocks.push_back(more->front());
         continue;
       }
+      if (!launched_.empty()) return false;  // Preemption waits for the steps out (none preempted yet).
       // The pool is short: the latest admitted sequence gives its blocks back (the one that has
       // waited least; it may be `s` itself). Prefill-only requests are never chosen: their
       // blocks are their caller's, and they never grow (admission gave them all they write).
@@ -586,11 +587,12 @@ void Engine::grow_blocks() {
     }
     if (!s_gone) ++i;
   }
-  if (preempted.empty()) return;
+  if (preempted.empty()) return true;
   std::lock_guard lock(mu_);
   // Oldest at the front: the one preempted last was admitted earliest of them.
   for (auto& seq : preempted) waiting_.push_front(std::move(seq));
   publish_stats(int(waiting_.size() + loading_.size()));
+  return true;
 }
 
 void Engine::preempt(Sequence& s) {
@@ -622,13 +624,6 @@ Status Engine::step() {
   return s;
 }
 
-int Engine::blocks_to_grow() const {
-  int need = 0;
-  for (const auto& s : running_)
-    need += std::max(0, blocks_for(kv_length(*s), options_.block_size) - int(s->blocks.size()));
-  return need;
-}
-
 int Engine::kv_length(const Sequence& s) const {
   return int(s.tokens.size()) + (s.pending_row >= 0 && !s.stop.next_token_ends() ? 1 : 0);
 }
@@ -649,12 +644,12 @@ Status Engine::run_step() {
   // Outside mu_: the callback may call back into the engine (release_blocks, abort).
   for (Sequence* s : admitted) s->request.handoff.on_admitted(s->blocks);
   std::erase_if(running_, [](const auto& s) { return s->finished; });
-  // A growth that preempts waits for the step out (the one it collects may free blocks too).
-  if (!launched_.empty() && blocks_to_grow() > blocks_->num_free()) {
+  // A growth that would preempt waits for the steps out (those it collects may free blocks too).
+  // Checked where blocks are taken: a reservation on another thread may take free ones.
+  while (!grow_blocks()) {
     status.Update(collect_step());
     std::erase_if(running_, [](const auto& s) { return s->finished; });
   }
-  grow_blocks();
   const size_t before = launched_.size();
   status.Update(launch_step());
   // The step before the one just launched (asynchronous), or that one (synchronous); with

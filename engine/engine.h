@@ -391,7 +391,8 @@ class Engine {
   void admit(std::vector<Sequence*>* admitted);
   // Gives each running sequence the blocks its next step writes, oldest first; when the pool is
   // short, preempts the latest admitted sequences (back to the front of waiting_) until it fits.
-  void grow_blocks();
+  // Never with a step out: then it stops short and returns false (collect, then call it again).
+  bool grow_blocks();
   // Takes a running sequence's blocks back (its cached ones stored in the host tier first); it is
   // recomputed from its tokens — and what the tiers still hold of them — when admitted again.
   void preempt(Sequence& seq);
@@ -419,8 +420,6 @@ class Engine {
   // `reservation` once wait_for_launched_steps() returned (taken first: a step launched before
   // its blocks came back is then waited for too); its blocks released if the wait fails.
   StatusOr<Reservation> after_launched_steps(Reservation reservation);
-  // The blocks the running sequences' next step writes beyond those they hold.
-  int blocks_to_grow() const;
   // Whether a PENDING sequence's prefetch is done (caller holds mu_).
   bool prefetch_done_locked() const;
   // With nothing to run but PENDING sequences, waits (a bounded while) for a prefetch to end or
@@ -474,8 +473,8 @@ class Engine {
   std::atomic<int> steps_in_flight_{0};
   std::mutex launched_mark_mu_;               // wait_for_launched_steps may come from any thread.
   // Async scheduling: its mark, on rank 0's queue. Above TP 1 it covers every rank's KV writes
-  // too: a step's last collectives on rank 0 (the logits' all-gather) complete only after every
-  // rank has queued them behind its layers.
+  // too: each layer's all-reduce, which every rank queues after that layer's KV writes, completes
+  // on rank 0 only once every rank has reached it.
   std::unique_ptr<QueueMark> launched_mark_;
   uint64_t next_step_id_ = 0;
   TimePoint last_collect_{};  // When the previous launched step's results came (step wall times).

@@ -91,6 +91,8 @@ Status RankPool::forward(const ForwardBatch& batch, const StepOutput& out) {
 }
 
 Status RankPool::launch(const ForwardBatch& batch, bool logprobs) {
+  // What a rank would refuse without taking a slot, refused for all (each rank has as many out).
+  PD_RETURN_IF_ERROR(runners_[0]->can_launch(batch));
   meta_.pack(batch, runners_[0]->kv_layout().block_size());
   for (auto& runner : runners_) PD_RETURN_IF_ERROR(runner->prepare(batch, meta_));
   batch_ = &batch;

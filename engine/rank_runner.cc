@@ -66,8 +66,10 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
     : config_(config), shard_(std::move(shard)), layout_(std::move(layout)), backend_(backend), comm_(comm) {}
 
 RankRunner::~RankRunner() {
-  // A step still out copies into the sampled slots' pinned memory, which goes with them.
-  if (launched_ > 0) (void)backend_->synchronize();
+  // A step still out copies into the sampled slots' pinned memory, which goes with them: its mark
+  // (synchronize() may return early on an earlier error), then the whole queue.
+  for (; launched_ > 0; --launched_) (void)sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)].mark->wait();
+  (void)backend_->synchronize();
   if (owns_arena_) backend_->deallocate(arena_);
 }
 
@@ -217,7 +219,7 @@ Status RankRunner::prepare(const ForwardBatch& batch, const StepMetadata& meta) 
   const int n = int(batch.tokens.size());
   if (n > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat("a step of ", n, " tokens; ranks hold ", max_tokens_));
-  // A previous step's sampled token (ForwardBatch::tokens) is rank 0's at TP 1, one of its rows.
+  // A previous step's sampled token (ForwardBatch::tokens) is one of the rank's rows.
   if (meta.sampled_rows_read > max_tokens_)
     return absl::InvalidArgumentError(absl::StrCat(
         "token ", -meta.sampled_rows_read, " names no sampled row a step of this rank (TP ", shard_.tp, ") can hold"));
@@ -566,12 +568,16 @@ Status RankRunner::forward(const ForwardBatch& batch, const StepOutput& result) 
   return status;
 }
 
-Status RankRunner::launch(const ForwardBatch& batch, bool logprobs) {
-  // Refused alike on every rank of a pool, before any collective.
+Status RankRunner::can_launch(const ForwardBatch& batch) const {
   if (!batch.logit_rows.empty() && batch.samples.empty())
     return absl::InvalidArgumentError("a launched step samples on the backend: its batch has no samples");
   if (launched_ == int(sampled_.size()))
     return absl::FailedPreconditionError(absl::StrCat(launched_, " launched steps wait to be collected"));
+  return absl::OkStatus();
+}
+
+Status RankRunner::launch(const ForwardBatch& batch, bool logprobs) {
+  PD_RETURN_IF_ERROR(can_launch(batch));  // Before any collective: alike on every rank of a pool.
   const Status status = run_step(batch, nullptr, logprobs, true);
   ++launched_;  // Its slot holds the status for collect(), even a failed one's.
   return status;
@@ -581,13 +587,16 @@ void RankRunner::withdraw_launch() {
   if (launched_ == 0) return;
   next_slot_ ^= 1;  // The newest step's slot, which the next launch fills again.
   --launched_;
-  (void)sampled_[next_slot_].mark->wait();  // Its errors are the failed launch's.
+  // Its errors are the failed launch's. All of the queue, in case the failure was the mark's.
+  (void)sampled_[next_slot_].mark->wait();
+  (void)backend_->synchronize();
 }
 
 Status RankRunner::collect(const StepOutput& out) {
   if (launched_ == 0) return absl::FailedPreconditionError("no launched step to collect");
   Status status = take_sampled(out);
   --launched_;
+  comm_->check_async_errors();  // A launched step meets no barrier(), which would check them.
   return status;
 }
 

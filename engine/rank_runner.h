@@ -110,6 +110,8 @@ class RankRunner {
   // out: withdraw_launch() takes it back (on every rank, when any failed).
   Status launch(const ForwardBatch& batch, bool logprobs);
   Status collect(const StepOutput& out);
+  // Why launch() would refuse `batch` without launching it (OK: it would launch it).
+  Status can_launch(const ForwardBatch& batch) const;
   // Takes back the newest launched step once the backend has run it; its results are dropped.
   void withdraw_launch();
   // Steps launched and not collected.

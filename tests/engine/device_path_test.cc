@@ -363,7 +363,9 @@ TEST(DevicePath, AFailedLaunchIsWithdrawnAndTheStepBeforeItCollected) {
   batch.samples = {kernels::SampleRow{}};  // Greedy.
   std::vector<float> logits(config.vocab_size);
   ASSERT_TRUE((*pool)->launch(batch, false).ok());
-  const Status failed = (*pool)->launch(batch, false);
+  ForwardBatch other = batch;  // Another token, so that the two steps' samples differ.
+  other.tokens = {300};
+  const Status failed = (*pool)->launch(other, false);
   EXPECT_EQ(failed.message(), "kernel launch: injected");
   EXPECT_EQ((*pool)->rank(0).launched(), 1);
   int token = -1;

@@ -185,8 +185,8 @@ TEST(Cli, DecodeGraphsOnTheCpuOrAtTp2AreRefused) {
 }
 
 // --async-scheduling reads the sampled tokens where the backend left them: refused in process on
-// the CPU (which samples on the host), by `up` with decode workers on the CPU or at TP 2, and
-// through a router.
+// the CPU (which samples on the host), by `up` with decode workers on the CPU, and through a
+// router.
 TEST(Cli, AsyncSchedulingOnTheCpuIsRefused) {
   expect_clean_failure(pdserve({"generate", "--model", kModel, "--async-scheduling", "--max-tokens", "3"}),
                        "--async-scheduling samples on the backend");

@@ -67,6 +67,9 @@ class GpuCommunicator final : public Communicator {
   void barrier() override {
     all_reduce_sum(token_, 1);
     check_gpu(gpuStreamSynchronize(stream_), "stream synchronize");
+    check_async_errors();
+  }
+  void check_async_errors() override {
     ncclResult_t async = ncclSuccess;
     check_nccl(ncclCommGetAsyncError(comm_, &async), "async error query");
     check_nccl(async, "a collective of this step");
