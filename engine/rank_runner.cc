@@ -68,7 +68,7 @@ RankRunner::RankRunner(const ModelConfig& config, RankShard shard, KvCacheLayout
 RankRunner::~RankRunner() {
   // A step still out copies into the sampled slots' pinned memory, which goes with them: its mark
   // (synchronize() may return early on an earlier error), then the whole queue.
-  for (; launched_ > 0; --launched_) (void)sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)].mark->wait();
+  for (; launched_ > 0; --launched_) (void)oldest_out().mark->wait();
   (void)backend_->synchronize();
   if (owns_arena_) backend_->deallocate(arena_);
 }
@@ -543,7 +543,7 @@ Status RankRunner::run_step(const ForwardBatch& batch, float* logits, bool logpr
 }
 
 Status RankRunner::take_sampled(const StepOutput& out) {
-  SampledSlot& slot = sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)];
+  SampledSlot& slot = oldest_out();
   Status status = slot.status;
   status.Update(slot.mark->wait());
   if (status.ok() && slot.rows > 0 && out.tokens != nullptr) {

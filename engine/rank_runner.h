@@ -209,6 +209,8 @@ class RankRunner {
     Status status;  // What queuing the step reported.
   };
   std::array<SampledSlot, 2> sampled_;
+  // The slot of the oldest step not collected (of a forward pass: its own, just filled).
+  SampledSlot& oldest_out() { return sampled_[next_slot_ ^ (launched_ == 2 ? 0 : 1)]; }
   int next_slot_ = 0;  // The slot the next step fills.
   int launched_ = 0;   // Slots filled by launch() and not yet collected.
   // Rank 0, sampling on the backend: the penalties' bitmaps and output counts
