@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/logging.h"
@@ -145,6 +146,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pdserve engine benchmark"};
   std::vector<std::string> models = {"stories260K", "synthetic-100m"};
   std::vector<int> tps = {1, 2};
+  std::vector<int> cpu_threads = {1};
   std::vector<int> batches = {1, 8, 32, 128};
   int new_tokens = 32, prompt_len = 16, prefill_len = 256, prefill_prompts = 4;
   int from_bos_steps = 0;
@@ -154,6 +156,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> async_modes = {"off"};
   app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
   app.add_option("--tp", tps, "TP sizes");
+  app.add_option("--cpu-threads", cpu_threads, "Threads per rank of the cpu backend (each TP size runs with each)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--batches", batches, "Decode batch sizes");
   app.add_option("--new-tokens", new_tokens, "Tokens decoded per sequence");
   app.add_option("--prefill-len", prefill_len, "Prompt length for the prefill measurement");
@@ -180,8 +184,8 @@ int main(int argc, char** argv) {
 
   nlohmann::json results = nlohmann::json::array();
   if (from_bos_steps == 0)
-    std::printf("%-16s %3s %5s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "async", "decode-1", "agg-b1",
-                "agg-b8", "agg-b32", "agg-b128", "prefill", "rss-MiB");
+    std::printf("%-16s %3s %3s %5s %10s %12s %12s %12s %12s %12s %9s\n", "model", "tp", "thr", "async", "decode-1",
+                "agg-b1", "agg-b8", "agg-b32", "agg-b128", "prefill", "rss-MiB");
   for (const std::string& name : models) {
     std::string path = name;
     if (name == "synthetic-100m") {
@@ -195,84 +199,93 @@ int main(int argc, char** argv) {
         }
       }
     }
-    std::map<std::pair<int, std::string>, nlohmann::json> model_rows;  // This model's rows so far, by (TP, async).
+    // This model's rows so far, by (TP, threads, async).
+    std::map<std::tuple<int, int, std::string>, nlohmann::json> model_rows;
     for (int tp : tps)
-      for (const std::string& async : async_modes) {
-        auto model = engine::load_model({path});
-        if (!model.ok()) {
-          std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
-          return 1;
-        }
-        // With --breakdown every rank's backend is the CPU backend under a PhaseProfiler (off
-        // until the breakdown runs).
-        std::vector<engine::PhaseProfiler*> profilers(tp);
-        const int vocab = model->config.vocab_size;
-        engine::EngineOptions opts;
-        if (breakdown_batch > 0)
-          opts.backend_factory = [&profilers, vocab, tp,
-                                  &device](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
-            // The rank's LM head slice of the vocabulary, as the engine shards it.
-            PD_ASSIGN_OR_RETURN(auto backend, engine::make_backend(device, rank));
-            auto profiler =
-                std::make_unique<engine::PhaseProfiler>(std::move(backend), engine::even_split(vocab, tp, rank).size());
-            profilers[size_t(rank)] = profiler.get();
-            return std::unique_ptr<engine::Backend>(std::move(profiler));
-          };
-        opts.tp = tp;
-        opts.backend = device;
-        opts.weight_dtype = weight_dtype == "bf16" ? engine::DType::kBF16 : engine::DType::kF32;
-        opts.async_scheduling = async == "on";
-        opts.max_running = 256;
-        opts.max_batch_tokens = 512;
-        auto eng = engine::Engine::create(std::move(*model), opts);
-        if (!eng.ok()) {
-          std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
-          return 1;
-        }
-        nlohmann::json row = {{"model", name}, {"tp", tp}, {"device", device}, {"async", async == "on"}};
-        if (from_bos_steps > 0) {
-          const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
-          if (r.tokens < 2) {
-            std::fprintf(stderr, "%s: decoding from BOS failed or gave fewer than 2 tokens\n", name.c_str());
+      for (int threads : cpu_threads)
+        for (const std::string& async : async_modes) {
+          auto model = engine::load_model({path});
+          if (!model.ok()) {
+            std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(model.status().message()).c_str());
             return 1;
           }
-          row["from_bos_tok_s"] = r.tok_s;
-          row["from_bos_tokens"] = r.tokens;
-          std::printf("%-16s %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, r.tok_s, r.tokens);
+          // With --breakdown every rank's backend is the CPU backend under a PhaseProfiler (off
+          // until the breakdown runs).
+          std::vector<engine::PhaseProfiler*> profilers(tp);
+          const int vocab = model->config.vocab_size;
+          engine::EngineOptions opts;
+          if (breakdown_batch > 0)
+            opts.backend_factory = [&profilers, vocab, tp, threads,
+                                    &device](int rank) -> StatusOr<std::unique_ptr<engine::Backend>> {
+              // The rank's LM head slice of the vocabulary, as the engine shards it.
+              PD_ASSIGN_OR_RETURN(auto backend, engine::make_backend(device, rank, {threads, tp * threads}));
+              auto profiler = std::make_unique<engine::PhaseProfiler>(std::move(backend),
+                                                                      engine::even_split(vocab, tp, rank).size());
+              profilers[size_t(rank)] = profiler.get();
+              return std::unique_ptr<engine::Backend>(std::move(profiler));
+            };
+          opts.tp = tp;
+          if (breakdown_batch == 0) opts.cpu_threads = threads;  // Else the factory's.
+          opts.backend = device;
+          opts.weight_dtype = weight_dtype == "bf16" ? engine::DType::kBF16 : engine::DType::kF32;
+          opts.async_scheduling = async == "on";
+          opts.max_running = 256;
+          opts.max_batch_tokens = 512;
+          auto eng = engine::Engine::create(std::move(*model), opts);
+          if (!eng.ok()) {
+            std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(eng.status().message()).c_str());
+            return 1;
+          }
+          nlohmann::json row = {
+              {"model", name}, {"tp", tp}, {"cpu_threads", threads}, {"device", device}, {"async", async == "on"}};
+          if (from_bos_steps > 0) {
+            const bench::FromBos r = bench::decode_from_bos(**eng, from_bos_steps);
+            if (r.tokens < 2) {
+              std::fprintf(stderr, "%s: decoding from BOS failed or gave fewer than 2 tokens\n", name.c_str());
+              return 1;
+            }
+            row["from_bos_tok_s"] = r.tok_s;
+            row["from_bos_tokens"] = r.tokens;
+            std::printf("%-16s %3d %3d %10.1f tok/s from BOS (%d tokens)\n", name.c_str(), tp, threads, r.tok_s,
+                        r.tokens);
+            results.push_back(row);
+            continue;
+          }
+          std::mt19937 rng(7);
+          const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
+          row["decode_single_tok_s"] = single;
+          std::printf("%-16s %3d %3d %5s %10.1f", name.c_str(), tp, threads, async.c_str(), single);
+          for (int b : {1, 8, 32, 128}) {
+            const bool wanted = std::find(batches.begin(), batches.end(), b) != batches.end();
+            const double r = wanted ? bench::decode_rate(**eng, b, prompt_len, new_tokens, rng) : 0;
+            row["decode_batch_" + std::to_string(b) + "_tok_s"] = r;
+            std::printf(" %12.1f", r);
+          }
+          const double pre = bench::prefill_rate(**eng, prefill_prompts, prefill_len, rng);
+          row["prefill_tok_s"] = pre;
+          row["peak_rss_mib"] = bench::peak_rss_mib();
+          std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
+          if (breakdown_batch > 0)
+            row["breakdown_batch_" + std::to_string(breakdown_batch)] =
+                bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
+          // Ratios to this model's row at the first TP, the first thread count and the first
+          // scheduling (the other two the same), measured earlier in this run.
+          const nlohmann::json measured = row;
+          const auto ratios_to = [&row, &measured](const nlohmann::json& base, const std::string& suffix) {
+            for (const auto& [figure, v] : base.items())
+              if (v.is_number_float() && v.get<double>() > 0 && measured.contains(figure))
+                row[figure + suffix] = measured[figure].get<double>() / v.get<double>();
+          };
+          if (tp != tps.front())
+            ratios_to(model_rows.at({tps.front(), threads, async}), "_vs_tp" + std::to_string(tps.front()));
+          if (threads != cpu_threads.front())
+            ratios_to(model_rows.at({tp, cpu_threads.front(), async}),
+                      "_vs_threads" + std::to_string(cpu_threads.front()));
+          if (async != async_modes.front())
+            ratios_to(model_rows.at({tp, threads, async_modes.front()}), "_vs_async_" + async_modes.front());
+          model_rows[{tp, threads, async}] = measured;
           results.push_back(row);
-          continue;
         }
-        std::mt19937 rng(7);
-        const double single = bench::decode_rate(**eng, 1, prompt_len, new_tokens * 2, rng);
-        row["decode_single_tok_s"] = single;
-        std::printf("%-16s %3d %5s %10.1f", name.c_str(), tp, async.c_str(), single);
-        for (int b : {1, 8, 32, 128}) {
-          const bool wanted = std::find(batches.begin(), batches.end(), b) != batches.end();
-          const double r = wanted ? bench::decode_rate(**eng, b, prompt_len, new_tokens, rng) : 0;
-          row["decode_batch_" + std::to_string(b) + "_tok_s"] = r;
-          std::printf(" %12.1f", r);
-        }
-        const double pre = bench::prefill_rate(**eng, prefill_prompts, prefill_len, rng);
-        row["prefill_tok_s"] = pre;
-        row["peak_rss_mib"] = bench::peak_rss_mib();
-        std::printf(" %12.1f %9ld\n", pre, bench::peak_rss_mib());
-        if (breakdown_batch > 0)
-          row["breakdown_batch_" + std::to_string(breakdown_batch)] =
-              bench::decode_breakdown(**eng, profilers, breakdown_batch, prompt_len, new_tokens, rng);
-        // Ratios to this model's row at the first TP (same scheduling) and at the first scheduling
-        // (same TP), measured earlier in this run.
-        const nlohmann::json measured = row;
-        const auto ratios_to = [&row, &measured](const nlohmann::json& base, const std::string& suffix) {
-          for (const auto& [figure, v] : base.items())
-            if (v.is_number_float() && v.get<double>() > 0 && measured.contains(figure))
-              row[figure + suffix] = measured[figure].get<double>() / v.get<double>();
-        };
-        if (tp != tps.front()) ratios_to(model_rows.at({tps.front(), async}), "_vs_tp" + std::to_string(tps.front()));
-        if (async != async_modes.front())
-          ratios_to(model_rows.at({tp, async_modes.front()}), "_vs_async_" + async_modes.front());
-        model_rows[{tp, async}] = measured;
-        results.push_back(row);
-      }
   }
   if (async_modes.size() > 1 && from_bos_steps == 0) {
     std::printf("\nratio of async %s to async %s (same run):\n", async_modes.back().c_str(),
@@ -280,8 +293,8 @@ int main(int argc, char** argv) {
     const std::string suffix = "_vs_async_" + async_modes.front();
     for (const auto& r : results)
       if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d decode-1 %s  agg-b1 %s  agg-b32 %s  prefill %s\n",
-                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(),
+        std::printf("%-16s tp=%d thr=%d decode-1 %s  agg-b1 %s  agg-b32 %s  prefill %s\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
                     bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_1_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_32_tok_s" + suffix).c_str(),
@@ -292,9 +305,21 @@ int main(int argc, char** argv) {
     const std::string suffix = "_vs_tp" + std::to_string(tps.front());
     for (const auto& r : results)
       if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d async=%s decode-1 %s  agg-b128 %s  prefill %s\n",
-                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["async"].get<bool>() ? "on" : "off",
-                    bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+        std::printf("%-16s tp=%d thr=%d async=%s decode-1 %s  agg-b128 %s  prefill %s\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
+                    r["async"].get<bool>() ? "on" : "off", bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "decode_batch_128_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
+  }
+  if (cpu_threads.size() > 1 && from_bos_steps == 0) {
+    std::printf("\nratio vs %d thread(s) a rank (same run):\n", cpu_threads.front());
+    const std::string suffix = "_vs_threads" + std::to_string(cpu_threads.front());
+    for (const auto& r : results)
+      if (r.contains("decode_single_tok_s" + suffix))
+        std::printf("%-16s tp=%d thr=%d async=%s decode-1 %s  agg-b32 %s  agg-b128 %s  prefill %s\n",
+                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
+                    r["async"].get<bool>() ? "on" : "off", bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+                    bench::ratio_text(r, "decode_batch_32_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_128_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
   }

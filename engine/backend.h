@@ -190,15 +190,25 @@ class Backend {
   }
 };
 
+// How many threads a CPU backend computes with: `threads` (the rank's own and threads - 1
+// helpers of the backend, which split its GEMMs' columns and attention's tokens), and how many
+// compute threads the whole process runs (TP × threads for an engine), so that waits spin only
+// while each has a core (spin_barrier.h). The results are the same bits whatever the count.
+struct CpuThreading {
+  int threads = 1;
+  int threads_in_process = 1;
+};
+
 // The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant).
-std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(CpuThreading threading = {});
 
 // The backend named `kind` on device `device`: "cpu" (device ignored), "cuda" in builds with
 // PDSERVE_WITH_CUDA, "hip" in builds with PDSERVE_WITH_HIP, and in every build "emulated": the GPU
 // backend's code on a CPU emulation of a GPU (kernels/gpu/emulation/simt.h), eight devices of
 // host memory, for tests — orders of magnitude slower than the CPU backend. Unimplemented for a
-// kind this build lacks, Unavailable without the device.
-StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device);
+// kind this build lacks, Unavailable without the device; InvalidArgument for more than one CPU
+// thread with a GPU kind (its kernels run on the device).
+StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device, CpuThreading cpu = {});
 // The kinds make_backend knows in this build.
 std::vector<std::string> backend_kinds();
 

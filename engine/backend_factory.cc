@@ -16,8 +16,13 @@ std::vector<std::string> backend_kinds() {
 #endif
 }
 
-StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device) {
-  if (kind == "cpu") return make_cpu_backend();
+StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device, CpuThreading cpu) {
+  if (cpu.threads < 1)
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-threads must be at least 1, not ", cpu.threads));
+  if (kind == "cpu") return make_cpu_backend(cpu);
+  if (cpu.threads != 1)
+    return absl::InvalidArgumentError(absl::StrCat("--cpu-threads ", cpu.threads, " is for the cpu backend: the ",
+                                                   std::string(kind), " backend's kernels run on its device"));
 #if defined(PDSERVE_GPU_KIND)
   const bool from_module = kind == PDSERVE_GPU_KIND || kind == "emulated";
 #else

@@ -52,6 +52,10 @@ struct PrefixCacheOptions {
 
 struct EngineOptions {
   int tp = 1;
+  // Threads each rank of the CPU backend computes with (its own and cpu_threads - 1 helpers that
+  // split GEMM columns and attention's tokens; the same tokens whatever the count). 1 elsewhere:
+  // a GPU backend's kernels run on the device.
+  int cpu_threads = 1;
   // The ranks' compute backend (make_backend's kind): "cpu", or "cuda" / "hip" (rank r on GPU r
   // of those CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES show; NCCL / RCCL between ranks).
   std::string backend = "cpu";

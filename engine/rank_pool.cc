@@ -34,8 +34,10 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
   PD_RETURN_IF_ERROR(config.validate_tp(tp));
   auto pool = std::unique_ptr<RankPool>(new RankPool());
   for (int r = 0; r < tp; ++r) {
-    PD_ASSIGN_OR_RETURN(auto backend, options.backend_factory ? options.backend_factory(r)
-                                                              : make_backend(options.backend, r));
+    PD_ASSIGN_OR_RETURN(auto backend,
+                        options.backend_factory
+                            ? options.backend_factory(r)
+                            : make_backend(options.backend, r, {options.cpu_threads, tp * options.cpu_threads}));
     pool->backends_.push_back(std::move(backend));
   }
   PD_ASSIGN_OR_RETURN(pool->comms_, make_group(options.backend, pool->backends_));
@@ -57,7 +59,7 @@ StatusOr<std::unique_ptr<RankPool>> RankPool::create(const ModelConfig& config,
                                                         options.kv_arena_allocator));
     pool->runners_.push_back(std::move(runner));
   }
-  pool->spins_ = spin_budget(tp);
+  pool->spins_ = spin_budget(tp * options.cpu_threads);
   for (int r = 1; r < tp; ++r) pool->threads_.emplace_back(&RankPool::worker, pool.get(), r);
   return pool;
 }

@@ -46,8 +46,8 @@ case "$mode" in
            "tests/serving/worker_unit_tests|EngineLoop.*:BlockRelease.*:KvRanksMemory.*:KvStaging*:PdWorkers.*:PdTopology.*:PdStaged.*:PdWorkerFaults.*"
            tests/kvtransfer/kvtransfer_session_unit_tests tests/kvtransfer/kvtransfer_unit_tests
            "tests/kvevents/kvevents_tests|KvIndexTest.*:KvIndexSlots.*:KvEvents.*:KvEventsFromTheEngine.*"
-           "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*:FsKvTier.Evicts*:SpinBarrier.*:SharedMemoryCommunicator.*"
-           "tests/engine/engine_integration_tests|FsTier.*:*PublishedOutput.*:Handoff.*:*AsyncScheduling*tp2:*AsyncScheduling*tp4")
+           "tests/engine/engine_unit_tests|FsKvTier.ConcurrentStoresAndLoadsStayExact:FsKvTier.Drops*:FsKvTier.Evicts*:SpinBarrier.*:SharedMemoryCommunicator.*:*ThreadTeam*:CpuThreads*"
+           "tests/engine/engine_integration_tests|FsTier.*:*PublishedOutput.*:Engine.ARanksThreadsChangeNoToken:Handoff.*:*AsyncScheduling*tp2:*AsyncScheduling*tp4")
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/sanitizer/tsan.supp"
     ;;
   *) echo "usage: $0 asan|tsan [gtest filter]" >&2; exit 2 ;;

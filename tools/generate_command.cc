@@ -276,6 +276,12 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   CLI::Option_group* engine = cmd->add_option_group("Engine", "The in-process engine (not with --router)");
   engine->add_option("--tp", flags->engine.tp, "Tensor-parallel ranks")->capture_default_str();
   engine
+      ->add_option("--cpu-threads", flags->engine.cpu_threads,
+                   "Threads each rank computes with on the cpu backend (GEMMs and attention split between them; the "
+                   "same tokens on any count)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  engine
       ->add_option("--device", flags->engine.backend,
                    "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
                    "emulation of the GPU (tests)")

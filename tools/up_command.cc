@@ -38,6 +38,7 @@ struct UpFlags {
   int prefill = 0, prefill_tp = 1;
   int decode = 0, decode_tp = 1;
   int aggregated = 0, tp = 1;
+  int cpu_threads = 1;
   std::string kv_mode = "push";
   std::string device = "cpu", prefill_device, decode_device;
   std::string kv_memory = "auto";
@@ -264,6 +265,10 @@ int run_up(const UpFlags& f) {
   }
   const bool cpu_worker =
       pd ? f.device_of("prefill") == "cpu" || f.device_of("decode") == "cpu" : f.device_of("aggregated") == "cpu";
+  if (f.cpu_threads > 1 && !cpu_worker) {
+    std::cerr << "error: --cpu-threads is for CPU workers, and every worker runs on a GPU\n";
+    return 2;
+  }
   if (f.gemm_precision == "bf16") {
     if (f.weight_dtype != "bf16") {
       std::cerr << "error: --gemm-precision bf16 multiplies bf16 activations by bf16 weights: it takes --weight-dtype "
@@ -323,6 +328,7 @@ int run_up(const UpFlags& f) {
     std::vector<std::string> a = {bin, "--role", role, "--model", f.model, "--tp", std::to_string(tp),
                                   "--device", device, "--host", f.host, "--port", "0"};
     if (role != "aggregated") a.insert(a.end(), {"--kv-memory", f.kv_memory});
+    if (device == "cpu") a.insert(a.end(), {"--cpu-threads", std::to_string(f.cpu_threads)});
     // bf16 GEMMs with a CPU worker were refused above.
     if (device != "cpu") a.insert(a.end(), {"--weight-dtype", f.weight_dtype, "--gemm-precision", f.gemm_precision});
     if (f.decode_graphs && role != "prefill") a.push_back("--decode-graphs");  // On a GPU at TP 1 (checked above).
@@ -469,6 +475,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode-tp", f->decode_tp, "TP ranks per decode worker")->capture_default_str();
   cmd->add_option("--aggregated", f->aggregated, "Aggregated workers (the non-disaggregated baseline)");
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
+  cmd->add_option("--cpu-threads", f->cpu_threads, "Threads per rank of the CPU workers (see the workers)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   cmd->add_option("--kv-mode", f->kv_mode,
                    "KV transfer: push (prefill writes), pull (decode reads) or pull-host (decode reads a copy in the "
                    "prefill worker's host tier; needs --host-kv-bytes)")

@@ -366,6 +366,7 @@ int serve(WorkerProgram program, const WorkerFlags& f, const WorkerSeams& seams)
   if (probes) std::cout << " probe=" << f.host << ":" << probes->port();
   if (role != ROLE_AGGREGATED) std::cout << " kv-control=" << (kv.curve_secret_key.empty() ? "plaintext" : "curve");
   if (kv_events) std::cout << " kv-events=" << kv_events_endpoint << " kv-replay=" << kv_replay_endpoint;
+  if (f.engine.backend == "cpu") std::cout << " cpu-threads=" << f.engine.cpu_threads;
   std::cout << std::endl;
   PD_LOG_INFO("{} serving {} on {} (TP {})", worker_id, model_name, address, f.engine.tp);
 
@@ -444,6 +445,11 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_option("--port", f.port, "gRPC port (0: pick one; see the READY line)")->capture_default_str();
   app.add_option("--id", f.id, "Worker id (default: role@host:port)");
   app.add_option("--tp", f.engine.tp, "Tensor-parallel ranks")->capture_default_str();
+  app.add_option("--cpu-threads", f.engine.cpu_threads,
+                 "Threads each rank computes with on the cpu backend (GEMMs and attention split between them; the "
+                 "same tokens on any count)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   app.add_option("--device", f.engine.backend,
       "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "
       "emulation of the GPU (tests)")

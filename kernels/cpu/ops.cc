@@ -113,22 +113,28 @@ template <int R, int C>
   }
 }
 
+// Columns [begin, end) of R rows of y (row stride `out`).
 template <int R>
-[[gnu::always_inline]] inline void dot_rows(float* y, const float* x, const float* w, int out, int in, int64_t ldw, bool accumulate) {
-  int o = 0;
+[[gnu::always_inline]] inline void dot_rows(float* y, const float* x, const float* w, int out, int begin, int end,
+                                            int in, int64_t ldw, bool accumulate) {
+  int o = begin;
   constexpr int C = tile_cols(R);
-  for (; o + C <= out; o += C) dot_tile<R, C>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
-  for (; o < out; ++o) dot_tile<R, 1>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
+  for (; o + C <= end; o += C) dot_tile<R, C>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
+  for (; o < end; ++o) dot_tile<R, 1>(y + o, out, x, w + int64_t(o) * ldw, in, ldw, accumulate);
 }
 
 }  // namespace
 
-PDSERVE_CPU_CLONES void matmul_xwt(float* y, const float* x, const float* w, int rows,
-                                                           int out, int in, int64_t ldw, bool accumulate) {
+PDSERVE_CPU_CLONES void matmul_xwt_columns(float* y, const float* x, const float* w, int rows, int out, int in,
+                                           int64_t ldw, int begin, int end, bool accumulate) {
   int r = 0;
   for (; r + kTileRows <= rows; r += kTileRows)
-    dot_rows<kTileRows>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, in, ldw, accumulate);
-  for (; r < rows; ++r) dot_rows<1>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, in, ldw, accumulate);
+    dot_rows<kTileRows>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, begin, end, in, ldw, accumulate);
+  for (; r < rows; ++r) dot_rows<1>(y + int64_t(r) * out, x + int64_t(r) * in, w, out, begin, end, in, ldw, accumulate);
+}
+
+void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw, bool accumulate) {
+  matmul_xwt_columns(y, x, w, rows, out, in, ldw, 0, out, accumulate);
 }
 
 void add_bias(float* y, const float* bias, int rows, int out) {

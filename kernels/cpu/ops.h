@@ -44,6 +44,11 @@ void add_inplace(float* x, const float* y, int64_t n);
 void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw,
                 bool accumulate = false);
 
+// matmul_xwt's columns [begin, end) of y alone (the others untouched), with the same bits: the
+// threads of one rank split a product's columns between them.
+void matmul_xwt_columns(float* y, const float* x, const float* w, int rows, int out, int in, int64_t ldw, int begin,
+                        int end, bool accumulate = false);
+
 // y[r][o] += bias[o].
 void add_bias(float* y, const float* bias, int rows, int out);
 

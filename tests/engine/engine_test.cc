@@ -44,10 +44,16 @@ SamplingParams greedy(int max_tokens) {
   return p;
 }
 
-class PublishedOutput : public ::testing::TestWithParam<int> {};
+struct Ranks {
+  int tp, cpu_threads;
+};
+
+class PublishedOutput : public ::testing::TestWithParam<Ranks> {};
 
 TEST_P(PublishedOutput, GreedyFromBosMatchesAtEveryTp) {
-  auto engine = make_engine(GetParam());
+  EngineOptions options;
+  options.cpu_threads = GetParam().cpu_threads;
+  auto engine = make_engine(GetParam().tp, options);
   auto result = engine->generate({1}, greedy(256));
   ASSERT_TRUE(result.ok()) << result.status();
   std::string expected = published_text();
@@ -58,7 +64,57 @@ TEST_P(PublishedOutput, GreedyFromBosMatchesAtEveryTp) {
   EXPECT_EQ(text, expected);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, PublishedOutput, ::testing::Values(1, 2, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Tp, PublishedOutput,
+                         ::testing::Values(Ranks{1, 1}, Ranks{2, 1}, Ranks{4, 1}, Ranks{8, 1}, Ranks{1, 2},
+                                           Ranks{2, 3}),
+                         [](const auto& info) {
+                           return "tp" + std::to_string(info.param.tp) + "_threads" +
+                                  std::to_string(info.param.cpu_threads);
+                         });
+
+// A rank's threads (--cpu-threads) change no token: long prompts (prefill chunks whose GEMMs
+// and attention the threads split) and a decode batch of 32 (its feed-forward GEMMs split by
+// rows), each sequence's tokens those of one thread, at TP 1 and 2.
+TEST(Engine, ARanksThreadsChangeNoToken) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<int>> prompts;
+  for (int i = 0; i < 32; ++i) {
+    std::vector<int> p = {1};
+    const int len = i < 4 ? 300 + 40 * i : 1 + int(rng() % 60);
+    while (int(p.size()) < len) p.push_back(3 + int(rng() % 500));
+    prompts.push_back(p);
+  }
+  auto run = [&prompts](int tp, int threads) {
+    EngineOptions options;
+    options.cpu_threads = threads;
+    auto engine = make_engine(tp, options);
+    std::vector<std::vector<int>> tokens(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_TRUE(engine
+                      ->add_request({std::to_string(i), prompts[i], greedy(48)},
+                                    [&tokens, i](const TokenEvent& ev) {
+                                      if (ev.token >= 0) tokens[i].push_back(ev.token);
+                                    })
+                      .ok());
+    EXPECT_TRUE(engine->run_until_idle().ok());
+    EXPECT_EQ(engine->stats().free_blocks, engine->stats().num_blocks);
+    return tokens;
+  };
+  const auto one = run(1, 1);
+  EXPECT_EQ(run(1, 2), one);
+  EXPECT_EQ(run(1, 3), one);
+  EXPECT_EQ(run(2, 2), one);
+}
+
+TEST(Engine, RefusesCpuThreadsItCannotHonour) {
+  auto model = load_model({stories_bin()});
+  ASSERT_TRUE(model.ok());
+  EngineOptions options;
+  options.cpu_threads = 0;
+  auto engine = Engine::create(std::move(*model), options);
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("--cpu-threads must be at least 1"), std::string::npos) << engine.status();
+}
 
 TEST(Engine, MatchesReferenceImplementationOnUnseenPrompts) {
   pdserve::testing::ReferenceLlama ref(stories_bin());

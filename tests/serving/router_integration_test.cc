@@ -696,12 +696,18 @@ TEST_P(RouterPd, WithAKvKeyFileTheClusterServesTheSameTokens) {
   EXPECT_EQ(std::filesystem::status(key_file).permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   EXPECT_NE(pdserve({"kv-keygen", "--out", key_file}).exit_code, 0) << "an existing key file was overwritten";
-  Cluster c({"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--kv-key-file", key_file});
+  // Two threads a rank (`up --cpu-threads`, forwarded to every CPU worker): the same tokens.
+  Cluster c(
+      {"--prefill", "1", "--decode", "1", "--kv-mode", GetParam(), "--kv-key-file", key_file, "--cpu-threads", "2"});
   ASSERT_TRUE(c.wait_ready(60s)) << c.log();
   expect_greedy_equal(c);
   const std::string log = c.log();
   EXPECT_NE(log.find("role=prefill tp=1 model=stories260K kv-control=curve"), std::string::npos) << log;
   EXPECT_NE(log.find("role=decode tp=1 model=stories260K kv-control=curve"), std::string::npos) << log;
+  size_t workers_on_two_threads = 0;
+  for (size_t at = log.find(" cpu-threads=2"); at != std::string::npos; at = log.find(" cpu-threads=2", at + 1))
+    ++workers_on_two_threads;
+  EXPECT_EQ(workers_on_two_threads, 2u) << log;
   std::filesystem::remove_all(dir);
 }
 

@@ -89,6 +89,30 @@ TEST(Cli, JsonGreedyFromBosIsThePublishedText) {
   EXPECT_EQ(j["token_ids"].size(), 256u);
 }
 
+// --cpu-threads: the published text on two threads a rank; refused where no rank computes on
+// the CPU (in process and by `up`), out of range, and through a router.
+TEST(Cli, CpuThreadsChangeNoTokenAndAreTheCpuBackendsAlone) {
+  CliRun r =
+      pdserve({"generate", "--model", kModel, "--prompt", "", "--max-tokens", "256", "--json", "--cpu-threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(stories_dir() + "/greedy_from_bos.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string expected = ss.str(), text = nlohmann::json::parse(r.out)["text"];
+  while (!expected.empty() && expected.back() == '\n') expected.pop_back();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(text, expected);
+  expect_clean_failure(
+      pdserve({"generate", "--model", kModel, "--device", "emulated", "--cpu-threads", "2", "--max-tokens", "3"}),
+      "--cpu-threads 2 is for the cpu backend");
+  expect_clean_failure(pdserve({"generate", "--model", kModel, "--cpu-threads", "0"}), "--cpu-threads");
+  expect_clean_failure(pdserve({"up", "--model", kModel, "--prefill", "1", "--decode", "1", "--device", "emulated",
+                                "--cpu-threads", "2"}),
+                       "--cpu-threads is for CPU workers");
+  expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--cpu-threads", "2", "--prompt", "x"}),
+                       "--cpu-threads sets up the in-process engine");
+}
+
 TEST(Cli, ModelByNameThroughSearchPath) {
   CliRun r = pdserve({"generate", "--model", "stories260K", "--prompt", "Lily", "--max-tokens", "5", "--json"},
                   "PDSERVE_MODEL_PATH=" + quote(stories_dir() + "/.."));

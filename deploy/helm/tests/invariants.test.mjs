@@ -240,6 +240,8 @@ test('KV-compatibility: one 16-hex value on prefill and decode (label, env, flag
   assert.equal(value(render({ set: ['prefill.tensorParallel=2', 'decode.replicas=3'] }).docs), base, 'per-role sizing must not change it');
   assert.equal(value(render({ set: ['engine.decodeGraphs=true'] }).docs), base, 'decode graphs compute what eager steps do');
   assert.equal(value(render({ set: ['engine.asyncScheduling=true'] }).docs), base, 'async scheduling computes the same tokens');
+  assert.equal(value(render({ preset: 'cpu', set: ['engine.cpuThreads=2'] }).docs), value(render({ preset: 'cpu' }).docs),
+    'a rank\'s threads compute the same tokens');
   for (const s of ['image.tag=other', 'image.digest=sha256:' + 'a'.repeat(64), 'model.name=other', 'model.revision=2',
     'engine.weightDtype=f32', 'engine.kvDtype=bf16', 'engine.gemmPrecision=bf16', 'engine.blockSize=32', 'engine.kvLayoutVersion=2']) {
     assert.notEqual(value(render({ set: [s] }).docs), base, `${s} must change the KV-compat value`);
@@ -277,6 +279,14 @@ test('engine.asyncScheduling: --async-scheduling on decode only, off by default'
   const on = render({ set: ['engine.asyncScheduling=true', 'prefill.tensorParallel=2', 'decode.tensorParallel=2'] }).docs;
   assert.equal(flag(mainContainer(deployment(on, 'decode')), '--async-scheduling'), true);
   assert.equal(flag(mainContainer(deployment(on, 'prefill')), '--async-scheduling'), undefined);
+});
+
+test('engine.cpuThreads: --cpu-threads on every CPU worker when above 1 (the workers\' default)', () => {
+  for (const role of ROLES) {
+    assert.equal(flag(mainContainer(deployment(render({ preset: 'cpu' }).docs, role)), '--cpu-threads'), undefined, role);
+    const two = render({ preset: 'cpu', set: ['engine.cpuThreads=2', `${role}.tensorParallel=2`] }).docs;
+    assert.equal(flag(mainContainer(deployment(two, role)), '--cpu-threads'), '2', role);
+  }
 });
 
 test('monitoring objects only where monitoring.coreos.com/v1 is served (or as told)', () => {

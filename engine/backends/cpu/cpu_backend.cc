@@ -1,10 +1,13 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "engine/backend.h"
+#include "engine/backends/cpu/thread_team.h"
+#include "engine/spin_barrier.h"
 #include "kernels/cpu/ops.h"
 
 namespace pdserve::engine {
@@ -12,8 +15,25 @@ namespace {
 
 namespace k = kernels::cpu;
 
+// Work below these sizes runs on the rank's thread alone: a hand-off to the helpers costs about
+// a microsecond and a half on the 2-core dev machine, and two of its cores compute only ~1.4x
+// what one does (they are not idle twins), so a GEMM pays from ~20 us of work up (stories260K
+// at batch 32), attention (exp, scattered reads: more time per multiply-add) from less.
+constexpr int64_t kMinParallelMacs = int64_t(1) << 18;
+constexpr int64_t kMinParallelAttentionMacs = int64_t(1) << 16;
+// Output columns and rows a thread takes at a time: whole GEMM tiles (kernels/cpu/ops.cc).
+constexpr int kColumnGrain = 8;
+constexpr int kRowGrain = 4;
+// A weight matrix this small stays in each core's L2, so the threads split a batch's rows (each
+// reading all of it, from cache) rather than its columns: a column split of a small product
+// gives each thread slivers of tiles and a shared cache line of every output row. A larger one
+// streams from memory, which a column split divides between the threads.
+constexpr int64_t kCachedWeightBytes = 512 << 10;
+
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(CpuThreading threading)
+      : team_(std::max(1, threading.threads), spin_budget(std::max(threading.threads, threading.threads_in_process))) {}
   std::string name() const override { return "cpu"; }
   StatusOr<void*> allocate(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -62,7 +82,20 @@ class CpuBackend final : public Backend {
   }
   void matmul_xwt(float* y, const float* x, const float* w, int rows, int out, int in,
                   int64_t ldw) override {
-    k::matmul_xwt(y, x, w, rows, out, in, ldw);
+    if (team_.size() == 1 || int64_t(rows) * out * in < kMinParallelMacs)
+      return k::matmul_xwt(y, x, w, rows, out, in, ldw);
+    const int parts = team_.size();
+    if (rows >= 2 * kRowGrain * parts && int64_t(out) * in * int64_t(sizeof(float)) <= kCachedWeightBytes)
+      return team_.run(parts, [&](int part) {
+        const PartRange mine = part_range(rows, parts, part, kRowGrain);
+        if (mine.begin < mine.end)
+          k::matmul_xwt(y + int64_t(mine.begin) * out, x + int64_t(mine.begin) * in, w, mine.end - mine.begin, out, in,
+                        ldw);
+      });
+    team_.run(parts, [&](int part) {
+      const PartRange cols = part_range(out, parts, part, kColumnGrain);
+      if (cols.begin < cols.end) k::matmul_xwt_columns(y, x, w, rows, out, in, ldw, cols.begin, cols.end);
+    });
   }
   bool bf16_weights() const override { return false; }
   void matmul_xwt_bf16(float*, const float*, const uint16_t*, int, int, int, int64_t, GemmPrecision) override {
@@ -87,7 +120,36 @@ class CpuBackend final : public Backend {
       std::fprintf(stderr, "pdserve: the CPU backend computes exactly (kBf16 takes bf16 weights, which it refuses)\n");
       std::abort();
     }
-    k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    if (team_.size() == 1 || tokens.num_tokens < 2)
+      return k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    // Each token's keys are its work: the parts take runs of tokens with about equal shares.
+    int64_t keys = 0;
+    for (int t = 0; t < tokens.num_tokens; ++t) keys += visible_keys(tokens.positions[t], window);
+    if (keys * n_q_heads * (kv.head_dim + kv.v_head_dim) < kMinParallelAttentionMacs)
+      return k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    const int parts = team_.size();
+    team_.run(parts, [&](int part) {
+      int begin = 0;
+      int64_t before = 0;
+      // Token t goes to the part its keys' midpoint falls in.
+      auto part_of = [&](int t, int64_t keys_before) {
+        const int64_t mid = 2 * keys_before + visible_keys(tokens.positions[t], window);
+        return int(std::min<int64_t>(parts - 1, mid * parts / (2 * keys)));
+      };
+      while (begin < tokens.num_tokens && part_of(begin, before) < part)
+        before += visible_keys(tokens.positions[begin++], window);
+      int end = begin;
+      while (end < tokens.num_tokens && part_of(end, before) == part)
+        before += visible_keys(tokens.positions[end++], window);
+      if (begin == end) return;
+      kernels::TokenPlacement mine = tokens;
+      mine.num_tokens = end - begin;
+      mine.positions += begin;
+      mine.block_tables += begin;
+      if (mine.block_mask) mine.block_mask += int64_t(begin) * tokens.mask_stride;
+      k::paged_attention(out + int64_t(begin) * n_q_heads * kv.v_head_dim, q + int64_t(begin) * n_q_heads * kv.head_dim,
+                         kv, mine, n_q_heads, q_per_kv, window, scale);
+    });
   }
   void index_select_blocks(uint8_t* block_mask, int mask_stride, const float* q_index,
                            const kernels::PagedLayerView& index_view, const kernels::TokenPlacement& tokens,
@@ -104,11 +166,17 @@ class CpuBackend final : public Backend {
   void add_inplace(float* x, const float* y, int64_t n) override { k::add_inplace(x, y, n); }
 
  private:
+  // The keys a token at `position` attends to (kernels::cpu::paged_attention's count).
+  static int64_t visible_keys(int position, int window) {
+    return window > 0 ? std::min(position + 1, window) : position + 1;
+  }
+
+  ThreadTeam team_;
   k::SampleScratch sample_scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(CpuThreading threading) { return std::make_unique<CpuBackend>(threading); }
 
 }  // namespace pdserve::engine

@@ -21,6 +21,9 @@ Called once, from validate.yaml. */}}
 {{- if and $v.engine.asyncScheduling (eq $v.accelerator.device "cpu") -}}
 {{- $errors = append $errors "engine.asyncScheduling reads sampled tokens on a GPU: CPU workers sample on the host (accelerator.device is cpu)" -}}
 {{- end -}}
+{{- if and (gt ($v.engine.cpuThreads | int) 1) (ne $v.accelerator.device "cpu") -}}
+{{- $errors = append $errors (printf "engine.cpuThreads %d is for CPU workers: a GPU backend's kernels run on its device (accelerator.device is %s)" ($v.engine.cpuThreads | int) $v.accelerator.device) -}}
+{{- end -}}
 {{- if and $v.engine.decodeGraphs (eq $v.accelerator.device "cpu") -}}
 {{- $errors = append $errors "engine.decodeGraphs records GPU graphs: CPU workers run every step eagerly (accelerator.device is cpu)" -}}
 {{- end -}}
