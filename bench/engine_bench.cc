@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
   app.add_option("--models", models, "Model names/paths; 'synthetic-100m' is generated if absent");
   app.add_option("--tp", tps, "TP sizes");
   app.add_option("--cpu-threads", cpu_threads, "Threads per rank of the cpu backend (each TP size runs with each)")
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(1, engine::kMaxCpuThreads));
   app.add_option("--batches", batches, "Decode batch sizes");
   app.add_option("--new-tokens", new_tokens, "Tokens decoded per sequence");
   app.add_option("--prefill-len", prefill_len, "Prompt length for the prefill measurement");

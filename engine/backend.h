@@ -198,8 +198,10 @@ struct CpuThreading {
   int threads = 1;
   int threads_in_process = 1;
 };
+inline constexpr int kMaxCpuThreads = 1024;
 
-// The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant).
+// The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant); threading.threads in
+// [1, kMaxCpuThreads] (make_backend checks; this aborts).
 std::unique_ptr<Backend> make_cpu_backend(CpuThreading threading = {});
 
 // The backend named `kind` on device `device`: "cpu" (device ignored), "cuda" in builds with

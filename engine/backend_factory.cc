@@ -17,8 +17,9 @@ std::vector<std::string> backend_kinds() {
 }
 
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device, CpuThreading cpu) {
-  if (cpu.threads < 1)
-    return absl::InvalidArgumentError(absl::StrCat("--cpu-threads must be at least 1, not ", cpu.threads));
+  if (cpu.threads < 1 || cpu.threads > kMaxCpuThreads)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu-threads must be in [1, ", kMaxCpuThreads, "], not ", cpu.threads));
   if (kind == "cpu") return make_cpu_backend(cpu);
   if (cpu.threads != 1)
     return absl::InvalidArgumentError(absl::StrCat("--cpu-threads ", cpu.threads, " is for the cpu backend: the ",

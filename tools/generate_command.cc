@@ -279,7 +279,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->add_option("--cpu-threads", flags->engine.cpu_threads,
                    "Threads each rank computes with on the cpu backend (GEMMs and attention split between them; the "
                    "same tokens on any count)")
-      ->check(CLI::Range(1, 1024))
+      ->check(CLI::Range(1, engine::kMaxCpuThreads))
       ->capture_default_str();
   engine
       ->add_option("--device", flags->engine.backend,

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/tls.h"
+#include "engine/backend.h"
 
 namespace pdserve::tools {
 namespace {
@@ -296,6 +297,21 @@ int run_up(const UpFlags& f) {
     std::cerr << "error: --kv-dtype " << f.kv_dtype << " needs GPU workers: CPU workers keep an f32 KV cache\n";
     return 2;
   }
+  if (f.cpu_threads > 1) {
+    // Each worker spins only while its own threads fit the cores; together they may not.
+    int threads = 0;
+    const auto add = [&](std::string_view role, int workers, int tp) {
+      if (f.device_of(role) == "cpu") threads += workers * tp * f.cpu_threads;
+    };
+    add("prefill", f.prefill, f.prefill_tp);
+    add("decode", f.decode, f.decode_tp);
+    add("aggregated", f.aggregated, f.tp);
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores > 0 && unsigned(threads) > cores)
+      say("warning: the CPU workers compute with " + std::to_string(threads) +
+          " threads (workers x TP x --cpu-threads " + std::to_string(f.cpu_threads) + ") on " + std::to_string(cores) +
+          " cores: they will take turns");
+  }
   // Checked here too, before any child starts: a bad file is one error, not a crash-looping router.
   auto tls = load_tls(f.tls);
   if (!tls.ok()) {
@@ -475,8 +491,9 @@ void add_up_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode-tp", f->decode_tp, "TP ranks per decode worker")->capture_default_str();
   cmd->add_option("--aggregated", f->aggregated, "Aggregated workers (the non-disaggregated baseline)");
   cmd->add_option("--tp", f->tp, "TP ranks per aggregated worker")->capture_default_str();
-  cmd->add_option("--cpu-threads", f->cpu_threads, "Threads per rank of the CPU workers (see the workers)")
-      ->check(CLI::Range(1, 1024))
+  cmd->add_option("--cpu-threads", f->cpu_threads,
+                  "Threads per rank of the workers on device cpu (GPU roles take none; see the workers)")
+      ->check(CLI::Range(1, engine::kMaxCpuThreads))
       ->capture_default_str();
   cmd->add_option("--kv-mode", f->kv_mode,
                    "KV transfer: push (prefill writes), pull (decode reads) or pull-host (decode reads a copy in the "

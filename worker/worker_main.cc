@@ -448,7 +448,7 @@ int worker_main(WorkerProgram program, int argc, char** argv, const WorkerSeams&
   app.add_option("--cpu-threads", f.engine.cpu_threads,
                  "Threads each rank computes with on the cpu backend (GEMMs and attention split between them; the "
                  "same tokens on any count)")
-      ->check(CLI::Range(1, 1024))
+      ->check(CLI::Range(1, engine::kMaxCpuThreads))
       ->capture_default_str();
   app.add_option("--device", f.engine.backend,
       "Compute backend: cpu, or cuda / hip (rank r on GPU r); emulated: the GPU backend on a CPU "

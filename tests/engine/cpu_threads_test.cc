@@ -41,9 +41,10 @@ TEST(PartRange, TilesTheItemsInWholeGrainsInOrder) {
   };
   const std::vector<Case> cases = {
       {16, 2, 8, {{0, 8}, {8, 16}}},
-      {17, 2, 8, {{0, 16}, {16, 17}}},  // Three grains: two, then the remainder.
+      {17, 2, 8, {{0, 8}, {8, 17}}},  // Three grains, the last partial: one, then two.
       {172, 2, 8, {{0, 88}, {88, 172}}},
-      {5, 3, 4, {{0, 4}, {4, 5}, {5, 5}}},  // More parts than grains: the last part is empty.
+      {5, 3, 4, {{0, 0}, {0, 4}, {4, 5}}},  // More parts than grains: a part is empty.
+      {45, 2, 4, {{0, 24}, {24, 45}}},      // 12 grains of 4 rows, six each (the last partial).
       {0, 2, 4, {{0, 0}, {0, 0}}},
       {7, 1, 4, {{0, 7}}},
       {64, 4, 1, {{0, 16}, {16, 32}, {32, 48}, {48, 64}}},

@@ -111,6 +111,12 @@ TEST(Cli, CpuThreadsChangeNoTokenAndAreTheCpuBackendsAlone) {
                        "--cpu-threads is for CPU workers");
   expect_clean_failure(pdserve({"generate", "--router", "127.0.0.1:1", "--cpu-threads", "2", "--prompt", "x"}),
                        "--cpu-threads sets up the in-process engine");
+  // More threads than any host's cores: `up` says so before it starts anything (here a missing
+  // certificate then stops it).
+  const CliRun crowded = pdserve({"up", "--model", kModel, "--aggregated", "64", "--tp", "8", "--cpu-threads", "1024",
+                                  "--tls-cert", "/nonexistent", "--tls-key", "/nonexistent"});
+  expect_clean_failure(crowded, "--tls-cert: cannot read /nonexistent");
+  EXPECT_NE(crowded.err.find("warning: the CPU workers compute with 524288 threads"), std::string::npos) << crowded.err;
 }
 
 TEST(Cli, ModelByNameThroughSearchPath) {

@@ -15,14 +15,15 @@ namespace {
 
 namespace k = kernels::cpu;
 
-// Work below these sizes runs on the rank's thread alone: a hand-off to the helpers costs about
-// a microsecond and a half on the 2-core dev machine, and two of its cores compute only ~1.4x
+// Work below these sizes runs on the rank's thread alone: a hand-off to the helpers costs
+// ~0.3-1.5 us on the 2-core dev machine, and two of its cores compute only ~1.4x
 // what one does (they are not idle twins), so a GEMM pays from ~20 us of work up (stories260K
 // at batch 32), attention (exp, scattered reads: more time per multiply-add) from less.
 constexpr int64_t kMinParallelMacs = int64_t(1) << 18;
 constexpr int64_t kMinParallelAttentionMacs = int64_t(1) << 16;
-// Output columns and rows a thread takes at a time: whole GEMM tiles (kernels/cpu/ops.cc).
-constexpr int kColumnGrain = 8;
+// Output columns and rows a thread takes at a time: whole GEMM tiles (kernels/cpu/ops.cc), and
+// 16 columns a whole 64-byte line of an output row, so that no two threads write one.
+constexpr int kColumnGrain = 16;
 constexpr int kRowGrain = 4;
 // A weight matrix this small stays in each core's L2, so the threads split a batch's rows (each
 // reading all of it, from cache) rather than its columns: a column split of a small product
@@ -177,6 +178,12 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(CpuThreading threading) { return std::make_unique<CpuBackend>(threading); }
+std::unique_ptr<Backend> make_cpu_backend(CpuThreading threading) {
+  if (threading.threads < 1 || threading.threads > kMaxCpuThreads) {
+    std::fprintf(stderr, "pdserve: a CPU backend of %d threads (1 to %d)\n", threading.threads, kMaxCpuThreads);
+    std::abort();
+  }
+  return std::make_unique<CpuBackend>(threading);
+}
 
 }  // namespace pdserve::engine

@@ -1,6 +1,8 @@
 #include "engine/backends/cpu/thread_team.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "engine/spin_barrier.h"
 
@@ -18,6 +20,10 @@ ThreadTeam::~ThreadTeam() {
 }
 
 void ThreadTeam::run(int parts, absl::FunctionRef<void(int)> part) {
+  if (parts > kMaxParts) {
+    std::fprintf(stderr, "pdserve: ThreadTeam::run of %d parts; at most %d fit its claim word\n", parts, kMaxParts);
+    std::abort();
+  }
   if (helpers_.empty() || parts <= 1) {
     for (int i = 0; i < parts; ++i) part(i);
     return;
@@ -35,7 +41,7 @@ void ThreadTeam::run(int parts, absl::FunctionRef<void(int)> part) {
   part_ = nullptr;
 }
 
-void ThreadTeam::claim_parts(uint64_t& seen) {
+void ThreadTeam::claim_parts(uint64_t& seen) noexcept {
   for (;;) {
     const int parts = int(seen >> 16 & 0xffff), next = int(seen & 0xffff);
     if (next >= parts) return;
@@ -61,11 +67,9 @@ void ThreadTeam::helper() {
 }
 
 PartRange part_range(int count, int parts, int part, int grain) {
-  const int grains = (count + grain - 1) / grain;
-  const int per_part = (grains + parts - 1) / parts;
-  const int begin = std::min(count, part * per_part * grain);
-  const int end = std::min(count, (part + 1) * per_part * grain);
-  return {begin, end};
+  const int64_t grains = (int64_t(count) + grain - 1) / grain;
+  const auto edge = [&](int p) { return int(std::min<int64_t>(count, grains * p / parts * grain)); };
+  return {edge(part), edge(part + 1)};
 }
 
 }  // namespace pdserve::engine

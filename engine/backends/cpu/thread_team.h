@@ -1,8 +1,8 @@
-// ThreadTeam: the threads one CPU rank computes its kernels with — the rank's own thread and
-// `size() - 1` helpers that the team keeps for its lifetime. A decode step of an 85M-parameter
-// f32 model streams ~340 MB of weights through its GEMVs; one core reads ~18 GB/s of that on the
-// 2-core dev machine, two ~30 GB/s, so one rank needs more than its own thread to keep up with a
-// multi-threaded peer (llama2.c's run.c with OpenMP) at TP 1.
+// ThreadTeam, and part_range to cut work for it: the threads one CPU rank computes its kernels with — the rank's own
+// thread and `size() - 1` helpers that the team keeps for its lifetime. A decode step of an 85M-parameter f32 model
+// streams ~340 MB of weights through its GEMVs; one core reads ~18 GB/s of that on the 2-core dev machine, two ~30
+// GB/s, so one rank needs more than its own thread to keep up with a multi-threaded peer (llama2.c's run.c with OpenMP)
+// at TP 1.
 //
 // Why not OpenMP: a step of a small model hands work to the helpers ~100 times in a few
 // milliseconds, so the hand-off has to spin first and sleep only when idle, with the same
@@ -40,7 +40,8 @@ class ThreadTeam {
  private:
   void helper();
   // Claims and runs parts of the run `seen` belongs to, until none is left; `seen` follows work_.
-  void claim_parts(uint64_t& seen);
+  // noexcept: a part that threw would leave the helpers calling a dead part_; this terminates.
+  void claim_parts(uint64_t& seen) noexcept;
 
   const int spins_;
   std::vector<std::thread> helpers_;
@@ -55,15 +56,16 @@ class ThreadTeam {
   // The current run's work, written before work_ publishes the run; a claimed part's run cannot
   // end (and the next one rewrite this) before the part has finished.
   const absl::FunctionRef<void(int)>* part_ = nullptr;
-  uint32_t run_number_ = 0;
+  uint32_t run_number_ = 0;  // The last run's; the caller's thread alone touches it.
   std::atomic<bool> stop_{false};
   // Parts of the current run that have finished; the caller waits for all.
   std::atomic<int> done_{0};
   std::atomic<int> done_sleepers_{0};
 };
 
-// [begin, end) of `count` items for part `part` of `parts`, in whole multiples of `grain` (the
-// last part takes the remainder): contiguous, in order, covering every item once.
+// [begin, end) of `count` items for part `part` of `parts`: whole grains (but for the last,
+// partial one), as evenly as they divide — contiguous, in order, covering every item once; a
+// part may be empty where there are fewer grains than parts.
 struct PartRange {
   int begin, end;
 };
