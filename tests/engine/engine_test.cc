@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/backend.h"
 #include "tests/engine/reference_llama.h"
 #include "tests/engine/test_model.h"
 
@@ -107,13 +108,17 @@ TEST(Engine, ARanksThreadsChangeNoToken) {
 }
 
 TEST(Engine, RefusesCpuThreadsItCannotHonour) {
-  auto model = load_model({stories_bin()});
-  ASSERT_TRUE(model.ok());
-  EngineOptions options;
-  options.cpu_threads = 0;
-  auto engine = Engine::create(std::move(*model), options);
-  ASSERT_FALSE(engine.ok());
-  EXPECT_NE(engine.status().message().find("--cpu-threads must be at least 1"), std::string::npos) << engine.status();
+  for (const int threads : {0, kMaxCpuThreads + 1}) {
+    auto model = load_model({stories_bin()});
+    ASSERT_TRUE(model.ok());
+    EngineOptions options;
+    options.cpu_threads = threads;
+    auto engine = Engine::create(std::move(*model), options);
+    ASSERT_FALSE(engine.ok()) << threads;
+    EXPECT_NE(engine.status().message().find("--cpu-threads must be in [1, 1024], not " + std::to_string(threads)),
+              std::string::npos)
+        << engine.status();
+  }
 }
 
 TEST(Engine, MatchesReferenceImplementationOnUnseenPrompts) {
