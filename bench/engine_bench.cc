@@ -287,41 +287,27 @@ int main(int argc, char** argv) {
           results.push_back(row);
         }
   }
-  if (async_modes.size() > 1 && from_bos_steps == 0) {
-    std::printf("\nratio of async %s to async %s (same run):\n", async_modes.back().c_str(),
-                async_modes.front().c_str());
-    const std::string suffix = "_vs_async_" + async_modes.front();
+  // Each row's ratios (`suffix`: the ratios_to keys above) to the row it was compared with.
+  const auto print_ratios = [&results](const std::string& title, const std::string& suffix) {
+    std::printf("\nratio %s (same run):\n", title.c_str());
     for (const auto& r : results)
       if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d thr=%d decode-1 %s  agg-b1 %s  agg-b32 %s  prefill %s\n",
+        std::printf("%-16s tp=%d thr=%d async=%s decode-1 %s  agg-b1 %s  agg-b32 %s  agg-b128 %s  prefill %s\n",
                     r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
-                    bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
+                    r["async"].get<bool>() ? "on" : "off", bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_1_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_32_tok_s" + suffix).c_str(),
-                    bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
-  }
-  if (tps.size() > 1 && from_bos_steps == 0) {
-    std::printf("\nratio vs TP %d (same run):\n", tps.front());
-    const std::string suffix = "_vs_tp" + std::to_string(tps.front());
-    for (const auto& r : results)
-      if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d thr=%d async=%s decode-1 %s  agg-b128 %s  prefill %s\n",
-                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
-                    r["async"].get<bool>() ? "on" : "off", bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "decode_batch_128_tok_s" + suffix).c_str(),
                     bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
-  }
-  if (cpu_threads.size() > 1 && from_bos_steps == 0) {
-    std::printf("\nratio vs %d thread(s) a rank (same run):\n", cpu_threads.front());
-    const std::string suffix = "_vs_threads" + std::to_string(cpu_threads.front());
-    for (const auto& r : results)
-      if (r.contains("decode_single_tok_s" + suffix))
-        std::printf("%-16s tp=%d thr=%d async=%s decode-1 %s  agg-b32 %s  agg-b128 %s  prefill %s\n",
-                    r["model"].get<std::string>().c_str(), r["tp"].get<int>(), r["cpu_threads"].get<int>(),
-                    r["async"].get<bool>() ? "on" : "off", bench::ratio_text(r, "decode_single_tok_s" + suffix).c_str(),
-                    bench::ratio_text(r, "decode_batch_32_tok_s" + suffix).c_str(),
-                    bench::ratio_text(r, "decode_batch_128_tok_s" + suffix).c_str(),
-                    bench::ratio_text(r, "prefill_tok_s" + suffix).c_str());
+  };
+  if (from_bos_steps == 0) {
+    if (async_modes.size() > 1)
+      print_ratios("of async " + async_modes.back() + " to async " + async_modes.front(),
+                   "_vs_async_" + async_modes.front());
+    if (tps.size() > 1) print_ratios("vs TP " + std::to_string(tps.front()), "_vs_tp" + std::to_string(tps.front()));
+    if (cpu_threads.size() > 1)
+      print_ratios("vs " + std::to_string(cpu_threads.front()) + " thread(s) a rank",
+                   "_vs_threads" + std::to_string(cpu_threads.front()));
   }
   if (!json_out.empty()) std::ofstream(json_out) << results.dump(2) << "\n";
   return 0;

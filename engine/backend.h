@@ -199,6 +199,8 @@ struct CpuThreading {
   int threads_in_process = 1;
 };
 inline constexpr int kMaxCpuThreads = 1024;
+// InvalidArgument unless 1 <= threads <= kMaxCpuThreads (--cpu-threads, EngineOptions::cpu_threads).
+Status check_cpu_threads(int threads);
 
 // The fp32 CPU backend (kernels/cpu, whose GEMM is batch-invariant); threading.threads in
 // [1, kMaxCpuThreads] (make_backend checks; this aborts).

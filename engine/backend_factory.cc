@@ -16,10 +16,13 @@ std::vector<std::string> backend_kinds() {
 #endif
 }
 
+Status check_cpu_threads(int threads) {
+  if (threads >= 1 && threads <= kMaxCpuThreads) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("--cpu-threads must be in [1, ", kMaxCpuThreads, "], not ", threads));
+}
+
 StatusOr<std::unique_ptr<Backend>> make_backend(std::string_view kind, int device, CpuThreading cpu) {
-  if (cpu.threads < 1 || cpu.threads > kMaxCpuThreads)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu-threads must be in [1, ", kMaxCpuThreads, "], not ", cpu.threads));
+  PD_RETURN_IF_ERROR(check_cpu_threads(cpu.threads));
   if (kind == "cpu") return make_cpu_backend(cpu);
   if (cpu.threads != 1)
     return absl::InvalidArgumentError(absl::StrCat("--cpu-threads ", cpu.threads, " is for the cpu backend: the ",

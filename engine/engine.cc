@@ -147,9 +147,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::create(LoadedModel model, const Engine
   if (options.block_size <= 0 || options.max_batch_tokens <= 0 || options.max_running <= 0)
     return absl::InvalidArgumentError("block size, batch token budget and max running must be positive");
   if (model.tokenizer == nullptr) return absl::InvalidArgumentError("model has no tokenizer");
-  if (options.cpu_threads < 1 || options.cpu_threads > kMaxCpuThreads)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cpu-threads must be in [1, ", kMaxCpuThreads, "], not ", options.cpu_threads));
+  PD_RETURN_IF_ERROR(check_cpu_threads(options.cpu_threads));
   if (options.cpu_threads > 1 && options.backend_factory)
     return absl::InvalidArgumentError(
         "cpu_threads sets the threads of the backends make_backend makes; a backend_factory sets its own");

@@ -16,17 +16,12 @@
 #include "engine/spin_barrier.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"
+#include "tests/engine/random_floats.h"
 
 namespace pdserve::engine {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using ::pdserve::testing::random_vec;
 
 void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;

@@ -24,17 +24,12 @@
 #include "kernels/cpu/paged_attention.h"
 #include "kernels/cpu/sampling.h"
 #include "tests/engine/gathered_logits.h"
+#include "tests/engine/random_floats.h"
 
 namespace pdserve::kernels::cpu {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using ::pdserve::testing::random_vec;
 
 // The fused residual add + norm the forward pass uses between sublayers: the same bits as the
 // add and the norm one after the other, so the CPU engine's tokens stay what they were.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/gpu/gpu_compat.h"
+#include "tests/engine/random_floats.h"
 
 namespace pdserve::kernels {
 
@@ -37,13 +38,7 @@ inline bool have_gpu() {
 #define REQUIRE_GPU() \
   if (!::pdserve::kernels::have_gpu()) GTEST_SKIP() << "no GPU"
 
-inline std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using ::pdserve::testing::random_vec;
 
 // Device copy of a host array, freed on scope exit.
 template <typename T>

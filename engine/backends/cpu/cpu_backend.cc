@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/backends/cpu/thread_team.h"
@@ -34,7 +35,7 @@ constexpr int64_t kCachedWeightBytes = 512 << 10;
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(CpuThreading threading)
-      : team_(std::max(1, threading.threads), spin_budget(std::max(threading.threads, threading.threads_in_process))) {}
+      : team_(threading.threads, spin_budget(std::max(threading.threads, threading.threads_in_process))) {}
   std::string name() const override { return "cpu"; }
   StatusOr<void*> allocate(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -128,20 +129,20 @@ class CpuBackend final : public Backend {
     for (int t = 0; t < tokens.num_tokens; ++t) keys += visible_keys(tokens.positions[t], window);
     if (keys * n_q_heads * (kv.head_dim + kv.v_head_dim) < kMinParallelAttentionMacs)
       return k::paged_attention(out, q, kv, tokens, n_q_heads, q_per_kv, window, scale);
+    // Token t goes to the part its keys' midpoint falls in: part p takes tokens
+    // [token_bounds_[p], token_bounds_[p + 1]).
     const int parts = team_.size();
+    token_bounds_.assign(size_t(parts) + 1, tokens.num_tokens);
+    token_bounds_[0] = 0;
+    int64_t before = 0;
+    for (int t = 0, p = 0; t < tokens.num_tokens; ++t) {
+      const int64_t own = visible_keys(tokens.positions[t], window);
+      const int part = int(std::min<int64_t>(parts - 1, (2 * before + own) * parts / (2 * keys)));
+      while (p < part) token_bounds_[size_t(++p)] = t;
+      before += own;
+    }
     team_.run(parts, [&](int part) {
-      int begin = 0;
-      int64_t before = 0;
-      // Token t goes to the part its keys' midpoint falls in.
-      auto part_of = [&](int t, int64_t keys_before) {
-        const int64_t mid = 2 * keys_before + visible_keys(tokens.positions[t], window);
-        return int(std::min<int64_t>(parts - 1, mid * parts / (2 * keys)));
-      };
-      while (begin < tokens.num_tokens && part_of(begin, before) < part)
-        before += visible_keys(tokens.positions[begin++], window);
-      int end = begin;
-      while (end < tokens.num_tokens && part_of(end, before) == part)
-        before += visible_keys(tokens.positions[end++], window);
+      const int begin = token_bounds_[size_t(part)], end = token_bounds_[size_t(part) + 1];
       if (begin == end) return;
       kernels::TokenPlacement mine = tokens;
       mine.num_tokens = end - begin;
@@ -173,6 +174,7 @@ class CpuBackend final : public Backend {
   }
 
   ThreadTeam team_;
+  std::vector<int> token_bounds_;  // paged_attention's parts; kept to allocate nothing a call.
   k::SampleScratch sample_scratch_;
 };
 
