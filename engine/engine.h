@@ -1,8 +1,9 @@
 // The in-process inference engine: a model on N tensor-parallel ranks (a thread each, and on
-// the CPU backend cpu_threads - 1 helpers each), a paged KV cache, and a continuous-batching scheduler. Requests join and leave between steps;
-// prompts prefill in chunks under a per-step token budget while other sequences decode; each
-// generated token is reported through the request's callback. This is the engine both the
-// prefill and decode workers wrap, and the reference every distributed topology must equal.
+// the CPU backend cpu_threads - 1 helpers each), a paged KV cache, and a continuous-batching
+// scheduler. Requests join and leave between steps; prompts prefill in chunks under a per-step
+// token budget while other sequences decode; each generated token is reported through the
+// request's callback. This is the engine both the prefill and decode workers wrap, and the
+// reference every distributed topology must equal.
 #pragma once
 
 #include <atomic>
